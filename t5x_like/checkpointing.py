@@ -1,0 +1,44 @@
+"""Orbax checkpoints of the train state, the data-iterator state and the config.
+
+Saves are asynchronous and atomic (orbax writes to a temporary directory and
+renames it), so a crash mid-save never replaces the last complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import orbax.checkpoint as ocp
+
+
+class Checkpointer:
+    def __init__(self, directory: str | pathlib.Path, keep: int, async_save: bool = True):
+        self.directory = pathlib.Path(directory).absolute()
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+                                               enable_async_checkpointing=async_save)
+        self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                              item_names=("state", "data", "config"))
+
+    def latest_step(self) -> int | None:
+        return self._manager.latest_step()
+
+    def save(self, step: int, state, data_state: dict, config: dict, force: bool = False) -> bool:
+        return self._manager.save(step, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state),
+            data=ocp.args.JsonSave(data_state),
+            config=ocp.args.JsonSave(config)), force=force)
+
+    def restore(self, step: int, abstract_state):
+        """Restores onto the shardings carried by ``abstract_state``'s leaves."""
+        restored = self._manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state),
+            data=ocp.args.JsonRestore(),
+            config=ocp.args.JsonRestore()))
+        return restored.state, restored.data, restored.config
+
+    def wait_until_finished(self) -> None:
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        self._manager.wait_until_finished()
+        self._manager.close()

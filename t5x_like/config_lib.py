@@ -1,0 +1,288 @@
+"""Config files, command-line overrides and validation, all before any compilation.
+
+A config file is a Python module with ``get_config() -> ml_collections.ConfigDict``
+that starts from :func:`default_config`. Every key a run may use exists there, so
+a typo is an unknown key, caught here with a suggestion, not a silent default.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import importlib.util
+import math
+import pathlib
+from typing import Any, Sequence
+
+import ml_collections
+
+
+class ConfigError(ValueError):
+    """A config problem, with the key and the fix in the message."""
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """Every known key with its default; the schema that validation checks against."""
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    c.num_train_steps = 1000
+    c.batch_size = 32                  # global, over all hosts and devices
+    c.log_every_steps = 10
+    c.checkpoint_every_steps = 200
+    c.eval_every_steps = 200
+    c.eval_batches = 8                 # held-out batches per evaluation
+    c.keep_checkpoints = 3
+
+    c.task = "embedded_en_span_corruption"
+    c.task_feature_lengths = ml_collections.ConfigDict({"inputs": 512, "targets": 114})
+
+    c.model = ml_collections.ConfigDict(dict(
+        family="encoder_decoder",
+        vocab_size=8192,
+        d_model=512,
+        num_heads=6,
+        head_dim=64,
+        d_ff=1024,
+        num_encoder_layers=8,
+        num_decoder_layers=8,
+        dropout_rate=0.0,
+        mlp_activations=("gelu", "linear"),
+        logits_via_embedding=False,
+        relative_attention_num_buckets=32,
+        relative_attention_max_distance=128,
+        dtype="float32",
+    ))
+
+    c.optimizer = ml_collections.ConfigDict(dict(
+        name="adafactor",              # adafactor | adamw
+        learning_rate=1e-2,
+        schedule="rsqrt",              # constant | rsqrt | linear | cosine
+        warmup_steps=100,
+        weight_decay=0.0,
+        grad_clip_norm=0.0,            # 0 disables global-norm clipping
+        b1=0.9,
+        b2=0.999,
+    ))
+    c.loss = ml_collections.ConfigDict(dict(z_loss=1e-4))
+
+    # Device mesh; -1 takes the remaining devices. Axis rules name the sharding strategy.
+    c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+    c.partitioning = ml_collections.ConfigDict(dict(rules="fsdp"))
+    return c
+
+
+ENUMS = {
+    "optimizer.name": ("adafactor", "adamw"),
+    "optimizer.schedule": ("constant", "rsqrt", "linear", "cosine"),
+    "partitioning.rules": ("data_parallel", "fsdp", "fsdp_tensor"),
+    "model.dtype": ("float32", "bfloat16"),
+    "model.family": ("encoder_decoder",),
+}
+POSITIVE_INTS = ("num_train_steps", "batch_size", "log_every_steps", "checkpoint_every_steps",
+                 "eval_every_steps", "eval_batches", "keep_checkpoints")
+
+
+def load_config_file(path: str) -> ml_collections.ConfigDict:
+    file = pathlib.Path(path)
+    if not file.is_file():
+        raise ConfigError(f"Config file {path!r} does not exist. Pass --config=configs/quickstart.py "
+                          "or another file in configs/.")
+    spec = importlib.util.spec_from_file_location(f"_t5x_like_config_{file.stem}", file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not hasattr(module, "get_config"):
+        raise ConfigError(f"Config file {path!r} has no get_config() function; define one that "
+                          "returns an ml_collections.ConfigDict.")
+    try:
+        config = module.get_config()
+    except TypeError as e:
+        # ConfigDict refuses to change a field's type, e.g. an int key set to a string.
+        raise ConfigError(f"In {path}: {e}. Use a value of the key's type "
+                          "(see t5x_like.config_lib.default_config).") from e
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise ConfigError(f"get_config() in {path!r} returned {type(config).__name__}; return "
+                          "an ml_collections.ConfigDict built from config_lib.default_config().")
+    return config
+
+
+def _suggest(name: str, candidates: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, list(candidates), n=3, cutoff=0.6)
+    return f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
+def _unknown_key(path: str, parent: ml_collections.ConfigDict | dict, context: str) -> ConfigError:
+    prefix, _, leaf = path.rpartition(".")
+    siblings = [f"{prefix}.{k}" if prefix else k for k in parent.keys()]
+    return ConfigError(
+        f"Unknown config key {path!r}{context}.{_suggest(path, siblings)} "
+        f"Known keys{' under ' + repr(prefix) if prefix else ''}: {', '.join(sorted(siblings))}.")
+
+
+def parse_value(text: str, current: Any, key: str) -> Any:
+    """Command-line text -> a value of the same type as ``current``."""
+    if isinstance(current, bool):
+        lowered = text.lower()
+        if lowered in ("true", "1", "yes"):
+            return True
+        if lowered in ("false", "0", "no"):
+            return False
+        raise ConfigError(f"--config.{key}={text}: expected true or false.")
+    if isinstance(current, int):
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(f"--config.{key}={text}: expected an integer, e.g. "
+                              f"--config.{key}={current}.") from None
+    if isinstance(current, float):
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigError(f"--config.{key}={text}: expected a number, e.g. "
+                              f"--config.{key}={current}.") from None
+    if isinstance(current, str):
+        return text
+    if isinstance(current, (tuple, list)):
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = tuple(part.strip() for part in text.split(",") if part.strip())
+        if isinstance(value, str):
+            value = (value,)
+        return type(current)(value)
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str]) -> None:
+    """Applies ``key.path=value`` strings (from ``--config.key.path=value``) in place."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--config.{item} needs a value: --config.{item}=VALUE.")
+        path, text = item.split("=", 1)
+        node = config
+        parts = path.split(".")
+        for depth, part in enumerate(parts):
+            sub_path = ".".join(parts[: depth + 1])
+            if part not in node:
+                raise _unknown_key(sub_path, node, f" (from --config.{item})")
+            if depth < len(parts) - 1:
+                node = node[part]
+                if not isinstance(node, ml_collections.ConfigDict):
+                    raise ConfigError(f"--config.{item}: {sub_path!r} is a value, not a section.")
+        leaf = parts[-1]
+        if isinstance(node[leaf], ml_collections.ConfigDict):
+            raise ConfigError(f"--config.{item}: {path!r} is a section; set one of its keys, "
+                              f"e.g. --config.{path}.{next(iter(node[leaf].keys()))}=...")
+        with node.unlocked():
+            node[leaf] = parse_value(text, node[leaf], path)
+
+
+def _type_ok(value: Any, expected: Any) -> bool:
+    if isinstance(expected, bool):
+        return isinstance(value, bool)
+    if isinstance(expected, float):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(expected, int):
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(expected, (tuple, list)):
+        return isinstance(value, (tuple, list))
+    if expected is None:
+        return True
+    return isinstance(value, type(expected))
+
+
+def _check_against_schema(config, schema, prefix: str = "") -> None:
+    for key in config.keys():
+        path = f"{prefix}{key}"
+        if key not in schema:
+            raise _unknown_key(path, schema, " in the config file")
+        value, expected = config[key], schema[key]
+        if isinstance(expected, ml_collections.ConfigDict):
+            if not isinstance(value, (ml_collections.ConfigDict, dict)):
+                raise ConfigError(f"Config key {path!r} must be a section (ConfigDict), got "
+                                  f"{type(value).__name__}.")
+            if key == "task_feature_lengths":
+                continue  # feature names depend on the task
+            _check_against_schema(value, expected, path + ".")
+        elif not _type_ok(value, expected):
+            raise ConfigError(f"Config key {path!r} must be {type(expected).__name__} (like "
+                              f"{expected!r}), got {type(value).__name__} {value!r}.")
+
+
+def _lookup(config, path: str):
+    node = config
+    for part in path.split("."):
+        node = node[part]
+    return node
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+    """Checks that need no devices: keys, types, ranges, enum values, lengths."""
+    _check_against_schema(config, default_config())
+    for key in POSITIVE_INTS:
+        if config[key] <= 0:
+            raise ConfigError(f"Config key {key!r} must be positive, got {config[key]}.")
+    for path, allowed in ENUMS.items():
+        value = _lookup(config, path)
+        if value not in allowed:
+            raise ConfigError(f"Config key {path!r} is {value!r}; choose one of {allowed}."
+                              f"{_suggest(str(value), allowed)}")
+    for name, length in config.task_feature_lengths.items():
+        if not isinstance(length, int) or length <= 0:
+            raise ConfigError(f"task_feature_lengths.{name} must be a positive integer, got {length!r}.")
+    for name, size in config.mesh.items():
+        if not isinstance(size, int) or (size < 1 and size != -1):
+            raise ConfigError(f"mesh.{name} must be a positive integer or -1 (fill), got {size!r}.")
+    if list(config.mesh.values()).count(-1) > 1:
+        raise ConfigError("At most one mesh axis may be -1 (fill with the remaining devices); "
+                          f"got mesh={dict(config.mesh)}.")
+
+
+def resolve_mesh_shape(mesh: dict[str, int], num_devices: int) -> dict[str, int]:
+    """Fills ``-1`` and checks that the mesh uses exactly ``num_devices``."""
+    fixed = math.prod(size for size in mesh.values() if size != -1)
+    shape = dict(mesh)
+    if -1 in mesh.values():
+        if num_devices % fixed:
+            raise ConfigError(
+                f"mesh={dict(mesh)}: the fixed axes use {fixed} devices, which does not divide the "
+                f"{num_devices} available; pick axis sizes whose product divides {num_devices}.")
+        shape[next(k for k, v in mesh.items() if v == -1)] = num_devices // fixed
+    elif fixed != num_devices:
+        raise ConfigError(
+            f"mesh={dict(mesh)} needs {fixed} devices but {num_devices} are available; set one "
+            f"axis to -1 (e.g. --config.mesh.data=-1) or make the product {num_devices}.")
+    return shape
+
+
+def validate_for_devices(config: ml_collections.ConfigDict, num_devices: int,
+                         process_count: int = 1) -> dict[str, int]:
+    """Mesh and batch checks that need the device count; returns the resolved mesh shape."""
+    shape = resolve_mesh_shape(dict(config.mesh), num_devices)
+    batch_parallel = shape["data"] * shape["fsdp"]
+    if config.batch_size % batch_parallel:
+        fixed = (config.batch_size // batch_parallel + 1) * batch_parallel
+        raise ConfigError(
+            f"batch_size={config.batch_size} does not divide over the data-parallel mesh size "
+            f"{batch_parallel} (mesh.data={shape['data']} x mesh.fsdp={shape['fsdp']}); use a "
+            f"multiple of {batch_parallel}, e.g. --config.batch_size={fixed}.")
+    if config.batch_size % process_count:
+        raise ConfigError(f"batch_size={config.batch_size} does not divide over {process_count} "
+                          f"processes; use a multiple of {process_count}.")
+    return shape
+
+
+def to_dict(config: ml_collections.ConfigDict) -> dict:
+    return config.to_dict()
+
+
+def from_dict(values: dict) -> ml_collections.ConfigDict:
+    return ml_collections.ConfigDict(values)
+
+
+def frozen_dataclass_kwargs(cls, section: ml_collections.ConfigDict) -> dict:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in section.items() if k in names}

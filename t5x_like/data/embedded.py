@@ -1,0 +1,36 @@
+"""The corpus and vocabulary embedded in the repository's ``data/`` folder.
+
+They make the quickstart and the tests run offline. ``T5X_LIKE_DATA_DIR``
+points elsewhere (for an installed package run outside the repository).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+ENGLISH_FILES = ("en/austen.txt.gz", "en/kjv_bible.txt.gz",
+                 "en/shakespeare.txt.gz", "en/web_bible.txt.gz")
+VOCAB_MODEL = "vocab/embedded_en_8k.model"
+# Sentinels are appended after the SentencePiece pieces, T5-style, so the
+# whole id range is 8192 = 8092 pieces + 100 sentinels (a multiple of 128).
+NUM_EXTRA_IDS = 100
+SENTENCEPIECE_SIZE = 8192 - NUM_EXTRA_IDS
+
+
+def data_dir() -> pathlib.Path:
+    env = os.environ.get("T5X_LIKE_DATA_DIR")
+    if env:
+        return pathlib.Path(env)
+    repo_data = pathlib.Path(__file__).resolve().parents[2] / "data"
+    if repo_data.is_dir():
+        return repo_data
+    return pathlib.Path.cwd() / "data"
+
+
+def english_files() -> list[str]:
+    return [str(data_dir() / name) for name in ENGLISH_FILES]
+
+
+def vocab_model_path() -> str:
+    return str(data_dir() / VOCAB_MODEL)

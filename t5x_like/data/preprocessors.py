@@ -1,0 +1,121 @@
+"""Pure preprocessors: ``(example, rng) -> example`` on numpy token arrays.
+
+Every random choice comes from the ``rng`` handed in, which the pipeline seeds
+from ``(seed, example index)``; the same index always gives the same example.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def random_spans_helper(inputs_length: int, noise_density: float,
+                        mean_noise_span_length: float, extra_tokens_per_span_inputs: int = 1,
+                        extra_tokens_per_span_targets: int = 1) -> tuple[int, int]:
+    """T5's length arithmetic: raw tokens per example so inputs fill ``inputs_length``.
+
+    Returns ``(tokens_length, targets_length)``. ``inputs_length`` counts the EOS.
+    For T5's pretraining lengths (512, 0.15, 3.0) this gives (568, 114).
+    """
+
+    def lengths_after_corruption(tokens_length: int) -> tuple[int, int]:
+        num_noise = int(round(tokens_length * noise_density))
+        num_spans = int(round(num_noise / mean_noise_span_length))
+        return (tokens_length - num_noise + num_spans * extra_tokens_per_span_inputs + 1,
+                num_noise + num_spans * extra_tokens_per_span_targets + 1)
+
+    if inputs_length < 2:
+        raise ValueError(f"inputs_length={inputs_length} is too short for span corruption; "
+                         "use at least 2 (one token and EOS).")
+    tokens_length = inputs_length - 1
+    while lengths_after_corruption(tokens_length + 1)[0] <= inputs_length:
+        tokens_length += 1
+    _, targets_length = lengths_after_corruption(tokens_length)
+    # T5 keeps targets no longer than inputs when half of the tokens are noise.
+    if noise_density == 0.5 and targets_length > inputs_length:
+        tokens_length -= 1
+        targets_length -= 1
+    return tokens_length, targets_length
+
+
+def _random_segmentation(num_items: int, num_segments: int,
+                         rng: np.random.Generator) -> np.ndarray:
+    """Splits ``num_items`` into ``num_segments`` non-empty parts, uniformly at random."""
+    boundaries = np.zeros(num_items - 1, dtype=bool)
+    boundaries[: num_segments - 1] = True
+    rng.shuffle(boundaries)
+    segment_ids = np.concatenate([[0], np.cumsum(boundaries)])
+    return np.bincount(segment_ids, minlength=num_segments)
+
+
+def random_spans_noise_mask(length: int, noise_density: float, mean_noise_span_length: float,
+                            rng: np.random.Generator) -> np.ndarray:
+    """Boolean mask of noise tokens, in alternating non-noise/noise spans.
+
+    As in T5: the number of noise tokens and spans is fixed by the length, span
+    lengths are a random segmentation, and the sequence starts with non-noise.
+    """
+    original_length = length
+    length = max(length, 2)
+    num_noise = min(max(int(round(length * noise_density)), 1), length - 1)
+    num_spans = max(int(round(num_noise / mean_noise_span_length)), 1)
+    num_nonnoise = length - num_noise
+    noise_lengths = _random_segmentation(num_noise, num_spans, rng)
+    nonnoise_lengths = _random_segmentation(num_nonnoise, num_spans, rng)
+    interleaved = np.stack([nonnoise_lengths, noise_lengths], axis=1).reshape(-1)
+    span_starts = np.cumsum(interleaved)[:-1]
+    start_indicator = np.zeros(length, dtype=np.int64)
+    start_indicator[span_starts] = 1
+    is_noise = np.cumsum(start_indicator) % 2 == 1
+    return is_noise[:original_length]
+
+
+def noise_span_to_unique_sentinel(tokens: np.ndarray, noise_mask: np.ndarray,
+                                  vocab_size: int) -> np.ndarray:
+    """Replaces each noise span by one sentinel: ``<extra_id_0>`` = ``vocab_size - 1``, then down."""
+    previous = np.concatenate([[False], noise_mask[:-1]])
+    first_noise = noise_mask & ~previous
+    subsequent_noise = noise_mask & previous
+    sentinels = vocab_size - np.cumsum(first_noise)
+    out = np.where(first_noise, sentinels, tokens)
+    return out[~subsequent_noise].astype(tokens.dtype)
+
+
+def nonnoise_span_to_unique_sentinel(tokens: np.ndarray, noise_mask: np.ndarray,
+                                     vocab_size: int) -> np.ndarray:
+    return noise_span_to_unique_sentinel(tokens, ~noise_mask, vocab_size)
+
+
+def span_corruption(tokens: np.ndarray, rng: np.random.Generator, *, vocab_size: int,
+                    eos_id: int, noise_density: float = 0.15,
+                    mean_noise_span_length: float = 3.0,
+                    num_sentinels: int = 100) -> dict[str, np.ndarray]:
+    """T5's objective: noise spans become sentinels in ``inputs``; ``targets`` spell them out.
+
+    Both end with EOS. Replacing sentinel ``k`` in inputs by the tokens that follow
+    sentinel ``k`` in targets gives back ``tokens``. More spans than sentinels is an
+    error (T5 would silently reuse ordinary token ids as sentinels).
+    """
+    tokens = np.asarray(tokens, dtype=np.int32)
+    if tokens.size == 0:
+        raise ValueError("span_corruption got an empty example; filter empty documents first.")
+    noise_mask = random_spans_noise_mask(tokens.size, noise_density, mean_noise_span_length, rng)
+    num_spans = int(np.sum(noise_mask & ~np.concatenate([[False], noise_mask[:-1]])))
+    if num_spans > num_sentinels:
+        raise ValueError(
+            f"Span corruption of {tokens.size} tokens makes {num_spans} noise spans but the "
+            f"vocabulary has only {num_sentinels} sentinels; use shorter inputs, a lower "
+            "noise_density or a longer mean_noise_span_length.")
+    eos = np.array([eos_id], dtype=np.int32)
+    return {
+        "inputs": np.concatenate([noise_span_to_unique_sentinel(tokens, noise_mask, vocab_size), eos]),
+        "targets": np.concatenate([nonnoise_span_to_unique_sentinel(tokens, noise_mask, vocab_size), eos]),
+    }
+
+
+def split_into_chunks(token_stream: np.ndarray, chunk_length: int) -> np.ndarray:
+    """Start offsets of consecutive ``chunk_length`` chunks; the short tail is dropped."""
+    if chunk_length <= 0:
+        raise ValueError(f"chunk_length must be positive, got {chunk_length}.")
+    num_chunks = token_stream.size // chunk_length
+    return np.arange(num_chunks, dtype=np.int64) * chunk_length

@@ -1,0 +1,97 @@
+"""Where metrics go: ``metrics.jsonl``, TensorBoard event files and the console.
+
+Only process 0 writes; other processes get a writer that does nothing, so the
+loop never needs to ask which process it is on.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+import time
+from typing import Mapping, TextIO
+
+from tensorboardX import SummaryWriter
+
+
+class MetricsWriter:
+    def __init__(self, workdir: str | pathlib.Path, enabled: bool = True):
+        self.enabled = enabled
+        self._jsonl = None
+        self._tb = None
+        if enabled:
+            workdir = pathlib.Path(workdir)
+            workdir.mkdir(parents=True, exist_ok=True)
+            self._jsonl = open(workdir / "metrics.jsonl", "a", encoding="utf-8")
+            self._tb = SummaryWriter(logdir=str(workdir / "tensorboard"))
+
+    def write(self, step: int, metrics: Mapping[str, float]) -> None:
+        if not self.enabled:
+            return
+        record = {"step": int(step)}
+        record.update({k: float(v) for k, v in metrics.items()})
+        self._jsonl.write(json.dumps(record) + "\n")
+        self._jsonl.flush()
+        for key, value in metrics.items():
+            self._tb.add_scalar(key, float(value), global_step=int(step))
+        self._tb.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self._jsonl.close()
+            self._tb.close()
+
+
+def _format_duration(seconds: float) -> str:
+    seconds = int(max(seconds, 0))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:02d}:{secs:02d}"
+
+
+class Progress:
+    """A one-line progress bar on a terminal, plain log lines elsewhere (CI, files)."""
+
+    def __init__(self, total_steps: int, start_step: int, enabled: bool = True,
+                 stream: TextIO | None = None, width: int = 24):
+        self.total = total_steps
+        self.start = start_step
+        self.enabled = enabled
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.width = width
+        self._t0 = time.monotonic()
+
+    def eta_seconds(self, step: int) -> float:
+        done = step - self.start
+        if done <= 0:
+            return float("nan")
+        return (time.monotonic() - self._t0) / done * (self.total - step)
+
+    def update(self, step: int, metrics: Mapping[str, float]) -> None:
+        if not self.enabled:
+            return
+        eta = self.eta_seconds(step)
+        eta_text = "--:--" if eta != eta else _format_duration(eta)
+        fields = f"loss {metrics['loss']:.3f}  {metrics.get('tokens_per_sec', 0):,.0f} tok/s  ETA {eta_text}"
+        if self.tty:
+            filled = int(self.width * step / max(self.total, 1))
+            bar = "#" * filled + "." * (self.width - filled)
+            self.stream.write(f"\r[{bar}] step {step}/{self.total}  {fields}\033[K")
+        else:
+            self.stream.write(f"step {step}/{self.total}  {fields}\n")
+        self.stream.flush()
+
+    def message(self, text: str) -> None:
+        if not self.enabled:
+            return
+        if self.tty:
+            self.stream.write("\r\033[K")
+        self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            self.stream.write("\n")
+            self.stream.flush()

@@ -1,0 +1,229 @@
+"""Transformer building blocks in Flax linen, every array named with logical axes.
+
+Logical axis names used here: ``batch``, ``length`` (and ``kv_length`` for the
+attended sequence), ``embed``, ``mlp``, ``heads``, ``kv``, ``vocab``,
+``relpos_buckets``. Only the partitioner maps them onto mesh axes.
+Parameters are float32; ``dtype`` is the compute dtype.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Initializer = Callable[..., jax.Array]
+NEG_INF = -1e10
+
+default_kernel_init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
+
+
+def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
+    """Activation sharding hint by logical names (no-op without axis rules)."""
+    return nn.with_logical_constraint(x, tuple(names))
+
+
+def _canonical_axes(axes: int | Sequence[int], ndim: int) -> tuple[int, ...]:
+    axes = (axes,) if isinstance(axes, int) else tuple(axes)
+    return tuple(a % ndim for a in axes)
+
+
+class DenseGeneral(nn.Module):
+    """``x @ kernel`` over ``axis``, producing ``features``; no bias (T5 v1.1)."""
+
+    features: int | Sequence[int]
+    kernel_axes: Sequence[str | None]
+    axis: int | Sequence[int] = -1
+    kernel_init: Initializer = default_kernel_init
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        features = (self.features,) if isinstance(self.features, int) else tuple(self.features)
+        axes = _canonical_axes(self.axis, x.ndim)
+        in_shape = tuple(x.shape[a] for a in axes)
+        fan_in = int(np.prod(in_shape))
+
+        def init(key, shape, dtype=jnp.float32):
+            # Initialise as a 2-D (fan_in, fan_out) matrix so fan-in scaling is right.
+            flat = self.kernel_init(key, (fan_in, int(np.prod(features))), dtype)
+            return flat.reshape(shape)
+
+        kernel = self.param("kernel", nn.with_logical_partitioning(init, self.kernel_axes),
+                            in_shape + features, jnp.float32)
+        kernel = kernel.astype(self.dtype)
+        x = x.astype(self.dtype)
+        contract = (axes, tuple(range(len(axes))))
+        return jax.lax.dot_general(x, kernel, (contract, ((), ())))
+
+
+class RMSNorm(nn.Module):
+    """T5's layer norm: scale only, no mean subtraction, no bias; computed in f32."""
+
+    epsilon: float = 1e-6
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        variance = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+        scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+                           (x.shape[-1],), jnp.float32)
+        return (x32 * jax.lax.rsqrt(variance + self.epsilon) * scale).astype(self.dtype)
+
+
+class Embed(nn.Module):
+    """Token embedding table, also usable as a tied output projection."""
+
+    num_embeddings: int
+    features: int
+    dtype: jnp.dtype = jnp.float32
+    embedding_init: Initializer = nn.initializers.normal(stddev=1.0)
+
+    def setup(self):
+        self.embedding = self.param(
+            "embedding", nn.with_logical_partitioning(self.embedding_init, ("vocab", "embed")),
+            (self.num_embeddings, self.features), jnp.float32)
+
+    def __call__(self, ids: jax.Array) -> jax.Array:
+        # A one-hot matmul would shard better on TPU for huge vocabularies; a gather
+        # is cheaper everywhere else and is what XLA partitions well today.
+        return jnp.take(self.embedding.astype(self.dtype), ids, axis=0)
+
+    def attend(self, x: jax.Array) -> jax.Array:
+        return jnp.einsum("...d,vd->...v", x.astype(self.dtype), self.embedding.astype(self.dtype))
+
+
+def relative_position_bucket(relative_position: np.ndarray | jax.Array, bidirectional: bool,
+                             num_buckets: int, max_distance: int) -> jax.Array:
+    """T5's bucketing: exact for small distances, logarithmic up to ``max_distance``."""
+    bucket = 0
+    n = -relative_position
+    if bidirectional:
+        num_buckets //= 2
+        bucket = (n < 0).astype(jnp.int32) * num_buckets
+        n = jnp.abs(n)
+    else:
+        n = jnp.maximum(n, 0)
+    max_exact = num_buckets // 2
+    is_small = n < max_exact
+    log_ratio = jnp.log(n.astype(jnp.float32) / max_exact + jnp.finfo(jnp.float32).eps)
+    large = max_exact + (log_ratio / np.log(max_distance / max_exact)
+                         * (num_buckets - max_exact)).astype(jnp.int32)
+    large = jnp.minimum(large, num_buckets - 1)
+    return bucket + jnp.where(is_small, n, large)
+
+
+class RelativePositionBias(nn.Module):
+    """Per-head scalar bias from bucketed query-key offsets; one per stack (shared by layers)."""
+
+    num_heads: int
+    num_buckets: int = 32
+    max_distance: int = 128
+    bidirectional: bool = True
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, query_length: int, key_length: int) -> jax.Array:
+        context = np.arange(query_length)[:, None]
+        memory = np.arange(key_length)[None, :]
+        buckets = relative_position_bucket(memory - context, self.bidirectional,
+                                           self.num_buckets, self.max_distance)
+        table = self.param(
+            "rel_embedding",
+            nn.with_logical_partitioning(
+                nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
+                ("heads", "relpos_buckets")),
+            (self.num_heads, self.num_buckets), jnp.float32)
+        bias = jnp.take(table, buckets, axis=1)  # [heads, q, k]
+        return bias[None].astype(self.dtype)    # [1, heads, q, k]
+
+
+class MultiHeadAttention(nn.Module):
+    """Dot-product attention without 1/sqrt(d) in the compute (folded into the query init)."""
+
+    num_heads: int
+    head_dim: int
+    dropout_rate: float = 0.0
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, inputs_q: jax.Array, inputs_kv: jax.Array, bias: jax.Array | None,
+                 deterministic: bool = True) -> jax.Array:
+        embed = inputs_q.shape[-1]
+        base_init = nn.initializers.variance_scaling(1.0, "fan_in", "normal")
+
+        def query_init(key, shape, dtype=jnp.float32):
+            return base_init(key, shape, dtype) / np.sqrt(self.head_dim)
+
+        projection = functools.partial(DenseGeneral, features=(self.num_heads, self.head_dim),
+                                       kernel_axes=("embed", "heads", "kv"), dtype=self.dtype)
+        query = projection(kernel_init=query_init, name="query")(inputs_q)
+        key = projection(kernel_init=base_init, name="key")(inputs_kv)
+        value = projection(kernel_init=base_init, name="value")(inputs_kv)
+        query = constrain(query, ("batch", "length", "heads", "kv"))
+        key = constrain(key, ("batch", "kv_length", "heads", "kv"))
+        value = constrain(value, ("batch", "kv_length", "heads", "kv"))
+
+        logits = jnp.einsum("bqhd,bkhd->bhqk", query, key).astype(jnp.float32)
+        if bias is not None:
+            logits = logits + bias.astype(jnp.float32)
+        weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
+        if self.dropout_rate > 0 and not deterministic:
+            weights = nn.Dropout(self.dropout_rate)(weights, deterministic=False)
+        out = jnp.einsum("bhqk,bkhd->bqhd", weights, value)
+        out = constrain(out, ("batch", "length", "heads", "kv"))
+        return DenseGeneral(features=embed, axis=(-2, -1), kernel_axes=("heads", "kv", "embed"),
+                            kernel_init=base_init, dtype=self.dtype, name="out")(out)
+
+
+_ACTIVATIONS = {
+    "relu": nn.relu,
+    "gelu": functools.partial(nn.gelu, approximate=True),  # T5 v1.1's "gelu_new"
+    "gelu_exact": functools.partial(nn.gelu, approximate=False),
+    "silu": nn.silu,
+    "linear": lambda x: x,
+}
+
+
+class Mlp(nn.Module):
+    """Feed-forward block; several activations multiply (gated-GELU = ("gelu", "linear"))."""
+
+    hidden_dim: int
+    activations: Sequence[str] = ("gelu", "linear")
+    dropout_rate: float = 0.0
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array, deterministic: bool = True) -> jax.Array:
+        embed = x.shape[-1]
+        hidden = None
+        for index, name in enumerate(self.activations):
+            if name not in _ACTIVATIONS:
+                raise ValueError(f"Unknown MLP activation {name!r}; choose from {sorted(_ACTIVATIONS)}.")
+            layer_name = "wi" if len(self.activations) == 1 else f"wi_{index}"
+            h = DenseGeneral(self.hidden_dim, kernel_axes=("embed", "mlp"), dtype=self.dtype,
+                             name=layer_name)(x)
+            h = _ACTIVATIONS[name](h)
+            hidden = h if hidden is None else hidden * h
+        hidden = constrain(hidden, ("batch", "length", "mlp"))
+        if self.dropout_rate > 0 and not deterministic:
+            hidden = nn.Dropout(self.dropout_rate, broadcast_dims=(-2,))(hidden, deterministic=False)
+        return DenseGeneral(embed, kernel_axes=("mlp", "embed"), dtype=self.dtype, name="wo")(hidden)
+
+
+def attention_bias_from_mask(mask: jax.Array, dtype=jnp.float32) -> jax.Array:
+    """Boolean ``[batch, 1, q, k]`` mask -> additive bias (0 or a large negative)."""
+    return jnp.where(mask, 0.0, NEG_INF).astype(dtype)
+
+
+def padding_mask(query_valid: jax.Array, key_valid: jax.Array) -> jax.Array:
+    return (query_valid[:, None, :, None] & key_valid[:, None, None, :])
+
+
+def causal_mask(length: int) -> jax.Array:
+    return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]

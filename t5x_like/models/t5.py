@@ -1,0 +1,162 @@
+"""T5 v1.1-style encoder-decoder: pre-RMSNorm, relative position bias, gated-GELU MLP.
+
+Read top to bottom: ``EncoderLayer``/``DecoderLayer`` -> ``Encoder``/``Decoder``
+stacks -> ``EncoderDecoder``. The input embedding is shared by both stacks;
+the output projection is separate (v1.1) unless ``logits_via_embedding``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from t5x_like.models import layers
+from t5x_like.models.layers import constrain
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Config:
+    vocab_size: int = 32128
+    d_model: int = 512
+    num_heads: int = 6
+    head_dim: int = 64
+    d_ff: int = 1024
+    num_encoder_layers: int = 8
+    num_decoder_layers: int = 8
+    dropout_rate: float = 0.0
+    mlp_activations: Sequence[str] = ("gelu", "linear")
+    logits_via_embedding: bool = False
+    relative_attention_num_buckets: int = 32
+    relative_attention_max_distance: int = 128
+    dtype: str = "float32"
+
+    @property
+    def compute_dtype(self):
+        return jnp.dtype(self.dtype)
+
+
+class EncoderLayer(nn.Module):
+    config: T5Config
+
+    @nn.compact
+    def __call__(self, x, bias, deterministic):
+        cfg = self.config
+        dtype = cfg.compute_dtype
+        dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
+        h = layers.RMSNorm(dtype=dtype, name="pre_attention_norm")(x)
+        h = layers.MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dtype,
+                                      name="attention")(h, h, bias, deterministic)
+        x = x + dropout(h, deterministic=deterministic)
+        h = layers.RMSNorm(dtype=dtype, name="pre_mlp_norm")(x)
+        h = layers.Mlp(cfg.d_ff, tuple(cfg.mlp_activations), cfg.dropout_rate, dtype,
+                       name="mlp")(h, deterministic)
+        x = x + dropout(h, deterministic=deterministic)
+        return constrain(x, ("batch", "length", "embed"))
+
+
+class DecoderLayer(nn.Module):
+    config: T5Config
+
+    @nn.compact
+    def __call__(self, x, encoded, self_bias, cross_bias, deterministic):
+        cfg = self.config
+        dtype = cfg.compute_dtype
+        dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
+        h = layers.RMSNorm(dtype=dtype, name="pre_self_attention_norm")(x)
+        h = layers.MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dtype,
+                                      name="self_attention")(h, h, self_bias, deterministic)
+        x = x + dropout(h, deterministic=deterministic)
+        h = layers.RMSNorm(dtype=dtype, name="pre_cross_attention_norm")(x)
+        h = layers.MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dtype,
+                                      name="encoder_decoder_attention")(
+                                          h, encoded, cross_bias, deterministic)
+        x = x + dropout(h, deterministic=deterministic)
+        h = layers.RMSNorm(dtype=dtype, name="pre_mlp_norm")(x)
+        h = layers.Mlp(cfg.d_ff, tuple(cfg.mlp_activations), cfg.dropout_rate, dtype,
+                       name="mlp")(h, deterministic)
+        x = x + dropout(h, deterministic=deterministic)
+        return constrain(x, ("batch", "length", "embed"))
+
+
+class Encoder(nn.Module):
+    config: T5Config
+    embedder: layers.Embed
+
+    @nn.compact
+    def __call__(self, input_tokens, deterministic):
+        cfg = self.config
+        valid = input_tokens > 0
+        length = input_tokens.shape[1]
+        position_bias = layers.RelativePositionBias(
+            cfg.num_heads, cfg.relative_attention_num_buckets,
+            cfg.relative_attention_max_distance, bidirectional=True,
+            dtype=cfg.compute_dtype, name="relpos_bias")(length, length)
+        bias = layers.attention_bias_from_mask(layers.padding_mask(valid, valid)) + position_bias
+        x = self.embedder(input_tokens)
+        x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
+        x = constrain(x, ("batch", "length", "embed"))
+        for i in range(cfg.num_encoder_layers):
+            x = EncoderLayer(cfg, name=f"layers_{i}")(x, bias, deterministic)
+        x = layers.RMSNorm(dtype=cfg.compute_dtype, name="final_norm")(x)
+        return nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
+
+
+class Decoder(nn.Module):
+    config: T5Config
+    embedder: layers.Embed
+
+    @nn.compact
+    def __call__(self, encoded, encoder_input_tokens, decoder_input_tokens,
+                 decoder_target_tokens, deterministic):
+        cfg = self.config
+        length = decoder_input_tokens.shape[1]
+        # Decoder inputs start with id 0 (= pad), so validity comes from the targets.
+        target_valid = decoder_target_tokens > 0
+        self_mask = layers.padding_mask(target_valid, target_valid) & layers.causal_mask(length)
+        cross_mask = layers.padding_mask(target_valid, encoder_input_tokens > 0)
+        position_bias = layers.RelativePositionBias(
+            cfg.num_heads, cfg.relative_attention_num_buckets,
+            cfg.relative_attention_max_distance, bidirectional=False,
+            dtype=cfg.compute_dtype, name="relpos_bias")(length, length)
+        self_bias = layers.attention_bias_from_mask(self_mask) + position_bias
+        cross_bias = layers.attention_bias_from_mask(cross_mask)
+
+        y = self.embedder(decoder_input_tokens)
+        y = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(y, deterministic=deterministic)
+        y = constrain(y, ("batch", "length", "embed"))
+        for i in range(cfg.num_decoder_layers):
+            y = DecoderLayer(cfg, name=f"layers_{i}")(y, encoded, self_bias, cross_bias,
+                                                     deterministic)
+        y = layers.RMSNorm(dtype=cfg.compute_dtype, name="final_norm")(y)
+        y = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(y, deterministic=deterministic)
+        if cfg.logits_via_embedding:
+            logits = self.embedder.attend(y) / jnp.sqrt(y.shape[-1]).astype(y.dtype)
+        else:
+            logits = layers.DenseGeneral(cfg.vocab_size, kernel_axes=("embed", "vocab"),
+                                         dtype=cfg.compute_dtype, name="logits_dense")(y)
+        return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
+
+
+class EncoderDecoder(nn.Module):
+    """``__call__(batch features) -> logits [batch, targets, vocab]`` in float32."""
+
+    config: T5Config
+
+    def setup(self):
+        cfg = self.config
+        self.token_embedder = layers.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype)
+        self.encoder = Encoder(cfg, self.token_embedder)
+        self.decoder = Decoder(cfg, self.token_embedder)
+
+    def encode(self, encoder_input_tokens, deterministic: bool = True):
+        return self.encoder(encoder_input_tokens, deterministic)
+
+    def __call__(self, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens,
+                 deterministic: bool = True) -> jax.Array:
+        encoded = self.encoder(encoder_input_tokens, deterministic)
+        return self.decoder(encoded, encoder_input_tokens, decoder_input_tokens,
+                            decoder_target_tokens, deterministic)

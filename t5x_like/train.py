@@ -1,0 +1,263 @@
+"""Pretraining entry point.
+
+    python -m t5x_like.train --config=configs/quickstart.py --workdir=/tmp/run \
+        [--config.num_train_steps=500 --config.batch_size=32 ...]
+
+Writes ``metrics.jsonl``, TensorBoard events, orbax checkpoints and the resolved
+config under ``--workdir``, and resumes from the newest checkpoint found there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import signal
+import sys
+import time
+
+from t5x_like import config_lib
+
+USAGE = ("python -m t5x_like.train --config=FILE --workdir=DIR [--config.KEY=VALUE ...]\n"
+         "  e.g. python -m t5x_like.train --config=configs/quickstart.py --workdir=/tmp/t5x_like_run "
+         "--config.num_train_steps=100")
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """Splits ``--config.key=value`` overrides from the other flags."""
+    parser = argparse.ArgumentParser(prog="python -m t5x_like.train", usage=USAGE,
+                                     description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="Python config file with get_config().")
+    parser.add_argument("--workdir", required=True,
+                        help="Output directory; an existing run there is resumed.")
+    parser.add_argument("--quiet", action="store_true", help="No progress output.")
+    overrides, rest = [], []
+    for arg in argv:
+        if arg.startswith("--config."):
+            overrides.append(arg[len("--config."):])
+        else:
+            rest.append(arg)
+    return parser.parse_args(rest), overrides
+
+
+def load_and_validate(config_path: str, overrides: list[str]):
+    config = config_lib.load_config_file(config_path)
+    config_lib.apply_overrides(config, overrides)
+    config_lib.validate(config)
+    return config
+
+
+class _PreemptionFlag:
+    """Set by SIGTERM; the loop then saves a checkpoint and exits 0."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = signal.signal(signal.SIGTERM, self._handler)
+
+    def _handler(self, signum, frame):
+        self.requested = True
+
+    def restore(self):
+        signal.signal(signal.SIGTERM, self._previous)
+
+
+def _check_same_model(saved_config: dict, config) -> None:
+    saved_model = saved_config.get("model", {})
+    current = config.model.to_dict()
+    differing = sorted(k for k in set(saved_model) | set(current)
+                       if _normalise(saved_model.get(k)) != _normalise(current.get(k)))
+    if differing:
+        details = ", ".join(f"model.{k}: checkpoint {saved_model.get(k)!r} vs config "
+                            f"{current.get(k)!r}" for k in differing)
+        raise config_lib.ConfigError(
+            f"The workdir holds checkpoints of a different model ({details}). Use a new "
+            "--workdir, or the same model settings to resume.")
+
+
+def _normalise(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
+        devices=None) -> dict:
+    """Trains to ``config.num_train_steps``; returns the last train and eval metrics.
+
+    ``devices`` defaults to all devices; tests pass a subset to compare meshes.
+    """
+    import jax  # imported late: config mistakes are reported before JAX starts
+    import numpy as np
+
+    from t5x_like import checkpointing, metrics_writer, models, objectives, optim, partitioning
+    from t5x_like import trainer as trainer_lib
+    from t5x_like.data import pipeline
+
+    process_index, process_count = jax.process_index(), jax.process_count()
+    devices = jax.devices() if devices is None else list(devices)
+    mesh_shape = config_lib.validate_for_devices(config, len(devices), process_count)
+    is_chief = process_index == 0
+    workdir = pathlib.Path(workdir).absolute()
+    progress = metrics_writer.Progress(config.num_train_steps, 0, enabled=is_chief and not quiet)
+
+    # Data.
+    lengths = dict(config.task_feature_lengths)
+    train_ds = pipeline.build_dataset(config.task, "train", lengths, seed=config.seed, shuffle=True)
+    eval_ds = pipeline.build_dataset(config.task, "validation", lengths, seed=config.seed,
+                                     shuffle=False, repeat=False)
+    from t5x_like.data.dataset_providers import TaskRegistry
+    vocab_size = TaskRegistry.get(config.task).vocabulary.vocab_size
+    if vocab_size > config.model.vocab_size:
+        raise config_lib.ConfigError(
+            f"Task {config.task!r} uses {vocab_size} token ids but model.vocab_size="
+            f"{config.model.vocab_size}; set --config.model.vocab_size={vocab_size} or larger.")
+
+    # Model, optimizer, mesh.
+    model = models.build_model(config.model)
+    optimizer, schedule = optim.make_optimizer(config.optimizer, config.num_train_steps)
+    mesh = partitioning.make_mesh(mesh_shape, devices)
+    rules = partitioning.axis_rules(config.partitioning.rules)
+    feature_lengths = {"encoder_input_tokens": lengths["inputs"],
+                       "decoder_input_tokens": lengths["targets"],
+                       "decoder_target_tokens": lengths["targets"]}
+    loss_fn = lambda m, p, b, r: objectives.seq2seq_loss(m, p, b, r, z_loss=config.loss.z_loss)
+    trainer = trainer_lib.Trainer(model, loss_fn, optimizer, schedule, mesh, rules,
+                                  feature_lengths, seed=config.seed)
+
+    # State: resume or initialise.
+    checkpointer = checkpointing.Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints)
+    latest = checkpointer.latest_step()
+    train_iter = pipeline.HostBatchIterator(train_ds, config.batch_size, process_index,
+                                            process_count)
+    if latest is not None:
+        state, data_state, saved_config = checkpointer.restore(latest, trainer.abstract_state)
+        _check_same_model(saved_config, config)
+        train_iter.set_state(data_state)
+        progress.message(f"Resumed from {checkpointer.directory / str(latest)} at step {latest}.")
+    else:
+        state = trainer.init_state(config.seed)
+    start_step = int(state.step)
+    progress.start = start_step
+    if is_chief:
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "config.json").write_text(json.dumps(config.to_dict(), indent=2, default=list))
+        progress.message(f"t5x_like: {trainer_lib.param_count(state.params):,} parameters, mesh "
+                         f"{mesh_shape}, {len(devices)} {devices[0].platform} devices, "
+                         f"steps {start_step} -> {config.num_train_steps}, workdir {workdir}")
+
+    writer = metrics_writer.MetricsWriter(workdir, enabled=is_chief)
+    preemption = _PreemptionFlag()
+    tokens_per_step = config.batch_size * (lengths["inputs"] + lengths["targets"])
+    num_eval_batches = min(config.eval_batches, len(eval_ds) // config.batch_size)
+    if num_eval_batches == 0:
+        raise config_lib.ConfigError(
+            f"The validation split has {len(eval_ds)} examples, fewer than one batch of "
+            f"batch_size={config.batch_size}; lower batch_size.")
+
+    def evaluate(params) -> dict:
+        eval_iter = pipeline.HostBatchIterator(eval_ds, config.batch_size, process_index,
+                                               process_count)
+        totals = None
+        for _ in range(num_eval_batches):
+            out = trainer.eval_step(params, partitioning.global_batch(next(eval_iter), mesh))
+            totals = out if totals is None else jax.tree.map(lambda a, b: a + b, totals, out)
+        totals = jax.device_get(totals)
+        tokens = max(float(totals["num_target_tokens"]), 1.0)
+        return {"eval_loss": float(totals["loss_sum"]) / tokens,
+                "eval_accuracy": float(totals["correct_sum"]) / tokens}
+
+    def save(step: int, force: bool = False) -> None:
+        checkpointer.save(step, state, train_iter.get_state(), config.to_dict(), force=force)
+
+    last_train, last_eval = {}, {}
+    pending: list[dict] = []
+    interval_start, interval_steps = time.monotonic(), 0
+    step = start_step
+    try:
+        while step < config.num_train_steps:
+            batch = partitioning.global_batch(next(train_iter), mesh)
+            state, metrics = trainer.train_step(state, batch)
+            step += 1
+            pending.append(metrics)
+            interval_steps += 1
+            is_last = step == config.num_train_steps
+            do_eval = step % config.eval_every_steps == 0 or is_last
+            do_log = (step % config.log_every_steps == 0 or step == start_step + 1 or do_eval
+                      or preemption.requested)
+            do_checkpoint = step % config.checkpoint_every_steps == 0 or is_last
+            if do_log or do_checkpoint:
+                fetched = jax.device_get(pending)
+                pending = []
+                elapsed = time.monotonic() - interval_start
+                record = {key: float(np.mean([m[key] for m in fetched])) for key in fetched[0]}
+                record["learning_rate"] = float(fetched[-1]["learning_rate"])
+                record["tokens_per_sec"] = tokens_per_step * interval_steps / max(elapsed, 1e-9)
+                record["steps_per_sec"] = interval_steps / max(elapsed, 1e-9)
+                if not math.isfinite(record["loss"]):
+                    raise FloatingPointError(
+                        f"Train loss is {record['loss']} at step {step}; stopping without saving. "
+                        f"The last good checkpoint in {checkpointer.directory} is intact. Lower "
+                        "optimizer.learning_rate or enable optimizer.grad_clip_norm, then rerun.")
+                if do_eval:
+                    last_eval = evaluate(state.params)
+                    record.update(last_eval)
+                last_train = record
+                writer.write(step, record)
+                progress.update(step, record)
+                if do_eval:
+                    progress.message(f"step {step}: held-out loss {last_eval['eval_loss']:.4f}, "
+                                     f"accuracy {last_eval['eval_accuracy']:.3f}")
+                interval_start, interval_steps = time.monotonic(), 0
+            if do_checkpoint or preemption.requested:
+                save(step, force=preemption.requested)
+            if preemption.requested:
+                progress.message(f"SIGTERM received: saved a checkpoint at step {step}, exiting.")
+                break
+    finally:
+        checkpointer.close()
+        writer.close()
+        progress.close()
+        preemption.restore()
+
+    if is_chief and not quiet:
+        latest = checkpointer.latest_step()
+        print(_summary(workdir, latest, last_train, last_eval, config_path, config), flush=True)
+    return {"train": last_train, "eval": last_eval, "step": step}
+
+
+def _summary(workdir, latest, last_train, last_eval, config_path, config) -> str:
+    lines = ["", "Done."]
+    if last_train:
+        lines.append(f"  final train loss  {last_train['loss']:.4f}")
+    if last_eval:
+        lines.append(f"  held-out loss     {last_eval['eval_loss']:.4f}")
+    lines += [
+        f"  checkpoint        {workdir / 'checkpoints' / str(latest)}",
+        f"  metrics           {workdir / 'metrics.jsonl'}",
+        f"  TensorBoard       tensorboard --logdir {workdir / 'tensorboard'}",
+        f"  resolved config   {workdir / 'config.json'}",
+        "  continue training (resumes from the checkpoint):",
+        f"    python -m t5x_like.train --config={config_path} --workdir={workdir} "
+        f"--config.num_train_steps={config.num_train_steps * 2}",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args, overrides = parse_args(argv)
+    try:
+        config = load_and_validate(args.config, overrides)
+    except config_lib.ConfigError as e:
+        print(f"Config error: {e}", file=sys.stderr)
+        return 2
+    try:
+        run(config, args.workdir, config_path=args.config, quiet=args.quiet)
+    except config_lib.ConfigError as e:
+        print(f"Config error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""Test setup: 8 fake CPU devices, set before JAX is imported anywhere."""
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import pytest  # noqa: E402
+
+from t5x_like import config_lib  # noqa: E402
+
+
+def tiny_config(**overrides):
+    """A model small enough to compile and train in seconds on fake devices."""
+    config = config_lib.default_config()
+    config.task_feature_lengths = {"inputs": 32, "targets": 8}
+    config.batch_size = 16
+    config.num_train_steps = 30
+    config.log_every_steps = 5
+    config.eval_every_steps = 15
+    config.checkpoint_every_steps = 15
+    config.eval_batches = 2
+    model = config.model
+    model.d_model = 32
+    model.num_heads = 2
+    model.head_dim = 16
+    model.d_ff = 64
+    model.num_encoder_layers = 1
+    model.num_decoder_layers = 1
+    config.optimizer.learning_rate = 3e-2
+    config.optimizer.warmup_steps = 5
+    for key, value in overrides.items():
+        node = config
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
+    config_lib.validate(config)
+    return config
+
+
+@pytest.fixture
+def tiny():
+    return tiny_config

@@ -1,0 +1,114 @@
+import pathlib
+import subprocess
+import sys
+import time
+
+import pytest
+
+from t5x_like import config_lib
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+QUICKSTART = str(REPO / "configs" / "quickstart.py")
+
+
+def test_quickstart_config_is_valid():
+    config = config_lib.load_config_file(QUICKSTART)
+    config_lib.validate(config)
+    for key in ("num_train_steps", "log_every_steps", "checkpoint_every_steps",
+                "eval_every_steps", "seed", "batch_size"):
+        assert key in config
+
+
+def test_override_sets_typed_values():
+    config = config_lib.default_config()
+    config_lib.apply_overrides(config, ["num_train_steps=7", "optimizer.learning_rate=0.5",
+                                        "model.dtype=bfloat16", "model.mlp_activations=relu,linear"])
+    assert config.num_train_steps == 7 and isinstance(config.num_train_steps, int)
+    assert config.optimizer.learning_rate == 0.5
+    assert config.model.dtype == "bfloat16"
+    assert tuple(config.model.mlp_activations) == ("relu", "linear")
+
+
+def test_misspelt_override_suggests_the_real_key():
+    config = config_lib.default_config()
+    with pytest.raises(config_lib.ConfigError) as err:
+        config_lib.apply_overrides(config, ["num_train_step=5"])
+    assert "'num_train_step'" in str(err.value)
+    assert "Did you mean 'num_train_steps'" in str(err.value)
+
+
+def test_misspelt_nested_override_suggests_within_section():
+    config = config_lib.default_config()
+    with pytest.raises(config_lib.ConfigError, match="Did you mean 'model.d_model'"):
+        config_lib.apply_overrides(config, ["model.dmodel=64"])
+
+
+def test_unknown_key_in_config_file_is_rejected():
+    config = config_lib.default_config()
+    config.batch_sise = 8
+    with pytest.raises(config_lib.ConfigError, match="Did you mean 'batch_size'"):
+        config_lib.validate(config)
+
+
+def test_wrong_type_names_key_and_expected_type():
+    config = config_lib.default_config()
+    with pytest.raises(config_lib.ConfigError, match=r"--config.batch_size=lots: expected an integer"):
+        config_lib.apply_overrides(config, ["batch_size=lots"])
+    with pytest.raises(config_lib.ConfigError, match="'model' is a section"):
+        config_lib.apply_overrides(config, ["model=3"])
+
+
+def test_wrong_type_in_config_file_is_a_config_error(tmp_path):
+    path = tmp_path / "bad.py"
+    path.write_text("from t5x_like import config_lib\n"
+                    "def get_config():\n"
+                    "    c = config_lib.default_config()\n"
+                    "    c.num_train_steps = 'ten'\n"
+                    "    return c\n")
+    with pytest.raises(config_lib.ConfigError, match="num_train_steps"):
+        config_lib.load_config_file(str(path))
+
+
+def test_bad_enum_value_lists_choices():
+    config = config_lib.default_config()
+    config.optimizer.name = "adamm"
+    with pytest.raises(config_lib.ConfigError, match="Did you mean 'adamw'"):
+        config_lib.validate(config)
+
+
+def test_batch_must_divide_data_parallel_mesh():
+    config = config_lib.default_config()
+    config.batch_size = 12
+    config.mesh.data, config.mesh.fsdp = 2, 4
+    with pytest.raises(config_lib.ConfigError) as err:
+        config_lib.validate_for_devices(config, num_devices=8)
+    message = str(err.value)
+    assert "batch_size=12" in message and "8" in message and "--config.batch_size=16" in message
+
+
+def test_mesh_must_match_device_count():
+    config = config_lib.default_config()
+    config.mesh.data, config.mesh.fsdp = 2, 2
+    with pytest.raises(config_lib.ConfigError, match="needs 4 devices but 8 are available"):
+        config_lib.validate_for_devices(config, num_devices=8)
+    config.mesh.data, config.mesh.fsdp = -1, 3
+    with pytest.raises(config_lib.ConfigError, match="does not divide the 8 available"):
+        config_lib.validate_for_devices(config, num_devices=8)
+
+
+def test_mesh_fill_axis():
+    assert config_lib.resolve_mesh_shape({"data": -1, "fsdp": 2, "tensor": 1}, 8) == {
+        "data": 4, "fsdp": 2, "tensor": 1}
+
+
+def test_cli_typo_fails_fast_before_jax():
+    start = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "t5x_like.train", f"--config={QUICKSTART}",
+         "--workdir=/nonexistent/never_written", "--config.num_train_step=5"],
+        capture_output=True, text=True, cwd=REPO, timeout=60)
+    elapsed = time.monotonic() - start
+    assert result.returncode == 2
+    assert "num_train_step" in result.stderr and "Did you mean 'num_train_steps'" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert elapsed < 15, f"config error took {elapsed:.1f}s; it must not wait for JAX"

@@ -1,0 +1,121 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from t5x_like.data import feature_converters, pipeline, preprocessors, tasks
+
+VOCAB_SIZE = 1000
+EOS = 1
+
+
+def merge_back(inputs, targets, vocab_size=VOCAB_SIZE):
+    """Replaces each sentinel in inputs by the target tokens that follow it."""
+    inputs, targets = list(inputs[:-1]), list(targets[:-1])  # drop EOS
+    spans, current = {}, None
+    for token in targets:
+        if token >= vocab_size - 100:
+            current = token
+            spans[current] = []
+        else:
+            spans[current].append(token)
+    out = []
+    for token in inputs:
+        out.extend(spans[token] if token >= vocab_size - 100 else [token])
+    return out
+
+
+@pytest.mark.parametrize("inputs_length, expected", [
+    (512, (568, 114)),   # T5's pretraining lengths
+])
+def test_random_spans_helper_matches_t5(inputs_length, expected):
+    assert preprocessors.random_spans_helper(inputs_length, 0.15, 3.0) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(length=st.integers(1, 600), seed=st.integers(0, 2**31 - 1),
+       density=st.sampled_from([0.15, 0.3, 0.5]), mean_span=st.sampled_from([1.0, 3.0, 8.0]))
+def test_inputs_and_targets_merge_back_to_the_original(length, seed, density, mean_span):
+    tokens = np.random.default_rng(seed).integers(10, VOCAB_SIZE - 100, size=length, dtype=np.int32)
+    mask = preprocessors.random_spans_noise_mask(length, density, mean_span, np.random.default_rng(seed))
+    if np.sum(mask & ~np.concatenate([[False], mask[:-1]])) > 100:
+        with pytest.raises(ValueError, match="only 100 sentinels"):
+            preprocessors.span_corruption(tokens, np.random.default_rng(seed), vocab_size=VOCAB_SIZE,
+                                          eos_id=EOS, noise_density=density,
+                                          mean_noise_span_length=mean_span)
+        return
+    out = preprocessors.span_corruption(tokens, np.random.default_rng(seed), vocab_size=VOCAB_SIZE,
+                                        eos_id=EOS, noise_density=density,
+                                        mean_noise_span_length=mean_span)
+    assert out["inputs"][-1] == EOS and out["targets"][-1] == EOS
+    assert merge_back(out["inputs"], out["targets"]) == tokens.tolist()
+
+
+def test_sentinels_count_down_from_extra_id_0_in_order():
+    tokens = np.arange(10, 210, dtype=np.int32)
+    out = preprocessors.span_corruption(tokens, np.random.default_rng(0), vocab_size=VOCAB_SIZE,
+                                        eos_id=EOS)
+    sentinels_in = [t for t in out["inputs"] if t >= VOCAB_SIZE - 100]
+    sentinels_out = [t for t in out["targets"] if t >= VOCAB_SIZE - 100]
+    assert sentinels_in == sentinels_out == list(range(VOCAB_SIZE - 1, VOCAB_SIZE - 1 - len(sentinels_in), -1))
+    assert out["targets"][0] == VOCAB_SIZE - 1  # targets open with <extra_id_0>
+
+
+def test_noise_mask_has_t5_counts():
+    mask = preprocessors.random_spans_noise_mask(568, 0.15, 3.0, np.random.default_rng(3))
+    assert mask.sum() == round(568 * 0.15)
+    starts = np.flatnonzero(mask & ~np.concatenate([[False], mask[:-1]]))
+    assert len(starts) == round(round(568 * 0.15) / 3.0)
+    assert not mask[0]  # a non-noise span comes first
+
+
+def test_quickstart_examples_fill_inputs_exactly():
+    lengths = {"inputs": 128, "targets": 32}
+    ds = pipeline.build_dataset("embedded_en_span_corruption", "train", lengths, seed=0, shuffle=True)
+    vocab = tasks.embedded_vocabulary()
+    for index in range(20):
+        example = ds[index]
+        assert (example["encoder_input_tokens"] > 0).all()
+        assert example["decoder_target_tokens"][0] == vocab.sentinel_id(0)
+        weights = example["decoder_loss_weights"]
+        assert weights.sum() == (example["decoder_target_tokens"] > 0).sum() <= 32
+
+
+def test_examples_are_a_pure_function_of_seed_and_index():
+    lengths = {"inputs": 64, "targets": 16}
+    a = pipeline.build_dataset("embedded_en_span_corruption", "train", lengths, seed=5, shuffle=True)
+    b = pipeline.build_dataset("embedded_en_span_corruption", "train", lengths, seed=5, shuffle=True)
+    c = pipeline.build_dataset("embedded_en_span_corruption", "train", lengths, seed=6, shuffle=True)
+    for index in (0, 17, 123456):
+        assert all(np.array_equal(a[index][k], b[index][k]) for k in a[index])
+    assert not np.array_equal(a[0]["encoder_input_tokens"], c[0]["encoder_input_tokens"])
+
+
+def test_host_shards_tile_the_global_batch():
+    lengths = {"inputs": 64, "targets": 16}
+    ds = pipeline.build_dataset("embedded_en_span_corruption", "train", lengths, seed=0, shuffle=True)
+    whole = pipeline.HostBatchIterator(ds, 8).local_batch(3)
+    parts = [pipeline.HostBatchIterator(ds, 8, p, 4).local_batch(3) for p in range(4)]
+    for key in whole:
+        assert np.array_equal(whole[key], np.concatenate([part[key] for part in parts]))
+
+
+def test_targets_too_short_for_span_corruption_is_a_clear_error():
+    with pytest.raises(ValueError, match="set task_feature_lengths.targets to at least 29"):
+        pipeline.build_dataset("embedded_en_span_corruption", "train",
+                               {"inputs": 128, "targets": 16}, seed=0, shuffle=True)
+
+
+def test_decoder_inputs_are_targets_shifted_right():
+    converter = feature_converters.EncDecFeatureConverter()
+    out = converter({"inputs": np.array([5, 6, 1]), "targets": np.array([7, 8, 1])},
+                    {"inputs": 4, "targets": 5})
+    assert out["decoder_input_tokens"].tolist() == [0, 7, 8, 1, 0]
+    assert out["decoder_target_tokens"].tolist() == [7, 8, 1, 0, 0]
+    assert out["decoder_loss_weights"].tolist() == [1, 1, 1, 0, 0]
+    assert out["encoder_input_tokens"].tolist() == [5, 6, 1, 0]
+
+
+def test_unknown_task_suggests_close_names():
+    with pytest.raises(KeyError, match="Did you mean 'embedded_en_span_corruption'"):
+        pipeline.build_dataset("embedded_en_span_corupton", "train", {"inputs": 64, "targets": 16},
+                               seed=0, shuffle=True)

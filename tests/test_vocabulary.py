@@ -1,0 +1,51 @@
+import hashlib
+
+from t5x_like.data import embedded, tasks, train_vocab, vocabularies
+
+
+def test_special_ids_follow_t5_conventions():
+    vocab = tasks.embedded_vocabulary()
+    assert (vocab.pad_id, vocab.eos_id, vocab.unk_id, vocab.bos_id) == (0, 1, 2, 3)
+    specials = {vocab.mask_id, vocab.cls_id, vocab.sep_id}
+    assert len(specials) == 3 and not specials & {0, 1, 2, 3}
+    assert vocab.vocab_size == 8192
+    assert vocab.base_vocab_size == 8192 - 100
+
+
+def test_sentinels_sit_at_the_top_of_the_id_range():
+    vocab = tasks.embedded_vocabulary()
+    assert vocab.sentinel_id(0) == vocab.vocab_size - 1
+    assert vocab.sentinel_id(99) == vocab.base_vocab_size
+    assert vocab.decode([vocab.sentinel_id(0), vocab.sentinel_id(1)]) == "<extra_id_0><extra_id_1>"
+
+
+def test_special_pieces_are_single_tokens():
+    vocab = tasks.embedded_vocabulary()
+    assert vocab.encode("[MASK]")[-1] == vocab.mask_id
+    assert vocab.cls_id in vocab.encode("[CLS] a [SEP]")
+
+
+def test_encode_decode_round_trip_and_no_unknowns():
+    vocab = tasks.embedded_vocabulary()
+    text = "It is a truth universally acknowledged, that thou art ☃ 1811."
+    ids = vocab.encode(text)
+    assert vocab.unk_id not in ids  # byte fallback covers unseen characters
+    assert vocab.decode(ids + [vocab.eos_id, 42]) == text
+
+
+def test_vocab_training_is_deterministic(tmp_path):
+    documents = tasks.embedded_en_documents("validation")
+    first = train_vocab.train_sentencepiece(documents, vocab_size=600)
+    second = train_vocab.train_sentencepiece(documents, vocab_size=600)
+    assert hashlib.sha256(first).digest() == hashlib.sha256(second).digest()
+    path = tmp_path / "small.model"
+    path.write_bytes(first)
+    vocab = vocabularies.SentencePieceVocabulary(str(path), extra_ids=10)
+    assert vocab.vocab_size == 610 and vocab.mask_id > vocab.bos_id
+
+
+def test_checked_in_vocabulary_is_reproduced_by_the_script(tmp_path):
+    out = tmp_path / "rebuilt.model"
+    train_vocab.main(["--output", str(out)])
+    with open(embedded.vocab_model_path(), "rb") as f:
+        assert hashlib.sha256(out.read_bytes()).digest() == hashlib.sha256(f.read()).digest()
