@@ -28,6 +28,11 @@ class Checkpointer:
             data=ocp.args.JsonSave(data_state),
             config=ocp.args.JsonSave(config)), force=force)
 
+    def restore_config(self, step: int) -> dict:
+        """Only the saved config: cheap, and checked before any array is read."""
+        return self._manager.restore(step, args=ocp.args.Composite(
+            config=ocp.args.JsonRestore())).config
+
     def restore(self, step: int, abstract_state):
         """Restores onto the shardings carried by ``abstract_state``'s leaves."""
         restored = self._manager.restore(step, args=ocp.args.Composite(

@@ -130,8 +130,8 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     train_iter = pipeline.HostBatchIterator(train_ds, config.batch_size, process_index,
                                             process_count)
     if latest is not None:
-        state, data_state, saved_config = checkpointer.restore(latest, trainer.abstract_state)
-        _check_same_model(saved_config, config)
+        _check_same_model(checkpointer.restore_config(latest), config)
+        state, data_state, _ = checkpointer.restore(latest, trainer.abstract_state)
         train_iter.set_state(data_state)
         progress.message(f"Resumed from {checkpointer.directory / str(latest)} at step {latest}.")
     else:

@@ -137,7 +137,7 @@ class Trainer:
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics = dict(metrics, learning_rate=self.schedule(state.step),
-                       grad_norm=optax.global_norm(grads))
+                       grad_norm=optax.tree.norm(grads))
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
     def _eval_step_fn(self, params, batch):

@@ -1,0 +1,98 @@
+import json
+import pathlib
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from t5x_like import train
+
+from conftest import tiny_config
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def read_metrics(workdir) -> list[dict]:
+    with open(pathlib.Path(workdir) / "metrics.jsonl") as f:
+        return [json.loads(line) for line in f]
+
+
+def losses_by_step(workdir) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_metrics(workdir)}
+
+
+def test_loss_falls_on_8_fake_devices(tmp_path):
+    assert jax.device_count() == 8
+    config = tiny_config(**{"mesh.data": 2, "mesh.fsdp": 4})
+    result = train.run(config, str(tmp_path), quiet=True)
+    records = read_metrics(tmp_path)
+    assert records[0]["step"] == 1 and records[-1]["step"] == 30
+    for key in ("loss", "learning_rate", "tokens_per_sec"):
+        assert all(key in r for r in records)
+    assert records[-1]["loss"] < records[0]["loss"] - 1.0
+    assert "eval_loss" in records[-1] and np.isfinite(records[-1]["eval_loss"])
+    assert result["eval"]["eval_loss"] == records[-1]["eval_loss"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["15", "30"]
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert json.loads((tmp_path / "config.json").read_text())["mesh"]["fsdp"] == 4
+
+
+@pytest.mark.slow
+def test_resume_gives_the_same_losses_as_an_uninterrupted_run(tmp_path):
+    settings = {"num_train_steps": 8, "log_every_steps": 1, "checkpoint_every_steps": 4,
+                "eval_every_steps": 8, "mesh.data": 2, "mesh.fsdp": 4}
+    train.run(tiny_config(**settings), str(tmp_path / "straight"), quiet=True)
+    interrupted = tmp_path / "interrupted"
+    train.run(tiny_config(**dict(settings, num_train_steps=4)), str(interrupted), quiet=True)
+    result = train.run(tiny_config(**settings), str(interrupted), quiet=True)
+    assert result["step"] == 8
+    straight, resumed = losses_by_step(tmp_path / "straight"), losses_by_step(interrupted)
+    assert sorted(resumed) == list(range(1, 9))
+    assert [resumed[s] for s in range(1, 9)] == [straight[s] for s in range(1, 9)]  # bit for bit
+
+
+@pytest.mark.slow
+def test_single_device_and_sharded_runs_agree(tmp_path):
+    settings = {"num_train_steps": 4, "log_every_steps": 1, "checkpoint_every_steps": 4,
+                "eval_every_steps": 4}
+    train.run(tiny_config(**settings, **{"mesh.data": 1}), str(tmp_path / "one"), quiet=True,
+              devices=jax.devices()[:1])
+    train.run(tiny_config(**settings, **{"mesh.data": 2, "mesh.fsdp": 4}), str(tmp_path / "eight"),
+              quiet=True)
+    one, eight = losses_by_step(tmp_path / "one"), losses_by_step(tmp_path / "eight")
+    np.testing.assert_allclose([one[s] for s in range(1, 5)], [eight[s] for s in range(1, 5)],
+                               rtol=2e-5)
+
+
+def test_a_different_model_in_the_workdir_is_refused(tmp_path):
+    settings = {"num_train_steps": 2, "checkpoint_every_steps": 2, "eval_every_steps": 2}
+    train.run(tiny_config(**settings), str(tmp_path), quiet=True)
+    from t5x_like import config_lib
+    with pytest.raises(config_lib.ConfigError, match="model.d_ff"):
+        train.run(tiny_config(**dict(settings, num_train_steps=4), **{"model.d_ff": 128}),
+                  str(tmp_path), quiet=True)
+
+
+@pytest.mark.slow
+def test_cli_resumes_from_the_latest_checkpoint(tmp_path):
+    common = [sys.executable, "-m", "t5x_like.train", "--config=configs/quickstart.py",
+              f"--workdir={tmp_path}", "--config.checkpoint_every_steps=10",
+              "--config.model.d_model=32", "--config.model.d_ff=64", "--config.model.num_heads=2",
+              "--config.model.head_dim=16", "--config.model.num_encoder_layers=1",
+              "--config.model.num_decoder_layers=1", "--config.batch_size=8",
+              "--config.task_feature_lengths.inputs=32", "--config.task_feature_lengths.targets=8",
+              "--config.eval_batches=1"]
+    env = {"PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu"}
+    first = subprocess.run(common + ["--config.num_train_steps=20"], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    assert "checkpoint" in first.stdout and "continue training" in first.stdout
+    second = subprocess.run(common + ["--config.num_train_steps=30"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr
+    assert "Resumed from" in second.stderr and "at step 20" in second.stderr
+    steps = [r["step"] for r in read_metrics(tmp_path)]
+    assert steps[-1] == 30 and 21 in steps
+    assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir())[-1] == 30
