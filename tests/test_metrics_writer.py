@@ -1,0 +1,54 @@
+import io
+import json
+
+from t5x_like import metrics_writer
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_plain_lines_when_not_a_terminal():
+    stream = io.StringIO()
+    progress = metrics_writer.Progress(100, 0, stream=stream)
+    progress.update(10, {"loss": 3.25, "tokens_per_sec": 1234.0})
+    line = stream.getvalue()
+    assert line.endswith("\n") and "\r" not in line
+    assert "step 10/100" in line and "loss 3.250" in line and "1,234 tok/s" in line and "ETA" in line
+
+
+def test_bar_redraws_in_place_on_a_terminal():
+    stream = FakeTerminal()
+    progress = metrics_writer.Progress(100, 0, stream=stream, width=10)
+    progress.update(50, {"loss": 2.0, "tokens_per_sec": 10.0})
+    progress.update(100, {"loss": 1.0, "tokens_per_sec": 10.0})
+    out = stream.getvalue()
+    assert out.count("\r") == 2 and "\n" not in out
+    assert "[#####.....] step 50/100" in out and "[##########] step 100/100" in out
+
+
+def test_eta_extrapolates_from_steps_done_since_start(monkeypatch):
+    clock = iter([100.0, 110.0])
+    monkeypatch.setattr(metrics_writer.time, "monotonic", lambda: next(clock))
+    progress = metrics_writer.Progress(total_steps=30, start_step=10, stream=io.StringIO())
+    assert progress.eta_seconds(20) == 10.0  # 10 steps took 10 s, 10 remain
+
+
+def test_jsonl_and_tensorboard_files(tmp_path):
+    writer = metrics_writer.MetricsWriter(tmp_path)
+    writer.write(5, {"loss": 1.5, "learning_rate": 0.01})
+    writer.write(10, {"loss": 1.25, "learning_rate": 0.01, "eval_loss": 1.3})
+    writer.close()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert records == [{"step": 5, "loss": 1.5, "learning_rate": 0.01},
+                       {"step": 10, "loss": 1.25, "learning_rate": 0.01, "eval_loss": 1.3}]
+    events = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 0
+
+
+def test_disabled_writer_writes_nothing(tmp_path):
+    writer = metrics_writer.MetricsWriter(tmp_path / "other", enabled=False)
+    writer.write(1, {"loss": 1.0})
+    writer.close()
+    assert not (tmp_path / "other").exists()
