@@ -1,6 +1,6 @@
 """Quickstart: a small T5 v1.1-style model, span corruption on the embedded corpus.
 
-Sized to learn visibly in a few minutes on 2 CPU cores (about 5M parameters,
+Sized to learn visibly in a few minutes on 2 CPU cores (3.3M parameters,
 8k vocabulary), and runs unchanged on any number of devices:
 
     python -m t5x_like.train --config=configs/quickstart.py --workdir=/tmp/t5x_like_quickstart
@@ -13,7 +13,7 @@ def get_config():
     config = config_lib.default_config()
     config.task = "embedded_en_span_corruption"
     config.task_feature_lengths = {"inputs": 128, "targets": 32}
-    config.num_train_steps = 400
+    config.num_train_steps = 500
     config.batch_size = 32
     config.log_every_steps = 20
     config.eval_every_steps = 100

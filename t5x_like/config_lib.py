@@ -8,7 +8,6 @@ a typo is an unknown key, caught here with a suggestion, not a silent default.
 from __future__ import annotations
 
 import ast
-import dataclasses
 import difflib
 import importlib.util
 import math
@@ -273,16 +272,3 @@ def validate_for_devices(config: ml_collections.ConfigDict, num_devices: int,
         raise ConfigError(f"batch_size={config.batch_size} does not divide over {process_count} "
                           f"processes; use a multiple of {process_count}.")
     return shape
-
-
-def to_dict(config: ml_collections.ConfigDict) -> dict:
-    return config.to_dict()
-
-
-def from_dict(values: dict) -> ml_collections.ConfigDict:
-    return ml_collections.ConfigDict(values)
-
-
-def frozen_dataclass_kwargs(cls, section: ml_collections.ConfigDict) -> dict:
-    names = {f.name for f in dataclasses.fields(cls)}
-    return {k: v for k, v in section.items() if k in names}

@@ -46,6 +46,12 @@ def load_and_validate(config_path: str, overrides: list[str]):
     config = config_lib.load_config_file(config_path)
     config_lib.apply_overrides(config, overrides)
     config_lib.validate(config)
+    from t5x_like.data import TaskRegistry  # registers the built-in tasks
+    try:
+        TaskRegistry.get(config.task)
+    except KeyError as e:
+        raise config_lib.ConfigError(f"task: {e.args[0]} Register it with TaskRegistry.add in "
+                                     "your module and import that module first.") from None
     return config
 
 
@@ -92,6 +98,7 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     from t5x_like import checkpointing, metrics_writer, models, objectives, optim, partitioning
     from t5x_like import trainer as trainer_lib
     from t5x_like.data import pipeline
+    from t5x_like.data.dataset_providers import TaskRegistry
 
     process_index, process_count = jax.process_index(), jax.process_count()
     devices = jax.devices() if devices is None else list(devices)
@@ -105,7 +112,6 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     train_ds = pipeline.build_dataset(config.task, "train", lengths, seed=config.seed, shuffle=True)
     eval_ds = pipeline.build_dataset(config.task, "validation", lengths, seed=config.seed,
                                      shuffle=False, repeat=False)
-    from t5x_like.data.dataset_providers import TaskRegistry
     vocab_size = TaskRegistry.get(config.task).vocabulary.vocab_size
     if vocab_size > config.model.vocab_size:
         raise config_lib.ConfigError(
@@ -255,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
         run(config, args.workdir, config_path=args.config, quiet=args.quiet)
     except config_lib.ConfigError as e:
         print(f"Config error: {e}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as e:
+        print(f"Missing file: {e}", file=sys.stderr)
         return 2
     return 0
 

@@ -112,3 +112,12 @@ def test_cli_typo_fails_fast_before_jax():
     assert "num_train_step" in result.stderr and "Did you mean 'num_train_steps'" in result.stderr
     assert "Traceback" not in result.stderr
     assert elapsed < 15, f"config error took {elapsed:.1f}s; it must not wait for JAX"
+
+
+def test_cli_unknown_task_suggests_registered_names():
+    result = subprocess.run(
+        [sys.executable, "-m", "t5x_like.train", f"--config={QUICKSTART}",
+         "--workdir=/nonexistent/never_written", "--config.task=embedded_en_span_corruptio"],
+        capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert result.returncode == 2
+    assert "Did you mean 'embedded_en_span_corruption'" in result.stderr
