@@ -53,21 +53,25 @@ def _format_duration(seconds: float) -> str:
 class Progress:
     """A one-line progress bar on a terminal, plain log lines elsewhere (CI, files)."""
 
-    def __init__(self, total_steps: int, start_step: int, enabled: bool = True,
+    def __init__(self, total_steps: int, enabled: bool = True,
                  stream: TextIO | None = None, width: int = 24):
         self.total = total_steps
-        self.start = start_step
         self.enabled = enabled
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
         self.width = width
-        self._t0 = time.monotonic()
+        self._baseline: tuple[int, float] | None = None
 
     def eta_seconds(self, step: int) -> float:
-        done = step - self.start
+        """Extrapolated from the steps since the first update, so compile time is left out."""
+        if self._baseline is None:
+            self._baseline = (step, time.monotonic())
+            return float("nan")
+        first_step, first_time = self._baseline
+        done = step - first_step
         if done <= 0:
             return float("nan")
-        return (time.monotonic() - self._t0) / done * (self.total - step)
+        return (time.monotonic() - first_time) / done * (self.total - step)
 
     def update(self, step: int, metrics: Mapping[str, float]) -> None:
         if not self.enabled:

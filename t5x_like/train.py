@@ -105,7 +105,7 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     mesh_shape = config_lib.validate_for_devices(config, len(devices), process_count)
     is_chief = process_index == 0
     workdir = pathlib.Path(workdir).absolute()
-    progress = metrics_writer.Progress(config.num_train_steps, 0, enabled=is_chief and not quiet)
+    progress = metrics_writer.Progress(config.num_train_steps, enabled=is_chief and not quiet)
 
     # Data.
     lengths = dict(config.task_feature_lengths)
@@ -143,7 +143,6 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     else:
         state = trainer.init_state(config.seed)
     start_step = int(state.step)
-    progress.start = start_step
     if is_chief:
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "config.json").write_text(json.dumps(config.to_dict(), indent=2, default=list))
@@ -208,6 +207,8 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
                     last_eval = evaluate(state.params)
                     record.update(last_eval)
                 last_train = record
+                if step == start_step + 1:
+                    progress.message(f"first step (compilation included) took {elapsed:.1f} s")
                 writer.write(step, record)
                 progress.update(step, record)
                 if do_eval:
@@ -265,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as e:
         print(f"Missing file: {e}", file=sys.stderr)
         return 2
+    except FloatingPointError as e:
+        print(f"Training diverged: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

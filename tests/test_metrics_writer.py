@@ -1,5 +1,6 @@
 import io
 import json
+import math
 
 from t5x_like import metrics_writer
 
@@ -11,7 +12,7 @@ class FakeTerminal(io.StringIO):
 
 def test_plain_lines_when_not_a_terminal():
     stream = io.StringIO()
-    progress = metrics_writer.Progress(100, 0, stream=stream)
+    progress = metrics_writer.Progress(100, stream=stream)
     progress.update(10, {"loss": 3.25, "tokens_per_sec": 1234.0})
     line = stream.getvalue()
     assert line.endswith("\n") and "\r" not in line
@@ -20,7 +21,7 @@ def test_plain_lines_when_not_a_terminal():
 
 def test_bar_redraws_in_place_on_a_terminal():
     stream = FakeTerminal()
-    progress = metrics_writer.Progress(100, 0, stream=stream, width=10)
+    progress = metrics_writer.Progress(100, stream=stream, width=10)
     progress.update(50, {"loss": 2.0, "tokens_per_sec": 10.0})
     progress.update(100, {"loss": 1.0, "tokens_per_sec": 10.0})
     out = stream.getvalue()
@@ -28,10 +29,11 @@ def test_bar_redraws_in_place_on_a_terminal():
     assert "[#####.....] step 50/100" in out and "[##########] step 100/100" in out
 
 
-def test_eta_extrapolates_from_steps_done_since_start(monkeypatch):
+def test_eta_extrapolates_from_steps_after_the_first_update(monkeypatch):
     clock = iter([100.0, 110.0])
     monkeypatch.setattr(metrics_writer.time, "monotonic", lambda: next(clock))
-    progress = metrics_writer.Progress(total_steps=30, start_step=10, stream=io.StringIO())
+    progress = metrics_writer.Progress(total_steps=30, stream=io.StringIO())
+    assert math.isnan(progress.eta_seconds(10))  # the first call sets the baseline
     assert progress.eta_seconds(20) == 10.0  # 10 steps took 10 s, 10 remain
 
 
