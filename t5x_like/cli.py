@@ -1,6 +1,8 @@
 """``t5xl``: one command with subcommands, each the same as its ``python -m`` module.
 
     t5xl train --config=configs/quickstart.py --workdir=/tmp/run
+    t5xl summary --config=configs/t5_1_1_base.py
+    t5xl convert import --hf_dir=HF_FOLDER --out=CONVERTED
     t5xl vocab --output=data/vocab/embedded_en_8k.model
 """
 
@@ -10,6 +12,8 @@ import sys
 
 COMMANDS = {
     "train": ("t5x_like.train", "pretrain or continue a run"),
+    "summary": ("t5x_like.summary", "parameter table of a config's model"),
+    "convert": ("t5x_like.convert.__main__", "import/export Hugging Face checkpoints"),
     "vocab": ("t5x_like.data.train_vocab", "train the embedded SentencePiece vocabulary"),
 }
 
@@ -18,12 +22,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         lines = ["usage: t5xl COMMAND [ARGS...]", "", "commands:"]
-        lines += [f"  {name:<8} {help_text}  (python -m {module})"
+        lines += [f"  {name:<8} {help_text}  (python -m {module.removesuffix('.__main__')})"
                   for name, (module, help_text) in COMMANDS.items()]
         if argv and argv[0] not in ("-h", "--help"):
             lines.insert(0, f"t5xl: unknown command {argv[0]!r}")
-        print("\n".join(lines), file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
+        asked_for_help = bool(argv) and argv[0] in ("-h", "--help")
+        print("\n".join(lines), file=sys.stdout if asked_for_help else sys.stderr)
+        return 0 if asked_for_help else 2
     module_name, _ = COMMANDS[argv[0]]
     module = __import__(module_name, fromlist=["main"])
     return module.main(argv[1:]) or 0

@@ -50,6 +50,7 @@ def default_config() -> ml_collections.ConfigDict:
         logits_via_embedding=False,
         relative_attention_num_buckets=32,
         relative_attention_max_distance=128,
+        layer_norm_epsilon=1e-6,
         dtype="float32",
     ))
 
@@ -68,6 +69,25 @@ def default_config() -> ml_collections.ConfigDict:
     # Device mesh; -1 takes the remaining devices. Axis rules name the sharding strategy.
     c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
     c.partitioning = ml_collections.ConfigDict(dict(rules="fsdp"))
+    return c
+
+
+def t5_pretraining_config() -> ml_collections.ConfigDict:
+    """T5's pretraining recipe: C4-style span corruption at 512/114, batch 128,
+    Adafactor at 1e-2 with 10k warmup steps then 1/sqrt(step), 2^19 steps.
+    Size configs in ``configs/`` start here and set the model dimensions."""
+    c = default_config()
+    c.task_feature_lengths = {"inputs": 512, "targets": 114}
+    c.batch_size = 128
+    c.num_train_steps = 2**19
+    c.log_every_steps = 100
+    c.eval_every_steps = 5000
+    c.checkpoint_every_steps = 5000
+    c.model.vocab_size = 32128  # T5's SentencePiece (32000) + 100 sentinels, padded to 128
+    c.optimizer.name = "adafactor"
+    c.optimizer.learning_rate = 1e-2
+    c.optimizer.schedule = "rsqrt"
+    c.optimizer.warmup_steps = 10_000
     return c
 
 

@@ -32,6 +32,7 @@ class T5Config:
     logits_via_embedding: bool = False
     relative_attention_num_buckets: int = 32
     relative_attention_max_distance: int = 128
+    layer_norm_epsilon: float = 1e-6
     dtype: str = "float32"
 
     @property
@@ -47,11 +48,11 @@ class EncoderLayer(nn.Module):
         cfg = self.config
         dtype = cfg.compute_dtype
         dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
-        h = layers.RMSNorm(dtype=dtype, name="pre_attention_norm")(x)
+        h = layers.RMSNorm(cfg.layer_norm_epsilon, dtype=dtype, name="pre_attention_norm")(x)
         h = layers.MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dtype,
                                       name="attention")(h, h, bias, deterministic)
         x = x + dropout(h, deterministic=deterministic)
-        h = layers.RMSNorm(dtype=dtype, name="pre_mlp_norm")(x)
+        h = layers.RMSNorm(cfg.layer_norm_epsilon, dtype=dtype, name="pre_mlp_norm")(x)
         h = layers.Mlp(cfg.d_ff, tuple(cfg.mlp_activations), cfg.dropout_rate, dtype,
                        name="mlp")(h, deterministic)
         x = x + dropout(h, deterministic=deterministic)
@@ -66,16 +67,16 @@ class DecoderLayer(nn.Module):
         cfg = self.config
         dtype = cfg.compute_dtype
         dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
-        h = layers.RMSNorm(dtype=dtype, name="pre_self_attention_norm")(x)
+        h = layers.RMSNorm(cfg.layer_norm_epsilon, dtype=dtype, name="pre_self_attention_norm")(x)
         h = layers.MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dtype,
                                       name="self_attention")(h, h, self_bias, deterministic)
         x = x + dropout(h, deterministic=deterministic)
-        h = layers.RMSNorm(dtype=dtype, name="pre_cross_attention_norm")(x)
+        h = layers.RMSNorm(cfg.layer_norm_epsilon, dtype=dtype, name="pre_cross_attention_norm")(x)
         h = layers.MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dtype,
                                       name="encoder_decoder_attention")(
                                           h, encoded, cross_bias, deterministic)
         x = x + dropout(h, deterministic=deterministic)
-        h = layers.RMSNorm(dtype=dtype, name="pre_mlp_norm")(x)
+        h = layers.RMSNorm(cfg.layer_norm_epsilon, dtype=dtype, name="pre_mlp_norm")(x)
         h = layers.Mlp(cfg.d_ff, tuple(cfg.mlp_activations), cfg.dropout_rate, dtype,
                        name="mlp")(h, deterministic)
         x = x + dropout(h, deterministic=deterministic)
@@ -101,7 +102,7 @@ class Encoder(nn.Module):
         x = constrain(x, ("batch", "length", "embed"))
         for i in range(cfg.num_encoder_layers):
             x = EncoderLayer(cfg, name=f"layers_{i}")(x, bias, deterministic)
-        x = layers.RMSNorm(dtype=cfg.compute_dtype, name="final_norm")(x)
+        x = layers.RMSNorm(cfg.layer_norm_epsilon, dtype=cfg.compute_dtype, name="final_norm")(x)
         return nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
 
 
@@ -131,7 +132,7 @@ class Decoder(nn.Module):
         for i in range(cfg.num_decoder_layers):
             y = DecoderLayer(cfg, name=f"layers_{i}")(y, encoded, self_bias, cross_bias,
                                                      deterministic)
-        y = layers.RMSNorm(dtype=cfg.compute_dtype, name="final_norm")(y)
+        y = layers.RMSNorm(cfg.layer_norm_epsilon, dtype=cfg.compute_dtype, name="final_norm")(y)
         y = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(y, deterministic=deterministic)
         if cfg.logits_via_embedding:
             logits = self.embedder.attend(y) / jnp.sqrt(y.shape[-1]).astype(y.dtype)

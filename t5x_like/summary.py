@@ -1,0 +1,70 @@
+"""Parameter table of a config's model, computed from shapes only (nothing allocated).
+
+    python -m t5x_like.summary --config=configs/t5_1_1_base.py
+
+Prints one row per module (parameters summed below it, to ``--depth`` levels),
+then ``params: <integer>`` on the last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+from t5x_like import config_lib, models, trainer
+
+
+def parameter_shapes(model_config) -> dict:
+    model = models.build_model(model_config)
+    lengths = {"encoder_input_tokens": 8, "decoder_input_tokens": 8, "decoder_target_tokens": 8}
+    return nn.unbox(trainer.abstract_boxed_params(model, lengths))
+
+
+def module_rows(shapes: dict, depth: int) -> list[tuple[str, int]]:
+    """``(module path, parameter count)``, paths truncated to ``depth`` components."""
+    totals: dict[str, int] = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]:
+        keys = [str(k.key) for k in path]
+        name = "/".join(keys[:depth]) if len(keys) > depth else "/".join(keys[:-1]) or keys[0]
+        totals[name] = totals.get(name, 0) + int(np.prod(leaf.shape))
+    return list(totals.items())
+
+
+def format_table(rows: list[tuple[str, int]]) -> str:
+    width = max(len(name) for name, _ in rows)
+    lines = [f"{'module':<{width}}  {'params':>14}"]
+    lines += [f"{name:<{width}}  {count:>14,}" for name, count in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m t5x_like.summary", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--depth", type=int, default=2,
+                        help="Module path components per row (default 2: e.g. encoder/layers_0).")
+    args, overrides = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    unknown = [o for o in overrides if not o.startswith("--config.")]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    try:
+        config = config_lib.load_config_file(args.config)
+        config_lib.apply_overrides(config, [o[len("--config."):] for o in overrides
+                                            if o.startswith("--config.")])
+        config_lib.validate(config)
+    except config_lib.ConfigError as e:
+        print(f"Config error: {e}", file=sys.stderr)
+        return 2
+    shapes = parameter_shapes(config.model)
+    rows = module_rows(shapes, args.depth)
+    print(format_table(rows))
+    print(f"params: {sum(count for _, count in rows)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
