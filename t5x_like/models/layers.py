@@ -153,7 +153,13 @@ class MultiHeadAttention(nn.Module):
 
     @nn.compact
     def __call__(self, inputs_q: jax.Array, inputs_kv: jax.Array, bias: jax.Array | None,
-                 deterministic: bool = True) -> jax.Array:
+                 deterministic: bool = True, decode: bool = False) -> jax.Array:
+        """``decode=True``: autoregressive self-attention over a key/value cache.
+
+        The first call (at ``init``) sees the full decode length and only creates the
+        cache. Later calls take one position; ``bias`` is then the full
+        ``[.., max_length, max_length]`` bias and the row of the current index is used.
+        """
         embed = inputs_q.shape[-1]
         base_init = nn.initializers.variance_scaling(1.0, "fan_in", "normal")
 
@@ -168,6 +174,8 @@ class MultiHeadAttention(nn.Module):
         query = constrain(query, ("batch", "length", "heads", "kv"))
         key = constrain(key, ("batch", "kv_length", "heads", "kv"))
         value = constrain(value, ("batch", "kv_length", "heads", "kv"))
+        if decode:
+            key, value, bias = self._update_cache(key, value, bias)
 
         logits = jnp.einsum("bqhd,bkhd->bhqk", query, key).astype(jnp.float32)
         if bias is not None:
@@ -179,6 +187,25 @@ class MultiHeadAttention(nn.Module):
         out = constrain(out, ("batch", "length", "heads", "kv"))
         return DenseGeneral(features=embed, axis=(-2, -1), kernel_axes=("heads", "kv", "embed"),
                             kernel_init=base_init, dtype=self.dtype, name="out")(out)
+
+    def _update_cache(self, key, value, bias):
+        initialized = self.has_variable("cache", "cached_key")
+        cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
+        cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
+        cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+        if not initialized:
+            return key, value, bias
+        batch, step_length, heads, head_dim = key.shape
+        if step_length != 1:
+            raise ValueError(f"Cached decoding takes one position per call, got {step_length}.")
+        index = cache_index.value
+        cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key, (0, index, 0, 0))
+        cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value,
+                                                          (0, index, 0, 0))
+        cache_index.value = index + 1
+        if bias is not None:
+            bias = jax.lax.dynamic_slice_in_dim(bias, index, 1, axis=-2)
+        return cached_key.value, cached_value.value, bias
 
 
 _ACTIVATIONS = {

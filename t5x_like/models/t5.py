@@ -63,13 +63,14 @@ class DecoderLayer(nn.Module):
     config: T5Config
 
     @nn.compact
-    def __call__(self, x, encoded, self_bias, cross_bias, deterministic):
+    def __call__(self, x, encoded, self_bias, cross_bias, deterministic, decode=False):
         cfg = self.config
         dtype = cfg.compute_dtype
         dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
         h = layers.RMSNorm(cfg.layer_norm_epsilon, dtype=dtype, name="pre_self_attention_norm")(x)
         h = layers.MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dtype,
-                                      name="self_attention")(h, h, self_bias, deterministic)
+                                      name="self_attention")(h, h, self_bias, deterministic,
+                                                             decode=decode)
         x = x + dropout(h, deterministic=deterministic)
         h = layers.RMSNorm(cfg.layer_norm_epsilon, dtype=dtype, name="pre_cross_attention_norm")(x)
         h = layers.MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dtype,
@@ -112,13 +113,22 @@ class Decoder(nn.Module):
 
     @nn.compact
     def __call__(self, encoded, encoder_input_tokens, decoder_input_tokens,
-                 decoder_target_tokens, deterministic):
+                 decoder_target_tokens, deterministic, decode=False, max_decode_length=None):
+        """Training: full sequences. ``decode``: one position per call over a cache of
+        ``max_decode_length`` positions (targets are unknown then, so only the causal
+        mask and the encoder padding apply)."""
         cfg = self.config
-        length = decoder_input_tokens.shape[1]
-        # Decoder inputs start with id 0 (= pad), so validity comes from the targets.
-        target_valid = decoder_target_tokens > 0
-        self_mask = layers.padding_mask(target_valid, target_valid) & layers.causal_mask(length)
-        cross_mask = layers.padding_mask(target_valid, encoder_input_tokens > 0)
+        if decode:
+            length = max_decode_length or decoder_input_tokens.shape[1]
+            query_valid = jnp.ones(decoder_input_tokens.shape, bool)
+            self_mask = layers.causal_mask(length)
+        else:
+            length = decoder_input_tokens.shape[1]
+            # Decoder inputs start with id 0 (= pad), so validity comes from the targets.
+            query_valid = decoder_target_tokens > 0
+            self_mask = (layers.padding_mask(query_valid, query_valid)
+                         & layers.causal_mask(length))
+        cross_mask = layers.padding_mask(query_valid, encoder_input_tokens > 0)
         position_bias = layers.RelativePositionBias(
             cfg.num_heads, cfg.relative_attention_num_buckets,
             cfg.relative_attention_max_distance, bidirectional=False,
@@ -131,7 +141,7 @@ class Decoder(nn.Module):
         y = constrain(y, ("batch", "length", "embed"))
         for i in range(cfg.num_decoder_layers):
             y = DecoderLayer(cfg, name=f"layers_{i}")(y, encoded, self_bias, cross_bias,
-                                                     deterministic)
+                                                     deterministic, decode)
         y = layers.RMSNorm(cfg.layer_norm_epsilon, dtype=cfg.compute_dtype, name="final_norm")(y)
         y = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(y, deterministic=deterministic)
         if cfg.logits_via_embedding:
@@ -155,6 +165,13 @@ class EncoderDecoder(nn.Module):
 
     def encode(self, encoder_input_tokens, deterministic: bool = True):
         return self.encoder(encoder_input_tokens, deterministic)
+
+    def decode(self, encoded, encoder_input_tokens, decoder_input_tokens,
+               max_decode_length: int, deterministic: bool = True) -> jax.Array:
+        """One decoding step (or, at cache initialisation, the full length) with the cache."""
+        return self.decoder(encoded, encoder_input_tokens, decoder_input_tokens,
+                            decoder_input_tokens, deterministic, decode=True,
+                            max_decode_length=max_decode_length)
 
     def __call__(self, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens,
                  deterministic: bool = True) -> jax.Array:

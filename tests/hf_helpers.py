@@ -1,0 +1,31 @@
+"""Tiny randomly initialised transformers models shared by the parity tests (no download)."""
+
+import numpy as np
+import torch
+import transformers
+
+VARIANTS = {
+    # v1.1 / mT5: gated-GELU, separate output projection, no output scaling.
+    "v1_1": dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False),
+    # v1.0: ReLU, output through the shared embedding, scaled by d_model**-0.5.
+    "v1_0": dict(feed_forward_proj="relu", tie_word_embeddings=True),
+}
+
+
+def tiny_hf_t5(variant: str):
+    torch.manual_seed(0)
+    config = transformers.T5Config(
+        vocab_size=96, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=3,
+        num_heads=4, dropout_rate=0.0, relative_attention_num_buckets=8,
+        relative_attention_max_distance=20, **VARIANTS[variant])
+    return transformers.T5ForConditionalGeneration(config).eval()
+
+
+def padded_batch():
+    rng = np.random.default_rng(0)
+    encoder = rng.integers(2, 96, size=(2, 13))
+    encoder[1, 9:] = 0                       # padding in the batch
+    targets = rng.integers(2, 96, size=(2, 7))
+    targets[0, 5:] = 0
+    decoder_inputs = np.concatenate([np.zeros((2, 1), int), targets[:, :-1]], axis=1)
+    return encoder, decoder_inputs, targets

@@ -1,0 +1,106 @@
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from t5x_like import decoding, models, partitioning, trainer as trainer_lib
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from hf_helpers import VARIANTS, padded_batch, tiny_hf_t5  # noqa: E402
+from t5x_like.convert import __main__ as convert_cli, load_pretrained  # noqa: E402
+
+MAX_DECODE = 9
+
+
+def converted(tmp_path, variant):
+    hf_model = tiny_hf_t5(variant)
+    hf_model.save_pretrained(tmp_path / "hf")
+    convert_cli.import_hf(str(tmp_path / "hf"), str(tmp_path / "ours"))
+    model_config, params = load_pretrained(tmp_path / "ours")
+    return hf_model, models.build_model(ml_collections.ConfigDict(model_config)), params
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_greedy_matches_transformers_generate(tmp_path, variant):
+    hf_model, model, params = converted(tmp_path, variant)
+    encoder, _, _ = padded_batch()
+    with torch.no_grad():
+        theirs = hf_model.generate(
+            input_ids=torch.tensor(encoder), attention_mask=torch.tensor(encoder > 0),
+            max_new_tokens=MAX_DECODE, do_sample=False, num_beams=1, decoder_start_token_id=0,
+            eos_token_id=1, pad_token_id=0,
+            use_cache=False,  # transformers 5.23 cache breaks with num_decoder_layers != num_layers
+        ).numpy()[:, 1:]
+    theirs = np.pad(theirs, ((0, 0), (0, MAX_DECODE - theirs.shape[1])))
+    ours = jax.jit(functools.partial(decoding.decode, model, max_decode_length=MAX_DECODE))(
+        params, jnp.asarray(encoder))
+    np.testing.assert_array_equal(np.asarray(ours), theirs)
+
+
+def greedy_without_cache(model, params, encoder, length):
+    """Reference: rerun the whole decoder on the prefix at every step (no cache).
+
+    The causal mask keeps position ``step`` from seeing the zeros after the prefix."""
+    forward = jax.jit(lambda p, e, d: model.apply({"params": p}, e, d, jnp.ones_like(d)))
+    tokens = np.zeros((encoder.shape[0], length + 1), np.int32)
+    for step in range(length):
+        logits = forward(params, encoder, tokens[:, :-1])
+        tokens[:, step + 1] = np.argmax(np.asarray(logits[:, step]), axis=-1)
+    return tokens[:, 1:]
+
+
+def test_cached_greedy_equals_recomputing_the_prefix(tmp_path):
+    _, model, params = converted(tmp_path, "v1_1")
+    encoder, _, _ = padded_batch()
+    cached = np.asarray(decoding.decode(model, params, jnp.asarray(encoder),
+                                        max_decode_length=MAX_DECODE, eos_id=-1))
+    np.testing.assert_array_equal(cached, greedy_without_cache(model, params, encoder, MAX_DECODE))
+
+
+def test_sampling_is_seeded_and_top_k_1_is_greedy(tmp_path):
+    _, model, params = converted(tmp_path, "v1_1")
+    encoder = jnp.asarray(padded_batch()[0])
+    sample = functools.partial(decoding.decode, model, params, encoder,
+                               max_decode_length=MAX_DECODE, eos_id=-1)
+    greedy = sample()
+    np.testing.assert_array_equal(sample(rng=jax.random.key(3), temperature=1.0, top_k=1), greedy)
+    # This random model's logits are peaked, so a high temperature makes samples vary.
+    a = sample(rng=jax.random.key(1), temperature=20.0)
+    np.testing.assert_array_equal(a, sample(rng=jax.random.key(1), temperature=20.0))
+    assert not np.array_equal(a, sample(rng=jax.random.key(2), temperature=20.0))
+    assert not np.array_equal(a, greedy)
+
+
+def test_filter_logits_top_k_and_top_p():
+    logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]]))
+    kept = lambda out: (np.asarray(out) > np.finfo(np.float32).min).tolist()[0]
+    assert kept(decoding.filter_logits(logits, top_k=2)) == [True, True, False, False]
+    assert kept(decoding.filter_logits(logits, top_p=0.7)) == [True, True, False, False]
+    assert kept(decoding.filter_logits(logits, top_p=0.5)) == [True, False, False, False]
+    assert kept(decoding.filter_logits(logits, top_p=0.9)) == [True, True, True, False]
+
+
+def test_greedy_on_a_sharded_mesh_equals_one_device(tmp_path):
+    _, model, params = converted(tmp_path, "v1_1")
+    encoder = np.random.default_rng(1).integers(2, 96, size=(8, 13)).astype(np.int32)
+    encoder[::3, 8:] = 0  # padding in some rows
+    single = np.asarray(decoding.decode(model, params, jnp.asarray(encoder),
+                                        max_decode_length=MAX_DECODE))
+    mesh = partitioning.make_mesh({"data": 2, "fsdp": 4, "tensor": 1})
+    rules = partitioning.axis_rules("fsdp")
+    boxed = trainer_lib.abstract_boxed_params(model, {"encoder_input_tokens": 13,
+                                                      "decoder_input_tokens": 7,
+                                                      "decoder_target_tokens": 7})
+    shardings = partitioning.logical_shardings(boxed, mesh, rules)
+    sharded_params = jax.device_put(params, shardings)
+    batch = jax.device_put(encoder, partitioning.batch_sharding(mesh))
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        out = jax.jit(functools.partial(decoding.decode, model, max_decode_length=MAX_DECODE))(
+            sharded_params, batch)
+    np.testing.assert_array_equal(np.asarray(out), single)
