@@ -1,6 +1,7 @@
-"""Autoregressive decoding over a key/value cache: greedy and temperature / top-k / top-p
-sampling, for the encoder-decoder. Everything runs inside one ``jax.lax.while_loop``,
-so a whole decode is one jitted call and works with sharded parameters.
+"""Autoregressive decoding over a key/value cache: greedy, temperature / top-k / top-p
+sampling, and beam search with a length penalty, for the encoder-decoder. Each runs
+inside one ``jax.lax.while_loop``, so a whole decode is one jitted call and works
+with sharded parameters.
 """
 
 from __future__ import annotations
@@ -86,3 +87,118 @@ def decode(model: nn.Module, params, encoder_input_tokens: jax.Array, *, max_dec
     output = jnp.zeros((batch, max_decode_length), jnp.int32)
     done = jnp.zeros((batch,), bool)
     return jax.lax.while_loop(cond, body, (jnp.array(0), start, cache, output, done))[3]
+
+
+# -- beam search ---------------------------------------------------------------
+
+NEG_INF = -1.0e7
+
+
+def length_penalty(length: jax.Array, alpha: float) -> jax.Array:
+    """GNMT's ``((5 + length) / 6) ** alpha`` (alpha 0 ranks by total log-probability)."""
+    return ((5.0 + length.astype(jnp.float32)) / 6.0) ** alpha
+
+
+def _gather_beams(tree, beam_indices: jax.Array, batch: int, old_beams: int):
+    """Picks beams ``beam_indices [batch, new_beams]`` from arrays shaped ``[batch*old_beams, ...]``."""
+    def gather(x):
+        if x.ndim == 0 or x.shape[0] != batch * old_beams:
+            return x  # e.g. the cache index, shared by every beam
+        grouped = x.reshape((batch, old_beams) + x.shape[1:])
+        picked = jnp.take_along_axis(
+            grouped, beam_indices.reshape(beam_indices.shape + (1,) * (x.ndim - 1)), axis=1)
+        return picked.reshape((-1,) + x.shape[1:])
+    return jax.tree.map(gather, tree)
+
+
+def beam_search(step_fn, cache, *, batch_size: int, num_beams: int, max_decode_length: int,
+                alpha: float = 0.6, eos_id: int = EOS_ID, start_id: int = PAD_ID):
+    """Generic beam search.
+
+    ``step_fn(tokens [batch*num_beams], cache) -> (logits [batch*num_beams, vocab], cache)``
+    scores the next token after ``tokens``; the cache rows follow their beams. Returns
+    ``(sequences [batch, num_beams, max_decode_length], scores [batch, num_beams])``,
+    best first, scores being log-probability divided by ``length_penalty``. Beams cut
+    at ``max_decode_length`` without EOS count as ended there.
+    """
+    if alpha < 0:
+        raise ValueError(f"alpha={alpha}: the length penalty exponent must be >= 0.")
+    b, k, length = batch_size, num_beams, max_decode_length
+    # Only beam 0 is live at the start, so the first step does not pick k copies of one token.
+    alive_logp = jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1)), (b, 1))
+    alive_seqs = jnp.zeros((b, k, length), jnp.int32)
+    finished_seqs = jnp.zeros((b, k, length), jnp.int32)
+    finished_scores = jnp.full((b, k), NEG_INF)
+    last_tokens = jnp.full((b * k,), start_id, jnp.int32)
+    best_possible_penalty = length_penalty(jnp.array(length), alpha)
+
+    def cond(carry):
+        step, _, alive_logp, _, finished_scores, _ = carry
+        # Stop once no live beam can still beat the worst finished one.
+        # With alpha >= 0 the penalty only grows, so dividing by its maximum bounds the
+        # best normalised score a live beam can still reach.
+        best_alive = alive_logp[:, 0] / best_possible_penalty
+        worst_finished = jnp.min(finished_scores, axis=1)
+        return (step < length) & ~jnp.all(worst_finished > best_alive)
+
+    def body(carry):
+        step, alive_seqs, alive_logp, finished_seqs, finished_scores, state = carry
+        tokens, cache = state
+        logits, cache = step_fn(tokens, cache)
+        vocab = logits.shape[-1]
+        logp = jax.nn.log_softmax(logits.astype(jnp.float32)).reshape(b, k, vocab)
+        candidate_logp = (alive_logp[:, :, None] + logp).reshape(b, k * vocab)
+        top_logp, top_index = jax.lax.top_k(candidate_logp, 2 * k)
+        top_beam, top_token = top_index // vocab, (top_index % vocab).astype(jnp.int32)
+        top_seqs = jnp.take_along_axis(alive_seqs, top_beam[:, :, None], axis=1)
+        top_seqs = jax.lax.dynamic_update_slice(top_seqs, top_token[:, :, None], (0, 0, step))
+        ends = top_token == eos_id
+
+        # The k best candidates that did not end become the new live beams.
+        live_logp, live_pick = jax.lax.top_k(jnp.where(ends, NEG_INF, top_logp), k)
+        new_alive_seqs = jnp.take_along_axis(top_seqs, live_pick[:, :, None], axis=1)
+        source_beam = jnp.take_along_axis(top_beam, live_pick, axis=1)
+        cache = _gather_beams(cache, source_beam, b, k)
+        new_tokens = jnp.take_along_axis(top_token, live_pick, axis=1).reshape(-1)
+
+        # Candidates that ended join the finished pool; keep its k best.
+        ended_scores = jnp.where(ends, top_logp / length_penalty(step + 1, alpha), NEG_INF)
+        pool_scores = jnp.concatenate([finished_scores, ended_scores], axis=1)
+        pool_seqs = jnp.concatenate([finished_seqs, top_seqs], axis=1)
+        finished_scores, keep = jax.lax.top_k(pool_scores, k)
+        finished_seqs = jnp.take_along_axis(pool_seqs, keep[:, :, None], axis=1)
+        return (step + 1, new_alive_seqs, live_logp, finished_seqs, finished_scores,
+                (new_tokens, cache))
+
+    carry = (jnp.array(0), alive_seqs, alive_logp, finished_seqs, finished_scores,
+             (last_tokens, cache))
+    _, alive_seqs, alive_logp, finished_seqs, finished_scores, _ = jax.lax.while_loop(
+        cond, body, carry)
+    # Beams still alive at the end (cut at max_decode_length) compete with the finished
+    # ones; if the loop stopped early, none of them can beat a finished beam anyway.
+    alive_scores = alive_logp / length_penalty(jnp.array(length), alpha)
+    pool_scores = jnp.concatenate([finished_scores, alive_scores], axis=1)
+    pool_seqs = jnp.concatenate([finished_seqs, alive_seqs], axis=1)
+    scores, keep = jax.lax.top_k(pool_scores, k)
+    return jnp.take_along_axis(pool_seqs, keep[:, :, None], axis=1), scores
+
+
+def beam_decode(model: nn.Module, params, encoder_input_tokens: jax.Array, *,
+                max_decode_length: int, num_beams: int = 4, alpha: float = 0.6,
+                eos_id: int = EOS_ID) -> tuple[jax.Array, jax.Array]:
+    """Beam search for the encoder-decoder; see :func:`beam_search` for the outputs."""
+    batch, encoder_length = encoder_input_tokens.shape
+    encoded = model.apply({"params": params}, encoder_input_tokens, method=model.encode)
+    # Every beam carries its own copy of the encoder outputs and cache rows.
+    encoded = jnp.repeat(encoded, num_beams, axis=0)
+    encoder_tokens = jnp.repeat(encoder_input_tokens, num_beams, axis=0)
+    cache = init_cache(model, batch * num_beams, encoder_length, max_decode_length)
+
+    def step_fn(tokens, cache):
+        logits, variables = model.apply(
+            {"params": params, "cache": cache}, encoded, encoder_tokens, tokens[:, None],
+            max_decode_length, method=model.decode, mutable=["cache"])
+        return logits[:, 0], variables["cache"]
+
+    return beam_search(step_fn, cache, batch_size=batch, num_beams=num_beams,
+                       max_decode_length=max_decode_length, alpha=alpha, eos_id=eos_id)

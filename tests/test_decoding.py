@@ -104,3 +104,30 @@ def test_greedy_on_a_sharded_mesh_equals_one_device(tmp_path):
         out = jax.jit(functools.partial(decoding.decode, model, max_decode_length=MAX_DECODE))(
             sharded_params, batch)
     np.testing.assert_array_equal(np.asarray(out), single)
+
+
+def test_beam_of_one_without_length_penalty_is_greedy(tmp_path):
+    _, model, params = converted(tmp_path, "v1_0")
+    encoder = jnp.asarray(padded_batch()[0])
+    greedy = decoding.decode(model, params, encoder, max_decode_length=MAX_DECODE)
+    seqs, _ = decoding.beam_decode(model, params, encoder, max_decode_length=MAX_DECODE,
+                                   num_beams=1, alpha=0.0)
+    np.testing.assert_array_equal(seqs[:, 0], greedy)
+
+
+def test_beam_scores_are_the_model_log_probabilities(tmp_path):
+    _, model, params = converted(tmp_path, "v1_1")
+    encoder = jnp.asarray(padded_batch()[0])
+    seqs, scores = jax.jit(functools.partial(
+        decoding.beam_decode, model, max_decode_length=MAX_DECODE, num_beams=4, alpha=0.0))(
+            params, encoder)
+    for beam in range(4):
+        targets = np.asarray(seqs[:, beam])
+        decoder_inputs = np.concatenate([np.zeros((2, 1), np.int32), targets[:, :-1]], axis=1)
+        logits = model.apply({"params": params}, encoder, decoder_inputs, np.ones_like(targets))
+        logp = np.take_along_axis(np.asarray(jax.nn.log_softmax(logits)), targets[..., None], -1)[..., 0]
+        # Positions after EOS are padding and not part of the sequence.
+        after_eos = np.cumsum(np.cumsum(targets == decoding.EOS_ID, axis=1), axis=1) > 1
+        expected = np.where(after_eos, 0.0, logp).sum(axis=1)
+        np.testing.assert_allclose(np.asarray(scores[:, beam]), expected, rtol=1e-4, atol=1e-4)
+    assert np.all(np.diff(np.asarray(scores), axis=1) <= 1e-6)
