@@ -72,6 +72,19 @@ def default_config() -> ml_collections.ConfigDict:
     return c
 
 
+def model_defaults(family: str) -> ml_collections.ConfigDict:
+    """The ``model`` section for ``family`` with every key at its default.
+
+    Decoder configs start with ``config.model = config_lib.model_defaults("decoder")``.
+    """
+    from t5x_like import models  # deferred: imports flax
+    try:
+        fields = models.family_config_fields(family)
+    except ValueError as e:
+        raise ConfigError(f"model.family: {e}") from None
+    return ml_collections.ConfigDict({"family": family, **fields})
+
+
 def t5_pretraining_config() -> ml_collections.ConfigDict:
     """T5's pretraining recipe: C4-style span corruption at 512/114, batch 128,
     Adafactor at 1e-2 with 10k warmup steps then 1/sqrt(step), 2^19 steps.
@@ -96,7 +109,7 @@ ENUMS = {
     "optimizer.schedule": ("constant", "rsqrt", "linear", "cosine"),
     "partitioning.rules": ("data_parallel", "fsdp", "fsdp_tensor"),
     "model.dtype": ("float32", "bfloat16"),
-    "model.family": ("encoder_decoder",),
+    "model.family": ("encoder_decoder", "decoder"),
 }
 POSITIVE_INTS = ("num_train_steps", "batch_size", "log_every_steps", "checkpoint_every_steps",
                  "eval_every_steps", "eval_batches", "keep_checkpoints")
@@ -225,6 +238,8 @@ def _check_against_schema(config, schema, prefix: str = "") -> None:
                                   f"{type(value).__name__}.")
             if key == "task_feature_lengths":
                 continue  # feature names depend on the task
+            if key == "model" and not prefix:
+                expected = model_defaults(value.get("family", "encoder_decoder"))
             _check_against_schema(value, expected, path + ".")
         elif not _type_ok(value, expected):
             raise ConfigError(f"Config key {path!r} must be {type(expected).__name__} (like "

@@ -202,3 +202,63 @@ def beam_decode(model: nn.Module, params, encoder_input_tokens: jax.Array, *,
 
     return beam_search(step_fn, cache, batch_size=batch, num_beams=num_beams,
                        max_decode_length=max_decode_length, alpha=alpha, eos_id=eos_id)
+
+
+# -- decoder-only generation ---------------------------------------------------
+
+def init_decoder_cache(model: nn.Module, batch_size: int, max_decode_length: int):
+    tokens = jnp.ones((batch_size, max_decode_length), jnp.int32)
+    shapes = jax.eval_shape(functools.partial(model.init, decode=True,
+                                              max_decode_length=max_decode_length),
+                            jax.random.key(0), tokens)["cache"]
+    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), nn.unbox(shapes))
+
+
+def generate(model: nn.Module, params, prompt_tokens: jax.Array, *, max_new_tokens: int,
+             rng: jax.Array | None = None, temperature: float = 0.0, top_k: int = 0,
+             top_p: float = 1.0, eos_id: int | None = None, pad_id: int = PAD_ID) -> jax.Array:
+    """Continues equal-length prompts with a decoder-only model: ``[batch, max_new_tokens]``.
+
+    The prompt is fed through the cache one position at a time, then each new token
+    is chosen as in :func:`decode`. After ``eos_id`` (if given) a row is padded.
+    """
+    if temperature > 0 and rng is None:
+        raise ValueError("Sampling (temperature > 0) needs an rng key.")
+    batch, prompt_length = prompt_tokens.shape
+    total = prompt_length + max_new_tokens
+    max_length = getattr(model.config, "max_length", total)
+    if total > max_length:
+        raise ValueError(f"prompt ({prompt_length}) + max_new_tokens ({max_new_tokens}) = {total} "
+                         f"exceeds the model's max_length {max_length}.")
+    rng = jax.random.key(0) if rng is None else rng
+    cache = init_decoder_cache(model, batch, total)
+    output = jnp.full((batch, max_new_tokens), pad_id, jnp.int32)
+
+    def body(t, carry):
+        cache, output, done = carry
+        from_output = jax.lax.dynamic_index_in_dim(output, jnp.maximum(t - prompt_length, 0), 1,
+                                                   keepdims=False)
+        from_prompt = jax.lax.dynamic_index_in_dim(prompt_tokens, jnp.minimum(t, prompt_length - 1),
+                                                   1, keepdims=False)
+        token = jnp.where(t < prompt_length, from_prompt, from_output).astype(jnp.int32)
+        logits, variables = model.apply(
+            {"params": params, "cache": cache}, token[:, None], decode=True,
+            max_decode_length=total, positions=jnp.full((batch, 1), t), mutable=["cache"])
+        logits = logits[:, 0]
+        if temperature <= 0:
+            chosen = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        else:
+            filtered = filter_logits(logits / temperature, top_k, top_p)
+            chosen = jax.random.categorical(jax.random.fold_in(rng, t), filtered).astype(jnp.int32)
+        index = t - prompt_length + 1
+        writes = index >= 0
+        chosen = jnp.where(done, pad_id, chosen)
+        updated = jax.lax.dynamic_update_slice(output, chosen[:, None], (0, jnp.maximum(index, 0)))
+        output = jnp.where(writes, updated, output)
+        if eos_id is not None:
+            done = done | (writes & (chosen == eos_id))
+        return variables["cache"], output, done
+
+    done = jnp.zeros((batch,), bool)
+    _, output, _ = jax.lax.fori_loop(0, total - 1, body, (cache, output, done))
+    return output

@@ -46,6 +46,11 @@ def load_and_validate(config_path: str, overrides: list[str]):
     config = config_lib.load_config_file(config_path)
     config_lib.apply_overrides(config, overrides)
     config_lib.validate(config)
+    if config.model.family != "encoder_decoder":
+        raise config_lib.ConfigError(
+            f"model.family={config.model.family!r}: this trainer pretrains encoder-decoders so far; "
+            "decoder training arrives with the causal-LM tasks. The model itself already "
+            "converts, summarises and decodes.")
     from t5x_like.data import TaskRegistry  # registers the built-in tasks
     try:
         TaskRegistry.get(config.task)

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from t5x_like import partitioning
+from t5x_like import models, partitioning
 
 
 @flax.struct.dataclass
@@ -28,17 +28,10 @@ class TrainState:
 LossFn = Callable[..., tuple[jax.Array, dict]]
 
 
-def _dummy_batch(model_feature_lengths: Mapping[str, int], batch_size: int) -> dict:
-    return {name: jnp.ones((batch_size, length), jnp.int32)
-            for name, length in model_feature_lengths.items()}
-
-
 def abstract_boxed_params(model: nn.Module, model_feature_lengths: Mapping[str, int]):
     """Shapes and logical names of every parameter, without allocating anything."""
-    batch = _dummy_batch(model_feature_lengths, 1)
-    variables = jax.eval_shape(
-        lambda: model.init(jax.random.key(0), batch["encoder_input_tokens"],
-                           batch["decoder_input_tokens"], batch["decoder_target_tokens"]))
+    inputs = models.example_inputs(model, dict(model_feature_lengths))
+    variables = jax.eval_shape(lambda: model.init(jax.random.key(0), *inputs))
     return variables["params"]
 
 
@@ -121,10 +114,8 @@ class Trainer:
 
     # -- pure functions, traced under the mesh and axis rules ----------------
     def _init_state(self, rng):
-        batch = _dummy_batch(self.model_feature_lengths, 1)
-        params = nn.unbox(self.model.init(rng, batch["encoder_input_tokens"],
-                                          batch["decoder_input_tokens"],
-                                          batch["decoder_target_tokens"])["params"])
+        inputs = models.example_inputs(self.model, self.model_feature_lengths)
+        params = nn.unbox(self.model.init(rng, *inputs)["params"])
         return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                           opt_state=self.optimizer.init(params))
 

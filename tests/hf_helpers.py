@@ -29,3 +29,11 @@ def padded_batch():
     targets[0, 5:] = 0
     decoder_inputs = np.concatenate([np.zeros((2, 1), int), targets[:, :-1]], axis=1)
     return encoder, decoder_inputs, targets
+
+
+def tiny_hf_gpt2():
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=100, n_embd=32, n_head=4, n_layer=3,
+                                     n_positions=40, bos_token_id=99, eos_token_id=99,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return transformers.GPT2LMHeadModel(config).eval()

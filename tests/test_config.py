@@ -121,3 +121,26 @@ def test_cli_unknown_task_suggests_registered_names():
         capture_output=True, text=True, cwd=REPO, timeout=60)
     assert result.returncode == 2
     assert "Did you mean 'embedded_en_span_corruption'" in result.stderr
+
+
+def test_model_keys_are_checked_against_the_chosen_family():
+    config = config_lib.default_config()
+    config.model = config_lib.model_defaults("decoder")
+    config_lib.validate(config)
+    with config.model.unlocked():
+        config.model.num_encoder_layers = 2  # an encoder-decoder key
+    with pytest.raises(config_lib.ConfigError, match="Unknown config key 'model.num_encoder_layers'"):
+        config_lib.validate(config)
+
+
+def test_unknown_family_lists_the_families():
+    with pytest.raises(config_lib.ConfigError, match="available: \\['decoder', 'encoder_decoder'\\]"):
+        config_lib.model_defaults("encoder_only")
+
+
+def test_cli_refuses_to_train_a_decoder_yet():
+    result = subprocess.run(
+        [sys.executable, "-m", "t5x_like.train", f"--config={REPO / 'configs' / 'gpt2_small.py'}",
+         "--workdir=/nonexistent/never_written"],
+        capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert result.returncode == 2 and "model.family='decoder'" in result.stderr

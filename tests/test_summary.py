@@ -15,6 +15,10 @@ PUBLISHED = {
     "t5_1_1_large": 783.2e6,
     "t5_1_1_xl": 2.85e9,
     "t5_1_1_xxl": 11.1e9,
+    "gpt2_small": 124.4e6,
+    "gpt2_medium": 354.8e6,
+    "gpt2_large": 774.0e6,
+    "gpt2_xl": 1557.6e6,
 }
 
 
@@ -26,7 +30,8 @@ def summary(config_name: str, *extra: str) -> str:
     return result.stdout
 
 
-@pytest.mark.parametrize("name", ["t5_1_0_small", "t5_1_1_base", "t5_1_1_xxl"])
+@pytest.mark.parametrize("name", ["t5_1_0_small", "t5_1_1_base", "t5_1_1_xxl", "gpt2_small",
+                                  "gpt2_xl"])
 def test_standard_sizes_match_published_counts(name):
     last = summary(name).strip().splitlines()[-1]
     assert last.startswith("params: ")

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from t5x_like.convert import hf_io, hf_t5, pretrained
+from t5x_like.convert import hf_gpt2, hf_io, hf_t5, pretrained
 
-ARCHITECTURES = {"t5": hf_t5, "mt5": hf_t5}
+ARCHITECTURES = {"t5": hf_t5, "mt5": hf_t5, "gpt2": hf_gpt2}
+EXPORTERS = {"encoder_decoder": hf_t5, "decoder": hf_gpt2}
 
 
 def import_hf(hf_dir: str, out: str) -> dict:
@@ -25,10 +26,13 @@ def import_hf(hf_dir: str, out: str) -> dict:
 
 def export_hf(checkpoint: str, out: str) -> dict:
     model_config, params = pretrained.load_pretrained(checkpoint)
-    if model_config.get("family") != "encoder_decoder":
-        raise ValueError(f"Cannot export model family {model_config.get('family')!r} yet.")
-    hf_config = hf_t5.hf_config_from_model_config(model_config)
-    hf_io.write_folder(out, hf_config, hf_t5.params_to_hf(params, model_config))
+    family = model_config.get("family")
+    if family not in EXPORTERS:
+        raise ValueError(f"Cannot export model family {family!r} yet; exportable: "
+                         f"{sorted(EXPORTERS)}.")
+    module = EXPORTERS[family]
+    hf_config = module.hf_config_from_model_config(model_config)
+    hf_io.write_folder(out, hf_config, module.params_to_hf(params, model_config))
     return hf_config
 
 
@@ -45,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "import":
             cfg = import_hf(args.hf_dir, args.out)
-            print(f"imported {args.hf_dir} -> {args.out} ({cfg['num_encoder_layers']}+"
-                  f"{cfg['num_decoder_layers']} layers, d_model {cfg['d_model']})")
+            print(f"imported {args.hf_dir} -> {args.out} ({cfg['family']}, d_model "
+                  f"{cfg['d_model']})")
         else:
             export_hf(args.checkpoint, args.out)
             print(f"exported {args.checkpoint} -> {args.out}")

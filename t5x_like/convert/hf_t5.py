@@ -70,6 +70,28 @@ def hf_config_from_model_config(cfg: dict) -> dict:
     }
 
 
+class TrackedWeights(dict):
+    """Checkpoint tensors that remember which were read, so leftovers can be reported."""
+
+    def __init__(self, weights):
+        super().__init__(weights)
+        self.used: set[str] = set()
+
+    def __getitem__(self, key):
+        if key not in self:
+            raise KeyError(f"The checkpoint has no tensor {key!r}; does its config.json describe "
+                           "these weights?")
+        self.used.add(key)
+        return dict.__getitem__(self, key)
+
+    def check_all_used(self, ignore=(), ignore_suffixes=()) -> None:
+        unused = sorted(k for k in set(self) - self.used - set(ignore)
+                        if not k.endswith(tuple(ignore_suffixes)))
+        if unused:
+            raise ValueError(f"{len(unused)} checkpoint tensors have no place in the model, e.g. "
+                             f"{unused[:3]}; the config.json does not match the weights.")
+
+
 def _attention_in(hf_attn: dict, prefix: str, heads: int, head_dim: int) -> dict:
     def proj(name):
         w = hf_attn[f"{prefix}.{name}.weight"]           # [heads*head_dim, d_model]
@@ -106,17 +128,7 @@ def params_from_hf(weights: dict[str, np.ndarray], cfg: dict) -> dict:
     """Our parameter tree from Hugging Face T5 tensors (missing or extra names raise)."""
     heads, head_dim = cfg["num_heads"], cfg["head_dim"]
     gated = len(cfg["mlp_activations"]) == 2
-    used: set[str] = set()
-
-    class Tracked(dict):
-        def __getitem__(self, key):
-            if key not in self:
-                raise KeyError(f"The checkpoint has no tensor {key!r}; is it a T5 checkpoint of "
-                               "the architecture its config.json describes?")
-            used.add(key)
-            return dict.__getitem__(self, key)
-
-    w = Tracked(weights)
+    w = TrackedWeights(weights)
     embedding_name = next((n for n in ("shared.weight", "encoder.embed_tokens.weight",
                                        "decoder.embed_tokens.weight") if n in weights), "shared.weight")
     params = {"token_embedder": {"embedding": w[embedding_name]}}
@@ -149,12 +161,8 @@ def params_from_hf(weights: dict[str, np.ndarray], cfg: dict) -> dict:
         head = w["lm_head.weight"] if "lm_head.weight" in weights else w[embedding_name]
         decoder["logits_dense"] = {"kernel": head.T}
     params["encoder"], params["decoder"] = encoder, decoder
-    tied_copies = {"shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight",
-                   "lm_head.weight"}
-    unused = sorted(set(weights) - used - tied_copies)
-    if unused:
-        raise ValueError(f"{len(unused)} checkpoint tensors have no place in the model, e.g. "
-                         f"{unused[:3]}; the config.json does not match the weights.")
+    w.check_all_used(ignore=("shared.weight", "encoder.embed_tokens.weight",
+                             "decoder.embed_tokens.weight", "lm_head.weight"))
     return params
 
 

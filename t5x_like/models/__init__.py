@@ -2,16 +2,44 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+from t5x_like.models.decoder import DecoderConfig, DecoderOnly
 from t5x_like.models.t5 import EncoderDecoder, T5Config
 
-FAMILIES = ("encoder_decoder",)
+FAMILIES = {
+    "encoder_decoder": (T5Config, EncoderDecoder),
+    "decoder": (DecoderConfig, DecoderOnly),
+}
 
 
-def build_model(model_config) -> EncoderDecoder:
-    family = model_config.family
-    if family != "encoder_decoder":
-        raise ValueError(f"Unknown model.family {family!r}; available: {FAMILIES}.")
-    fields = {k: v for k, v in model_config.items() if k != "family"}
+def family_config_fields(family: str) -> dict:
+    """Default value of every model key for ``family`` (the schema of ``config.model``)."""
+    if family not in FAMILIES:
+        raise ValueError(f"Unknown model.family {family!r}; available: {sorted(FAMILIES)}.")
+    config_cls = FAMILIES[family][0]
+    return {f.name: f.default for f in dataclasses.fields(config_cls)}
+
+
+def build_model(model_config):
+    family = model_config["family"]
+    if family not in FAMILIES:
+        raise ValueError(f"Unknown model.family {family!r}; available: {sorted(FAMILIES)}.")
+    config_cls, module_cls = FAMILIES[family]
+    fields = {k: v for k, v in dict(model_config).items() if k != "family"}
     if "mlp_activations" in fields:
         fields["mlp_activations"] = tuple(fields["mlp_activations"])
-    return EncoderDecoder(T5Config(**fields))
+    return module_cls(config_cls(**fields))
+
+
+def example_inputs(model, lengths: dict | None = None, batch_size: int = 1) -> tuple:
+    """Positional inputs that ``model.init`` needs, as int32 ones (shapes only matter)."""
+    import jax.numpy as jnp
+
+    lengths = lengths or {}
+    if isinstance(model, DecoderOnly):
+        return (jnp.ones((batch_size, lengths.get("decoder_input_tokens", 8)), jnp.int32),)
+    encoder = lengths.get("encoder_input_tokens", 8)
+    decoder = lengths.get("decoder_input_tokens", 8)
+    return (jnp.ones((batch_size, encoder), jnp.int32), jnp.ones((batch_size, decoder), jnp.int32),
+            jnp.ones((batch_size, decoder), jnp.int32))

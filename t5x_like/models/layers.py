@@ -33,12 +33,17 @@ def _canonical_axes(axes: int | Sequence[int], ndim: int) -> tuple[int, ...]:
 
 
 class DenseGeneral(nn.Module):
-    """``x @ kernel`` over ``axis``, producing ``features``; no bias (T5 v1.1)."""
+    """``x @ kernel (+ bias)`` over ``axis``, producing ``features``.
+
+    T5 uses no biases; GPT-2 and BERT do (``use_bias``). The bias is named with the
+    output part of ``kernel_axes``.
+    """
 
     features: int | Sequence[int]
     kernel_axes: Sequence[str | None]
     axis: int | Sequence[int] = -1
     kernel_init: Initializer = default_kernel_init
+    use_bias: bool = False
     dtype: jnp.dtype = jnp.float32
 
     @nn.compact
@@ -58,7 +63,13 @@ class DenseGeneral(nn.Module):
         kernel = kernel.astype(self.dtype)
         x = x.astype(self.dtype)
         contract = (axes, tuple(range(len(axes))))
-        return jax.lax.dot_general(x, kernel, (contract, ((), ())))
+        y = jax.lax.dot_general(x, kernel, (contract, ((), ())))
+        if self.use_bias:
+            bias_axes = tuple(self.kernel_axes[len(axes):])
+            bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, bias_axes),
+                              features, jnp.float32)
+            y = y + bias.astype(self.dtype)
+        return y
 
 
 class RMSNorm(nn.Module):
@@ -74,6 +85,26 @@ class RMSNorm(nn.Module):
         scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
                            (x.shape[-1],), jnp.float32)
         return (x32 * jax.lax.rsqrt(variance + self.epsilon) * scale).astype(self.dtype)
+
+
+class LayerNorm(nn.Module):
+    """Standard layer norm (mean and variance, scale and bias), computed in f32."""
+
+    epsilon: float = 1e-5
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        mean = jnp.mean(x32, axis=-1, keepdims=True)
+        variance = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
+        features = (x.shape[-1],)
+        scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+                           features, jnp.float32)
+        bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+                          features, jnp.float32)
+        y = (x32 - mean) * jax.lax.rsqrt(variance + self.epsilon) * scale + bias
+        return y.astype(self.dtype)
 
 
 class Embed(nn.Module):
@@ -144,12 +175,20 @@ class RelativePositionBias(nn.Module):
 
 
 class MultiHeadAttention(nn.Module):
-    """Dot-product attention without 1/sqrt(d) in the compute (folded into the query init)."""
+    """Multi-head dot-product attention.
+
+    T5 puts 1/sqrt(head_dim) into the query initialisation and none in the compute;
+    ``scale_in_compute`` (GPT-2, BERT) multiplies the logits instead. ``use_bias``
+    adds biases to the four projections.
+    """
 
     num_heads: int
     head_dim: int
     dropout_rate: float = 0.0
     dtype: jnp.dtype = jnp.float32
+    use_bias: bool = False
+    scale_in_compute: bool = False
+    kernel_init: Initializer | None = None
 
     @nn.compact
     def __call__(self, inputs_q: jax.Array, inputs_kv: jax.Array, bias: jax.Array | None,
@@ -161,13 +200,15 @@ class MultiHeadAttention(nn.Module):
         ``[.., max_length, max_length]`` bias and the row of the current index is used.
         """
         embed = inputs_q.shape[-1]
-        base_init = nn.initializers.variance_scaling(1.0, "fan_in", "normal")
+        base_init = self.kernel_init or nn.initializers.variance_scaling(1.0, "fan_in", "normal")
 
         def query_init(key, shape, dtype=jnp.float32):
-            return base_init(key, shape, dtype) / np.sqrt(self.head_dim)
+            scale = 1.0 if self.scale_in_compute else np.sqrt(self.head_dim)
+            return base_init(key, shape, dtype) / scale
 
         projection = functools.partial(DenseGeneral, features=(self.num_heads, self.head_dim),
-                                       kernel_axes=("embed", "heads", "kv"), dtype=self.dtype)
+                                       kernel_axes=("embed", "heads", "kv"), dtype=self.dtype,
+                                       use_bias=self.use_bias)
         query = projection(kernel_init=query_init, name="query")(inputs_q)
         key = projection(kernel_init=base_init, name="key")(inputs_kv)
         value = projection(kernel_init=base_init, name="value")(inputs_kv)
@@ -178,6 +219,8 @@ class MultiHeadAttention(nn.Module):
             key, value, bias = self._update_cache(key, value, bias)
 
         logits = jnp.einsum("bqhd,bkhd->bhqk", query, key).astype(jnp.float32)
+        if self.scale_in_compute:
+            logits = logits / np.sqrt(self.head_dim).astype(np.float32)
         if bias is not None:
             logits = logits + bias.astype(jnp.float32)
         weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
@@ -186,7 +229,8 @@ class MultiHeadAttention(nn.Module):
         out = jnp.einsum("bhqk,bkhd->bqhd", weights, value)
         out = constrain(out, ("batch", "length", "heads", "kv"))
         return DenseGeneral(features=embed, axis=(-2, -1), kernel_axes=("heads", "kv", "embed"),
-                            kernel_init=base_init, dtype=self.dtype, name="out")(out)
+                            kernel_init=base_init, use_bias=self.use_bias, dtype=self.dtype,
+                            name="out")(out)
 
     def _update_cache(self, key, value, bias):
         initialized = self.has_variable("cache", "cached_key")
@@ -224,6 +268,8 @@ class Mlp(nn.Module):
     activations: Sequence[str] = ("gelu", "linear")
     dropout_rate: float = 0.0
     dtype: jnp.dtype = jnp.float32
+    use_bias: bool = False
+    kernel_init: Initializer = default_kernel_init
 
     @nn.compact
     def __call__(self, x: jax.Array, deterministic: bool = True) -> jax.Array:
@@ -234,13 +280,15 @@ class Mlp(nn.Module):
                 raise ValueError(f"Unknown MLP activation {name!r}; choose from {sorted(_ACTIVATIONS)}.")
             layer_name = "wi" if len(self.activations) == 1 else f"wi_{index}"
             h = DenseGeneral(self.hidden_dim, kernel_axes=("embed", "mlp"), dtype=self.dtype,
+                             use_bias=self.use_bias, kernel_init=self.kernel_init,
                              name=layer_name)(x)
             h = _ACTIVATIONS[name](h)
             hidden = h if hidden is None else hidden * h
         hidden = constrain(hidden, ("batch", "length", "mlp"))
         if self.dropout_rate > 0 and not deterministic:
             hidden = nn.Dropout(self.dropout_rate, broadcast_dims=(-2,))(hidden, deterministic=False)
-        return DenseGeneral(embed, kernel_axes=("mlp", "embed"), dtype=self.dtype, name="wo")(hidden)
+        return DenseGeneral(embed, kernel_axes=("mlp", "embed"), dtype=self.dtype,
+                            use_bias=self.use_bias, kernel_init=self.kernel_init, name="wo")(hidden)
 
 
 def attention_bias_from_mask(mask: jax.Array, dtype=jnp.float32) -> jax.Array:

@@ -1,0 +1,23 @@
+"""GPT-2 xl (about 1.56B parameters): learned positions, pre-LayerNorm, GELU MLP, tied output.
+
+    python -m t5x_like.summary --config=configs/gpt2_xl.py
+    python -m t5x_like.convert import --hf_dir=path/to/gpt2-xl --out=converted/gpt2_xl
+"""
+
+from t5x_like import config_lib
+
+
+def get_config():
+    config = config_lib.default_config()
+    config.model = config_lib.model_defaults("decoder")
+    model = config.model
+    model.vocab_size = 50257
+    model.d_model = 1600
+    model.num_heads = 25
+    model.head_dim = 64
+    model.d_ff = 6400
+    model.num_layers = 48
+    model.max_length = 1024
+    config.task_feature_lengths = {"targets": 1024}
+    config.batch_size = 512
+    return config
