@@ -109,7 +109,7 @@ ENUMS = {
     "optimizer.schedule": ("constant", "rsqrt", "linear", "cosine"),
     "partitioning.rules": ("data_parallel", "fsdp", "fsdp_tensor"),
     "model.dtype": ("float32", "bfloat16"),
-    "model.family": ("encoder_decoder", "decoder"),
+    "model.family": ("encoder_decoder", "decoder", "encoder"),
 }
 POSITIVE_INTS = ("num_train_steps", "batch_size", "log_every_steps", "checkpoint_every_steps",
                  "eval_every_steps", "eval_batches", "keep_checkpoints")

@@ -49,8 +49,8 @@ def load_and_validate(config_path: str, overrides: list[str]):
     if config.model.family != "encoder_decoder":
         raise config_lib.ConfigError(
             f"model.family={config.model.family!r}: this trainer pretrains encoder-decoders so far; "
-            "decoder training arrives with the causal-LM tasks. The model itself already "
-            "converts, summarises and decodes.")
+            "decoder and encoder training arrive with the causal-LM and masked-LM tasks. These "
+            "models already convert from/to Hugging Face, summarise and (decoders) generate.")
     from t5x_like.data import TaskRegistry  # registers the built-in tasks
     try:
         TaskRegistry.get(config.task)

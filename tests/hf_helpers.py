@@ -37,3 +37,12 @@ def tiny_hf_gpt2():
                                      n_positions=40, bos_token_id=99, eos_token_id=99,
                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     return transformers.GPT2LMHeadModel(config).eval()
+
+
+def tiny_hf_bert():
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_attention_heads=4,
+                                     num_hidden_layers=2, intermediate_size=48,
+                                     max_position_embeddings=40, hidden_dropout_prob=0.0,
+                                     attention_probs_dropout_prob=0.0)
+    return transformers.BertForPreTraining(config).eval()

@@ -1,5 +1,7 @@
+import flax.linen as nn
 import jax
 import numpy as np
+import pytest
 
 from t5x_like import models, optim, partitioning, trainer as trainer_lib
 
@@ -58,3 +60,55 @@ def test_global_batch_is_split_over_data_axes():
     batch = partitioning.global_batch({"x": np.arange(32).reshape(16, 2)}, mesh)
     assert batch["x"].shape == (16, 2)
     assert batch["x"].sharding.shard_shape((16, 2)) == (2, 2)
+
+
+@pytest.mark.parametrize("config_name", ["t5_1_1_small", "gpt2_small", "bert_base"])
+def test_no_large_parameter_is_left_replicated_under_fsdp(config_name):
+    import pathlib
+
+    from t5x_like import config_lib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "configs" / f"{config_name}.py"
+    config = config_lib.load_config_file(str(path))
+    model = models.build_model(config.model)
+    mesh = partitioning.make_mesh({"data": 2, "fsdp": 4, "tensor": 1})
+    boxed = trainer_lib.abstract_boxed_params(model, {})
+    shardings = partitioning.logical_shardings(boxed, mesh, partitioning.axis_rules("fsdp"))
+    leaves = jax.tree_util.tree_flatten_with_path(nn.unbox(boxed))[0]
+    for (path, leaf), sharding in zip(leaves, jax.tree.leaves(shardings)):
+        if np.prod(leaf.shape) > 1_000_000:
+            assert not _is_replicated(sharding), jax.tree_util.keystr(path)
+
+
+TINY_FAMILIES = {
+    "encoder_decoder": dict(vocab_size=64, d_model=16, num_heads=2, head_dim=8, d_ff=32,
+                            num_encoder_layers=1, num_decoder_layers=1),
+    "decoder": dict(vocab_size=64, d_model=16, num_heads=2, head_dim=8, d_ff=32, num_layers=2,
+                    max_length=16),
+    "encoder": dict(vocab_size=64, d_model=16, num_heads=2, head_dim=8, d_ff=32, num_layers=2,
+                    max_length=16),
+}
+
+
+@pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
+def test_forward_on_a_2x4_mesh_equals_one_device(family):
+    from t5x_like import config_lib
+
+    model_config = config_lib.model_defaults(family)
+    model_config.update(TINY_FAMILIES[family])
+    model = models.build_model(model_config)
+    inputs = tuple(np.random.default_rng(0).integers(1, 64, size=x.shape).astype(np.int32)
+                   for x in models.example_inputs(model, {}, batch_size=8))
+    params = nn.unbox(model.init(jax.random.key(0), *inputs))["params"]
+    single = model.apply({"params": params}, *inputs)
+
+    mesh = partitioning.make_mesh({"data": 2, "fsdp": 4, "tensor": 1})
+    rules = partitioning.axis_rules("fsdp")
+    boxed = trainer_lib.abstract_boxed_params(model, {})
+    sharded_params = jax.device_put(params, partitioning.logical_shardings(boxed, mesh, rules))
+    sharded_inputs = tuple(jax.device_put(x, partitioning.batch_sharding(mesh)) for x in inputs)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        sharded = jax.jit(lambda p, *xs: model.apply({"params": p}, *xs))(sharded_params,
+                                                                           *sharded_inputs)
+    for a, b in zip(jax.tree.leaves(single), jax.tree.leaves(sharded)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from t5x_like.convert import hf_gpt2, hf_io, hf_t5, pretrained
+from t5x_like.convert import hf_bert, hf_gpt2, hf_io, hf_t5, pretrained
 
-ARCHITECTURES = {"t5": hf_t5, "mt5": hf_t5, "gpt2": hf_gpt2}
-EXPORTERS = {"encoder_decoder": hf_t5, "decoder": hf_gpt2}
+ARCHITECTURES = {"t5": hf_t5, "mt5": hf_t5, "gpt2": hf_gpt2, "bert": hf_bert}
+EXPORTERS = {"encoder_decoder": hf_t5, "decoder": hf_gpt2, "encoder": hf_bert}
 
 
 def import_hf(hf_dir: str, out: str) -> dict:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import dataclasses
 
 from t5x_like.models.decoder import DecoderConfig, DecoderOnly
+from t5x_like.models.encoder import EncoderConfig, EncoderOnly
 from t5x_like.models.t5 import EncoderDecoder, T5Config
 
 FAMILIES = {
     "encoder_decoder": (T5Config, EncoderDecoder),
     "decoder": (DecoderConfig, DecoderOnly),
+    "encoder": (EncoderConfig, EncoderOnly),
 }
 
 
@@ -39,6 +41,8 @@ def example_inputs(model, lengths: dict | None = None, batch_size: int = 1) -> t
     lengths = lengths or {}
     if isinstance(model, DecoderOnly):
         return (jnp.ones((batch_size, lengths.get("decoder_input_tokens", 8)), jnp.int32),)
+    if isinstance(model, EncoderOnly):
+        return (jnp.ones((batch_size, lengths.get("encoder_input_tokens", 8)), jnp.int32),)
     encoder = lengths.get("encoder_input_tokens", 8)
     decoder = lengths.get("decoder_input_tokens", 8)
     return (jnp.ones((batch_size, encoder), jnp.int32), jnp.ones((batch_size, decoder), jnp.int32),

@@ -252,7 +252,7 @@ class MultiHeadAttention(nn.Module):
         return cached_key.value, cached_value.value, bias
 
 
-_ACTIVATIONS = {
+ACTIVATIONS = {
     "relu": nn.relu,
     "gelu": functools.partial(nn.gelu, approximate=True),  # T5 v1.1's "gelu_new"
     "gelu_exact": functools.partial(nn.gelu, approximate=False),
@@ -276,13 +276,13 @@ class Mlp(nn.Module):
         embed = x.shape[-1]
         hidden = None
         for index, name in enumerate(self.activations):
-            if name not in _ACTIVATIONS:
-                raise ValueError(f"Unknown MLP activation {name!r}; choose from {sorted(_ACTIVATIONS)}.")
+            if name not in ACTIVATIONS:
+                raise ValueError(f"Unknown MLP activation {name!r}; choose from {sorted(ACTIVATIONS)}.")
             layer_name = "wi" if len(self.activations) == 1 else f"wi_{index}"
             h = DenseGeneral(self.hidden_dim, kernel_axes=("embed", "mlp"), dtype=self.dtype,
                              use_bias=self.use_bias, kernel_init=self.kernel_init,
                              name=layer_name)(x)
-            h = _ACTIVATIONS[name](h)
+            h = ACTIVATIONS[name](h)
             hidden = h if hidden is None else hidden * h
         hidden = constrain(hidden, ("batch", "length", "mlp"))
         if self.dropout_rate > 0 and not deterministic:

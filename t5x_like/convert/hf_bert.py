@@ -1,0 +1,139 @@
+"""Hugging Face BERT (``BertForPreTraining`` or bare ``BertModel``) <-> t5x_like ``EncoderOnly``.
+
+Linear weights are ``[out, in]`` there and ``[in, out]`` (heads split) here. The
+masked-LM decoder matrix is the word embedding (tied); its bias is ``mlm_bias``.
+Heads missing from a bare ``BertModel`` folder are freshly initialised by the caller.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from t5x_like.convert.hf_t5 import TrackedWeights
+
+_ACTIVATION = {"gelu": "gelu_exact", "gelu_new": "gelu", "relu": "relu", "silu": "silu"}
+_ACTIVATION_BACK = {"gelu_exact": "gelu", "gelu": "gelu_new", "relu": "relu", "silu": "silu"}
+
+
+def model_config_from_hf(hf: dict) -> dict:
+    if hf.get("model_type") != "bert":
+        raise ValueError(f"Expected a BERT config (model_type bert), got {hf.get('model_type')!r}.")
+    act = hf.get("hidden_act", "gelu")
+    if act not in _ACTIVATION:
+        raise ValueError(f"Unsupported BERT hidden_act {act!r}.")
+    if hf.get("position_embedding_type", "absolute") != "absolute":
+        raise ValueError("Only absolute position embeddings are supported for BERT.")
+    d_model, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
+    return {
+        "family": "encoder",
+        "vocab_size": int(hf["vocab_size"]),
+        "d_model": d_model,
+        "num_heads": heads,
+        "head_dim": d_model // heads,
+        "d_ff": int(hf["intermediate_size"]),
+        "num_layers": int(hf["num_hidden_layers"]),
+        "max_length": int(hf["max_position_embeddings"]),
+        "type_vocab_size": int(hf.get("type_vocab_size", 2)),
+        "mlp_activations": (_ACTIVATION[act],),
+        "layer_norm_epsilon": float(hf.get("layer_norm_eps", 1e-12)),
+        "pad_id": int(hf.get("pad_token_id", 0) or 0),
+        "dropout_rate": 0.0,
+        "dtype": "float32",
+    }
+
+
+def hf_config_from_model_config(cfg: dict) -> dict:
+    return {
+        "architectures": ["BertForPreTraining"], "model_type": "bert",
+        "vocab_size": cfg["vocab_size"], "hidden_size": cfg["d_model"],
+        "num_attention_heads": cfg["num_heads"], "num_hidden_layers": cfg["num_layers"],
+        "intermediate_size": cfg["d_ff"], "max_position_embeddings": cfg["max_length"],
+        "type_vocab_size": cfg["type_vocab_size"],
+        "hidden_act": _ACTIVATION_BACK[tuple(cfg["mlp_activations"])[0]],
+        "layer_norm_eps": cfg["layer_norm_epsilon"], "pad_token_id": cfg["pad_id"],
+        "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+        "position_embedding_type": "absolute", "tie_word_embeddings": True,
+    }
+
+
+def _linear_in(w, name):
+    return {"kernel": w[f"{name}.weight"].T, "bias": w[f"{name}.bias"]}
+
+
+def _norm_in(w, name):
+    return {"scale": w[f"{name}.weight"], "bias": w[f"{name}.bias"]}
+
+
+def params_from_hf(weights: dict[str, np.ndarray], cfg: dict) -> dict:
+    heads, head_dim, d = cfg["num_heads"], cfg["head_dim"], cfg["d_model"]
+    w = TrackedWeights(weights)
+    e = "bert.embeddings"
+    params = {
+        "token_embedder": {"embedding": w[f"{e}.word_embeddings.weight"]},
+        "position_embedder": {"embedding": w[f"{e}.position_embeddings.weight"]},
+        "token_type_embedder": {"embedding": w[f"{e}.token_type_embeddings.weight"]},
+        "embedding_norm": _norm_in(w, f"{e}.LayerNorm"),
+        "pooler": _linear_in(w, "bert.pooler.dense"),
+        "mlm_transform": _linear_in(w, "cls.predictions.transform.dense"),
+        "mlm_norm": _norm_in(w, "cls.predictions.transform.LayerNorm"),
+        "mlm_bias": w["cls.predictions.bias"],
+        "nsp": _linear_in(w, "cls.seq_relationship"),
+    }
+    for i in range(cfg["num_layers"]):
+        b = f"bert.encoder.layer.{i}"
+        attention = {}
+        for name in ("query", "key", "value"):
+            weight, bias = w[f"{b}.attention.self.{name}.weight"], w[f"{b}.attention.self.{name}.bias"]
+            attention[name] = {"kernel": weight.T.reshape(d, heads, head_dim),
+                               "bias": bias.reshape(heads, head_dim)}
+        attention["out"] = {"kernel": w[f"{b}.attention.output.dense.weight"].T.reshape(heads, head_dim, d),
+                            "bias": w[f"{b}.attention.output.dense.bias"]}
+        params[f"layers_{i}"] = {
+            "attention": attention,
+            "attention_norm": _norm_in(w, f"{b}.attention.output.LayerNorm"),
+            "mlp": {"wi": _linear_in(w, f"{b}.intermediate.dense"),
+                    "wo": _linear_in(w, f"{b}.output.dense")},
+            "mlp_norm": _norm_in(w, f"{b}.output.LayerNorm"),
+        }
+    # The decoder matrix and bias are tied copies of the word embedding and cls.predictions.bias.
+    w.check_all_used(ignore=("cls.predictions.decoder.weight", "cls.predictions.decoder.bias"),
+                     ignore_suffixes=("position_ids",))
+    return params
+
+
+def params_to_hf(params: dict, cfg: dict) -> dict[str, np.ndarray]:
+    d = cfg["d_model"]
+    arr = lambda x: np.asarray(x)  # noqa: E731
+    lin = lambda p: (arr(p["kernel"]).T, arr(p["bias"]))  # noqa: E731
+    out = {}
+
+    def put_linear(name, p):
+        out[f"{name}.weight"], out[f"{name}.bias"] = lin(p)
+
+    def put_norm(name, p):
+        out[f"{name}.weight"], out[f"{name}.bias"] = arr(p["scale"]), arr(p["bias"])
+
+    e = "bert.embeddings"
+    out[f"{e}.word_embeddings.weight"] = arr(params["token_embedder"]["embedding"])
+    out[f"{e}.position_embeddings.weight"] = arr(params["position_embedder"]["embedding"])
+    out[f"{e}.token_type_embeddings.weight"] = arr(params["token_type_embedder"]["embedding"])
+    put_norm(f"{e}.LayerNorm", params["embedding_norm"])
+    put_linear("bert.pooler.dense", params["pooler"])
+    put_linear("cls.predictions.transform.dense", params["mlm_transform"])
+    put_norm("cls.predictions.transform.LayerNorm", params["mlm_norm"])
+    out["cls.predictions.bias"] = arr(params["mlm_bias"])
+    put_linear("cls.seq_relationship", params["nsp"])
+    for i in range(cfg["num_layers"]):
+        layer, b = params[f"layers_{i}"], f"bert.encoder.layer.{i}"
+        for name in ("query", "key", "value"):
+            p = layer["attention"][name]
+            out[f"{b}.attention.self.{name}.weight"] = arr(p["kernel"]).reshape(d, d).T
+            out[f"{b}.attention.self.{name}.bias"] = arr(p["bias"]).reshape(d)
+        o = layer["attention"]["out"]
+        out[f"{b}.attention.output.dense.weight"] = arr(o["kernel"]).reshape(d, d).T
+        out[f"{b}.attention.output.dense.bias"] = arr(o["bias"])
+        put_norm(f"{b}.attention.output.LayerNorm", layer["attention_norm"])
+        put_linear(f"{b}.intermediate.dense", layer["mlp"]["wi"])
+        put_linear(f"{b}.output.dense", layer["mlp"]["wo"])
+        put_norm(f"{b}.output.LayerNorm", layer["mlp_norm"])
+    return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
