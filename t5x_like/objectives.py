@@ -43,3 +43,41 @@ def seq2seq_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array |
     metrics = {"loss": ce_sum / num_tokens, "z_loss": z_sum / num_tokens,
                "accuracy": correct / num_tokens, "num_target_tokens": weights.sum()}
     return objective, metrics
+
+
+def causal_lm_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array | None = None,
+                   *, z_loss: float = 1e-4, deterministic: bool = True):
+    """Next-token loss for decoder-only models over ``decoder_loss_weights`` positions."""
+    rngs = {"dropout": rng} if (rng is not None and not deterministic) else None
+    logits = model.apply({"params": params}, batch["decoder_input_tokens"],
+                         deterministic=deterministic, rngs=rngs)
+    weights = batch["decoder_loss_weights"]
+    ce_sum, z_sum, correct = cross_entropy_with_z_loss(
+        logits, batch["decoder_target_tokens"], weights, z_loss)
+    num_tokens = jnp.maximum(weights.sum(), 1.0)
+    metrics = {"loss": ce_sum / num_tokens, "z_loss": z_sum / num_tokens,
+               "accuracy": correct / num_tokens, "num_target_tokens": weights.sum()}
+    return (ce_sum + z_sum) / num_tokens, metrics
+
+
+def masked_lm_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array | None = None,
+                   *, deterministic: bool = True):
+    """BERT's objective: masked-LM cross entropy over selected positions, plus next-sentence
+    cross entropy when the batch has ``next_sentence_labels``."""
+    rngs = {"dropout": rng} if (rng is not None and not deterministic) else None
+    out = model.apply({"params": params}, batch["encoder_input_tokens"],
+                      batch.get("encoder_segment_ids"), deterministic=deterministic, rngs=rngs)
+    weights = batch["encoder_loss_weights"]
+    ce_sum, _, correct = cross_entropy_with_z_loss(out["mlm_logits"],
+                                                   batch["encoder_target_tokens"], weights)
+    num_tokens = jnp.maximum(weights.sum(), 1.0)
+    loss = ce_sum / num_tokens
+    metrics = {"mlm_loss": loss, "accuracy": correct / num_tokens,
+               "num_target_tokens": weights.sum()}
+    if "next_sentence_labels" in batch:
+        nsp_logp = jax.nn.log_softmax(out["nsp_logits"])
+        nsp = -jnp.take_along_axis(nsp_logp, batch["next_sentence_labels"][:, None], -1).mean()
+        metrics["nsp_loss"] = nsp
+        loss = loss + nsp
+    metrics["loss"] = loss
+    return loss, metrics

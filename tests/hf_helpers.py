@@ -46,3 +46,23 @@ def tiny_hf_bert():
                                      max_position_embeddings=40, hidden_dropout_prob=0.0,
                                      attention_probs_dropout_prob=0.0)
     return transformers.BertForPreTraining(config).eval()
+
+
+def export_import_export(tmp_path, hf_model):
+    """Saves ``hf_model``, then import -> export -> import -> export; checks the two
+    exports (weights and config.json) are identical and returns the first one's folder."""
+    from t5x_like.convert import __main__ as convert_cli
+    from t5x_like.convert import hf_io
+
+    hf_model.save_pretrained(tmp_path / "hf")
+    convert_cli.import_hf(str(tmp_path / "hf"), str(tmp_path / "ours"))
+    convert_cli.export_hf(str(tmp_path / "ours"), str(tmp_path / "exported"))
+    convert_cli.import_hf(str(tmp_path / "exported"), str(tmp_path / "ours_again"))
+    convert_cli.export_hf(str(tmp_path / "ours_again"), str(tmp_path / "exported_again"))
+    first = hf_io.read_weights(tmp_path / "exported")
+    second = hf_io.read_weights(tmp_path / "exported_again")
+    assert sorted(first) == sorted(second)
+    for name in first:
+        np.testing.assert_array_equal(first[name], second[name], err_msg=name)
+    assert hf_io.read_config(tmp_path / "exported") == hf_io.read_config(tmp_path / "exported_again")
+    return tmp_path / "exported"

@@ -9,9 +9,9 @@ transformers = pytest.importorskip("transformers")
 
 from t5x_like import models  # noqa: E402
 from t5x_like.convert import __main__ as convert_cli  # noqa: E402
-from t5x_like.convert import hf_io, load_pretrained  # noqa: E402
+from t5x_like.convert import load_pretrained  # noqa: E402
 
-from hf_helpers import tiny_hf_bert  # noqa: E402
+from hf_helpers import export_import_export, tiny_hf_bert  # noqa: E402
 
 
 def padded_pairs():
@@ -48,17 +48,8 @@ def test_imported_bert_matches_transformers_mlm_and_nsp_logits(tmp_path):
 
 def test_bert_export_import_export_is_the_identity_and_loads(tmp_path):
     hf_model = tiny_hf_bert()
-    hf_model.save_pretrained(tmp_path / "hf")
-    convert_cli.import_hf(str(tmp_path / "hf"), str(tmp_path / "ours"))
-    convert_cli.export_hf(str(tmp_path / "ours"), str(tmp_path / "exported"))
-    convert_cli.import_hf(str(tmp_path / "exported"), str(tmp_path / "ours_again"))
-    convert_cli.export_hf(str(tmp_path / "ours_again"), str(tmp_path / "exported_again"))
-    first = hf_io.read_weights(tmp_path / "exported")
-    second = hf_io.read_weights(tmp_path / "exported_again")
-    assert sorted(first) == sorted(second)
-    for name in first:
-        np.testing.assert_array_equal(first[name], second[name], err_msg=name)
-    reloaded = transformers.BertForPreTraining.from_pretrained(tmp_path / "exported").eval()
+    exported = export_import_export(tmp_path, hf_model)
+    reloaded = transformers.BertForPreTraining.from_pretrained(exported).eval()
     batch = padded_pairs()
     for a, b in zip(hf_outputs(reloaded, *batch), hf_outputs(hf_model, *batch)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)

@@ -11,7 +11,7 @@ from t5x_like import models  # noqa: E402
 from t5x_like.convert import __main__ as convert_cli  # noqa: E402
 from t5x_like.convert import hf_io, load_pretrained  # noqa: E402
 
-from hf_helpers import tiny_hf_gpt2  # noqa: E402
+from hf_helpers import export_import_export, tiny_hf_gpt2  # noqa: E402
 
 
 def right_padded_batch():
@@ -42,22 +42,14 @@ def test_imported_gpt2_matches_transformers_logits(tmp_path):
 
 def test_gpt2_export_import_export_is_the_identity_and_loads(tmp_path):
     hf_model = tiny_hf_gpt2()
-    hf_model.save_pretrained(tmp_path / "hf")
-    convert_cli.import_hf(str(tmp_path / "hf"), str(tmp_path / "ours"))
-    convert_cli.export_hf(str(tmp_path / "ours"), str(tmp_path / "exported"))
-    convert_cli.import_hf(str(tmp_path / "exported"), str(tmp_path / "ours_again"))
-    convert_cli.export_hf(str(tmp_path / "ours_again"), str(tmp_path / "exported_again"))
-    first = hf_io.read_weights(tmp_path / "exported")
-    second = hf_io.read_weights(tmp_path / "exported_again")
-    assert sorted(first) == sorted(second)
-    for name in first:
-        np.testing.assert_array_equal(first[name], second[name], err_msg=name)
+    exported = export_import_export(tmp_path, hf_model)
+    first = hf_io.read_weights(exported)
     original = hf_io.read_weights(tmp_path / "hf")
     for name, value in original.items():
         if name in first:
             np.testing.assert_array_equal(first[name], value, err_msg=name)
 
-    reloaded = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "exported").eval()
+    reloaded = transformers.GPT2LMHeadModel.from_pretrained(exported).eval()
     tokens, mask = right_padded_batch()
     np.testing.assert_allclose(hf_logits(reloaded, tokens, mask)[mask],
                                hf_logits(hf_model, tokens, mask)[mask], rtol=1e-5, atol=1e-5)

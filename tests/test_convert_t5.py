@@ -13,7 +13,7 @@ from t5x_like import models  # noqa: E402
 from t5x_like.convert import __main__ as convert_cli  # noqa: E402
 from t5x_like.convert import hf_io, load_pretrained  # noqa: E402
 
-from hf_helpers import VARIANTS, padded_batch, tiny_hf_t5  # noqa: E402
+from hf_helpers import VARIANTS, export_import_export, padded_batch, tiny_hf_t5  # noqa: E402
 
 def hf_logits(hf_model, encoder, decoder_inputs, targets):
     with torch.no_grad():
@@ -46,19 +46,7 @@ def test_imported_t5_matches_transformers_logits(tmp_path, variant):
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_export_import_export_is_the_identity(tmp_path, variant):
-    hf_model = tiny_hf_t5(variant)
-    hf_model.save_pretrained(tmp_path / "hf")
-    convert_cli.import_hf(str(tmp_path / "hf"), str(tmp_path / "ours"))
-    convert_cli.export_hf(str(tmp_path / "ours"), str(tmp_path / "exported"))
-    convert_cli.import_hf(str(tmp_path / "exported"), str(tmp_path / "ours_again"))
-    convert_cli.export_hf(str(tmp_path / "ours_again"), str(tmp_path / "exported_again"))
-    first = hf_io.read_weights(tmp_path / "exported")
-    second = hf_io.read_weights(tmp_path / "exported_again")
-    assert sorted(first) == sorted(second)
-    for name in first:
-        np.testing.assert_array_equal(first[name], second[name], err_msg=name)
-    assert (json.loads((tmp_path / "exported" / "config.json").read_text())
-            == json.loads((tmp_path / "exported_again" / "config.json").read_text()))
+    export_import_export(tmp_path, tiny_hf_t5(variant))
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
