@@ -148,7 +148,7 @@ def main() -> None:
     print(f"f32 matmul rate measured here: {peak / 1e9:.1f} GFLOP/s "
           f"({jax.devices()[0].device_kind}, {os.cpu_count()} cores, torch threads "
           f"{torch.get_num_threads()})\n")
-    header = (f"{'model':<28} {'batch':>5} {'tokens/step':>11} {'t5x_like tok/s':>15} "
+    header = (f"{'model':<42} {'batch':>5} {'tokens/step':>11} {'t5x_like tok/s':>15} "
               f"{'PyTorch tok/s':>14} {'ratio':>6} {'XLA GFLOP/step':>15} {'util':>6}")
     print(header)
     print("-" * len(header))
@@ -161,7 +161,7 @@ def main() -> None:
         ours, flops = t5x_like_step(row, batch, args.steps)
         theirs = torch_step(row, batch, args.steps)
         shape = " / ".join(f"{k} {v}" for k, v in lengths.items())
-        print(f"{config_name + ' (' + shape + ')':<28} {batch_size:>5} {tokens:>11} "
+        print(f"{config_name + ' (' + shape + ')':<42} {batch_size:>5} {tokens:>11} "
               f"{tokens / ours:>15,.0f} {tokens / theirs:>14,.0f} {theirs / ours:>6.2f} "
               f"{flops / 1e9:>15,.0f} {flops / ours / peak:>6.1%}", flush=True)
 
