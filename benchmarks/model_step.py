@@ -77,8 +77,7 @@ def t5x_like_step(row: str, batch: dict, steps: int) -> tuple[float, float]:
                                   partitioning.axis_rules("fsdp"), lengths)
     state = trainer.init_state(0)
     device_batch = partitioning.global_batch(batch, mesh)
-    with trainer._context():
-        compiled = trainer._train_step.lower(state, device_batch).compile()
+    compiled = trainer.lower_train_step(state, device_batch).compile()
     cost = compiled.cost_analysis()
     flops = float((cost[0] if isinstance(cost, list) else cost).get("flops", 0.0))
     state, metrics = trainer.train_step(state, device_batch)  # warm-up

@@ -149,6 +149,11 @@ class Trainer:
         with self._context():
             return self._train_step(state, batch)
 
+    def lower_train_step(self, state: TrainState, batch):
+        """The lowered train step, for ahead-of-time compilation and cost analysis."""
+        with self._context():
+            return self._train_step.lower(state, batch)
+
     def eval_step(self, params, batch) -> dict:
         with self._context():
             return self._eval_step(params, batch)

@@ -112,3 +112,23 @@ def test_forward_on_a_2x4_mesh_equals_one_device(family):
                                                                            *sharded_inputs)
     for a, b in zip(jax.tree.leaves(single), jax.tree.leaves(sharded)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+
+
+def test_train_step_compiles_ahead_of_time_with_a_flop_count():
+    from t5x_like import objectives
+
+    config = tiny_config()
+    model = models.build_model(config.model)
+    optimizer, schedule = optim.make_optimizer(config.optimizer, config.num_train_steps)
+    mesh = partitioning.make_mesh({"data": 2, "fsdp": 4, "tensor": 1})
+    lengths = {"encoder_input_tokens": 32, "decoder_input_tokens": 8, "decoder_target_tokens": 8}
+    trainer = trainer_lib.Trainer(model, objectives.seq2seq_loss, optimizer, schedule, mesh,
+                                  partitioning.axis_rules("fsdp"), lengths)
+    batch = {name: jax.ShapeDtypeStruct((16, n), np.int32, sharding=trainer.batch_sharding)
+             for name, n in lengths.items()}
+    batch["decoder_loss_weights"] = jax.ShapeDtypeStruct((16, 8), np.float32,
+                                                          sharding=trainer.batch_sharding)
+    compiled = trainer.lower_train_step(trainer.abstract_state, batch).compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    assert cost["flops"] > 0
