@@ -1,8 +1,9 @@
-"""Hugging Face BERT (``BertForPreTraining`` or bare ``BertModel``) <-> t5x_like ``EncoderOnly``.
+"""Hugging Face BERT (``BertForPreTraining``) <-> t5x_like ``EncoderOnly``.
 
 Linear weights are ``[out, in]`` there and ``[in, out]`` (heads split) here. The
 masked-LM decoder matrix is the word embedding (tied); its bias is ``mlm_bias``.
-Heads missing from a bare ``BertModel`` folder are freshly initialised by the caller.
+The folder must hold the pretraining heads (``BertForPreTraining``); a bare
+``BertModel`` folder is reported as missing ``cls.*`` tensors.
 """
 
 from __future__ import annotations
