@@ -96,3 +96,38 @@ def test_cli_resumes_from_the_latest_checkpoint(tmp_path):
     steps = [r["step"] for r in read_metrics(tmp_path)]
     assert steps[-1] == 30 and 21 in steps
     assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir())[-1] == 30
+
+
+@pytest.mark.slow
+def test_sigterm_saves_a_checkpoint_and_exits_0(tmp_path):
+    import signal
+    import time
+
+    command = [sys.executable, "-m", "t5x_like.train", "--config=configs/quickstart.py",
+               f"--workdir={tmp_path}", "--config.num_train_steps=100000",
+               "--config.checkpoint_every_steps=100000", "--config.log_every_steps=1",
+               "--config.model.d_model=32", "--config.model.d_ff=64", "--config.model.num_heads=2",
+               "--config.model.head_dim=16", "--config.model.num_encoder_layers=1",
+               "--config.model.num_decoder_layers=1", "--config.batch_size=8",
+               "--config.task_feature_lengths.inputs=32", "--config.task_feature_lengths.targets=8",
+               "--config.eval_batches=1"]
+    env = {"PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu"}
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        metrics = tmp_path / "metrics.jsonl"
+        while time.monotonic() < deadline and not (metrics.exists() and
+                                                   len(metrics.read_text().splitlines()) >= 3):
+            time.sleep(0.2)
+        assert metrics.exists(), "training never logged a step"
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, stderr
+    assert "SIGTERM received" in stderr
+    last_logged = read_metrics(tmp_path)[-1]["step"]
+    saved = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
+    assert saved and saved[-1] == last_logged >= 3
