@@ -66,3 +66,13 @@ def export_import_export(tmp_path, hf_model):
         np.testing.assert_array_equal(first[name], second[name], err_msg=name)
     assert hf_io.read_config(tmp_path / "exported") == hf_io.read_config(tmp_path / "exported_again")
     return tmp_path / "exported"
+
+
+def tiny_hf_roberta():
+    torch.manual_seed(0)
+    config = transformers.RobertaConfig(vocab_size=100, hidden_size=32, num_attention_heads=4,
+                                        num_hidden_layers=2, intermediate_size=48,
+                                        max_position_embeddings=42, type_vocab_size=1,
+                                        pad_token_id=1, hidden_dropout_prob=0.0,
+                                        attention_probs_dropout_prob=0.0)
+    return transformers.RobertaForMaskedLM(config).eval()

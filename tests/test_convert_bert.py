@@ -53,3 +53,25 @@ def test_bert_export_import_export_is_the_identity_and_loads(tmp_path):
     batch = padded_pairs()
     for a, b in zip(hf_outputs(reloaded, *batch), hf_outputs(hf_model, *batch)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_imported_roberta_matches_transformers_mlm_logits(tmp_path):
+    from hf_helpers import tiny_hf_roberta
+
+    hf_model = tiny_hf_roberta()
+    hf_model.save_pretrained(tmp_path / "hf")
+    convert_cli.import_hf(str(tmp_path / "hf"), str(tmp_path / "ours"))
+    model_config, params = load_pretrained(tmp_path / "ours")
+    assert (model_config["position_offset"], model_config["pad_id"]) == (2, 1)
+    model = models.build_model(ml_collections.ConfigDict(model_config))
+    tokens, _, mask = padded_pairs()
+    tokens = np.where(mask, tokens, 1)  # RoBERTa pads with id 1
+    ours = model.apply({"params": params}, tokens)
+    assert "nsp_logits" not in ours
+    with torch.no_grad():
+        theirs = hf_model(input_ids=torch.tensor(tokens),
+                          attention_mask=torch.tensor(mask)).logits.numpy()
+    assert relative_error(np.asarray(ours["mlm_logits"])[mask], theirs[mask]) < 1e-4
+    # Exporting a RoBERTa-layout model as BERT would be wrong, so it is refused.
+    with pytest.raises(ValueError, match="Only BERT-layout encoders export"):
+        convert_cli.export_hf(str(tmp_path / "ours"), str(tmp_path / "exported"))

@@ -21,6 +21,7 @@ PUBLISHED = {
     "gpt2_xl": 1557.6e6,
     "bert_base": 110e6,
     "bert_large": 340e6,
+    "roberta_base": 125e6,
 }
 
 
@@ -33,7 +34,7 @@ def summary(config_name: str, *extra: str) -> str:
 
 
 @pytest.mark.parametrize("name", ["t5_1_0_small", "t5_1_1_base", "t5_1_1_xxl", "gpt2_small",
-                                  "gpt2_xl", "bert_base", "bert_large"])
+                                  "gpt2_xl", "bert_base", "bert_large", "roberta_base"])
 def test_standard_sizes_match_published_counts(name):
     last = summary(name).strip().splitlines()[-1]
     assert last.startswith("params: ")

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from t5x_like.convert import hf_bert, hf_gpt2, hf_io, hf_t5, pretrained
+from t5x_like.convert import hf_bert, hf_gpt2, hf_io, hf_roberta, hf_t5, pretrained
 
-ARCHITECTURES = {"t5": hf_t5, "mt5": hf_t5, "gpt2": hf_gpt2, "bert": hf_bert}
+ARCHITECTURES = {"t5": hf_t5, "mt5": hf_t5, "gpt2": hf_gpt2, "bert": hf_bert,
+                 "roberta": hf_roberta}
 EXPORTERS = {"encoder_decoder": hf_t5, "decoder": hf_gpt2, "encoder": hf_bert}
 
 

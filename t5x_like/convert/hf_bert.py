@@ -16,9 +16,18 @@ _ACTIVATION = {"gelu": "gelu_exact", "gelu_new": "gelu", "relu": "relu", "silu":
 _ACTIVATION_BACK = {"gelu_exact": "gelu", "gelu": "gelu_new", "relu": "relu", "silu": "silu"}
 
 
-def model_config_from_hf(hf: dict) -> dict:
-    if hf.get("model_type") != "bert":
-        raise ValueError(f"Expected a BERT config (model_type bert), got {hf.get('model_type')!r}.")
+# Where BERT and RoBERTa keep the same tensors.
+BERT_NAMES = {"prefix": "bert", "mlm_transform": "cls.predictions.transform.dense",
+              "mlm_norm": "cls.predictions.transform.LayerNorm", "mlm_bias": "cls.predictions.bias",
+              "tied": ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")}
+ROBERTA_NAMES = {"prefix": "roberta", "mlm_transform": "lm_head.dense",
+                 "mlm_norm": "lm_head.layer_norm", "mlm_bias": "lm_head.bias",
+                 "tied": ("lm_head.decoder.weight", "lm_head.decoder.bias")}
+
+
+def model_config_from_hf(hf: dict, model_type: str = "bert") -> dict:
+    if hf.get("model_type") != model_type:
+        raise ValueError(f"Expected model_type {model_type!r}, got {hf.get('model_type')!r}.")
     act = hf.get("hidden_act", "gelu")
     if act not in _ACTIVATION:
         raise ValueError(f"Unsupported BERT hidden_act {act!r}.")
@@ -38,12 +47,17 @@ def model_config_from_hf(hf: dict) -> dict:
         "mlp_activations": (_ACTIVATION[act],),
         "layer_norm_epsilon": float(hf.get("layer_norm_eps", 1e-12)),
         "pad_id": int(hf.get("pad_token_id", 0) or 0),
+        "position_offset": 0,
+        "next_sentence_head": True,
         "dropout_rate": 0.0,
         "dtype": "float32",
     }
 
 
 def hf_config_from_model_config(cfg: dict) -> dict:
+    if cfg.get("position_offset", 0) or not cfg.get("next_sentence_head", True):
+        raise ValueError("Only BERT-layout encoders export so far (RoBERTa-style position "
+                         "offsets and models without the next-sentence head do not).")
     return {
         "architectures": ["BertForPreTraining"], "model_type": "bert",
         "vocab_size": cfg["vocab_size"], "hidden_size": cfg["d_model"],
@@ -65,23 +79,25 @@ def _norm_in(w, name):
     return {"scale": w[f"{name}.weight"], "bias": w[f"{name}.bias"]}
 
 
-def params_from_hf(weights: dict[str, np.ndarray], cfg: dict) -> dict:
+def params_from_hf(weights: dict[str, np.ndarray], cfg: dict, names: dict = BERT_NAMES) -> dict:
     heads, head_dim, d = cfg["num_heads"], cfg["head_dim"], cfg["d_model"]
     w = TrackedWeights(weights)
-    e = "bert.embeddings"
+    prefix = names["prefix"]
+    e = f"{prefix}.embeddings"
     params = {
         "token_embedder": {"embedding": w[f"{e}.word_embeddings.weight"]},
         "position_embedder": {"embedding": w[f"{e}.position_embeddings.weight"]},
         "token_type_embedder": {"embedding": w[f"{e}.token_type_embeddings.weight"]},
         "embedding_norm": _norm_in(w, f"{e}.LayerNorm"),
-        "pooler": _linear_in(w, "bert.pooler.dense"),
-        "mlm_transform": _linear_in(w, "cls.predictions.transform.dense"),
-        "mlm_norm": _norm_in(w, "cls.predictions.transform.LayerNorm"),
-        "mlm_bias": w["cls.predictions.bias"],
-        "nsp": _linear_in(w, "cls.seq_relationship"),
+        "mlm_transform": _linear_in(w, names["mlm_transform"]),
+        "mlm_norm": _norm_in(w, names["mlm_norm"]),
+        "mlm_bias": w[names["mlm_bias"]],
     }
+    if cfg.get("next_sentence_head", True):
+        params["pooler"] = _linear_in(w, f"{prefix}.pooler.dense")
+        params["nsp"] = _linear_in(w, "cls.seq_relationship")
     for i in range(cfg["num_layers"]):
-        b = f"bert.encoder.layer.{i}"
+        b = f"{prefix}.encoder.layer.{i}"
         attention = {}
         for name in ("query", "key", "value"):
             weight, bias = w[f"{b}.attention.self.{name}.weight"], w[f"{b}.attention.self.{name}.bias"]
@@ -96,9 +112,8 @@ def params_from_hf(weights: dict[str, np.ndarray], cfg: dict) -> dict:
                     "wo": _linear_in(w, f"{b}.output.dense")},
             "mlp_norm": _norm_in(w, f"{b}.output.LayerNorm"),
         }
-    # The decoder matrix and bias are tied copies of the word embedding and cls.predictions.bias.
-    w.check_all_used(ignore=("cls.predictions.decoder.weight", "cls.predictions.decoder.bias"),
-                     ignore_suffixes=("position_ids",))
+    # The decoder matrix and bias are tied copies of the word embedding and the MLM bias.
+    w.check_all_used(ignore=names["tied"], ignore_suffixes=("position_ids",))
     return params
 
 

@@ -1,8 +1,11 @@
 """Encoder-only model (BERT layout): word + position + segment embeddings, post-LayerNorm
 blocks, a masked-LM head tied to the word embeddings and a next-sentence head on [CLS].
+RoBERTa is the same network with positions counted from ``position_offset`` and no
+next-sentence head.
 
 ``__call__(input_tokens, token_type_ids=None, input_mask=None)`` returns a dict with
-``mlm_logits [batch, length, vocab]``, ``nsp_logits [batch, 2]`` and ``hidden``.
+``mlm_logits [batch, length, vocab]``, ``hidden``, and with the next-sentence head
+``pooled`` and ``nsp_logits [batch, 2]``.
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ class EncoderConfig:
     mlp_activations: Sequence[str] = ("gelu_exact",)
     layer_norm_epsilon: float = 1e-12
     pad_id: int = 0
+    # 0: positions 0, 1, 2, ... (BERT). k > 0: real tokens count from k and padding
+    # sits at k - 1 (RoBERTa: k = 2, padding at position 1, its pad id).
+    position_offset: int = 0
+    next_sentence_head: bool = True
     dropout_rate: float = 0.0
     dtype: str = "float32"
 
@@ -77,7 +84,11 @@ class EncoderOnly(nn.Module):
             input_mask = input_tokens != cfg.pad_id
         if token_type_ids is None:
             token_type_ids = jnp.zeros_like(input_tokens)
-        positions = jnp.broadcast_to(jnp.arange(length), (batch, length))
+        if cfg.position_offset > 0:
+            counted = jnp.cumsum(input_mask.astype(jnp.int32), axis=1) * input_mask
+            positions = counted + cfg.position_offset - 1
+        else:
+            positions = jnp.broadcast_to(jnp.arange(length), (batch, length))
         word = layers.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, embedding_init=_bert_init,
                             name="token_embedder")
         x = (word(input_tokens)
@@ -102,9 +113,10 @@ class EncoderOnly(nn.Module):
                                                                         ("vocab",)),
                               (cfg.vocab_size,), jnp.float32)
         mlm_logits = word.attend(h) + mlm_bias.astype(dtype)
-        # Next-sentence head on the pooled [CLS] (first) position.
-        pooled = jnp.tanh(dense(cfg.d_model, ("embed", None), "pooler")(x[:, 0]))
-        nsp_logits = dense(2, ("embed", None), "nsp")(pooled)
-        return {"mlm_logits": constrain(mlm_logits.astype(jnp.float32), ("batch", "length", "vocab")),
-                "nsp_logits": nsp_logits.astype(jnp.float32),
-                "pooled": pooled, "hidden": x}
+        out = {"mlm_logits": constrain(mlm_logits.astype(jnp.float32), ("batch", "length", "vocab")),
+               "hidden": x}
+        if cfg.next_sentence_head:
+            # Next-sentence head on the pooled [CLS] (first) position.
+            out["pooled"] = jnp.tanh(dense(cfg.d_model, ("embed", None), "pooler")(x[:, 0]))
+            out["nsp_logits"] = dense(2, ("embed", None), "nsp")(out["pooled"]).astype(jnp.float32)
+        return out
