@@ -19,6 +19,19 @@ def read_metrics(workdir) -> list[dict]:
         return [json.loads(line) for line in f]
 
 
+def tiny_cli_command(workdir, *overrides: str) -> list[str]:
+    """``python -m t5x_like.train`` on the quickstart config shrunk to a tiny model."""
+    return [sys.executable, "-m", "t5x_like.train", "--config=configs/quickstart.py",
+            f"--workdir={workdir}", "--config.model.d_model=32", "--config.model.d_ff=64",
+            "--config.model.num_heads=2", "--config.model.head_dim=16",
+            "--config.model.num_encoder_layers=1", "--config.model.num_decoder_layers=1",
+            "--config.batch_size=8", "--config.task_feature_lengths.inputs=32",
+            "--config.task_feature_lengths.targets=8", "--config.eval_batches=1", *overrides]
+
+
+CLI_ENV = {"PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu"}
+
+
 def losses_by_step(workdir) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_metrics(workdir)}
 
@@ -77,19 +90,12 @@ def test_a_different_model_in_the_workdir_is_refused(tmp_path):
 
 @pytest.mark.slow
 def test_cli_resumes_from_the_latest_checkpoint(tmp_path):
-    common = [sys.executable, "-m", "t5x_like.train", "--config=configs/quickstart.py",
-              f"--workdir={tmp_path}", "--config.checkpoint_every_steps=10",
-              "--config.model.d_model=32", "--config.model.d_ff=64", "--config.model.num_heads=2",
-              "--config.model.head_dim=16", "--config.model.num_encoder_layers=1",
-              "--config.model.num_decoder_layers=1", "--config.batch_size=8",
-              "--config.task_feature_lengths.inputs=32", "--config.task_feature_lengths.targets=8",
-              "--config.eval_batches=1"]
-    env = {"PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu"}
-    first = subprocess.run(common + ["--config.num_train_steps=20"], cwd=REPO, env=env,
+    common = tiny_cli_command(tmp_path, "--config.checkpoint_every_steps=10")
+    first = subprocess.run(common + ["--config.num_train_steps=20"], cwd=REPO, env=CLI_ENV,
                            capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr
     assert "checkpoint" in first.stdout and "continue training" in first.stdout
-    second = subprocess.run(common + ["--config.num_train_steps=30"], cwd=REPO, env=env,
+    second = subprocess.run(common + ["--config.num_train_steps=30"], cwd=REPO, env=CLI_ENV,
                             capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr
     assert "Resumed from" in second.stderr and "at step 20" in second.stderr
@@ -103,16 +109,10 @@ def test_sigterm_saves_a_checkpoint_and_exits_0(tmp_path):
     import signal
     import time
 
-    command = [sys.executable, "-m", "t5x_like.train", "--config=configs/quickstart.py",
-               f"--workdir={tmp_path}", "--config.num_train_steps=100000",
-               "--config.checkpoint_every_steps=100000", "--config.log_every_steps=1",
-               "--config.model.d_model=32", "--config.model.d_ff=64", "--config.model.num_heads=2",
-               "--config.model.head_dim=16", "--config.model.num_encoder_layers=1",
-               "--config.model.num_decoder_layers=1", "--config.batch_size=8",
-               "--config.task_feature_lengths.inputs=32", "--config.task_feature_lengths.targets=8",
-               "--config.eval_batches=1"]
-    env = {"PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu"}
-    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
+    command = tiny_cli_command(tmp_path, "--config.num_train_steps=100000",
+                               "--config.checkpoint_every_steps=100000",
+                               "--config.log_every_steps=1")
+    process = subprocess.Popen(command, cwd=REPO, env=CLI_ENV, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
