@@ -122,6 +122,11 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
         raise config_lib.ConfigError(
             f"Task {config.task!r} uses {vocab_size} token ids but model.vocab_size="
             f"{config.model.vocab_size}; set --config.model.vocab_size={vocab_size} or larger.")
+    num_eval_batches = min(config.eval_batches, len(eval_ds) // config.batch_size)
+    if num_eval_batches == 0:
+        raise config_lib.ConfigError(
+            f"The validation split has {len(eval_ds)} examples, fewer than one batch of "
+            f"batch_size={config.batch_size}; lower batch_size.")
 
     # Model, optimizer, mesh.
     model = models.build_model(config.model)
@@ -158,11 +163,6 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     writer = metrics_writer.MetricsWriter(workdir, enabled=is_chief)
     preemption = _PreemptionFlag()
     tokens_per_step = config.batch_size * (lengths["inputs"] + lengths["targets"])
-    num_eval_batches = min(config.eval_batches, len(eval_ds) // config.batch_size)
-    if num_eval_batches == 0:
-        raise config_lib.ConfigError(
-            f"The validation split has {len(eval_ds)} examples, fewer than one batch of "
-            f"batch_size={config.batch_size}; lower batch_size.")
 
     def evaluate(params) -> dict:
         eval_iter = pipeline.HostBatchIterator(eval_ds, config.batch_size, process_index,

@@ -69,8 +69,14 @@ def test_pickle_checkpoints_are_refused(tmp_path):
         hf_io.read_weights(tmp_path)
 
 
-def test_import_refuses_to_overwrite(tmp_path):
+def test_import_refuses_to_overwrite(tmp_path, capsys):
     hf_model = tiny_hf_t5("v1_1")
     hf_model.save_pretrained(tmp_path / "hf")
     convert_cli.import_hf(str(tmp_path / "hf"), str(tmp_path / "ours"))
     assert convert_cli.main(["import", f"--hf_dir={tmp_path / 'hf'}", f"--out={tmp_path / 'ours'}"]) == 2
+    assert "choose a new --out folder" in capsys.readouterr().err
+
+
+def test_folder_without_config_json_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="has no config.json"):
+        hf_io.read_config(tmp_path)

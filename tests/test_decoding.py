@@ -131,3 +131,18 @@ def test_beam_scores_are_the_model_log_probabilities(tmp_path):
         expected = np.where(after_eos, 0.0, logp).sum(axis=1)
         np.testing.assert_allclose(np.asarray(scores[:, beam]), expected, rtol=1e-4, atol=1e-4)
     assert np.all(np.diff(np.asarray(scores), axis=1) <= 1e-6)
+
+
+def test_sampling_without_an_rng_and_overlong_generation_are_refused(tmp_path):
+    _, model, params = converted(tmp_path, "v1_1")
+    with pytest.raises(ValueError, match="needs an rng key"):
+        decoding.decode(model, params, jnp.ones((1, 4), jnp.int32), max_decode_length=3,
+                        temperature=1.0)
+    from hf_helpers import tiny_hf_gpt2
+    from t5x_like.convert import __main__ as cli
+    tiny_hf_gpt2().save_pretrained(tmp_path / "gpt2")
+    cli.import_hf(str(tmp_path / "gpt2"), str(tmp_path / "gpt2_ours"))
+    gpt_config, gpt_params = load_pretrained(tmp_path / "gpt2_ours")
+    gpt = models.build_model(ml_collections.ConfigDict(gpt_config))
+    with pytest.raises(ValueError, match="exceeds the model's max_length 40"):
+        decoding.generate(gpt, gpt_params, jnp.ones((1, 30), jnp.int32), max_new_tokens=20)

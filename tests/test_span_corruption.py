@@ -119,3 +119,28 @@ def test_unknown_task_suggests_close_names():
     with pytest.raises(KeyError, match="Did you mean 'embedded_en_span_corruption'"):
         pipeline.build_dataset("embedded_en_span_corupton", "train", {"inputs": 64, "targets": 16},
                                seed=0, shuffle=True)
+
+
+def test_missing_corpus_file_names_the_path():
+    from t5x_like.data import sources
+    with pytest.raises(FileNotFoundError, match="No file matches 'nowhere/\\*.txt.gz'"):
+        sources.TextLineSource(["nowhere/*.txt.gz"]).documents()
+
+
+def test_unknown_split_lists_the_splits():
+    from t5x_like.data import sources
+    with pytest.raises(ValueError, match="Unknown split 'test'"):
+        sources.TextLineSource(["x"], split="test")
+
+
+def test_registering_a_task_name_twice_is_refused():
+    from t5x_like.data import TaskRegistry
+    task = TaskRegistry.get("embedded_en_span_corruption")
+    with pytest.raises(ValueError, match="already registered"):
+        TaskRegistry.add(task)
+
+
+def test_empty_example_is_a_clear_error():
+    with pytest.raises(ValueError, match="empty example"):
+        preprocessors.span_corruption(np.array([], np.int32), np.random.default_rng(0),
+                                      vocab_size=VOCAB_SIZE, eos_id=EOS)

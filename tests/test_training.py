@@ -131,3 +131,17 @@ def test_sigterm_saves_a_checkpoint_and_exits_0(tmp_path):
     last_logged = read_metrics(tmp_path)[-1]["step"]
     saved = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
     assert saved and saved[-1] == last_logged >= 3
+
+
+def test_model_vocabulary_smaller_than_the_task_is_refused_before_compiling(tmp_path):
+    from t5x_like import config_lib
+    with pytest.raises(config_lib.ConfigError, match="--config.model.vocab_size=8192 or larger"):
+        train.run(tiny_config(**{"model.vocab_size": 1000}), str(tmp_path), quiet=True)
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_batch_larger_than_the_validation_split_is_refused_before_compiling(tmp_path):
+    from t5x_like import config_lib
+    with pytest.raises(config_lib.ConfigError, match="fewer than one batch of batch_size=4096"):
+        train.run(tiny_config(batch_size=4096), str(tmp_path), quiet=True)
+    assert not (tmp_path / "checkpoints").exists()

@@ -49,3 +49,23 @@ def test_checked_in_vocabulary_is_reproduced_by_the_script(tmp_path):
     train_vocab.main(["--output", str(out)])
     with open(embedded.vocab_model_path(), "rb") as f:
         assert hashlib.sha256(out.read_bytes()).digest() == hashlib.sha256(f.read()).digest()
+
+
+def test_missing_model_file_names_the_fix(tmp_path):
+    import pytest
+    with pytest.raises(FileNotFoundError, match="python -m t5x_like.data.train_vocab"):
+        vocabularies.SentencePieceVocabulary(str(tmp_path / "absent.model"))
+
+
+def test_model_with_other_special_ids_is_refused(tmp_path):
+    import io
+
+    import pytest
+    import sentencepiece as spm
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(tasks.embedded_en_documents("validation")),
+                                   model_writer=model, vocab_size=300, minloglevel=2)  # unk=0
+    path = tmp_path / "default_ids.model"
+    path.write_bytes(model.getvalue())
+    with pytest.raises(ValueError, match="needs pad_id=0 \\(T5 convention\\)"):
+        vocabularies.SentencePieceVocabulary(str(path))
