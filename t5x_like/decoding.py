@@ -243,7 +243,8 @@ def generate(model: nn.Module, params, prompt_tokens: jax.Array, *, max_new_toke
         token = jnp.where(t < prompt_length, from_prompt, from_output).astype(jnp.int32)
         logits, variables = model.apply(
             {"params": params, "cache": cache}, token[:, None], decode=True,
-            max_decode_length=total, positions=jnp.full((batch, 1), t), mutable=["cache"])
+            max_decode_length=total, decoder_positions=jnp.full((batch, 1), t),
+            mutable=["cache"])
         logits = logits[:, 0]
         if temperature <= 0:
             chosen = jnp.argmax(logits, axis=-1).astype(jnp.int32)

@@ -76,3 +76,24 @@ def tiny_hf_roberta():
                                         pad_token_id=1, hidden_dropout_prob=0.0,
                                         attention_probs_dropout_prob=0.0)
     return transformers.RobertaForMaskedLM(config).eval()
+
+
+def tiny_hf_llama(**overrides):
+    """Llama with grouped-query attention (4 query heads share 2 key/value heads)."""
+    torch.manual_seed(0)
+    settings = dict(vocab_size=100, hidden_size=32, intermediate_size=48, num_attention_heads=4,
+                    num_key_value_heads=2, num_hidden_layers=2, max_position_embeddings=64,
+                    rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=1,
+                    eos_token_id=2, pad_token_id=0)
+    settings.update(overrides)
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**settings)).eval()
+
+
+def tiny_hf_mistral(sliding_window: int):
+    torch.manual_seed(0)
+    config = transformers.MistralConfig(
+        vocab_size=100, hidden_size=32, intermediate_size=48, num_attention_heads=4,
+        num_key_value_heads=1, num_hidden_layers=2, max_position_embeddings=64,
+        sliding_window=sliding_window, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+        pad_token_id=0)
+    return transformers.MistralForCausalLM(config).eval()

@@ -5,11 +5,22 @@ from __future__ import annotations
 import argparse
 import sys
 
-from t5x_like.convert import hf_bert, hf_gpt2, hf_io, hf_roberta, hf_t5, pretrained
+from t5x_like.convert import hf_bert, hf_gpt2, hf_io, hf_llama, hf_roberta, hf_t5, pretrained
 
 ARCHITECTURES = {"t5": hf_t5, "mt5": hf_t5, "gpt2": hf_gpt2, "bert": hf_bert,
-                 "roberta": hf_roberta}
+                 "roberta": hf_roberta, "llama": hf_llama, "mistral": hf_llama}
 EXPORTERS = {"encoder_decoder": hf_t5, "decoder": hf_gpt2, "encoder": hf_bert}
+
+
+def exporter_for(model_config: dict):
+    """The Hugging Face architecture a model config maps back to."""
+    family = model_config.get("family")
+    if family not in EXPORTERS:
+        raise ValueError(f"Cannot export model family {family!r} yet; exportable: "
+                         f"{sorted(EXPORTERS)}.")
+    if family == "decoder" and model_config.get("position_embedding") == "rotary":
+        return hf_llama
+    return EXPORTERS[family]
 
 
 def import_hf(hf_dir: str, out: str) -> dict:
@@ -27,11 +38,7 @@ def import_hf(hf_dir: str, out: str) -> dict:
 
 def export_hf(checkpoint: str, out: str) -> dict:
     model_config, params = pretrained.load_pretrained(checkpoint)
-    family = model_config.get("family")
-    if family not in EXPORTERS:
-        raise ValueError(f"Cannot export model family {family!r} yet; exportable: "
-                         f"{sorted(EXPORTERS)}.")
-    module = EXPORTERS[family]
+    module = exporter_for(model_config)
     hf_config = module.hf_config_from_model_config(model_config)
     hf_io.write_folder(out, hf_config, module.params_to_hf(params, model_config))
     return hf_config

@@ -42,6 +42,14 @@ def model_config_from_hf(hf: dict) -> dict:
 
 
 def hf_config_from_model_config(cfg: dict) -> dict:
+    modern = {key: cfg.get(key) for key, gpt2 in (("norm", "layernorm"), ("tie_embeddings", True),
+                                                  ("sliding_window", 0), ("scan_layers", False))
+              if cfg.get(key, gpt2) != gpt2}
+    if cfg.get("num_kv_heads") not in (None, 0, cfg["num_heads"]):
+        modern["num_kv_heads"] = cfg["num_kv_heads"]
+    if modern:
+        raise ValueError(f"This decoder has no GPT-2 equivalent ({modern}); export it with "
+                         "rotary positions as Llama, or use GPT-2's settings.")
     return {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
         "vocab_size": cfg["vocab_size"], "n_embd": cfg["d_model"], "n_head": cfg["num_heads"],

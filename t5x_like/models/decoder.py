@@ -1,8 +1,16 @@
-"""Decoder-only language model (GPT-2 layout): learned positions, pre-LayerNorm, biases,
-GELU MLP, causal self-attention, output through the token embedding.
+"""Decoder-only language model: GPT-2 by default, and the modern layout by config.
 
-``__call__(decoder_input_tokens) -> logits [batch, length, vocab]`` in float32.
-Right padding needs no mask: under the causal mask no real token sees a later pad.
+GPT-2: learned positions, pre-LayerNorm, biases, GELU MLP, output through the
+token embedding. Modern (Llama/Mistral-style, ``configs/decoder_modern_*.py``):
+rotary positions, RMSNorm, SwiGLU (``mlp_activations=("silu", "linear")``), no
+biases, grouped-query attention, an untied output layer, optionally a sliding
+attention window.
+
+``__call__(decoder_input_tokens, ...) -> logits [batch, length, vocab]`` in
+float32. Right padding needs no mask: under the causal mask no real token sees
+a later pad. Packed rows pass ``decoder_segment_ids``/``decoder_positions``;
+prefix LM passes ``decoder_causal_attention`` (1 over the prefix, which then
+attends bidirectionally), the seqio feature names.
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from t5x_like.models import layers
+from t5x_like.models import layers, stacking
 from t5x_like.models.layers import constrain
 
 
@@ -30,8 +38,21 @@ class DecoderConfig:
     mlp_activations: Sequence[str] = ("gelu",)
     use_bias: bool = True
     layer_norm_epsilon: float = 1e-5
+    norm: str = "layernorm"  # or "rmsnorm"
+    position_embedding: str = "learned"  # or "rotary"
+    rotary_max_wavelength: float = 10_000.0
+    num_kv_heads: int = 0  # 0: as many as num_heads; fewer: grouped-query attention
+    tie_embeddings: bool = True
+    sliding_window: int = 0  # 0: attend to the whole past
     dropout_rate: float = 0.0
     dtype: str = "float32"
+    scan_layers: bool = False
+    remat_policy: str = "none"
+
+    def __post_init__(self):
+        if self.position_embedding not in ("learned", "rotary"):
+            raise ValueError(f"Unknown position_embedding {self.position_embedding!r}; "
+                             "choose 'learned' or 'rotary'.")
 
     @property
     def compute_dtype(self):
@@ -44,49 +65,81 @@ _gpt2_init = nn.initializers.normal(stddev=0.02)
 
 class DecoderBlock(nn.Module):
     config: DecoderConfig
+    scanned: bool = False
 
     @nn.compact
-    def __call__(self, x, bias, deterministic, decode=False):
+    def __call__(self, x, bias, positions, deterministic, decode=False):
         cfg = self.config
         dtype = cfg.compute_dtype
         dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
-        h = layers.LayerNorm(cfg.layer_norm_epsilon, dtype=dtype, name="pre_attention_norm")(x)
-        h = layers.MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dtype,
-                                      use_bias=cfg.use_bias, scale_in_compute=True,
-                                      kernel_init=_gpt2_init, name="attention")(
-                                          h, h, bias, deterministic, decode=decode)
+        h = layers.make_norm(cfg.norm, cfg.layer_norm_epsilon, dtype, "pre_attention_norm")(x)
+        h = layers.MultiHeadAttention(
+            cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dtype, use_bias=cfg.use_bias,
+            scale_in_compute=True, kernel_init=_gpt2_init, num_kv_heads=cfg.num_kv_heads or None,
+            rotary=cfg.position_embedding == "rotary",
+            rotary_max_wavelength=cfg.rotary_max_wavelength, name="attention")(
+                h, h, bias, deterministic, decode, positions, positions)
         x = x + dropout(h, deterministic=deterministic)
-        h = layers.LayerNorm(cfg.layer_norm_epsilon, dtype=dtype, name="pre_mlp_norm")(x)
+        h = layers.make_norm(cfg.norm, cfg.layer_norm_epsilon, dtype, "pre_mlp_norm")(x)
         h = layers.Mlp(cfg.d_ff, tuple(cfg.mlp_activations), cfg.dropout_rate, dtype,
                        use_bias=cfg.use_bias, kernel_init=_gpt2_init, name="mlp")(h, deterministic)
         x = x + dropout(h, deterministic=deterministic)
-        return constrain(x, ("batch", "length", "embed"))
+        x = constrain(x, ("batch", "length", "embed"))
+        return (x, None) if self.scanned else x
 
 
 class DecoderOnly(nn.Module):
     config: DecoderConfig
 
     @nn.compact
-    def __call__(self, decoder_input_tokens, deterministic: bool = True, decode: bool = False,
-                 max_decode_length: int | None = None, positions=None) -> jax.Array:
+    def __call__(self, decoder_input_tokens, decoder_segment_ids=None, decoder_positions=None,
+                 decoder_causal_attention=None, deterministic: bool = True, decode: bool = False,
+                 max_decode_length: int | None = None, return_hidden: bool = False) -> jax.Array:
         """``decode``: one position per call over a cache of ``max_decode_length``;
-        ``positions`` (``[batch, length]``) then says where the token sits."""
+        ``decoder_positions`` (``[batch, 1]``) then says where the token sits.
+        ``return_hidden``: the final-normed hidden states instead of logits (for heads)."""
         cfg = self.config
         batch, length = decoder_input_tokens.shape
-        mask_length = (max_decode_length or length) if decode else length
-        bias = layers.attention_bias_from_mask(layers.causal_mask(mask_length))
-        if positions is None:
-            positions = jnp.broadcast_to(jnp.arange(length), (batch, length))
+        if decoder_positions is None:
+            decoder_positions = jnp.broadcast_to(jnp.arange(length), (batch, length))
+        bias = layers.attention_bias_from_mask(self._mask(
+            decoder_input_tokens, decoder_segment_ids, decoder_causal_attention, decode,
+            max_decode_length))
         token_embedder = layers.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype,
                                       embedding_init=_gpt2_init, name="token_embedder")
-        position_embedder = layers.Embed(cfg.max_length, cfg.d_model, dtype=cfg.compute_dtype,
-                                         embedding_init=nn.initializers.normal(stddev=0.01),
-                                         name="position_embedder")
-        x = token_embedder(decoder_input_tokens) + position_embedder(positions)
+        x = token_embedder(decoder_input_tokens)
+        if cfg.position_embedding == "learned":
+            x = x + layers.Embed(cfg.max_length, cfg.d_model, dtype=cfg.compute_dtype,
+                                 embedding_init=nn.initializers.normal(stddev=0.01),
+                                 name="position_embedder")(decoder_positions)
         x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
         x = constrain(x, ("batch", "length", "embed"))
-        for i in range(cfg.num_layers):
-            x = DecoderBlock(cfg, name=f"layers_{i}")(x, bias, deterministic, decode)
-        x = layers.LayerNorm(cfg.layer_norm_epsilon, dtype=cfg.compute_dtype, name="final_norm")(x)
-        logits = token_embedder.attend(x)
+        x = stacking.run_stack(DecoderBlock, cfg, cfg.num_layers, x, bias, decoder_positions,
+                               deterministic, decode, scan=cfg.scan_layers,
+                               remat_policy=cfg.remat_policy, static_argnums=(2, 3))
+        x = layers.make_norm(cfg.norm, cfg.layer_norm_epsilon, cfg.compute_dtype, "final_norm")(x)
+        if return_hidden:
+            return x
+        if cfg.tie_embeddings:
+            logits = token_embedder.attend(x)
+        else:
+            logits = layers.DenseGeneral(cfg.vocab_size, kernel_axes=("embed", "vocab"),
+                                         kernel_init=_gpt2_init, dtype=cfg.compute_dtype,
+                                         name="logits_dense")(x)
         return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
+
+    def _mask(self, tokens, segment_ids, causal_attention, decode, max_decode_length):
+        cfg = self.config
+        if decode:
+            length = max_decode_length or tokens.shape[1]
+            mask = layers.causal_mask(length)
+        else:
+            length = tokens.shape[1]
+            mask = (layers.causal_mask(length) if causal_attention is None
+                    else layers.prefix_lm_mask(causal_attention))
+            if segment_ids is not None:
+                mask = mask & layers.segment_mask(segment_ids, segment_ids)
+        if cfg.sliding_window:
+            mask = mask & layers.sliding_window_mask(length, length, cfg.sliding_window,
+                                                     causal=causal_attention is None)
+        return mask

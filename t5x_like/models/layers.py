@@ -1,8 +1,9 @@
 """Transformer building blocks in Flax linen, every array named with logical axes.
 
 Logical axis names used here: ``batch``, ``length`` (and ``kv_length`` for the
-attended sequence), ``embed``, ``mlp``, ``heads``, ``kv``, ``vocab``,
-``relpos_buckets``. Only the partitioner maps them onto mesh axes.
+attended sequence), ``embed``, ``mlp``, ``heads``, ``kv_heads`` (grouped-query
+key/value heads), ``kv``, ``vocab``, ``relpos_buckets`` (and ``layers`` for
+scanned stacks, see ``stacking.py``). Only the partitioner maps them onto mesh axes.
 Parameters are float32; ``dtype`` is the compute dtype.
 """
 
@@ -174,12 +175,35 @@ class RelativePositionBias(nn.Module):
         return bias[None].astype(self.dtype)    # [1, heads, q, k]
 
 
+def apply_rotary(x: jax.Array, positions: jax.Array, max_wavelength: float = 10_000.0) -> jax.Array:
+    """Rotary position embedding (RoFormer), half-split layout as in GPT-NeoX and Llama.
+
+    ``x``: ``[batch, length, heads, head_dim]``; ``positions``: ``[batch, length]``.
+    Dimension ``i`` of the first half rotates with dimension ``i`` of the second
+    half at frequency ``max_wavelength ** (-2i / head_dim)``.
+    """
+    head_dim = x.shape[-1]
+    if head_dim % 2:
+        raise ValueError(f"Rotary positions need an even head_dim, got {head_dim}.")
+    inv_freq = 1.0 / (max_wavelength ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [batch, length, head_dim/2]
+    sin = jnp.sin(angles)[:, :, None, :]
+    cos = jnp.cos(angles)[:, :, None, :]
+    x32 = x.astype(jnp.float32)
+    first, second = jnp.split(x32, 2, axis=-1)
+    rotated = jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+    return rotated.astype(x.dtype)
+
+
 class MultiHeadAttention(nn.Module):
-    """Multi-head dot-product attention.
+    """Multi-head dot-product attention, optionally grouped-query and rotary.
 
     T5 puts 1/sqrt(head_dim) into the query initialisation and none in the compute;
-    ``scale_in_compute`` (GPT-2, BERT) multiplies the logits instead. ``use_bias``
-    adds biases to the four projections.
+    ``scale_in_compute`` (GPT-2, BERT, Llama) multiplies the logits instead.
+    ``use_bias`` adds biases to the four projections. ``num_kv_heads`` below
+    ``num_heads`` shares each key/value head among ``num_heads // num_kv_heads``
+    query heads (GQA; 1 is multi-query). ``rotary`` rotates queries and keys by
+    their positions before the dot product.
     """
 
     num_heads: int
@@ -189,36 +213,59 @@ class MultiHeadAttention(nn.Module):
     use_bias: bool = False
     scale_in_compute: bool = False
     kernel_init: Initializer | None = None
+    num_kv_heads: int | None = None
+    rotary: bool = False
+    rotary_max_wavelength: float = 10_000.0
 
     @nn.compact
     def __call__(self, inputs_q: jax.Array, inputs_kv: jax.Array, bias: jax.Array | None,
-                 deterministic: bool = True, decode: bool = False) -> jax.Array:
+                 deterministic: bool = True, decode: bool = False,
+                 query_positions: jax.Array | None = None,
+                 key_positions: jax.Array | None = None) -> jax.Array:
         """``decode=True``: autoregressive self-attention over a key/value cache.
 
         The first call (at ``init``) sees the full decode length and only creates the
         cache. Later calls take one position; ``bias`` is then the full
         ``[.., max_length, max_length]`` bias and the row of the current index is used.
+        With ``rotary``, ``query_positions``/``key_positions`` (``[batch, length]``)
+        say where each token sits (default: 0, 1, 2, ...).
         """
         embed = inputs_q.shape[-1]
+        kv_heads = self.num_kv_heads or self.num_heads
+        if self.num_heads % kv_heads:
+            raise ValueError(f"num_heads={self.num_heads} is not a multiple of "
+                             f"num_kv_heads={kv_heads}; pick a divisor of num_heads.")
         base_init = self.kernel_init or nn.initializers.variance_scaling(1.0, "fan_in", "normal")
 
         def query_init(key, shape, dtype=jnp.float32):
             scale = 1.0 if self.scale_in_compute else np.sqrt(self.head_dim)
             return base_init(key, shape, dtype) / scale
 
-        projection = functools.partial(DenseGeneral, features=(self.num_heads, self.head_dim),
-                                       kernel_axes=("embed", "heads", "kv"), dtype=self.dtype,
-                                       use_bias=self.use_bias)
-        query = projection(kernel_init=query_init, name="query")(inputs_q)
-        key = projection(kernel_init=base_init, name="key")(inputs_kv)
-        value = projection(kernel_init=base_init, name="value")(inputs_kv)
+        grouped = kv_heads != self.num_heads
+        kv_axes = ("embed", "kv_heads" if grouped else "heads", "kv")
+        query = DenseGeneral((self.num_heads, self.head_dim), ("embed", "heads", "kv"),
+                             kernel_init=query_init, use_bias=self.use_bias, dtype=self.dtype,
+                             name="query")(inputs_q)
+        key, value = (DenseGeneral((kv_heads, self.head_dim), kv_axes, kernel_init=base_init,
+                                   use_bias=self.use_bias, dtype=self.dtype, name=name)(inputs_kv)
+                      for name in ("key", "value"))
+        if self.rotary:
+            query = apply_rotary(query, _default_positions(query_positions, inputs_q),
+                                 self.rotary_max_wavelength)
+            key = apply_rotary(key, _default_positions(key_positions, inputs_kv),
+                               self.rotary_max_wavelength)
         query = constrain(query, ("batch", "length", "heads", "kv"))
-        key = constrain(key, ("batch", "kv_length", "heads", "kv"))
-        value = constrain(value, ("batch", "kv_length", "heads", "kv"))
+        key = constrain(key, ("batch", "kv_length", kv_axes[1], "kv"))
+        value = constrain(value, ("batch", "kv_length", kv_axes[1], "kv"))
         if decode:
             key, value, bias = self._update_cache(key, value, bias)
 
-        logits = jnp.einsum("bqhd,bkhd->bhqk", query, key).astype(jnp.float32)
+        batch, q_length = query.shape[:2]
+        groups = self.num_heads // kv_heads
+        # Query head h uses key/value head h // groups (Llama's repeat_kv order).
+        query = query.reshape(batch, q_length, kv_heads, groups, self.head_dim)
+        logits = jnp.einsum("bqkgd,bskd->bkgqs", query, key).astype(jnp.float32)
+        logits = logits.reshape(batch, self.num_heads, q_length, key.shape[1])
         if self.scale_in_compute:
             logits = logits / np.sqrt(self.head_dim).astype(np.float32)
         if bias is not None:
@@ -226,7 +273,9 @@ class MultiHeadAttention(nn.Module):
         weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
         if self.dropout_rate > 0 and not deterministic:
             weights = nn.Dropout(self.dropout_rate)(weights, deterministic=False)
-        out = jnp.einsum("bhqk,bkhd->bqhd", weights, value)
+        weights = weights.reshape(batch, kv_heads, groups, q_length, key.shape[1])
+        out = jnp.einsum("bkgqs,bskd->bqkgd", weights, value)
+        out = out.reshape(batch, q_length, self.num_heads, self.head_dim)
         out = constrain(out, ("batch", "length", "heads", "kv"))
         return DenseGeneral(features=embed, axis=(-2, -1), kernel_axes=("heads", "kv", "embed"),
                             kernel_init=base_init, use_bias=self.use_bias, dtype=self.dtype,
@@ -250,6 +299,12 @@ class MultiHeadAttention(nn.Module):
         if bias is not None:
             bias = jax.lax.dynamic_slice_in_dim(bias, index, 1, axis=-2)
         return cached_key.value, cached_value.value, bias
+
+
+def _default_positions(positions: jax.Array | None, x: jax.Array) -> jax.Array:
+    if positions is not None:
+        return positions
+    return jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
 
 
 ACTIVATIONS = {
@@ -302,3 +357,35 @@ def padding_mask(query_valid: jax.Array, key_valid: jax.Array) -> jax.Array:
 
 def causal_mask(length: int) -> jax.Array:
     return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
+
+
+def segment_mask(query_segment_ids: jax.Array, key_segment_ids: jax.Array) -> jax.Array:
+    """Packed examples: a token sees only tokens of its own segment (0 = padding)."""
+    same = query_segment_ids[:, None, :, None] == key_segment_ids[:, None, None, :]
+    return same & (query_segment_ids[:, None, :, None] > 0) & (key_segment_ids[:, None, None, :] > 0)
+
+
+def prefix_lm_mask(causal_attention: jax.Array) -> jax.Array:
+    """Prefix LM: causal, except that positions of the prefix (``causal_attention``
+    true, seqio's ``decoder_causal_attention``) see each other in both directions."""
+    length = causal_attention.shape[1]
+    prefix = causal_attention.astype(bool)
+    return causal_mask(length) | (prefix[:, None, :, None] & prefix[:, None, None, :])
+
+
+def sliding_window_mask(query_length: int, key_length: int, window: int,
+                        causal: bool = False) -> jax.Array:
+    """Local attention (Longformer, Mistral): a token sees keys less than ``window``
+    positions away (only earlier ones when ``causal``)."""
+    offset = np.arange(query_length)[:, None] - np.arange(key_length)[None, :]
+    allowed = (offset < window) & (offset >= 0) if causal else np.abs(offset) < window
+    return jnp.asarray(allowed)[None, None]
+
+
+NORMS = {"layernorm": LayerNorm, "rmsnorm": RMSNorm}
+
+
+def make_norm(kind: str, epsilon: float, dtype, name: str) -> nn.Module:
+    if kind not in NORMS:
+        raise ValueError(f"Unknown norm {kind!r}; choose from {sorted(NORMS)}.")
+    return NORMS[kind](epsilon, dtype=dtype, name=name)

@@ -1,0 +1,106 @@
+"""Layer options shared by the families: scan and remat, packed segments, prefix LM."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from t5x_like.models import decoder, stacking
+
+
+def tiny_decoder(**overrides):
+    settings = dict(vocab_size=64, d_model=32, num_heads=4, head_dim=8, d_ff=48, num_layers=3,
+                    max_length=32, mlp_activations=("silu", "linear"), use_bias=False,
+                    norm="rmsnorm", position_embedding="rotary", num_kv_heads=2,
+                    tie_embeddings=False)
+    settings.update(overrides)
+    return decoder.DecoderOnly(decoder.DecoderConfig(**settings))
+
+
+def tokens(shape=(2, 12), seed=0):
+    return jnp.asarray(np.random.default_rng(seed).integers(1, 64, size=shape), jnp.int32)
+
+
+@pytest.mark.parametrize("remat_policy", ["none", "full", "dots_no_batch"])
+def test_scanned_layers_compute_what_the_loop_computes(remat_policy):
+    x = tokens()
+    loop = tiny_decoder()
+    params = nn.unbox(loop.init(jax.random.key(0), x)["params"])
+    scanned = tiny_decoder(scan_layers=True, remat_policy=remat_policy)
+    stacked = stacking.stack_layer_params(params)
+    assert stacked["layers"]["mlp"]["wo"]["kernel"].shape == (3, 48, 32)
+    # The scanned model's own init has the same structure.
+    own = nn.unbox(scanned.init(jax.random.key(0), x)["params"])
+    assert jax.tree.structure(own) == jax.tree.structure(stacked)
+
+    np.testing.assert_allclose(scanned.apply({"params": stacked}, x),
+                               loop.apply({"params": params}, x), rtol=1e-5, atol=1e-5)
+
+    def loss(model, p):
+        return jnp.mean(model.apply({"params": p}, x) ** 2)
+
+    grad_loop = jax.grad(functools_partial(loss, loop))(params)
+    grad_scan = jax.grad(functools_partial(loss, scanned))(stacked)
+    for a, b in zip(jax.tree.leaves(stacking.stack_layer_params(jax.device_get(grad_loop))),
+                    jax.tree.leaves(grad_scan)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    assert jax.tree.structure(stacking.unstack_layer_params(stacked)) == jax.tree.structure(params)
+
+
+def functools_partial(f, model):
+    return lambda p: f(model, p)
+
+
+def test_an_unknown_remat_policy_names_the_choices():
+    model = tiny_decoder(remat_policy="everything")
+    with pytest.raises(ValueError, match="Unknown remat_policy 'everything'; choose from"):
+        model.init(jax.random.key(0), tokens())
+
+
+def test_packed_rows_give_the_logits_of_separate_rows():
+    model = tiny_decoder()
+    a, b = tokens((1, 7), seed=1), tokens((1, 5), seed=2)
+    params = nn.unbox(model.init(jax.random.key(0), a)["params"])
+    packed = jnp.concatenate([a, b, jnp.zeros((1, 3), jnp.int32)], axis=1)
+    segments = jnp.asarray([[1] * 7 + [2] * 5 + [0] * 3])
+    positions = jnp.asarray([list(range(7)) + list(range(5)) + [0] * 3])
+    out = model.apply({"params": params}, packed, decoder_segment_ids=segments,
+                      decoder_positions=positions)
+    np.testing.assert_allclose(out[:, :7], model.apply({"params": params}, a), atol=1e-5)
+    np.testing.assert_allclose(out[:, 7:12], model.apply({"params": params}, b), atol=1e-5)
+
+
+def test_learned_positions_also_restart_per_segment():
+    model = tiny_decoder(position_embedding="learned", norm="layernorm", use_bias=True)
+    a, b = tokens((1, 6), seed=3), tokens((1, 6), seed=4)
+    params = nn.unbox(model.init(jax.random.key(0), a)["params"])
+    packed = jnp.concatenate([a, b], axis=1)
+    out = model.apply({"params": params}, packed, decoder_segment_ids=jnp.asarray([[1] * 6 + [2] * 6]),
+                      decoder_positions=jnp.asarray([list(range(6)) * 2]))
+    np.testing.assert_allclose(out[:, 6:], model.apply({"params": params}, b), atol=1e-5)
+
+
+def test_prefix_lm_attends_both_ways_over_the_prefix_only():
+    model = tiny_decoder()
+    x = tokens((1, 10))
+    params = nn.unbox(model.init(jax.random.key(0), x)["params"])
+    prefix = jnp.asarray([[1] * 4 + [0] * 6])
+
+    def logits(t, causal_attention):
+        return np.asarray(model.apply({"params": params}, t, decoder_causal_attention=causal_attention))
+
+    changed_in_prefix = x.at[0, 3].set((x[0, 3] + 1) % 64)
+    # Position 0 sees position 3 under the prefix mask, not under the causal one.
+    assert not np.allclose(logits(x, prefix)[0, 0], logits(changed_in_prefix, prefix)[0, 0])
+    np.testing.assert_allclose(logits(x, None)[0, 0], logits(changed_in_prefix, None)[0, 0])
+    changed_after = x.at[0, 7].set((x[0, 7] + 1) % 64)
+    # Tokens after the prefix stay causal: position 5 does not see position 7.
+    np.testing.assert_allclose(logits(x, prefix)[0, :7], logits(changed_after, prefix)[0, :7],
+                               atol=1e-6)
+
+
+def test_grouped_query_heads_must_divide():
+    model = tiny_decoder(num_kv_heads=3)
+    with pytest.raises(ValueError, match="num_heads=4 is not a multiple of num_kv_heads=3"):
+        model.init(jax.random.key(0), tokens())
