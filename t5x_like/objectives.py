@@ -34,6 +34,8 @@ def seq2seq_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array |
     rngs = {"dropout": rng} if (rng is not None and not deterministic) else None
     logits = model.apply({"params": params}, batch["encoder_input_tokens"],
                          batch["decoder_input_tokens"], batch["decoder_target_tokens"],
+                         encoder_segment_ids=batch.get("encoder_segment_ids"),
+                         decoder_segment_ids=batch.get("decoder_segment_ids"),
                          deterministic=deterministic, rngs=rngs)
     weights = batch["decoder_loss_weights"]
     ce_sum, z_sum, correct = cross_entropy_with_z_loss(
@@ -47,9 +49,13 @@ def seq2seq_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array |
 
 def causal_lm_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array | None = None,
                    *, z_loss: float = 1e-4, deterministic: bool = True):
-    """Next-token loss for decoder-only models over ``decoder_loss_weights`` positions."""
+    """Next-token loss for decoder-only models over ``decoder_loss_weights`` positions
+    (prefix LM: the same loss, with ``decoder_causal_attention`` marking the prefix)."""
     rngs = {"dropout": rng} if (rng is not None and not deterministic) else None
     logits = model.apply({"params": params}, batch["decoder_input_tokens"],
+                         decoder_segment_ids=batch.get("decoder_segment_ids"),
+                         decoder_positions=batch.get("decoder_positions"),
+                         decoder_causal_attention=batch.get("decoder_causal_attention"),
                          deterministic=deterministic, rngs=rngs)
     weights = batch["decoder_loss_weights"]
     ce_sum, z_sum, correct = cross_entropy_with_z_loss(
@@ -63,10 +69,15 @@ def causal_lm_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array
 def masked_lm_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array | None = None,
                    *, deterministic: bool = True):
     """BERT's objective: masked-LM cross entropy over selected positions, plus next-sentence
-    cross entropy when the batch has ``next_sentence_labels``."""
+    (ALBERT: sentence-order) cross entropy when the batch has ``next_sentence_labels``,
+    plus SpanBERT's span-boundary loss when the model has that head."""
     rngs = {"dropout": rng} if (rng is not None and not deterministic) else None
     out = model.apply({"params": params}, batch["encoder_input_tokens"],
-                      batch.get("encoder_segment_ids"), deterministic=deterministic, rngs=rngs)
+                      token_type_ids=batch.get("encoder_token_type_ids"),
+                      segment_ids=batch.get("encoder_segment_ids"),
+                      positions=batch.get("encoder_positions"),
+                      span_mask=batch["encoder_loss_weights"] > 0,
+                      deterministic=deterministic, rngs=rngs)
     weights = batch["encoder_loss_weights"]
     ce_sum, _, correct = cross_entropy_with_z_loss(out["mlm_logits"],
                                                    batch["encoder_target_tokens"], weights)
@@ -74,6 +85,11 @@ def masked_lm_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array
     loss = ce_sum / num_tokens
     metrics = {"mlm_loss": loss, "accuracy": correct / num_tokens,
                "num_target_tokens": weights.sum()}
+    if "sbo_logits" in out:  # SpanBERT: the span-boundary loss over the same positions
+        sbo_sum, _, _ = cross_entropy_with_z_loss(out["sbo_logits"], batch["encoder_target_tokens"],
+                                                  weights)
+        metrics["sbo_loss"] = sbo_sum / num_tokens
+        loss = loss + metrics["sbo_loss"]
     if "next_sentence_labels" in batch:
         nsp_logp = jax.nn.log_softmax(out["nsp_logits"])
         nsp = -jnp.take_along_axis(nsp_logp, batch["next_sentence_labels"][:, None], -1).mean()

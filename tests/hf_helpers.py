@@ -97,3 +97,12 @@ def tiny_hf_mistral(sliding_window: int):
         sliding_window=sliding_window, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
         pad_token_id=0)
     return transformers.MistralForCausalLM(config).eval()
+
+
+def tiny_hf_albert(**overrides):
+    torch.manual_seed(0)
+    settings = dict(vocab_size=100, embedding_size=16, hidden_size=32, num_attention_heads=4,
+                    num_hidden_layers=3, intermediate_size=48, max_position_embeddings=40,
+                    hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    settings.update(overrides)
+    return transformers.AlbertForPreTraining(transformers.AlbertConfig(**settings)).eval()

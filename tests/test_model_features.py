@@ -104,3 +104,80 @@ def test_grouped_query_heads_must_divide():
     model = tiny_decoder(num_kv_heads=3)
     with pytest.raises(ValueError, match="num_heads=4 is not a multiple of num_kv_heads=3"):
         model.init(jax.random.key(0), tokens())
+
+
+def tiny_encoder(**overrides):
+    from t5x_like.models import encoder
+
+    settings = dict(vocab_size=64, d_model=32, num_heads=4, head_dim=8, d_ff=48, num_layers=2,
+                    max_length=32)
+    settings.update(overrides)
+    return encoder.EncoderOnly(encoder.EncoderConfig(**settings))
+
+
+def test_span_boundaries_are_the_tokens_around_each_span():
+    from t5x_like.models.encoder import span_boundaries
+
+    mask = jnp.asarray([[0, 0, 1, 1, 1, 0, 1, 0], [1, 1, 0, 0, 0, 0, 0, 1]], bool)
+    left, right, offset = (np.asarray(a) for a in span_boundaries(mask))
+    np.testing.assert_array_equal(left[0, 2:5], [1, 1, 1])
+    np.testing.assert_array_equal(right[0, 2:5], [5, 5, 5])
+    np.testing.assert_array_equal(offset[0], [0, 0, 0, 1, 2, 0, 0, 0])
+    assert (left[0, 6], right[0, 6]) == (5, 7)
+    np.testing.assert_array_equal(left[1, :2], [0, 0])    # span at the left edge
+    np.testing.assert_array_equal(right[1, :2], [2, 2])
+    assert (left[1, 7], right[1, 7]) == (6, 7)             # span at the right edge
+
+
+def test_span_boundary_head_adds_its_loss_to_masked_lm():
+    from t5x_like import objectives
+
+    model = tiny_encoder(span_boundary_head=True, next_sentence_head=False)
+    x = tokens((2, 12))
+    params = nn.unbox(model.init(jax.random.key(0), x)["params"])
+    assert "span_boundary" in params
+    weights = np.zeros((2, 12), np.float32)
+    weights[:, 3:6] = 1
+    batch = {"encoder_input_tokens": x, "encoder_target_tokens": x, "encoder_loss_weights": weights}
+    loss, metrics = objectives.masked_lm_loss(model, params, batch)
+    np.testing.assert_allclose(loss, metrics["mlm_loss"] + metrics["sbo_loss"], rtol=1e-6)
+    assert abs(float(metrics["sbo_loss"]) - np.log(64)) < 1.5
+
+
+def test_encoder_packed_rows_scan_and_local_attention():
+    loop = tiny_encoder()
+    a, b = tokens((1, 7), seed=1), tokens((1, 5), seed=2)
+    params = nn.unbox(loop.init(jax.random.key(0), a)["params"])
+    packed = jnp.concatenate([a, b], axis=1)
+    out = loop.apply({"params": params}, packed, segment_ids=jnp.asarray([[1] * 7 + [2] * 5]),
+                     positions=jnp.asarray([list(range(7)) + list(range(5))]))
+    np.testing.assert_allclose(out["mlm_logits"][:, 7:], loop.apply({"params": params}, b)["mlm_logits"],
+                               atol=1e-5)
+    scanned = tiny_encoder(scan_layers=True)
+    np.testing.assert_allclose(
+        scanned.apply({"params": stacking.stack_layer_params(params)}, packed)["mlm_logits"],
+        loop.apply({"params": params}, packed)["mlm_logits"], atol=1e-5)
+    local = tiny_encoder(attention_window=2, num_layers=1)
+    changed = packed.at[0, 5].set((packed[0, 5] + 1) % 64)
+    first = lambda t: np.asarray(local.apply({"params": params}, t)["mlm_logits"][0, 0])  # noqa: E731
+    np.testing.assert_allclose(first(packed), first(changed), atol=1e-6)  # one layer, window 2
+
+
+def test_t5_packed_rows_give_the_logits_of_separate_rows():
+    from t5x_like.models import t5
+
+    model = t5.EncoderDecoder(t5.T5Config(vocab_size=64, d_model=32, num_heads=4, head_dim=8,
+                                          d_ff=48, num_encoder_layers=2, num_decoder_layers=2))
+    (ea, da), (eb, db) = [(tokens((1, n), seed=s), tokens((1, m), seed=s + 10))
+                          for n, m, s in ((6, 4, 1), (5, 3, 2))]
+    shift = lambda t: jnp.concatenate([jnp.zeros((1, 1), jnp.int32), t[:, :-1]], axis=1)  # noqa: E731
+    params = nn.unbox(model.init(jax.random.key(0), ea, shift(da), da)["params"])
+    packed_in, packed_targets = jnp.concatenate([ea, eb], 1), jnp.concatenate([da, db], 1)
+    out = model.apply({"params": params}, packed_in,
+                      jnp.concatenate([shift(da), shift(db)], 1), packed_targets,
+                      encoder_segment_ids=jnp.asarray([[1] * 6 + [2] * 5]),
+                      decoder_segment_ids=jnp.asarray([[1] * 4 + [2] * 3]))
+    np.testing.assert_allclose(out[:, 4:], model.apply({"params": params}, eb, shift(db), db),
+                               atol=1e-5)
+    with pytest.raises(ValueError, match="need both encoder_segment_ids and decoder_segment_ids"):
+        model.apply({"params": params}, ea, shift(da), da, encoder_segment_ids=jnp.ones((1, 6)))

@@ -55,9 +55,13 @@ def model_config_from_hf(hf: dict, model_type: str = "bert") -> dict:
 
 
 def hf_config_from_model_config(cfg: dict) -> dict:
-    if cfg.get("position_offset", 0) or not cfg.get("next_sentence_head", True):
+    if (cfg.get("position_offset", 0) or not cfg.get("next_sentence_head", True)
+            or cfg.get("embedding_dim") or cfg.get("share_layers")
+            or cfg.get("span_boundary_head") or cfg.get("attention_window")):
         raise ValueError("Only BERT-layout encoders export so far (RoBERTa-style position "
-                         "offsets and models without the next-sentence head do not).")
+                         "offsets, ALBERT's factorized or shared layers, the span-boundary "
+                         "head, local attention and models without the next-sentence head "
+                         "do not).")
     return {
         "architectures": ["BertForPreTraining"], "model_type": "bert",
         "vocab_size": cfg["vocab_size"], "hidden_size": cfg["d_model"],

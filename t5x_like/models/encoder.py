@@ -1,11 +1,19 @@
 """Encoder-only model (BERT layout): word + position + segment embeddings, post-LayerNorm
 blocks, a masked-LM head tied to the word embeddings and a next-sentence head on [CLS].
-RoBERTa is the same network with positions counted from ``position_offset`` and no
-next-sentence head.
 
-``__call__(input_tokens, token_type_ids=None, input_mask=None)`` returns a dict with
-``mlm_logits [batch, length, vocab]``, ``hidden``, and with the next-sentence head
-``pooled`` and ``nsp_logits [batch, 2]``.
+The same network, by config:
+- RoBERTa: positions counted from ``position_offset``, no next-sentence head;
+- ALBERT: factorized embeddings (``embedding_dim`` < ``d_model``, projected up),
+  one block shared by all layers (``share_layers``), sentence-order head (the
+  next-sentence head's shape);
+- SpanBERT: a span-boundary head predicting each masked token from the two
+  tokens around its span and its offset in the span;
+- Longformer-style local attention: ``attention_window``.
+
+``__call__(input_tokens, token_type_ids=None, input_mask=None, ...)`` returns a
+dict with ``mlm_logits [batch, length, vocab]``, ``hidden``, with the
+next-sentence head ``pooled`` and ``nsp_logits [batch, 2]``, and with the
+span-boundary head ``sbo_logits [batch, length, vocab]``.
 """
 
 from __future__ import annotations
@@ -14,9 +22,10 @@ import dataclasses
 from typing import Sequence
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
-from t5x_like.models import layers
+from t5x_like.models import layers, stacking
 from t5x_like.models.layers import constrain
 
 
@@ -37,8 +46,16 @@ class EncoderConfig:
     # sits at k - 1 (RoBERTa: k = 2, padding at position 1, its pad id).
     position_offset: int = 0
     next_sentence_head: bool = True
+    # ALBERT: embeddings of this width, projected to d_model (0: d_model, no projection).
+    embedding_dim: int = 0
+    share_layers: bool = False  # ALBERT: one block's parameters for every layer
+    span_boundary_head: bool = False  # SpanBERT's span-boundary objective
+    max_span_length: int = 10  # offsets inside a span beyond this share the last embedding
+    attention_window: int = 0  # 0: full attention; w: keys within w - 1 positions
     dropout_rate: float = 0.0
     dtype: str = "float32"
+    scan_layers: bool = False
+    remat_policy: str = "none"
 
     @property
     def compute_dtype(self):
@@ -52,6 +69,7 @@ class EncoderBlock(nn.Module):
     """Post-norm: ``LN(x + attention(x))`` then ``LN(x + mlp(x))``, as in BERT."""
 
     config: EncoderConfig
+    scanned: bool = False
 
     @nn.compact
     def __call__(self, x, bias, deterministic):
@@ -68,15 +86,19 @@ class EncoderBlock(nn.Module):
                        use_bias=True, kernel_init=_bert_init, name="mlp")(x, deterministic)
         x = layers.LayerNorm(cfg.layer_norm_epsilon, dtype=dtype, name="mlp_norm")(
             x + dropout(h, deterministic=deterministic))
-        return constrain(x, ("batch", "length", "embed"))
+        x = constrain(x, ("batch", "length", "embed"))
+        return (x, None) if self.scanned else x
 
 
 class EncoderOnly(nn.Module):
     config: EncoderConfig
 
     @nn.compact
-    def __call__(self, input_tokens, token_type_ids=None, input_mask=None,
-                 deterministic: bool = True) -> dict:
+    def __call__(self, input_tokens, token_type_ids=None, input_mask=None, segment_ids=None,
+                 positions=None, span_mask=None, deterministic: bool = True) -> dict:
+        """Packed rows pass ``segment_ids`` and ``positions`` (per segment, from 0).
+        ``span_mask`` marks the tokens the span-boundary head predicts (the masked
+        spans); their boundaries are the nearest unmasked tokens on each side."""
         cfg = self.config
         dtype = cfg.compute_dtype
         batch, length = input_tokens.shape
@@ -84,30 +106,45 @@ class EncoderOnly(nn.Module):
             input_mask = input_tokens != cfg.pad_id
         if token_type_ids is None:
             token_type_ids = jnp.zeros_like(input_tokens)
-        if cfg.position_offset > 0:
+        if positions is not None:
+            positions = jnp.where(input_mask, positions + cfg.position_offset,
+                                  max(cfg.position_offset - 1, 0))
+        elif cfg.position_offset > 0:
             counted = jnp.cumsum(input_mask.astype(jnp.int32), axis=1) * input_mask
             positions = counted + cfg.position_offset - 1
         else:
             positions = jnp.broadcast_to(jnp.arange(length), (batch, length))
-        word = layers.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, embedding_init=_bert_init,
+        embedding_dim = cfg.embedding_dim or cfg.d_model
+        embed_axes = ("batch", "length", "embed")
+        word = layers.Embed(cfg.vocab_size, embedding_dim, dtype=dtype, embedding_init=_bert_init,
                             name="token_embedder")
         x = (word(input_tokens)
-             + layers.Embed(cfg.max_length, cfg.d_model, dtype=dtype, embedding_init=_bert_init,
+             + layers.Embed(cfg.max_length, embedding_dim, dtype=dtype, embedding_init=_bert_init,
                             name="position_embedder")(positions)
-             + layers.Embed(cfg.type_vocab_size, cfg.d_model, dtype=dtype,
+             + layers.Embed(cfg.type_vocab_size, embedding_dim, dtype=dtype,
                             embedding_init=_bert_init, name="token_type_embedder")(token_type_ids))
         x = layers.LayerNorm(cfg.layer_norm_epsilon, dtype=dtype, name="embedding_norm")(x)
         x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
-        x = constrain(x, ("batch", "length", "embed"))
-        bias = layers.attention_bias_from_mask(layers.padding_mask(input_mask, input_mask))
-        for i in range(cfg.num_layers):
-            x = EncoderBlock(cfg, name=f"layers_{i}")(x, bias, deterministic)
-
         dense = lambda features, axes, name: layers.DenseGeneral(  # noqa: E731
             features, kernel_axes=axes, kernel_init=_bert_init, use_bias=True, dtype=dtype, name=name)
-        # Masked-LM head: transform, then the tied word embeddings plus an output bias.
-        h = layers.ACTIVATIONS[cfg.mlp_activations[0]](dense(cfg.d_model, ("embed", None),
-                                                             "mlm_transform")(x))
+        if cfg.embedding_dim:
+            x = dense(cfg.d_model, (None, "embed"), "embedding_projection")(x)
+        x = constrain(x, embed_axes)
+
+        mask = layers.padding_mask(input_mask, input_mask)
+        if segment_ids is not None:
+            mask = mask & layers.segment_mask(segment_ids, segment_ids)
+        if cfg.attention_window:
+            mask = mask & layers.sliding_window_mask(length, length, cfg.attention_window)
+        bias = layers.attention_bias_from_mask(mask)
+        x = stacking.run_stack(EncoderBlock, cfg, cfg.num_layers, x, bias, deterministic,
+                               scan=cfg.scan_layers, remat_policy=cfg.remat_policy,
+                               static_argnums=(1,), shared=cfg.share_layers)
+
+        act = layers.ACTIVATIONS[cfg.mlp_activations[0]]
+        # Masked-LM head: transform to the embedding width, then the tied word embeddings
+        # plus an output bias.
+        h = act(dense(embedding_dim, ("embed", None), "mlm_transform")(x))
         h = layers.LayerNorm(cfg.layer_norm_epsilon, dtype=dtype, name="mlm_norm")(h)
         mlm_bias = self.param("mlm_bias", nn.with_logical_partitioning(nn.initializers.zeros,
                                                                         ("vocab",)),
@@ -116,7 +153,54 @@ class EncoderOnly(nn.Module):
         out = {"mlm_logits": constrain(mlm_logits.astype(jnp.float32), ("batch", "length", "vocab")),
                "hidden": x}
         if cfg.next_sentence_head:
-            # Next-sentence head on the pooled [CLS] (first) position.
+            # Next-sentence (or ALBERT's sentence-order) head on the pooled [CLS] position.
             out["pooled"] = jnp.tanh(dense(cfg.d_model, ("embed", None), "pooler")(x[:, 0]))
             out["nsp_logits"] = dense(2, ("embed", None), "nsp")(out["pooled"]).astype(jnp.float32)
+        if cfg.span_boundary_head:
+            if span_mask is None:
+                span_mask = jnp.zeros_like(input_mask)
+            out["sbo_logits"] = SpanBoundaryHead(cfg, name="span_boundary")(
+                x, span_mask, word, mlm_bias)
         return out
+
+
+class SpanBoundaryHead(nn.Module):
+    """SpanBERT: predict a masked token from the hidden states of the two tokens just
+    outside its span and a learned embedding of its offset inside the span, through a
+    two-layer GELU/LayerNorm MLP and the tied output embeddings."""
+
+    config: EncoderConfig
+
+    @nn.compact
+    def __call__(self, hidden, span_mask, word: layers.Embed, output_bias):
+        cfg = self.config
+        dtype = cfg.compute_dtype
+        left, right, offset = span_boundaries(span_mask)
+        offset = jnp.minimum(offset, cfg.max_span_length - 1)
+        take = lambda positions: jnp.take_along_axis(hidden, positions[..., None], axis=1)  # noqa: E731
+        offset_embedding = layers.Embed(cfg.max_span_length, cfg.d_model, dtype=dtype,
+                                        embedding_init=_bert_init, name="offset_embedder")(offset)
+        h = jnp.concatenate([take(left), take(right), offset_embedding], axis=-1)
+        embedding_dim = cfg.embedding_dim or cfg.d_model
+        act = layers.ACTIVATIONS[cfg.mlp_activations[0]]
+        for i, width in enumerate((cfg.d_model, embedding_dim)):
+            h = layers.DenseGeneral(width, kernel_axes=(None, "embed") if i == 0 else ("embed", None),
+                                    kernel_init=_bert_init, use_bias=True, dtype=dtype,
+                                    name=f"mlp_{i}")(h)
+            h = layers.LayerNorm(cfg.layer_norm_epsilon, dtype=dtype, name=f"norm_{i}")(act(h))
+        logits = word.attend(h) + output_bias.astype(dtype)
+        return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
+
+
+def span_boundaries(span_mask: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """For every position of ``[batch, length]``: the nearest position left and right
+    of its span that is outside any span, and its offset from the span's start
+    (0-based). Outside spans: the position itself and offset 0. A span at the edge
+    of the row uses the edge position as its missing boundary."""
+    batch, length = span_mask.shape
+    index = jnp.broadcast_to(jnp.arange(length), (batch, length))
+    inside = span_mask.astype(bool)
+    left = jax.lax.cummax(jnp.where(inside, -1, index), axis=1)
+    right = jax.lax.cummin(jnp.where(inside, length, index), axis=1, reverse=True)
+    offset = jnp.where(inside, index - left - 1, 0)
+    return jnp.maximum(left, 0), jnp.minimum(right, length - 1), offset

@@ -14,7 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from t5x_like.models import layers
+from t5x_like.models import layers, stacking
 from t5x_like.models.layers import constrain
 
 
@@ -34,6 +34,8 @@ class T5Config:
     relative_attention_max_distance: int = 128
     layer_norm_epsilon: float = 1e-6
     dtype: str = "float32"
+    scan_layers: bool = False
+    remat_policy: str = "none"
 
     @property
     def compute_dtype(self):
@@ -42,6 +44,7 @@ class T5Config:
 
 class EncoderLayer(nn.Module):
     config: T5Config
+    scanned: bool = False
 
     @nn.compact
     def __call__(self, x, bias, deterministic):
@@ -56,11 +59,13 @@ class EncoderLayer(nn.Module):
         h = layers.Mlp(cfg.d_ff, tuple(cfg.mlp_activations), cfg.dropout_rate, dtype,
                        name="mlp")(h, deterministic)
         x = x + dropout(h, deterministic=deterministic)
-        return constrain(x, ("batch", "length", "embed"))
+        x = constrain(x, ("batch", "length", "embed"))
+        return (x, None) if self.scanned else x
 
 
 class DecoderLayer(nn.Module):
     config: T5Config
+    scanned: bool = False
 
     @nn.compact
     def __call__(self, x, encoded, self_bias, cross_bias, deterministic, decode=False):
@@ -81,7 +86,8 @@ class DecoderLayer(nn.Module):
         h = layers.Mlp(cfg.d_ff, tuple(cfg.mlp_activations), cfg.dropout_rate, dtype,
                        name="mlp")(h, deterministic)
         x = x + dropout(h, deterministic=deterministic)
-        return constrain(x, ("batch", "length", "embed"))
+        x = constrain(x, ("batch", "length", "embed"))
+        return (x, None) if self.scanned else x
 
 
 class Encoder(nn.Module):
@@ -89,20 +95,24 @@ class Encoder(nn.Module):
     embedder: layers.Embed
 
     @nn.compact
-    def __call__(self, input_tokens, deterministic):
+    def __call__(self, input_tokens, deterministic, segment_ids=None):
         cfg = self.config
         valid = input_tokens > 0
         length = input_tokens.shape[1]
+        mask = layers.padding_mask(valid, valid)
+        if segment_ids is not None:
+            mask = mask & layers.segment_mask(segment_ids, segment_ids)
         position_bias = layers.RelativePositionBias(
             cfg.num_heads, cfg.relative_attention_num_buckets,
             cfg.relative_attention_max_distance, bidirectional=True,
             dtype=cfg.compute_dtype, name="relpos_bias")(length, length)
-        bias = layers.attention_bias_from_mask(layers.padding_mask(valid, valid)) + position_bias
+        bias = layers.attention_bias_from_mask(mask) + position_bias
         x = self.embedder(input_tokens)
         x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
         x = constrain(x, ("batch", "length", "embed"))
-        for i in range(cfg.num_encoder_layers):
-            x = EncoderLayer(cfg, name=f"layers_{i}")(x, bias, deterministic)
+        x = stacking.run_stack(EncoderLayer, cfg, cfg.num_encoder_layers, x, bias, deterministic,
+                               scan=cfg.scan_layers, remat_policy=cfg.remat_policy,
+                               static_argnums=(1,))
         x = layers.RMSNorm(cfg.layer_norm_epsilon, dtype=cfg.compute_dtype, name="final_norm")(x)
         return nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
 
@@ -113,10 +123,12 @@ class Decoder(nn.Module):
 
     @nn.compact
     def __call__(self, encoded, encoder_input_tokens, decoder_input_tokens,
-                 decoder_target_tokens, deterministic, decode=False, max_decode_length=None):
+                 decoder_target_tokens, deterministic, decode=False, max_decode_length=None,
+                 encoder_segment_ids=None, decoder_segment_ids=None):
         """Training: full sequences. ``decode``: one position per call over a cache of
         ``max_decode_length`` positions (targets are unknown then, so only the causal
-        mask and the encoder padding apply)."""
+        mask and the encoder padding apply). Packed rows: a decoder token sees only
+        its own segment, in the decoder and in the encoder."""
         cfg = self.config
         if decode:
             length = max_decode_length or decoder_input_tokens.shape[1]
@@ -129,6 +141,9 @@ class Decoder(nn.Module):
             self_mask = (layers.padding_mask(query_valid, query_valid)
                          & layers.causal_mask(length))
         cross_mask = layers.padding_mask(query_valid, encoder_input_tokens > 0)
+        if decoder_segment_ids is not None and not decode:
+            self_mask = self_mask & layers.segment_mask(decoder_segment_ids, decoder_segment_ids)
+            cross_mask = cross_mask & layers.segment_mask(decoder_segment_ids, encoder_segment_ids)
         position_bias = layers.RelativePositionBias(
             cfg.num_heads, cfg.relative_attention_num_buckets,
             cfg.relative_attention_max_distance, bidirectional=False,
@@ -139,9 +154,9 @@ class Decoder(nn.Module):
         y = self.embedder(decoder_input_tokens)
         y = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(y, deterministic=deterministic)
         y = constrain(y, ("batch", "length", "embed"))
-        for i in range(cfg.num_decoder_layers):
-            y = DecoderLayer(cfg, name=f"layers_{i}")(y, encoded, self_bias, cross_bias,
-                                                     deterministic, decode)
+        y = stacking.run_stack(DecoderLayer, cfg, cfg.num_decoder_layers, y, encoded, self_bias,
+                               cross_bias, deterministic, decode, scan=cfg.scan_layers,
+                               remat_policy=cfg.remat_policy, static_argnums=(3, 4))
         y = layers.RMSNorm(cfg.layer_norm_epsilon, dtype=cfg.compute_dtype, name="final_norm")(y)
         y = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(y, deterministic=deterministic)
         if cfg.logits_via_embedding:
@@ -174,7 +189,15 @@ class EncoderDecoder(nn.Module):
                             max_decode_length=max_decode_length)
 
     def __call__(self, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens,
+                 encoder_segment_ids=None, decoder_segment_ids=None,
                  deterministic: bool = True) -> jax.Array:
-        encoded = self.encoder(encoder_input_tokens, deterministic)
+        """Packed rows pass both ``*_segment_ids`` (seqio's names); relative position
+        bias needs no positions, offsets inside a segment are unchanged by packing."""
+        if (encoder_segment_ids is None) != (decoder_segment_ids is None):
+            raise ValueError("Packed batches need both encoder_segment_ids and "
+                             "decoder_segment_ids; got only one.")
+        encoded = self.encoder(encoder_input_tokens, deterministic, encoder_segment_ids)
         return self.decoder(encoded, encoder_input_tokens, decoder_input_tokens,
-                            decoder_target_tokens, deterministic)
+                            decoder_target_tokens, deterministic,
+                            encoder_segment_ids=encoder_segment_ids,
+                            decoder_segment_ids=decoder_segment_ids)
