@@ -109,7 +109,10 @@ ENUMS = {
     "optimizer.schedule": ("constant", "rsqrt", "linear", "cosine"),
     "partitioning.rules": ("data_parallel", "fsdp", "fsdp_tensor"),
     "model.dtype": ("float32", "bfloat16"),
-    "model.family": ("encoder_decoder", "decoder", "encoder"),
+    "model.family": ("encoder_decoder", "bart", "decoder", "encoder"),
+    "model.remat_policy": ("none", "full", "dots", "dots_no_batch"),
+    "model.norm": ("layernorm", "rmsnorm"),
+    "model.position_embedding": ("learned", "rotary"),
 }
 POSITIVE_INTS = ("num_train_steps", "batch_size", "log_every_steps", "checkpoint_every_steps",
                  "eval_every_steps", "eval_batches", "keep_checkpoints")
@@ -246,9 +249,16 @@ def _check_against_schema(config, schema, prefix: str = "") -> None:
                               f"{expected!r}), got {type(value).__name__} {value!r}.")
 
 
+_ABSENT = object()
+
+
 def _lookup(config, path: str):
+    """The value at ``path``, or ``_ABSENT`` where this config has no such key (model keys
+    exist only for the families that have them)."""
     node = config
     for part in path.split("."):
+        if part not in node:
+            return _ABSENT
         node = node[part]
     return node
 
@@ -261,7 +271,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
             raise ConfigError(f"Config key {key!r} must be positive, got {config[key]}.")
     for path, allowed in ENUMS.items():
         value = _lookup(config, path)
-        if value not in allowed:
+        if value is not _ABSENT and value not in allowed:
             raise ConfigError(f"Config key {path!r} is {value!r}; choose one of {allowed}."
                               f"{_suggest(str(value), allowed)}")
     for name, length in config.task_feature_lengths.items():

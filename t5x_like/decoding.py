@@ -48,10 +48,18 @@ def filter_logits(logits: jax.Array, top_k: int = 0, top_p: float = 1.0) -> jax.
     return logits
 
 
+def special_ids(model: nn.Module) -> tuple[int, int, int]:
+    """``(start, eos, pad)`` ids of an encoder-decoder: T5's (0, 1, 0) unless its config
+    says otherwise (BART: start 2, eos 2, pad 1)."""
+    cfg = model.config
+    return (getattr(cfg, "decoder_start_id", PAD_ID), getattr(cfg, "eos_id", EOS_ID),
+            getattr(cfg, "pad_id", PAD_ID))
+
+
 def decode(model: nn.Module, params, encoder_input_tokens: jax.Array, *, max_decode_length: int,
            rng: jax.Array | None = None, temperature: float = 0.0, top_k: int = 0,
-           top_p: float = 1.0, eos_id: int = EOS_ID) -> jax.Array:
-    """Generated ids ``[batch, max_decode_length]``; after EOS a row is padded with 0.
+           top_p: float = 1.0, eos_id: int | None = None) -> jax.Array:
+    """Generated ids ``[batch, max_decode_length]``; after EOS a row is padded.
 
     ``temperature == 0`` is greedy; otherwise tokens are sampled from
     ``softmax(logits / temperature)`` restricted by ``top_k`` / ``top_p``, with the
@@ -59,6 +67,8 @@ def decode(model: nn.Module, params, encoder_input_tokens: jax.Array, *, max_dec
     """
     if temperature > 0 and rng is None:
         raise ValueError("Sampling (temperature > 0) needs an rng key.")
+    start_id, default_eos, pad_id = special_ids(model)
+    eos_id = default_eos if eos_id is None else eos_id
     batch, encoder_length = encoder_input_tokens.shape
     encoded = model.apply({"params": params}, encoder_input_tokens, method=model.encode)
     cache = init_cache(model, batch, encoder_length, max_decode_length)
@@ -79,12 +89,12 @@ def decode(model: nn.Module, params, encoder_input_tokens: jax.Array, *, max_dec
         logits, variables = model.apply(
             {"params": params, "cache": cache}, encoded, encoder_input_tokens, token[:, None],
             max_decode_length, method=model.decode, mutable=["cache"])
-        next_token = jnp.where(done, PAD_ID, choose(logits[:, 0], step))
+        next_token = jnp.where(done, pad_id, choose(logits[:, 0], step))
         output = jax.lax.dynamic_update_slice(output, next_token[:, None], (0, step))
         return step + 1, next_token, variables["cache"], output, done | (next_token == eos_id)
 
-    start = jnp.zeros((batch,), jnp.int32)  # T5 starts decoding from id 0
-    output = jnp.zeros((batch, max_decode_length), jnp.int32)
+    start = jnp.full((batch,), start_id, jnp.int32)
+    output = jnp.full((batch, max_decode_length), pad_id, jnp.int32)
     done = jnp.zeros((batch,), bool)
     return jax.lax.while_loop(cond, body, (jnp.array(0), start, cache, output, done))[3]
 
@@ -185,8 +195,10 @@ def beam_search(step_fn, cache, *, batch_size: int, num_beams: int, max_decode_l
 
 def beam_decode(model: nn.Module, params, encoder_input_tokens: jax.Array, *,
                 max_decode_length: int, num_beams: int = 4, alpha: float = 0.6,
-                eos_id: int = EOS_ID) -> tuple[jax.Array, jax.Array]:
+                eos_id: int | None = None) -> tuple[jax.Array, jax.Array]:
     """Beam search for the encoder-decoder; see :func:`beam_search` for the outputs."""
+    start_id, default_eos, _ = special_ids(model)
+    eos_id = default_eos if eos_id is None else eos_id
     batch, encoder_length = encoder_input_tokens.shape
     encoded = model.apply({"params": params}, encoder_input_tokens, method=model.encode)
     # Every beam carries its own copy of the encoder outputs and cache rows.
@@ -201,7 +213,8 @@ def beam_decode(model: nn.Module, params, encoder_input_tokens: jax.Array, *,
         return logits[:, 0], variables["cache"]
 
     return beam_search(step_fn, cache, batch_size=batch, num_beams=num_beams,
-                       max_decode_length=max_decode_length, alpha=alpha, eos_id=eos_id)
+                       max_decode_length=max_decode_length, alpha=alpha, eos_id=eos_id,
+                       start_id=start_id)
 
 
 # -- decoder-only generation ---------------------------------------------------

@@ -106,3 +106,16 @@ def tiny_hf_albert(**overrides):
                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     settings.update(overrides)
     return transformers.AlbertForPreTraining(transformers.AlbertConfig(**settings)).eval()
+
+
+def tiny_hf_bart():
+    torch.manual_seed(0)
+    config = transformers.BartConfig(
+        vocab_size=100, d_model=32, encoder_layers=2, decoder_layers=3,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=48,
+        decoder_ffn_dim=48, max_position_embeddings=40, dropout=0.0, attention_dropout=0.0,
+        activation_dropout=0.0)
+    model = transformers.BartForConditionalGeneration(config).eval()
+    with torch.no_grad():  # a non-zero output bias, so the test sees whether it is imported
+        model.final_logits_bias.normal_(0.0, 0.5)
+    return model

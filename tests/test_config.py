@@ -76,6 +76,16 @@ def test_bad_enum_value_lists_choices():
         config_lib.validate(config)
 
 
+def test_model_enum_keys_are_checked_where_the_family_has_them():
+    config = config_lib.default_config()
+    config.model = config_lib.model_defaults("decoder")
+    config.model.remat_policy = "dot"
+    with pytest.raises(config_lib.ConfigError, match="model.remat_policy.*Did you mean 'dots'"):
+        config_lib.validate(config)
+    config.model.remat_policy = "full"
+    config_lib.validate(config)  # no "norm" check trips on a family without that key
+
+
 def test_batch_must_divide_data_parallel_mesh():
     config = config_lib.default_config()
     config.batch_size = 12
@@ -134,7 +144,7 @@ def test_model_keys_are_checked_against_the_chosen_family():
 
 
 def test_unknown_family_lists_the_families():
-    with pytest.raises(config_lib.ConfigError, match="available: \\['decoder', 'encoder', 'encoder_decoder'\\]"):
+    with pytest.raises(config_lib.ConfigError, match="available: \\['bart', 'decoder', 'encoder', 'encoder_decoder'\\]"):
         config_lib.model_defaults("encoder_only")
 
 

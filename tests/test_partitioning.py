@@ -62,7 +62,8 @@ def test_global_batch_is_split_over_data_axes():
     assert batch["x"].sharding.shard_shape((16, 2)) == (2, 2)
 
 
-@pytest.mark.parametrize("config_name", ["t5_1_1_small", "gpt2_small", "bert_base"])
+@pytest.mark.parametrize("config_name", ["t5_1_1_small", "gpt2_small", "bert_base",
+                                         "albert_base", "bart_base", "decoder_modern_1b"])
 def test_no_large_parameter_is_left_replicated_under_fsdp(config_name):
     import pathlib
 
@@ -87,6 +88,18 @@ TINY_FAMILIES = {
                     max_length=16),
     "encoder": dict(vocab_size=64, d_model=16, num_heads=2, head_dim=8, d_ff=32, num_layers=2,
                     max_length=16),
+    "bart": dict(vocab_size=64, d_model=16, num_heads=2, head_dim=8, d_ff=32,
+                 num_encoder_layers=1, num_decoder_layers=2, max_length=16),
+    # The modern decoder, scanned and rematerialised, with grouped-query attention.
+    "decoder_modern": dict(family="decoder", vocab_size=64, d_model=16, num_heads=4,
+                           num_kv_heads=2, head_dim=4, d_ff=32, num_layers=2, max_length=16,
+                           norm="rmsnorm", position_embedding="rotary", use_bias=False,
+                           mlp_activations=("silu", "linear"), tie_embeddings=False,
+                           scan_layers=True, remat_policy="full"),
+    # ALBERT: factorized embeddings, one shared block, with the span-boundary head.
+    "encoder_albert": dict(family="encoder", vocab_size=64, d_model=16, num_heads=2, head_dim=8,
+                           d_ff=32, num_layers=2, max_length=16, embedding_dim=8,
+                           share_layers=True, span_boundary_head=True),
 }
 
 
@@ -94,8 +107,9 @@ TINY_FAMILIES = {
 def test_forward_on_a_2x4_mesh_equals_one_device(family):
     from t5x_like import config_lib
 
-    model_config = config_lib.model_defaults(family)
-    model_config.update(TINY_FAMILIES[family])
+    settings = dict(TINY_FAMILIES[family])
+    model_config = config_lib.model_defaults(settings.pop("family", family))
+    model_config.update(settings)
     model = models.build_model(model_config)
     inputs = tuple(np.random.default_rng(0).integers(1, 64, size=x.shape).astype(np.int32)
                    for x in models.example_inputs(model, {}, batch_size=8))

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from t5x_like.convert import hf_albert, hf_bert, hf_gpt2, hf_io, hf_llama, hf_roberta, hf_t5, pretrained
+from t5x_like.convert import hf_albert, hf_bart, hf_bert, hf_gpt2, hf_io, hf_llama, hf_roberta, hf_t5, pretrained
 
 ARCHITECTURES = {"t5": hf_t5, "mt5": hf_t5, "gpt2": hf_gpt2, "bert": hf_bert,
-                 "roberta": hf_roberta, "llama": hf_llama, "mistral": hf_llama, "albert": hf_albert}
+                 "roberta": hf_roberta, "llama": hf_llama, "mistral": hf_llama, "albert": hf_albert,
+                 "bart": hf_bart}
 EXPORTERS = {"encoder_decoder": hf_t5, "decoder": hf_gpt2, "encoder": hf_bert}
 
 

@@ -4,15 +4,27 @@ from __future__ import annotations
 
 import dataclasses
 
+from t5x_like.models.bart import BartConfig, BartEncoderDecoder
 from t5x_like.models.decoder import DecoderConfig, DecoderOnly
 from t5x_like.models.encoder import EncoderConfig, EncoderOnly
 from t5x_like.models.t5 import EncoderDecoder, T5Config
 
 FAMILIES = {
     "encoder_decoder": (T5Config, EncoderDecoder),
+    "bart": (BartConfig, BartEncoderDecoder),
     "decoder": (DecoderConfig, DecoderOnly),
     "encoder": (EncoderConfig, EncoderOnly),
 }
+# What each family's model consumes and produces, hence its objective and features:
+# "encoder_decoder" (seq2seq), "decoder" (causal or prefix LM), "encoder" (masked LM).
+STRUCTURES = {"encoder_decoder": "encoder_decoder", "bart": "encoder_decoder",
+              "decoder": "decoder", "encoder": "encoder"}
+
+
+def structure(family: str) -> str:
+    if family not in STRUCTURES:
+        raise ValueError(f"Unknown model.family {family!r}; available: {sorted(FAMILIES)}.")
+    return STRUCTURES[family]
 
 
 def family_config_fields(family: str) -> dict:

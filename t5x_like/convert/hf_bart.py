@@ -1,0 +1,91 @@
+"""Hugging Face BART (``BartForConditionalGeneration``) -> t5x_like ``BartEncoderDecoder``.
+
+One shared token embedding (also the output projection) plus ``final_logits_bias``;
+learned positions per stack with fairseq's offset of 2 rows; post-norm blocks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from t5x_like.convert.hf_bert import _linear_in, _norm_in
+from t5x_like.convert.hf_gpt2 import _ACTIVATION
+from t5x_like.convert.hf_t5 import TrackedWeights
+
+
+def model_config_from_hf(hf: dict) -> dict:
+    if hf.get("model_type") != "bart":
+        raise ValueError(f"Expected model_type 'bart', got {hf.get('model_type')!r}.")
+    act = hf.get("activation_function", "gelu")
+    if act not in _ACTIVATION:
+        raise ValueError(f"Unsupported BART activation_function {act!r}.")
+    heads = int(hf["encoder_attention_heads"])
+    if int(hf["decoder_attention_heads"]) != heads or hf["encoder_ffn_dim"] != hf["decoder_ffn_dim"]:
+        raise ValueError("Encoder and decoder with different head counts or MLP widths are "
+                         "not supported.")
+    if hf.get("normalize_before") or hf.get("add_final_layer_norm"):
+        raise ValueError("Only BART's post-norm layout is supported (not mBART's pre-norm).")
+    d_model = int(hf["d_model"])
+    return {
+        "family": "bart",
+        "vocab_size": int(hf["vocab_size"]),
+        "d_model": d_model,
+        "num_heads": heads,
+        "head_dim": d_model // heads,
+        "d_ff": int(hf["encoder_ffn_dim"]),
+        "num_encoder_layers": int(hf["encoder_layers"]),
+        "num_decoder_layers": int(hf["decoder_layers"]),
+        "max_length": int(hf["max_position_embeddings"]),
+        "mlp_activations": (_ACTIVATION[act],),
+        "layer_norm_epsilon": 1e-5,  # fixed in BART's code, not in its config
+        "scale_embedding": bool(hf.get("scale_embedding", False)),
+        "pad_id": int(hf.get("pad_token_id", 1)),
+        "eos_id": int(hf.get("eos_token_id", 2)),
+        "decoder_start_id": int(hf.get("decoder_start_token_id", 2)),
+        "dropout_rate": 0.0,
+        "dtype": "float32",
+    }
+
+
+def _attention_in(w, prefix: str, heads: int, head_dim: int, d: int) -> dict:
+    out = {ours: {"kernel": w[f"{prefix}.{theirs}.weight"].T.reshape(d, heads, head_dim),
+                  "bias": w[f"{prefix}.{theirs}.bias"].reshape(heads, head_dim)}
+           for ours, theirs in (("query", "q_proj"), ("key", "k_proj"), ("value", "v_proj"))}
+    out["out"] = {"kernel": w[f"{prefix}.out_proj.weight"].T.reshape(heads, head_dim, d),
+                  "bias": w[f"{prefix}.out_proj.bias"]}
+    return out
+
+
+def params_from_hf(weights: dict[str, np.ndarray], cfg: dict) -> dict:
+    heads, head_dim, d = cfg["num_heads"], cfg["head_dim"], cfg["d_model"]
+    w = TrackedWeights(weights)
+    attention = lambda prefix: _attention_in(w, prefix, heads, head_dim, d)  # noqa: E731
+    mlp = lambda b: {"wi": _linear_in(w, f"{b}.fc1"), "wo": _linear_in(w, f"{b}.fc2")}  # noqa: E731
+    shared = "model.shared.weight" if "model.shared.weight" in weights else "model.encoder.embed_tokens.weight"
+    params = {
+        "token_embedder": {"embedding": w[shared]},
+        "encoder_positions": {"embedding": w["model.encoder.embed_positions.weight"]},
+        "decoder_positions": {"embedding": w["model.decoder.embed_positions.weight"]},
+        "encoder_embedding_norm": _norm_in(w, "model.encoder.layernorm_embedding"),
+        "decoder_embedding_norm": _norm_in(w, "model.decoder.layernorm_embedding"),
+        "final_logits_bias": w["final_logits_bias"].reshape(-1),
+        "encoder": {}, "decoder": {},
+    }
+    for i in range(cfg["num_encoder_layers"]):
+        b = f"model.encoder.layers.{i}"
+        params["encoder"][f"layers_{i}"] = {
+            "attention": attention(f"{b}.self_attn"),
+            "attention_norm": _norm_in(w, f"{b}.self_attn_layer_norm"),
+            "mlp": mlp(b), "mlp_norm": _norm_in(w, f"{b}.final_layer_norm")}
+    for i in range(cfg["num_decoder_layers"]):
+        b = f"model.decoder.layers.{i}"
+        params["decoder"][f"layers_{i}"] = {
+            "self_attention": attention(f"{b}.self_attn"),
+            "self_attention_norm": _norm_in(w, f"{b}.self_attn_layer_norm"),
+            "encoder_decoder_attention": attention(f"{b}.encoder_attn"),
+            "cross_attention_norm": _norm_in(w, f"{b}.encoder_attn_layer_norm"),
+            "mlp": mlp(b), "mlp_norm": _norm_in(w, f"{b}.final_layer_norm")}
+    # Both stacks' embed_tokens and lm_head are the shared embedding (tied).
+    w.check_all_used(ignore=("model.shared.weight", "model.encoder.embed_tokens.weight",
+                             "model.decoder.embed_tokens.weight", "lm_head.weight"))
+    return params

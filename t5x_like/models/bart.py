@@ -1,0 +1,203 @@
+"""BART encoder-decoder: learned positions, post-LayerNorm blocks with biases, GELU,
+a LayerNorm on the embeddings of each stack, output through the shared embedding
+plus a bias.
+
+The encoder block is BERT's (``encoder.EncoderBlock``); the decoder block adds
+cross-attention, also post-norm. Positions are looked up at ``position + 2``
+(fairseq's offset, kept by Hugging Face checkpoints). Padding is ``pad_id`` (1),
+and decoding starts from ``decoder_start_id`` (2, the end-of-sequence id).
+
+``__call__(encoder_input_tokens, decoder_input_tokens, decoder_target_tokens)``
+returns logits ``[batch, targets, vocab]`` in float32, like the T5 model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from t5x_like.models import layers, stacking
+from t5x_like.models.encoder import EncoderBlock
+from t5x_like.models.layers import constrain
+
+
+@dataclasses.dataclass(frozen=True)
+class BartConfig:
+    vocab_size: int = 50265
+    d_model: int = 768
+    num_heads: int = 12
+    head_dim: int = 64
+    d_ff: int = 3072
+    num_encoder_layers: int = 6
+    num_decoder_layers: int = 6
+    max_length: int = 1024
+    mlp_activations: Sequence[str] = ("gelu_exact",)
+    layer_norm_epsilon: float = 1e-5
+    scale_embedding: bool = False  # multiply embeddings by sqrt(d_model) (mBART-style)
+    pad_id: int = 1
+    eos_id: int = 2
+    decoder_start_id: int = 2
+    dropout_rate: float = 0.0
+    dtype: str = "float32"
+    scan_layers: bool = False
+    remat_policy: str = "none"
+
+    @property
+    def compute_dtype(self):
+        return jnp.dtype(self.dtype)
+
+
+POSITION_OFFSET = 2
+_init = nn.initializers.normal(stddev=0.02)
+
+
+class BartDecoderLayer(nn.Module):
+    config: BartConfig
+    scanned: bool = False
+
+    @nn.compact
+    def __call__(self, y, encoded, self_bias, cross_bias, deterministic, decode=False):
+        cfg = self.config
+        dtype = cfg.compute_dtype
+        dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
+        attention = lambda name: layers.MultiHeadAttention(  # noqa: E731
+            cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dtype, use_bias=True,
+            scale_in_compute=True, kernel_init=_init, name=name)
+        norm = lambda name: layers.LayerNorm(cfg.layer_norm_epsilon, dtype=dtype, name=name)  # noqa: E731
+        h = attention("self_attention")(y, y, self_bias, deterministic, decode)
+        y = norm("self_attention_norm")(y + dropout(h, deterministic=deterministic))
+        h = attention("encoder_decoder_attention")(y, encoded, cross_bias, deterministic)
+        y = norm("cross_attention_norm")(y + dropout(h, deterministic=deterministic))
+        h = layers.Mlp(cfg.d_ff, tuple(cfg.mlp_activations), cfg.dropout_rate, dtype,
+                       use_bias=True, kernel_init=_init, name="mlp")(y, deterministic)
+        y = norm("mlp_norm")(y + dropout(h, deterministic=deterministic))
+        y = constrain(y, ("batch", "length", "embed"))
+        return (y, None) if self.scanned else y
+
+
+class BartEncoderDecoder(nn.Module):
+    config: BartConfig
+
+    def setup(self):
+        cfg = self.config
+        dtype = cfg.compute_dtype
+        self.token_embedder = layers.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype,
+                                           embedding_init=_init)
+        self.encoder_positions = layers.Embed(cfg.max_length + POSITION_OFFSET, cfg.d_model,
+                                              dtype=dtype, embedding_init=_init)
+        self.decoder_positions = layers.Embed(cfg.max_length + POSITION_OFFSET, cfg.d_model,
+                                              dtype=dtype, embedding_init=_init)
+        self.encoder_embedding_norm = layers.LayerNorm(cfg.layer_norm_epsilon, dtype=dtype)
+        self.decoder_embedding_norm = layers.LayerNorm(cfg.layer_norm_epsilon, dtype=dtype)
+        self.decode_position = DecodePosition()
+        self.embedding_dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
+        self.encoder = BartStack(cfg, is_decoder=False)
+        self.decoder = BartStack(cfg, is_decoder=True)
+        self.final_logits_bias = self.param(
+            "final_logits_bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
+            (cfg.vocab_size,), jnp.float32)
+
+    def _embed(self, tokens, positions, position_embedder, norm, deterministic):
+        cfg = self.config
+        scale = np.sqrt(cfg.d_model) if cfg.scale_embedding else 1.0
+        x = self.token_embedder(tokens) * scale + position_embedder(positions + POSITION_OFFSET)
+        x = norm(x)
+        x = self.embedding_dropout(x, deterministic=deterministic)
+        return constrain(x, ("batch", "length", "embed"))
+
+    def encode(self, encoder_input_tokens, encoder_segment_ids=None, encoder_positions=None,
+               deterministic: bool = True):
+        valid = encoder_input_tokens != self.config.pad_id
+        mask = layers.padding_mask(valid, valid)
+        if encoder_segment_ids is not None:
+            mask = mask & layers.segment_mask(encoder_segment_ids, encoder_segment_ids)
+        positions = _positions(encoder_input_tokens, encoder_positions)
+        x = self._embed(encoder_input_tokens, positions, self.encoder_positions,
+                        self.encoder_embedding_norm, deterministic)
+        return self.encoder(x, None, layers.attention_bias_from_mask(mask), None, deterministic)
+
+    def decode(self, encoded, encoder_input_tokens, decoder_input_tokens, max_decode_length: int,
+               deterministic: bool = True) -> jax.Array:
+        """One decoding step over the cache (or, at cache initialisation, the full length);
+        the cache counts the positions."""
+        positions = self.decode_position(decoder_input_tokens)
+        cross_mask = layers.padding_mask(jnp.ones(decoder_input_tokens.shape, bool),
+                                         encoder_input_tokens != self.config.pad_id)
+        self_bias = layers.attention_bias_from_mask(layers.causal_mask(max_decode_length))
+        return self._decode(encoded, decoder_input_tokens, positions, self_bias,
+                            layers.attention_bias_from_mask(cross_mask), deterministic, True)
+
+    def _decode(self, encoded, decoder_input_tokens, positions, self_bias, cross_bias,
+                deterministic, decode):
+        y = self._embed(decoder_input_tokens, positions, self.decoder_positions,
+                        self.decoder_embedding_norm, deterministic)
+        y = self.decoder(y, encoded, self_bias, cross_bias, deterministic, decode)
+        logits = self.token_embedder.attend(y) + self.final_logits_bias.astype(y.dtype)
+        return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
+
+    def __call__(self, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens,
+                 encoder_segment_ids=None, decoder_segment_ids=None, encoder_positions=None,
+                 decoder_positions=None, deterministic: bool = True) -> jax.Array:
+        cfg = self.config
+        if (encoder_segment_ids is None) != (decoder_segment_ids is None):
+            raise ValueError("Packed batches need both encoder_segment_ids and "
+                             "decoder_segment_ids; got only one.")
+        encoded = self.encode(encoder_input_tokens, encoder_segment_ids, encoder_positions,
+                              deterministic)
+        # Decoder inputs start with decoder_start_id, so validity comes from the targets.
+        query_valid = decoder_target_tokens != cfg.pad_id
+        length = decoder_input_tokens.shape[1]
+        self_mask = layers.padding_mask(query_valid, query_valid) & layers.causal_mask(length)
+        cross_mask = layers.padding_mask(query_valid, encoder_input_tokens != cfg.pad_id)
+        if decoder_segment_ids is not None:
+            self_mask = self_mask & layers.segment_mask(decoder_segment_ids, decoder_segment_ids)
+            cross_mask = cross_mask & layers.segment_mask(decoder_segment_ids, encoder_segment_ids)
+        return self._decode(encoded, decoder_input_tokens,
+                            _positions(decoder_input_tokens, decoder_positions),
+                            layers.attention_bias_from_mask(self_mask),
+                            layers.attention_bias_from_mask(cross_mask), deterministic, False)
+
+
+class DecodePosition(nn.Module):
+    """Counts decoding steps in the cache, so a step knows its learned position."""
+
+    @nn.compact
+    def __call__(self, tokens):
+        initialized = self.has_variable("cache", "index")
+        counter = self.variable("cache", "index", lambda: jnp.array(0, jnp.int32))
+        if not initialized:  # cache initialisation sees the full length
+            return _positions(tokens, None)
+        position = counter.value
+        counter.value = position + 1
+        return jnp.full(tokens.shape, position)
+
+
+def _positions(tokens, positions):
+    if positions is not None:
+        return positions
+    return jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+
+
+class BartStack(nn.Module):
+    """The encoder's or the decoder's layers (their embeddings live in the parent)."""
+
+    config: BartConfig
+    is_decoder: bool
+
+    @nn.compact
+    def __call__(self, x, encoded, self_bias, cross_bias, deterministic, decode=False):
+        cfg = self.config
+        if self.is_decoder:
+            return stacking.run_stack(BartDecoderLayer, cfg, cfg.num_decoder_layers, x, encoded,
+                                      self_bias, cross_bias, deterministic, decode,
+                                      scan=cfg.scan_layers, remat_policy=cfg.remat_policy,
+                                      static_argnums=(3, 4))
+        # BART's encoder block is BERT's post-norm block (same fields on the config).
+        return stacking.run_stack(EncoderBlock, cfg, cfg.num_encoder_layers, x, self_bias,
+                                  deterministic, scan=cfg.scan_layers,
+                                  remat_policy=cfg.remat_policy, static_argnums=(1,))
