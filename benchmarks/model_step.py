@@ -48,7 +48,7 @@ def make_batch(row: str, batch: int, lengths: dict, vocab: int) -> dict:
     if row == "bert":
         tokens = ids(lengths["inputs"])
         return {"encoder_input_tokens": tokens, "encoder_target_tokens": tokens,
-                "encoder_segment_ids": np.zeros_like(tokens),
+                "encoder_token_type_ids": np.zeros_like(tokens),
                 "encoder_loss_weights": (rng.random(tokens.shape) < 0.15).astype(np.float32),
                 "next_sentence_labels": rng.integers(0, 2, size=(batch,)).astype(np.int32)}
     if row == "t5":

@@ -1,5 +1,6 @@
 """Autoregressive decoding over a key/value cache: greedy, temperature / top-k / top-p
-sampling, and beam search with a length penalty, for the encoder-decoder. Each runs
+sampling, and beam search with a length penalty, for the encoder-decoder (``decode``,
+``beam_decode``) and the decoder-only model (``generate``, ``beam_generate``). Each runs
 inside one ``jax.lax.while_loop``, so a whole decode is one jitted call and works
 with sharded parameters.
 """
@@ -122,14 +123,15 @@ def _gather_beams(tree, beam_indices: jax.Array, batch: int, old_beams: int):
 
 
 def beam_search(step_fn, cache, *, batch_size: int, num_beams: int, max_decode_length: int,
-                alpha: float = 0.6, eos_id: int = EOS_ID, start_id: int = PAD_ID):
+                alpha: float = 0.6, eos_id: int = EOS_ID, start_id: int | jax.Array = PAD_ID):
     """Generic beam search.
 
     ``step_fn(tokens [batch*num_beams], cache) -> (logits [batch*num_beams, vocab], cache)``
     scores the next token after ``tokens``; the cache rows follow their beams. Returns
     ``(sequences [batch, num_beams, max_decode_length], scores [batch, num_beams])``,
     best first, scores being log-probability divided by ``length_penalty``. Beams cut
-    at ``max_decode_length`` without EOS count as ended there.
+    at ``max_decode_length`` without EOS count as ended there. ``start_id`` is the first
+    token fed, one for all rows or one per row (``[batch]``, e.g. each prompt's last).
     """
     if alpha < 0:
         raise ValueError(f"alpha={alpha}: the length penalty exponent must be >= 0.")
@@ -139,7 +141,7 @@ def beam_search(step_fn, cache, *, batch_size: int, num_beams: int, max_decode_l
     alive_seqs = jnp.zeros((b, k, length), jnp.int32)
     finished_seqs = jnp.zeros((b, k, length), jnp.int32)
     finished_scores = jnp.full((b, k), NEG_INF)
-    last_tokens = jnp.full((b * k,), start_id, jnp.int32)
+    last_tokens = jnp.repeat(jnp.broadcast_to(jnp.asarray(start_id, jnp.int32), (b,)), k)
     best_possible_penalty = length_penalty(jnp.array(length), alpha)
 
     def cond(carry):
@@ -276,3 +278,42 @@ def generate(model: nn.Module, params, prompt_tokens: jax.Array, *, max_new_toke
     done = jnp.zeros((batch,), bool)
     _, output, _ = jax.lax.fori_loop(0, total - 1, body, (cache, output, done))
     return output
+
+
+def _cache_position(cache) -> jax.Array:
+    """How many positions the cache holds (every layer's ``cache_index`` agrees)."""
+    for path, leaf in jax.tree_util.tree_flatten_with_path(cache)[0]:
+        if getattr(path[-1], "key", None) == "cache_index":
+            return leaf.reshape(-1)[0]  # scanned stacks keep one index per layer
+    raise ValueError("The cache has no cache_index; is this a decoder-only model's cache?")
+
+
+def beam_generate(model: nn.Module, params, prompt_tokens: jax.Array, *, max_new_tokens: int,
+                  num_beams: int = 4, alpha: float = 0.6,
+                  eos_id: int = EOS_ID) -> tuple[jax.Array, jax.Array]:
+    """Beam search continuing equal-length prompts with a decoder-only model.
+
+    Returns ``(sequences [batch, num_beams, max_new_tokens], scores [batch, num_beams])``
+    as :func:`beam_search` does. The prompt (all but its last token) is fed through
+    every beam's cache first; the last prompt token starts the search.
+    """
+    batch, prompt_length = prompt_tokens.shape
+    total = prompt_length + max_new_tokens
+    max_length = getattr(model.config, "max_length", total)
+    if total > max_length:
+        raise ValueError(f"prompt ({prompt_length}) + max_new_tokens ({max_new_tokens}) = {total} "
+                         f"exceeds the model's max_length {max_length}.")
+    rows = jnp.repeat(prompt_tokens.astype(jnp.int32), num_beams, axis=0)
+
+    def feed(tokens, cache):
+        position = jnp.full((tokens.shape[0], 1), _cache_position(cache))
+        logits, variables = model.apply(
+            {"params": params, "cache": cache}, tokens[:, None], decode=True,
+            max_decode_length=total, decoder_positions=position, mutable=["cache"])
+        return logits[:, 0], variables["cache"]
+
+    cache = init_decoder_cache(model, batch * num_beams, total)
+    cache = jax.lax.fori_loop(0, prompt_length - 1, lambda t, c: feed(rows[:, t], c)[1], cache)
+    return beam_search(feed, cache, batch_size=batch, num_beams=num_beams,
+                       max_decode_length=max_new_tokens, alpha=alpha, eos_id=eos_id,
+                       start_id=prompt_tokens[:, -1])
