@@ -181,3 +181,29 @@ def test_t5_packed_rows_give_the_logits_of_separate_rows():
                                atol=1e-5)
     with pytest.raises(ValueError, match="need both encoder_segment_ids and decoder_segment_ids"):
         model.apply({"params": params}, ea, shift(da), da, encoder_segment_ids=jnp.ones((1, 6)))
+
+
+@pytest.mark.parametrize("family", ["encoder_decoder", "bart", "decoder", "encoder"])
+def test_bfloat16_compute_keeps_float32_parameters_and_logits(family):
+    from t5x_like import config_lib, models
+
+    def build(dtype):
+        cfg = config_lib.model_defaults(family)
+        sizes = dict(vocab_size=64, d_model=32, num_heads=4, head_dim=8, d_ff=48, dtype=dtype)
+        sizes.update({"num_layers": 2, "max_length": 16} if "num_layers" in cfg
+                     else {"num_encoder_layers": 1, "num_decoder_layers": 1})
+        if "max_length" in cfg:
+            sizes["max_length"] = 16
+        cfg.update(sizes)
+        return models.build_model(cfg)
+
+    f32, bf16 = build("float32"), build("bfloat16")
+    inputs = tuple(jnp.asarray(np.random.default_rng(0).integers(3, 64, size=x.shape), jnp.int32)
+                   for x in models.example_inputs(f32, {}, batch_size=2))
+    params = nn.unbox(bf16.init(jax.random.key(0), *inputs)["params"])
+    assert {leaf.dtype for leaf in jax.tree.leaves(params)} == {jnp.dtype("float32")}
+    logits = lambda out: out["mlm_logits"] if isinstance(out, dict) else out  # noqa: E731
+    low, full = (logits(m.apply({"params": params}, *inputs)) for m in (bf16, f32))
+    assert low.dtype == jnp.float32
+    assert np.abs(np.asarray(low) - np.asarray(full)).max() < 0.1 * np.abs(np.asarray(full)).max()
+    assert not np.array_equal(np.asarray(low), np.asarray(full))  # bf16 really was used
