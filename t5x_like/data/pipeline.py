@@ -38,8 +38,16 @@ def get_dataset(name: str, task_feature_lengths: Mapping[str, int], split: str =
     if feature_converter is not None:
         ds = feature_converter.apply(ds, lengths)
     if num_workers > 0:
+        _mark_absl_flags_parsed()
         ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers))
     return ds
+
+
+def _mark_absl_flags_parsed() -> None:
+    """grain's workers read absl flags; a program without ``absl.app`` has not parsed them."""
+    from absl import flags
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
 
 
 def build_dataset(task_name: str, split: str, task_feature_lengths: Mapping[str, int], *,

@@ -53,6 +53,14 @@ def select_whole_words(maskable: np.ndarray, word_start: np.ndarray, rng: np.ran
     return maskable & chosen[np.maximum(ids, 0)]
 
 
+def _truncated_geometric(rng: np.random.Generator, p: float, maximum: int) -> int:
+    """Geometric(p) on 1..maximum, renormalised (SpanBERT's "clipped"; mean 3.8 for 0.2, 10)."""
+    while True:
+        value = int(rng.geometric(p))
+        if value <= maximum:
+            return value
+
+
 def select_spans(maskable: np.ndarray, word_start: np.ndarray, rng: np.random.Generator,
                  rate: float = 0.15, geometric_p: float = 0.2, max_span_words: int = 10,
                  ) -> tuple[np.ndarray, list[tuple[int, int]]]:
@@ -73,7 +81,7 @@ def select_spans(maskable: np.ndarray, word_start: np.ndarray, rng: np.random.Ge
     for _ in range(20 * budget + 20):  # bounded: a long sequence of unlucky draws just stops
         if count >= budget:
             break
-        span_words = min(int(rng.geometric(geometric_p)), max_span_words)
+        span_words = _truncated_geometric(rng, geometric_p, max_span_words)
         start = int(rng.integers(num_words))
         stop = min(start + span_words, num_words)
         if taken[start:stop].any():

@@ -49,6 +49,11 @@ def next_sentence_pair(sentences: list[np.ndarray], random_sentences: list[np.nd
         return None
     budget = max_length - 3
     run = _take_until(sentences, int(rng.integers(len(sentences))), budget)
+    if len(run) == 1 and run[0].size >= 2:
+        # One long sentence: its two halves make the IsNext pair, so labels stay 50/50
+        # (BERT forces NotNext here, which skews the labels on paragraph-long lines).
+        cut = int(rng.integers(1, run[0].size))
+        run = [run[0][:cut], run[0][cut:]]
     a_end = int(rng.integers(1, len(run))) if len(run) > 1 else 1
     a = np.concatenate(run[:a_end])
     random_next = len(run) == 1 or rng.random() < 0.5
