@@ -1,11 +1,11 @@
 """Task features -> the model's features (seqio's names), padded or packed to fixed lengths.
 
 Unpacked: each example is trimmed and padded with 0 (loss weight 0). Packed:
-grain's first-fit packing puts several examples in one row; ``*_segment_ids``
+grain's best-fit packing (64 open rows by default) puts several examples in one row; ``*_segment_ids``
 (1, 2, ... and 0 for padding) and ``*_positions`` (restarting at 0) tell the
 model where each example lies, and decoder inputs restart with 0 at every
 segment, so nothing leaks across examples. With ``num_packing_bins=1`` it is
-seqio's greedy packing; more bins fill rows more densely.
+seqio's greedy packing; more bins fill rows more densely (see the benchmark).
 
 A converter works on a grain ``IterDataset`` (``apply``) and, for tests and
 notebooks, on a plain iterable of examples or a single example (``__call__``).
@@ -35,6 +35,12 @@ def shift_right_per_segment(targets: np.ndarray, segment_ids: np.ndarray | None)
     return shifted
 
 
+# Both fill up to ``num_packing_bins`` rows and emit them all when an example fits none;
+# best fit puts each example in the fullest row it fits. One bin = seqio's greedy packing.
+PACKERS = {"first_fit": grain.experimental.FirstFitPackIterDataset,
+           "best_fit": grain.experimental.BestFitPackIterDataset}
+
+
 class FeatureConverter:
     """Base: which task features are packed, and how they become model features."""
 
@@ -43,14 +49,20 @@ class FeatureConverter:
     #: task features that must be present.
     REQUIRED: tuple[str, ...] = ()
 
-    def __init__(self, pack: bool = False, num_packing_bins: int = 16):
+    def __init__(self, pack: bool = False, num_packing_bins: int = 64,
+                 packing_algorithm: str = "best_fit"):
         if num_packing_bins < 1:
             raise ValueError(f"num_packing_bins must be >= 1, got {num_packing_bins}.")
+        if packing_algorithm not in PACKERS:
+            raise ValueError(f"packing_algorithm={packing_algorithm!r}; pick one of "
+                             f"{sorted(PACKERS)}.")
         self.pack = pack
         self.num_packing_bins = num_packing_bins
+        self.packing_algorithm = packing_algorithm
 
     def __repr__(self):
-        return f"{type(self).__name__}(pack={self.pack}, num_packing_bins={self.num_packing_bins})"
+        return (f"{type(self).__name__}(pack={self.pack}, num_packing_bins="
+                f"{self.num_packing_bins}, packing_algorithm={self.packing_algorithm!r})")
 
     # -- what subclasses define ------------------------------------------------
     def task_lengths(self, task_feature_lengths: Mapping[str, int]) -> dict[str, int]:
@@ -103,7 +115,7 @@ class FeatureConverter:
                                  "use pack=False for NSP tasks.")
             return self.prepare(example, lengths)
 
-        packed = grain.experimental.FirstFitPackIterDataset(
+        packed = PACKERS[self.packing_algorithm](
             ds.map(prepare_for_packing), length_struct=lengths,
             num_packing_bins=self.num_packing_bins, shuffle_bins=False)
         return packed.map(lambda row: self.convert(row, row, packed=True))
@@ -168,8 +180,9 @@ class EncoderFeatureConverter(FeatureConverter):
                        "token_type_ids": "inputs"}
     REQUIRED = ("inputs", "targets")
 
-    def __init__(self, pack: bool = False, num_packing_bins: int = 16, mask_id: int | None = None):
-        super().__init__(pack, num_packing_bins)
+    def __init__(self, pack: bool = False, num_packing_bins: int = 64,
+                 packing_algorithm: str = "best_fit", mask_id: int | None = None):
+        super().__init__(pack, num_packing_bins, packing_algorithm)
         self.mask_id = mask_id
 
     def prepare(self, example, lengths):
@@ -215,9 +228,10 @@ class DecoderFeatureConverter(FeatureConverter):
 
     REQUIRED = ("targets",)
 
-    def __init__(self, pack: bool = False, num_packing_bins: int = 16, prefix_lm: bool = False,
+    def __init__(self, pack: bool = False, num_packing_bins: int = 64,
+                 packing_algorithm: str = "best_fit", prefix_lm: bool = False,
                  loss_on_targets_only: bool = True):
-        super().__init__(pack, num_packing_bins)
+        super().__init__(pack, num_packing_bins, packing_algorithm)
         self.prefix_lm = prefix_lm
         self.loss_on_targets_only = loss_on_targets_only
 
