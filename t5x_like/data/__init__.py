@@ -13,6 +13,7 @@ from t5x_like.data.sources import (
     FunctionSource, InMemorySource, JsonlSource, TextFilesSource, TfdsSource)
 from t5x_like.data.vocabularies import ByteVocabulary, SentencePieceVocabulary, WordPieceVocabulary
 from t5x_like.data import tasks as _builtin_tasks  # noqa: F401  (registers tasks)
+from t5x_like.data import tfds_tasks as _tfds_tasks  # noqa: F401  (registers TFDS tasks)
 
 __all__ = [
     "ByteVocabulary", "DecoderFeatureConverter", "EncDecFeatureConverter",

@@ -207,9 +207,14 @@ def temperature_rates(task_names: Sequence[str], alpha: float) -> list[tuple[str
     α = 1 is size-proportional, α -> 0 uniform; XLM-R uses 0.3, mT5 0.3.
     """
 
+    sizes_by_split: dict[str, dict[str, int]] = {}  # read once per split and process
+
     def rate_for(name):
         def rate(split: str) -> float:
-            sizes = {n: TaskRegistry.get(n).num_input_examples(split) for n in task_names}
+            if split not in sizes_by_split:
+                sizes_by_split[split] = {n: TaskRegistry.get(n).num_input_examples(split)
+                                         for n in task_names}
+            sizes = sizes_by_split[split]
             total = sum(sizes.values())
             return (sizes[name] / total) ** alpha if total else 0.0
         return rate

@@ -200,19 +200,31 @@ class TfdsSource(Source):
 
     ``split_map`` renames our splits to TFDS ones (C4 has ``validation``, Wikipedia
     only ``train``: map validation to ``train[:1%]`` and train to ``train[1%:]``).
-    The dataset must be prepared in ``data_dir`` (array_record format).
+    ``builder_module`` is imported first: without TensorFlow, TFDS registers a
+    builder such as ``c4`` only once its module is imported. The dataset must be
+    prepared in ``data_dir`` in array_record format. Not cached: opening is cheap.
     """
 
     name: str
     data_dir: str | None = None
     split_map: tuple[tuple[str, str], ...] = (("train", "train"), ("validation", "validation"))
+    builder_module: str | None = None
 
     @property
     def splits(self):
         return tuple(ours for ours, _ in self.split_map)
 
+    def get(self, split):
+        if split not in self.splits:
+            raise ValueError(f"Unknown split {split!r}; this source has splits {self.splits}.")
+        return self.load(split)
+
     def load(self, split):
+        import importlib
+
         import tensorflow_datasets as tfds  # imported late: slow, and optional for most tasks
+        if self.builder_module:
+            importlib.import_module(self.builder_module)
         tfds_split = dict(self.split_map)[split]
         try:
             return _TfdsRecords(tfds.data_source(self.name, split=tfds_split,
@@ -220,6 +232,7 @@ class TfdsSource(Source):
         except Exception as e:  # tfds raises several types for a missing dataset
             raise FileNotFoundError(
                 f"TFDS dataset {self.name!r} split {tfds_split!r} is not prepared in "
-                f"{self.data_dir or '~/tensorflow_datasets'} ({type(e).__name__}: {e}). Prepare it "
-                f"with `tfds build {self.name.split('/')[0]} --file_format=array_record` or set "
-                "the task's data_dir.") from e
+                f"{self.data_dir or '~/tensorflow_datasets'} ({type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else ''}). Prepare it with `tfds build "
+                f"{self.name.split(':')[0]} --file_format=array_record` or set the task's "
+                "data_dir.") from e
