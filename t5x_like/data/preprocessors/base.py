@@ -52,14 +52,24 @@ class Step:
 
 
 class ExampleStep(Step):
-    """A pure per-example step; ``map`` returns ``None`` to drop the example."""
+    """A pure per-example step; ``map`` returns ``None`` to drop the example.
 
-    def map(self, example: dict, rng: np.random.Generator, ctx: Context) -> dict | None:
+    Steps that never draw random numbers (``uses_rng = False``) get ``rng=None`` and
+    skip grain's per-element reseeding; steps that never drop skip the filter.
+    """
+
+    uses_rng: bool = True
+    may_drop: bool = True
+
+    def map(self, example: dict, rng: np.random.Generator | None, ctx: Context) -> dict | None:
         raise NotImplementedError
 
     def __call__(self, ds, ctx, seed):
-        mapped = ds.random_map(lambda example, rng: self.map(example, rng, ctx), seed=seed)
-        return mapped.filter(lambda example: example is not None)
+        if self.uses_rng:
+            mapped = ds.random_map(lambda example, rng: self.map(example, rng, ctx), seed=seed)
+        else:
+            mapped = ds.map(lambda example: self.map(example, None, ctx))
+        return mapped.filter(lambda example: example is not None) if self.may_drop else mapped
 
 
 class StreamStep(Step):

@@ -14,6 +14,9 @@ from t5x_like.data.preprocessors.base import Context, ExampleStep
 class Rekey(ExampleStep):
     """``{new_key: old_key}``; an old key of ``None`` makes an empty string (T5's convention)."""
 
+    uses_rng = False
+    may_drop = False
+
     key_map: Mapping[str, str | None]
 
     def map(self, example, rng, ctx):
@@ -43,6 +46,9 @@ class Tokenize(ExampleStep):
     (empty documents are a documented skip, not an error).
     """
 
+    uses_rng = False
+    may_drop = True
+
     keys: Sequence[str] | None = None
     drop_if_empty: Sequence[str] | None = None
 
@@ -63,6 +69,9 @@ class Tokenize(ExampleStep):
 class AppendEos(ExampleStep):
     """Appends EOS to the features whose ``Feature.add_eos`` is true (or to ``keys``)."""
 
+    uses_rng = False
+    may_drop = False
+
     keys: Sequence[str] | None = None
 
     def map(self, example, rng, ctx):
@@ -82,6 +91,9 @@ class Truncate(ExampleStep):
     With ``keep_eos`` the last kept token is EOS when the feature was cut, as seqio's
     ``append_eos_after_trim`` does.
     """
+
+    uses_rng = False
+    may_drop = False
 
     keys: Sequence[str] | None = None
     keep_eos: bool = True
@@ -105,6 +117,9 @@ class Truncate(ExampleStep):
 @dataclasses.dataclass(frozen=True)
 class Filter(ExampleStep):
     """Keeps examples for which ``predicate(example)`` is true."""
+
+    uses_rng = False
+    may_drop = True
 
     predicate: object
 
