@@ -178,3 +178,9 @@ def test_multilingual_mixture_uses_bytes_and_temperature_rates():
     example = next(iter(td.get_dataset("embedded_multilingual_span_corruption",
                                        {"inputs": 64, "targets": 16})))
     assert example["inputs"].size == 64 and example["inputs"].max() < 384
+
+
+def test_more_noise_spans_than_sentinels_is_a_clear_error():
+    with pytest.raises(ValueError, match="about 261 noise spans but the vocabulary has 100 "
+                                         "sentinels; use shorter inputs"):
+        td.get_dataset("embedded_en_iid_replace_spans", {"inputs": 2048, "targets": 2048})

@@ -26,6 +26,17 @@ VARIANTS = ("span_corruption", "iid_replace_spans", "iid_drop", "bert_style", "m
             "deshuffle")
 
 
+SENTINEL_VARIANTS = ("span_corruption", "iid_replace_spans")
+
+
+def expected_noise_spans(length: int, variant: str, noise_density: float,
+                         mean_noise_span_length: float) -> float:
+    """Spans T5's random-spans mask makes (fixed), or i.i.d. noise makes on average."""
+    if variant == "span_corruption":
+        return round(round(length * noise_density) / mean_noise_span_length)
+    return length * noise_density * (1 - noise_density)
+
+
 def iid_noise_mask(length: int, noise_density: float, rng: np.random.Generator) -> np.ndarray:
     """Each token is noise with probability ``noise_density``."""
     return rng.random(length) < noise_density
@@ -41,20 +52,29 @@ def noise_tokens_to(tokens: np.ndarray, noise_mask: np.ndarray, rng: np.random.G
     return np.where(random_here, rng.integers(random_low, random_high, tokens.size), out)
 
 
-def denoise(tokens: np.ndarray, rng: np.random.Generator, variant: str, *, vocab_size: int,
-            mask_id: int, random_low: int, random_high: int, noise_density: float = 0.15,
-            mean_noise_span_length: float = 3.0) -> tuple[np.ndarray, np.ndarray]:
-    """(inputs, targets) without EOS for one of ``VARIANTS``."""
-    tokens = np.asarray(tokens, np.int32)
+def noise_mask(length: int, variant: str, rng: np.random.Generator, noise_density: float = 0.15,
+               mean_noise_span_length: float = 3.0) -> np.ndarray | None:
+    """The variant's noise mask (None for ``deshuffle``, which has none)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"Unknown denoising variant {variant!r}; pick one of {VARIANTS}.")
+    if variant == "deshuffle":
+        return None
+    if variant == "span_corruption":
+        return random_spans_noise_mask(length, noise_density, mean_noise_span_length, rng)
+    return iid_noise_mask(length, noise_density, rng)
+
+
+def count_spans(mask: np.ndarray) -> int:
+    return int(np.sum(mask & ~np.concatenate([[False], mask[:-1]])))
+
+
+def apply_noise(tokens: np.ndarray, mask: np.ndarray | None, rng: np.random.Generator,
+                variant: str, *, vocab_size: int, mask_id: int, random_low: int,
+                random_high: int) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs, targets) without EOS from ``tokens`` and the variant's noise mask."""
     if variant == "deshuffle":
         return rng.permutation(tokens), tokens
-    if variant == "span_corruption":
-        mask = random_spans_noise_mask(tokens.size, noise_density, mean_noise_span_length, rng)
-    elif variant in VARIANTS:
-        mask = iid_noise_mask(tokens.size, noise_density, rng)
-    else:
-        raise ValueError(f"Unknown denoising variant {variant!r}; pick one of {VARIANTS}.")
-    if variant in ("span_corruption", "iid_replace_spans"):
+    if variant in SENTINEL_VARIANTS:
         return (noise_span_to_unique_sentinel(tokens, mask, vocab_size),
                 nonnoise_span_to_unique_sentinel(tokens, mask, vocab_size))
     if variant == "iid_drop":
@@ -63,6 +83,16 @@ def denoise(tokens: np.ndarray, rng: np.random.Generator, variant: str, *, vocab
     inputs = noise_tokens_to(tokens, mask, rng, mask_id=mask_id, random_low=random_low,
                              random_high=random_high, mask_rate=rates[0], random_rate=rates[1])
     return inputs.astype(np.int32), tokens
+
+
+def denoise(tokens: np.ndarray, rng: np.random.Generator, variant: str, *, vocab_size: int,
+            mask_id: int, random_low: int, random_high: int, noise_density: float = 0.15,
+            mean_noise_span_length: float = 3.0) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs, targets) without EOS for one of ``VARIANTS``."""
+    tokens = np.asarray(tokens, np.int32)
+    mask = noise_mask(tokens.size, variant, rng, noise_density, mean_noise_span_length)
+    return apply_noise(tokens, mask, rng, variant, vocab_size=vocab_size, mask_id=mask_id,
+                       random_low=random_low, random_high=random_high)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +107,15 @@ class Denoise(ExampleStep):
     def check(self, ctx):
         if self.variant not in VARIANTS:
             raise ValueError(f"Unknown denoising variant {self.variant!r}; pick one of {VARIANTS}.")
+        if self.variant in SENTINEL_VARIANTS:
+            expected = expected_noise_spans(ctx.length("inputs"), self.variant, self.noise_density,
+                                            self.mean_noise_span_length)
+            sentinels = ctx.vocabulary("inputs").extra_ids
+            if expected > sentinels:
+                raise ValueError(
+                    f"Task {ctx.task_name!r}: {self.variant} on inputs={ctx.length('inputs')} "
+                    f"makes about {expected:.0f} noise spans but the vocabulary has {sentinels} "
+                    "sentinels; use shorter inputs or a lower noise_density.")
 
     def map(self, example, rng, ctx):
         vocab = ctx.vocabulary("inputs")
@@ -85,8 +124,11 @@ class Denoise(ExampleStep):
         tokens = np.asarray(example[self.key], np.int32)
         if tokens.size == 0:
             return None
-        inputs, targets = denoise(tokens, rng, self.variant, vocab_size=vocab.vocab_size,
-                                  mask_id=mask_id, random_low=low, random_high=high,
-                                  noise_density=self.noise_density,
-                                  mean_noise_span_length=self.mean_noise_span_length)
+        mask = noise_mask(tokens.size, self.variant, rng, self.noise_density,
+                          self.mean_noise_span_length)
+        if self.variant in SENTINEL_VARIANTS and count_spans(mask) > vocab.extra_ids:
+            return None  # a rare i.i.d. draw above the sentinel count (check() bounds the mean)
+        inputs, targets = apply_noise(tokens, mask, rng, self.variant,
+                                      vocab_size=vocab.vocab_size, mask_id=mask_id,
+                                      random_low=low, random_high=high)
         return {"inputs": apply_eos(inputs, vocab.eos_id), "targets": apply_eos(targets, vocab.eos_id)}
