@@ -32,9 +32,10 @@ def select_tokens(maskable: np.ndarray, rng: np.random.Generator, rate: float = 
 
 def word_ids(word_start: np.ndarray, maskable: np.ndarray) -> np.ndarray:
     """Index of the word each token belongs to; -1 for tokens that may not be masked."""
-    starts = word_start | ~np.concatenate([[True], maskable[:-1]])  # a word never spans a special
+    # A word never spans a special token, and the first token always starts one.
+    starts = word_start | ~np.concatenate([[False], maskable[:-1]])
     ids = np.cumsum(starts & maskable) - 1
-    return np.where(maskable, np.maximum(ids, 0), -1)
+    return np.where(maskable, ids, -1)
 
 
 def select_whole_words(maskable: np.ndarray, word_start: np.ndarray, rng: np.random.Generator,
