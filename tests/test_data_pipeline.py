@@ -247,3 +247,12 @@ def test_byte_vocabulary_cannot_mask_and_says_so(registered):
              output_features=tasks.features("inputs", "targets", vocabulary=td.ByteVocabulary()))
     with pytest.raises(ValueError, match="ByteVocabulary has no \\[MASK\\]"):
         td.get_dataset("bytes_mlm", {"inputs": 16})
+
+
+def test_tokenize_leaves_pretokenized_features_alone(registered):
+    add_task, _ = registered
+    add_task("pretokenized", [{"targets": np.array([5, 6, 7])}, {"targets": "hello"}],
+             [pp.Tokenize()], output_features=tasks.features("targets"))
+    out = list(td.get_dataset("pretokenized", {"targets": 8}, num_epochs=1, shuffle=False))
+    assert out[0]["targets"].tolist() == [5, 6, 7]
+    assert out[1]["targets"].tolist() == VOCAB.encode("hello")

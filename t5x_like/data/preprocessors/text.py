@@ -57,8 +57,11 @@ class Tokenize(ExampleStep):
             k for k in ctx.output_features if k in example]
         out = dict(example)
         for key in keys:
-            out[key] = np.asarray(ctx.vocabulary(key).encode(as_text(example[key])),
-                                  dtype=np.int32)
+            value = example[key]
+            if isinstance(value, (list, np.ndarray)) and np.asarray(value).dtype.kind in "iu":
+                out[key] = np.asarray(value, np.int32)  # already token ids: leave them
+                continue
+            out[key] = np.asarray(ctx.vocabulary(key).encode(as_text(value)), dtype=np.int32)
         must_be_full = keys if self.drop_if_empty is None else self.drop_if_empty
         if any(out[k].size == 0 for k in must_be_full if k in out):
             return None
