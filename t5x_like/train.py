@@ -114,18 +114,21 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
 
     # Data.
     lengths = dict(config.task_feature_lengths)
-    train_ds = pipeline.build_dataset(config.task, "train", lengths, seed=config.seed, shuffle=True)
+    shard = {"shard_index": process_index, "num_shards": process_count}
+    train_ds = pipeline.build_dataset(config.task, "train", lengths, seed=config.seed, shuffle=True,
+                                      **shard)
     eval_ds = pipeline.build_dataset(config.task, "validation", lengths, seed=config.seed,
-                                     shuffle=False, repeat=False)
+                                     shuffle=False, repeat=False, **shard)
     vocab_size = TaskRegistry.get(config.task).vocabulary.vocab_size
     if vocab_size > config.model.vocab_size:
         raise config_lib.ConfigError(
             f"Task {config.task!r} uses {vocab_size} token ids but model.vocab_size="
             f"{config.model.vocab_size}; set --config.model.vocab_size={vocab_size} or larger.")
-    num_eval_batches = min(config.eval_batches, len(eval_ds) // config.batch_size)
+    num_eval_batches = pipeline.count_batches(eval_ds, config.batch_size // process_count,
+                                              limit=config.eval_batches)
     if num_eval_batches == 0:
         raise config_lib.ConfigError(
-            f"The validation split has {len(eval_ds)} examples, fewer than one batch of "
+            f"The validation split holds fewer than one batch of "
             f"batch_size={config.batch_size}; lower batch_size.")
 
     # Model, optimizer, mesh.
@@ -143,8 +146,7 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     # State: resume or initialise.
     checkpointer = checkpointing.Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints)
     latest = checkpointer.latest_step()
-    train_iter = pipeline.HostBatchIterator(train_ds, config.batch_size, process_index,
-                                            process_count)
+    train_iter = pipeline.HostBatchIterator(train_ds, config.batch_size, process_count)
     if latest is not None:
         _check_same_model(checkpointer.restore_config(latest), config)
         state, data_state, _ = checkpointer.restore(latest, trainer.abstract_state)
@@ -165,8 +167,7 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     tokens_per_step = config.batch_size * (lengths["inputs"] + lengths["targets"])
 
     def evaluate(params) -> dict:
-        eval_iter = pipeline.HostBatchIterator(eval_ds, config.batch_size, process_index,
-                                               process_count)
+        eval_iter = pipeline.HostBatchIterator(eval_ds, config.batch_size, process_count)
         totals = None
         for _ in range(num_eval_batches):
             out = trainer.eval_step(params, partitioning.global_batch(next(eval_iter), mesh))

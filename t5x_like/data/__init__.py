@@ -1,13 +1,24 @@
-"""Data: vocabularies, sources, preprocessors, tasks and the per-host pipeline.
+"""Data: vocabularies, sources, preprocessors, tasks, mixtures and the per-host pipeline.
 
-Importing this package registers the built-in tasks.
+Importing this package registers the built-in tasks (``tasks``, ``tfds_tasks``).
 """
 
 from t5x_like.data import preprocessors
-from t5x_like.data.dataset_providers import Task, TaskRegistry
-from t5x_like.data.feature_converters import EncDecFeatureConverter
-from t5x_like.data.vocabularies import SentencePieceVocabulary
+from t5x_like.data.dataset_providers import (
+    Feature, Mixture, MixtureRegistry, Task, TaskRegistry, rate_num_examples, temperature_rates)
+from t5x_like.data.feature_converters import (
+    DecoderFeatureConverter, EncDecFeatureConverter, EncoderFeatureConverter)
+from t5x_like.data.pipeline import HostBatchIterator, get_dataset
+from t5x_like.data.sources import (
+    FunctionSource, InMemorySource, JsonlSource, TextFilesSource, TfdsSource)
+from t5x_like.data.vocabularies import ByteVocabulary, SentencePieceVocabulary, WordPieceVocabulary
 from t5x_like.data import tasks as _builtin_tasks  # noqa: F401  (registers tasks)
+from t5x_like.data import tfds_tasks as _tfds_tasks  # noqa: F401  (registers TFDS tasks)
 
-__all__ = ["EncDecFeatureConverter", "SentencePieceVocabulary", "Task", "TaskRegistry",
-           "preprocessors"]
+__all__ = [
+    "ByteVocabulary", "DecoderFeatureConverter", "EncDecFeatureConverter",
+    "EncoderFeatureConverter", "Feature", "FunctionSource", "HostBatchIterator", "InMemorySource",
+    "JsonlSource", "Mixture", "MixtureRegistry", "SentencePieceVocabulary", "Task", "TaskRegistry",
+    "TextFilesSource", "TfdsSource", "WordPieceVocabulary", "get_dataset", "preprocessors",
+    "rate_num_examples", "temperature_rates",
+]

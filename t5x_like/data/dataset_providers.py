@@ -1,84 +1,92 @@
 """Tasks and the registry users add them to, in Python (seqio's vocabulary).
 
-A Task turns a text source into a random-access ``grain.MapDataset`` of
-examples. Index ``i`` of a split is a pure function of ``(seed, i)``: the
-pipeline can jump to any step, which is what makes resume exact.
+A Task is a source of raw examples plus a list of preprocessing steps and the
+output features they produce. ``Task.get_dataset`` builds a grain pipeline:
+this host's shard of the split, shuffled per epoch from the seed, repeated,
+then the steps. Every random choice comes from the seed and the example's
+position, so a pipeline is a pure function of its arguments and a grain
+iterator state restores it exactly.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import grain
-import numpy as np
 
-from t5x_like.data import vocabularies
-
-# (tokens of one chunk, rng, vocabulary) -> example dict of numpy arrays.
-ExampleFn = Callable[[np.ndarray, np.random.Generator, vocabularies.SentencePieceVocabulary],
-                     dict]
-# task_feature_lengths -> raw tokens per example.
-ChunkLengthFn = Callable[[Mapping[str, int]], int]
+from t5x_like.data import preprocessors as pp
+from t5x_like.data.sources import Source
 
 
 @dataclasses.dataclass(frozen=True)
+class Feature:
+    """An output feature: its vocabulary, and whether ``AppendEos`` adds EOS to it."""
+
+    vocabulary: object
+    add_eos: bool = True
+    required: bool = True
+
+
+def suggest(name: str, known: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+    return f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class Task:
-    """Documents -> tokens -> fixed-length chunks of the token stream -> examples.
-
-    Documents are concatenated without separators before chunking (as T5 does for
-    its unsupervised objectives), so no model capacity is spent on padding.
-    """
-
     name: str
-    documents_fn: Callable[[str], list[str]]
-    vocabulary_fn: Callable[[], vocabularies.SentencePieceVocabulary]
-    chunk_length_fn: ChunkLengthFn
-    example_fn: ExampleFn
-    splits: tuple[str, ...] = ("train", "validation")
+    source: Source
+    preprocessors: tuple = ()
+    output_features: Mapping[str, Feature] = dataclasses.field(default_factory=dict)
+    postprocess_fn: Callable | None = None
+    metric_fns: tuple = ()
     description: str = ""
 
-    @functools.cached_property
-    def vocabulary(self) -> vocabularies.SentencePieceVocabulary:
-        return self.vocabulary_fn()
+    def __post_init__(self):
+        object.__setattr__(self, "preprocessors",
+                           tuple(pp.as_step(p) for p in self.preprocessors))
+        object.__setattr__(self, "metric_fns", tuple(self.metric_fns))
 
-    def token_stream(self, split: str) -> np.ndarray:
-        return _token_stream(self, split)
+    @property
+    def splits(self) -> tuple[str, ...]:
+        return tuple(self.source.splits)
+
+    @property
+    def vocabulary(self):
+        """The vocabulary of ``targets`` (or the first feature): what decoding uses."""
+        feature = self.output_features.get("targets") or next(iter(self.output_features.values()))
+        return feature.vocabulary
+
+    def num_input_examples(self, split: str) -> int:
+        return self.source.num_examples(split)
+
+    def context(self, split: str, task_feature_lengths: Mapping[str, int]) -> pp.Context:
+        return pp.Context(task_name=self.name, split=split,
+                          task_feature_lengths=dict(task_feature_lengths),
+                          output_features=self.output_features, source=self.source.get(split))
 
     def get_dataset(self, split: str, task_feature_lengths: Mapping[str, int], *,
-                    seed: int = 0, shuffle: bool = True, repeat: bool = True) -> grain.MapDataset:
+                    seed: int = 0, shuffle: bool = True, num_epochs: int | None = None,
+                    shard_index: int = 0, num_shards: int = 1) -> grain.IterDataset:
+        """This shard's examples: source ``[shard_index::num_shards]``, shuffled each epoch."""
         if split not in self.splits:
             raise ValueError(f"Task {self.name!r} has no split {split!r}; it has {self.splits}.")
-        chunk_length = self.chunk_length_fn(task_feature_lengths)
-        stream = self.token_stream(split)
-        num_chunks = stream.size // chunk_length
-        if num_chunks == 0:
-            raise ValueError(
-                f"Task {self.name!r} split {split!r} has {stream.size} tokens, fewer than one "
-                f"example of {chunk_length}; shorten task_feature_lengths {dict(task_feature_lengths)}.")
-        ds = grain.MapDataset.range(num_chunks)
+        if not 0 <= shard_index < num_shards:
+            raise ValueError(f"shard_index={shard_index} is not in [0, num_shards={num_shards}).")
+        ctx = self.context(split, task_feature_lengths)
+        records = ctx.source
+        if len(records) < num_shards:
+            raise ValueError(f"Task {self.name!r} split {split!r} has {len(records)} examples, "
+                             f"fewer than num_shards={num_shards}; use fewer shards.")
+        ds = grain.MapDataset.source(records)[shard_index::num_shards]
         if shuffle:
             ds = ds.shuffle(seed=seed)  # a new permutation every epoch once repeated
-        if repeat:
-            ds = ds.repeat(None)
-        vocab = self.vocabulary
-
-        def make_example(chunk_index, rng):
-            start = int(chunk_index) * chunk_length
-            return self.example_fn(stream[start:start + chunk_length], rng, vocab)
-
-        return ds.random_map(make_example, seed=seed)
-
-
-@functools.lru_cache(maxsize=16)
-def _token_stream(task: Task, split: str) -> np.ndarray:
-    documents = task.documents_fn(split)
-    if not documents:
-        raise ValueError(f"Task {task.name!r} split {split!r} has no non-empty documents.")
-    pieces = task.vocabulary.encode_batch(documents)
-    return np.fromiter((t for piece in pieces for t in piece), dtype=np.int32)
+        ds = ds.repeat(num_epochs)
+        # Reading a list by index needs no threads; grain's thread prefetch costs more than it saves.
+        ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
+        return pp.apply_steps(ds, self.preprocessors, ctx, seed)
 
 
 class TaskRegistry:
@@ -87,10 +95,18 @@ class TaskRegistry:
     _tasks: dict[str, Task] = {}
 
     @classmethod
-    def add(cls, task: Task) -> Task:
-        if task.name in cls._tasks:
+    def add(cls, name: str | Task, source: Source | None = None, preprocessors: Sequence = (),
+            output_features: Mapping[str, Feature] | None = None, postprocess_fn=None,
+            metric_fns: Sequence = (), description: str = "") -> Task:
+        task = name if isinstance(name, Task) else Task(
+            name=name, source=source, preprocessors=tuple(preprocessors),
+            output_features=dict(output_features or {}), postprocess_fn=postprocess_fn,
+            metric_fns=tuple(metric_fns), description=description)
+        if task.name in cls._tasks or task.name in MixtureRegistry._mixtures:
             raise ValueError(f"Task {task.name!r} is already registered; pick another name or "
                              "call TaskRegistry.remove first.")
+        if task.source is None or not task.output_features:
+            raise ValueError(f"Task {task.name!r} needs a source and output_features.")
         cls._tasks[task.name] = task
         return task
 
@@ -105,7 +121,159 @@ class TaskRegistry:
     @classmethod
     def get(cls, name: str) -> Task:
         if name not in cls._tasks:
-            close = difflib.get_close_matches(name, cls._tasks, n=3)
-            hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+            hint = suggest(name, cls.names() + MixtureRegistry.names())
             raise KeyError(f"No task named {name!r}.{hint} Registered tasks: {cls.names()}.")
         return cls._tasks[name]
+
+
+# Rates: a number, or a function of the split that computes it (sizes, temperature).
+Rate = float | Callable[[str], float]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Mixture:
+    """Tasks or mixtures sampled at fixed proportions; nested mixtures multiply out."""
+
+    name: str
+    components: tuple[tuple[str, Rate], ...]
+    description: str = ""
+
+    def leaf_rates(self, split: str) -> dict[str, float]:
+        """``{task name: rate}`` with nested mixtures flattened (rates multiplied)."""
+        rates: dict[str, float] = {}
+        weights = [(n, float(r(split) if callable(r) else r)) for n, r in self.components]
+        total = sum(w for _, w in weights)
+        if total <= 0:
+            raise ValueError(f"Mixture {self.name!r} has no positive rate: {weights}.")
+        for component, weight in weights:
+            if weight < 0:
+                raise ValueError(f"Mixture {self.name!r}: rate of {component!r} is {weight} < 0.")
+            if component in MixtureRegistry._mixtures:
+                for task, rate in MixtureRegistry.get(component).leaf_rates(split).items():
+                    rates[task] = rates.get(task, 0.0) + weight / total * rate
+            else:
+                TaskRegistry.get(component)
+                rates[component] = rates.get(component, 0.0) + weight / total
+        return {task: rate for task, rate in rates.items() if rate > 0}
+
+    @property
+    def tasks(self) -> list[Task]:
+        return [TaskRegistry.get(n) for n in self.leaf_rates(self._any_split())]
+
+    def _any_split(self) -> str:
+        first = self.components[0][0]
+        if first in MixtureRegistry._mixtures:
+            return MixtureRegistry.get(first)._any_split()
+        return TaskRegistry.get(first).splits[0]
+
+    @property
+    def output_features(self):
+        return self.tasks[0].output_features
+
+    @property
+    def vocabulary(self):
+        return self.tasks[0].vocabulary
+
+    def get_dataset(self, split: str, task_feature_lengths: Mapping[str, int], *, seed: int = 0,
+                    shuffle: bool = True, num_epochs: int | None = None, shard_index: int = 0,
+                    num_shards: int = 1) -> grain.IterDataset:
+        """Interleaves the tasks' streams deterministically at the mixture's rates.
+
+        Each task's stream repeats (``num_epochs`` applies to each); the mix ends when
+        any finite task stream ends.
+        """
+        rates = self.leaf_rates(split)
+        datasets = [
+            TaskRegistry.get(task).get_dataset(
+                split, task_feature_lengths, seed=pp.base.step_seed(seed, 1000 + i),
+                shuffle=shuffle, num_epochs=num_epochs, shard_index=shard_index,
+                num_shards=num_shards)
+            for i, task in enumerate(sorted(rates))]
+        return grain.IterDataset.mix(datasets, [rates[t] for t in sorted(rates)])
+
+
+def rate_num_examples(task_name: str, maximum: int | None = None, scale: float = 1.0,
+                      temperature: float = 1.0) -> Callable[[str], float]:
+    """seqio's size-proportional rate: ``(scale * min(n, maximum)) ** (1 / temperature)``."""
+
+    def rate(split: str) -> float:
+        n = TaskRegistry.get(task_name).num_input_examples(split)
+        n = min(n, maximum) if maximum is not None else n
+        return (scale * n) ** (1.0 / temperature)
+    return rate
+
+
+def temperature_rates(task_names: Sequence[str], alpha: float) -> list[tuple[str, Rate]]:
+    """XLM-R's sampling: q_i ∝ p_i^α with p_i the task's share of the examples.
+
+    α = 1 is size-proportional, α -> 0 uniform; XLM-R uses 0.3, mT5 0.3.
+    """
+
+    sizes_by_split: dict[str, dict[str, int]] = {}  # read once per split and process
+
+    def rate_for(name):
+        def rate(split: str) -> float:
+            if split not in sizes_by_split:
+                sizes_by_split[split] = {n: TaskRegistry.get(n).num_input_examples(split)
+                                         for n in task_names}
+            sizes = sizes_by_split[split]
+            total = sum(sizes.values())
+            return (sizes[name] / total) ** alpha if total else 0.0
+        return rate
+    return [(n, rate_for(n)) for n in task_names]
+
+
+class MixtureRegistry:
+    """Global name -> Mixture map; a mixture may contain mixtures."""
+
+    _mixtures: dict[str, Mixture] = {}
+
+    @classmethod
+    def add(cls, name: str, tasks: Sequence, default_rate: Rate | None = None, *,
+            temperature_alpha: float | None = None, description: str = "") -> Mixture:
+        """``tasks``: ``[(name, rate), ...]``, or names with ``default_rate`` or
+        ``temperature_alpha`` (q_i ∝ p_i^α over the tasks' sizes)."""
+        if name in cls._mixtures or name in TaskRegistry._tasks:
+            raise ValueError(f"Mixture {name!r}: the name is already registered; pick another "
+                             "or call MixtureRegistry.remove first.")
+        if temperature_alpha is not None:
+            components = temperature_rates([t if isinstance(t, str) else t[0] for t in tasks],
+                                           temperature_alpha)
+        else:
+            components = []
+            for item in tasks:
+                if isinstance(item, str):
+                    if default_rate is None:
+                        raise ValueError(f"Mixture {name!r}: {item!r} has no rate; give "
+                                         "(name, rate) pairs, default_rate or temperature_alpha.")
+                    components.append((item, default_rate))
+                else:
+                    components.append((item[0], item[1]))
+        mixture = Mixture(name, tuple(components), description)
+        cls._mixtures[name] = mixture
+        return mixture
+
+    @classmethod
+    def remove(cls, name: str) -> None:
+        cls._mixtures.pop(name, None)
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return sorted(cls._mixtures)
+
+    @classmethod
+    def get(cls, name: str) -> Mixture:
+        if name not in cls._mixtures:
+            hint = suggest(name, cls.names() + TaskRegistry.names())
+            raise KeyError(f"No mixture named {name!r}.{hint} Registered mixtures: {cls.names()}.")
+        return cls._mixtures[name]
+
+
+def get_task_or_mixture(name: str) -> Task | Mixture:
+    if name in MixtureRegistry._mixtures:
+        return MixtureRegistry._mixtures[name]
+    if name in TaskRegistry._tasks:
+        return TaskRegistry._tasks[name]
+    hint = suggest(name, TaskRegistry.names() + MixtureRegistry.names())
+    raise KeyError(f"No task or mixture named {name!r}.{hint} Registered: tasks "
+                   f"{TaskRegistry.names()}, mixtures {MixtureRegistry.names()}.")

@@ -34,3 +34,17 @@ def english_files() -> list[str]:
 
 def vocab_model_path() -> str:
     return str(data_dir() / VOCAB_MODEL)
+
+
+# Multilingual samples (see data/README.md): language -> files.
+MULTILINGUAL_BIBLES = {"es": "multi/spa_rv1909_bible_every4th.txt.gz",
+                       "ja": "multi/jpn_kougo_bible_every4th.txt.gz"}
+UDHR = "multi/udhr_3k.jsonl.gz"
+
+
+def multilingual_bible(language: str) -> str:
+    return str(data_dir() / MULTILINGUAL_BIBLES[language])
+
+
+def udhr_path() -> str:
+    return str(data_dir() / UDHR)

@@ -82,6 +82,45 @@ class SentencePieceVocabulary:
             raise ValueError(f"Sentinel index {index} out of range [0, {self.extra_ids}).")
         return self.vocab_size - 1 - index
 
+    @functools.cached_property
+    def special_ids(self) -> np.ndarray:
+        """Ids an objective must never mask or sample: control pieces, [MASK]/[CLS]/[SEP]."""
+        ids = [i for i in range(self.base_vocab_size)
+               if self._sp.is_control(i) or self._sp.is_unknown(i)]
+        ids += [self._sp.piece_to_id(p) for p in SPECIAL_PIECES
+                if self._sp.piece_to_id(p) != self.unk_id]
+        return np.unique(np.asarray(ids, np.int32))
+
+    @functools.cached_property
+    def random_token_range(self) -> tuple[int, int]:
+        """[low, high): ordinary pieces, past the specials and byte pieces, below the sentinels."""
+        low = 0
+        while low < self.base_vocab_size and (
+                self._sp.is_control(low) or self._sp.is_unknown(low) or self._sp.is_byte(low)
+                or self._sp.id_to_piece(low) in SPECIAL_PIECES):
+            low += 1
+        return low, self.base_vocab_size
+
+    @functools.cached_property
+    def _word_start_table(self) -> np.ndarray:
+        table = np.ones(self.vocab_size, bool)
+        for i in range(self.base_vocab_size):
+            piece = self._sp.id_to_piece(i)
+            table[i] = piece.startswith("\u2581") or self._sp.is_control(i) or piece in SPECIAL_PIECES
+        return table
+
+    def word_start_mask(self, ids: np.ndarray) -> np.ndarray:
+        """True where a token starts a word (its piece begins with "\u2581")."""
+        return self._word_start_table[np.asarray(ids)]
+
+    @functools.cached_property
+    def sentence_end_table(self) -> np.ndarray:
+        """True for pieces that end a sentence ('.', '!', '?'), for BART's sentence permutation."""
+        table = np.zeros(self.vocab_size, bool)
+        for i in range(self.base_vocab_size):
+            table[i] = self._sp.id_to_piece(i).rstrip("\"'\u201d\u2019)").endswith((".", "!", "?"))
+        return table
+
     # -- encode / decode -----------------------------------------------------
     def encode(self, text: str) -> list[int]:
         return self._sp.encode(text)
@@ -104,3 +143,137 @@ class SentencePieceVocabulary:
                 run.append(token)
         pieces.append(self._sp.decode(run))
         return "".join(pieces)
+
+
+class ByteVocabulary:
+    """UTF-8 bytes, ByT5's convention: pad 0, eos 1, unk 2, byte b is id b + 3, then
+    ``extra_ids`` sentinels at the top (``<extra_id_0>`` highest). Works for any language."""
+
+    OFFSET = 3
+    pad_id, eos_id, unk_id = PAD_ID, EOS_ID, UNK_ID
+
+    def __init__(self, extra_ids: int = 125):
+        self.extra_ids = extra_ids
+
+    base_vocab_size = 256 + OFFSET
+
+    @property
+    def vocab_size(self) -> int:
+        return self.base_vocab_size + self.extra_ids
+
+    def _missing(self, piece):
+        raise ValueError(f"ByteVocabulary has no {piece} token; masked-LM objectives need a "
+                         "SentencePiece or WordPiece vocabulary with [MASK]/[CLS]/[SEP].")
+
+    mask_id = property(lambda self: self._missing(MASK_PIECE))
+    cls_id = property(lambda self: self._missing(CLS_PIECE))
+    sep_id = property(lambda self: self._missing(SEP_PIECE))
+    special_ids = np.array([PAD_ID, EOS_ID, UNK_ID], np.int32)
+    random_token_range = (OFFSET, 256 + OFFSET)
+
+    def sentinel_id(self, index: int) -> int:
+        if not 0 <= index < self.extra_ids:
+            raise ValueError(f"Sentinel index {index} out of range [0, {self.extra_ids}).")
+        return self.vocab_size - 1 - index
+
+    def word_start_mask(self, ids: np.ndarray) -> np.ndarray:
+        ids = np.asarray(ids)
+        after_space = np.concatenate([[True], ids[:-1] == ord(" ") + self.OFFSET])
+        return after_space & (ids != ord(" ") + self.OFFSET)
+
+    @functools.cached_property
+    def sentence_end_table(self) -> np.ndarray:
+        table = np.zeros(self.vocab_size, bool)
+        table[[ord(c) + self.OFFSET for c in ".!?"]] = True
+        return table
+
+    def encode(self, text: str) -> list[int]:
+        return [b + self.OFFSET for b in text.encode("utf-8")]
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Bytes -> text (invalid UTF-8 shows as U+FFFD); sentinels as ``<extra_id_N>``."""
+        out, run = [], bytearray()
+        for token in np.asarray(list(ids), dtype=np.int64).tolist():
+            if token == self.eos_id:
+                break
+            if token >= self.base_vocab_size:
+                out.append(run.decode("utf-8", errors="replace"))
+                run = bytearray()
+                out.append(f"<extra_id_{self.vocab_size - 1 - token}>")
+            elif token >= self.OFFSET:
+                run.append(token - self.OFFSET)
+        out.append(run.decode("utf-8", errors="replace"))
+        return "".join(out)
+
+
+class WordPieceVocabulary:
+    """A BERT ``vocab.txt`` through Hugging Face ``tokenizers`` (for converted checkpoints).
+
+    BERT has no EOS: ``eos_id`` is [SEP], so ``AppendEos`` ends segments BERT's way.
+    There are no sentinels (``extra_ids = 0``).
+    """
+
+    extra_ids = 0
+
+    def __init__(self, vocab_path: str, lowercase: bool = True):
+        from tokenizers import BertWordPieceTokenizer  # optional until a WordPiece task is used
+        self.vocab_path = vocab_path
+        try:
+            self._tokenizer = BertWordPieceTokenizer(vocab_path, lowercase=lowercase)
+        except Exception as e:
+            raise FileNotFoundError(f"Cannot load WordPiece vocab {vocab_path!r} ({e}); point at "
+                                    "a BERT vocab.txt (one token per line).") from e
+        self._vocab = self._tokenizer.get_vocab()
+        self._id_to_token = {i: t for t, i in self._vocab.items()}
+        for piece in ("[PAD]", "[UNK]", MASK_PIECE, CLS_PIECE, SEP_PIECE):
+            if piece not in self._vocab:
+                raise ValueError(f"WordPiece vocab {vocab_path!r} has no {piece}; BERT vocabularies "
+                                 "need [PAD], [UNK], [CLS], [SEP] and [MASK].")
+        self.pad_id = self._vocab["[PAD]"]
+        self.unk_id = self._vocab["[UNK]"]
+        self.mask_id, self.cls_id, self.sep_id = (self._vocab[p] for p in SPECIAL_PIECES)
+        self.eos_id = self.sep_id
+        if self.pad_id != PAD_ID:
+            raise ValueError(f"WordPiece vocab {vocab_path!r} has [PAD] at id {self.pad_id}; the "
+                             "feature converters pad with 0, so [PAD] must be the first line.")
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._vocab)
+
+    base_vocab_size = vocab_size
+
+    @functools.cached_property
+    def special_ids(self) -> np.ndarray:
+        return np.array(sorted(i for t, i in self._vocab.items()
+                               if t.startswith("[") and t.endswith("]")), np.int32)
+
+    @functools.cached_property
+    def random_token_range(self) -> tuple[int, int]:
+        return int(self.special_ids.max()) + 1, self.vocab_size
+
+    @functools.cached_property
+    def _word_start_table(self) -> np.ndarray:
+        return np.array([not self._id_to_token.get(i, "").startswith("##")
+                         for i in range(self.vocab_size)])
+
+    def word_start_mask(self, ids: np.ndarray) -> np.ndarray:
+        return self._word_start_table[np.asarray(ids)]
+
+    @functools.cached_property
+    def sentence_end_table(self) -> np.ndarray:
+        return np.array([self._id_to_token.get(i, "") in (".", "!", "?")
+                         for i in range(self.vocab_size)])
+
+    def encode(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [e.ids for e in self._tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        ids = [int(i) for i in ids if int(i) != self.pad_id]
+        return self._tokenizer.decode(ids, skip_special_tokens=False)

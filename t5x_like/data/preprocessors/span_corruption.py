@@ -1,12 +1,16 @@
-"""Pure preprocessors: ``(example, rng) -> example`` on numpy token arrays.
+"""T5 span corruption: noise masks, sentinels and T5's exact length arithmetic.
 
 Every random choice comes from the ``rng`` handed in, which the pipeline seeds
-from ``(seed, example index)``; the same index always gives the same example.
+per example; the same example index always gives the same output.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
+
+from t5x_like.data.preprocessors.base import ExampleStep
 
 
 def random_spans_helper(inputs_length: int, noise_density: float,
@@ -113,9 +117,47 @@ def span_corruption(tokens: np.ndarray, rng: np.random.Generator, *, vocab_size:
     }
 
 
-def split_into_chunks(token_stream: np.ndarray, chunk_length: int) -> np.ndarray:
-    """Start offsets of consecutive ``chunk_length`` chunks; the short tail is dropped."""
-    if chunk_length <= 0:
-        raise ValueError(f"chunk_length must be positive, got {chunk_length}.")
-    num_chunks = token_stream.size // chunk_length
-    return np.arange(num_chunks, dtype=np.int64) * chunk_length
+
+@dataclasses.dataclass(frozen=True)
+class SpanCorruption(ExampleStep):
+    """``key`` tokens (a chunk of ``span_corruption_tokens_length``) -> T5 inputs/targets.
+
+    Chunk with ``ConcatenateAndSplit(length=span_corruption_tokens_length())`` first,
+    so that inputs come out exactly ``task_feature_lengths["inputs"]`` long.
+    """
+
+    noise_density: float = 0.15
+    mean_noise_span_length: float = 3.0
+    key: str = "targets"
+
+    def check(self, ctx):
+        span_corruption_tokens_length(self.noise_density, self.mean_noise_span_length)(ctx)
+
+    def map(self, example, rng, ctx):
+        vocab = ctx.vocabulary("inputs")
+        tokens = np.asarray(example[self.key], np.int32)
+        if tokens.size == 0:
+            return None
+        return span_corruption(tokens, rng, vocab_size=vocab.vocab_size, eos_id=vocab.eos_id,
+                               noise_density=self.noise_density,
+                               mean_noise_span_length=self.mean_noise_span_length,
+                               num_sentinels=vocab.extra_ids)
+
+
+def span_corruption_tokens_length(noise_density: float = 0.15,
+                                  mean_noise_span_length: float = 3.0):
+    """``fn(ctx)``: raw tokens per example for T5's lengths; a clear error if targets are short."""
+
+    def fn(ctx) -> int:
+        lengths = ctx.task_feature_lengths
+        tokens_length, targets_length = random_spans_helper(
+            ctx.length("inputs"), noise_density, mean_noise_span_length)
+        if targets_length > ctx.length("targets"):
+            raise ValueError(
+                f"Span corruption with inputs={lengths['inputs']} makes targets of "
+                f"{targets_length} tokens, longer than targets={lengths['targets']}; set "
+                f"task_feature_lengths.targets to at least {targets_length}.")
+        return tokens_length
+
+    fn.__qualname__ = f"span_corruption_tokens_length({noise_density}, {mean_noise_span_length})"
+    return fn
