@@ -6,7 +6,9 @@ For each model a full train step (forward, backward, AdamW update) runs on
 identical random batches in both frameworks. Printed per row: tokens/s for both,
 the ratio, and t5x_like's FLOPs utilisation: the step's FLOPs as counted by XLA
 for the compiled step, over the f32 matmul rate measured on this machine at the
-start of the run. Needs the ``hf`` extra (torch, transformers).
+start of the run. Step times are the fastest of ``--steps`` timed steps in each
+framework (after one warm-up), which keeps other load on the machine out of the
+comparison. Needs the ``hf`` extra (torch, transformers).
 """
 
 from __future__ import annotations
@@ -36,10 +38,12 @@ def matmul_flops_per_second(size: int = 2048, repeats: int = 5) -> float:
     a = jnp.ones((size, size), jnp.float32)
     f = jax.jit(lambda x: x @ x)
     f(a).block_until_ready()
-    start = time.perf_counter()
+    best = float("inf")
     for _ in range(repeats):
+        start = time.perf_counter()
         f(a).block_until_ready()
-    return 2 * size**3 * repeats / (time.perf_counter() - start)
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
 
 
 def make_batch(row: str, batch: int, lengths: dict, vocab: int) -> dict:
@@ -82,11 +86,13 @@ def t5x_like_step(row: str, batch: dict, steps: int) -> tuple[float, float]:
     flops = float((cost[0] if isinstance(cost, list) else cost).get("flops", 0.0))
     state, metrics = trainer.train_step(state, device_batch)  # warm-up
     jax.block_until_ready(metrics)
-    start = time.perf_counter()
+    times = []
     for _ in range(steps):
+        start = time.perf_counter()
         state, metrics = trainer.train_step(state, device_batch)
-    jax.block_until_ready(metrics)
-    return (time.perf_counter() - start) / steps, flops
+        jax.block_until_ready(metrics)
+        times.append(time.perf_counter() - start)
+    return min(times), flops
 
 
 def torch_step(row: str, batch: dict, steps: int) -> float:
@@ -129,10 +135,12 @@ def torch_step(row: str, batch: dict, steps: int) -> float:
         optimizer.step()
 
     step()  # warm-up
-    start = time.perf_counter()
+    times = []
     for _ in range(steps):
+        start = time.perf_counter()
         step()
-    return (time.perf_counter() - start) / steps
+        times.append(time.perf_counter() - start)
+    return min(times)
 
 
 def main() -> None:

@@ -36,6 +36,8 @@ def seq2seq_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array |
                          batch["decoder_input_tokens"], batch["decoder_target_tokens"],
                          encoder_segment_ids=batch.get("encoder_segment_ids"),
                          decoder_segment_ids=batch.get("decoder_segment_ids"),
+                         encoder_positions=batch.get("encoder_positions"),
+                         decoder_positions=batch.get("decoder_positions"),
                          deterministic=deterministic, rngs=rngs)
     weights = batch["decoder_loss_weights"]
     ce_sum, z_sum, correct = cross_entropy_with_z_loss(

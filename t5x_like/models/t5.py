@@ -189,10 +189,12 @@ class EncoderDecoder(nn.Module):
                             max_decode_length=max_decode_length)
 
     def __call__(self, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens,
-                 encoder_segment_ids=None, decoder_segment_ids=None,
-                 deterministic: bool = True) -> jax.Array:
-        """Packed rows pass both ``*_segment_ids`` (seqio's names); relative position
-        bias needs no positions, offsets inside a segment are unchanged by packing."""
+                 encoder_segment_ids=None, decoder_segment_ids=None, encoder_positions=None,
+                 decoder_positions=None, deterministic: bool = True) -> jax.Array:
+        """Packed rows pass both ``*_segment_ids`` (seqio's names). ``*_positions`` are
+        accepted for a uniform interface and unused: relative position bias needs none,
+        offsets inside a segment are unchanged by packing."""
+        del encoder_positions, decoder_positions
         if (encoder_segment_ids is None) != (decoder_segment_ids is None):
             raise ValueError("Packed batches need both encoder_segment_ids and "
                              "decoder_segment_ids; got only one.")
