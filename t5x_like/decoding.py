@@ -221,6 +221,16 @@ def beam_decode(model: nn.Module, params, encoder_input_tokens: jax.Array, *,
 
 # -- decoder-only generation ---------------------------------------------------
 
+def generation_length(model: nn.Module, prompt_length: int, max_new_tokens: int) -> int:
+    """Prompt plus new tokens, checked against the positions the model has."""
+    total = prompt_length + max_new_tokens
+    max_length = getattr(model.config, "max_length", total)
+    if total > max_length:
+        raise ValueError(f"prompt ({prompt_length}) + max_new_tokens ({max_new_tokens}) = {total} "
+                         f"exceeds the model's max_length {max_length}.")
+    return total
+
+
 def init_decoder_cache(model: nn.Module, batch_size: int, max_decode_length: int):
     tokens = jnp.ones((batch_size, max_decode_length), jnp.int32)
     shapes = jax.eval_shape(functools.partial(model.init, decode=True,
@@ -240,11 +250,7 @@ def generate(model: nn.Module, params, prompt_tokens: jax.Array, *, max_new_toke
     if temperature > 0 and rng is None:
         raise ValueError("Sampling (temperature > 0) needs an rng key.")
     batch, prompt_length = prompt_tokens.shape
-    total = prompt_length + max_new_tokens
-    max_length = getattr(model.config, "max_length", total)
-    if total > max_length:
-        raise ValueError(f"prompt ({prompt_length}) + max_new_tokens ({max_new_tokens}) = {total} "
-                         f"exceeds the model's max_length {max_length}.")
+    total = generation_length(model, prompt_length, max_new_tokens)
     rng = jax.random.key(0) if rng is None else rng
     cache = init_decoder_cache(model, batch, total)
     output = jnp.full((batch, max_new_tokens), pad_id, jnp.int32)
@@ -298,11 +304,7 @@ def beam_generate(model: nn.Module, params, prompt_tokens: jax.Array, *, max_new
     every beam's cache first; the last prompt token starts the search.
     """
     batch, prompt_length = prompt_tokens.shape
-    total = prompt_length + max_new_tokens
-    max_length = getattr(model.config, "max_length", total)
-    if total > max_length:
-        raise ValueError(f"prompt ({prompt_length}) + max_new_tokens ({max_new_tokens}) = {total} "
-                         f"exceeds the model's max_length {max_length}.")
+    total = generation_length(model, prompt_length, max_new_tokens)
     rows = jnp.repeat(prompt_tokens.astype(jnp.int32), num_beams, axis=0)
 
     def feed(tokens, cache):
