@@ -19,6 +19,9 @@ class Checkpointer:
         self.directory = pathlib.Path(directory).absolute()
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                                keep_period=keep_every or None,
+                                               # A save cut off by kill -9 leaves a
+                                               # temporary directory; drop it on restart.
+                                               cleanup_tmp_directories=True,
                                                enable_async_checkpointing=async_save)
         self._manager = ocp.CheckpointManager(self.directory, options=options,
                                               item_names=("state", "data", "config"))
