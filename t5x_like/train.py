@@ -33,6 +33,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--workdir", required=True,
                         help="Output directory; an existing run there is resumed.")
     parser.add_argument("--quiet", action="store_true", help="No progress output.")
+    multi = parser.add_argument_group(
+        "multi-process runs (GPU clusters; Cloud TPU VMs, SLURM and MPI are detected)")
+    multi.add_argument("--coordinator_address", help="HOST:PORT of process 0.")
+    multi.add_argument("--num_processes", type=int, help="Processes in the run.")
+    multi.add_argument("--process_id", type=int, help="This process's index, from 0.")
     overrides, rest = [], []
     for arg in argv:
         if arg.startswith("--config."):
@@ -201,6 +206,7 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     pending: list[dict] = []
     interval_start, interval_steps = time.monotonic(), 0
     step = start_step
+    preempted = False
     try:
         while step < config.num_train_steps:
             batch = partitioning.global_batch(next(train_iter), mesh)
@@ -210,9 +216,15 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
             interval_steps += 1
             is_last = step == config.num_train_steps
             do_eval = step % config.eval_every_steps == 0 or is_last
-            do_log = (step % config.log_every_steps == 0 or step == start_step + 1 or do_eval
-                      or preemption.requested)
             do_checkpoint = step % config.checkpoint_every_steps == 0 or is_last
+            # One process alone may get SIGTERM: processes agree at log and checkpoint
+            # steps (a cheap all-gather), so they save and stop at the same step.
+            if process_count == 1:
+                preempted = preemption.requested
+            elif step % config.log_every_steps == 0 or do_checkpoint:
+                preempted = partitioning.any_process(preemption.requested)
+            do_log = (step % config.log_every_steps == 0 or step == start_step + 1 or do_eval
+                      or preempted)
             if do_log or do_checkpoint:
                 fetched = jax.device_get(pending)
                 pending = []
@@ -241,9 +253,9 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
                     progress.message(f"step {step}: held-out loss {last_eval['eval_loss']:.4f}, "
                                      f"accuracy {last_eval['eval_accuracy']:.3f}")
                 interval_start, interval_steps = time.monotonic(), 0
-            if do_checkpoint or preemption.requested:
-                save(step, force=preemption.requested)
-            if preemption.requested:
+            if do_checkpoint or preempted:
+                save(step, force=preempted)
+            if preempted:
                 progress.message(f"SIGTERM received: saved a checkpoint at step {step}, exiting.")
                 break
     finally:
@@ -306,6 +318,14 @@ def main(argv: list[str] | None = None) -> int:
     except config_lib.ConfigError as e:
         print(f"Config error: {e}", file=sys.stderr)
         return 2
+    from t5x_like import partitioning  # imports JAX: after the config is known to be good
+    try:
+        settings = partitioning.distributed_settings(args.coordinator_address,
+                                                     args.num_processes, args.process_id)
+    except ValueError as e:
+        print(f"Multi-process setup error: {e}", file=sys.stderr)
+        return 2
+    partitioning.initialize_distributed(settings)
     try:
         run(config, args.workdir, config_path=args.config, quiet=args.quiet)
     except config_lib.ConfigError as e:
