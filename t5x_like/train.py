@@ -127,7 +127,7 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     import jax  # imported late: config mistakes are reported before JAX starts
     import numpy as np
 
-    from t5x_like import checkpointing, metrics_writer, partitioning
+    from t5x_like import checkpointing, flops, hardware, metrics_writer, partitioning
     from t5x_like import trainer as trainer_lib
     from t5x_like.data import pipeline
     from t5x_like.data.dataset_providers import TaskRegistry
@@ -185,7 +185,9 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
 
     writer = metrics_writer.MetricsWriter(workdir, enabled=is_chief)
     preemption = _PreemptionFlag()
-    tokens_per_step = config.batch_size * (lengths["inputs"] + lengths["targets"])
+    tokens_per_step = config.batch_size * sum(lengths.values())
+    flops_per_step = flops.train_flops_per_step(config.model, lengths, config.batch_size)
+    peak = hardware.peak_flops(devices[0].device_kind, config.peak_flops_per_device)
 
     def evaluate(params) -> dict:
         eval_iter = pipeline.HostBatchIterator(eval_ds, config.batch_size, process_index,
@@ -232,6 +234,9 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
                 record = _interval_record(fetched)
                 record["tokens_per_sec"] = tokens_per_step * interval_steps / max(elapsed, 1e-9)
                 record["steps_per_sec"] = interval_steps / max(elapsed, 1e-9)
+                if peak:
+                    record["mfu"] = flops.mfu(flops_per_step, record["steps_per_sec"],
+                                              len(devices), peak)
                 bad = _first_nonfinite_step(fetched, step)
                 if bad is not None and config.on_nonfinite_loss == "stop":
                     latest_good = checkpointer.latest_step()

@@ -114,3 +114,15 @@ def test_init_from_a_different_model_or_a_wrong_folder_is_refused(tmp_path):
         train.run(bigger, str(tmp_path / "a"), quiet=True)
     with pytest.raises(config_lib.ConfigError, match="is not a pretrained folder"):
         train.run(tiny_config(init_from=str(tmp_path)), str(tmp_path / "b"), quiet=True)
+
+
+def test_mfu_is_logged_with_a_configured_peak(tmp_path):
+    config = tiny_config(num_train_steps=2, log_every_steps=1, checkpoint_every_steps=2,
+                         eval_every_steps=2, peak_flops_per_device=1e9)
+    train.run(config, str(tmp_path), quiet=True)
+    records = metrics(tmp_path)
+    assert all(0 < r["mfu"] for r in records)
+    from t5x_like import flops
+    expected = flops.mfu(flops.train_flops_per_step(config.model, config.task_feature_lengths, 16),
+                         records[-1]["steps_per_sec"], 8, 1e9)
+    assert records[-1]["mfu"] == pytest.approx(expected)
