@@ -72,6 +72,18 @@ def model_feature_lengths(family: str, task_feature_lengths) -> dict[str, int]:
     raise ValueError(f"Unknown model.family {family!r}; choose from {sorted(FAMILY_LOSSES)}.")
 
 
+def abstract_batch(family: str, task_feature_lengths, batch_size: int, sharding=None) -> dict:
+    """Shapes and dtypes of one global training batch, for ahead-of-time compilation."""
+    lengths = model_feature_lengths(family, task_feature_lengths)
+    batch = {name: jax.ShapeDtypeStruct((batch_size, n), jnp.int32, sharding=sharding)
+             for name, n in lengths.items()}
+    weights = "encoder_loss_weights" if family == "encoder" else "decoder_loss_weights"
+    target = "encoder_target_tokens" if family == "encoder" else "decoder_target_tokens"
+    batch[weights] = jax.ShapeDtypeStruct((batch_size, lengths[target]), jnp.float32,
+                                          sharding=sharding)
+    return batch
+
+
 def loss_weights(batch) -> jax.Array:
     """The batch's loss-weight feature (``decoder_loss_weights`` or ``encoder_loss_weights``)."""
     keys = [k for k in batch if k.endswith("_loss_weights")]
