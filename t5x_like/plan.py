@@ -104,8 +104,13 @@ def plan(config, topology: str) -> dict:
         code = memory.generated_code_size_in_bytes
         cost = compiled.cost_analysis()
         cost = cost[0] if isinstance(cost, list) else cost
-        compiled_flops = float(cost.get("flops", 0.0))
-        bytes_accessed = float(cost.get("bytes accessed", 0.0))
+        # XLA's cost analysis counts a loop body once; the microbatch scan runs it k
+        # times (unless the compiler unrolled it). Scaling the whole step by k
+        # over-counts only the optimizer update.
+        looped = config.optimizer.microbatches > 1 and " while(" in compiled.as_text()
+        scale = config.optimizer.microbatches if looped else 1
+        compiled_flops = float(cost.get("flops", 0.0)) * scale
+        bytes_accessed = float(cost.get("bytes accessed", 0.0)) * scale
     else:
         # libtpu refuses a program over HBM and says only how much its temporaries
         # need; the state and batch sizes follow from their shardings.

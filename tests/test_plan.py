@@ -84,3 +84,13 @@ def test_tpu_plan_says_what_does_not_fit_and_why():
     consumers = result.stdout.split("largest consumers per device:")[1].splitlines()[1:4]
     assert "temporaries" in consumers[0]
     assert any("token_embedder/embedding" in line and "16.00 GiB" in line for line in consumers)
+
+
+def test_microbatch_loop_flops_are_counted_k_times():
+    # A small vocabulary keeps the once-per-step optimizer update negligible.
+    def flops(k):
+        report = json.loads(run_plan(f"--config={QUICKSTART}", "--topology=cpu:8", "--json", *TINY,
+                                     "--config.model.vocab_size=256", "--config.batch_size=64",
+                                     f"--config.optimizer.microbatches={k}").stdout)
+        return report["compiled_flops_per_device"]
+    assert flops(4) == pytest.approx(flops(1), rel=0.1)
