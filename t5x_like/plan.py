@@ -150,12 +150,12 @@ def plan(config, topology: str) -> dict:
         report["roofline"] = {"compute_s": compute_s, "memory_s": memory_s, "step_s": step_s,
                               "bound": "compute" if compute_s >= memory_s else "memory",
                               "mfu": model_flops / (len(devices) * peak * step_s)}
-    consumers = [("temporaries (activations, gradients, collectives' buffers)", temporaries)]
-    consumers += [(f"params/{p[len('params/'):]}", b) for p, b in state_rows
-                  if p.startswith("params/")]
-    consumers += [(p, b) for p, b in state_rows if p.startswith("opt_state/")]
+    consumers = [("temporaries (activations, gradients, collectives' buffers)", temporaries),
+                 ("params (all)", params_bytes), ("optimizer state (all)", opt_bytes)]
     consumers.sort(key=lambda row: -row[1])
-    report["largest_consumers"] = [{"name": n, "bytes": b} for n, b in consumers[:6]]
+    largest_arrays = sorted(state_rows, key=lambda row: -row[1])[:4]
+    report["largest_consumers"] = [{"name": n, "bytes": b} for n, b in consumers]
+    report["largest_arrays"] = [{"name": n, "bytes": b} for n, b in largest_arrays]
     return report
 
 
@@ -201,6 +201,8 @@ def format_report(r: dict) -> str:
     if r["fits"] is False:
         lines.append("largest consumers per device:")
         lines += [f"  {_gib(c['bytes'])}  {c['name']}" for c in r["largest_consumers"]]
+        lines.append("largest arrays per device:")
+        lines += [f"  {_gib(c['bytes'])}  {c['name']}" for c in r["largest_arrays"]]
         lines.append("  to fit: more chips, --config.mesh.fsdp=-1 (shard params and "
                      "optimizer state), --config.optimizer.microbatches=K (smaller "
                      "activations), or --config.optimizer.name=adafactor")

@@ -83,7 +83,9 @@ def test_tpu_plan_says_what_does_not_fit_and_why():
     assert "compiler: RESOURCE_EXHAUSTED" in result.stdout
     consumers = result.stdout.split("largest consumers per device:")[1].splitlines()[1:4]
     assert "temporaries" in consumers[0]
-    assert any("token_embedder/embedding" in line and "16.00 GiB" in line for line in consumers)
+    assert "optimizer state (all)" in consumers[1] and "64.01 GiB" in consumers[1]
+    arrays = result.stdout.split("largest arrays per device:")[1].splitlines()[1:5]
+    assert any("token_embedder/embedding" in line and "16.00 GiB" in line for line in arrays)
 
 
 def test_microbatch_loop_flops_are_counted_k_times():
