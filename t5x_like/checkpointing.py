@@ -12,9 +12,16 @@ import orbax.checkpoint as ocp
 
 
 class Checkpointer:
-    def __init__(self, directory: str | pathlib.Path, keep: int, async_save: bool = True):
+    def __init__(self, directory: str | pathlib.Path, keep: int, async_save: bool = True,
+                 keep_every: int = 0):
+        """Keeps the newest ``keep`` checkpoints, plus every step divisible by ``keep_every``
+        (when positive) for good, e.g. to evaluate or fine-tune from later."""
         self.directory = pathlib.Path(directory).absolute()
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+                                               keep_period=keep_every or None,
+                                               # A save cut off by kill -9 leaves a
+                                               # temporary directory; drop it on restart.
+                                               cleanup_tmp_directories=True,
                                                enable_async_checkpointing=async_save)
         self._manager = ocp.CheckpointManager(self.directory, options=options,
                                               item_names=("state", "data", "config"))

@@ -15,6 +15,9 @@ COMMANDS = {
     "summary": ("t5x_like.summary", "parameter table of a config's model"),
     "convert": ("t5x_like.convert.__main__", "import/export Hugging Face checkpoints"),
     "vocab": ("t5x_like.data.train_vocab", "train the embedded SentencePiece vocabulary"),
+    "plot": ("t5x_like.plot", "loss and accuracy curves of a run as a PNG"),
+    "plan": ("t5x_like.plan", "compile for a TPU topology: memory, fits-HBM, FLOPs, roofline"),
+    "launch_local": ("t5x_like.launch_local", "rehearse a multi-host run on one machine"),
 }
 
 

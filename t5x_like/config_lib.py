@@ -31,7 +31,11 @@ def default_config() -> ml_collections.ConfigDict:
     c.checkpoint_every_steps = 200
     c.eval_every_steps = 200
     c.eval_batches = 8                 # held-out batches per evaluation
-    c.keep_checkpoints = 3
+    c.keep_checkpoints = 3             # the newest K checkpoints are kept...
+    c.keep_checkpoints_every_steps = 0 # ...plus every M-th step for good (0: none)
+    c.on_nonfinite_loss = "stop"       # stop | skip_update (NaN/Inf loss or gradient)
+    c.init_from = ""                   # params-only pretrained folder to fine-tune from
+    c.peak_flops_per_device = 0.0      # for MFU; 0 looks the device kind up in a table
 
     c.task = "embedded_en_span_corruption"
     c.task_feature_lengths = ml_collections.ConfigDict({"inputs": 512, "targets": 114})
@@ -63,8 +67,14 @@ def default_config() -> ml_collections.ConfigDict:
         grad_clip_norm=0.0,            # 0 disables global-norm clipping
         b1=0.9,
         b2=0.999,
+        microbatches=1,                # gradient accumulation: slices of each batch
     ))
-    c.loss = ml_collections.ConfigDict(dict(z_loss=1e-4))
+    c.loss = ml_collections.ConfigDict(dict(
+        z_loss=1e-4,
+        label_smoothing=0.0,
+        normalization="tokens",        # tokens (real target tokens) | constant
+        normalizing_constant=0.0,      # the divisor when normalization="constant"
+    ))
 
     # Device mesh; -1 takes the remaining devices. Axis rules name the sharding strategy.
     c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
@@ -113,9 +123,11 @@ ENUMS = {
     "model.remat_policy": ("none", "full", "dots", "dots_no_batch"),
     "model.norm": ("layernorm", "rmsnorm"),
     "model.position_embedding": ("learned", "rotary"),
+    "loss.normalization": ("tokens", "constant"),
+    "on_nonfinite_loss": ("stop", "skip_update"),
 }
 POSITIVE_INTS = ("num_train_steps", "batch_size", "log_every_steps", "checkpoint_every_steps",
-                 "eval_every_steps", "eval_batches", "keep_checkpoints")
+                 "eval_every_steps", "eval_batches", "keep_checkpoints", "optimizer.microbatches")
 
 
 def load_config_file(path: str) -> ml_collections.ConfigDict:
@@ -267,8 +279,26 @@ def validate(config: ml_collections.ConfigDict) -> None:
     """Checks that need no devices: keys, types, ranges, enum values, lengths."""
     _check_against_schema(config, default_config())
     for key in POSITIVE_INTS:
-        if config[key] <= 0:
-            raise ConfigError(f"Config key {key!r} must be positive, got {config[key]}.")
+        if _lookup(config, key) <= 0:
+            raise ConfigError(f"Config key {key!r} must be positive, got {_lookup(config, key)}.")
+    if config.keep_checkpoints_every_steps < 0:
+        raise ConfigError(f"keep_checkpoints_every_steps={config.keep_checkpoints_every_steps}: "
+                          "use 0 (keep only the newest keep_checkpoints) or a positive period.")
+    if config.keep_checkpoints_every_steps % config.checkpoint_every_steps:
+        raise ConfigError(
+            f"keep_checkpoints_every_steps={config.keep_checkpoints_every_steps} is not a multiple "
+            f"of checkpoint_every_steps={config.checkpoint_every_steps}, so no saved step would be "
+            "kept; use a multiple of checkpoint_every_steps.")
+    if not 0.0 <= config.loss.label_smoothing < 1.0:
+        raise ConfigError(f"loss.label_smoothing={config.loss.label_smoothing} must be in [0, 1), "
+                          "e.g. 0.1.")
+    if config.loss.normalization == "constant" and config.loss.normalizing_constant <= 0:
+        raise ConfigError("loss.normalization='constant' needs a positive "
+                          "loss.normalizing_constant, e.g. batch_size * target length "
+                          f"(got {config.loss.normalizing_constant}).")
+    if config.peak_flops_per_device < 0:
+        raise ConfigError(f"peak_flops_per_device={config.peak_flops_per_device} must be >= 0 "
+                          "(0 looks the device up in t5x_like.flops.PEAK_FLOPS).")
     for path, allowed in ENUMS.items():
         value = _lookup(config, path)
         if value is not _ABSENT and value not in allowed:
@@ -313,6 +343,13 @@ def validate_for_devices(config: ml_collections.ConfigDict, num_devices: int,
             f"batch_size={config.batch_size} does not divide over the data-parallel mesh size "
             f"{batch_parallel} (mesh.data={shape['data']} x mesh.fsdp={shape['fsdp']}); use a "
             f"multiple of {batch_parallel}, e.g. --config.batch_size={fixed}.")
+    microbatches = config.optimizer.microbatches
+    if config.batch_size % (batch_parallel * microbatches):
+        raise ConfigError(
+            f"batch_size={config.batch_size} does not split into optimizer.microbatches="
+            f"{microbatches} microbatches that each divide over the data-parallel mesh size "
+            f"{batch_parallel}; use a batch_size that is a multiple of "
+            f"{batch_parallel * microbatches}.")
     if config.batch_size % process_count:
         raise ConfigError(f"batch_size={config.batch_size} does not divide over {process_count} "
                           f"processes; use a multiple of {process_count}.")

@@ -78,7 +78,13 @@ class Progress:
             return
         eta = self.eta_seconds(step)
         eta_text = "--:--" if eta != eta else _format_duration(eta)
-        fields = f"loss {metrics['loss']:.3f}  {metrics.get('tokens_per_sec', 0):,.0f} tok/s  ETA {eta_text}"
+        fields = f"loss {metrics['loss']:.3f}"
+        if "accuracy" in metrics:
+            fields += f"  acc {metrics['accuracy']:.3f}"
+        fields += f"  {metrics.get('tokens_per_sec', 0):,.0f} tok/s"
+        if "mfu" in metrics:
+            fields += f"  MFU {100 * metrics['mfu']:.1f}%"
+        fields += f"  ETA {eta_text}"
         if self.tty:
             filled = int(self.width * step / max(self.total, 1))
             bar = "#" * filled + "." * (self.width - filled)

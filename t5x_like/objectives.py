@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Mapping
 
 import jax
@@ -15,21 +16,63 @@ def cross_entropy_with_z_loss(logits: jax.Array, targets: jax.Array, weights: ja
     Returns ``(sum of cross entropy, sum of z-loss, number of correct argmaxes)``
     over weighted positions; callers divide by the token count.
     """
+    ce, z_term, correct, _ = _token_losses(logits, targets, weights, z_loss, 0.0)
+    return ce, z_term, correct
+
+
+def _token_losses(logits, targets, weights, z_loss: float, label_smoothing: float):
+    """Weighted sums of (cross entropy, z-loss, correct argmaxes, optimised cross entropy).
+
+    The optimised cross entropy is against targets smoothed as in T5X: the true
+    token gets ``1 - label_smoothing``, every other token an equal share of the
+    rest, minus the entropy of that distribution so a perfect model scores 0.
+    Without smoothing it equals the plain cross entropy.
+    """
     logits = logits.astype(jnp.float32)
     log_z = jax.nn.logsumexp(logits, axis=-1)
     target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    cross_entropy = (log_z - target_logit) * weights
+    cross_entropy = log_z - target_logit
+    if label_smoothing:
+        vocab = logits.shape[-1]
+        confidence = 1.0 - label_smoothing
+        low = label_smoothing / (vocab - 1)
+        entropy = -(confidence * jnp.log(confidence) + (vocab - 1) * low * jnp.log(low + 1e-20))
+        other_logits = logits.sum(axis=-1) - target_logit
+        smoothed = log_z - confidence * target_logit - low * other_logits - entropy
+    else:
+        smoothed = cross_entropy
     z_term = z_loss * jnp.square(log_z) * weights
     correct = (jnp.argmax(logits, axis=-1) == targets) * weights
-    return cross_entropy.sum(), z_term.sum(), correct.sum()
+    return ((cross_entropy * weights).sum(), z_term.sum(), correct.sum(),
+            (smoothed * weights).sum())
+
+
+def _token_objective(logits, targets, weights, *, z_loss: float, label_smoothing: float,
+                     normalizer):
+    """Objective and per-token metrics shared by the token-level losses.
+
+    ``normalizer`` divides the summed objective: ``None`` means this batch's real
+    target tokens; a number (a constant, or the whole batch's token count when the
+    trainer splits it into microbatches) makes the sum over microbatches exact.
+    """
+    ce_sum, z_sum, correct, optimised = _token_losses(logits, targets, weights, z_loss,
+                                                      label_smoothing)
+    num_tokens = jnp.maximum(weights.sum(), 1.0)
+    denominator = num_tokens if normalizer is None else normalizer
+    metrics = {"loss": ce_sum / num_tokens, "z_loss": z_sum / num_tokens,
+               "accuracy": correct / num_tokens, "num_target_tokens": weights.sum()}
+    return (optimised + z_sum) / denominator, metrics
 
 
 def seq2seq_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array | None = None,
-                 *, z_loss: float = 1e-4, deterministic: bool = True):
-    """Span-corruption / seq2seq loss, normalised by the number of real target tokens.
+                 *, z_loss: float = 1e-4, deterministic: bool = True, label_smoothing: float = 0.0,
+                 normalizer=None):
+    """Span-corruption / seq2seq loss, normalised by the number of real target tokens
+    (or by ``normalizer``, see :func:`_token_objective`).
 
     ``loss`` in the metrics is the cross entropy in nats per target token (what is
-    logged and compared across runs); the optimised objective adds the z-loss.
+    logged and compared across runs); the optimised objective adds the z-loss and
+    label smoothing.
     """
     rngs = {"dropout": rng} if (rng is not None and not deterministic) else None
     logits = model.apply({"params": params}, batch["encoder_input_tokens"],
@@ -39,18 +82,13 @@ def seq2seq_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array |
                          encoder_positions=batch.get("encoder_positions"),
                          decoder_positions=batch.get("decoder_positions"),
                          deterministic=deterministic, rngs=rngs)
-    weights = batch["decoder_loss_weights"]
-    ce_sum, z_sum, correct = cross_entropy_with_z_loss(
-        logits, batch["decoder_target_tokens"], weights, z_loss)
-    num_tokens = jnp.maximum(weights.sum(), 1.0)
-    objective = (ce_sum + z_sum) / num_tokens
-    metrics = {"loss": ce_sum / num_tokens, "z_loss": z_sum / num_tokens,
-               "accuracy": correct / num_tokens, "num_target_tokens": weights.sum()}
-    return objective, metrics
+    return _token_objective(logits, batch["decoder_target_tokens"], batch["decoder_loss_weights"],
+                            z_loss=z_loss, label_smoothing=label_smoothing, normalizer=normalizer)
 
 
 def causal_lm_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array | None = None,
-                   *, z_loss: float = 1e-4, deterministic: bool = True):
+                   *, z_loss: float = 1e-4, deterministic: bool = True,
+                   label_smoothing: float = 0.0, normalizer=None):
     """Next-token loss for decoder-only models over ``decoder_loss_weights`` positions
     (prefix LM: the same loss, with ``decoder_causal_attention`` marking the prefix)."""
     rngs = {"dropout": rng} if (rng is not None and not deterministic) else None
@@ -59,17 +97,13 @@ def causal_lm_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array
                          decoder_positions=batch.get("decoder_positions"),
                          decoder_causal_attention=batch.get("decoder_causal_attention"),
                          deterministic=deterministic, rngs=rngs)
-    weights = batch["decoder_loss_weights"]
-    ce_sum, z_sum, correct = cross_entropy_with_z_loss(
-        logits, batch["decoder_target_tokens"], weights, z_loss)
-    num_tokens = jnp.maximum(weights.sum(), 1.0)
-    metrics = {"loss": ce_sum / num_tokens, "z_loss": z_sum / num_tokens,
-               "accuracy": correct / num_tokens, "num_target_tokens": weights.sum()}
-    return (ce_sum + z_sum) / num_tokens, metrics
+    return _token_objective(logits, batch["decoder_target_tokens"], batch["decoder_loss_weights"],
+                            z_loss=z_loss, label_smoothing=label_smoothing, normalizer=normalizer)
 
 
 def masked_lm_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array | None = None,
-                   *, deterministic: bool = True):
+                   *, deterministic: bool = True, label_smoothing: float = 0.0,
+                   normalizer=None):
     """BERT's objective: masked-LM cross entropy over selected positions, plus next-sentence
     (ALBERT: sentence-order) cross entropy when the batch has ``next_sentence_labels``,
     plus SpanBERT's span-boundary loss when the model has that head."""
@@ -80,25 +114,26 @@ def masked_lm_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array
                       positions=batch.get("encoder_positions"),
                       span_mask=batch["encoder_loss_weights"] > 0,
                       deterministic=deterministic, rngs=rngs)
-    weights = batch["encoder_loss_weights"]
-    ce_sum, _, correct = cross_entropy_with_z_loss(out["mlm_logits"],
-                                                   batch["encoder_target_tokens"], weights)
-    num_tokens = jnp.maximum(weights.sum(), 1.0)
-    loss = ce_sum / num_tokens
-    metrics = {"mlm_loss": loss, "accuracy": correct / num_tokens,
-               "num_target_tokens": weights.sum()}
+    token_loss = functools.partial(_token_objective, targets=batch["encoder_target_tokens"],
+                                   weights=batch["encoder_loss_weights"], z_loss=0.0,
+                                   label_smoothing=label_smoothing, normalizer=normalizer)
+    objective, token_metrics = token_loss(out["mlm_logits"])
+    loss = token_metrics["loss"]
+    metrics = {"mlm_loss": loss, "accuracy": token_metrics["accuracy"],
+               "num_target_tokens": token_metrics["num_target_tokens"]}
     if "sbo_logits" in out:  # SpanBERT: the span-boundary loss over the same positions
-        sbo_sum, _, _ = cross_entropy_with_z_loss(out["sbo_logits"], batch["encoder_target_tokens"],
-                                                  weights)
-        metrics["sbo_loss"] = sbo_sum / num_tokens
-        loss = loss + metrics["sbo_loss"]
+        sbo_objective, sbo_metrics = token_loss(out["sbo_logits"])
+        metrics["sbo_loss"] = sbo_metrics["loss"]
+        loss = loss + sbo_metrics["loss"]
+        objective = objective + sbo_objective
     if "next_sentence_labels" in batch:
         nsp_logp = jax.nn.log_softmax(out["nsp_logits"])
         nsp = -jnp.take_along_axis(nsp_logp, batch["next_sentence_labels"][:, None], -1).mean()
         metrics["nsp_loss"] = nsp
         loss = loss + nsp
+        objective = objective + nsp
     metrics["loss"] = loss
-    return loss, metrics
+    return objective, metrics
 
 
 # -- fine-tuning heads (models.heads.WithHead) -------------------------------------------------

@@ -29,9 +29,19 @@ def learning_rate_schedule(cfg, num_train_steps: int) -> optax.Schedule:
     return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), after], [warmup])
 
 
-def _decay_mask(params):
-    """Weight decay only on matrices: norms' scales and biases (1-D) are skipped."""
-    return jax.tree.map(lambda p: p.ndim > 1, params)
+NO_DECAY_NAMES = ("bias", "scale")
+
+
+def decay_mask(params):
+    """True where AdamW's weight decay applies: weight matrices and embeddings.
+
+    Norm scales and biases are skipped by name (attention biases can be 2-D, so
+    the rank alone is not enough) and anything below rank 2 is skipped too.
+    """
+    def decays(path, leaf) -> bool:
+        name = str(getattr(path[-1], "key", path[-1])) if path else ""
+        return leaf.ndim > 1 and name not in NO_DECAY_NAMES
+    return jax.tree_util.tree_map_with_path(decays, params)
 
 
 def make_optimizer(cfg, num_train_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
@@ -43,9 +53,64 @@ def make_optimizer(cfg, num_train_steps: int) -> tuple[optax.GradientTransformat
                              weight_decay_rate=cfg.weight_decay or None)
     elif cfg.name == "adamw":
         tx = optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay,
-                         mask=_decay_mask)
+                         mask=decay_mask)
     else:
         raise ValueError(f"Unknown optimizer.name {cfg.name!r}; choose adafactor or adamw.")
     if cfg.grad_clip_norm and cfg.grad_clip_norm > 0:
         tx = optax.chain(optax.clip_by_global_norm(cfg.grad_clip_norm), tx)
     return tx, schedule
+
+
+def split_microbatches(batch, num_microbatches: int, batch_axes):
+    """``[B, ...]`` -> ``[k, B/k, ...]`` where microbatch ``i`` takes rows ``i, i+k, ...``.
+
+    Strided rows keep every device's share of each microbatch equal (a contiguous
+    split would put a whole microbatch on a few devices of the data axes).
+    ``batch_axes`` are the mesh axes of the batch dimension (None: no mesh).
+    """
+    from jax.sharding import PartitionSpec
+
+    def split(x):
+        rows = x.shape[0] // num_microbatches
+        x = x.reshape((rows, num_microbatches) + x.shape[1:]).swapaxes(0, 1)
+        if batch_axes is None:  # no mesh: nothing to constrain
+            return x
+        return jax.lax.with_sharding_constraint(
+            x, PartitionSpec(None, batch_axes, *([None] * (x.ndim - 2))))
+    return jax.tree.map(split, batch)
+
+
+def accumulate_gradients(loss_and_grad, params, batch, num_microbatches: int, batch_axes):
+    """Sums ``loss_and_grad(params, microbatch, index) -> ((objective, metrics), grads)``
+    over ``num_microbatches`` slices of ``batch`` with a scan, so activation memory
+    is that of one microbatch.
+
+    Objectives are normalised by the whole batch (see ``objectives``), so the sum
+    of the microbatch gradients is the gradient of the whole batch. Per-token
+    metrics are averaged weighted by ``num_target_tokens``; that count is summed.
+    """
+    if num_microbatches == 1:
+        return loss_and_grad(params, batch, 0)
+    micro = split_microbatches(batch, num_microbatches, batch_axes)
+
+    def body(carry, inputs):
+        index, microbatch = inputs
+        (objective, metrics), grads = loss_and_grad(params, microbatch, index)
+        tokens = metrics["num_target_tokens"]
+        weighted = {k: (v if k == "num_target_tokens" else v * tokens) for k, v in metrics.items()}
+        acc_objective, acc_metrics, acc_grads = carry
+        acc_grads = jax.tree.map(lambda a, g: a + g.astype(a.dtype), acc_grads, grads)
+        acc_metrics = jax.tree.map(jnp.add, acc_metrics, weighted)
+        return (acc_objective + objective, acc_metrics, acc_grads), None
+
+    first = jax.tree.map(lambda x: x[0], micro)
+    metric_shapes = jax.eval_shape(lambda: loss_and_grad(params, first, 0)[0][1])
+    init = (jnp.zeros((), jnp.float32),
+            jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), metric_shapes),
+            jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
+    (objective, sums, grads), _ = jax.lax.scan(
+        body, init, (jnp.arange(num_microbatches), micro))
+    tokens = jnp.maximum(sums["num_target_tokens"], 1.0)
+    metrics = {k: (v if k == "num_target_tokens" else v / tokens) for k, v in sums.items()}
+    grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+    return (objective, metrics), grads

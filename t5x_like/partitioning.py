@@ -2,11 +2,14 @@
 
 Models name axes logically; a rule set maps each logical name to mesh axes.
 Changing strategy (data parallel, FSDP, FSDP + tensor) is a config change.
+Multi-host runs join through :func:`initialize_distributed` before any device is used.
 """
 
 from __future__ import annotations
 
-from typing import Mapping
+import dataclasses
+import os
+from typing import Callable, Mapping
 
 import flax.linen as nn
 import jax
@@ -75,3 +78,94 @@ def global_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str,
     sharding = batch_sharding(mesh)
     return {key: jax.make_array_from_process_local_data(sharding, value)
             for key, value in local_batch.items()}
+
+
+# -- multi-host initialisation -------------------------------------------------
+
+ENV_COORDINATOR = "T5X_LIKE_COORDINATOR_ADDRESS"
+ENV_NUM_PROCESSES = "T5X_LIKE_NUM_PROCESSES"
+ENV_PROCESS_ID = "T5X_LIKE_PROCESS_ID"
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedSettings:
+    """How this process joins a multi-process run. ``coordinator_address`` None means
+    "let JAX read the cluster" (Cloud TPU VM metadata, SLURM, Open MPI, Kubernetes)."""
+    coordinator_address: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+    detected: str = "flags"
+
+
+def distributed_settings(coordinator_address: str | None = None,
+                         num_processes: int | None = None, process_id: int | None = None,
+                         environ: Mapping[str, str] | None = None,
+                         detect_cluster: Callable[[], str | None] | None = None
+                         ) -> DistributedSettings | None:
+    """Decides whether and how to call ``jax.distributed.initialize``.
+
+    Flags win, then ``T5X_LIKE_*`` environment variables (GPU clusters, launch_local);
+    without either, a cluster JAX knows how to read (Cloud TPU VM, SLURM, MPI) is
+    detected. ``None`` means a single-process run.
+    """
+    environ = os.environ if environ is None else environ
+    explicit = {
+        "coordinator_address": coordinator_address or environ.get(ENV_COORDINATOR),
+        "num_processes": num_processes if num_processes is not None
+        else environ.get(ENV_NUM_PROCESSES),
+        "process_id": process_id if process_id is not None else environ.get(ENV_PROCESS_ID),
+    }
+    given = {k: v for k, v in explicit.items() if v not in (None, "")}
+    if given:
+        missing = sorted(set(explicit) - set(given))
+        if missing:
+            raise ValueError(
+                f"Multi-process settings are incomplete: got {sorted(given)}, missing {missing}. "
+                f"Pass all of --coordinator_address=HOST:PORT --num_processes=N --process_id=I "
+                f"(or {ENV_COORDINATOR}, {ENV_NUM_PROCESSES}, {ENV_PROCESS_ID}).")
+        try:
+            count, index = int(given["num_processes"]), int(given["process_id"])
+        except ValueError:
+            raise ValueError(f"num_processes={given['num_processes']!r} and process_id="
+                             f"{given['process_id']!r} must be integers.") from None
+        if count < 1 or not 0 <= index < count:
+            raise ValueError(f"process_id={index} must be in [0, num_processes={count}).")
+        if ":" not in str(given["coordinator_address"]):
+            raise ValueError(f"coordinator_address={given['coordinator_address']!r} needs a port, "
+                             "e.g. 10.0.0.1:8476 (process 0's host).")
+        return DistributedSettings(str(given["coordinator_address"]), count, index)
+    cluster = (detect_cluster or detected_cluster)()
+    return DistributedSettings(detected=cluster) if cluster else None
+
+
+def detected_cluster() -> str | None:
+    """The name of the cluster environment JAX would auto-configure from, if any."""
+    try:
+        from jax._src import clusters
+        for cluster in clusters.ClusterEnv._cluster_types:
+            if cluster.is_env_present():
+                return cluster.__name__
+    except Exception:  # private API moved: fall back to flags and environment only
+        return None
+    return None
+
+
+def initialize_distributed(settings: DistributedSettings | None) -> None:
+    """Joins the run (once, before any device is touched); a no-op for one process."""
+    if settings is None:
+        return
+    # CPU processes (launch_local, tests) exchange collectives over gloo on loopback.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if settings.coordinator_address is None:
+        jax.distributed.initialize()
+    else:
+        jax.distributed.initialize(settings.coordinator_address, settings.num_processes,
+                                   settings.process_id)
+
+
+def any_process(flag: bool) -> bool:
+    """True on every process when ``flag`` is true on any; keeps multi-process loops in step."""
+    if jax.process_count() == 1:
+        return flag
+    from jax.experimental import multihost_utils
+    return bool(np.any(multihost_utils.process_allgather(np.array([flag]))))

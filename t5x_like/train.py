@@ -33,6 +33,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--workdir", required=True,
                         help="Output directory; an existing run there is resumed.")
     parser.add_argument("--quiet", action="store_true", help="No progress output.")
+    multi = parser.add_argument_group(
+        "multi-process runs (GPU clusters; Cloud TPU VMs, SLURM and MPI are detected)")
+    multi.add_argument("--coordinator_address", help="HOST:PORT of process 0.")
+    multi.add_argument("--num_processes", type=int, help="Processes in the run.")
+    multi.add_argument("--process_id", type=int, help="This process's index, from 0.")
     overrides, rest = [], []
     for arg in argv:
         if arg.startswith("--config."):
@@ -74,7 +79,7 @@ class _PreemptionFlag:
         signal.signal(signal.SIGTERM, self._previous)
 
 
-def _check_same_model(saved_config: dict, config) -> None:
+def _check_same_model(saved_config: dict, config, source: str = "") -> None:
     saved_model = saved_config.get("model", {})
     current = config.model.to_dict()
     differing = sorted(k for k in set(saved_model) | set(current)
@@ -82,9 +87,31 @@ def _check_same_model(saved_config: dict, config) -> None:
     if differing:
         details = ", ".join(f"model.{k}: checkpoint {saved_model.get(k)!r} vs config "
                             f"{current.get(k)!r}" for k in differing)
+        if source:
+            raise config_lib.ConfigError(
+                f"{source} holds a different model ({details}). Set the model keys to the "
+                "pretrained model's, e.g. use the config it was trained or converted with.")
         raise config_lib.ConfigError(
             f"The workdir holds checkpoints of a different model ({details}). Use a new "
             "--workdir, or the same model settings to resume.")
+
+
+def _pretrained_state(config, trainer):
+    """Step 0 from a params-only pretrained folder, for fine-tuning or continued pretraining."""
+    from t5x_like.convert import pretrained
+
+    folder = pathlib.Path(config.init_from)
+    if not (folder / "model_config.json").is_file():
+        raise config_lib.ConfigError(
+            f"init_from={config.init_from!r} is not a pretrained folder (no model_config.json); "
+            "point it at the --out folder of `python -m t5x_like.convert import` or of "
+            "t5x_like.convert.pretrained.save_pretrained.")
+    model_config, params = pretrained.load_pretrained(folder)
+    _check_same_model({"model": model_config}, config, source=f"init_from={config.init_from!r}")
+    try:
+        return trainer.state_from_params(params)
+    except ValueError as e:
+        raise config_lib.ConfigError(f"init_from={config.init_from!r}: {e}") from None
 
 
 def _normalise(value):
@@ -100,7 +127,7 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     import jax  # imported late: config mistakes are reported before JAX starts
     import numpy as np
 
-    from t5x_like import checkpointing, metrics_writer, models, objectives, optim, partitioning
+    from t5x_like import checkpointing, flops, hardware, metrics_writer, partitioning
     from t5x_like import trainer as trainer_lib
     from t5x_like.data import pipeline
     from t5x_like.data.dataset_providers import TaskRegistry
@@ -132,19 +159,12 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
             f"batch_size={config.batch_size}; lower batch_size.")
 
     # Model, optimizer, mesh.
-    model = models.build_model(config.model)
-    optimizer, schedule = optim.make_optimizer(config.optimizer, config.num_train_steps)
     mesh = partitioning.make_mesh(mesh_shape, devices)
-    rules = partitioning.axis_rules(config.partitioning.rules)
-    feature_lengths = {"encoder_input_tokens": lengths["inputs"],
-                       "decoder_input_tokens": lengths["targets"],
-                       "decoder_target_tokens": lengths["targets"]}
-    loss_fn = lambda m, p, b, r: objectives.seq2seq_loss(m, p, b, r, z_loss=config.loss.z_loss)
-    trainer = trainer_lib.Trainer(model, loss_fn, optimizer, schedule, mesh, rules,
-                                  feature_lengths, seed=config.seed)
+    trainer = trainer_lib.build_trainer(config, mesh)
 
     # State: resume or initialise.
-    checkpointer = checkpointing.Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints)
+    checkpointer = checkpointing.Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints,
+                                             keep_every=config.keep_checkpoints_every_steps)
     latest = checkpointer.latest_step()
     train_iter = pipeline.HostBatchIterator(train_ds, config.batch_size, process_count)
     if latest is not None:
@@ -152,6 +172,9 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
         state, data_state, _ = checkpointer.restore(latest, trainer.abstract_state)
         train_iter.set_state(data_state)
         progress.message(f"Resumed from {checkpointer.directory / str(latest)} at step {latest}.")
+    elif config.init_from:
+        state = _pretrained_state(config, trainer)
+        progress.message(f"Initialised params from {config.init_from} (optimizer state fresh).")
     else:
         state = trainer.init_state(config.seed)
     start_step = int(state.step)
@@ -164,7 +187,9 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
 
     writer = metrics_writer.MetricsWriter(workdir, enabled=is_chief)
     preemption = _PreemptionFlag()
-    tokens_per_step = config.batch_size * (lengths["inputs"] + lengths["targets"])
+    tokens_per_step = config.batch_size * sum(lengths.values())
+    flops_per_step = flops.train_flops_per_step(config.model, lengths, config.batch_size)
+    peak = hardware.peak_flops(devices[0].device_kind, config.peak_flops_per_device)
 
     def evaluate(params) -> dict:
         eval_iter = pipeline.HostBatchIterator(eval_ds, config.batch_size, process_count)
@@ -184,6 +209,7 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     pending: list[dict] = []
     interval_start, interval_steps = time.monotonic(), 0
     step = start_step
+    preempted = False
     try:
         while step < config.num_train_steps:
             batch = partitioning.global_batch(next(train_iter), mesh)
@@ -193,22 +219,34 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
             interval_steps += 1
             is_last = step == config.num_train_steps
             do_eval = step % config.eval_every_steps == 0 or is_last
-            do_log = (step % config.log_every_steps == 0 or step == start_step + 1 or do_eval
-                      or preemption.requested)
             do_checkpoint = step % config.checkpoint_every_steps == 0 or is_last
+            # One process alone may get SIGTERM: processes agree at log and checkpoint
+            # steps (a cheap all-gather), so they save and stop at the same step.
+            if process_count == 1:
+                preempted = preemption.requested
+            elif step % config.log_every_steps == 0 or do_checkpoint:
+                preempted = partitioning.any_process(preemption.requested)
+            do_log = (step % config.log_every_steps == 0 or step == start_step + 1 or do_eval
+                      or preempted)
             if do_log or do_checkpoint:
                 fetched = jax.device_get(pending)
                 pending = []
                 elapsed = time.monotonic() - interval_start
-                record = {key: float(np.mean([m[key] for m in fetched])) for key in fetched[0]}
-                record["learning_rate"] = float(fetched[-1]["learning_rate"])
+                record = _interval_record(fetched)
                 record["tokens_per_sec"] = tokens_per_step * interval_steps / max(elapsed, 1e-9)
                 record["steps_per_sec"] = interval_steps / max(elapsed, 1e-9)
-                if not math.isfinite(record["loss"]):
+                if peak:
+                    record["mfu"] = flops.mfu(flops_per_step, record["steps_per_sec"],
+                                              len(devices), peak)
+                bad = _first_nonfinite_step(fetched, step)
+                if bad is not None and config.on_nonfinite_loss == "stop":
+                    latest_good = checkpointer.latest_step()
                     raise FloatingPointError(
-                        f"Train loss is {record['loss']} at step {step}; stopping without saving. "
-                        f"The last good checkpoint in {checkpointer.directory} is intact. Lower "
-                        "optimizer.learning_rate or enable optimizer.grad_clip_norm, then rerun.")
+                        f"Train loss or gradient is NaN/Inf at step {bad}; stopping without saving. "
+                        f"The last good checkpoint (step {latest_good}) in "
+                        f"{checkpointer.directory} is intact and the next run resumes from it. "
+                        "Lower optimizer.learning_rate or enable optimizer.grad_clip_norm, or set "
+                        "--config.on_nonfinite_loss=skip_update to skip such steps.")
                 if do_eval:
                     last_eval = evaluate(state.params)
                     record.update(last_eval)
@@ -221,9 +259,9 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
                     progress.message(f"step {step}: held-out loss {last_eval['eval_loss']:.4f}, "
                                      f"accuracy {last_eval['eval_accuracy']:.3f}")
                 interval_start, interval_steps = time.monotonic(), 0
-            if do_checkpoint or preemption.requested:
-                save(step, force=preemption.requested)
-            if preemption.requested:
+            if do_checkpoint or preempted:
+                save(step, force=preempted)
+            if preempted:
                 progress.message(f"SIGTERM received: saved a checkpoint at step {step}, exiting.")
                 break
     finally:
@@ -236,6 +274,28 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
         latest = checkpointer.latest_step()
         print(_summary(workdir, latest, last_train, last_eval, config_path, config), flush=True)
     return {"train": last_train, "eval": last_eval, "step": step}
+
+
+def _interval_record(fetched: list[dict]) -> dict:
+    """Means over the steps since the last log; skipped (non-finite) steps are left out
+    of the means and counted in ``skipped_updates``."""
+    import numpy as np
+
+    kept = [m for m in fetched if not m.get("skipped_updates", 0.0)] or fetched
+    record = {key: float(np.mean([m[key] for m in kept])) for key in fetched[0]}
+    if "skipped_updates" in fetched[0]:
+        record["skipped_updates"] = float(sum(m["skipped_updates"] for m in fetched))
+    record["learning_rate"] = float(fetched[-1]["learning_rate"])
+    return record
+
+
+def _first_nonfinite_step(fetched: list[dict], last_step: int) -> int | None:
+    """The step number of the first fetched step with a NaN/Inf loss or gradient norm."""
+    first = last_step - len(fetched) + 1
+    for offset, m in enumerate(fetched):
+        if not (math.isfinite(float(m["loss"])) and math.isfinite(float(m["grad_norm"]))):
+            return first + offset
+    return None
 
 
 def _summary(workdir, latest, last_train, last_eval, config_path, config) -> str:
@@ -264,6 +324,14 @@ def main(argv: list[str] | None = None) -> int:
     except config_lib.ConfigError as e:
         print(f"Config error: {e}", file=sys.stderr)
         return 2
+    from t5x_like import partitioning  # imports JAX: after the config is known to be good
+    try:
+        settings = partitioning.distributed_settings(args.coordinator_address,
+                                                     args.num_processes, args.process_id)
+    except ValueError as e:
+        print(f"Multi-process setup error: {e}", file=sys.stderr)
+        return 2
+    partitioning.initialize_distributed(settings)
     try:
         run(config, args.workdir, config_path=args.config, quiet=args.quiet)
     except config_lib.ConfigError as e:

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from t5x_like import models, partitioning
+from t5x_like import models, objectives, optim, partitioning
 
 
 @flax.struct.dataclass
@@ -26,6 +26,69 @@ class TrainState:
 
 
 LossFn = Callable[..., tuple[jax.Array, dict]]
+
+# What each model family trains on: its objective and the batch features the model reads.
+FAMILY_LOSSES = {
+    "encoder_decoder": objectives.seq2seq_loss,
+    "decoder": objectives.causal_lm_loss,
+    "encoder": objectives.masked_lm_loss,
+}
+
+
+def make_loss_fn(family: str, loss_config) -> LossFn:
+    """``(model, params, batch, rng, normalizer=None) -> (objective, metrics)`` for ``family``.
+
+    Dropout is on exactly when an rng is given (training); evaluation passes none.
+    """
+    family = models.structure(family)  # BART trains as an encoder-decoder
+    loss = FAMILY_LOSSES[family]
+    options = {"label_smoothing": float(loss_config.label_smoothing)}
+    if family != "encoder":  # BERT's objective has no z-loss
+        options["z_loss"] = float(loss_config.z_loss)
+
+    def loss_fn(model, params, batch, rng, normalizer=None):
+        return loss(model, params, batch, rng, deterministic=rng is None, normalizer=normalizer,
+                    **options)
+    return loss_fn
+
+
+def model_feature_lengths(family: str, task_feature_lengths) -> dict[str, int]:
+    """Model input lengths from the task's ``inputs``/``targets`` lengths.
+
+    Decoders read one sequence: ``targets`` (``inputs`` + ``targets`` for a prefix
+    LM task that has both); encoders read ``inputs``.
+    """
+    lengths = dict(task_feature_lengths)
+    family = models.structure(family)
+    if family == "encoder_decoder":
+        return {"encoder_input_tokens": lengths["inputs"],
+                "decoder_input_tokens": lengths["targets"],
+                "decoder_target_tokens": lengths["targets"]}
+    if family == "decoder":
+        length = lengths.get("inputs", 0) + lengths["targets"]
+        return {"decoder_input_tokens": length, "decoder_target_tokens": length}
+    return {"encoder_input_tokens": lengths["inputs"], "encoder_target_tokens": lengths["inputs"]}
+
+
+def abstract_batch(family: str, task_feature_lengths, batch_size: int, sharding=None) -> dict:
+    """Shapes and dtypes of one global training batch, for ahead-of-time compilation."""
+    lengths = model_feature_lengths(family, task_feature_lengths)
+    family = models.structure(family)
+    batch = {name: jax.ShapeDtypeStruct((batch_size, n), jnp.int32, sharding=sharding)
+             for name, n in lengths.items()}
+    weights = "encoder_loss_weights" if family == "encoder" else "decoder_loss_weights"
+    target = "encoder_target_tokens" if family == "encoder" else "decoder_target_tokens"
+    batch[weights] = jax.ShapeDtypeStruct((batch_size, lengths[target]), jnp.float32,
+                                          sharding=sharding)
+    return batch
+
+
+def loss_weights(batch) -> jax.Array:
+    """The batch's loss-weight feature (``decoder_loss_weights`` or ``encoder_loss_weights``)."""
+    keys = [k for k in batch if k.endswith("_loss_weights")]
+    if len(keys) != 1:
+        raise ValueError(f"Expected one *_loss_weights feature in the batch, found {sorted(batch)}.")
+    return batch[keys[0]]
 
 
 def abstract_boxed_params(model: nn.Module, model_feature_lengths: Mapping[str, int]):
@@ -76,8 +139,16 @@ class Trainer:
 
     def __init__(self, model: nn.Module, loss_fn: LossFn, optimizer: optax.GradientTransformation,
                  schedule: optax.Schedule, mesh, rules, model_feature_lengths: Mapping[str, int],
-                 seed: int = 0):
+                 seed: int = 0, microbatches: int = 1, loss_normalizer: float | None = None,
+                 skip_nonfinite_updates: bool = False):
+        """``microbatches`` > 1 accumulates gradients over that many slices of each batch;
+        ``loss_normalizer`` divides summed losses by a constant instead of the real
+        target-token count; ``skip_nonfinite_updates`` keeps params and optimizer
+        state unchanged on a step whose loss or gradient is NaN/Inf."""
         self.model = model
+        self.microbatches = int(microbatches)
+        self.loss_normalizer = loss_normalizer
+        self.skip_nonfinite_updates = skip_nonfinite_updates
         self.seed = seed
         self.loss_fn = loss_fn
         self.optimizer = optimizer
@@ -107,6 +178,10 @@ class Trainer:
             in_shardings=(self.state_shardings, self.batch_sharding),
             out_shardings=(self.state_shardings, partitioning.replicated(mesh)),
             donate_argnums=(0,))
+        self._fresh_state = jax.jit(
+            lambda params: TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                                      opt_state=self.optimizer.init(params)),
+            in_shardings=(self.state_shardings.params,), out_shardings=self.state_shardings)
         self._eval_step = jax.jit(
             self._eval_step_fn,
             in_shardings=(self.state_shardings.params, self.batch_sharding),
@@ -122,13 +197,31 @@ class Trainer:
     def _train_step_fn(self, state: TrainState, batch):
         # Dropout randomness derives from (seed, step): resumed runs replay it exactly.
         rng = jax.random.fold_in(jax.random.key(self.seed + 1), state.step)
-        grad_fn = jax.value_and_grad(
-            lambda params: self.loss_fn(self.model, params, batch, rng), has_aux=True)
-        (_, metrics), grads = grad_fn(state.params)
+        normalizer = self.loss_normalizer
+        if normalizer is None and self.microbatches > 1:
+            # Every microbatch divides by the whole batch's tokens: the summed
+            # gradient is then the whole batch's gradient.
+            normalizer = jnp.maximum(loss_weights(batch).sum(), 1.0)
+
+        def loss_and_grad(params, microbatch, index):
+            micro_rng = jax.random.fold_in(rng, index)
+            kwargs = {} if normalizer is None else {"normalizer": normalizer}
+            return jax.value_and_grad(
+                lambda p: self.loss_fn(self.model, p, microbatch, micro_rng, **kwargs),
+                has_aux=True)(params)
+
+        (_, metrics), grads = optim.accumulate_gradients(
+            loss_and_grad, state.params, batch, self.microbatches, partitioning.BATCH_AXES)
+        grad_norm = optax.tree.norm(grads)
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        metrics = dict(metrics, learning_rate=self.schedule(state.step),
-                       grad_norm=optax.tree.norm(grads))
+        metrics = dict(metrics, learning_rate=self.schedule(state.step), grad_norm=grad_norm)
+        if self.skip_nonfinite_updates:
+            finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
+            keep = lambda new, old: jnp.where(finite, new, old)
+            params = jax.tree.map(keep, params, state.params)
+            opt_state = jax.tree.map(keep, opt_state, state.opt_state)
+            metrics["skipped_updates"] = 1.0 - finite.astype(jnp.float32)
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
     def _eval_step_fn(self, params, batch):
@@ -145,6 +238,35 @@ class Trainer:
         with self._context():
             return self._init(jax.random.key(seed))
 
+    def state_from_params(self, params) -> TrainState:
+        """Step 0 with given (e.g. pretrained, host numpy) params and a fresh optimizer state.
+
+        Params are placed onto this mesh's shardings from host memory, so any saved
+        layout loads; a structure or shape mismatch names the first differing parameter.
+        """
+        expected = self.abstract_state.params
+        flat_expected = dict(_flat_with_paths(expected))
+        flat_given = dict(_flat_with_paths(params))
+        missing = sorted(set(flat_expected) - set(flat_given))
+        extra = sorted(set(flat_given) - set(flat_expected))
+        if missing or extra:
+            raise ValueError(f"Pretrained params do not match the model: missing {missing[:3]}, "
+                             f"unexpected {extra[:3]}. Use the model config the params were "
+                             "saved with.")
+        for path, want in flat_expected.items():
+            if tuple(flat_given[path].shape) != tuple(want.shape):
+                raise ValueError(f"Pretrained param {path} has shape {flat_given[path].shape}, the "
+                                 f"model expects {want.shape}. Use the model config the params "
+                                 "were saved with.")
+        placed = jax.tree.map(
+            lambda want, value: jax.make_array_from_callback(
+                want.shape, want.sharding,
+                lambda index, value=value: jnp.asarray(value[index], want.dtype)),
+            expected, jax.tree.unflatten(jax.tree.structure(expected),
+                                         [flat_given[p] for p in flat_expected]))
+        with self._context():
+            return self._fresh_state(placed)
+
     def train_step(self, state: TrainState, batch) -> tuple[TrainState, dict]:
         with self._context():
             return self._train_step(state, batch)
@@ -157,6 +279,20 @@ class Trainer:
     def eval_step(self, params, batch) -> dict:
         with self._context():
             return self._eval_step(params, batch)
+
+
+def build_trainer(config, mesh) -> Trainer:
+    """The Trainer a run config describes: model, objective, optimizer and rules on ``mesh``."""
+    model = models.build_model(config.model)
+    optimizer, schedule = optim.make_optimizer(config.optimizer, config.num_train_steps)
+    rules = partitioning.axis_rules(config.partitioning.rules)
+    family = config.model.family
+    normalizer = (float(config.loss.normalizing_constant)
+                  if config.loss.normalization == "constant" else None)
+    return Trainer(model, make_loss_fn(family, config.loss), optimizer, schedule, mesh, rules,
+                   model_feature_lengths(family, config.task_feature_lengths), seed=config.seed,
+                   microbatches=config.optimizer.microbatches, loss_normalizer=normalizer,
+                   skip_nonfinite_updates=config.on_nonfinite_loss == "skip_update")
 
 
 class _MeshAndRules:
@@ -174,6 +310,11 @@ class _MeshAndRules:
         self._rules_cm.__exit__(*exc)
         self._mesh_cm.__exit__(*exc)
         return False
+
+
+def _flat_with_paths(tree) -> list[tuple[str, Any]]:
+    return [("/".join(_path_tuple(path)), leaf)
+            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
 
 def param_count(params) -> int:

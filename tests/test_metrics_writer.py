@@ -54,3 +54,10 @@ def test_disabled_writer_writes_nothing(tmp_path):
     writer.write(1, {"loss": 1.0})
     writer.close()
     assert not (tmp_path / "other").exists()
+
+
+def test_progress_shows_accuracy_and_mfu_when_known():
+    stream = io.StringIO()
+    progress = metrics_writer.Progress(100, stream=stream)
+    progress.update(10, {"loss": 3.25, "accuracy": 0.125, "tokens_per_sec": 1.0, "mfu": 0.4321})
+    assert "acc 0.125" in stream.getvalue() and "MFU 43.2%" in stream.getvalue()

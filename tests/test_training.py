@@ -145,3 +145,46 @@ def test_batch_larger_than_the_validation_split_is_refused_before_compiling(tmp_
     with pytest.raises(config_lib.ConfigError, match="fewer than one batch of batch_size=4096"):
         train.run(tiny_config(batch_size=4096), str(tmp_path), quiet=True)
     assert not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_kill_9_at_random_moments_always_resumes_from_the_newest_complete_checkpoint(tmp_path):
+    """SIGKILL gives no chance to save: the restart must find the newest checkpoint
+    that finished writing (orbax renames a finished save into place) and load it."""
+    import random
+    import re
+    import time
+
+    rng = random.Random(5)
+    command = tiny_cli_command(tmp_path, "--config.checkpoint_every_steps=2",
+                               "--config.log_every_steps=1", "--config.eval_every_steps=1000")
+    checkpoints = tmp_path / "checkpoints"
+
+    def complete_steps() -> list[int]:
+        if not checkpoints.exists():
+            return []
+        return sorted(int(p.name) for p in checkpoints.iterdir() if p.name.isdigit())
+
+    for round_index in range(3):
+        log = tmp_path / f"round{round_index}.log"
+        with open(log, "w") as stderr:
+            process = subprocess.Popen(command + ["--config.num_train_steps=100000"], cwd=REPO,
+                                       env=CLI_ENV, stdout=subprocess.DEVNULL, stderr=stderr)
+        try:
+            before = complete_steps()
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and complete_steps() == before:
+                time.sleep(0.05)
+            assert complete_steps() != before, log.read_text()
+            time.sleep(rng.uniform(0.0, 1.5))  # a random moment: mid-step, mid-save, mid-log
+        finally:
+            process.kill()
+            process.wait(timeout=60)
+        newest = complete_steps()[-1]
+        if round_index > 0:
+            assert re.search(r"Resumed from .* at step (\d+)", log.read_text())
+        final = subprocess.run(command + [f"--config.num_train_steps={newest + 1}"], cwd=REPO,
+                               env=CLI_ENV, capture_output=True, text=True, timeout=300)
+        assert final.returncode == 0, final.stderr
+        assert f"at step {newest}." in final.stderr
+        assert complete_steps()[-1] == newest + 1

@@ -1,0 +1,81 @@
+"""Model FLOPs for MFU: what one training step must compute, from the config alone.
+
+Counted as in the PaLM paper (appendix B): 2 FLOPs per multiply-add of every
+matmul, training = 3 x forward (the backward pass costs two forward passes), and
+attention's score and value matmuls counted in full (no causal halving):
+
+    per layer and sequence, attention scores + values = 2 * 2 * S_q * S_k * H * Dh
+
+with ``H`` heads of size ``Dh`` and ``G = len(mlp_activations)`` input projections
+in the MLP (2 for gated GeLU). Per sequence, forward:
+
+- decoder (GPT):   2*S*L*(4*d*H*Dh + (G+1)*d*F) + 4*L*S^2*H*Dh + 2*S*d*V
+                   (grouped-query: 2*d*(H + K)*Dh instead of 4*d*H*Dh, K key/value heads)
+- encoder (BERT):  the same, plus the MLM transform 2*S*d*d (logits at every position);
+                   ALBERT (embeddings of width E): 2*S*E*d up-projection, 2*S*d*E
+                   transform and 2*S*E*V logits
+- encoder-decoder (T5, BART), inputs S_i, targets S_t:
+      encoder  2*S_i*Le*(4*d*H*Dh + (G+1)*d*F) + 4*Le*S_i^2*H*Dh
+      decoder  2*S_t*Ld*(6*d*H*Dh + (G+1)*d*F) + 2*S_i*Ld*2*d*H*Dh   (cross-attn keys/values)
+               + 4*Ld*(S_t^2 + S_t*S_i)*H*Dh + 2*S_t*d*V
+
+Embedding lookups, norms, softmaxes and the optimizer are left out (small, and
+not what MFU measures). Model FLOPs do not change with rematerialisation.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from t5x_like.models import structure
+
+
+def _layer_matmuls(d: int, heads: int, head_dim: int, d_ff: int, activations, attention_mats=4,
+                   kv_heads: int | None = None):
+    """Multiply-adds per token of one layer's projections (attention and MLP). With
+    grouped-query attention the key and value projections have ``kv_heads`` heads."""
+    kv_heads = kv_heads or heads
+    attention = (attention_mats - 2) * d * heads * head_dim + 2 * d * kv_heads * head_dim
+    return attention + (len(tuple(activations)) + 1) * d * d_ff
+
+
+def forward_flops_per_sequence(model: Mapping, lengths: Mapping[str, int]) -> float:
+    """Forward FLOPs of one sequence (example) for ``model`` (a ``config.model``) at the
+    task feature ``lengths`` (``inputs``/``targets``)."""
+    family = structure(model["family"])  # BART counts as an encoder-decoder
+    d, h, dh, f, v = (model["d_model"], model["num_heads"], model["head_dim"], model["d_ff"],
+                      model["vocab_size"])
+    act = model["mlp_activations"]
+    attn = h * dh
+    if family == "decoder":
+        s = lengths.get("inputs", 0) + lengths["targets"]
+        layers = model["num_layers"]
+        matmuls = _layer_matmuls(d, h, dh, f, act, kv_heads=model.get("num_kv_heads") or h)
+        return 2 * s * layers * matmuls + 4 * layers * s * s * attn + 2 * s * d * v
+    if family == "encoder":
+        s = lengths["inputs"]
+        layers = model["num_layers"]
+        e = model.get("embedding_dim") or d  # ALBERT: factorized embeddings of width e
+        projection = 2 * s * e * d if model.get("embedding_dim") else 0
+        return (2 * s * layers * _layer_matmuls(d, h, dh, f, act) + 4 * layers * s * s * attn
+                + projection + 2 * s * d * e + 2 * s * e * v)
+    if family == "encoder_decoder":
+        si, st = lengths["inputs"], lengths["targets"]
+        le, ld = model["num_encoder_layers"], model["num_decoder_layers"]
+        encoder = 2 * si * le * _layer_matmuls(d, h, dh, f, act) + 4 * le * si * si * attn
+        decoder = (2 * st * ld * _layer_matmuls(d, h, dh, f, act, attention_mats=6)
+                   + 2 * si * ld * 2 * d * attn
+                   + 4 * ld * (st * st + st * si) * attn + 2 * st * d * v)
+        return encoder + decoder
+    raise ValueError(f"Unknown model.family {family!r}; choose encoder_decoder, decoder or encoder.")
+
+
+def train_flops_per_step(model: Mapping, lengths: Mapping[str, int], batch_size: int) -> float:
+    """Model FLOPs of one training step over the global batch (3 x forward)."""
+    return 3.0 * forward_flops_per_sequence(model, lengths) * batch_size
+
+
+def mfu(flops_per_step: float, steps_per_sec: float, num_devices: int,
+        peak_flops_per_device: float) -> float:
+    """Model FLOPs utilisation: achieved model FLOP/s over the devices' peak."""
+    return flops_per_step * steps_per_sec / (num_devices * peak_flops_per_device)

@@ -1,0 +1,258 @@
+"""Will this config fit, and how fast could it run? Ahead-of-time, without the chips.
+
+    python -m t5x_like.plan --config=configs/t5_1_1_xl.py --topology=v5p:4x4x4
+    python -m t5x_like.plan --config=configs/quickstart.py --topology=cpu:8 --json
+
+Compiles the real train step (same Trainer, shardings and donation as
+``train.py``) for a TPU topology through libtpu's compiler via
+``jax.experimental.topologies`` (``pip install 't5x_like[tpu]'``; no TPU
+needed), or for N fake CPU devices with ``cpu:N``. Reports per-device memory
+(arguments, outputs, temporaries), whether it fits the chip's HBM (naming the
+largest consumers when it does not), the compiled FLOPs per step, and a
+roofline step time and MFU: ``max(FLOPs / peak, bytes accessed / HBM bandwidth)``
+per device, an optimistic bound that ignores communication.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+GiB = 1024**3
+
+
+class PlanError(Exception):
+    """A bad topology or a missing compiler, with the fix in the message."""
+
+
+def parse_topology(text: str) -> tuple[str, str | int]:
+    """``cpu:8`` -> ("cpu", 8); ``v5p:4x4x4`` -> ("tpu", "v5p:4x4x4")."""
+    kind, _, shape = text.partition(":")
+    if not shape:
+        raise PlanError(f"--topology={text!r}: expected NAME:SHAPE, e.g. v5p:4x4x4, v5e:4x4 "
+                        "or cpu:8.")
+    if kind == "cpu":
+        if not shape.isdigit() or int(shape) < 1:
+            raise PlanError(f"--topology={text!r}: cpu needs a device count, e.g. cpu:8.")
+        return "cpu", int(shape)
+    dims = shape.split("x")
+    if not all(d.isdigit() and int(d) > 0 for d in dims) or len(dims) not in (2, 3):
+        raise PlanError(f"--topology={text!r}: the chip grid must be 2 or 3 positive sizes "
+                        "joined by x, e.g. v5e:4x4 or v5p:4x4x4.")
+    return "tpu", text
+
+
+def topology_devices(text: str) -> list:
+    """Devices to compile for; no hardware is touched for TPU topologies."""
+    platform, spec = parse_topology(text)
+    import jax
+    if platform == "cpu":
+        jax.config.update("jax_num_cpu_devices", spec)
+        devices = jax.devices("cpu")
+        if len(devices) < spec:
+            raise PlanError(f"--topology=cpu:{spec}: JAX was started with {len(devices)} CPU "
+                            "devices; run the planner in a fresh process.")
+        return devices[:spec]
+    from jax.experimental import topologies
+    try:
+        return list(topologies.get_topology_desc(platform="tpu", topology_name=spec).devices)
+    except Exception as e:  # noqa: BLE001 - the compiler's errors vary by cause
+        import importlib.util
+        if importlib.util.find_spec("libtpu") is None:
+            raise PlanError(f"Cannot compile for {spec}: libtpu is not installed. TPU topologies "
+                            "need it: pip install 't5x_like[tpu]' (works without a TPU).") from e
+        raise PlanError(f"Cannot compile for {spec}: {str(e).splitlines()[0]}") from e
+
+
+def per_device_bytes(abstract_tree) -> list[tuple[str, int]]:
+    """(path, bytes on one device) for every leaf, from its sharding's shard shape."""
+    import jax
+    import numpy as np
+    rows = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_tree)[0]:
+        shape = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
+        rows.append((jax.tree_util.keystr(path, simple=True, separator="/"),
+                     int(np.prod(shape)) * np.dtype(leaf.dtype).itemsize))
+    return rows
+
+
+def plan(config, topology: str) -> dict:
+    """Compiles ``config``'s train step for ``topology``; returns the report as a dict."""
+    from t5x_like import config_lib, flops, hardware, partitioning, trainer as trainer_lib
+
+    devices = topology_devices(topology)
+    mesh_shape = config_lib.validate_for_devices(config, len(devices))
+    mesh = partitioning.make_mesh(mesh_shape, devices)
+    trainer = trainer_lib.build_trainer(config, mesh)
+    batch = trainer_lib.abstract_batch(config.model.family, config.task_feature_lengths,
+                                       config.batch_size, trainer.batch_sharding)
+    lowered = trainer.lower_train_step(trainer.abstract_state, batch)
+    state_rows = per_device_bytes(trainer.abstract_state)
+    compiler_oom = None
+    try:
+        compiled = lowered.compile()
+    except Exception as e:  # noqa: BLE001 - only the TPU compiler's out-of-memory is handled
+        compiler_oom = _out_of_memory_temporaries(str(e))
+        if compiler_oom is None:
+            raise
+    if compiler_oom is None:
+        memory = compiled.memory_analysis()
+        arguments, outputs = memory.argument_size_in_bytes, memory.output_size_in_bytes
+        aliased, temporaries = memory.alias_size_in_bytes, memory.temp_size_in_bytes
+        code = memory.generated_code_size_in_bytes
+        cost = compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, list) else cost
+        # XLA's cost analysis counts a loop body once; the microbatch scan runs it k
+        # times (unless the compiler unrolled it). Scaling the whole step by k
+        # over-counts only the optimizer update.
+        looped = config.optimizer.microbatches > 1 and " while(" in compiled.as_text()
+        scale = config.optimizer.microbatches if looped else 1
+        compiled_flops = float(cost.get("flops", 0.0)) * scale
+        bytes_accessed = float(cost.get("bytes accessed", 0.0)) * scale
+    else:
+        # libtpu refuses a program over HBM and says only how much its temporaries
+        # need; the state and batch sizes follow from their shardings.
+        temporaries, message = compiler_oom
+        arguments = sum(b for _, b in state_rows + per_device_bytes(batch))
+        outputs = aliased = sum(b for _, b in state_rows)  # the donated state
+        code, compiled_flops, bytes_accessed = 0, None, None
+    # Donated state: outputs reuse the argument buffers they alias.
+    total = arguments + outputs - aliased + temporaries + code
+
+    kind = devices[0].device_kind
+    chip = hardware.chip_for(kind)
+    peak = hardware.peak_flops(kind, config.peak_flops_per_device)
+    model_flops = flops.train_flops_per_step(config.model, config.task_feature_lengths,
+                                             config.batch_size)
+    params_bytes = sum(b for p, b in state_rows if p.startswith("params/"))
+    opt_bytes = sum(b for p, b in state_rows if p.startswith("opt_state/"))
+    report = {
+        "config_model": config.model.family, "topology": topology, "device_kind": kind,
+        "num_devices": len(devices), "mesh": mesh_shape, "rules": config.partitioning.rules,
+        "batch_size": config.batch_size, "microbatches": config.optimizer.microbatches,
+        "memory_per_device": {"arguments": arguments, "outputs": outputs, "aliased": aliased,
+                              "temporaries": temporaries, "code": code, "total": total,
+                              "params": params_bytes, "optimizer_state": opt_bytes},
+        "hbm_per_device": chip.hbm_bytes if chip else None,
+        "fits": (total <= chip.hbm_bytes and compiler_oom is None) if chip else None,
+        "compiler_out_of_memory": compiler_oom[1] if compiler_oom else None,
+        "compiled_flops_per_device": compiled_flops,
+        "bytes_accessed_per_device": bytes_accessed,
+        "model_flops_per_step": model_flops,
+        "peak_flops_per_device": peak,
+    }
+    if peak and chip and compiled_flops is not None:
+        compute_s = compiled_flops / peak
+        memory_s = bytes_accessed / chip.hbm_bandwidth
+        step_s = max(compute_s, memory_s)
+        report["roofline"] = {"compute_s": compute_s, "memory_s": memory_s, "step_s": step_s,
+                              "bound": "compute" if compute_s >= memory_s else "memory",
+                              "mfu": model_flops / (len(devices) * peak * step_s)}
+    consumers = [("temporaries (activations, gradients, collectives' buffers)", temporaries),
+                 ("params (all)", params_bytes), ("optimizer state (all)", opt_bytes)]
+    consumers.sort(key=lambda row: -row[1])
+    largest_arrays = sorted(state_rows, key=lambda row: -row[1])[:4]
+    report["largest_consumers"] = [{"name": n, "bytes": b} for n, b in consumers]
+    report["largest_arrays"] = [{"name": n, "bytes": b} for n, b in largest_arrays]
+    return report
+
+
+def _out_of_memory_temporaries(message: str) -> tuple[int, str] | None:
+    """(bytes, message) from libtpu's "HLO temporaries (144.01G) exceeds available HBM"."""
+    import re
+    found = re.search(r"temporaries \(([\d.]+)([KMGT])\)", message)
+    if "RESOURCE_EXHAUSTED" not in message or not found:
+        return None
+    scale = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}[found.group(2)]
+    line = next(l for l in message.splitlines() if "RESOURCE_EXHAUSTED" in l)
+    return int(float(found.group(1)) * scale), line.strip()
+
+
+def _gib(n) -> str:
+    """Bytes in GiB, or MiB below 1 GiB so small plans (cpu:8) do not read 0.00."""
+    return f"{n / GiB:8.2f} GiB" if n >= GiB else f"{n / 1024**2:8.2f} MiB"
+
+
+def format_report(r: dict) -> str:
+    m = r["memory_per_device"]
+    lines = [
+        f"plan: {r['config_model']} on {r['topology']} ({r['num_devices']} x {r['device_kind']}), "
+        f"mesh {r['mesh']}, rules {r['rules']}, batch {r['batch_size']}"
+        f" in {r['microbatches']} microbatch(es)",
+        "memory per device:",
+        f"  arguments     {_gib(m['arguments'])}   (params {_gib(m['params']).strip()}, "
+        f"optimizer state {_gib(m['optimizer_state']).strip()}, batch)",
+        f"  outputs       {_gib(m['outputs'])}   ({_gib(m['aliased']).strip()} reuse donated "
+        "arguments)",
+        f"  temporaries   {_gib(m['temporaries'])}",
+        f"  code          {_gib(m['code'])}",
+        f"  total         {_gib(m['total'])}",
+    ]
+    if r["hbm_per_device"] is None:
+        lines.append(f"fits: unknown (no HBM figure for {r['device_kind']!r})")
+    else:
+        verdict = "FITS" if r["fits"] else "DOES NOT FIT"
+        lines.append(f"fits: {verdict} in {_gib(r['hbm_per_device']).strip()} HBM per device "
+                     f"({100 * m['total'] / r['hbm_per_device']:.0f}% used)")
+    if r.get("compiler_out_of_memory"):
+        lines.append(f"  compiler: {r['compiler_out_of_memory']}")
+    if r["fits"] is False:
+        lines.append("largest consumers per device:")
+        lines += [f"  {_gib(c['bytes'])}  {c['name']}" for c in r["largest_consumers"]]
+        lines.append("largest arrays per device:")
+        lines += [f"  {_gib(c['bytes'])}  {c['name']}" for c in r["largest_arrays"]]
+        lines.append("  to fit: more chips, --config.mesh.fsdp=-1 (shard params and "
+                     "optimizer state), --config.optimizer.microbatches=K (smaller "
+                     "activations), or --config.optimizer.name=adafactor")
+    if r["compiled_flops_per_device"] is None:
+        lines.append(f"compiled FLOPs: none (the compiler stopped at the memory check); model "
+                     f"FLOPs per step: {r['model_flops_per_step']:.3e}")
+    else:
+        lines.append(f"compiled FLOPs per device per step: {r['compiled_flops_per_device']:.3e}; "
+                     f"model FLOPs per step: {r['model_flops_per_step']:.3e}")
+    if "roofline" in r:
+        roof = r["roofline"]
+        lines.append(f"roofline step time: {roof['step_s'] * 1e3:.1f} ms ({roof['bound']}-bound: "
+                     f"compute {roof['compute_s'] * 1e3:.1f} ms, HBM {roof['memory_s'] * 1e3:.1f}"
+                     f" ms), MFU at best {100 * roof['mfu']:.1f}%")
+    elif r["compiled_flops_per_device"] is not None:
+        lines.append("roofline: no peak FLOP/s or bandwidth for this device kind (see "
+                     "t5x_like.hardware.CHIPS)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    overrides = [a[len("--config."):] for a in argv if a.startswith("--config.")]
+    rest = [a for a in argv if not a.startswith("--config.")]
+    parser = argparse.ArgumentParser(prog="python -m t5x_like.plan", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="Python config file with get_config().")
+    parser.add_argument("--topology", required=True,
+                        help="TPU NAME:GRID (v5p:4x4x4, v5e:4x4, v4:2x2x1, ...) or cpu:N.")
+    parser.add_argument("--json", action="store_true", help="Print the report as JSON.")
+    args = parser.parse_args(rest)
+    # libtpu asks a metadata server about TPU workers unless told this is no TPU VM.
+    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    # Several planners (or a planner beside a test) may load libtpu at once.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    from t5x_like import config_lib
+    try:
+        parse_topology(args.topology)
+        config = config_lib.load_config_file(args.config)
+        config_lib.apply_overrides(config, overrides)
+        config_lib.validate(config)
+        report = plan(config, args.topology)
+    except (config_lib.ConfigError, PlanError) as e:
+        print(f"plan: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

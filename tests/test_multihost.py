@@ -1,0 +1,101 @@
+"""Multi-process runs: how a process decides to join, and a real 2-process run
+over loopback against one process with the same 8 devices."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from t5x_like import partitioning, train
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+NO_CLUSTER = lambda: None  # noqa: E731
+
+
+def test_single_process_when_nothing_says_otherwise():
+    assert partitioning.distributed_settings(environ={}, detect_cluster=NO_CLUSTER) is None
+
+
+def test_flags_give_an_explicit_setup():
+    settings = partitioning.distributed_settings("10.0.0.1:8476", 4, 3, environ={},
+                                                 detect_cluster=NO_CLUSTER)
+    assert settings == partitioning.DistributedSettings("10.0.0.1:8476", 4, 3)
+
+
+def test_environment_gives_the_setup_and_flags_override_it():
+    environ = {partitioning.ENV_COORDINATOR: "host:1234", partitioning.ENV_NUM_PROCESSES: "2",
+               partitioning.ENV_PROCESS_ID: "1"}
+    assert partitioning.distributed_settings(environ=environ).process_id == 1
+    assert partitioning.distributed_settings(process_id=0, environ=environ).process_id == 0
+
+
+def test_a_detected_cluster_lets_jax_read_it():
+    settings = partitioning.distributed_settings(environ={}, detect_cluster=lambda: "GceTpuCluster")
+    assert settings.coordinator_address is None and settings.detected == "GceTpuCluster"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(coordinator_address="h:1"), r"incomplete: got \['coordinator_address'\], missing "
+                                      r"\['num_processes', 'process_id'\]"),
+    (dict(coordinator_address="h:1", num_processes=2, process_id=2), r"process_id=2 must be in"),
+    (dict(coordinator_address="h", num_processes=2, process_id=0), "needs a port"),
+])
+def test_bad_multi_process_settings_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        partitioning.distributed_settings(**kwargs, environ={}, detect_cluster=NO_CLUSTER)
+
+
+def test_cli_reports_incomplete_multi_process_flags(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "t5x_like.train",
+                             "--config=configs/quickstart.py", f"--workdir={tmp_path}",
+                             "--num_processes=2"], cwd=REPO, capture_output=True, text=True,
+                            env={"PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu",
+                                 "PYTHONPATH": str(REPO)}, timeout=120)
+    assert result.returncode == 2
+    assert "Multi-process setup error" in result.stderr and "missing" in result.stderr
+
+
+TINY = ["--config.model.d_model=32", "--config.model.d_ff=64", "--config.model.num_heads=2",
+        "--config.model.head_dim=16", "--config.model.num_encoder_layers=1",
+        "--config.model.num_decoder_layers=1", "--config.batch_size=16",
+        "--config.task_feature_lengths.inputs=32", "--config.task_feature_lengths.targets=8",
+        "--config.eval_batches=1", "--config.log_every_steps=1",
+        "--config.checkpoint_every_steps=2", "--config.eval_every_steps=100",
+        "--config.mesh.data=2", "--config.mesh.fsdp=4"]
+
+
+def _losses(workdir) -> dict[int, float]:
+    lines = (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r["loss"] for r in map(json.loads, lines)}
+
+
+@pytest.mark.slow
+def test_two_processes_of_four_devices_match_one_process_of_eight(tmp_path):
+    """Also covers orbax saving and restoring across processes: the 2-process run
+    stops at step 4 and a second launch resumes it to step 6."""
+    config_args = ["--config=configs/quickstart.py", f"--workdir={tmp_path / 'two'}", *TINY]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    for steps, resumed in ((4, False), (6, True)):
+        result = subprocess.run(
+            [sys.executable, "-m", "t5x_like.launch_local", "--num_processes=2",
+             "--devices_per_process=4", "--timeout_s=240", "--", *config_args,
+             f"--config.num_train_steps={steps}"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert ("Resumed from" in result.stderr) == resumed
+        assert "[p1] step" not in result.stderr  # only process 0 reports progress
+    steps = [json.loads(line)["step"]
+             for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 7))  # one writer: no step logged twice
+
+    config = train.load_and_validate(str(REPO / "configs" / "quickstart.py"),
+                                     [a[len("--config."):] for a in TINY] + ["num_train_steps=6"])
+    train.run(config, str(tmp_path / "one"), quiet=True)
+    two, one = _losses(tmp_path / "two"), _losses(tmp_path / "one")
+    assert sorted(two) == list(range(1, 7))
+    np.testing.assert_allclose([two[s] for s in range(1, 7)], [one[s] for s in range(1, 7)],
+                               rtol=1e-5)

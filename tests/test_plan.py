@@ -1,0 +1,98 @@
+"""``python -m t5x_like.plan``: AOT compile reports. TPU topologies need libtpu
+(the ``tpu`` extra); those tests skip without it. Each test runs the planner in a
+fresh process, since it chooses the device count before JAX starts."""
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from t5x_like import plan
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+QUICKSTART = str(REPO / "configs" / "quickstart.py")
+TINY = ["--config.model.d_model=32", "--config.model.d_ff=64", "--config.model.num_heads=2",
+        "--config.model.head_dim=16", "--config.model.num_encoder_layers=1",
+        "--config.model.num_decoder_layers=1", "--config.task_feature_lengths.inputs=32",
+        "--config.task_feature_lengths.targets=8", "--config.batch_size=16"]
+needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                                  reason="libtpu is not installed (pip install 't5x_like[tpu]')")
+
+
+def run_plan(*args, check=True):
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + sys.path[1:])
+    result = subprocess.run([sys.executable, "-m", "t5x_like.plan", *args], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=300)
+    if check:
+        assert result.returncode == 0, result.stderr[-2000:]
+    return result
+
+
+def test_cpu_plan_reports_memory_and_flops_as_json():
+    report = json.loads(run_plan(f"--config={QUICKSTART}", "--topology=cpu:8", "--json",
+                                 *TINY).stdout)
+    memory = report["memory_per_device"]
+    assert report["num_devices"] == 8 and report["mesh"]["data"] == 8
+    assert memory["arguments"] > memory["params"] > 0 and memory["temporaries"] > 0
+    assert memory["total"] >= memory["arguments"]
+    assert report["fits"] is None  # no HBM figure for CPU
+    # XLA's per-device count times 8 devices is close to the documented model FLOPs.
+    assert 0.8 < report["compiled_flops_per_device"] * 8 / report["model_flops_per_step"] < 1.5
+
+
+def test_cpu_plan_prints_a_readable_report_in_mib():
+    out = run_plan(f"--config={QUICKSTART}", "--topology=cpu:8", *TINY).stdout
+    assert "fits: unknown" in out and "memory per device:" in out and "MiB" in out
+
+
+@pytest.mark.parametrize("topology, message", [
+    ("v5p", "expected NAME:SHAPE"), ("cpu:x", "cpu needs a device count"),
+    ("v5e:4by4", "2 or 3 positive sizes"),
+])
+def test_bad_topologies_are_named(topology, message):
+    with pytest.raises(plan.PlanError, match=message):
+        plan.parse_topology(topology)
+
+
+def test_batch_that_does_not_divide_the_topology_is_a_config_error():
+    result = run_plan(f"--config={QUICKSTART}", "--topology=cpu:3", check=False)
+    assert result.returncode == 2 and "batch_size=32 does not divide" in result.stderr
+
+
+@needs_libtpu
+def test_tpu_plan_fits_a_small_model_and_gives_a_roofline():
+    out = run_plan(f"--config={QUICKSTART}", "--topology=v5e:2x2", *TINY).stdout
+    assert "4 x TPU v5 lite" in out and "fits: FITS in 16.00 GiB" in out
+    assert "roofline step time" in out and "MFU at best" in out
+
+
+@needs_libtpu
+def test_tpu_plan_says_what_does_not_fit_and_why():
+    # A 4M-row vocabulary: the f32 embedding alone is 16 GiB, Adam state twice that.
+    result = run_plan(f"--config={QUICKSTART}", "--topology=v5e:2x2", *TINY,
+                      "--config.model.vocab_size=4194304", "--config.model.d_model=1024",
+                      "--config.optimizer.name=adamw", "--config.partitioning.rules=data_parallel",
+                      check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "DOES NOT FIT in 16.00 GiB" in result.stdout
+    assert "compiler: RESOURCE_EXHAUSTED" in result.stdout
+    consumers = result.stdout.split("largest consumers per device:")[1].splitlines()[1:4]
+    assert "temporaries" in consumers[0]
+    assert "optimizer state (all)" in consumers[1] and "64.01 GiB" in consumers[1]
+    arrays = result.stdout.split("largest arrays per device:")[1].splitlines()[1:5]
+    assert any("token_embedder/embedding" in line and "16.00 GiB" in line for line in arrays)
+
+
+def test_microbatch_loop_flops_are_counted_k_times():
+    # A small vocabulary keeps the once-per-step optimizer update negligible.
+    def flops(k):
+        report = json.loads(run_plan(f"--config={QUICKSTART}", "--topology=cpu:8", "--json", *TINY,
+                                     "--config.model.vocab_size=256", "--config.batch_size=64",
+                                     f"--config.optimizer.microbatches={k}").stdout)
+        return report["compiled_flops_per_device"]
+    assert flops(4) == pytest.approx(flops(1), rel=0.1)
