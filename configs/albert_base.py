@@ -2,6 +2,7 @@
 block shared by all 12 layers, sentence-order head.
 
     python -m t5x_like.summary --config=configs/albert_base.py
+    python -m t5x_like.train --config=configs/albert_base.py --workdir=runs/albert_base
     python -m t5x_like.convert import --hf_dir=path/to/albert-base-v2 --out=converted/albert_base
 """
 
@@ -22,6 +23,7 @@ def get_config():
     model.num_layers = 12
     model.max_length = 512
     model.mlp_activations = ("gelu",)  # ALBERT's gelu_new (tanh approximation)
+    config.task = "embedded_en_mlm"
     config.task_feature_lengths = {"inputs": 512}
     config.batch_size = 4096
     config.optimizer.name = "adamw"  # the paper's LAMB is not in optax's standard chains here

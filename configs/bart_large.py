@@ -2,6 +2,7 @@
 GELU, biases and an output tied to the shared embedding.
 
     python -m t5x_like.summary --config=configs/bart_large.py
+    python -m t5x_like.train --config=configs/bart_large.py --workdir=runs/bart_large
     python -m t5x_like.convert import --hf_dir=path/to/bart-large --out=converted/bart_large
 """
 
@@ -20,6 +21,10 @@ def get_config():
     model.num_encoder_layers = 12
     model.num_decoder_layers = 12
     model.max_length = 1024
+    # Pretraining here uses the embedded vocabulary's ids (pad 0, eos 1, start 0);
+    # checkpoints imported from Hugging Face carry BART's own (1, 2, 2) in their config.
+    model.pad_id, model.eos_id, model.decoder_start_id = 0, 1, 0
+    config.task = "embedded_en_bart"
     config.task_feature_lengths = {"inputs": 512, "targets": 512}
     config.batch_size = 256
     config.optimizer.name = "adamw"

@@ -1,6 +1,7 @@
 """BERT large (about 340M parameters with its MLM and NSP heads): post-LayerNorm encoder.
 
     python -m t5x_like.summary --config=configs/bert_large.py
+    python -m t5x_like.train --config=configs/bert_large.py --workdir=runs/bert_large
     python -m t5x_like.convert import --hf_dir=path/to/bert-large-uncased --out=converted/bert_large
 """
 
@@ -18,6 +19,7 @@ def get_config():
     model.d_ff = 4096
     model.num_layers = 24
     model.max_length = 512
+    config.task = "embedded_en_mlm"
     config.task_feature_lengths = {"inputs": 128}
     config.batch_size = 256
     config.optimizer.name = "adamw"

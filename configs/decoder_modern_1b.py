@@ -3,6 +3,7 @@ grouped-query attention (32 query heads over 4 key/value heads), untied output; 
 layers with remat so the compile stays small and activations fit.
 
     python -m t5x_like.summary --config=configs/decoder_modern_1b.py
+    python -m t5x_like.train --config=configs/decoder_modern_1b.py --workdir=runs/decoder_modern_1b
     python -m t5x_like.convert import --hf_dir=path/to/TinyLlama-1.1B --out=converted/tinyllama
 """
 
@@ -29,6 +30,7 @@ def get_config():
     model.tie_embeddings = False
     model.scan_layers = True
     model.remat_policy = "dots_no_batch"
+    config.task = "embedded_en_lm"
     config.task_feature_lengths = {"targets": 2048}
     config.batch_size = 512
     config.optimizer.name = "adamw"

@@ -1,6 +1,7 @@
 """GPT-2 large (about 774M parameters): learned positions, pre-LayerNorm, GELU MLP, tied output.
 
     python -m t5x_like.summary --config=configs/gpt2_large.py
+    python -m t5x_like.train --config=configs/gpt2_large.py --workdir=runs/gpt2_large
     python -m t5x_like.convert import --hf_dir=path/to/gpt2-large --out=converted/gpt2_large
 """
 
@@ -18,6 +19,7 @@ def get_config():
     model.d_ff = 5120
     model.num_layers = 36
     model.max_length = 1024
+    config.task = "embedded_en_lm"
     config.task_feature_lengths = {"targets": 1024}
     config.batch_size = 512
     return config

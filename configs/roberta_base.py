@@ -2,6 +2,7 @@
 vocabulary, positions counted after the padding index, no next-sentence head.
 
     python -m t5x_like.summary --config=configs/roberta_base.py
+    python -m t5x_like.train --config=configs/roberta_base.py --workdir=runs/roberta_base
     python -m t5x_like.convert import --hf_dir=path/to/roberta-base --out=converted/roberta_base
 """
 
@@ -24,6 +25,7 @@ def get_config():
     model.position_offset = 2
     model.next_sentence_head = False
     model.layer_norm_epsilon = 1e-5
+    config.task = "embedded_en_mlm"
     config.task_feature_lengths = {"inputs": 512}
     config.batch_size = 8192
     config.optimizer.name = "adamw"

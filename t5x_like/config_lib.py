@@ -39,6 +39,7 @@ def default_config() -> ml_collections.ConfigDict:
 
     c.task = "embedded_en_span_corruption"
     c.task_feature_lengths = ml_collections.ConfigDict({"inputs": 512, "targets": 114})
+    c.pack = False                     # pack several examples per row (segment ids, positions)
 
     c.model = ml_collections.ConfigDict(dict(
         family="encoder_decoder",

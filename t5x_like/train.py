@@ -51,18 +51,26 @@ def load_and_validate(config_path: str, overrides: list[str]):
     config = config_lib.load_config_file(config_path)
     config_lib.apply_overrides(config, overrides)
     config_lib.validate(config)
-    if config.model.family != "encoder_decoder":
-        raise config_lib.ConfigError(
-            f"model.family={config.model.family!r}: this trainer pretrains encoder-decoders so far; "
-            "decoder and encoder training arrive with the causal-LM and masked-LM tasks. These "
-            "models already convert from/to Hugging Face, summarise and (decoders) generate.")
-    from t5x_like.data import TaskRegistry  # registers the built-in tasks
+    from t5x_like.data import get_task_or_mixture  # registers the built-in tasks
     try:
-        TaskRegistry.get(config.task)
+        get_task_or_mixture(config.task)
     except KeyError as e:
         raise config_lib.ConfigError(f"task: {e.args[0]} Register it with TaskRegistry.add in "
                                      "your module and import that module first.") from None
     return config
+
+
+def _check_model_fits_vocabulary(config, vocabulary) -> None:
+    vocab_size = vocabulary.vocab_size
+    if vocab_size > config.model.vocab_size:
+        raise config_lib.ConfigError(
+            f"Task {config.task!r} uses {vocab_size} token ids but model.vocab_size="
+            f"{config.model.vocab_size}; set --config.model.vocab_size={vocab_size} or larger.")
+    pad_id = getattr(vocabulary, "pad_id", 0)
+    if config.model.get("pad_id", pad_id) != pad_id:
+        raise config_lib.ConfigError(
+            f"model.pad_id={config.model.pad_id} but task {config.task!r} pads with id {pad_id}; "
+            f"set --config.model.pad_id={pad_id} (a model must mask the padding its data uses).")
 
 
 class _PreemptionFlag:
@@ -119,7 +127,7 @@ def _normalise(value):
 
 
 def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
-        devices=None) -> dict:
+        devices=None, overrides: list[str] = ()) -> dict:
     """Trains to ``config.num_train_steps``; returns the last train and eval metrics.
 
     ``devices`` defaults to all devices; tests pass a subset to compare meshes.
@@ -129,8 +137,8 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
 
     from t5x_like import checkpointing, flops, hardware, metrics_writer, partitioning
     from t5x_like import trainer as trainer_lib
-    from t5x_like.data import pipeline
-    from t5x_like.data.dataset_providers import TaskRegistry
+    from t5x_like import models
+    from t5x_like.data import get_task_or_mixture, pipeline
 
     process_index, process_count = jax.process_index(), jax.process_count()
     devices = jax.devices() if devices is None else list(devices)
@@ -141,16 +149,13 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
 
     # Data.
     lengths = dict(config.task_feature_lengths)
-    shard = {"shard_index": process_index, "num_shards": process_count}
+    data_options = {"shard_index": process_index, "num_shards": process_count,
+                    "structure": models.structure(config.model.family), "pack": config.pack}
     train_ds = pipeline.build_dataset(config.task, "train", lengths, seed=config.seed, shuffle=True,
-                                      **shard)
+                                      **data_options)
     eval_ds = pipeline.build_dataset(config.task, "validation", lengths, seed=config.seed,
-                                     shuffle=False, repeat=False, **shard)
-    vocab_size = TaskRegistry.get(config.task).vocabulary.vocab_size
-    if vocab_size > config.model.vocab_size:
-        raise config_lib.ConfigError(
-            f"Task {config.task!r} uses {vocab_size} token ids but model.vocab_size="
-            f"{config.model.vocab_size}; set --config.model.vocab_size={vocab_size} or larger.")
+                                     shuffle=False, repeat=False, **data_options)
+    _check_model_fits_vocabulary(config, get_task_or_mixture(config.task).vocabulary)
     num_eval_batches = pipeline.count_batches(eval_ds, config.batch_size // process_count,
                                               limit=config.eval_batches)
     if num_eval_batches == 0:
@@ -272,7 +277,8 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
 
     if is_chief and not quiet:
         latest = checkpointer.latest_step()
-        print(_summary(workdir, latest, last_train, last_eval, config_path, config), flush=True)
+        print(_summary(workdir, latest, last_train, last_eval, config_path, config, overrides),
+              flush=True)
     return {"train": last_train, "eval": last_eval, "step": step}
 
 
@@ -298,7 +304,7 @@ def _first_nonfinite_step(fetched: list[dict], last_step: int) -> int | None:
     return None
 
 
-def _summary(workdir, latest, last_train, last_eval, config_path, config) -> str:
+def _summary(workdir, latest, last_train, last_eval, config_path, config, overrides=()) -> str:
     lines = ["", "Done."]
     if last_train:
         lines.append(f"  final train loss  {last_train['loss']:.4f}")
@@ -310,8 +316,10 @@ def _summary(workdir, latest, last_train, last_eval, config_path, config) -> str
         f"  TensorBoard       tensorboard --logdir {workdir / 'tensorboard'}",
         f"  resolved config   {workdir / 'config.json'}",
         "  continue training (resumes from the checkpoint):",
-        f"    python -m t5x_like.train --config={config_path} --workdir={workdir} "
-        f"--config.num_train_steps={config.num_train_steps * 2}",
+        "    " + " ".join(
+            ["python -m t5x_like.train", f"--config={config_path}", f"--workdir={workdir}"]
+            + [f"--config.{o}" for o in overrides if not o.startswith("num_train_steps=")]
+            + [f"--config.num_train_steps={config.num_train_steps * 2}"]),
     ]
     return "\n".join(lines)
 
@@ -333,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     partitioning.initialize_distributed(settings)
     try:
-        run(config, args.workdir, config_path=args.config, quiet=args.quiet)
+        run(config, args.workdir, config_path=args.config, quiet=args.quiet,
+            overrides=overrides)
     except config_lib.ConfigError as e:
         print(f"Config error: {e}", file=sys.stderr)
         return 2

@@ -95,8 +95,13 @@ def test_cli_resumes_from_the_latest_checkpoint(tmp_path):
                            capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr
     assert "checkpoint" in first.stdout and "continue training" in first.stdout
-    second = subprocess.run(common + ["--config.num_train_steps=30"], cwd=REPO, env=CLI_ENV,
-                            capture_output=True, text=True, timeout=300)
+    # The printed command, overrides included, is what resumes (with 30 steps, not 40).
+    printed = first.stdout.split("continue training (resumes from the checkpoint):")[1].split()
+    assert printed[:3] == ["python", "-m", "t5x_like.train"] and printed[-1].endswith("steps=40")
+    resume = [sys.executable] + printed[1:-1] + ["--config.num_train_steps=30"]
+    assert all(arg in resume for arg in common[3:])
+    second = subprocess.run(resume, cwd=REPO, env=CLI_ENV, capture_output=True, text=True,
+                            timeout=300)
     assert second.returncode == 0, second.stderr
     assert "Resumed from" in second.stderr and "at step 20" in second.stderr
     steps = [r["step"] for r in read_metrics(tmp_path)]

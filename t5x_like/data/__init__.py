@@ -5,7 +5,8 @@ Importing this package registers the built-in tasks (``tasks``, ``tfds_tasks``).
 
 from t5x_like.data import preprocessors
 from t5x_like.data.dataset_providers import (
-    Feature, Mixture, MixtureRegistry, Task, TaskRegistry, rate_num_examples, temperature_rates)
+    Feature, Mixture, MixtureRegistry, Task, TaskRegistry, get_task_or_mixture, rate_num_examples,
+    temperature_rates)
 from t5x_like.data.feature_converters import (
     DecoderFeatureConverter, EncDecFeatureConverter, EncoderFeatureConverter)
 from t5x_like.data.pipeline import HostBatchIterator, get_dataset
@@ -19,6 +20,7 @@ __all__ = [
     "ByteVocabulary", "DecoderFeatureConverter", "EncDecFeatureConverter",
     "EncoderFeatureConverter", "Feature", "FunctionSource", "HostBatchIterator", "InMemorySource",
     "JsonlSource", "Mixture", "MixtureRegistry", "SentencePieceVocabulary", "Task", "TaskRegistry",
-    "TextFilesSource", "TfdsSource", "WordPieceVocabulary", "get_dataset", "preprocessors",
+    "TextFilesSource", "TfdsSource", "WordPieceVocabulary", "get_dataset", "get_task_or_mixture",
+    "preprocessors",
     "rate_num_examples", "temperature_rates",
 ]

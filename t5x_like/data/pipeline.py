@@ -50,14 +50,31 @@ def _mark_absl_flags_parsed() -> None:
         flags.FLAGS.mark_as_parsed()
 
 
+def converter_for(structure: str, task_feature_lengths: Mapping[str, int], *, pack: bool = False
+                  ) -> feature_converters.FeatureConverter:
+    """The feature converter for a model structure (``encoder_decoder``, ``decoder``,
+    ``encoder``); a decoder given ``inputs`` and ``targets`` lengths is a prefix LM."""
+    if structure == "encoder_decoder":
+        return feature_converters.EncDecFeatureConverter(pack=pack)
+    if structure == "decoder":
+        return feature_converters.DecoderFeatureConverter(
+            pack=pack, prefix_lm="inputs" in task_feature_lengths)
+    if structure == "encoder":
+        return feature_converters.EncoderFeatureConverter(pack=pack)
+    raise ValueError(f"Unknown model structure {structure!r}; choose encoder_decoder, decoder "
+                     "or encoder.")
+
+
 def build_dataset(task_name: str, split: str, task_feature_lengths: Mapping[str, int], *,
                   seed: int, shuffle: bool, repeat: bool = True, shard_index: int = 0,
-                  num_shards: int = 1) -> grain.IterDataset:
-    """The encoder-decoder trainer's stream: unpacked EncDec features of this host's shard."""
+                  num_shards: int = 1, structure: str = "encoder_decoder",
+                  pack: bool = False) -> grain.IterDataset:
+    """The trainer's stream: this host's shard of a task or mixture, converted to the
+    features of a model of ``structure``, padded or packed."""
     return get_dataset(task_name, task_feature_lengths, split,
-                       feature_converters.EncDecFeatureConverter(), shuffle=shuffle, seed=seed,
-                       shard_index=shard_index, num_shards=num_shards,
-                       num_epochs=None if repeat else 1)
+                       converter_for(structure, task_feature_lengths, pack=pack),
+                       shuffle=shuffle, seed=seed, shard_index=shard_index,
+                       num_shards=num_shards, num_epochs=None if repeat else 1)
 
 
 def count_batches(dataset: grain.IterDataset, batch_size: int, limit: int) -> int:
