@@ -41,23 +41,10 @@ def default_config() -> ml_collections.ConfigDict:
     c.task_feature_lengths = ml_collections.ConfigDict({"inputs": 512, "targets": 114})
     c.pack = False                     # pack several examples per row (segment ids, positions)
 
-    c.model = ml_collections.ConfigDict(dict(
-        family="encoder_decoder",
-        vocab_size=8192,
-        d_model=512,
-        num_heads=6,
-        head_dim=64,
-        d_ff=1024,
-        num_encoder_layers=8,
-        num_decoder_layers=8,
-        dropout_rate=0.0,
-        mlp_activations=("gelu", "linear"),
-        logits_via_embedding=False,
-        relative_attention_num_buckets=32,
-        relative_attention_max_distance=128,
-        layer_norm_epsilon=1e-6,
-        dtype="float32",
-    ))
+    # Every key of the family's model dataclass, at these values (a small T5 v1.1).
+    c.model = model_defaults("encoder_decoder")
+    c.model.update(dict(vocab_size=8192, d_model=512, num_heads=6, head_dim=64, d_ff=1024,
+                        num_encoder_layers=8, num_decoder_layers=8))
 
     c.optimizer = ml_collections.ConfigDict(dict(
         name="adafactor",              # adafactor | adamw

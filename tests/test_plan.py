@@ -96,3 +96,18 @@ def test_microbatch_loop_flops_are_counted_k_times():
                                      f"--config.optimizer.microbatches={k}").stdout)
         return report["compiled_flops_per_device"]
     assert flops(4) == pytest.approx(flops(1), rel=0.1)
+
+
+@needs_libtpu
+def test_scanned_layers_roofline_uses_model_flops():
+    args = [f"--config={QUICKSTART}", "--topology=v5e:2x2", "--json", *TINY,
+            "--config.model.num_encoder_layers=4", "--config.model.num_decoder_layers=4"]
+    loop = json.loads(run_plan(*args).stdout)
+    scanned = json.loads(run_plan(*args, "--config.model.scan_layers=true").stdout)
+    # XLA counts the scanned body once, so its raw count falls well below the loop's...
+    assert scanned["compiled_flops_per_device"] < 0.75 * loop["compiled_flops_per_device"]
+    assert "scanned layers" in scanned["note"] and "note" not in loop
+    # ...and the roofline's compute time comes from the model FLOPs instead.
+    per_device = scanned["model_flops_per_step"] / scanned["num_devices"]
+    assert scanned["roofline"]["compute_s"] == pytest.approx(
+        per_device / scanned["peak_flops_per_device"])
