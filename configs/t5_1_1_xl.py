@@ -1,6 +1,7 @@
 """T5 v1.1 XL (about 2.85B parameters): gated-GELU MLP, separate output projection (v1.1).
 
     python -m t5x_like.summary --config=configs/t5_1_1_xl.py
+    python -m t5x_like.plan --config=configs/t5_1_1_xl.py --topology=v5p:4x4x4
     python -m t5x_like.train --config=configs/t5_1_1_xl.py --workdir=runs/t5_1_1_xl
 """
 
@@ -20,4 +21,8 @@ def get_config():
     config.mesh.data = 1
     config.mesh.fsdp = -1
     config.partitioning.rules = "fsdp"
+    # One compiled layer per stack (compile time and host memory stay small) and
+    # activations recomputed in the backward pass except matmul outputs.
+    model.scan_layers = True
+    model.remat_policy = "dots_no_batch"
     return config

@@ -1,6 +1,7 @@
 """T5 v1.1 XXL (about 11.1B parameters): gated-GELU MLP, separate output projection (v1.1).
 
     python -m t5x_like.summary --config=configs/t5_1_1_xxl.py
+    python -m t5x_like.plan --config=configs/t5_1_1_xxl.py --topology=v5p:4x4x4
     python -m t5x_like.train --config=configs/t5_1_1_xxl.py --workdir=runs/t5_1_1_xxl
 """
 
