@@ -149,14 +149,15 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
 
     # Data.
     lengths = dict(config.task_feature_lengths)
-    data_options = {"shard_index": process_index, "num_shards": process_count,
-                    "structure": models.structure(config.model.family), "pack": config.pack}
+    # Every host reads the same stream and keeps its rows of each global batch
+    # (HostBatchIterator), so the run does not depend on the number of hosts.
+    data_options = {"structure": models.structure(config.model.family), "pack": config.pack}
     train_ds = pipeline.build_dataset(config.task, "train", lengths, seed=config.seed, shuffle=True,
                                       **data_options)
     eval_ds = pipeline.build_dataset(config.task, "validation", lengths, seed=config.seed,
                                      shuffle=False, repeat=False, **data_options)
     _check_model_fits_vocabulary(config, get_task_or_mixture(config.task).vocabulary)
-    num_eval_batches = pipeline.count_batches(eval_ds, config.batch_size // process_count,
+    num_eval_batches = pipeline.count_batches(eval_ds, config.batch_size,
                                               limit=config.eval_batches)
     if num_eval_batches == 0:
         raise config_lib.ConfigError(
@@ -171,7 +172,8 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     checkpointer = checkpointing.Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints,
                                              keep_every=config.keep_checkpoints_every_steps)
     latest = checkpointer.latest_step()
-    train_iter = pipeline.HostBatchIterator(train_ds, config.batch_size, process_count)
+    train_iter = pipeline.HostBatchIterator(train_ds, config.batch_size, process_count,
+                                            process_index)
     if latest is not None:
         _check_same_model(checkpointer.restore_config(latest), config)
         state, data_state, _ = checkpointer.restore(latest, trainer.abstract_state)
@@ -197,7 +199,8 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     peak = hardware.peak_flops(devices[0].device_kind, config.peak_flops_per_device)
 
     def evaluate(params) -> dict:
-        eval_iter = pipeline.HostBatchIterator(eval_ds, config.batch_size, process_count)
+        eval_iter = pipeline.HostBatchIterator(eval_ds, config.batch_size, process_count,
+                                               process_index)
         totals = None
         for _ in range(num_eval_batches):
             out = trainer.eval_step(params, partitioning.global_batch(next(eval_iter), mesh))

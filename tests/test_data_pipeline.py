@@ -256,3 +256,18 @@ def test_tokenize_leaves_pretokenized_features_alone(registered):
     out = list(td.get_dataset("pretokenized", {"targets": 8}, num_epochs=1, shuffle=False))
     assert out[0]["targets"].tolist() == [5, 6, 7]
     assert out[1]["targets"].tolist() == VOCAB.encode("hello")
+
+
+def test_hosts_split_each_global_batch_into_their_rows():
+    def host(index, count):
+        ds = pipeline.build_dataset("embedded_en_span_corruption", "train",
+                                    {"inputs": 32, "targets": 8}, seed=0, shuffle=True)
+        return take(pipeline.HostBatchIterator(ds, 8, count, index), 2)
+
+    single = host(0, 1)
+    first, second = host(0, 2), host(1, 2)
+    for whole, a, b in zip(single, first, second):
+        assert a["encoder_input_tokens"].shape[0] == 4
+        np.testing.assert_array_equal(np.concatenate([a["encoder_input_tokens"],
+                                                      b["encoder_input_tokens"]]),
+                                      whole["encoder_input_tokens"])

@@ -88,20 +88,26 @@ def count_batches(dataset: grain.IterDataset, batch_size: int, limit: int) -> in
 
 
 class HostBatchIterator:
-    """Yields this host's batches (``global_batch_size / process_count`` rows) in order.
+    """Yields this host's rows of each global batch, in order.
 
-    ``get_state`` is JSON (saved in the checkpoint next to the model); ``set_state``
-    continues from it exactly.
+    ``dataset`` is the stream of whole global batches' examples; host ``p`` of ``P``
+    keeps rows ``[p * B/P, (p + 1) * B/P)`` of each. Every host thus sees the same
+    global batches whatever the host count, so a run on 2 hosts reproduces one on 1
+    (the price: each host runs the preprocessing of the whole batch). ``get_state``
+    is JSON (saved in the checkpoint next to the model); ``set_state`` continues
+    from it exactly.
     """
 
     def __init__(self, dataset: grain.IterDataset, global_batch_size: int,
-                 process_count: int = 1):
+                 process_count: int = 1, process_index: int = 0):
         if global_batch_size % process_count:
             raise ValueError(f"batch_size={global_batch_size} does not divide over "
                              f"{process_count} hosts; use a multiple of {process_count}.")
         self.local_batch_size = global_batch_size // process_count
-        self._iterator = iter(dataset.batch(self.local_batch_size, drop_remainder=True,
-                                            batch_fn=_stack))
+        first = process_index * self.local_batch_size
+        rows = slice(first, first + self.local_batch_size)
+        self._iterator = iter(dataset.batch(global_batch_size, drop_remainder=True,
+                                            batch_fn=lambda batch: _stack(batch[rows])))
         self.step = 0
 
     def __iter__(self):
