@@ -1,35 +1,25 @@
-"""BART large (about 406M parameters): post-LayerNorm encoder-decoder with learned positions,
-GELU, biases and an output tied to the shared embedding.
+"""BART large (about 406M parameters): BART base's layout, wider and twice as deep.
 
     python -m t5x_like.summary --config=configs/bart_large.py
     python -m t5x_like.train --config=configs/bart_large.py --workdir=runs/bart_large
     python -m t5x_like.convert import --hf_dir=path/to/bart-large --out=converted/bart_large
 """
 
-from t5x_like import config_lib
+import importlib.util
+import pathlib
+
+_spec = importlib.util.spec_from_file_location(
+    "_bart_base", pathlib.Path(__file__).with_name("bart_base.py"))
+_bart_base = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_bart_base)
 
 
 def get_config():
-    config = config_lib.default_config()
-    config.model = config_lib.model_defaults("bart")
+    config = _bart_base.get_config()
     model = config.model
-    model.vocab_size = 50265
     model.d_model = 1024
     model.num_heads = 16
-    model.head_dim = 64
     model.d_ff = 4096
     model.num_encoder_layers = 12
     model.num_decoder_layers = 12
-    model.max_length = 1024
-    # Pretraining here uses the embedded vocabulary's ids (pad 0, eos 1, start 0);
-    # checkpoints imported from Hugging Face carry BART's own (1, 2, 2) in their config.
-    model.pad_id, model.eos_id, model.decoder_start_id = 0, 1, 0
-    config.task = "embedded_en_bart"
-    config.task_feature_lengths = {"inputs": 512, "targets": 512}
-    config.batch_size = 256
-    config.optimizer.name = "adamw"
-    config.optimizer.learning_rate = 4e-4
-    config.optimizer.schedule = "linear"
-    config.optimizer.warmup_steps = 10_000
-    config.optimizer.weight_decay = 0.01
     return config

@@ -47,6 +47,11 @@ def _token_losses(logits, targets, weights, z_loss: float, label_smoothing: floa
             (smoothed * weights).sum())
 
 
+def _dropout_rngs(rng, deterministic: bool):
+    """Dropout randomness for ``model.apply``: only when training with an rng."""
+    return {"dropout": rng} if (rng is not None and not deterministic) else None
+
+
 def _token_objective(logits, targets, weights, *, z_loss: float, label_smoothing: float,
                      normalizer):
     """Objective and per-token metrics shared by the token-level losses.
@@ -74,7 +79,7 @@ def seq2seq_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array |
     logged and compared across runs); the optimised objective adds the z-loss and
     label smoothing.
     """
-    rngs = {"dropout": rng} if (rng is not None and not deterministic) else None
+    rngs = _dropout_rngs(rng, deterministic)
     logits = model.apply({"params": params}, batch["encoder_input_tokens"],
                          batch["decoder_input_tokens"], batch["decoder_target_tokens"],
                          encoder_segment_ids=batch.get("encoder_segment_ids"),
@@ -91,7 +96,7 @@ def causal_lm_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array
                    label_smoothing: float = 0.0, normalizer=None):
     """Next-token loss for decoder-only models over ``decoder_loss_weights`` positions
     (prefix LM: the same loss, with ``decoder_causal_attention`` marking the prefix)."""
-    rngs = {"dropout": rng} if (rng is not None and not deterministic) else None
+    rngs = _dropout_rngs(rng, deterministic)
     logits = model.apply({"params": params}, batch["decoder_input_tokens"],
                          decoder_segment_ids=batch.get("decoder_segment_ids"),
                          decoder_positions=batch.get("decoder_positions"),
@@ -107,7 +112,7 @@ def masked_lm_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array
     """BERT's objective: masked-LM cross entropy over selected positions, plus next-sentence
     (ALBERT: sentence-order) cross entropy when the batch has ``next_sentence_labels``,
     plus SpanBERT's span-boundary loss when the model has that head."""
-    rngs = {"dropout": rng} if (rng is not None and not deterministic) else None
+    rngs = _dropout_rngs(rng, deterministic)
     out = model.apply({"params": params}, batch["encoder_input_tokens"],
                       token_type_ids=batch.get("encoder_token_type_ids"),
                       segment_ids=batch.get("encoder_segment_ids"),
@@ -140,7 +145,7 @@ def masked_lm_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array
 # Batches carry ``input_tokens`` (and optionally ``token_type_ids``) plus the labels below.
 
 def _apply_head(model, params, batch, rng, deterministic):
-    rngs = {"dropout": rng} if (rng is not None and not deterministic) else None
+    rngs = _dropout_rngs(rng, deterministic)
     return model.apply({"params": params}, batch["input_tokens"], batch.get("token_type_ids"),
                        deterministic=deterministic, rngs=rngs)
 
