@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Mapping
 
 import flax
@@ -16,6 +17,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from t5x_like import models, objectives, optim, partitioning
+from t5x_like.models import layers
 
 
 @flax.struct.dataclass
@@ -296,19 +298,22 @@ def build_trainer(config, mesh) -> Trainer:
 
 
 class _MeshAndRules:
-    """``jax.set_mesh`` + flax logical axis rules, entered together."""
+    """``jax.set_mesh``, flax logical axis rules and the mesh platform's choice of
+    gradient boundaries (``layers.gradient_boundary``), entered together."""
 
     def __init__(self, mesh, rules):
-        self._mesh_cm = jax.set_mesh(mesh)
-        self._rules_cm = nn.logical_axis_rules(rules)
+        self._mesh, self._rules = mesh, rules
+        self._stack = None
 
     def __enter__(self):
-        self._mesh_cm.__enter__()
-        self._rules_cm.__enter__()
+        self._stack = contextlib.ExitStack()
+        self._stack.enter_context(jax.set_mesh(self._mesh))
+        self._stack.enter_context(nn.logical_axis_rules(self._rules))
+        on_cpu = self._mesh.devices.flat[0].platform == "cpu"
+        self._stack.enter_context(layers.gradient_boundaries(on_cpu))
 
     def __exit__(self, *exc):
-        self._rules_cm.__exit__(*exc)
-        self._mesh_cm.__exit__(*exc)
+        self._stack.__exit__(*exc)
         return False
 
 

@@ -207,3 +207,49 @@ def test_bfloat16_compute_keeps_float32_parameters_and_logits(family):
     assert low.dtype == jnp.float32
     assert np.abs(np.asarray(low) - np.asarray(full)).max() < 0.1 * np.abs(np.asarray(full)).max()
     assert not np.array_equal(np.asarray(low), np.asarray(full))  # bf16 really was used
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_gradient_boundaries_change_no_gradient_and_stay_in_the_compiled_step(shared):
+    """The boundaries are there for XLA:CPU's fusion; they must be exact identities, and
+    the conditional that makes them work must survive into the program."""
+    from t5x_like.models import layers
+
+    x = tokens()
+    model = tiny_decoder(position_embedding="learned", num_kv_heads=None)
+    params = nn.unbox(model.init(jax.random.key(0), x)["params"])
+
+    def loss(p):
+        return jnp.mean(jnp.square(model.apply({"params": p}, x)))
+
+    grads = {}
+    for enabled in (True, False):
+        with layers.gradient_boundaries(enabled):
+            lowered = jax.jit(jax.grad(loss)).lower(params)
+            grads[enabled] = jax.jit(jax.grad(loss))(params)
+        conditionals = lowered.as_text().count("stablehlo.case")
+        # One per layer input (3) plus one between the sublayers of each block (3).
+        assert conditionals == (6 if enabled else 0)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
+                 grads[True], grads[False])
+
+    # Every block input of a loop or a shared (ALBERT-style) stack passes a boundary.
+    class Shared(nn.Module):
+        @nn.compact
+        def __call__(self, h):
+            return stacking.run_stack(_Scale, None, 4, h, shared=shared)
+
+    h = jnp.ones((2, 3))
+    shared_params = Shared().init(jax.random.key(0), h)
+    with layers.gradient_boundaries(True):
+        text = jax.jit(jax.grad(lambda p, h: Shared().apply(p, h).sum(), argnums=(0, 1))
+                       ).lower(shared_params, h).as_text()
+    assert text.count("stablehlo.case") == 4
+
+
+class _Scale(nn.Module):
+    config: object = None
+
+    @nn.compact
+    def __call__(self, h):
+        return h * self.param("scale", nn.initializers.ones, (h.shape[-1],))

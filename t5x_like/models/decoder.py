@@ -79,7 +79,7 @@ class DecoderBlock(nn.Module):
             rotary=cfg.position_embedding == "rotary",
             rotary_max_wavelength=cfg.rotary_max_wavelength, name="attention")(
                 h, h, bias, deterministic, decode, positions, positions)
-        x = x + dropout(h, deterministic=deterministic)
+        x = layers.gradient_boundary(x + dropout(h, deterministic=deterministic))
         h = layers.make_norm(cfg.norm, cfg.layer_norm_epsilon, dtype, "pre_mlp_norm")(x)
         h = layers.Mlp(cfg.d_ff, tuple(cfg.mlp_activations), cfg.dropout_rate, dtype,
                        use_bias=cfg.use_bias, kernel_init=_gpt2_init, name="mlp")(h, deterministic)

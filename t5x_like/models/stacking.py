@@ -18,6 +18,8 @@ import flax.linen as nn
 import jax
 import numpy as np
 
+from t5x_like.models.layers import gradient_boundary
+
 REMAT_POLICIES = {
     "none": None,  # no remat: keep every activation
     "full": jax.checkpoint_policies.nothing_saveable,  # recompute the whole block
@@ -51,11 +53,11 @@ def run_stack(block_cls: type[nn.Module], config: Any, num_layers: int, x, *args
     if shared:
         layer = block(config, name="shared_layer")
         for _ in range(num_layers):
-            x = layer(x, *args)
+            x = layer(gradient_boundary(x), *args)
         return x
     if not scan:
         for i in range(num_layers):
-            x = block(config, name=f"layers_{i}")(x, *args)
+            x = block(config, name=f"layers_{i}")(gradient_boundary(x), *args)
         return x
     scanned = nn.scan(block, variable_axes={"params": 0, "cache": 0},
                       split_rngs={"params": True, "dropout": True},

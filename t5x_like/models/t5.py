@@ -54,7 +54,7 @@ class EncoderLayer(nn.Module):
         h = layers.RMSNorm(cfg.layer_norm_epsilon, dtype=dtype, name="pre_attention_norm")(x)
         h = layers.MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dtype,
                                       name="attention")(h, h, bias, deterministic)
-        x = x + dropout(h, deterministic=deterministic)
+        x = layers.gradient_boundary(x + dropout(h, deterministic=deterministic))
         h = layers.RMSNorm(cfg.layer_norm_epsilon, dtype=dtype, name="pre_mlp_norm")(x)
         h = layers.Mlp(cfg.d_ff, tuple(cfg.mlp_activations), cfg.dropout_rate, dtype,
                        name="mlp")(h, deterministic)
@@ -76,12 +76,12 @@ class DecoderLayer(nn.Module):
         h = layers.MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dtype,
                                       name="self_attention")(h, h, self_bias, deterministic,
                                                              decode=decode)
-        x = x + dropout(h, deterministic=deterministic)
+        x = layers.gradient_boundary(x + dropout(h, deterministic=deterministic))
         h = layers.RMSNorm(cfg.layer_norm_epsilon, dtype=dtype, name="pre_cross_attention_norm")(x)
         h = layers.MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dtype,
                                       name="encoder_decoder_attention")(
                                           h, encoded, cross_bias, deterministic)
-        x = x + dropout(h, deterministic=deterministic)
+        x = layers.gradient_boundary(x + dropout(h, deterministic=deterministic))
         h = layers.RMSNorm(cfg.layer_norm_epsilon, dtype=dtype, name="pre_mlp_norm")(x)
         h = layers.Mlp(cfg.d_ff, tuple(cfg.mlp_activations), cfg.dropout_rate, dtype,
                        name="mlp")(h, deterministic)
