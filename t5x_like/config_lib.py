@@ -65,7 +65,9 @@ def default_config() -> ml_collections.ConfigDict:
     ))
 
     # Device mesh; -1 takes the remaining devices. Axis rules name the sharding strategy.
-    c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+    # dcn: data parallelism across TPU slices (multi-slice); 0 = the number of slices
+    # the devices span, which is 1 off multi-slice TPU, so one config runs anywhere.
+    c.mesh = ml_collections.ConfigDict(dict(dcn=0, data=-1, fsdp=1, tensor=1))
     c.partitioning = ml_collections.ConfigDict(dict(rules="fsdp"))
     return c
 
@@ -296,15 +298,24 @@ def validate(config: ml_collections.ConfigDict) -> None:
         if not isinstance(length, int) or length <= 0:
             raise ConfigError(f"task_feature_lengths.{name} must be a positive integer, got {length!r}.")
     for name, size in config.mesh.items():
-        if not isinstance(size, int) or (size < 1 and size != -1):
+        if name == "dcn":
+            if not isinstance(size, int) or size < 0:
+                raise ConfigError(f"mesh.dcn must be the number of slices, or 0 for the slices "
+                                  f"the devices span, got {size!r}.")
+        elif not isinstance(size, int) or (size < 1 and size != -1):
             raise ConfigError(f"mesh.{name} must be a positive integer or -1 (fill), got {size!r}.")
     if list(config.mesh.values()).count(-1) > 1:
         raise ConfigError("At most one mesh axis may be -1 (fill with the remaining devices); "
                           f"got mesh={dict(config.mesh)}.")
 
 
-def resolve_mesh_shape(mesh: dict[str, int], num_devices: int) -> dict[str, int]:
-    """Fills ``-1`` and checks that the mesh uses exactly ``num_devices``."""
+def resolve_mesh_shape(mesh: dict[str, int], num_devices: int, num_slices: int = 1
+                       ) -> dict[str, int]:
+    """Fills ``-1`` (and ``dcn=0``: the ``num_slices`` found) and checks that the mesh uses
+    exactly ``num_devices``."""
+    mesh = dict(mesh)
+    if not mesh.get("dcn"):
+        mesh["dcn"] = num_slices
     fixed = math.prod(size for size in mesh.values() if size != -1)
     shape = dict(mesh)
     if -1 in mesh.values():
@@ -321,16 +332,20 @@ def resolve_mesh_shape(mesh: dict[str, int], num_devices: int) -> dict[str, int]
 
 
 def validate_for_devices(config: ml_collections.ConfigDict, num_devices: int,
-                         process_count: int = 1) -> dict[str, int]:
+                         process_count: int = 1, num_slices: int = 1) -> dict[str, int]:
     """Mesh and batch checks that need the device count; returns the resolved mesh shape."""
-    shape = resolve_mesh_shape(dict(config.mesh), num_devices)
-    batch_parallel = shape["data"] * shape["fsdp"]
+    shape = resolve_mesh_shape(dict(config.mesh), num_devices, num_slices)
+    if num_slices > 1 and shape["dcn"] != num_slices:
+        raise ConfigError(f"The devices span {num_slices} slices but mesh.dcn={shape['dcn']}; "
+                          f"set --config.mesh.dcn={num_slices} (or 0 to follow the slices).")
+    batch_parallel = shape["dcn"] * shape["data"] * shape["fsdp"]
     if config.batch_size % batch_parallel:
         fixed = (config.batch_size // batch_parallel + 1) * batch_parallel
         raise ConfigError(
             f"batch_size={config.batch_size} does not divide over the data-parallel mesh size "
-            f"{batch_parallel} (mesh.data={shape['data']} x mesh.fsdp={shape['fsdp']}); use a "
-            f"multiple of {batch_parallel}, e.g. --config.batch_size={fixed}.")
+            f"{batch_parallel} (mesh.dcn={shape['dcn']} x mesh.data={shape['data']} x "
+            f"mesh.fsdp={shape['fsdp']}); use a multiple of {batch_parallel}, e.g. "
+            f"--config.batch_size={fixed}.")
     microbatches = config.optimizer.microbatches
     if config.batch_size % (batch_parallel * microbatches):
         raise ConfigError(

@@ -2,12 +2,16 @@
 
 Models name axes logically; a rule set maps each logical name to mesh axes.
 Changing strategy (data parallel, FSDP, FSDP + tensor) is a config change.
+A multi-slice run (TPU slices joined by the data-center network, DCN) adds the
+outer ``dcn`` axis: data parallelism across slices, every other axis inside a
+slice, so only gradient all-reduces cross the slow network.
 Multi-host runs join through :func:`initialize_distributed` before any device is used.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from typing import Callable, Mapping
 
@@ -16,8 +20,8 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-MESH_AXES = ("data", "fsdp", "tensor")
-BATCH_AXES = ("data", "fsdp")
+MESH_AXES = ("dcn", "data", "fsdp", "tensor")
+BATCH_AXES = ("dcn", "data", "fsdp")
 
 # Each rule: logical name -> mesh axis (or tuple of axes, or None = replicated).
 RULE_SETS: dict[str, tuple[tuple[str, object], ...]] = {
@@ -47,15 +51,54 @@ def axis_rules(name: str) -> tuple[tuple[str, object], ...]:
 
 
 def make_mesh(shape: Mapping[str, int], devices=None) -> Mesh:
-    """Mesh over ``devices`` (default: all) with the resolved ``shape`` per axis."""
-    devices = jax.devices() if devices is None else devices
-    sizes = tuple(int(shape[axis]) for axis in MESH_AXES)
-    if int(np.prod(sizes)) != len(devices):
-        raise ValueError(f"Mesh {dict(zip(MESH_AXES, sizes))} needs {int(np.prod(sizes))} "
-                         f"devices, got {len(devices)}.")
+    """Mesh over ``devices`` (default: all) with the resolved ``shape`` per axis.
+
+    ``shape["dcn"]`` (default 1) splits the devices into that many slices: TPU
+    devices by their ``slice_index``; devices without one (CPU, GPU) by process
+    when there are that many processes, else into equal blocks in device order
+    (how a multi-slice run is rehearsed on fake CPU devices). Inside each slice
+    JAX orders the devices for the chip interconnect.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    sizes = {axis: int(shape.get(axis, 1)) for axis in MESH_AXES}
+    if math.prod(sizes.values()) != len(devices):
+        raise ValueError(f"Mesh {sizes} needs {math.prod(sizes.values())} devices, got "
+                         f"{len(devices)}.")
+    groups = slice_groups(devices, sizes["dcn"])
+    inner = tuple(sizes[axis] for axis in MESH_AXES[1:])
     # Auto axes: XLA propagates shardings from the annotations the model provides.
-    return jax.make_mesh(sizes, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
-                         devices=devices)
+    per_slice = [jax.make_mesh(inner, MESH_AXES[1:], devices=group,
+                               axis_types=(AxisType.Auto,) * len(inner)).devices
+                 for group in groups]
+    return Mesh(np.stack(per_slice), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
+def num_slices(devices) -> int:
+    """How many TPU slices ``devices`` span (1 for devices without a slice index)."""
+    return len({getattr(d, "slice_index", 0) for d in devices})
+
+
+def slice_groups(devices, dcn: int) -> list[list]:
+    """``devices`` split into ``dcn`` slices (see ``make_mesh``), each in device order."""
+    found = num_slices(devices)
+    if found > 1:
+        if found != dcn:
+            raise ValueError(f"The devices span {found} slices but mesh.dcn={dcn}; set "
+                             f"--config.mesh.dcn={found} (or 0 to follow the slices found), so "
+                             "that only data parallelism crosses the data-center network.")
+        key = lambda d: d.slice_index  # noqa: E731
+    elif dcn > 1 and len({d.process_index for d in devices}) == dcn:
+        key = lambda d: d.process_index  # noqa: E731
+    else:
+        if len(devices) % dcn:
+            raise ValueError(f"mesh.dcn={dcn} does not divide the {len(devices)} devices.")
+        per_group = len(devices) // dcn
+        order = {id(d): i // per_group for i, d in enumerate(devices)}
+        key = lambda d: order[id(d)]  # noqa: E731
+    groups: dict[int, list] = {}
+    for device in devices:
+        groups.setdefault(key(device), []).append(device)
+    return [groups[k] for k in sorted(groups)]
 
 
 def logical_shardings(boxed_tree, mesh: Mesh, rules):

@@ -44,9 +44,13 @@ def parse_topology(text: str) -> tuple[str, str | int]:
     return "tpu", text
 
 
-def topology_devices(text: str) -> list:
-    """Devices to compile for; no hardware is touched for TPU topologies."""
+def topology_devices(text: str, num_slices: int = 1) -> list:
+    """Devices to compile for; no hardware is touched for TPU topologies. ``num_slices``
+    copies of a TPU topology joined over DCN make a multi-slice target."""
     platform, spec = parse_topology(text)
+    if num_slices < 1 or (num_slices > 1 and platform == "cpu"):
+        raise PlanError(f"--num_slices={num_slices}: give a positive number of TPU slices; "
+                        "for CPU, rehearse slices with --config.mesh.dcn on cpu:N.")
     import jax
     if platform == "cpu":
         jax.config.update("jax_num_cpu_devices", spec)
@@ -57,7 +61,8 @@ def topology_devices(text: str) -> list:
         return devices[:spec]
     from jax.experimental import topologies
     try:
-        return list(topologies.get_topology_desc(platform="tpu", topology_name=spec).devices)
+        return list(topologies.get_topology_desc(platform="tpu", topology_name=spec,
+                                                 num_slices=num_slices).devices)
     except Exception as e:  # noqa: BLE001 - the compiler's errors vary by cause
         import importlib.util
         if importlib.util.find_spec("libtpu") is None:
@@ -78,12 +83,14 @@ def per_device_bytes(abstract_tree) -> list[tuple[str, int]]:
     return rows
 
 
-def plan(config, topology: str) -> dict:
-    """Compiles ``config``'s train step for ``topology``; returns the report as a dict."""
+def plan(config, topology: str, num_slices: int = 1) -> dict:
+    """Compiles ``config``'s train step for ``topology`` (``num_slices`` of them joined
+    over DCN); returns the report as a dict."""
     from t5x_like import config_lib, flops, hardware, partitioning, trainer as trainer_lib
 
-    devices = topology_devices(topology)
-    mesh_shape = config_lib.validate_for_devices(config, len(devices))
+    devices = topology_devices(topology, num_slices)
+    mesh_shape = config_lib.validate_for_devices(config, len(devices),
+                                                 num_slices=partitioning.num_slices(devices))
     mesh = partitioning.make_mesh(mesh_shape, devices)
     trainer = trainer_lib.build_trainer(config, mesh)
     batch = trainer_lib.abstract_batch(config.model.family, config.task_feature_lengths,
@@ -129,7 +136,8 @@ def plan(config, topology: str) -> dict:
     params_bytes = sum(b for p, b in state_rows if p.startswith("params/"))
     opt_bytes = sum(b for p, b in state_rows if p.startswith("opt_state/"))
     report = {
-        "config_model": config.model.family, "topology": topology, "device_kind": kind,
+        "config_model": config.model.family, "topology": topology, "num_slices": num_slices,
+        "device_kind": kind,
         "num_devices": len(devices), "mesh": mesh_shape, "rules": config.partitioning.rules,
         "batch_size": config.batch_size, "microbatches": config.optimizer.microbatches,
         "memory_per_device": {"arguments": arguments, "outputs": outputs, "aliased": aliased,
@@ -187,7 +195,9 @@ def _gib(n) -> str:
 def format_report(r: dict) -> str:
     m = r["memory_per_device"]
     lines = [
-        f"plan: {r['config_model']} on {r['topology']} ({r['num_devices']} x {r['device_kind']}), "
+        f"plan: {r['config_model']} on {r['topology']}"
+        f"{' x ' + str(r['num_slices']) + ' slices' if r['num_slices'] > 1 else ''} "
+        f"({r['num_devices']} x {r['device_kind']}), "
         f"mesh {r['mesh']}, rules {r['rules']}, batch {r['batch_size']}"
         f" in {r['microbatches']} microbatch(es)",
         "memory per device:",
@@ -243,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="Python config file with get_config().")
     parser.add_argument("--topology", required=True,
                         help="TPU NAME:GRID (v5p:4x4x4, v5e:4x4, v4:2x2x1, ...) or cpu:N.")
+    parser.add_argument("--num_slices", type=int, default=1,
+                        help="Slices of --topology joined over the data-center network "
+                             "(multi-slice); the mesh's dcn axis spans them.")
     parser.add_argument("--json", action="store_true", help="Print the report as JSON.")
     args = parser.parse_args(rest)
     # libtpu asks a metadata server about TPU workers unless told this is no TPU VM.
@@ -257,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         config = config_lib.load_config_file(args.config)
         config_lib.apply_overrides(config, overrides)
         config_lib.validate(config)
-        report = plan(config, args.topology)
+        report = plan(config, args.topology, args.num_slices)
     except (config_lib.ConfigError, PlanError) as e:
         print(f"plan: {e}", file=sys.stderr)
         return 2

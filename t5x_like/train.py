@@ -142,7 +142,8 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
 
     process_index, process_count = jax.process_index(), jax.process_count()
     devices = jax.devices() if devices is None else list(devices)
-    mesh_shape = config_lib.validate_for_devices(config, len(devices), process_count)
+    mesh_shape = config_lib.validate_for_devices(config, len(devices), process_count,
+                                                 partitioning.num_slices(devices))
     is_chief = process_index == 0
     workdir = pathlib.Path(workdir).absolute()
     progress = metrics_writer.Progress(config.num_train_steps, enabled=is_chief and not quiet)

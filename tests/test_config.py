@@ -108,7 +108,7 @@ def test_mesh_must_match_device_count():
 
 def test_mesh_fill_axis():
     assert config_lib.resolve_mesh_shape({"data": -1, "fsdp": 2, "tensor": 1}, 8) == {
-        "data": 4, "fsdp": 2, "tensor": 1}
+        "dcn": 1, "data": 4, "fsdp": 2, "tensor": 1}
 
 
 def test_cli_typo_fails_fast_before_jax():

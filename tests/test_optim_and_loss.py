@@ -43,8 +43,8 @@ def _random_batch(batch_size=16, inputs=32, targets=8, seed=0):
             "decoder_loss_weights": weights}
 
 
-def _two_steps(config, batch):
-    mesh = partitioning.make_mesh({"data": 2, "fsdp": 4, "tensor": 1})
+def _two_steps(config, batch, mesh_shape=None):
+    mesh = partitioning.make_mesh(mesh_shape or {"data": 2, "fsdp": 4, "tensor": 1})
     trainer = trainer_lib.build_trainer(config, mesh)
     state = trainer.init_state(0)
     metrics = []
@@ -64,6 +64,18 @@ def test_k_microbatches_equal_one_batch_of_k_times_the_size():
         for key in ("loss", "accuracy", "grad_norm", "num_target_tokens"):
             np.testing.assert_allclose(a[key], b[key], rtol=2e-5, err_msg=key)
     for a, b in zip(jax.tree.leaves(whole_params), jax.tree.leaves(micro_params)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_two_slices_over_dcn_train_like_one_slice():
+    batch = _random_batch()
+    config = tiny_config(**{"optimizer.name": "adamw", "optimizer.learning_rate": 1e-3})
+    one_params, one = _two_steps(config, batch)
+    two_params, two = _two_steps(config, batch, {"dcn": 2, "data": 1, "fsdp": 4, "tensor": 1})
+    for a, b in zip(one, two):
+        for key in ("loss", "accuracy", "grad_norm"):
+            np.testing.assert_allclose(a[key], b[key], rtol=2e-5, err_msg=key)
+    for a, b in zip(jax.tree.leaves(one_params), jax.tree.leaves(two_params)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 

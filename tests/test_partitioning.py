@@ -146,3 +146,46 @@ def test_train_step_compiles_ahead_of_time_with_a_flop_count():
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     assert cost["flops"] > 0
+
+
+def test_dcn_axis_puts_data_parallelism_across_slices():
+    """Fake CPU devices rehearse two slices as two blocks of four devices: the dcn axis
+    splits the blocks, every other axis (and so every parameter shard) stays inside one."""
+    devices = jax.devices()
+    mesh = partitioning.make_mesh({"dcn": 2, "data": 1, "fsdp": 4, "tensor": 1})
+    assert dict(mesh.shape) == {"dcn": 2, "data": 1, "fsdp": 4, "tensor": 1}
+    assert set(mesh.devices[0].flat) == set(devices[:4])
+    assert set(mesh.devices[1].flat) == set(devices[4:])
+    # The batch is split over slices too: each device holds 16 / (2 * 4) rows.
+    batch = partitioning.global_batch({"x": np.arange(32).reshape(16, 2)}, mesh)
+    assert batch["x"].sharding.shard_shape((16, 2)) == (2, 2)
+    # Parameters are sharded inside a slice and replicated across slices (hybrid FSDP).
+    trainer = build_trainer(tiny_config(), {"dcn": 2, "data": 1, "fsdp": 4, "tensor": 1})
+    spec = trainer.state_shardings.params["token_embedder"]["embedding"].spec
+    assert "dcn" not in jax.tree.leaves(tuple(spec)) and "fsdp" in jax.tree.leaves(tuple(spec))
+
+
+class _SliceDevice:
+    def __init__(self, index, slice_index):
+        self.id, self.slice_index, self.process_index = index, slice_index, 0
+
+
+def test_slices_of_real_devices_follow_their_slice_index():
+    # Interleaved on purpose: grouping must follow slice_index, not device order.
+    devices = [_SliceDevice(i, i % 2) for i in range(8)]
+    groups = partitioning.slice_groups(devices, 2)
+    assert [[d.id for d in g] for g in groups] == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    with pytest.raises(ValueError, match="span 2 slices but mesh.dcn=1; set --config.mesh.dcn=2"):
+        partitioning.slice_groups(devices, 1)
+
+
+def test_dcn_zero_follows_the_slices_found():
+    from t5x_like import config_lib
+    config = tiny_config()
+    config.batch_size = 16
+    assert config_lib.validate_for_devices(config, 8)["dcn"] == 1
+    assert config_lib.validate_for_devices(config, 8, num_slices=2) == {
+        "dcn": 2, "data": 4, "fsdp": 1, "tensor": 1}
+    config.mesh.dcn = 4
+    with pytest.raises(config_lib.ConfigError, match="span 2 slices but mesh.dcn=4"):
+        config_lib.validate_for_devices(config, 8, num_slices=2)

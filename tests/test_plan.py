@@ -72,6 +72,17 @@ def test_tpu_plan_fits_a_small_model_and_gives_a_roofline():
 
 
 @needs_libtpu
+def test_multi_slice_plan_puts_the_dcn_axis_across_slices():
+    out = json.loads(run_plan(f"--config={QUICKSTART}", "--topology=v5e:2x2", "--num_slices=2",
+                              "--json", *TINY).stdout)
+    assert out["num_devices"] == 8 and out["num_slices"] == 2 and out["fits"]
+    assert out["mesh"] == {"dcn": 2, "data": 4, "fsdp": 1, "tensor": 1}
+    refused = run_plan(f"--config={QUICKSTART}", "--topology=v5e:2x2", "--num_slices=2",
+                       "--config.mesh.dcn=1", *TINY, check=False)
+    assert refused.returncode == 2 and "set --config.mesh.dcn=2" in refused.stderr
+
+
+@needs_libtpu
 def test_tpu_plan_says_what_does_not_fit_and_why():
     # A 4M-row vocabulary: the f32 embedding alone is 16 GiB, Adam state twice that.
     result = run_plan(f"--config={QUICKSTART}", "--topology=v5e:2x2", *TINY,
