@@ -108,10 +108,15 @@ def causal_lm_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array
 
 def masked_lm_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array | None = None,
                    *, deterministic: bool = True, label_smoothing: float = 0.0,
-                   normalizer=None):
+                   normalizer=None, num_sequences=None):
     """BERT's objective: masked-LM cross entropy over selected positions, plus next-sentence
     (ALBERT: sentence-order) cross entropy when the batch has ``next_sentence_labels``,
-    plus SpanBERT's span-boundary loss when the model has that head."""
+    plus SpanBERT's span-boundary loss when the model has that head.
+
+    ``num_sequences`` divides the summed next-sentence objective (``None``: this
+    batch's rows); a microbatch passes the whole batch's rows, as ``normalizer``
+    does for tokens, so k microbatches add up to the whole batch's objective.
+    """
     rngs = _dropout_rngs(rng, deterministic)
     out = model.apply({"params": params}, batch["encoder_input_tokens"],
                       token_type_ids=batch.get("encoder_token_type_ids"),
@@ -133,10 +138,12 @@ def masked_lm_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array
         objective = objective + sbo_objective
     if "next_sentence_labels" in batch:
         nsp_logp = jax.nn.log_softmax(out["nsp_logits"])
-        nsp = -jnp.take_along_axis(nsp_logp, batch["next_sentence_labels"][:, None], -1).mean()
+        nsp_each = -jnp.take_along_axis(nsp_logp, batch["next_sentence_labels"][:, None], -1)
+        nsp = nsp_each.mean()
         metrics["nsp_loss"] = nsp
         loss = loss + nsp
-        objective = objective + nsp
+        rows = nsp_each.shape[0] if num_sequences is None else num_sequences
+        objective = objective + nsp_each.sum() / rows
     metrics["loss"] = loss
     return objective, metrics
 

@@ -38,7 +38,8 @@ FAMILY_LOSSES = {
 
 
 def make_loss_fn(family: str, loss_config) -> LossFn:
-    """``(model, params, batch, rng, normalizer=None) -> (objective, metrics)`` for ``family``.
+    """``(model, params, batch, rng, normalizer=None, num_sequences=None) -> (objective,
+    metrics)`` for ``family``.
 
     Dropout is on exactly when an rng is given (training); evaluation passes none.
     """
@@ -48,9 +49,11 @@ def make_loss_fn(family: str, loss_config) -> LossFn:
     if family != "encoder":  # BERT's objective has no z-loss
         options["z_loss"] = float(loss_config.z_loss)
 
-    def loss_fn(model, params, batch, rng, normalizer=None):
+    def loss_fn(model, params, batch, rng, normalizer=None, num_sequences=None):
+        # Only BERT's objective has a per-sequence term (next-sentence prediction).
+        extra = {"num_sequences": num_sequences} if family == "encoder" else {}
         return loss(model, params, batch, rng, deterministic=rng is None, normalizer=normalizer,
-                    **options)
+                    **options, **extra)
     return loss_fn
 
 
@@ -200,14 +203,18 @@ class Trainer:
         # Dropout randomness derives from (seed, step): resumed runs replay it exactly.
         rng = jax.random.fold_in(jax.random.key(self.seed + 1), state.step)
         normalizer = self.loss_normalizer
-        if normalizer is None and self.microbatches > 1:
-            # Every microbatch divides by the whole batch's tokens: the summed
-            # gradient is then the whole batch's gradient.
-            normalizer = jnp.maximum(loss_weights(batch).sum(), 1.0)
+        kwargs = {}
+        if self.microbatches > 1:
+            # Every microbatch divides by the whole batch's tokens (and sequences, for
+            # per-sequence terms): the summed gradient is the whole batch's gradient.
+            if normalizer is None:
+                normalizer = jnp.maximum(loss_weights(batch).sum(), 1.0)
+            kwargs["num_sequences"] = jax.tree.leaves(batch)[0].shape[0]
+        if normalizer is not None:
+            kwargs["normalizer"] = normalizer
 
         def loss_and_grad(params, microbatch, index):
             micro_rng = jax.random.fold_in(rng, index)
-            kwargs = {} if normalizer is None else {"normalizer": normalizer}
             return jax.value_and_grad(
                 lambda p: self.loss_fn(self.model, p, microbatch, micro_rng, **kwargs),
                 has_aux=True)(params)

@@ -149,3 +149,30 @@ def test_microbatches_must_divide_the_per_device_batch():
     config = tiny_config(**{"optimizer.microbatches": 4})
     with pytest.raises(config_lib.ConfigError, match="multiple of 32"):
         config_lib.validate_for_devices(config, 8)
+
+
+def test_next_sentence_loss_is_counted_once_over_microbatches():
+    """BERT's per-sequence term must be divided by the whole batch's sequences, or k
+    microbatches would weigh it k times against the masked-LM tokens."""
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(5, 100, (16, 16)).astype(np.int32)
+    batch = {"encoder_input_tokens": tokens, "encoder_target_tokens": tokens,
+             "encoder_token_type_ids": np.zeros_like(tokens),
+             "encoder_loss_weights": (rng.random(tokens.shape) < 0.3).astype(np.float32),
+             "next_sentence_labels": rng.integers(0, 2, (16,)).astype(np.int32)}
+
+    def bert(**settings):
+        config = tiny_config(**{"optimizer.name": "adamw", "optimizer.learning_rate": 1e-2},
+                             **settings)
+        config.model = config_lib.model_defaults("encoder")
+        config.model.update(dict(vocab_size=128, d_model=32, num_heads=2, head_dim=16, d_ff=64,
+                                 num_layers=1, max_length=32, next_sentence_head=True))
+        config.task_feature_lengths = {"inputs": 16}
+        return config
+
+    whole_params, whole = _two_steps(bert(), batch)
+    micro_params, micro = _two_steps(bert(**{"optimizer.microbatches": 2}), batch)
+    for a, b in zip(whole, micro):
+        np.testing.assert_allclose(a["grad_norm"], b["grad_norm"], rtol=2e-5)
+    for a, b in zip(jax.tree.leaves(whole_params), jax.tree.leaves(micro_params)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
