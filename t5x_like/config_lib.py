@@ -313,9 +313,7 @@ def resolve_mesh_shape(mesh: dict[str, int], num_devices: int, num_slices: int =
                        ) -> dict[str, int]:
     """Fills ``-1`` (and ``dcn=0``: the ``num_slices`` found) and checks that the mesh uses
     exactly ``num_devices``."""
-    mesh = dict(mesh)
-    if not mesh.get("dcn"):
-        mesh["dcn"] = num_slices
+    mesh = {"dcn": mesh.get("dcn") or num_slices, **{k: v for k, v in mesh.items() if k != "dcn"}}
     fixed = math.prod(size for size in mesh.values() if size != -1)
     shape = dict(mesh)
     if -1 in mesh.values():
