@@ -1,22 +1,26 @@
 """Input-pipeline throughput per objective, one process, on the embedded corpus.
 
-    .venv/bin/python benchmarks/data_pipeline.py [--examples 2000] [--rows span_corruption,mlm]
+    .venv/bin/python benchmarks/data_pipeline.py [--examples 1000] [--rows span_corruption,mlm]
+        [--repeats 3] [--no-seqio]
 
-For each objective: examples/s and tokens/s of finished model batches (the
-feature converter's output; tokens = non-padding encoder inputs + decoder
-targets), after a warm-up that reads and caches the corpus. Also the packing
-fill ratio on whole documents (seqio's greedy packing versus ours), and an
-estimate of the host cores needed to feed BERT-base on a TPU v5p host.
+For each objective: examples/s, tokens/s and tokens per CPU second (all threads of
+the process) of finished model batches (the feature converter's output; tokens =
+non-padding encoder inputs + decoder targets), after a warm-up that reads and caches
+the corpus; with ``--repeats`` the fastest run of each row. Also the packing fill
+ratio on whole documents (seqio's greedy packing versus ours), and an estimate of
+the host cores needed to feed BERT-base on a TPU v5p host.
 
-When ``seqio`` and ``t5`` (and TensorFlow) are installed, the same run times
-seqio + t5's tf.data span corruption with packing on the same documents and
-vocabulary (single process: tf.data limited to one thread).
+When ``seqio`` and ``t5`` (and TensorFlow) are installed (benchmarks/requirements-seqio.txt,
+a separate venv), the same run compares one epoch of span corruption with packing,
+512/114, file order, on both sides: ours, and T5's task (seqio + t5 tf.data) on the
+same documents and vocabulary, single process with tf.data on one thread.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
+import functools
+import importlib.util
 import time
 
 import numpy as np
@@ -33,6 +37,7 @@ ROWS = {
                                  {"inputs": INPUTS, "targets": TARGETS},
                                  lambda: td.EncDecFeatureConverter()),
     "mlm": ("embedded_en_mlm", {"inputs": 512}, lambda: td.EncoderFeatureConverter()),
+    "mlm_128": ("embedded_en_mlm", {"inputs": 128}, lambda: td.EncoderFeatureConverter()),
     "mlm_whole_word": ("embedded_en_mlm_whole_word", {"inputs": 512},
                        lambda: td.EncoderFeatureConverter()),
     "mlm_nsp": ("embedded_en_mlm_nsp", {"inputs": 128}, lambda: td.EncoderFeatureConverter()),
@@ -53,21 +58,41 @@ ROWS = {
 TOKEN_FEATURES = ("encoder_input_tokens", "decoder_target_tokens")
 
 
-def time_stream(iterator, num_examples: int) -> tuple[float, int]:
-    """Seconds and non-padding tokens for ``num_examples`` converted examples."""
-    start, tokens = time.perf_counter(), 0
-    for example in itertools.islice(iterator, num_examples):
+def time_stream(iterator, num_examples: int | None = None,
+                num_tokens: int | None = None) -> tuple[float, float, int, int]:
+    """Wall seconds, CPU seconds (all threads of the process), non-padding tokens and
+    examples for ``num_examples`` converted examples, or until ``num_tokens`` tokens."""
+    start, cpu_start, tokens, examples = time.perf_counter(), time.process_time(), 0, 0
+    for example in iterator:
         tokens += sum(int(np.count_nonzero(example[k])) for k in TOKEN_FEATURES if k in example)
-    return time.perf_counter() - start, tokens
+        examples += 1
+        if (num_tokens is not None and tokens >= num_tokens) or examples == num_examples:
+            break
+    return time.perf_counter() - start, time.process_time() - cpu_start, tokens, examples
 
 
-def run_row(name: str, num_examples: int) -> float:
+def report(name: str, seconds: float, cpu_seconds: float, tokens: int, examples: int) -> dict:
+    row = {"name": name, "examples/s": examples / seconds, "tokens/s": tokens / seconds,
+           "tokens/cpu-s": tokens / cpu_seconds, "tokens": tokens}
+    print(f"{name:26s} {row['examples/s']:9.0f} examples/s {row['tokens/s']:11,.0f} tokens/s "
+          f"{row['tokens/cpu-s']:11,.0f} tokens/CPU-s", flush=True)
+    return row
+
+
+def run_row(name: str, num_examples: int) -> dict:
     task, lengths, converter = ROWS[name]
     iterator = iter(td.get_dataset(task, lengths, feature_converter=converter(), seed=0))
     time_stream(iterator, 20)  # warm-up: corpus read, vocabulary tables
-    seconds, tokens = time_stream(iterator, num_examples)
-    print(f"{name:26s} {num_examples / seconds:9.0f} examples/s {tokens / seconds:11,.0f} tokens/s")
-    return tokens / seconds
+    return report(name, *time_stream(iterator, num_examples))
+
+
+def span_corruption_epoch() -> dict:
+    """Ours, for the seqio comparison: one epoch of the training split in file order."""
+    task, lengths, converter = ROWS["span_corruption"]
+    iterator = iter(td.get_dataset(task, lengths, feature_converter=converter(), seed=0,
+                                   shuffle=False, num_epochs=1))
+    time_stream(iterator, 20)
+    return report("span_corruption, epoch", *time_stream(iterator))
 
 
 def fill_ratios(num_docs: int = 4000, length: int = 512) -> None:
@@ -91,22 +116,33 @@ def fill_ratios(num_docs: int = 4000, length: int = 512) -> None:
               f"({len(rows)} rows, {real / seconds:,.0f} tokens/s)")
 
 
-def seqio_span_corruption(num_examples: int) -> float | None:
-    """seqio + t5 tf.data span corruption with packing, same documents and vocabulary."""
-    try:
-        import functools
+def seqio_span_corruption() -> dict | None:
+    """seqio + t5 tf.data span corruption with packing, same documents and vocabulary.
 
+    T5's own task definition (c4_v220_span_corruption: rekey, tokenize,
+    span_corruption, append_eos_after_trim) on our corpus and SentencePiece model,
+    packed by seqio's EncDecFeatureConverter. tf.data runs on a private pool of one
+    thread (seqio's maps ask for AUTOTUNE parallelism); the Python thread that reads
+    the batches is the process's second thread, so tokens/CPU-s is the per-core figure.
+    Like ``span_corruption_epoch``: one epoch of the same documents in the same order,
+    so both sides turn the same text into (almost) the same number of tokens.
+    """
+    try:
         import seqio
         import tensorflow as tf
         from t5.data import preprocessors as t5_preprocessors
     except ImportError:
-        print("seqio/t5/tensorflow not installed: seqio comparison skipped (see the issue for the "
-              "versions that install together).")
+        print("seqio/t5/tensorflow not installed: seqio comparison skipped (install "
+              "benchmarks/requirements-seqio.txt, see the README).")
         return None
-    tf.config.threading.set_inter_op_parallelism_threads(1)
-    tf.config.threading.set_intra_op_parallelism_threads(1)
+    try:
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+    except RuntimeError:
+        pass  # already set by an earlier repeat (TF is initialised by then)
     docs = [e["text"] for e in tasks.english_source().get("train")]
     vocab = seqio.SentencePieceVocabulary(tasks.embedded_vocabulary().model_path, extra_ids=100)
+    assert vocab.vocab_size == tasks.embedded_vocabulary().vocab_size
     source = seqio.FunctionDataSource(
         lambda split, shuffle_files, seed=None: tf.data.Dataset.from_tensor_slices({"text": docs}),
         splits=["train"])
@@ -119,22 +155,43 @@ def seqio_span_corruption(num_examples: int) -> float | None:
         output_features={"inputs": seqio.Feature(vocab, add_eos=True, required=False),
                          "targets": seqio.Feature(vocab, add_eos=True)})
     ds = seqio.get_dataset(name, {"inputs": INPUTS, "targets": TARGETS}, dataset_split="train",
-                           shuffle=False, seed=0,
+                           shuffle=False, seed=0, num_epochs=1,
                            feature_converter=seqio.EncDecFeatureConverter(pack=True))
-    iterator = ds.as_numpy_iterator()
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = 1
+    options.threading.max_intra_op_parallelism = 1
+    iterator = ds.with_options(options).as_numpy_iterator()
     time_stream(iterator, 20)
-    seconds, tokens = time_stream(iterator, num_examples)
-    print(f"{'seqio span_corruption':26s} {num_examples / seconds:9.0f} examples/s "
-          f"{tokens / seconds:11,.0f} tokens/s")
-    return tokens / seconds
+    return report("seqio span_corruption, epoch", *time_stream(iterator))
 
 
-def v5p_estimate(mlm_tokens_per_second: float) -> None:
-    """BERT-base on a v5p host: 4 chips x 459 TFLOP/s bf16 at 50% MFU, 6 x 110M FLOPs/token."""
-    host_tokens = 4 * 459e12 * 0.5 / (6 * 110e6)
-    print(f"BERT-base on a TPU v5p host needs ~{host_tokens:,.0f} tokens/s (4 chips, 50% MFU); "
-          f"at {mlm_tokens_per_second:,.0f} tokens/s per core that is "
-          f"~{host_tokens / mlm_tokens_per_second:.0f} cores of this machine.")
+# TPU v5p: 459 TFLOP/s bf16 peak per chip, 4 chips and 208 vCPUs per host (ct5p-hightpu-4t).
+V5P_PEAK_FLOPS, V5P_CHIPS_PER_HOST, V5P_HOST_VCPUS = 459e12, 4, 208
+ASSUMED_MFU = 0.5
+
+
+def bert_base_train_flops_per_token(seq_len: int, masked_fraction: float = 0.15) -> float:
+    """6 x non-embedding parameters, attention scores/values, and the MLM head on masked tokens."""
+    layers, d, ff, vocab = 12, 768, 3072, 30522
+    dense = layers * (4 * d * d + 2 * d * ff)          # 85M: QKVO and the MLP
+    attention = layers * 2 * 2 * seq_len * d             # QK^T and AV, forward, per token
+    head = (d * d + d * vocab) * masked_fraction         # transform + tied output layer
+    return 6 * (dense + head) + 3 * attention
+
+
+def v5p_estimate(results: dict) -> None:
+    """Host cores to feed BERT-base on one v5p host, from the MLM rows' tokens per CPU second."""
+    print(f"BERT-base on a TPU v5p host ({V5P_CHIPS_PER_HOST} chips x {V5P_PEAK_FLOPS / 1e12:.0f} "
+          f"TFLOP/s bf16 at an assumed {ASSUMED_MFU:.0%} MFU, {V5P_HOST_VCPUS} vCPUs):")
+    for name, seq_len in [("mlm_128", 128), ("mlm_nsp", 128), ("mlm", 512)]:
+        if name not in results:
+            continue
+        flops = bert_base_train_flops_per_token(seq_len)
+        needed = V5P_CHIPS_PER_HOST * V5P_PEAK_FLOPS * ASSUMED_MFU / flops
+        per_core = results[name]["tokens/cpu-s"]
+        print(f"  {name:8s} seq {seq_len}: {flops / 1e6:.0f} MFLOP/token -> {needed:,.0f} tokens/s "
+              f"per host; at {per_core:,.0f} tokens/s per core: ~{needed / per_core:.1f} cores "
+              f"({needed / per_core / V5P_HOST_VCPUS:.0%} of the host's vCPUs)")
 
 
 def main() -> None:
@@ -142,15 +199,38 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--examples", type=int, default=1000)
     parser.add_argument("--rows", default=",".join(ROWS))
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="time each row this many times and keep the fastest (shared machine)")
+    parser.add_argument("--no-seqio", action="store_true",
+                        help="skip the one-epoch comparison with seqio + t5")
     args = parser.parse_args()
-    results = {name: run_row(name, args.examples) for name in args.rows.split(",")}
-    seqio_rate = seqio_span_corruption(args.examples)
-    if seqio_rate and "span_corruption" in results:
-        print(f"span corruption with packing: {results['span_corruption'] / seqio_rate:.2f}x "
-              "seqio's tokens/s")
+    runs = [(name, functools.partial(run_row, name, args.examples))
+            for name in args.rows.split(",") if name]
+    if not args.no_seqio:
+        if all(importlib.util.find_spec(m) for m in ("seqio", "t5", "tensorflow")):
+            runs += [("epoch", span_corruption_epoch), ("seqio", seqio_span_corruption)]
+        else:
+            print("seqio/t5/tensorflow not installed: seqio comparison skipped (install "
+                  "benchmarks/requirements-seqio.txt in a separate venv, see the README).")
+    results = {}
+    for _ in range(args.repeats):
+        for key, run in runs:
+            row = run()
+            if row and (key not in results or row["tokens/s"] > results[key]["tokens/s"]):
+                results[key] = row
+    print(f"\nbest of {args.repeats}: examples/s, tokens/s (wall) and tokens per CPU second "
+          "(all threads of the process)")
+    print("| objective | tokens | examples/s | tokens/s | tokens/CPU-s |\n| --- | --- | --- | --- | --- |")
+    for row in results.values():
+        print(f"| {row['name']} | {row['tokens']:,} | {row['examples/s']:,.0f} | {row['tokens/s']:,.0f} | "
+              f"{row['tokens/cpu-s']:,.0f} |")
+    if "seqio" in results:
+        ours, theirs = results["epoch"], results["seqio"]
+        print(f"| ratio ours / seqio | | | {ours['tokens/s'] / theirs['tokens/s']:.2f}x | "
+              f"{ours['tokens/cpu-s'] / theirs['tokens/cpu-s']:.2f}x |")
+    print()
     fill_ratios()
-    if "mlm" in results:
-        v5p_estimate(results["mlm"])
+    v5p_estimate(results)
 
 
 if __name__ == "__main__":

@@ -26,11 +26,46 @@ def merge_back(inputs, targets, vocab_size=VOCAB_SIZE):
     return out
 
 
-@pytest.mark.parametrize("inputs_length, expected", [
-    (512, (568, 114)),   # T5's pretraining lengths
+# (inputs_length, noise_density, mean span, extra tokens inputs/targets) -> what
+# t5.data.preprocessors.random_spans_helper (t5 0.9.4) returns; benchmarks/seqio_parity.py
+# compares the whole grid when t5 is installed.
+@pytest.mark.parametrize("args, expected", [
+    ((512, 0.15, 3.0, 1, 1), (568, 114)),   # T5's pretraining lengths
+    ((1024, 0.15, 3.0, 1, 1), (1137, 229)),
+    ((128, 0.15, 3.0, 1, 1), (141, 29)),
+    ((100, 0.3, 3.0, 1, 1), (124, 50)),
+    ((200, 0.5, 8.0, 1, 1), (354, 200)),
+    ((200, 0.5, 8.0, 0, 0), (398, 200)),
+    # T5's density-0.5 trim compares targets with the inputs length the chosen
+    # tokens_length gives (here 63 and 83), not with the requested one.
+    ((64, 0.5, 1.0, 2, 1), (63, 65)),
+    ((84, 0.5, 1.0, 2, 1), (83, 85)),
+    ((626, 0.5, 3.0, 2, 1), (751, 502)),
 ])
-def test_random_spans_helper_matches_t5(inputs_length, expected):
-    assert preprocessors.random_spans_helper(inputs_length, 0.15, 3.0) == expected
+def test_random_spans_helper_matches_t5(args, expected):
+    assert preprocessors.random_spans_helper(*args) == expected
+
+
+# (length, density, mean span) -> (noise tokens, noise spans) of T5's random_spans_noise_mask,
+# which rounds float32 products: 190 x 0.15 = 28.500001 -> 29 (float64 gives 28).
+@pytest.mark.parametrize("length, density, mean_span, expected", [
+    (568, 0.15, 3.0, (85, 28)),
+    (190, 0.15, 3.0, (29, 10)),
+    (350, 0.15, 3.0, (53, 18)),
+    (670, 0.15, 1.0, (101, 101)),
+    (95, 0.3, 3.0, (29, 10)),
+    (95, 0.3, 8.0, (29, 4)),
+    (350, 0.15, 8.0, (53, 7)),
+])
+def test_noise_mask_counts_match_t5_float32_rounding(length, density, mean_span, expected):
+    mask = preprocessors.random_spans_noise_mask(length, density, mean_span,
+                                                 np.random.default_rng(0))
+    starts = mask & ~np.concatenate([[False], mask[:-1]])
+    assert (int(mask.sum()), int(starts.sum())) == expected
+
+
+def test_zero_noise_density_masks_nothing_as_t5():
+    assert not preprocessors.random_spans_noise_mask(10, 0.0, 3.0, np.random.default_rng(0)).any()
 
 
 @settings(max_examples=200, deadline=None)

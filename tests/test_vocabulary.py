@@ -16,7 +16,19 @@ def test_sentinels_sit_at_the_top_of_the_id_range():
     vocab = tasks.embedded_vocabulary()
     assert vocab.sentinel_id(0) == vocab.vocab_size - 1
     assert vocab.sentinel_id(99) == vocab.base_vocab_size
-    assert vocab.decode([vocab.sentinel_id(0), vocab.sentinel_id(1)]) == "<extra_id_0><extra_id_1>"
+    # seqio's spacing: the sentinel pieces are "\u2581<extra_id_N>".
+    assert vocab.decode([vocab.sentinel_id(0), vocab.sentinel_id(1)]) == "<extra_id_0> <extra_id_1>"
+
+
+def test_sentinel_text_encodes_and_decodes_as_seqio():
+    # Values from seqio.SentencePieceVocabulary(embedded_en_8k.model, extra_ids=100), seqio 0.0.20.
+    vocab = tasks.embedded_vocabulary()
+    assert vocab.encode("Elizabeth <extra_id_3>. He") == [836, 8188, 265, 335]
+    assert vocab.encode("<extra_id_0> <extra_id_99>") == [8191, 8092]
+    assert vocab.sentinel_id(3) == 8188
+    assert vocab.decode([50, 8191, 60, 61, 8190, 0, 1, 70]) == "+ <extra_id_0>56 <extra_id_1>"
+    assert vocab.decode(vocab.encode("Elizabeth <extra_id_3>. He")) == "Elizabeth <extra_id_3>. He"
+    assert vocab.base_vocab_size == 8092  # sentinels stay outside the SentencePiece range
 
 
 def test_special_pieces_are_single_tokens():

@@ -18,8 +18,29 @@ MASK_PIECE, CLS_PIECE, SEP_PIECE = "[MASK]", "[CLS]", "[SEP]"
 SPECIAL_PIECES = (MASK_PIECE, CLS_PIECE, SEP_PIECE)
 
 
+def _with_sentinel_pieces(sp: spm.SentencePieceProcessor,
+                          extra_ids: int) -> spm.SentencePieceProcessor:
+    """``sp`` with ``▁<extra_id_N>`` user-defined pieces appended, N descending, as seqio.
+
+    So the text ``<extra_id_N>`` (at a word start, as in seqio) encodes to sentinel N
+    and sentinels decode to ``<extra_id_N>`` with SentencePiece's own spacing:
+    ``decode(encode(text))`` gives the text back, exactly as seqio's vocabulary does.
+    """
+    from sentencepiece import sentencepiece_model_pb2  # needs protobuf (a tfds dependency)
+
+    model = sentencepiece_model_pb2.ModelProto.FromString(sp.serialized_model_proto())
+    for index in reversed(range(extra_ids)):
+        model.pieces.add(piece=f"\u2581<extra_id_{index}>", score=0.0,
+                         type=sentencepiece_model_pb2.ModelProto.SentencePiece.USER_DEFINED)
+    return spm.SentencePieceProcessor(model_proto=model.SerializeToString())
+
+
 class SentencePieceVocabulary:
-    """Encodes text to ids and back; knows the special and sentinel ids."""
+    """Encodes text to ids and back; knows the special and sentinel ids.
+
+    Sentinels are SentencePiece pieces here, as in seqio: ``<extra_id_N>`` in text
+    encodes to ``vocab_size - 1 - N`` and decodes back to it.
+    """
 
     def __init__(self, model_path: str, extra_ids: int = 100):
         self.model_path = model_path
@@ -39,11 +60,14 @@ class SentencePieceVocabulary:
                     f"SentencePiece model {model_path!r} has {name}_id={got}, but t5x_like "
                     f"needs {name}_id={want} (T5 convention). Retrain it with "
                     "`python -m t5x_like.data.train_vocab`.")
+        self._base_vocab_size = self._sp.get_piece_size()
+        if extra_ids:
+            self._sp = _with_sentinel_pieces(self._sp, extra_ids)
 
     # -- sizes and special ids ------------------------------------------------
     @property
     def base_vocab_size(self) -> int:
-        return self._sp.get_piece_size()
+        return self._base_vocab_size
 
     @property
     def vocab_size(self) -> int:
@@ -129,20 +153,16 @@ class SentencePieceVocabulary:
         return self._sp.encode(list(texts))
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Text for ids; sentinels print as ``<extra_id_N>``, decoding stops at EOS."""
-        pieces: list[str] = []
-        run: list[int] = []
+        """Text for ids, as seqio: sentinels print as ``<extra_id_N>`` (after a space, as
+        the piece is ``▁<extra_id_N>``), decoding stops at EOS, padding is dropped and
+        ids past the vocabulary decode as unknown."""
+        out: list[int] = []
         for token in np.asarray(list(ids), dtype=np.int64).tolist():
             if token == self.eos_id:
                 break
-            if token >= self.base_vocab_size:
-                pieces.append(self._sp.decode(run))
-                run = []
-                pieces.append(f"<extra_id_{self.vocab_size - 1 - token}>")
-            elif token != self.pad_id:
-                run.append(token)
-        pieces.append(self._sp.decode(run))
-        return "".join(pieces)
+            if token != self.pad_id:
+                out.append(token if 0 <= token < self.vocab_size else self.unk_id)
+        return self._sp.decode(out)
 
 
 class ByteVocabulary:

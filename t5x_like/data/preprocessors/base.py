@@ -65,11 +65,44 @@ class ExampleStep(Step):
         raise NotImplementedError
 
     def __call__(self, ds, ctx, seed):
-        if self.uses_rng:
-            mapped = ds.random_map(lambda example, rng: self.map(example, rng, ctx), seed=seed)
-        else:
-            mapped = ds.map(lambda example: self.map(example, None, ctx))
+        if not self.uses_rng:
+            return _PlainMapDataset(ds, lambda example: self.map(example, None, ctx))
+        mapped = ds.random_map(lambda example, rng: self.map(example, rng, ctx), seed=seed)
         return mapped.filter(lambda example: example is not None) if self.may_drop else mapped
+
+
+class _PlainMapIterator(grain.DatasetIterator):
+    """``fn`` on each element, skipping ``None``; the state is the parent's.
+
+    Deterministic steps run once per raw document (a line of text, ~40 tokens here),
+    where grain's map + filter stages (timers, statistics, filter-ratio checks) cost
+    more than Rekey or Tokenize themselves; this stage keeps none of that.
+    """
+
+    def __init__(self, parent, fn):
+        super().__init__(parent)
+        self._fn = fn
+
+    def __next__(self):
+        while True:
+            example = self._fn(next(self._parent))
+            if example is not None:
+                return example
+
+    def get_state(self):
+        return self._parent.get_state()
+
+    def set_state(self, state):
+        self._parent.set_state(state)
+
+
+class _PlainMapDataset(grain.IterDataset):
+    def __init__(self, parent, fn):
+        super().__init__(parent)
+        self._fn = fn
+
+    def __iter__(self):
+        return _PlainMapIterator(self._parent.__iter__(), self._fn)
 
 
 class StreamStep(Step):

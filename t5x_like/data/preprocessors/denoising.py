@@ -19,7 +19,8 @@ import numpy as np
 
 from t5x_like.data.preprocessors.base import ExampleStep
 from t5x_like.data.preprocessors.span_corruption import (
-    noise_span_to_unique_sentinel, nonnoise_span_to_unique_sentinel, random_spans_noise_mask)
+    noise_counts, noise_span_to_unique_sentinel, nonnoise_span_to_unique_sentinel,
+    random_spans_noise_mask)
 from t5x_like.data.preprocessors.text import apply_eos
 
 VARIANTS = ("span_corruption", "iid_replace_spans", "iid_drop", "bert_style", "mass_style",
@@ -33,7 +34,7 @@ def expected_noise_spans(length: int, variant: str, noise_density: float,
                          mean_noise_span_length: float) -> float:
     """Spans T5's random-spans mask makes (fixed), or i.i.d. noise makes on average."""
     if variant == "span_corruption":
-        return round(round(length * noise_density) / mean_noise_span_length)
+        return noise_counts(max(length, 2), noise_density, mean_noise_span_length)[1]
     return length * noise_density * (1 - noise_density)
 
 

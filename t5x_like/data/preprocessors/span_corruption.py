@@ -34,9 +34,11 @@ def random_spans_helper(inputs_length: int, noise_density: float,
     tokens_length = inputs_length - 1
     while lengths_after_corruption(tokens_length + 1)[0] <= inputs_length:
         tokens_length += 1
-    _, targets_length = lengths_after_corruption(tokens_length)
-    # T5 keeps targets no longer than inputs when half of the tokens are noise.
-    if noise_density == 0.5 and targets_length > inputs_length:
+    corrupted_inputs_length, targets_length = lengths_after_corruption(tokens_length)
+    # T5 keeps targets no longer than inputs when half of the tokens are noise; like T5,
+    # compare with the inputs length the chosen tokens_length gives, which can be
+    # shorter than the requested one.
+    if noise_density == 0.5 and targets_length > corrupted_inputs_length:
         tokens_length -= 1
         targets_length -= 1
     return tokens_length, targets_length
@@ -52,6 +54,20 @@ def _random_segmentation(num_items: int, num_segments: int,
     return np.bincount(segment_ids, minlength=num_segments)
 
 
+def noise_counts(length: int, noise_density: float,
+                 mean_noise_span_length: float) -> tuple[int, int]:
+    """Noise tokens and noise spans in a ``length``-token example (``length >= 2``), as T5.
+
+    T5's mask computes both in float32 (``tf.round``: half to even), so a product
+    such as 95 x 0.3 = 28.5000011 rounds up to 29 where float64 (28.4999...) gives 28;
+    ``random_spans_helper`` uses Python floats, as T5's does.
+    """
+    num_noise = int(np.rint(np.float32(length) * np.float32(noise_density)))
+    num_noise = min(max(num_noise, 1), length - 1)
+    num_spans = int(np.rint(np.float32(num_noise) / np.float32(mean_noise_span_length)))
+    return num_noise, max(num_spans, 1)
+
+
 def random_spans_noise_mask(length: int, noise_density: float, mean_noise_span_length: float,
                             rng: np.random.Generator) -> np.ndarray:
     """Boolean mask of noise tokens, in alternating non-noise/noise spans.
@@ -59,10 +75,11 @@ def random_spans_noise_mask(length: int, noise_density: float, mean_noise_span_l
     As in T5: the number of noise tokens and spans is fixed by the length, span
     lengths are a random segmentation, and the sequence starts with non-noise.
     """
+    if noise_density == 0.0:
+        return np.zeros(length, dtype=bool)  # as T5
     original_length = length
     length = max(length, 2)
-    num_noise = min(max(int(round(length * noise_density)), 1), length - 1)
-    num_spans = max(int(round(num_noise / mean_noise_span_length)), 1)
+    num_noise, num_spans = noise_counts(length, noise_density, mean_noise_span_length)
     num_nonnoise = length - num_noise
     noise_lengths = _random_segmentation(num_noise, num_spans, rng)
     nonnoise_lengths = _random_segmentation(num_nonnoise, num_spans, rng)
