@@ -1,12 +1,17 @@
 """Input-pipeline throughput per objective, one process, on the embedded corpus.
 
     .venv/bin/python benchmarks/data_pipeline.py [--examples 2000] [--rows span_corruption,mlm]
+        [--streams 1,8 --batches 40]
 
 For each objective: examples/s and tokens/s of finished model batches (the
 feature converter's output; tokens = non-padding encoder inputs + decoder
 targets), after a warm-up that reads and caches the corpus. Also the packing
 fill ratio on whole documents (seqio's greedy packing versus ours), and an
 estimate of the host cores needed to feed BERT-base on a TPU v5p host.
+
+``--streams`` times the trainer's input instead: global batches of packed span
+corruption assembled from V input streams in this one process (``data_streams``),
+for each V given.
 
 When ``seqio`` and ``t5`` (and TensorFlow) are installed, the same run times
 seqio + t5's tf.data span corruption with packing on the same documents and
@@ -16,13 +21,14 @@ vocabulary (single process: tf.data limited to one thread).
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import time
 
 import numpy as np
 
 import t5x_like.data as td
-from t5x_like.data import tasks
+from t5x_like.data import pipeline, tasks
 
 INPUTS, TARGETS = 512, 114  # T5's pretraining lengths
 ROWS = {
@@ -67,6 +73,23 @@ def run_row(name: str, num_examples: int) -> float:
     time_stream(iterator, 20)  # warm-up: corpus read, vocabulary tables
     seconds, tokens = time_stream(iterator, num_examples)
     print(f"{name:26s} {num_examples / seconds:9.0f} examples/s {tokens / seconds:11,.0f} tokens/s")
+    return tokens / seconds
+
+
+def streams_row(num_streams: int, num_batches: int, batch_size: int = 64) -> float:
+    """Tokens/s of global batches (span corruption, packed) drawn from ``num_streams``
+    streams, all run by this process."""
+    make_stream = functools.partial(pipeline.build_dataset, "embedded_en_span_corruption",
+                                    "train", {"inputs": INPUTS, "targets": TARGETS}, seed=0,
+                                    shuffle=True, pack=True)
+    batches = td.HostBatchIterator(make_stream, batch_size, num_streams)
+    time_stream(batches, 8)  # warm-up: corpus read, vocabulary tables, packing bins filling
+    start, tokens = time.perf_counter(), 0
+    for batch in itertools.islice(batches, num_batches):
+        tokens += sum(int(np.count_nonzero(batch[k])) for k in TOKEN_FEATURES)
+    seconds = time.perf_counter() - start
+    print(f"{num_streams:2d} streams x {batch_size // num_streams:2d} rows  "
+          f"{num_batches * batch_size / seconds:7.0f} rows/s {tokens / seconds:11,.0f} tokens/s")
     return tokens / seconds
 
 
@@ -142,7 +165,14 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--examples", type=int, default=1000)
     parser.add_argument("--rows", default=",".join(ROWS))
+    parser.add_argument("--streams", help="time the trainer's input for these stream counts, "
+                        "e.g. 1,8, instead of the objective rows")
+    parser.add_argument("--batches", type=int, default=40, help="global batches of 64 per count")
     args = parser.parse_args()
+    if args.streams:
+        for count in args.streams.split(","):
+            streams_row(int(count), args.batches)
+        return
     results = {name: run_row(name, args.examples) for name in args.rows.split(",")}
     seqio_rate = seqio_span_corruption(args.examples)
     if seqio_rate and "span_corruption" in results:
