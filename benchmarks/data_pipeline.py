@@ -1,7 +1,7 @@
 """Input-pipeline throughput per objective, one process, on the embedded corpus.
 
     .venv/bin/python benchmarks/data_pipeline.py [--examples 1000] [--rows span_corruption,mlm]
-        [--repeats 3] [--no-seqio]
+        [--repeats 3] [--no-seqio] [--streams 1,8 --batches 40]
 
 For each objective: examples/s, tokens/s and tokens per CPU second (all threads of
 the process) of finished model batches (the feature converter's output; tokens =
@@ -9,6 +9,10 @@ non-padding encoder inputs + decoder targets), after a warm-up that reads and ca
 the corpus; with ``--repeats`` the fastest run of each row. Also the packing fill
 ratio on whole documents (seqio's greedy packing versus ours), and an estimate of
 the host cores needed to feed BERT-base on a TPU v5p host.
+
+``--streams`` times the trainer's input instead: global batches of packed span
+corruption assembled from V input streams in this one process (``data_streams``),
+for each V given.
 
 When ``seqio`` and ``t5`` (and TensorFlow) are installed (benchmarks/requirements-seqio.txt,
 a separate venv), the same run compares one epoch of span corruption with packing,
@@ -21,12 +25,13 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib.util
+import itertools
 import time
 
 import numpy as np
 
 import t5x_like.data as td
-from t5x_like.data import tasks
+from t5x_like.data import pipeline, tasks
 
 INPUTS, TARGETS = 512, 114  # T5's pretraining lengths
 ROWS = {
@@ -93,6 +98,23 @@ def span_corruption_epoch() -> dict:
                                    shuffle=False, num_epochs=1))
     time_stream(iterator, 20)
     return report("span_corruption, epoch", *time_stream(iterator))
+
+
+def streams_row(num_streams: int, num_batches: int, batch_size: int = 64) -> float:
+    """Tokens/s of global batches (span corruption, packed) drawn from ``num_streams``
+    streams, all run by this process."""
+    make_stream = functools.partial(pipeline.build_dataset, "embedded_en_span_corruption",
+                                    "train", {"inputs": INPUTS, "targets": TARGETS}, seed=0,
+                                    shuffle=True, pack=True)
+    batches = td.HostBatchIterator(make_stream, batch_size, num_streams)
+    time_stream(batches, 8)  # warm-up: corpus read, vocabulary tables, packing bins filling
+    start, tokens = time.perf_counter(), 0
+    for batch in itertools.islice(batches, num_batches):
+        tokens += sum(int(np.count_nonzero(batch[k])) for k in TOKEN_FEATURES)
+    seconds = time.perf_counter() - start
+    print(f"{num_streams:2d} streams x {batch_size // num_streams:2d} rows  "
+          f"{num_batches * batch_size / seconds:7.0f} rows/s {tokens / seconds:11,.0f} tokens/s")
+    return tokens / seconds
 
 
 def fill_ratios(num_docs: int = 4000, length: int = 512) -> None:
@@ -203,7 +225,14 @@ def main() -> None:
                         help="time each row this many times and keep the fastest (shared machine)")
     parser.add_argument("--no-seqio", action="store_true",
                         help="skip the one-epoch comparison with seqio + t5")
+    parser.add_argument("--streams", help="time the trainer's input for these stream counts, "
+                        "e.g. 1,8, instead of the objective rows")
+    parser.add_argument("--batches", type=int, default=40, help="global batches of 64 per count")
     args = parser.parse_args()
+    if args.streams:
+        for count in args.streams.split(","):
+            streams_row(int(count), args.batches)
+        return
     runs = [(name, functools.partial(run_row, name, args.examples))
             for name in args.rows.split(",") if name]
     if not args.no_seqio:

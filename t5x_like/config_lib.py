@@ -40,6 +40,12 @@ def default_config() -> ml_collections.ConfigDict:
     c.task = "embedded_en_span_corruption"
     c.task_feature_lengths = ml_collections.ConfigDict({"inputs": 512, "targets": 114})
     c.pack = False                     # pack several examples per row (segment ids, positions)
+    # Input streams V the global batch is drawn from: stream v reads shard v of V of the data
+    # and fills B/V rows of each batch; each process runs V/P of them. 0: one per process for
+    # a new run (seqio's way), the checkpoint's count when resuming. Batches depend on V, not on
+    # the process count: set V (e.g. 8, or the most processes you will use) to move a run
+    # between process counts that divide V. Must divide batch_size.
+    c.data_streams = 0
 
     # Every key of the family's model dataclass, at these values (a small T5 v1.1).
     c.model = model_defaults("encoder_decoder")
@@ -286,6 +292,14 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ConfigError("loss.normalization='constant' needs a positive "
                           "loss.normalizing_constant, e.g. batch_size * target length "
                           f"(got {config.loss.normalizing_constant}).")
+    if config.data_streams < 0:
+        raise ConfigError(f"data_streams={config.data_streams} must be >= 0 (0: one input stream "
+                          "per process), e.g. --config.data_streams=8.")
+    if config.data_streams and config.batch_size % config.data_streams:
+        raise ConfigError(
+            f"batch_size={config.batch_size} does not split into data_streams="
+            f"{config.data_streams} equal parts; use a batch_size that is a multiple of "
+            f"{config.data_streams} or a data_streams that divides {config.batch_size}.")
     if config.peak_flops_per_device < 0:
         raise ConfigError(f"peak_flops_per_device={config.peak_flops_per_device} must be >= 0 "
                           "(0 looks the device up in t5x_like.flops.PEAK_FLOPS).")
@@ -354,4 +368,37 @@ def validate_for_devices(config: ml_collections.ConfigDict, num_devices: int,
     if config.batch_size % process_count:
         raise ConfigError(f"batch_size={config.batch_size} does not divide over {process_count} "
                           f"processes; use a multiple of {process_count}.")
+    resolve_data_streams(config, process_count)
     return shape
+
+
+def resolve_data_streams(config: ml_collections.ConfigDict, process_count: int,
+                         saved_config: dict | None = None) -> int:
+    """The number of input streams V, checked against the batch and the processes.
+
+    ``saved_config``: the config of the checkpoint being resumed, whose (resolved)
+    ``data_streams`` a resumed run must keep; checkpoints from before streams existed
+    hold one stream.
+    """
+    saved = None if saved_config is None else (saved_config.get("data_streams") or 1)
+    if config.data_streams and saved is not None and config.data_streams != saved:
+        raise ConfigError(
+            f"data_streams={config.data_streams}, but the checkpoint being resumed was saved with "
+            f"{saved} input streams, which fix the order of the data. Set "
+            f"--config.data_streams={saved} (or 0: take the checkpoint's) to resume, or use a "
+            "new --workdir.")
+    streams = config.data_streams or saved or process_count
+    origin = (f"data_streams={config.data_streams}" if config.data_streams else
+              f"data_streams=0 resumes with the checkpoint's {saved} streams" if saved else
+              f"data_streams=0 means one stream per process, {process_count}")
+    if config.batch_size % streams:
+        raise ConfigError(
+            f"batch_size={config.batch_size} does not split over the input streams ({origin}); "
+            f"use a batch_size that is a multiple of {streams}, or set --config.data_streams to a "
+            f"divisor of {config.batch_size} that the process count divides.")
+    if streams % process_count:
+        hint = (f"run on a process count that divides {saved}" if saved else
+                f"set --config.data_streams to a multiple of {process_count}")
+        raise ConfigError(f"The input streams ({origin}) do not divide over {process_count} "
+                          f"processes; {hint}.")
+    return streams

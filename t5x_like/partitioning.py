@@ -11,6 +11,7 @@ Multi-host runs join through :func:`initialize_distributed` before any device is
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 from typing import Callable, Mapping
@@ -204,6 +205,32 @@ def initialize_distributed(settings: DistributedSettings | None) -> None:
     else:
         jax.distributed.initialize(settings.coordinator_address, settings.num_processes,
                                    settings.process_id)
+
+
+def gather_json(value) -> list:
+    """A JSON-able ``value`` from every process, in process order (every process gets all).
+
+    Sent as UTF-8 bytes padded to the longest, after their lengths: all-gathers move
+    arrays of one shape.
+    """
+    if jax.process_count() == 1:
+        return [value]
+    from jax.experimental import multihost_utils
+    data = np.frombuffer(json.dumps(value).encode("utf-8"), np.uint8)
+    lengths = np.asarray(multihost_utils.process_allgather(np.array([data.size], np.int32)))
+    padded = np.zeros(int(lengths.max()), np.uint8)
+    padded[:data.size] = data
+    gathered = np.asarray(multihost_utils.process_allgather(padded))
+    return [json.loads(gathered[i, :int(n)].tobytes().decode("utf-8"))
+            for i, n in enumerate(lengths.reshape(-1))]
+
+
+def min_over_processes(value: int) -> int:
+    """The smallest ``value`` any process has; the same on every process."""
+    if jax.process_count() == 1:
+        return value
+    from jax.experimental import multihost_utils
+    return int(np.min(multihost_utils.process_allgather(np.array([value], np.int32))))
 
 
 def any_process(flag: bool) -> bool:

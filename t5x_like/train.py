@@ -10,6 +10,7 @@ config under ``--workdir``, and resumes from the newest checkpoint found there.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import pathlib
@@ -148,37 +149,57 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     workdir = pathlib.Path(workdir).absolute()
     progress = metrics_writer.Progress(config.num_train_steps, enabled=is_chief and not quiet)
 
-    # Data.
+    # Checkpoints: a resumed run keeps the saved model and input-stream count. The folder
+    # is created only once the config has passed every check.
+    def open_checkpointer():
+        return checkpointing.Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints,
+                                          keep_every=config.keep_checkpoints_every_steps)
+
+    checkpointer = open_checkpointer() if (workdir / "checkpoints").is_dir() else None
+    latest = checkpointer.latest_step() if checkpointer else None
+    saved_config = checkpointer.restore_config(latest) if latest is not None else None
+    if saved_config is not None:
+        _check_same_model(saved_config, config)
+    num_streams = config_lib.resolve_data_streams(config, process_count, saved_config)
+    run_config = dict(config.to_dict(), data_streams=num_streams)  # saved: the resolved count
+
+    # Data: V input streams; this process runs its V/P of them, which fill exactly its
+    # rows of each global batch (t5x_like/data/streams.py), so batches depend on V only.
     lengths = dict(config.task_feature_lengths)
-    # Every host reads the same stream and keeps its rows of each global batch
-    # (HostBatchIterator), so the run does not depend on the number of hosts.
-    data_options = {"structure": models.structure(config.model.family), "pack": config.pack}
-    train_ds = pipeline.build_dataset(config.task, "train", lengths, seed=config.seed, shuffle=True,
-                                      **data_options)
-    eval_ds = pipeline.build_dataset(config.task, "validation", lengths, seed=config.seed,
+    data_options = {"structure": models.structure(config.model.family), "pack": config.pack,
+                    "seed": config.seed}
+    train_streams = functools.partial(pipeline.build_dataset, config.task, "train", lengths,
+                                      shuffle=True, **data_options)
+    eval_streams = functools.partial(pipeline.build_dataset, config.task, "validation", lengths,
                                      shuffle=False, repeat=False, **data_options)
+
+    def host_batches(streams):
+        return pipeline.HostBatchIterator(streams, config.batch_size, num_streams, process_count,
+                                          process_index)
+
     _check_model_fits_vocabulary(config, get_task_or_mixture(config.task).vocabulary)
-    num_eval_batches = pipeline.count_batches(eval_ds, config.batch_size,
-                                              limit=config.eval_batches)
+    # Every process must run the same number of eval steps: the fewest any process has.
+    num_eval_batches = partitioning.min_over_processes(pipeline.count_batches(
+        host_batches(eval_streams), limit=config.eval_batches))
     if num_eval_batches == 0:
         raise config_lib.ConfigError(
-            f"The validation split holds fewer than one batch of "
-            f"batch_size={config.batch_size}; lower batch_size.")
+            f"The validation split holds fewer than one batch of batch_size={config.batch_size} "
+            f"({config.batch_size // num_streams} rows from each of {num_streams} input streams); "
+            "lower batch_size.")
 
     # Model, optimizer, mesh.
     mesh = partitioning.make_mesh(mesh_shape, devices)
     trainer = trainer_lib.build_trainer(config, mesh)
 
     # State: resume or initialise.
-    checkpointer = checkpointing.Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints,
-                                             keep_every=config.keep_checkpoints_every_steps)
-    latest = checkpointer.latest_step()
-    train_iter = pipeline.HostBatchIterator(train_ds, config.batch_size, process_count,
-                                            process_index)
+    checkpointer = checkpointer or open_checkpointer()
+    train_iter = host_batches(train_streams)
     if latest is not None:
-        _check_same_model(checkpointer.restore_config(latest), config)
         state, data_state, _ = checkpointer.restore(latest, trainer.abstract_state)
-        train_iter.set_state(data_state)
+        try:
+            train_iter.set_state(data_state)
+        except ValueError as e:
+            raise config_lib.ConfigError(str(e)) from None
         progress.message(f"Resumed from {checkpointer.directory / str(latest)} at step {latest}.")
     elif config.init_from:
         state = _pretrained_state(config, trainer)
@@ -188,7 +209,7 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     start_step = int(state.step)
     if is_chief:
         workdir.mkdir(parents=True, exist_ok=True)
-        (workdir / "config.json").write_text(json.dumps(config.to_dict(), indent=2, default=list))
+        (workdir / "config.json").write_text(json.dumps(run_config, indent=2, default=list))
         progress.message(f"t5x_like: {trainer_lib.param_count(state.params):,} parameters, mesh "
                          f"{mesh_shape}, {len(devices)} {devices[0].platform} devices, "
                          f"steps {start_step} -> {config.num_train_steps}, workdir {workdir}")
@@ -200,8 +221,7 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     peak = hardware.peak_flops(devices[0].device_kind, config.peak_flops_per_device)
 
     def evaluate(params) -> dict:
-        eval_iter = pipeline.HostBatchIterator(eval_ds, config.batch_size, process_count,
-                                               process_index)
+        eval_iter = host_batches(eval_streams)
         totals = None
         for _ in range(num_eval_batches):
             out = trainer.eval_step(params, partitioning.global_batch(next(eval_iter), mesh))
@@ -212,7 +232,9 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
                 "eval_accuracy": float(totals["correct_sum"]) / tokens}
 
     def save(step: int, force: bool = False) -> None:
-        checkpointer.save(step, state, train_iter.get_state(), config.to_dict(), force=force)
+        # Each process holds its own streams' states; process 0 writes the merged one.
+        data_state = pipeline.merge_states(partitioning.gather_json(train_iter.get_state()))
+        checkpointer.save(step, state, data_state, run_config, force=force)
 
     last_train, last_eval = {}, {}
     pending: list[dict] = []

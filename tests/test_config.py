@@ -106,6 +106,43 @@ def test_mesh_must_match_device_count():
         config_lib.validate_for_devices(config, num_devices=8)
 
 
+def streams_config(batch_size=32, data_streams=0):
+    config = config_lib.default_config()
+    config.batch_size, config.data_streams = batch_size, data_streams
+    return config
+
+
+def test_data_streams_default_to_one_per_process_or_the_checkpoints():
+    assert config_lib.resolve_data_streams(streams_config(), process_count=4) == 4
+    assert config_lib.resolve_data_streams(streams_config(), 2, {"data_streams": 8}) == 8
+    assert config_lib.resolve_data_streams(streams_config(), 1, {"model": {}}) == 1  # pre-streams
+    assert config_lib.resolve_data_streams(streams_config(data_streams=8), 2) == 8
+
+
+@pytest.mark.parametrize("config, process_count, saved, message", [
+    (streams_config(data_streams=-1), 1, None, r"data_streams=-1 must be >= 0"),
+    (streams_config(batch_size=12, data_streams=8), 1, None,
+     r"batch_size=12 does not split into data_streams=8 equal parts"),
+    (streams_config(data_streams=4), 8, None,
+     r"input streams \(data_streams=4\) do not divide over 8 processes; set "
+     r"--config.data_streams to a multiple of 8"),
+    (streams_config(batch_size=12), 8, None,
+     r"batch_size=12 does not split over the input streams \(data_streams=0 means one stream "
+     r"per process, 8\)"),
+    (streams_config(), 3, {"data_streams": 8},
+     r"the checkpoint's 8 streams\) do not divide over 3 processes; run on a process count "
+     r"that divides 8"),
+    (streams_config(data_streams=4), 1, {"data_streams": 8},
+     r"data_streams=4, but the checkpoint being resumed was saved with 8 input streams.*"
+     r"Set --config.data_streams=8"),
+])
+def test_data_streams_that_cannot_work_are_named_with_the_fix(config, process_count, saved,
+                                                              message):
+    with pytest.raises(config_lib.ConfigError, match=message):
+        config_lib.validate(config)
+        config_lib.resolve_data_streams(config, process_count, saved)
+
+
 def test_mesh_fill_axis():
     assert config_lib.resolve_mesh_shape({"data": -1, "fsdp": 2, "tensor": 1}, 8) == {
         "dcn": 1, "data": 4, "fsdp": 2, "tensor": 1}

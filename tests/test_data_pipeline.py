@@ -11,6 +11,7 @@ import t5x_like.data as td
 from t5x_like.data import pipeline
 from t5x_like.data import preprocessors as pp
 from t5x_like.data import tasks
+from t5x_like.data.sources import SPLITS
 
 VOCAB = tasks.embedded_vocabulary()
 
@@ -68,6 +69,33 @@ def test_across_shards_every_example_appears_exactly_once_per_epoch(n, num_shard
         assert sorted(seen) == list(range(n))
     finally:
         td.TaskRegistry.remove("shard_ids")
+
+
+@settings(max_examples=40, deadline=None)
+@given(lines=st.lists(st.integers(0, 12), min_size=1, max_size=6), num_shards=st.integers(1, 6),
+       lines_per_document=st.integers(1, 2), jsonl=st.booleans(), split=st.sampled_from(SPLITS))
+def test_file_shards_hold_every_example_once_and_read_whole_files(
+        tmp_path_factory, lines, num_shards, lines_per_document, jsonl, split):
+    folder = tmp_path_factory.mktemp("files")
+    for f, count in enumerate(lines):
+        rows = [json.dumps({"text": f"f{f} l{i}"}) if jsonl else f"f{f} l{i}" for i in range(count)]
+        (folder / f"part{f}.txt").write_text("".join(row + "\n" for row in rows))
+    pattern = str(folder / "part*.txt")
+    source = (td.JsonlSource(pattern, holdout_every=3) if jsonl else
+              td.TextFilesSource(pattern, holdout_every=3, lines_per_document=lines_per_document))
+    everything = sorted(e["text"] for e in source.get(split))
+    shards = []
+    for shard in range(num_shards):
+        try:
+            shards.append([e["text"] for e in source.shard(split, shard, num_shards)])
+        except ValueError as e:  # an empty shard is refused, never silently skipped
+            assert "use fewer shards" in str(e)
+            return
+    assert sorted(text for shard in shards for text in shard) == everything
+    if len(lines) >= num_shards:  # whole files: shard i holds only files i, i + n, ...
+        for shard, texts in enumerate(shards):
+            files = {int(line.split()[0][1:]) for text in texts for line in text.split("\n")}
+            assert all(f % num_shards == shard for f in files)
 
 
 def test_epochs_are_reshuffled_and_seeded(registered):
@@ -162,7 +190,7 @@ def test_old_checkpoint_state_without_grain_is_a_clear_error():
     it = pipeline.HostBatchIterator(pipeline.build_dataset(
         "embedded_en_span_corruption", "train", {"inputs": 32, "targets": 8}, seed=0,
         shuffle=True), 4)
-    with pytest.raises(ValueError, match="has no 'grain' entry"):
+    with pytest.raises(ValueError, match="has no 'streams' or 'grain' entry"):
         it.set_state({"step": 3})
 
 
@@ -256,18 +284,3 @@ def test_tokenize_leaves_pretokenized_features_alone(registered):
     out = list(td.get_dataset("pretokenized", {"targets": 8}, num_epochs=1, shuffle=False))
     assert out[0]["targets"].tolist() == [5, 6, 7]
     assert out[1]["targets"].tolist() == VOCAB.encode("hello")
-
-
-def test_hosts_split_each_global_batch_into_their_rows():
-    def host(index, count):
-        ds = pipeline.build_dataset("embedded_en_span_corruption", "train",
-                                    {"inputs": 32, "targets": 8}, seed=0, shuffle=True)
-        return take(pipeline.HostBatchIterator(ds, 8, count, index), 2)
-
-    single = host(0, 1)
-    first, second = host(0, 2), host(1, 2)
-    for whole, a, b in zip(single, first, second):
-        assert a["encoder_input_tokens"].shape[0] == 4
-        np.testing.assert_array_equal(np.concatenate([a["encoder_input_tokens"],
-                                                      b["encoder_input_tokens"]]),
-                                      whole["encoder_input_tokens"])

@@ -2,8 +2,8 @@
 
 A Task is a source of raw examples plus a list of preprocessing steps and the
 output features they produce. ``Task.get_dataset`` builds a grain pipeline:
-this host's shard of the split, shuffled per epoch from the seed, repeated,
-then the steps. Every random choice comes from the seed and the example's
+one shard of the split (``Source.shard``), shuffled per epoch from the seed,
+repeated, then the steps. Every random choice comes from the seed and the example's
 position, so a pipeline is a pure function of its arguments and a grain
 iterator state restores it exactly.
 """
@@ -15,6 +15,7 @@ import difflib
 from typing import Callable, Mapping, Sequence
 
 import grain
+import numpy as np
 
 from t5x_like.data import preprocessors as pp
 from t5x_like.data.sources import Source
@@ -62,35 +63,46 @@ class Task:
     def num_input_examples(self, split: str) -> int:
         return self.source.num_examples(split)
 
-    def context(self, split: str, task_feature_lengths: Mapping[str, int]) -> pp.Context:
+    def context(self, split: str, task_feature_lengths: Mapping[str, int],
+                records: Sequence[dict] | None = None) -> pp.Context:
+        """``records``: the shard being read (steps that draw other documents use it)."""
         return pp.Context(task_name=self.name, split=split,
                           task_feature_lengths=dict(task_feature_lengths),
-                          output_features=self.output_features, source=self.source.get(split))
+                          output_features=self.output_features,
+                          source=self.source.get(split) if records is None else records)
 
     def get_dataset(self, split: str, task_feature_lengths: Mapping[str, int], *,
                     seed: int = 0, shuffle: bool = True, num_epochs: int | None = None,
                     shard_index: int = 0, num_shards: int = 1) -> grain.IterDataset:
-        """This shard's examples: source ``[shard_index::num_shards]``, shuffled each epoch."""
+        """This shard's examples (``Source.shard``: every ``num_shards``-th record, or whole
+        files), shuffled each epoch. Each shard draws its random numbers from its own
+        seed, so shards read side by side (the streams of one batch) are not correlated."""
         if split not in self.splits:
             raise ValueError(f"Task {self.name!r} has no split {split!r}; it has {self.splits}.")
         if not 0 <= shard_index < num_shards:
             raise ValueError(f"shard_index={shard_index} is not in [0, num_shards={num_shards}).")
-        ctx = self.context(split, task_feature_lengths)
-        records = ctx.source
-        if len(records) < num_shards:
-            raise ValueError(f"Task {self.name!r} split {split!r} has {len(records)} examples, "
-                             f"fewer than num_shards={num_shards}; use fewer shards.")
+        try:
+            records = self.source.shard(split, shard_index, num_shards)
+        except ValueError as e:
+            raise ValueError(f"Task {self.name!r}: {e}") from None
+        ctx = self.context(split, task_feature_lengths, records)
+        seed = shard_seed(seed, shard_index, num_shards)
         # Index -> record through a plain map: grain's MapDataset.source records metrics on
         # every read, which costs as much as tokenizing a one-line document.
         ds = grain.MapDataset.range(len(records)).map(records.__getitem__)
-        if num_shards > 1:
-            ds = ds[shard_index::num_shards]
         if shuffle:
             ds = ds.shuffle(seed=seed)  # a new permutation every epoch once repeated
         ds = ds.repeat(num_epochs)
         # Reading a list by index needs no threads; grain's thread prefetch costs more than it saves.
         ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
         return pp.apply_steps(ds, self.preprocessors, ctx, seed)
+
+
+def shard_seed(seed: int, shard_index: int, num_shards: int) -> int:
+    """The seed of one shard; a single shard keeps ``seed`` (unsharded streams unchanged)."""
+    if num_shards == 1:
+        return seed
+    return int(np.random.SeedSequence([seed, num_shards, shard_index]).generate_state(1)[0])
 
 
 class TaskRegistry:

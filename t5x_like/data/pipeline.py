@@ -1,23 +1,26 @@
-"""The per-host pipeline: ``get_dataset`` (seqio's entry point) and host batches.
+"""The input pipeline: ``get_dataset`` (seqio's entry point) and the trainer's streams.
 
-Host ``p`` of ``P`` reads shard ``p`` of every task's examples
-(``source[p::P]``), so across hosts each example appears exactly once per
-epoch. The stream is a pure function of the arguments; ``HostBatchIterator``
-saves grain's iterator state (source position, carried tokens, partly filled
-packing bins) with each checkpoint, so a resumed run sees exactly the batches
-an uninterrupted run would.
+``build_dataset(..., shard_index=v, num_shards=V)`` is stream ``v`` of ``V``:
+shard ``v`` of every task's examples (whole files when there are enough, else
+every ``V``-th record; across shards each example appears exactly once per
+epoch), converted to model features. ``streams.HostBatchIterator`` runs this
+process's streams and assembles its rows of each global batch (see
+``streams.py`` for how processes share them). A stream is a pure function of
+its arguments and its grain iterator state (source position, carried tokens,
+partly filled packing bins) goes into each checkpoint, so a resumed run sees
+exactly the batches an uninterrupted run would.
 """
 
 from __future__ import annotations
 
-import json
-from typing import Mapping
+import itertools
+from typing import Iterator, Mapping
 
 import grain
-import numpy as np
 
 from t5x_like.data import feature_converters
 from t5x_like.data.dataset_providers import get_task_or_mixture
+from t5x_like.data.streams import HostBatchIterator, merge_states  # noqa: F401  (re-exported)
 
 
 def get_dataset(name: str, task_feature_lengths: Mapping[str, int], split: str = "train",
@@ -69,73 +72,14 @@ def build_dataset(task_name: str, split: str, task_feature_lengths: Mapping[str,
                   seed: int, shuffle: bool, repeat: bool = True, shard_index: int = 0,
                   num_shards: int = 1, structure: str = "encoder_decoder",
                   pack: bool = False) -> grain.IterDataset:
-    """The trainer's stream: this host's shard of a task or mixture, converted to the
-    features of a model of ``structure``, padded or packed."""
+    """The trainer's stream ``shard_index`` of ``num_shards``: that shard of a task or
+    mixture, converted to the features of a model of ``structure``, padded or packed."""
     return get_dataset(task_name, task_feature_lengths, split,
                        converter_for(structure, task_feature_lengths, pack=pack),
                        shuffle=shuffle, seed=seed, shard_index=shard_index,
                        num_shards=num_shards, num_epochs=None if repeat else 1)
 
 
-def count_batches(dataset: grain.IterDataset, batch_size: int, limit: int) -> int:
-    """Full batches of ``batch_size`` in a finite ``dataset``, counting no further than ``limit``."""
-    count = 0
-    for _ in dataset.batch(batch_size, drop_remainder=True):
-        count += 1
-        if count >= limit:
-            break
-    return count
-
-
-class HostBatchIterator:
-    """Yields this host's rows of each global batch, in order.
-
-    ``dataset`` is the stream of whole global batches' examples; host ``p`` of ``P``
-    keeps rows ``[p * B/P, (p + 1) * B/P)`` of each. Every host thus sees the same
-    global batches whatever the host count, so a run on 2 hosts reproduces one on 1
-    (the price: each host runs the preprocessing of the whole batch). ``get_state``
-    is JSON (saved in the checkpoint next to the model); ``set_state`` continues
-    from it exactly.
-    """
-
-    def __init__(self, dataset: grain.IterDataset, global_batch_size: int,
-                 process_count: int = 1, process_index: int = 0):
-        if global_batch_size % process_count:
-            raise ValueError(f"batch_size={global_batch_size} does not divide over "
-                             f"{process_count} hosts; use a multiple of {process_count}.")
-        self.local_batch_size = global_batch_size // process_count
-        first = process_index * self.local_batch_size
-        rows = slice(first, first + self.local_batch_size)
-        self._iterator = iter(dataset.batch(global_batch_size, drop_remainder=True,
-                                            batch_fn=lambda batch: _stack(batch[rows])))
-        self.step = 0
-
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> dict[str, np.ndarray]:
-        batch = next(self._iterator)
-        self.step += 1
-        return batch
-
-    def get_state(self) -> dict:
-        return {"step": self.step, "grain": _jsonable(self._iterator.get_state())}
-
-    def set_state(self, state: Mapping) -> None:
-        if "grain" not in state:
-            raise ValueError(
-                "This checkpoint's data state has no 'grain' entry (it comes from an older "
-                "pipeline that stored only the step); resume it with that version, or start a "
-                "fresh workdir.")
-        self._iterator.set_state(state["grain"])
-        self.step = int(state["step"])
-
-
-def _stack(rows):
-    return {key: np.stack([row[key] for row in rows]) for key in rows[0]}
-
-
-def _jsonable(state):
-    """grain states hold numpy scalars in places; the checkpoint stores JSON."""
-    return json.loads(json.dumps(state, default=lambda x: x.item() if hasattr(x, "item") else
-                                 x.tolist()))
+def count_batches(batches: Iterator, limit: int) -> int:
+    """Batches a finite iterator yields, counting no further than ``limit``."""
+    return sum(1 for _ in itertools.islice(batches, limit))

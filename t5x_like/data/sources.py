@@ -3,6 +3,10 @@
 A source is an indexable, deterministic collection of documents (``str``).
 Random access by index is what lets the pipeline derive every random choice
 from ``(seed, example index)`` and resume a stream exactly.
+
+``Source.shard`` splits a split into disjoint shards that together hold every
+example once: every ``num_shards``-th record by default, whole files for file
+sources with at least ``num_shards`` files (so a process reads only its files).
 """
 
 from __future__ import annotations
@@ -106,9 +110,72 @@ class Source:
     def num_examples(self, split: str) -> int:
         return len(self.get(split))
 
+    def shard(self, split: str, shard_index: int, num_shards: int) -> Sequence[dict]:
+        """Shard ``shard_index`` of ``num_shards``: every ``num_shards``-th example."""
+        records = self.get(split)
+        if len(records) < num_shards:
+            raise ValueError(f"split {split!r} has {len(records)} examples, fewer than "
+                             f"num_shards={num_shards}; use fewer shards (in training: a smaller "
+                             "data_streams).")
+        return Strided(records, shard_index, num_shards)
+
+
+class Strided(Sequence):
+    """``records[start::step]`` as a view: no copy, works on lazy sequences (TFDS)."""
+
+    def __init__(self, records: Sequence, start: int, step: int):
+        self._records, self._start, self._step = records, start, step
+        self._len = max(0, (len(records) - start + step - 1) // step)
+
+    def __len__(self):
+        return self._len
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._len))]
+        if not -self._len <= index < self._len:
+            raise IndexError(index)
+        return self._records[self._start + (index % self._len) * self._step]
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_files(source, split: str, paths: tuple[str, ...]) -> Sequence[dict]:
+    return source.load_files(split, paths)
+
+
+class FileSource(Source):
+    """A source whose examples come file by file: with at least ``num_shards`` files,
+    shard ``i`` reads whole files ``i::num_shards`` (file-level sharding, as seqio does
+    with enough files); with fewer it falls back to record sharding. Subclasses have
+    ``file_patterns`` and read one file list in ``load_files``."""
+
+    def files(self) -> list[str]:
+        return TextLineSource(self.file_patterns).files()
+
+    def load(self, split):
+        return self.load_files(split, tuple(self.files()))
+
+    def load_files(self, split: str, paths: Sequence[str]) -> list[dict]:
+        raise NotImplementedError
+
+    def shard(self, split, shard_index, num_shards):
+        files = self.files()
+        if num_shards == 1 or len(files) < num_shards:
+            return super().shard(split, shard_index, num_shards)
+        if split not in self.splits:
+            raise ValueError(f"Unknown split {split!r}; this source has splits {self.splits}.")
+        paths = tuple(files[shard_index::num_shards])
+        records = _cached_files(self, split, paths)
+        if not records:
+            raise ValueError(
+                f"Shard {shard_index} of {num_shards} reads the files {list(paths)}, which hold "
+                f"no {split!r} examples; use fewer shards (in training: a smaller data_streams) "
+                "or fewer, larger files.")
+        return records
+
 
 @dataclasses.dataclass(frozen=True)
-class TextFilesSource(Source):
+class TextFilesSource(FileSource):
     """``{"text": document}`` from text-line files; ``lines_per_document`` consecutive lines
     (of one file and split) make one document, joined by newlines (sentences for NSP)."""
 
@@ -120,9 +187,9 @@ class TextFilesSource(Source):
     def __post_init__(self):
         object.__setattr__(self, "file_patterns", _as_tuple(self.file_patterns))
 
-    def load(self, split):
+    def load_files(self, split, paths):
         docs = []
-        for path in TextLineSource(self.file_patterns, split="train").files():
+        for path in paths:
             lines = TextLineSource([path], split, self.holdout_every,
                                    self.strip_verse_keys).documents()
             step = self.lines_per_document
@@ -131,7 +198,7 @@ class TextFilesSource(Source):
 
 
 @dataclasses.dataclass(frozen=True)
-class JsonlSource(Source):
+class JsonlSource(FileSource):
     """One JSON object per line (``.jsonl`` or ``.jsonl.gz``); every ``holdout_every``-th
     record is ``validation``. Records that are not objects are a clear error."""
 
@@ -141,9 +208,9 @@ class JsonlSource(Source):
     def __post_init__(self):
         object.__setattr__(self, "file_patterns", _as_tuple(self.file_patterns))
 
-    def load(self, split):
+    def load_files(self, split, paths):
         records = []
-        for path in TextLineSource(self.file_patterns).files():
+        for path in paths:
             for index, line in enumerate(_read_lines(path)):
                 if not line.strip() or _is_validation_line(index, self.holdout_every) != (
                         split == "validation"):
