@@ -41,10 +41,10 @@ def default_config() -> ml_collections.ConfigDict:
     c.task_feature_lengths = ml_collections.ConfigDict({"inputs": 512, "targets": 114})
     c.pack = False                     # pack several examples per row (segment ids, positions)
     # Input streams V the global batch is drawn from: stream v reads shard v of V of the data
-    # and fills B/V rows of each batch; each process runs V/P of them. 0: one per process for
-    # a new run (seqio's way), the checkpoint's count when resuming. Batches depend on V, not on
-    # the process count: set V (e.g. 8, or the most processes you will use) to move a run
-    # between process counts that divide V. Must divide batch_size.
+    # and fills B/V rows of each batch; each process runs V/P of them. Batches depend on V, not
+    # on the process count. 0: the checkpoint's count when resuming; for a new run 8 streams
+    # (or the largest count up to 8 dividing batch_size) when the process count divides that,
+    # so 1, 2, 4 or 8 processes see the same batches; else one stream per process.
     c.data_streams = 0
 
     # Every key of the family's model dataclass, at these values (a small T5 v1.1).
@@ -293,8 +293,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
                           "loss.normalizing_constant, e.g. batch_size * target length "
                           f"(got {config.loss.normalizing_constant}).")
     if config.data_streams < 0:
-        raise ConfigError(f"data_streams={config.data_streams} must be >= 0 (0: one input stream "
-                          "per process), e.g. --config.data_streams=8.")
+        raise ConfigError(f"data_streams={config.data_streams} must be >= 0 (0: chosen from the "
+                          "batch and the processes), e.g. --config.data_streams=8.")
     if config.data_streams and config.batch_size % config.data_streams:
         raise ConfigError(
             f"batch_size={config.batch_size} does not split into data_streams="
@@ -372,6 +372,17 @@ def validate_for_devices(config: ml_collections.ConfigDict, num_devices: int,
     return shape
 
 
+DEFAULT_DATA_STREAMS = 8
+
+
+def default_data_streams(batch_size: int, process_count: int) -> int:
+    """A new run's stream count: one that does not depend on the process count (the
+    largest divisor of the batch up to 8) whenever the processes divide it, so a run
+    on 1, 2, 4 or 8 processes sees the same batches; else one stream per process."""
+    streams = math.gcd(batch_size, DEFAULT_DATA_STREAMS)
+    return streams if streams % process_count == 0 else process_count
+
+
 def resolve_data_streams(config: ml_collections.ConfigDict, process_count: int,
                          saved_config: dict | None = None) -> int:
     """The number of input streams V, checked against the batch and the processes.
@@ -387,10 +398,11 @@ def resolve_data_streams(config: ml_collections.ConfigDict, process_count: int,
             f"{saved} input streams, which fix the order of the data. Set "
             f"--config.data_streams={saved} (or 0: take the checkpoint's) to resume, or use a "
             "new --workdir.")
-    streams = config.data_streams or saved or process_count
+    streams = config.data_streams or saved or default_data_streams(config.batch_size,
+                                                                    process_count)
     origin = (f"data_streams={config.data_streams}" if config.data_streams else
               f"data_streams=0 resumes with the checkpoint's {saved} streams" if saved else
-              f"data_streams=0 means one stream per process, {process_count}")
+              f"data_streams=0 gives {streams} streams here")
     if config.batch_size % streams:
         raise ConfigError(
             f"batch_size={config.batch_size} does not split over the input streams ({origin}); "

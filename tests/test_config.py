@@ -112,8 +112,13 @@ def streams_config(batch_size=32, data_streams=0):
     return config
 
 
-def test_data_streams_default_to_one_per_process_or_the_checkpoints():
-    assert config_lib.resolve_data_streams(streams_config(), process_count=4) == 4
+def test_data_streams_default_to_a_count_independent_of_the_processes():
+    # 8 streams for a batch of 32, whatever the (dividing) process count: same batches.
+    assert {config_lib.resolve_data_streams(streams_config(), p) for p in (1, 2, 4, 8)} == {8}
+    assert config_lib.resolve_data_streams(streams_config(batch_size=12), 2) == 4
+    # Processes that do not divide it get one stream each; a checkpoint's count is kept.
+    assert config_lib.resolve_data_streams(streams_config(), process_count=16) == 16
+    assert config_lib.resolve_data_streams(streams_config(batch_size=12), 3) == 3
     assert config_lib.resolve_data_streams(streams_config(), 2, {"data_streams": 8}) == 8
     assert config_lib.resolve_data_streams(streams_config(), 1, {"model": {}}) == 1  # pre-streams
     assert config_lib.resolve_data_streams(streams_config(data_streams=8), 2) == 8
@@ -127,8 +132,8 @@ def test_data_streams_default_to_one_per_process_or_the_checkpoints():
      r"input streams \(data_streams=4\) do not divide over 8 processes; set "
      r"--config.data_streams to a multiple of 8"),
     (streams_config(batch_size=12), 8, None,
-     r"batch_size=12 does not split over the input streams \(data_streams=0 means one stream "
-     r"per process, 8\)"),
+     r"batch_size=12 does not split over the input streams \(data_streams=0 gives 8 streams "
+     r"here\)"),
     (streams_config(), 3, {"data_streams": 8},
      r"the checkpoint's 8 streams\) do not divide over 3 processes; run on a process count "
      r"that divides 8"),
