@@ -27,7 +27,7 @@ def check_layout(global_batch_size: int, num_streams: int, process_count: int) -
     """Raises ValueError unless ``B % V == 0`` and ``V % P == 0``."""
     if num_streams < 1:
         raise ValueError(f"data_streams resolves to {num_streams}; use a positive count "
-                         "(or 0 in the config: one stream per process).")
+                         "(or 0 in the config: chosen from the batch and the processes).")
     if global_batch_size % num_streams:
         raise ValueError(
             f"batch_size={global_batch_size} does not split into data_streams={num_streams} "
