@@ -207,6 +207,14 @@ def initialize_distributed(settings: DistributedSettings | None) -> None:
                                    settings.process_id)
 
 
+def _from_every_process(values: np.ndarray) -> np.ndarray:
+    """``values`` (one shape on every process) stacked in process order, on every process."""
+    if jax.process_count() == 1:
+        return values[None]
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(values))
+
+
 def gather_json(value) -> list:
     """A JSON-able ``value`` from every process, in process order (every process gets all).
 
@@ -215,27 +223,20 @@ def gather_json(value) -> list:
     """
     if jax.process_count() == 1:
         return [value]
-    from jax.experimental import multihost_utils
     data = np.frombuffer(json.dumps(value).encode("utf-8"), np.uint8)
-    lengths = np.asarray(multihost_utils.process_allgather(np.array([data.size], np.int32)))
+    lengths = _from_every_process(np.array([data.size], np.int32)).reshape(-1)
     padded = np.zeros(int(lengths.max()), np.uint8)
     padded[:data.size] = data
-    gathered = np.asarray(multihost_utils.process_allgather(padded))
+    gathered = _from_every_process(padded)
     return [json.loads(gathered[i, :int(n)].tobytes().decode("utf-8"))
-            for i, n in enumerate(lengths.reshape(-1))]
+            for i, n in enumerate(lengths)]
 
 
 def min_over_processes(value: int) -> int:
     """The smallest ``value`` any process has; the same on every process."""
-    if jax.process_count() == 1:
-        return value
-    from jax.experimental import multihost_utils
-    return int(np.min(multihost_utils.process_allgather(np.array([value], np.int32))))
+    return int(np.min(_from_every_process(np.array([value], np.int32))))
 
 
 def any_process(flag: bool) -> bool:
     """True on every process when ``flag`` is true on any; keeps multi-process loops in step."""
-    if jax.process_count() == 1:
-        return flag
-    from jax.experimental import multihost_utils
-    return bool(np.any(multihost_utils.process_allgather(np.array([flag]))))
+    return bool(np.any(_from_every_process(np.array([flag]))))
