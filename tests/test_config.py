@@ -188,3 +188,12 @@ def test_model_keys_are_checked_against_the_chosen_family():
 def test_unknown_family_lists_the_families():
     with pytest.raises(config_lib.ConfigError, match="available: \\['bart', 'decoder', 'encoder', 'encoder_decoder'\\]"):
         config_lib.model_defaults("encoder_only")
+
+
+@pytest.mark.parametrize("dcn", [-1, -4])
+def test_a_bad_dcn_axis_is_named(dcn):
+    config = config_lib.default_config()
+    config.mesh.dcn = dcn
+    with pytest.raises(config_lib.ConfigError, match="mesh.dcn must be the number of slices, "
+                                                     "or 0 for the slices the devices span"):
+        config_lib.validate(config)

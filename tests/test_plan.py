@@ -122,3 +122,10 @@ def test_scanned_layers_roofline_uses_model_flops():
     per_device = scanned["model_flops_per_step"] / scanned["num_devices"]
     assert scanned["roofline"]["compute_s"] == pytest.approx(
         per_device / scanned["peak_flops_per_device"])
+
+
+@pytest.mark.parametrize("topology, slices", [("cpu:8", 2), ("v5e:2x2", 0)])
+def test_bad_slice_counts_are_named(topology, slices):
+    with pytest.raises(plan.PlanError, match=rf"--num_slices={slices}: give a positive number "
+                                             r"of TPU slices"):
+        plan.topology_devices(topology, slices)
