@@ -87,12 +87,15 @@ class Task:
             raise ValueError(f"Task {self.name!r}: {e}") from None
         ctx = self.context(split, task_feature_lengths, records)
         seed = shard_seed(seed, shard_index, num_shards)
-        # Index -> record through a plain map: grain's MapDataset.source records metrics on
-        # every read, which costs as much as tokenizing a one-line document.
-        ds = grain.MapDataset.range(len(records)).map(records.__getitem__)
-        if shuffle:
-            ds = ds.shuffle(seed=seed)  # a new permutation every epoch once repeated
-        ds = ds.repeat(num_epochs)
+        if getattr(records, "sequential", False):  # TFRecord files: read in order, windowed
+            ds = records.dataset(seed, shuffle, num_epochs)
+        else:
+            # Index -> record through a plain map: grain's MapDataset.source records metrics
+            # on every read, which costs as much as tokenizing a one-line document.
+            ds = grain.MapDataset.range(len(records)).map(records.__getitem__)
+            if shuffle:
+                ds = ds.shuffle(seed=seed)  # a new permutation every epoch once repeated
+            ds = ds.repeat(num_epochs)
         # Reading a list by index needs no threads; grain's thread prefetch costs more than it saves.
         ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
         return pp.apply_steps(ds, self.preprocessors, ctx, seed)

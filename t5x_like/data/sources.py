@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import glob
 import gzip
+import importlib.util
 import json
 import os
 import re
@@ -262,44 +263,161 @@ class _TfdsRecords(Sequence):
 
 
 @dataclasses.dataclass(frozen=True)
+class _TfdsLoadPiece:
+    """One TFRecord file's part of a split, opened at a record offset with ``tfds.load``
+    (an absolute slice of the split that file belongs to, so only that file is read)."""
+
+    name: str
+    data_dir: str | None
+    split: str
+    start: int
+    stop: int
+
+    def __call__(self, offset: int):
+        import tensorflow_datasets as tfds
+        dataset = tfds.load(self.name, split=f"{self.split}[{self.start + offset}:{self.stop}]",
+                            data_dir=self.data_dir, download=False, shuffle_files=False,
+                            read_config=tfds.ReadConfig(try_autocache=False))
+        return (dict(example) for example in tfds.as_numpy(dataset))
+
+
+@dataclasses.dataclass(frozen=True)
 class TfdsSource(Source):
-    """A TFDS dataset read with ``tfds.data_source`` (array_record, no TensorFlow needed).
+    """A prepared TFDS dataset: array_record files through ``tfds.data_source`` (random
+    access, no TensorFlow needed), TFRecord files through ``tfds.load`` (TensorFlow).
 
     ``split_map`` renames our splits to TFDS ones (C4 has ``validation``, Wikipedia
     only ``train``: map validation to ``train[:1%]`` and train to ``train[1%:]``).
     ``builder_module`` is imported first: without TensorFlow, TFDS registers a
-    builder such as ``c4`` only once its module is imported. The dataset must be
-    prepared in ``data_dir`` in array_record format. Not cached: opening is cheap.
+    builder such as ``c4`` only once its module is imported.
+
+    ``reader``: ``"auto"`` follows the prepared files' format; ``"array_record"`` or
+    ``"tfrecord"`` insists. TFRecord files cannot be indexed, so they are read file by
+    file: a shard is whole files (or every n-th record when there are fewer files
+    than shards), and shuffling permutes the file order each epoch and the examples
+    within windows of ``shuffle_window`` (``sequential.SequentialRecords``); resuming
+    is still exact. Not cached: opening is cheap.
     """
 
     name: str
     data_dir: str | None = None
     split_map: tuple[tuple[str, str], ...] = (("train", "train"), ("validation", "validation"))
     builder_module: str | None = None
+    reader: str = "auto"
+    shuffle_window: int = 2048
+
+    def __post_init__(self):
+        if self.reader not in ("auto", "array_record", "tfrecord"):
+            raise ValueError(f"TfdsSource reader={self.reader!r}; use 'auto', 'array_record' "
+                             "or 'tfrecord'.")
 
     @property
     def splits(self):
         return tuple(ours for ours, _ in self.split_map)
 
-    def get(self, split):
+    def _tfds_split(self, split: str) -> str:
         if split not in self.splits:
             raise ValueError(f"Unknown split {split!r}; this source has splits {self.splits}.")
+        return dict(self.split_map)[split]
+
+    def get(self, split):
         return self.load(split)
 
     def load(self, split):
-        import importlib
+        return self.shard(split, 0, 1)
 
-        import tensorflow_datasets as tfds  # imported late: slow, and optional for most tasks
+    def num_examples(self, split):
+        if self._reads_tfrecord(split):  # from the metadata, without opening any file
+            return self._builder().info.splits[self._tfds_split(split)].num_examples
+        return len(self.get(split))
+
+    def shard(self, split, shard_index, num_shards):
+        if not self._reads_tfrecord(split):
+            records = self._data_source(split)
+            return records if num_shards == 1 else super().shard(split, shard_index, num_shards)
+        from t5x_like.data import sequential
+        pieces = self._tfrecord_pieces(split)
+        if len(pieces) >= num_shards:  # whole files: each process reads only its own
+            segments = [sequential.Segment(open_fn, 0, 1, length)
+                        for open_fn, length in pieces[shard_index::num_shards]]
+        else:
+            segments = sequential.stride_segments(pieces, shard_index, num_shards)
+        records = sequential.SequentialRecords(segments, self.shuffle_window)
+        if len(records) == 0:
+            raise ValueError(f"split {split!r} has {sum(n for _, n in pieces)} examples, fewer "
+                             f"than num_shards={num_shards}; use fewer shards (in training: a "
+                             "smaller data_streams).")
+        return records
+
+    def _import_builder_module(self):
         if self.builder_module:
             importlib.import_module(self.builder_module)
-        tfds_split = dict(self.split_map)[split]
+
+    def _data_source(self, split):
+        import tensorflow_datasets as tfds  # imported late: slow, and optional for most tasks
+        self._import_builder_module()
+        tfds_split = self._tfds_split(split)
         try:
             return _TfdsRecords(tfds.data_source(self.name, split=tfds_split,
                                                  data_dir=self.data_dir, download=False))
         except Exception as e:  # tfds raises several types for a missing dataset
             raise FileNotFoundError(
-                f"TFDS dataset {self.name!r} split {tfds_split!r} is not prepared in "
-                f"{self.data_dir or '~/tensorflow_datasets'} ({type(e).__name__}: "
+                f"TFDS dataset {self.name!r} split {tfds_split!r} is not prepared as array_record "
+                f"in {self.data_dir or '~/tensorflow_datasets'} ({type(e).__name__}: "
                 f"{str(e).splitlines()[0] if str(e) else ''}). Prepare it with `tfds build "
                 f"{self.name.split(':')[0]} --file_format=array_record` or set the task's "
-                "data_dir.") from e
+                "data_dir; a TFRecord copy is read through tfds.load once TensorFlow is "
+                "installed (pip install 't5x_like[tf]').") from e
+
+    def _builder(self):
+        import tensorflow_datasets as tfds
+        self._import_builder_module()
+        return tfds.builder(self.name, data_dir=self.data_dir)
+
+    def _reads_tfrecord(self, split: str) -> bool:
+        """Whether this split is read through ``tfds.load`` (TFRecord files)."""
+        self._tfds_split(split)
+        if self.reader == "array_record":
+            return False
+        has_tensorflow = importlib.util.find_spec("tensorflow") is not None
+        if self.reader == "auto":
+            try:
+                info = self._builder().info
+                prepared_as_tfrecord = bool(info.splits) and info.file_format.value == "tfrecord"
+            except Exception:  # not prepared, or no such builder: data_source says which
+                return False
+            if prepared_as_tfrecord and not has_tensorflow:
+                raise ModuleNotFoundError(
+                    f"TFDS dataset {self.name!r} is prepared as TFRecord, which only TensorFlow "
+                    "reads: pip install 't5x_like[tf]' (tfds.load), or rebuild it with `tfds "
+                    f"build {self.name.split(':')[0]} --file_format=array_record`.")
+            return prepared_as_tfrecord
+        if not has_tensorflow:
+            raise ModuleNotFoundError(f"TfdsSource({self.name!r}, reader='tfrecord') reads with "
+                                      "tfds.load, which needs TensorFlow: pip install "
+                                      "'t5x_like[tf]'.")
+        return True
+
+    def _tfrecord_pieces(self, split: str) -> list[tuple[_TfdsLoadPiece, int]]:
+        """``(opener, length)`` per file of the split, in TFDS's file order."""
+        tfds_split = self._tfds_split(split)
+        info = self._builder().info
+        try:
+            wanted = info.splits[tfds_split].file_instructions
+        except (KeyError, ValueError) as e:
+            raise ValueError(f"TFDS dataset {self.name!r} has no split {tfds_split!r} (it has "
+                             f"{sorted(info.splits)}): {e}") from None
+        # Where each file starts in the split it belongs to: tfds.load slices by that index.
+        file_start = {}
+        for split_name, split_info in info.splits.items():
+            offset = 0
+            for instruction in split_info.file_instructions:
+                file_start[os.fspath(instruction.filename)] = (split_name, offset)
+                offset += instruction.examples_in_shard
+        pieces = []
+        for instruction in wanted:
+            split_name, offset = file_start[os.fspath(instruction.filename)]
+            start = offset + instruction.skip
+            pieces.append((_TfdsLoadPiece(self.name, self.data_dir, split_name, start,
+                                          start + instruction.take), instruction.take))
+        return pieces

@@ -82,6 +82,10 @@ class NextSentencePairs(ExampleStep):
 
     def check(self, ctx):
         check_minimum_length(ctx, "inputs", 5, "next-sentence pairs ([CLS] a [SEP] b [SEP])")
+        if getattr(ctx.source, "sequential", False):
+            raise ValueError(f"Task {ctx.task_name!r}: next-sentence pairs draw random other "
+                             "documents, which TFRecord files cannot serve fast; prepare the "
+                             "dataset as array_record (tfds build --file_format=array_record).")
         if len(ctx.source) < 2:
             raise ValueError(f"Task {ctx.task_name!r}: next-sentence pairs need a split with at "
                              f"least 2 documents, {ctx.split!r} has {len(ctx.source)}.")
