@@ -9,6 +9,11 @@ for the compiled step, over the f32 matmul rate measured on this machine at the
 start of the run. Step times are the fastest of ``--steps`` timed steps in each
 framework (after one warm-up), which keeps other load on the machine out of the
 comparison. Needs the ``hf`` extra (torch, transformers).
+
+On a GPU (JAX's default backend) PyTorch runs on CUDA too, both sides with TF32
+matmuls for float32 (JAX's default precision there; PyTorch is set to match);
+``--batch_multiplier`` scales the batches up to GPU-sized ones and
+``--dtype bfloat16`` computes in bfloat16 (PyTorch under autocast).
 """
 
 from __future__ import annotations
@@ -34,8 +39,8 @@ ROWS = {
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def matmul_flops_per_second(size: int = 2048, repeats: int = 5) -> float:
-    a = jnp.ones((size, size), jnp.float32)
+def matmul_flops_per_second(size: int = 2048, repeats: int = 5, dtype=jnp.float32) -> float:
+    a = jnp.ones((size, size), dtype)
     f = jax.jit(lambda x: x @ x)
     f(a).block_until_ready()
     best = float("inf")
@@ -67,9 +72,10 @@ def make_batch(row: str, batch: int, lengths: dict, vocab: int) -> dict:
             "decoder_loss_weights": np.ones((batch, lengths["targets"]), np.float32)}
 
 
-def t5x_like_step(row: str, batch: dict, steps: int) -> tuple[float, float]:
+def t5x_like_step(row: str, batch: dict, steps: int, dtype: str) -> tuple[float, float]:
     """(seconds per step, XLA FLOPs per step)."""
     config = config_lib.load_config_file(os.path.join(REPO, "configs", f"{ROWS[row][0]}.py"))
+    config.model.dtype = dtype
     model = models.build_model(config.model)
     loss_fn = {"bert": lambda m, p, b, r: objectives.masked_lm_loss(m, p, b, r),
                "t5": lambda m, p, b, r: objectives.seq2seq_loss(m, p, b, r, z_loss=0.0),
@@ -95,7 +101,9 @@ def t5x_like_step(row: str, batch: dict, steps: int) -> tuple[float, float]:
     return min(times), flops
 
 
-def torch_step(row: str, batch: dict, steps: int) -> float:
+def torch_step(row: str, batch: dict, steps: int, dtype: str, device: str) -> float:
+    import contextlib
+
     import torch
     import transformers
 
@@ -125,14 +133,20 @@ def torch_step(row: str, batch: dict, steps: int) -> float:
         tokens = np.concatenate([batch["decoder_input_tokens"],
                                  batch["decoder_target_tokens"][:, -1:]], axis=1)
         inputs = dict(input_ids=tokens, labels=tokens)  # shifted inside the model
-    inputs = {k: torch.tensor(v, dtype=torch.long) for k, v in inputs.items()}
-    model.train()
+    inputs = {k: torch.tensor(v, dtype=torch.long, device=device) for k, v in inputs.items()}
+    model.to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    autocast = (torch.autocast(device, dtype=torch.bfloat16) if dtype == "bfloat16"
+                else contextlib.nullcontext())
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        model(**inputs).loss.backward()
+        with autocast:
+            loss = model(**inputs).loss
+        loss.backward()
         optimizer.step()
+        if device == "cuda":
+            torch.cuda.synchronize()
 
     step()  # warm-up
     times = []
@@ -148,25 +162,36 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--rows", default="bert,t5,gpt2")
+    parser.add_argument("--batch_multiplier", type=int, default=1,
+                        help="scale every row's batch (GPU-sized batches)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                        help="compute dtype; parameters stay float32")
     args = parser.parse_args()
     import torch
-    torch.set_num_threads(os.cpu_count() or 1)
-    peak = matmul_flops_per_second()
-    print(f"f32 matmul rate measured here: {peak / 1e9:.1f} GFLOP/s "
-          f"({jax.devices()[0].device_kind}, {os.cpu_count()} cores, torch threads "
-          f"{torch.get_num_threads()})\n")
+    on_gpu = jax.default_backend() == "gpu"
+    device = "cuda" if on_gpu else "cpu"
+    if on_gpu:
+        torch.set_float32_matmul_precision("high")  # TF32, as JAX's default precision on GPU
+    else:
+        torch.set_num_threads(os.cpu_count() or 1)
+    peak = matmul_flops_per_second(8192 if on_gpu else 2048,
+                                   dtype=jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32)
+    print(f"{args.dtype} matmul rate measured here: {peak / 1e9:,.1f} GFLOP/s "
+          f"({jax.devices()[0].device_kind}, {os.cpu_count()} cores, torch "
+          f"{'on ' + torch.cuda.get_device_name() if on_gpu else f'threads {torch.get_num_threads()}'})\n")
     header = (f"{'model':<42} {'batch':>5} {'tokens/step':>11} {'t5x_like tok/s':>15} "
               f"{'PyTorch tok/s':>14} {'ratio':>6} {'XLA GFLOP/step':>15} {'util':>6}")
     print(header)
     print("-" * len(header))
     for row in args.rows.split(","):
         config_name, batch_size, lengths = ROWS[row]
+        batch_size *= args.batch_multiplier
         vocab = config_lib.load_config_file(
             os.path.join(REPO, "configs", f"{config_name}.py")).model.vocab_size
         batch = make_batch(row, batch_size, lengths, vocab)
         tokens = batch_size * sum(lengths.values())
-        ours, flops = t5x_like_step(row, batch, args.steps)
-        theirs = torch_step(row, batch, args.steps)
+        ours, flops = t5x_like_step(row, batch, args.steps, args.dtype)
+        theirs = torch_step(row, batch, args.steps, args.dtype, device)
         shape = " / ".join(f"{k} {v}" for k, v in lengths.items())
         print(f"{config_name + ' (' + shape + ')':<42} {batch_size:>5} {tokens:>11} "
               f"{tokens / ours:>15,.0f} {tokens / theirs:>14,.0f} {theirs / ours:>6.2f} "

@@ -183,11 +183,15 @@ def distributed_settings(coordinator_address: str | None = None,
 
 
 def detected_cluster() -> str | None:
-    """The name of the cluster environment JAX would auto-configure from, if any."""
+    """The name of the cluster environment JAX would auto-configure from, if any.
+
+    Opt-in clusters are skipped, as JAX skips them: ``Mpi4pyCluster`` is "present"
+    wherever mpi4py is installed (GPU images often have it), single-process included.
+    """
     try:
         from jax._src import clusters
         for cluster in clusters.ClusterEnv._cluster_types:
-            if cluster.is_env_present():
+            if not getattr(cluster, "opt_in_only_method", False) and cluster.is_env_present():
                 return cluster.__name__
     except Exception:  # private API moved: fall back to flags and environment only
         return None

@@ -38,6 +38,21 @@ def test_a_detected_cluster_lets_jax_read_it():
     assert settings.coordinator_address is None and settings.detected == "GceTpuCluster"
 
 
+def test_cluster_detection_skips_opt_in_clusters_as_jax_does(monkeypatch):
+    from jax._src import clusters
+
+    def cluster(name, present, opt_in):
+        return type(name, (), {"opt_in_only_method": opt_in,
+                               "is_env_present": staticmethod(lambda: present)})
+    # mpi4py installed on a single GPU box: "present", but JAX joins it only when asked.
+    monkeypatch.setattr(clusters.ClusterEnv, "_cluster_types",
+                        [cluster("Mpi4pyCluster", True, True), cluster("SlurmCluster", False, False)])
+    assert partitioning.detected_cluster() is None
+    monkeypatch.setattr(clusters.ClusterEnv, "_cluster_types",
+                        [cluster("Mpi4pyCluster", True, True), cluster("SlurmCluster", True, False)])
+    assert partitioning.detected_cluster() == "SlurmCluster"
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(coordinator_address="h:1"), r"incomplete: got \['coordinator_address'\], missing "
                                       r"\['num_processes', 'process_id'\]"),
