@@ -222,14 +222,17 @@ def test_gradient_boundaries_change_no_gradient_and_stay_in_the_compiled_step(sh
     def loss(p):
         return jnp.mean(jnp.square(model.apply({"params": p}, x)))
 
+    dense_layers = sum(1 for path, _ in jax.tree_util.tree_leaves_with_path(params)
+                       if path[-1].key == "kernel")
     grads = {}
     for enabled in (True, False):
         with layers.gradient_boundaries(enabled):
             lowered = jax.jit(jax.grad(loss)).lower(params)
             grads[enabled] = jax.jit(jax.grad(loss))(params)
         conditionals = lowered.as_text().count("stablehlo.case")
-        # One per layer input (3) plus one between the sublayers of each block (3).
-        assert conditionals == (6 if enabled else 0)
+        # One per layer input (3), one between the sublayers of each block (3), and one
+        # per dense layer for the input its kernel gradient reads (``layers.contract``).
+        assert conditionals == (6 + dense_layers if enabled else 0)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
                  grads[True], grads[False])
 
@@ -245,6 +248,28 @@ def test_gradient_boundaries_change_no_gradient_and_stay_in_the_compiled_step(sh
         text = jax.jit(jax.grad(lambda p, h: Shared().apply(p, h).sum(), argnums=(0, 1))
                        ).lower(shared_params, h).as_text()
     assert text.count("stablehlo.case") == 4
+
+
+@pytest.mark.parametrize("x_shape, axes, kernel_shape", [
+    ((3, 4, 5), (2,), (5, 6)),              # a dense layer
+    ((3, 4, 5, 6), (1, 3), (4, 6, 7, 2)),   # several contracted and output dims
+    ((3, 4, 5, 6), (3, 1), (6, 4, 7)),      # contracted dims out of order
+    ((2, 5, 3), (0,), (2, 4)),              # a leading contracted dim
+])
+def test_contract_gradient_is_dot_generals(x_shape, axes, kernel_shape):
+    from t5x_like.models import layers
+
+    rng = np.random.default_rng(0)
+    x, kernel = rng.standard_normal(x_shape), rng.standard_normal(kernel_shape)
+
+    def grads(fn):
+        return jax.grad(lambda x, k: jnp.sum(jnp.sin(fn(x, k))), argnums=(0, 1))(x, kernel)
+    expected = grads(lambda x, k: jax.lax.dot_general(
+        x, k, ((axes, tuple(range(len(axes)))), ((), ()))))
+    with layers.gradient_boundaries(True):
+        got = grads(lambda x, k: layers.contract(x, k, axes))
+    for a, b in zip(got, expected):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 class _Scale(nn.Module):

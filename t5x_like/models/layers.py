@@ -46,6 +46,21 @@ def gradient_boundaries(enabled: bool | None) -> Iterator[None]:
         _GRADIENT_BOUNDARIES.reset(token)
 
 
+def _cpu_backward_forms() -> bool:
+    """Whether the CPU-friendly backward formulations are on (``gradient_boundaries``)."""
+    enabled = _GRADIENT_BOUNDARIES.get()
+    return jax.default_backend() == "cpu" if enabled is None else enabled
+
+
+def _materialized(x):
+    """``x`` written out as it is, through a conditional: XLA:CPU does not fuse through
+    one (an optimization barrier is removed before fusion), so consumers of the
+    result read memory instead of recomputing ``x``'s producer. The predicate must
+    not be a constant, or XLA folds the conditional away; both branches return ``x``."""
+    predicate = jnp.isfinite(x.reshape(-1)[0])
+    return jax.lax.cond(predicate, lambda v: v, lambda v: v + 0, x)
+
+
 def gradient_boundary(x: jax.Array) -> jax.Array:
     """Identity forward; in the backward pass the gradient arriving here is written out once.
 
@@ -70,19 +85,10 @@ def _materialize_forward(x):
 
 
 def _materialize_backward(_, gradient):
-    # The predicate must not be a constant, or XLA folds the conditional away; both
-    # branches return the gradient unchanged.
-    predicate = jnp.isfinite(gradient.reshape(-1)[0])
-    return (jax.lax.cond(predicate, lambda g: g, lambda g: g + 0, gradient),)
+    return (_materialized(gradient),)
 
 
 _materialized_gradient.defvjp(_materialize_forward, _materialize_backward)
-
-
-def _cpu_backward_forms() -> bool:
-    """Whether the CPU-friendly backward formulations are on (``gradient_boundaries``)."""
-    enabled = _GRADIENT_BOUNDARIES.get()
-    return jax.default_backend() == "cpu" if enabled is None else enabled
 
 
 def contract(x: jax.Array, kernel: jax.Array, axes: tuple[int, ...]) -> jax.Array:
@@ -106,7 +112,9 @@ def _contract_plainly(x, kernel, axes):
 
 
 def _contract_forward(x, kernel, axes):
-    return _contract_plainly(x, kernel, axes), (x, kernel)
+    # The kernel gradient reads ``x`` transposed; from memory that is a plain transposed
+    # copy, recomputed from ``x``'s producer (a GELU) it costs several times as much.
+    return _contract_plainly(x, kernel, axes), (_materialized(x), kernel)
 
 
 def _contract_backward(axes, residuals, gradient):
