@@ -37,8 +37,9 @@ _GRADIENT_BOUNDARIES: contextvars.ContextVar[bool | None] = contextvars.ContextV
 @contextlib.contextmanager
 def gradient_boundaries(enabled: bool | None) -> Iterator[None]:
     """Turns the CPU backward forms (``gradient_boundary``, ``contract``'s gradient) on or
-    off while a model is traced (``None``: on when JAX's default backend is the CPU). The trainer sets it from its mesh's platform,
-    so compiling for a TPU topology on a CPU machine leaves the boundaries out."""
+    off while a model is traced (``None``: on when JAX's default backend is the CPU).
+    The trainer sets it from its mesh's platform, so compiling for a TPU topology on
+    a CPU machine leaves them out."""
     token = _GRADIENT_BOUNDARIES.set(enabled)
     try:
         yield
@@ -240,9 +241,13 @@ class Embed(nn.Module):
             one_hot = jax.nn.one_hot(ids, self.num_embeddings, dtype=jnp.float32)
             return jnp.einsum("...v,vd->...d", one_hot, self.embedding,
                               precision=jax.lax.Precision.HIGHEST).astype(self.dtype)
-        # Gather the float32 rows, then cast: the gradient's scatter-add stays in float32,
-        # which GPUs add atomically (bfloat16 atomics are compare-and-swap loops).
-        return jnp.take(self.embedding, ids, axis=0).astype(self.dtype)
+        if jax.default_backend() == "gpu":
+            # Gather the float32 rows, then cast: the gradient's scatter-add stays in
+            # float32, which GPUs add atomically (bfloat16 atomics are compare-and-swap loops).
+            return jnp.take(self.embedding, ids, axis=0).astype(self.dtype)
+        # Elsewhere cast first, as T5X and MaxText do: under a sharded table the gather's
+        # collectives then move compute-dtype values.
+        return jnp.take(self.embedding.astype(self.dtype), ids, axis=0)
 
     def attend(self, x: jax.Array) -> jax.Array:
         return jnp.einsum("...d,vd->...v", x.astype(self.dtype), self.embedding.astype(self.dtype))
