@@ -24,6 +24,7 @@ import functools
 import itertools
 import sys
 import threading
+import typing
 from collections.abc import Sequence
 from typing import Callable, Iterator
 
@@ -31,6 +32,16 @@ import grain
 import numpy as np
 
 _CACHED_WINDOWS = 3
+
+
+class _Reader(typing.NamedTuple):
+    """An open read of one epoch's examples in segment order, at ``position``."""
+
+    seed: int
+    shuffle: bool
+    epoch: int
+    position: int
+    records: Iterator[dict]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +115,7 @@ class SequentialRecords(Sequence):
         # few windows kept, so requests a window early or late do not reopen the reader.
         self._lock = threading.Lock()
         self._windows: collections.OrderedDict = collections.OrderedDict()
-        self._reader = None  # (seed, shuffle, epoch, next position, iterator)
+        self._reader: _Reader | None = None
 
     def dataset(self, seed: int, shuffle: bool, num_epochs: int | None) -> grain.MapDataset:
         """Position ``epoch * len + i`` -> example; new segment order and windows each epoch."""
@@ -128,10 +139,11 @@ class SequentialRecords(Sequence):
         is a few behind (threads asked out of order), else reopening at its start."""
         reader = self._reader
         first = window
-        if reader is not None and reader[:3] == (seed, shuffle, epoch):
-            behind = window - reader[3] // self.window
-            if 0 < behind <= _CACHED_WINDOWS - 1 and reader[3] % self.window == 0:
-                first = reader[3] // self.window
+        if reader is not None and (reader.seed, reader.shuffle, reader.epoch) == (seed, shuffle,
+                                                                                 epoch):
+            reader_window, mid_window = divmod(reader.position, self.window)
+            if 0 < window - reader_window <= _CACHED_WINDOWS - 1 and not mid_window:
+                first = reader_window
         for w in range(first, window + 1):
             records = self._read_window(seed, shuffle, epoch, w)
             if shuffle:
@@ -152,12 +164,13 @@ class SequentialRecords(Sequence):
         size = min(self.window, len(self) - start)
         reader = self._reader
         if reader is None or reader[:4] != (seed, shuffle, epoch, start):
-            reader = (seed, shuffle, epoch, start, self._open_at(seed, shuffle, epoch, start))
-        records = list(itertools.islice(reader[4], size))
+            reader = _Reader(seed, shuffle, epoch, start,
+                             self._open_at(seed, shuffle, epoch, start))
+        records = list(itertools.islice(reader.records, size))
         if len(records) != size:
             raise RuntimeError(f"the split ended {size - len(records)} examples early: its files "
                                "hold fewer examples than their metadata says; re-prepare it.")
-        self._reader = (seed, shuffle, epoch, start + size, reader[4])
+        self._reader = reader._replace(position=start + size)
         return records
 
     def _open_at(self, seed, shuffle, epoch, start) -> Iterator[dict]:

@@ -327,16 +327,18 @@ class TfdsSource(Source):
         return self.shard(split, 0, 1)
 
     def num_examples(self, split):
-        if self._reads_tfrecord(split):  # from the metadata, without opening any file
-            return self._builder().info.splits[self._tfds_split(split)].num_examples
+        info = self._tfrecord_info(split)
+        if info is not None:  # from the metadata, without opening any file
+            return info.splits[self._tfds_split(split)].num_examples
         return len(self.get(split))
 
     def shard(self, split, shard_index, num_shards):
-        if not self._reads_tfrecord(split):
+        info = self._tfrecord_info(split)
+        if info is None:
             records = self._data_source(split)
             return records if num_shards == 1 else super().shard(split, shard_index, num_shards)
         from t5x_like.data import sequential
-        pieces = self._tfrecord_pieces(split)
+        pieces = self._tfrecord_pieces(split, info)
         if len(pieces) >= num_shards:  # whole files: each process reads only its own
             segments = [sequential.Segment(open_fn, 0, 1, length)
                         for open_fn, length in pieces[shard_index::num_shards]]
@@ -374,34 +376,37 @@ class TfdsSource(Source):
         self._import_builder_module()
         return tfds.builder(self.name, data_dir=self.data_dir)
 
-    def _reads_tfrecord(self, split: str) -> bool:
-        """Whether this split is read through ``tfds.load`` (TFRecord files)."""
+    def _tfrecord_info(self, split: str):
+        """The dataset's TFDS info when this split is read through ``tfds.load`` (TFRecord
+        files), else ``None`` (array_record, through ``tfds.data_source``)."""
         self._tfds_split(split)
         if self.reader == "array_record":
-            return False
+            return None
         has_tensorflow = importlib.util.find_spec("tensorflow") is not None
-        if self.reader == "auto":
-            try:
-                info = self._builder().info
-                prepared_as_tfrecord = bool(info.splits) and info.file_format.value == "tfrecord"
-            except Exception:  # not prepared, or no such builder: data_source says which
-                return False
-            if prepared_as_tfrecord and not has_tensorflow:
-                raise ModuleNotFoundError(
-                    f"TFDS dataset {self.name!r} is prepared as TFRecord, which only TensorFlow "
-                    "reads: pip install 't5x_like[tf]' (tfds.load), or rebuild it with `tfds "
-                    f"build {self.name.split(':')[0]} --file_format=array_record`.")
-            return prepared_as_tfrecord
-        if not has_tensorflow:
+        if self.reader == "tfrecord" and not has_tensorflow:
             raise ModuleNotFoundError(f"TfdsSource({self.name!r}, reader='tfrecord') reads with "
                                       "tfds.load, which needs TensorFlow: pip install "
                                       "'t5x_like[tf]'.")
-        return True
+        try:
+            info = self._builder().info
+        except Exception:  # not prepared, or no such builder: data_source says which
+            if self.reader == "tfrecord":
+                raise
+            return None
+        if self.reader == "tfrecord":
+            return info
+        if not (info.splits and info.file_format.value == "tfrecord"):
+            return None
+        if not has_tensorflow:
+            raise ModuleNotFoundError(
+                f"TFDS dataset {self.name!r} is prepared as TFRecord, which only TensorFlow "
+                "reads: pip install 't5x_like[tf]' (tfds.load), or rebuild it with `tfds "
+                f"build {self.name.split(':')[0]} --file_format=array_record`.")
+        return info
 
-    def _tfrecord_pieces(self, split: str) -> list[tuple[_TfdsLoadPiece, int]]:
+    def _tfrecord_pieces(self, split: str, info) -> list[tuple[_TfdsLoadPiece, int]]:
         """``(opener, length)`` per file of the split, in TFDS's file order."""
         tfds_split = self._tfds_split(split)
-        info = self._builder().info
         try:
             wanted = info.splits[tfds_split].file_instructions
         except (KeyError, ValueError) as e:

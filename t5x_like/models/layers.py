@@ -101,15 +101,18 @@ def contract(x: jax.Array, kernel: jax.Array, axes: tuple[int, ...]) -> jax.Arra
     gradient, recomputing the activation's derivative into it, for the kernel's
     gradient (a gated-MLP train step went from 168 to 96 ms). Same values.
     """
-    dims = ((axes, tuple(range(len(axes)))), ((), ()))
     if not _cpu_backward_forms():
-        return jax.lax.dot_general(x, kernel, dims)
+        return _dot(x, kernel, axes)
     return _contract_plainly(x, kernel, axes)
+
+
+def _dot(x, kernel, axes):
+    return jax.lax.dot_general(x, kernel, ((axes, tuple(range(len(axes)))), ((), ())))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _contract_plainly(x, kernel, axes):
-    return jax.lax.dot_general(x, kernel, ((axes, tuple(range(len(axes)))), ((), ())))
+    return _dot(x, kernel, axes)
 
 
 def _contract_forward(x, kernel, axes):
