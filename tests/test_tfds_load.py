@@ -154,3 +154,19 @@ def test_reader_choice_errors(data_dir, monkeypatch):
     monkeypatch.setattr(sources.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ModuleNotFoundError, match=r"t5x_like\[tf\]"):
         source(data_dir).get("train")
+
+
+def test_bad_tfrecord_reads_are_named(data_dir, monkeypatch):
+    with pytest.raises(ValueError, match="has 30 examples, fewer than num_shards=31"):
+        source(data_dir).shard("train", 30, 31)
+    with pytest.raises(ValueError, match="shuffle window must be at least 1"):
+        source(data_dir, shuffle_window=0).get("train")
+    with pytest.raises(ValueError, match="has no split 'test'"):
+        source(data_dir, split_map=(("train", "test"),)).get("train")
+    # Files that hold fewer examples than the metadata says stop the stream with a message.
+    short = sequential.Segment(lambda offset: iter([{"id": 0}] * (2 - offset)), 0, 1, 3)
+    with pytest.raises(RuntimeError, match="ended 1 examples early.*re-prepare"):
+        stream(sequential.SequentialRecords([short]), 3)
+    monkeypatch.setattr(sources.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ModuleNotFoundError, match=r"reader='tfrecord'.*t5x_like\[tf\]"):
+        source(data_dir, reader="tfrecord").get("train")
