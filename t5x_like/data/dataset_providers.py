@@ -37,6 +37,18 @@ def suggest(name: str, known: Sequence[str]) -> str:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Task:
+    """A source, its preprocessing steps and output features, and how to evaluate it.
+
+    Evaluation metadata uses seqio's names: ``postprocess_fn(text, example=...,
+    is_target=...)`` turns decoded text (and the target text) into what the metrics
+    compare; ``metric_fns`` are ``fn(targets, predictions) -> dict``;
+    ``score_metric_fns`` are ``fn(targets, scores) -> dict`` over each example's summed
+    log-likelihood of its targets. ``label_options`` (the target texts of a
+    classification task) turn prediction into rank classification: every option is
+    scored and the most likely one is the prediction; examples may also carry their own
+    ``options`` (multiple choice) and the index of the right one in ``label``.
+    """
+
     name: str
     source: Source
     preprocessors: tuple = ()
@@ -44,11 +56,25 @@ class Task:
     postprocess_fn: Callable | None = None
     metric_fns: tuple = ()
     description: str = ""
+    score_metric_fns: tuple = ()
+    label_options: tuple[str, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "preprocessors",
                            tuple(pp.as_step(p) for p in self.preprocessors))
         object.__setattr__(self, "metric_fns", tuple(self.metric_fns))
+        object.__setattr__(self, "score_metric_fns", tuple(self.score_metric_fns))
+        object.__setattr__(self, "label_options", tuple(self.label_options))
+
+    @property
+    def has_metrics(self) -> bool:
+        return bool(self.metric_fns or self.score_metric_fns)
+
+    def postprocess(self, text, example=None, is_target: bool = False):
+        """``postprocess_fn`` applied to decoded (or target) text; identity without one."""
+        if self.postprocess_fn is None:
+            return text
+        return self.postprocess_fn(text, example=example, is_target=is_target)
 
     @property
     def splits(self) -> tuple[str, ...]:
@@ -116,11 +142,13 @@ class TaskRegistry:
     @classmethod
     def add(cls, name: str | Task, source: Source | None = None, preprocessors: Sequence = (),
             output_features: Mapping[str, Feature] | None = None, postprocess_fn=None,
-            metric_fns: Sequence = (), description: str = "") -> Task:
+            metric_fns: Sequence = (), description: str = "", score_metric_fns: Sequence = (),
+            label_options: Sequence[str] = ()) -> Task:
         task = name if isinstance(name, Task) else Task(
             name=name, source=source, preprocessors=tuple(preprocessors),
             output_features=dict(output_features or {}), postprocess_fn=postprocess_fn,
-            metric_fns=tuple(metric_fns), description=description)
+            metric_fns=tuple(metric_fns), description=description,
+            score_metric_fns=tuple(score_metric_fns), label_options=tuple(label_options))
         if task.name in cls._tasks or task.name in MixtureRegistry._mixtures:
             raise ValueError(f"Task {task.name!r} is already registered; pick another name or "
                              "call TaskRegistry.remove first.")

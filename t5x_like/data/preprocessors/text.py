@@ -43,7 +43,9 @@ class Tokenize(ExampleStep):
     """Text features -> int32 ids with each output feature's vocabulary.
 
     Examples whose tokenized ``drop_if_empty`` features are empty are skipped
-    (empty documents are a documented skip, not an error).
+    (empty documents are a documented skip, not an error). ``copy_pretokenized``
+    keeps each text as ``<key>_pretokenized`` (seqio's name): evaluation reads the
+    target text and the prompt from it.
     """
 
     uses_rng = False
@@ -51,6 +53,7 @@ class Tokenize(ExampleStep):
 
     keys: Sequence[str] | None = None
     drop_if_empty: Sequence[str] | None = None
+    copy_pretokenized: bool = False
 
     def map(self, example, rng, ctx):
         keys = self.keys if self.keys is not None else [
@@ -61,6 +64,8 @@ class Tokenize(ExampleStep):
             if isinstance(value, (list, np.ndarray)) and np.asarray(value).dtype.kind in "iu":
                 out[key] = np.asarray(value, np.int32)  # already token ids: leave them
                 continue
+            if self.copy_pretokenized:
+                out[f"{key}_pretokenized"] = as_text(value)
             out[key] = np.asarray(ctx.vocabulary(key).encode(as_text(value)), dtype=np.int32)
         must_be_full = keys if self.drop_if_empty is None else self.drop_if_empty
         if any(out[k].size == 0 for k in must_be_full if k in out):

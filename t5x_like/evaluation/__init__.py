@@ -1,0 +1,1 @@
+"""Evaluation: metric functions, the evaluator over tasks and mixtures, few-shot prompts."""
