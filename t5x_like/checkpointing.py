@@ -13,21 +13,29 @@ import orbax.checkpoint as ocp
 
 class Checkpointer:
     def __init__(self, directory: str | pathlib.Path, keep: int, async_save: bool = True,
-                 keep_every: int = 0):
+                 keep_every: int = 0, read_only: bool = False):
         """Keeps the newest ``keep`` checkpoints, plus every step divisible by ``keep_every``
-        (when positive) for good, e.g. to evaluate or fine-tune from later."""
+        (when positive) for good, e.g. to evaluate or fine-tune from later.
+        ``read_only`` (evaluation) creates, cleans and deletes nothing."""
         self.directory = pathlib.Path(directory).absolute()
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+        options = ocp.CheckpointManagerOptions(max_to_keep=None if read_only else keep,
+                                               create=not read_only,
                                                keep_period=keep_every or None,
                                                # A save cut off by kill -9 leaves a
                                                # temporary directory; drop it on restart.
-                                               cleanup_tmp_directories=True,
+                                               cleanup_tmp_directories=not read_only,
+                                               read_only=read_only,
                                                enable_async_checkpointing=async_save)
         self._manager = ocp.CheckpointManager(self.directory, options=options,
                                               item_names=("state", "data", "config"))
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        """Complete checkpoints, oldest first (a save still in flight is not listed)."""
+        self._manager.reload()
+        return sorted(self._manager.all_steps())
 
     def save(self, step: int, state, data_state: dict, config: dict, force: bool = False) -> bool:
         return self._manager.save(step, args=ocp.args.Composite(

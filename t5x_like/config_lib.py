@@ -17,7 +17,12 @@ from typing import Any, Sequence
 import ml_collections
 
 
-class ConfigError(ValueError):
+class UserError(ValueError):
+    """A problem with what the user asked for (flags, files, tasks), with the fix in the
+    message; every command line prints it as one message and exits with status 2."""
+
+
+class ConfigError(UserError):
     """A config problem, with the key and the fix in the message."""
 
 
@@ -68,6 +73,27 @@ def default_config() -> ml_collections.ConfigDict:
         label_smoothing=0.0,
         normalization="tokens",        # tokens (real target tokens) | constant
         normalizing_constant=0.0,      # the divisor when normalization="constant"
+    ))
+
+    # Decoders given inputs and targets train as a prefix LM: "bidirectional" (seqio's prefix
+    # LM: the prefix attends both ways) or "causal" (GPT fine-tuning, lm-evaluation-harness).
+    c.prefix_attention = "bidirectional"
+    # Fine-tuning head on an encoder or decoder body ("" = none: the family's own objective).
+    # The body loads from init_from, the head starts fresh.
+    c.head = ml_collections.ConfigDict(dict(
+        kind="",                       # "" | classification | regression | token_classification
+        num_labels=0,                  # 0: from the task (its label_options or tag set)
+        pooling="cls",                 # cls | last | mean (classification, regression)
+        dropout_rate=0.1,
+    ))
+    # Benchmark evaluation inside train (the evaluator of python -m t5x_like.eval).
+    c.eval = ml_collections.ConfigDict(dict(
+        mixture="",                    # a task or mixture with metrics; "" = none
+        every_steps=0,                 # 0: at eval_every_steps
+        max_examples=0,                # per task; 0 = the whole split
+        split="validation",
+        batch_size=0,                  # 0: batch_size
+        max_decode_length=0,           # 0: task_feature_lengths.targets
     ))
 
     # Device mesh; -1 takes the remaining devices. Axis rules name the sharding strategy.
@@ -121,6 +147,9 @@ ENUMS = {
     "model.position_embedding": ("learned", "rotary"),
     "loss.normalization": ("tokens", "constant"),
     "on_nonfinite_loss": ("stop", "skip_update"),
+    "prefix_attention": ("bidirectional", "causal"),
+    "head.kind": ("", "classification", "regression", "token_classification"),
+    "head.pooling": ("cls", "last", "mean"),
 }
 POSITIVE_INTS = ("num_train_steps", "batch_size", "log_every_steps", "checkpoint_every_steps",
                  "eval_every_steps", "eval_batches", "keep_checkpoints", "optimizer.microbatches")
@@ -300,6 +329,15 @@ def validate(config: ml_collections.ConfigDict) -> None:
             f"batch_size={config.batch_size} does not split into data_streams="
             f"{config.data_streams} equal parts; use a batch_size that is a multiple of "
             f"{config.data_streams} or a data_streams that divides {config.batch_size}.")
+    for key in ("eval.every_steps", "eval.max_examples", "eval.batch_size",
+                "eval.max_decode_length", "head.num_labels"):
+        if _lookup(config, key) is not _ABSENT and _lookup(config, key) < 0:
+            raise ConfigError(f"Config key {key!r} must be >= 0 (0 picks the default), got "
+                              f"{_lookup(config, key)}.")
+    if config.head.kind and config.model.family not in ("encoder", "decoder"):
+        raise ConfigError(f"head.kind={config.head.kind!r} needs an encoder or decoder body, not "
+                          f"model.family={config.model.family!r}; fine-tune encoder-decoders "
+                          "text-to-text (leave head.kind empty).")
     if config.peak_flops_per_device < 0:
         raise ConfigError(f"peak_flops_per_device={config.peak_flops_per_device} must be >= 0 "
                           "(0 looks the device up in t5x_like.flops.PEAK_FLOPS).")

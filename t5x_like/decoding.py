@@ -319,3 +319,78 @@ def beam_generate(model: nn.Module, params, prompt_tokens: jax.Array, *, max_new
     return beam_search(feed, cache, batch_size=batch, num_beams=num_beams,
                        max_decode_length=max_new_tokens, alpha=alpha, eos_id=eos_id,
                        start_id=prompt_tokens[:, -1])
+
+
+def generate_padded(model: nn.Module, params, prompt_tokens: jax.Array, prompt_lengths: jax.Array,
+                    *, max_new_tokens: int, rng: jax.Array | None = None,
+                    temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                    num_beams: int = 1, alpha: float = 0.6, eos_id: int = EOS_ID,
+                    pad_id: int = PAD_ID) -> jax.Array:
+    """Continues prompts of different lengths in one batch: ``[batch, max_new_tokens]``.
+
+    ``prompt_tokens [batch, P]`` holds each prompt left-aligned in its first
+    ``prompt_lengths`` positions. Rows are right-aligned (left padding), the padding is
+    masked out of every attention and positions restart at each prompt's first token,
+    so a row decodes exactly as it would alone. Greedy or sampling as :func:`generate`,
+    beam search (best beam) with ``num_beams > 1``.
+    """
+    if temperature > 0 and rng is None:
+        raise ValueError("Sampling (temperature > 0) needs an rng key.")
+    batch, width = prompt_tokens.shape
+    total = generation_length(model, width, max_new_tokens)
+    pad = (width - prompt_lengths).astype(jnp.int32)
+    source = jnp.arange(width)[None, :] - pad[:, None]
+    prompts = jnp.where(source >= 0, jnp.take_along_axis(
+        prompt_tokens.astype(jnp.int32), jnp.maximum(source, 0), axis=1), pad_id)
+    rng = jax.random.key(0) if rng is None else rng
+
+    def feed(tokens, cache, pad, t):
+        valid = (jnp.arange(total)[None, :] >= pad[:, None]).astype(jnp.int32)
+        logits, variables = model.apply(
+            {"params": params, "cache": cache}, tokens[:, None], decode=True,
+            max_decode_length=total, decoder_positions=jnp.maximum(t - pad, 0)[:, None],
+            decoder_segment_ids=valid, mutable=["cache"])
+        return logits[:, 0], variables["cache"]
+
+    if num_beams > 1:
+        rows = jnp.repeat(prompts, num_beams, axis=0)
+        beam_pad = jnp.repeat(pad, num_beams)
+        cache = init_decoder_cache(model, batch * num_beams, total)
+        cache = jax.lax.fori_loop(
+            0, width - 1, lambda t, c: feed(rows[:, t], c, beam_pad, t)[1], cache)
+
+        def step_fn(tokens, cache):
+            return feed(tokens, cache, beam_pad, _cache_position(cache))
+
+        sequences, _ = beam_search(step_fn, cache, batch_size=batch, num_beams=num_beams,
+                                   max_decode_length=max_new_tokens, alpha=alpha, eos_id=eos_id,
+                                   start_id=prompts[:, -1])
+        return sequences[:, 0]
+
+    cache = init_decoder_cache(model, batch, total)
+    output = jnp.full((batch, max_new_tokens), pad_id, jnp.int32)
+
+    def body(t, carry):
+        cache, output, done = carry
+        from_output = jax.lax.dynamic_index_in_dim(output, jnp.maximum(t - width, 0), 1,
+                                                   keepdims=False)
+        from_prompt = jax.lax.dynamic_index_in_dim(prompts, jnp.minimum(t, width - 1), 1,
+                                                   keepdims=False)
+        token = jnp.where(t < width, from_prompt, from_output).astype(jnp.int32)
+        logits, cache = feed(token, cache, pad, t)
+        if temperature <= 0:
+            chosen = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        else:
+            filtered = filter_logits(logits / temperature, top_k, top_p)
+            chosen = jax.random.categorical(jax.random.fold_in(rng, t), filtered).astype(jnp.int32)
+        index = t - width + 1
+        writes = index >= 0
+        chosen = jnp.where(done, pad_id, chosen)
+        updated = jax.lax.dynamic_update_slice(output, chosen[:, None], (0, jnp.maximum(index, 0)))
+        output = jnp.where(writes, updated, output)
+        done = done | (writes & (chosen == eos_id))
+        return cache, output, done
+
+    done = jnp.zeros((batch,), bool)
+    _, output, _ = jax.lax.fori_loop(0, total - 1, body, (cache, output, done))
+    return output

@@ -27,47 +27,19 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from t5x_like.models import structure
-
-
-def _layer_matmuls(d: int, heads: int, head_dim: int, d_ff: int, activations, attention_mats=4,
-                   kv_heads: int | None = None):
-    """Multiply-adds per token of one layer's projections (attention and MLP). With
-    grouped-query attention the key and value projections have ``kv_heads`` heads."""
-    kv_heads = kv_heads or heads
-    attention = (attention_mats - 2) * d * heads * head_dim + 2 * d * kv_heads * head_dim
-    return attention + (len(tuple(activations)) + 1) * d * d_ff
+from t5x_like.models import structures
 
 
 def forward_flops_per_sequence(model: Mapping, lengths: Mapping[str, int]) -> float:
     """Forward FLOPs of one sequence (example) for ``model`` (a ``config.model``) at the
-    task feature ``lengths`` (``inputs``/``targets``)."""
-    family = structure(model["family"])  # BART counts as an encoder-decoder
-    d, h, dh, f, v = (model["d_model"], model["num_heads"], model["head_dim"], model["d_ff"],
-                      model["vocab_size"])
-    act = model["mlp_activations"]
-    attn = h * dh
-    if family == "decoder":
-        s = lengths.get("inputs", 0) + lengths["targets"]
-        layers = model["num_layers"]
-        matmuls = _layer_matmuls(d, h, dh, f, act, kv_heads=model.get("num_kv_heads") or h)
-        return 2 * s * layers * matmuls + 4 * layers * s * s * attn + 2 * s * d * v
-    if family == "encoder":
-        s = lengths["inputs"]
-        layers = model["num_layers"]
-        e = model.get("embedding_dim") or d  # ALBERT: factorized embeddings of width e
-        projection = 2 * s * e * d if model.get("embedding_dim") else 0
-        return (2 * s * layers * _layer_matmuls(d, h, dh, f, act) + 4 * layers * s * s * attn
-                + projection + 2 * s * d * e + 2 * s * e * v)
-    if family == "encoder_decoder":
-        si, st = lengths["inputs"], lengths["targets"]
-        le, ld = model["num_encoder_layers"], model["num_decoder_layers"]
-        encoder = 2 * si * le * _layer_matmuls(d, h, dh, f, act) + 4 * le * si * si * attn
-        decoder = (2 * st * ld * _layer_matmuls(d, h, dh, f, act, attention_mats=6)
-                   + 2 * si * ld * 2 * d * attn
-                   + 4 * ld * (st * st + st * si) * attn + 2 * st * d * v)
-        return encoder + decoder
-    raise ValueError(f"Unknown model.family {family!r}; choose encoder_decoder, decoder or encoder.")
+    task feature ``lengths`` (``inputs``/``targets``); each structure counts its own
+    (``models.structures``), with the formulas above."""
+    try:
+        structure = structures.structure_class(model["family"])
+    except ValueError:
+        raise ValueError(f"Unknown model.family {model['family']!r}; choose encoder_decoder, "
+                         "bart, decoder or encoder.") from None
+    return structure(None).forward_flops_per_sequence(model, lengths)
 
 
 def train_flops_per_step(model: Mapping, lengths: Mapping[str, int], batch_size: int) -> float:

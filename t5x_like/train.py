@@ -53,11 +53,15 @@ def load_and_validate(config_path: str, overrides: list[str]):
     config_lib.apply_overrides(config, overrides)
     config_lib.validate(config)
     from t5x_like.data import get_task_or_mixture  # registers the built-in tasks
-    try:
-        get_task_or_mixture(config.task)
-    except KeyError as e:
-        raise config_lib.ConfigError(f"task: {e.args[0]} Register it with TaskRegistry.add in "
-                                     "your module and import that module first.") from None
+    for key in ("task", "eval.mixture"):
+        name = config.task if key == "task" else config.eval.mixture
+        if key == "eval.mixture" and not name:
+            continue
+        try:
+            get_task_or_mixture(name)
+        except KeyError as e:
+            raise config_lib.ConfigError(f"{key}: {e.args[0]} Register it with TaskRegistry.add "
+                                         "in your module and import that module first.") from None
     return config
 
 
@@ -138,8 +142,8 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
 
     from t5x_like import checkpointing, flops, hardware, metrics_writer, partitioning
     from t5x_like import trainer as trainer_lib
-    from t5x_like import models
     from t5x_like.data import get_task_or_mixture, pipeline
+    from t5x_like.models import structures
 
     process_index, process_count = jax.process_index(), jax.process_count()
     devices = jax.devices() if devices is None else list(devices)
@@ -166,7 +170,8 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     # Data: V input streams; this process runs its V/P of them, which fill exactly its
     # rows of each global batch (t5x_like/data/streams.py), so batches depend on V only.
     lengths = dict(config.task_feature_lengths)
-    data_options = {"structure": models.structure(config.model.family), "pack": config.pack,
+    structure = structures.for_config(config)
+    data_options = {"feature_converter": structure.feature_converter(lengths, pack=config.pack),
                     "seed": config.seed}
     train_streams = functools.partial(pipeline.build_dataset, config.task, "train", lengths,
                                       shuffle=True, **data_options)
@@ -231,6 +236,20 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
         return {"eval_loss": float(totals["loss_sum"]) / tokens,
                 "eval_accuracy": float(totals["correct_sum"]) / tokens}
 
+    benchmark = _benchmark_evaluator(config, trainer) if config.eval.mixture else None
+    bench_every = config.eval.every_steps or config.eval_every_steps
+
+    def evaluate_benchmark(params, step: int) -> dict:
+        from t5x_like import eval as eval_lib
+        from t5x_like.evaluation import evaluator as evaluator_lib
+        results = benchmark.evaluate(params)
+        progress.message(eval_lib.format_table(step, results))
+        record = {f"bench/{r.task}/{k}": v for r in results for k, v in r.metrics.items()}
+        mean = evaluator_lib.average(results)
+        if mean is not None:
+            record["bench/average"] = mean
+        return record
+
     def save(step: int, force: bool = False) -> None:
         # Each process holds its own streams' states; process 0 writes the merged one.
         data_state = pipeline.merge_states(partitioning.gather_json(train_iter.get_state()))
@@ -257,8 +276,9 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
                 preempted = preemption.requested
             elif step % config.log_every_steps == 0 or do_checkpoint:
                 preempted = partitioning.any_process(preemption.requested)
+            do_bench = config.eval.mixture and (step % bench_every == 0 or is_last)
             do_log = (step % config.log_every_steps == 0 or step == start_step + 1 or do_eval
-                      or preempted)
+                      or do_bench or preempted)
             if do_log or do_checkpoint:
                 fetched = jax.device_get(pending)
                 pending = []
@@ -281,6 +301,8 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
                 if do_eval:
                     last_eval = evaluate(state.params)
                     record.update(last_eval)
+                if benchmark is not None and (step % bench_every == 0 or is_last):
+                    record.update(evaluate_benchmark(state.params, step))
                 last_train = record
                 if step == start_step + 1:
                     progress.message(f"first step (compilation included) took {elapsed:.1f} s")
@@ -306,6 +328,21 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
         print(_summary(workdir, latest, last_train, last_eval, config_path, config, overrides),
               flush=True)
     return {"train": last_train, "eval": last_eval, "step": step}
+
+
+def _benchmark_evaluator(config, trainer):
+    """``config.eval``: the benchmark evaluator run inside training, on the run's mesh."""
+    from t5x_like import eval as eval_lib
+    from t5x_like.evaluation import evaluator
+    lengths = dict(config.task_feature_lengths)
+    settings = evaluator.EvalSettings(
+        split=config.eval.split, max_examples=config.eval.max_examples,
+        batch_size=config.eval.batch_size or config.batch_size,
+        max_decode_length=config.eval.max_decode_length or lengths["targets"], seed=config.seed)
+    try:
+        return eval_lib.build_evaluator(config, trainer, config.eval.mixture, settings, lengths)
+    except config_lib.UserError as e:
+        raise config_lib.ConfigError(f"eval.mixture={config.eval.mixture!r}: {e}") from None
 
 
 def _interval_record(fetched: list[dict]) -> dict:

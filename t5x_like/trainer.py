@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from t5x_like import models, objectives, optim, partitioning
-from t5x_like.models import layers
+from t5x_like import models, optim, partitioning
+from t5x_like.models import layers, structures
 
 
 @flax.struct.dataclass
@@ -29,63 +29,28 @@ class TrainState:
 
 LossFn = Callable[..., tuple[jax.Array, dict]]
 
-# What each model family trains on: its objective and the batch features the model reads.
-FAMILY_LOSSES = {
-    "encoder_decoder": objectives.seq2seq_loss,
-    "decoder": objectives.causal_lm_loss,
-    "encoder": objectives.masked_lm_loss,
-}
+
+def _structure(family: str):
+    return structures.structure_class(family)(None)
 
 
 def make_loss_fn(family: str, loss_config) -> LossFn:
     """``(model, params, batch, rng, normalizer=None, num_sequences=None) -> (objective,
-    metrics)`` for ``family``.
+    metrics)`` for ``family`` (its structure's objective; see ``models.structures``).
 
     Dropout is on exactly when an rng is given (training); evaluation passes none.
     """
-    family = models.structure(family)  # BART trains as an encoder-decoder
-    loss = FAMILY_LOSSES[family]
-    options = {"label_smoothing": float(loss_config.label_smoothing)}
-    if family != "encoder":  # BERT's objective has no z-loss
-        options["z_loss"] = float(loss_config.z_loss)
-
-    def loss_fn(model, params, batch, rng, normalizer=None, num_sequences=None):
-        # Only BERT's objective has a per-sequence term (next-sentence prediction).
-        extra = {"num_sequences": num_sequences} if family == "encoder" else {}
-        return loss(model, params, batch, rng, deterministic=rng is None, normalizer=normalizer,
-                    **options, **extra)
-    return loss_fn
+    return _structure(family).loss_fn(loss_config)
 
 
 def model_feature_lengths(family: str, task_feature_lengths) -> dict[str, int]:
-    """Model input lengths from the task's ``inputs``/``targets`` lengths.
-
-    Decoders read one sequence: ``targets`` (``inputs`` + ``targets`` for a prefix
-    LM task that has both); encoders read ``inputs``.
-    """
-    lengths = dict(task_feature_lengths)
-    family = models.structure(family)
-    if family == "encoder_decoder":
-        return {"encoder_input_tokens": lengths["inputs"],
-                "decoder_input_tokens": lengths["targets"],
-                "decoder_target_tokens": lengths["targets"]}
-    if family == "decoder":
-        length = lengths.get("inputs", 0) + lengths["targets"]
-        return {"decoder_input_tokens": length, "decoder_target_tokens": length}
-    return {"encoder_input_tokens": lengths["inputs"], "encoder_target_tokens": lengths["inputs"]}
+    """Model input lengths from the task's ``inputs``/``targets`` lengths."""
+    return _structure(family).model_feature_lengths(task_feature_lengths)
 
 
 def abstract_batch(family: str, task_feature_lengths, batch_size: int, sharding=None) -> dict:
     """Shapes and dtypes of one global training batch, for ahead-of-time compilation."""
-    lengths = model_feature_lengths(family, task_feature_lengths)
-    family = models.structure(family)
-    batch = {name: jax.ShapeDtypeStruct((batch_size, n), jnp.int32, sharding=sharding)
-             for name, n in lengths.items()}
-    weights = "encoder_loss_weights" if family == "encoder" else "decoder_loss_weights"
-    target = "encoder_target_tokens" if family == "encoder" else "decoder_target_tokens"
-    batch[weights] = jax.ShapeDtypeStruct((batch_size, lengths[target]), jnp.float32,
-                                          sharding=sharding)
-    return batch
+    return _structure(family).abstract_batch(task_feature_lengths, batch_size, sharding)
 
 
 def loss_weights(batch) -> jax.Array:
@@ -253,6 +218,13 @@ class Trainer:
         Params are placed onto this mesh's shardings from host memory, so any saved
         layout loads; a structure or shape mismatch names the first differing parameter.
         """
+        placed = self.place_params(params)
+        with self._context():
+            return self._fresh_state(placed)
+
+    def place_params(self, params):
+        """Host (numpy) params -> sharded ``jax.Array``s on this mesh, checked against the
+        model's parameter tree (evaluation needs no optimizer state)."""
         expected = self.abstract_state.params
         flat_expected = dict(_flat_with_paths(expected))
         flat_given = dict(_flat_with_paths(params))
@@ -273,8 +245,7 @@ class Trainer:
                 lambda index, value=value: jnp.asarray(value[index], want.dtype)),
             expected, jax.tree.unflatten(jax.tree.structure(expected),
                                          [flat_given[p] for p in flat_expected]))
-        with self._context():
-            return self._fresh_state(placed)
+        return placed
 
     def train_step(self, state: TrainState, batch) -> tuple[TrainState, dict]:
         with self._context():
@@ -291,16 +262,17 @@ class Trainer:
 
 
 def build_trainer(config, mesh) -> Trainer:
-    """The Trainer a run config describes: model, objective, optimizer and rules on ``mesh``."""
-    model = models.build_model(config.model)
+    """The Trainer a run config describes: the structure's model and objective, the
+    optimizer and rules on ``mesh``."""
+    structure = structures.for_config(config)
     optimizer, schedule = optim.make_optimizer(config.optimizer, config.num_train_steps)
     rules = partitioning.axis_rules(config.partitioning.rules)
-    family = config.model.family
     normalizer = (float(config.loss.normalizing_constant)
                   if config.loss.normalization == "constant" else None)
-    return Trainer(model, make_loss_fn(family, config.loss), optimizer, schedule, mesh, rules,
-                   model_feature_lengths(family, config.task_feature_lengths), seed=config.seed,
-                   microbatches=config.optimizer.microbatches, loss_normalizer=normalizer,
+    return Trainer(structure.model, structure.loss_fn(config.loss), optimizer, schedule, mesh,
+                   rules, structure.model_feature_lengths(config.task_feature_lengths),
+                   seed=config.seed, microbatches=config.optimizer.microbatches,
+                   loss_normalizer=normalizer,
                    skip_nonfinite_updates=config.on_nonfinite_loss == "skip_update")
 
 

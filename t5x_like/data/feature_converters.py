@@ -223,17 +223,23 @@ class DecoderFeatureConverter(FeatureConverter):
     Prefix LM (``prefix_lm=True``): the row is inputs + targets;
     ``decoder_causal_attention`` is 1 over the inputs and one position more (the first
     decoder input of the targets is the last input token), as in seqio; the loss is on
-    the targets only unless ``loss_on_targets_only=False``.
+    the targets only unless ``loss_on_targets_only=False``. ``bidirectional_prefix=False``
+    leaves out ``decoder_causal_attention``: the prefix is read causally, as GPT
+    fine-tuning and lm-evaluation-harness condition on a prompt.
+
+    Examples that carry ``inputs`` while ``prefix_lm=False`` are refused: silently
+    dropping the inputs would train a language model on the targets alone.
     """
 
     REQUIRED = ("targets",)
 
     def __init__(self, pack: bool = False, num_packing_bins: int = 64,
                  packing_algorithm: str = "best_fit", prefix_lm: bool = False,
-                 loss_on_targets_only: bool = True):
+                 loss_on_targets_only: bool = True, bidirectional_prefix: bool = True):
         super().__init__(pack, num_packing_bins, packing_algorithm)
         self.prefix_lm = prefix_lm
         self.loss_on_targets_only = loss_on_targets_only
+        self.bidirectional_prefix = bidirectional_prefix
 
     @property
     def PACKED_FEATURES(self):  # noqa: N802  (seqio-style class constant, per instance here)
@@ -262,6 +268,12 @@ class DecoderFeatureConverter(FeatureConverter):
             tokens = np.concatenate([inputs, np.asarray(example["targets"], np.int32)])
             width = inputs.size
         else:
+            if "inputs" in example:
+                raise ValueError(
+                    "DecoderFeatureConverter(prefix_lm=False) got examples with 'inputs', which "
+                    "it would drop. Pass prefix_lm=True (the inputs become the prefix, the loss "
+                    "covers the targets) or give task_feature_lengths an 'inputs' length; or "
+                    "remove the feature with a Rekey step if the task is plain language modelling.")
             tokens, width = np.asarray(super().prepare(example, lengths)["targets"]), 0
         tokens = tokens[:lengths["targets"]]
         return {"targets": tokens, "inputs_width": np.full(tokens.size, width, np.int32)}
@@ -276,7 +288,9 @@ class DecoderFeatureConverter(FeatureConverter):
                "decoder_loss_weights": nonpad.astype(np.float32)}
         if self.prefix_lm:
             width = row["inputs_width"]
-            out["decoder_causal_attention"] = ((positions < width + 1) & nonpad).astype(np.int32)
+            if self.bidirectional_prefix:
+                out["decoder_causal_attention"] = ((positions < width + 1) & nonpad).astype(
+                    np.int32)
             if self.loss_on_targets_only:
                 out["decoder_loss_weights"] *= (positions >= width).astype(np.float32)
         if packed:
@@ -287,7 +301,7 @@ class DecoderFeatureConverter(FeatureConverter):
     def model_feature_lengths(self, lengths):
         length = self.task_lengths(lengths)["targets"]
         names = ["decoder_target_tokens", "decoder_input_tokens", "decoder_loss_weights"]
-        names += ["decoder_causal_attention"] if self.prefix_lm else []
+        names += ["decoder_causal_attention"] if self.prefix_lm and self.bidirectional_prefix else []
         names += ["decoder_segment_ids", "decoder_positions"] if self.pack else []
         return {n: length for n in names}
 

@@ -71,11 +71,14 @@ def converter_for(structure: str, task_feature_lengths: Mapping[str, int], *, pa
 def build_dataset(task_name: str, split: str, task_feature_lengths: Mapping[str, int], *,
                   seed: int, shuffle: bool, repeat: bool = True, shard_index: int = 0,
                   num_shards: int = 1, structure: str = "encoder_decoder",
-                  pack: bool = False) -> grain.IterDataset:
+                  pack: bool = False,
+                  feature_converter: feature_converters.FeatureConverter | None = None
+                  ) -> grain.IterDataset:
     """The trainer's stream ``shard_index`` of ``num_shards``: that shard of a task or
-    mixture, converted to the features of a model of ``structure``, padded or packed."""
-    return get_dataset(task_name, task_feature_lengths, split,
-                       converter_for(structure, task_feature_lengths, pack=pack),
+    mixture, converted to the features of a model of ``structure`` (or by
+    ``feature_converter``, the model structure's own), padded or packed."""
+    converter = feature_converter or converter_for(structure, task_feature_lengths, pack=pack)
+    return get_dataset(task_name, task_feature_lengths, split, converter,
                        shuffle=shuffle, seed=seed, shard_index=shard_index,
                        num_shards=num_shards, num_epochs=None if repeat else 1)
 

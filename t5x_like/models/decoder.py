@@ -133,6 +133,10 @@ class DecoderOnly(nn.Module):
         if decode:
             length = max_decode_length or tokens.shape[1]
             mask = layers.causal_mask(length)
+            if segment_ids is not None and segment_ids.shape[-1] == length:
+                # Left-padded prompts (decoding.generate_padded): 1 marks the cache
+                # positions that hold real tokens; padding is never attended to.
+                mask = mask & (segment_ids[:, None, None, :] > 0)
         else:
             length = tokens.shape[1]
             mask = (layers.causal_mask(length) if causal_attention is None

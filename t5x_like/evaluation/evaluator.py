@@ -1,0 +1,338 @@
+"""Benchmark evaluation (seqio's ``Evaluator``): tasks -> model outputs -> metrics.
+
+Each task of a mixture is evaluated in the mode its metadata asks for:
+
+- ``predict``: decode text (``Structure.predict_batch``), postprocess it and the
+  target text, then ``metric_fns(targets, predictions)``;
+- ``rank``: rank classification: every option (the task's ``label_options``, or an
+  example's own ``options``) is scored as the target and the most likely one is the
+  prediction (T5X's rank classification), then ``metric_fns``;
+- ``score``: each example's summed log-likelihood of its targets, then
+  ``score_metric_fns(targets, scores)``;
+- ``lm_eval`` (decoders, ``num_shots`` set): lm-evaluation-harness multiple choice
+  over k-shot prompts, reporting ``acc`` and ``acc_norm`` (``few_shot.py``).
+
+The model runs on the training mesh and rules: params keep their shardings and each
+batch is a global array. Every process builds the same batches from the same
+examples, so a multi-process evaluation computes exactly what one process does;
+only process 0 writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from t5x_like import partitioning
+from t5x_like.config_lib import UserError
+from t5x_like.evaluation import few_shot
+
+MODES = ("auto", "predict", "rank", "score")
+
+
+@dataclasses.dataclass
+class EvalSettings:
+    split: str = "validation"
+    max_examples: int = 0             # per task; 0 = all
+    batch_size: int = 32
+    max_decode_length: int = 0        # 0: the targets length
+    num_beams: int = 1
+    alpha: float = 0.6
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    mode: str = "auto"
+    num_shots: int | None = None      # decoders: lm-evaluation-harness multiple choice
+    few_shot_seed: int = few_shot.DEFAULT_SEED
+
+
+@dataclasses.dataclass
+class TaskResult:
+    task: str
+    mode: str
+    metrics: dict[str, float]
+    records: list[dict]               # per example: inputs, targets, prediction or score
+
+
+def leaf_tasks(name: str) -> list:
+    """The tasks of a task or mixture name, with a suggestion for an unknown name."""
+    from t5x_like.data import dataset_providers as dp
+    try:
+        provider = dp.get_task_or_mixture(name)
+    except KeyError as e:
+        raise UserError(e.args[0]) from None
+    tasks = provider.tasks if isinstance(provider, dp.Mixture) else [provider]
+    return sorted(tasks, key=lambda t: t.name)
+
+
+def _text(value) -> str:
+    from t5x_like.data.preprocessors.text import as_text
+    return as_text(value)
+
+
+class Evaluator:
+    """Evaluates the tasks of ``name`` with a ``Structure`` whose params live on ``mesh``."""
+
+    def __init__(self, structure, mesh, rules, param_shardings, name: str,
+                 task_feature_lengths: Mapping[str, int], settings: EvalSettings):
+        from t5x_like.trainer import _MeshAndRules
+        self.structure = structure
+        self.mesh = mesh
+        self.context = lambda: _MeshAndRules(mesh, rules)
+        self.lengths = dict(task_feature_lengths)
+        self.settings = settings
+        if settings.mode not in MODES:
+            raise UserError(f"--mode={settings.mode!r}; choose one of {MODES}.")
+        self.tasks = leaf_tasks(name)
+        for task in self.tasks:
+            if not task.has_metrics and not task.label_options:
+                raise UserError(
+                    f"Task {task.name!r} has no metric_fns or score_metric_fns, so there is "
+                    "nothing to report. Register it with metric_fns=[...] (see "
+                    "t5x_like.evaluation.metrics) or evaluate a benchmark task such as "
+                    "embedded_bench.")
+        data_parallel = math.prod(mesh.shape[a] for a in partitioning.BATCH_AXES
+                                  if a in mesh.shape)
+        if settings.batch_size % data_parallel:
+            raise UserError(f"Eval batch size {settings.batch_size} does not divide over the "
+                            f"{data_parallel} data-parallel devices; use a multiple of "
+                            f"{data_parallel}.")
+        batch_sharding = partitioning.batch_sharding(mesh)
+        replicated = partitioning.replicated(mesh)
+        self.batch_sharding = batch_sharding
+        self._score = jax.jit(structure.score_batch, in_shardings=(param_shardings, batch_sharding),
+                              out_shardings=replicated)
+        self._predict = {}
+        self._param_shardings = param_shardings
+        self._replicated = replicated
+
+    # -- running the model ------------------------------------------------------------------
+    def _global(self, rows: list[dict]) -> dict:
+        """Stacks rows (padded to the batch size with copies of row 0) into global arrays."""
+        size = self.settings.batch_size
+        rows = rows + [rows[0]] * (size - len(rows))
+        batch = {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+        return {k: jax.make_array_from_callback(v.shape, self.batch_sharding,
+                                                lambda index, v=v: v[index])
+                for k, v in batch.items()}
+
+    def score_rows(self, params, rows: Sequence[dict]) -> np.ndarray:
+        out = []
+        size = self.settings.batch_size
+        for start in range(0, len(rows), size):
+            chunk = list(rows[start:start + size])
+            with self.context():
+                scores = self._score(params, self._global(chunk))
+            out.append(np.asarray(jax.device_get(scores))[:len(chunk)])
+        return np.concatenate(out) if out else np.zeros((0,), np.float32)
+
+    def predict_rows(self, params, rows: Sequence[dict], max_decode_length: int) -> np.ndarray:
+        s = self.settings
+        options = dict(max_decode_length=max_decode_length, num_beams=s.num_beams, alpha=s.alpha,
+                       temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
+        key = tuple(sorted(options.items()))
+        if key not in self._predict:
+            def predict(params, batch, rng):
+                return self.structure.predict_batch(params, batch, rng=rng, **options)
+            self._predict[key] = jax.jit(
+                predict, in_shardings=(self._param_shardings, self.batch_sharding, None),
+                out_shardings=self._replicated)
+        out = []
+        for index, start in enumerate(range(0, len(rows), s.batch_size)):
+            chunk = list(rows[start:start + s.batch_size])
+            rng = jax.random.fold_in(jax.random.key(s.seed), index)
+            with self.context():
+                tokens = self._predict[key](params, self._global(chunk), rng)
+            out.append(np.asarray(jax.device_get(tokens))[:len(chunk)])
+        return np.concatenate(out) if out else np.zeros((0, max_decode_length), np.int32)
+
+    # -- examples -------------------------------------------------------------------------
+    def examples(self, task) -> list[dict]:
+        split = self.settings.split
+        if split not in task.splits:
+            raise UserError(f"Task {task.name!r} has no split {split!r}; it has "
+                            f"{list(task.splits)}. Pass --split=one of those.")
+        ds = task.get_dataset(split, self.lengths, shuffle=False, num_epochs=1)
+        limit = self.settings.max_examples or None
+        examples = list(itertools.islice(iter(ds), limit))
+        if not examples:
+            raise UserError(f"Task {task.name!r} split {split!r} is empty after preprocessing; "
+                            "nothing to evaluate. Check the task's source and lengths.")
+        for key in ("inputs_pretokenized", "targets_pretokenized"):
+            if key not in examples[0] and key.split("_")[0] in task.output_features:
+                raise UserError(f"Task {task.name!r} keeps no {key!r}: evaluation compares text. "
+                                "Tokenize with pp.Tokenize(copy_pretokenized=True).")
+        return examples
+
+    def mode_for(self, task, examples) -> str:
+        s = self.settings
+        has_options = bool(task.label_options) or "options" in examples[0]
+        if s.num_shots is not None and has_options and self.structure.name == "decoder":
+            return "lm_eval"
+        if s.mode != "auto":
+            if s.mode == "rank" and not has_options:
+                raise UserError(f"--mode=rank needs label_options or per-example options; task "
+                                f"{task.name!r} has neither.")
+            return s.mode
+        if getattr(self.structure, "predicts_labels", False):
+            return "predict"
+        if has_options and (task.metric_fns or not task.score_metric_fns):
+            return "rank"
+        if task.metric_fns:
+            return "predict"
+        return "score"
+
+    # -- evaluation -----------------------------------------------------------------------
+    def evaluate_task(self, params, task) -> TaskResult:
+        examples = self.examples(task)
+        mode = self.mode_for(task, examples)
+        if mode == "lm_eval":
+            return self._lm_eval(params, task, examples)
+        converter = self.structure.feature_converter(self.lengths, pack=False)
+        vocabulary = task.output_features["targets"].vocabulary
+        targets_text = [_text(ex.get("targets_pretokenized", "")) for ex in examples]
+        inputs_text = [_text(ex.get("inputs_pretokenized", "")) for ex in examples]
+        records = [{"inputs": i, "targets": t} for i, t in zip(inputs_text, targets_text)]
+        if mode == "score":
+            rows = [converter.convert_example(ex, self.lengths) for ex in examples]
+            scores = self.score_rows(params, rows)
+            _check_finite(task.name, scores)
+            for record, score in zip(records, scores):
+                record["score"] = float(score)
+            metrics = {}
+            for fn in task.score_metric_fns:
+                metrics.update(fn(targets_text, scores.tolist()))
+            return TaskResult(task.name, mode, metrics, records)
+        if mode == "rank":
+            predictions = self._rank(params, task, examples, converter, vocabulary, records)
+        elif getattr(self.structure, "predicts_labels", False):
+            predictions = self.structure.predict_labels(self, params, task, examples, records)
+        else:
+            length = self.settings.max_decode_length or self.lengths["targets"]
+            rows = [converter.convert_example(_with_eos_target(ex, vocabulary), self.lengths)
+                    for ex in examples]
+            tokens = self.predict_rows(params, rows, length)
+            predictions = [_decode(vocabulary, row) for row in tokens]
+        for record, prediction in zip(records, predictions):
+            record["prediction"] = prediction
+        targets = [task.postprocess(t, example=ex, is_target=True)
+                   for t, ex in zip(targets_text, examples)]
+        predicted = [task.postprocess(p, example=ex, is_target=False)
+                     for p, ex in zip(predictions, examples)]
+        metrics = {}
+        for fn in task.metric_fns:
+            metrics.update(fn(targets, predicted))
+        if task.score_metric_fns:
+            rows = [converter.convert_example(ex, self.lengths) for ex in examples]
+            scores = self.score_rows(params, rows)
+            _check_finite(task.name, scores)
+            for fn in task.score_metric_fns:
+                metrics.update(fn(targets_text, scores.tolist()))
+        return TaskResult(task.name, mode, metrics, records)
+
+    def _rank(self, params, task, examples, converter, vocabulary, records) -> list[str]:
+        rows, owners, option_lists = [], [], []
+        length = self.lengths["targets"]
+        for index, ex in enumerate(examples):
+            options = [_text(o) for o in ex["options"]] if "options" in ex else list(
+                task.label_options)
+            option_lists.append(options)
+            for option in options:
+                tokens = list(vocabulary.encode(option))[:length - 1] + [vocabulary.eos_id]
+                rows.append(converter.convert_example(
+                    dict(ex, targets=np.asarray(tokens, np.int32)), self.lengths))
+                owners.append(index)
+        scores = self.score_rows(params, rows)
+        _check_finite(task.name, scores)
+        predictions, offset = [], 0
+        for index, options in enumerate(option_lists):
+            option_scores = scores[offset:offset + len(options)]
+            offset += len(options)
+            predictions.append(options[int(np.argmax(option_scores))])
+            records[index]["option_scores"] = [float(x) for x in option_scores]
+        return predictions
+
+    def _lm_eval(self, params, task, examples) -> TaskResult:
+        """lm-evaluation-harness multiple choice over k-shot prompts (decoders)."""
+        vocabulary = task.output_features["targets"].vocabulary
+        sampler = few_shot.FewShotSampler(self._demonstrations(task), self.settings.num_shots,
+                                          self.settings.few_shot_seed)
+        width = sum(self.lengths.values())
+        rows, choice_lists, records = [], [], []
+        for ex in examples:
+            context = sampler.prompt(_text(ex["inputs_pretokenized"]))
+            choices = ([_text(o) for o in ex["options"]] if "options" in ex
+                       else list(task.label_options))
+            choice_lists.append(choices)
+            for choice in choices:
+                rows.append(few_shot.request_row(
+                    *few_shot.loglikelihood_request(vocabulary, context, choice), width))
+            records.append({"inputs": context, "targets": _text(ex["targets_pretokenized"])})
+        scores = self.score_rows(params, rows)
+        _check_finite(task.name, scores)
+        correct, correct_norm, offset = [], [], 0
+        for record, choices in zip(records, choice_lists):
+            choice_scores = scores[offset:offset + len(choices)]
+            offset += len(choices)
+            best, best_norm = few_shot.choose(choice_scores, choices)
+            record.update(prediction=choices[best], prediction_norm=choices[best_norm],
+                          option_scores=[float(x) for x in choice_scores])
+            correct.append(choices[best] == record["targets"])
+            correct_norm.append(choices[best_norm] == record["targets"])
+        metrics = {"acc": float(np.mean(correct)), "acc_norm": float(np.mean(correct_norm))}
+        return TaskResult(task.name, "lm_eval", metrics, records)
+
+    def _demonstrations(self, task) -> list[few_shot.Demonstration]:
+        if self.settings.num_shots == 0:
+            return []
+        if "train" not in task.splits:
+            raise UserError(f"Few-shot prompts draw demonstrations from the train split; task "
+                            f"{task.name!r} has only {list(task.splits)}. Use --num_shots=0.")
+        ds = task.get_dataset("train", self.lengths, shuffle=False, num_epochs=1)
+        return [few_shot.Demonstration(_text(ex["inputs_pretokenized"]),
+                                       _text(ex["targets_pretokenized"])) for ex in ds]
+
+    def evaluate(self, params) -> list[TaskResult]:
+        return [self.evaluate_task(params, task) for task in self.tasks]
+
+
+def _with_eos_target(example, vocabulary) -> dict:
+    """Prediction needs no target, but a decoder's prompt ends where the targets begin:
+    keep the row's layout with a one-token (EOS) target."""
+    return dict(example, targets=np.asarray([vocabulary.eos_id], np.int32))
+
+
+def _decode(vocabulary, tokens) -> str:
+    ids = []
+    for token in np.asarray(tokens).tolist():
+        if token == vocabulary.eos_id:
+            break
+        if token != getattr(vocabulary, "pad_id", 0):
+            ids.append(token)
+    return vocabulary.decode(ids)
+
+
+def _check_finite(task_name: str, scores: np.ndarray) -> None:
+    if not np.all(np.isfinite(scores)):
+        bad = int(np.argmax(~np.isfinite(scores)))
+        raise UserError(f"Task {task_name!r}: a log-likelihood is not finite (row {bad}: "
+                        f"{scores[bad]}). The checkpoint has diverged or its params are damaged; "
+                        "evaluate an earlier step.")
+
+
+def average(results: Sequence[TaskResult]) -> float | None:
+    """The mixture's average: the mean over tasks of each task's mean metric (GLUE-style)."""
+    per_task = [float(np.mean(list(r.metrics.values()))) for r in results if r.metrics]
+    return float(np.mean(per_task)) if per_task else None
+
+
+def as_records(results: Sequence[TaskResult], step: int) -> list[dict[str, Any]]:
+    """``metrics.jsonl`` lines: one per task, ``{"step", "task", "<metric>": value, ...}``."""
+    return [{"step": int(step), "task": r.task, **{k: float(v) for k, v in r.metrics.items()}}
+            for r in results]

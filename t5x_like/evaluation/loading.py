@@ -1,0 +1,146 @@
+"""What ``eval`` and ``infer`` load: checkpoints of a run, one step, or a pretrained folder.
+
+``--checkpoint`` may be a training workdir (every complete step, oldest first), one
+step folder (``<workdir>/checkpoints/<step>``) or a params-only pretrained folder
+(``model_config.json`` + ``params/``, from ``convert import``). Checkpoints are
+opened read-only: evaluation never writes into, cleans or rotates them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+
+import ml_collections
+
+from t5x_like import config_lib
+from t5x_like.config_lib import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    kind: str                         # "run" | "pretrained"
+    path: pathlib.Path                # the checkpoints/ folder, or the pretrained folder
+    only_step: int | None = None      # a single step folder was given
+
+    def steps(self) -> list[int]:
+        if self.kind == "pretrained":
+            return [0]
+        if self.only_step is not None:
+            return [self.only_step]
+        return self._checkpointer().all_steps()
+
+    def _checkpointer(self):
+        from t5x_like import checkpointing
+        return checkpointing.Checkpointer(self.path, keep=1, async_save=False, read_only=True)
+
+    def saved_config(self, step: int) -> dict:
+        """The run config saved with ``step`` (pretrained folders: their model only)."""
+        if self.kind == "pretrained":
+            return {"model": json.loads((self.path / "model_config.json").read_text())}
+        checkpointer = self._checkpointer()
+        try:
+            return checkpointer.restore_config(step)
+        finally:
+            checkpointer.close()
+
+    def restore_params(self, step: int, trainer):
+        """Params of ``step`` on the trainer's mesh and shardings."""
+        if self.kind == "pretrained":
+            from t5x_like.convert import pretrained
+            _, params = pretrained.load_pretrained(self.path)
+            try:
+                return trainer.place_params(params)
+            except ValueError as e:
+                raise UserError(f"{self.path}: {e}") from None
+        checkpointer = self._checkpointer()
+        try:
+            state, _, _ = checkpointer.restore(step, trainer.abstract_state)
+        finally:
+            checkpointer.close()
+        return state.params
+
+
+def resolve(path: str) -> Source:
+    folder = pathlib.Path(path).expanduser().absolute()
+    if not folder.exists():
+        raise UserError(f"--checkpoint={path}: no such folder. Pass a training workdir, one of "
+                        "its checkpoints/<step> folders, or a `convert import` output folder.")
+    if (folder / "model_config.json").is_file():
+        return Source("pretrained", folder)
+    if (folder / "checkpoints").is_dir():
+        return Source("run", folder / "checkpoints")
+    if folder.name.isdigit() and (folder / "state").is_dir():
+        return Source("run", folder.parent, only_step=int(folder.name))
+    if folder.name == "checkpoints" and any(p.name.isdigit() for p in folder.iterdir()):
+        return Source("run", folder)
+    raise UserError(f"--checkpoint={path} is not a training workdir (no checkpoints/), a "
+                    "checkpoint step folder (no state/) or a pretrained folder (no "
+                    "model_config.json).")
+
+
+def run_config(source: Source, step: int, config_path: str | None, overrides) -> ml_collections.ConfigDict:
+    """The config to build the model with: ``--config`` (checked against what the
+    checkpoint holds), else the config saved with the checkpoint."""
+    saved = source.saved_config(step)
+    if config_path:
+        config = config_lib.load_config_file(config_path)
+        config_lib.apply_overrides(config, overrides)
+        config_lib.validate(config)
+        from t5x_like.train import _check_same_model
+        _check_same_model(saved, config, source=str(source.path))
+        return config
+    config = config_lib.default_config()
+    if source.kind == "pretrained":
+        config.model = config_lib.model_defaults(saved["model"]["family"])
+        config.model.update({k: v for k, v in saved["model"].items() if k in config.model})
+    else:
+        config = ml_collections.ConfigDict(_fill_defaults(saved, config.to_dict()))
+    config_lib.apply_overrides(config, overrides)
+    config_lib.validate(config)
+    return config
+
+
+def _fill_defaults(saved: dict, defaults: dict) -> dict:
+    """A saved config with keys added since it was written taken from the defaults."""
+    out = dict(defaults)
+    for key, value in saved.items():
+        if isinstance(value, dict) and isinstance(defaults.get(key), dict) and key != "model":
+            out[key] = _fill_defaults(value, defaults[key])
+        else:
+            out[key] = value
+    return out
+
+
+def check_vocabulary(config, task, saved: dict) -> None:
+    """Refuses a task whose vocabulary is not the one the checkpoint was trained with."""
+    vocabulary = task.vocabulary
+    size = vocabulary.vocab_size
+    if size > config.model.vocab_size:
+        raise UserError(f"Task {task.name!r} uses {size} token ids but the checkpoint's model has "
+                        f"vocab_size={config.model.vocab_size}: the vocabularies differ. Evaluate "
+                        "tasks built on the checkpoint's vocabulary.")
+    trained_on = saved.get("task")
+    if not trained_on:
+        return
+    from t5x_like.data import dataset_providers as dp
+    try:
+        trained_vocabulary = dp.get_task_or_mixture(trained_on).vocabulary
+    except KeyError:
+        return  # a task from a module not imported here: nothing to compare with
+    if vocabulary_fingerprint(trained_vocabulary) != vocabulary_fingerprint(vocabulary):
+        raise UserError(
+            f"Task {task.name!r} tokenizes with {vocabulary_fingerprint(vocabulary)}, but the "
+            f"checkpoint was trained on {trained_on!r} with "
+            f"{vocabulary_fingerprint(trained_vocabulary)}. Evaluate tasks that share the "
+            "checkpoint's vocabulary (or register the task with it).")
+
+
+def vocabulary_fingerprint(vocabulary) -> str:
+    """What identifies a vocabulary: its class, size and model file."""
+    model_path = getattr(vocabulary, "model_path", None) or getattr(vocabulary, "vocab_path", None)
+    name = type(getattr(vocabulary, "_factory", lambda: vocabulary)()).__name__ \
+        if hasattr(vocabulary, "_factory") else type(vocabulary).__name__
+    where = f" {pathlib.Path(model_path).name}" if model_path else ""
+    return f"{name}({vocabulary.vocab_size}{where})"
