@@ -85,8 +85,8 @@ def build_evaluator(config, trainer, name: str, settings, lengths=None):
                                lengths or dict(config.task_feature_lengths), settings)
 
 
-def done_steps(output_dir: pathlib.Path, task_names) -> set[int]:
-    """Steps whose every task already has a line in ``metrics.jsonl``."""
+def done_steps(output_dir: pathlib.Path, task_names, split: str = "validation") -> set[int]:
+    """Steps whose every task already has a line for ``split`` in ``metrics.jsonl``."""
     path = output_dir / "metrics.jsonl"
     if not path.is_file():
         return set()
@@ -96,6 +96,8 @@ def done_steps(output_dir: pathlib.Path, task_names) -> set[int]:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue  # a line cut by an interruption; its step is evaluated again
+        if record.get("split", "validation") != split:
+            continue
         seen.setdefault(int(record["step"]), set()).add(record.get("task"))
     return {step for step, tasks in seen.items() if set(task_names) <= tasks}
 
@@ -112,7 +114,7 @@ class ResultWriter:
             from tensorboardX import SummaryWriter
             self._tb = SummaryWriter(logdir=str(output_dir / "tensorboard"))
 
-    def write(self, step: int, results) -> None:
+    def write(self, step: int, results, split: str = "validation") -> None:
         if not self.enabled:
             return
         from t5x_like.evaluation import evaluator
@@ -132,7 +134,8 @@ class ResultWriter:
         self._tb.flush()
         # The step's lines go in one append, after its predictions: an interrupted step
         # leaves no line and is evaluated again, never twice.
-        lines = "".join(json.dumps(r) + "\n" for r in evaluator.as_records(results, step))
+        lines = "".join(json.dumps(dict(r, split=split)) + "\n"
+                        for r in evaluator.as_records(results, step))
         with open(self.output_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
             f.write(lines)
 
@@ -177,14 +180,14 @@ def run(args, overrides) -> int:
     try:
         while True:
             steps = source.steps()
-            todo = [s for s in steps if s not in done_steps(output_dir, task_names)]
+            todo = [s for s in steps if s not in done_steps(output_dir, task_names, args.split)]
             for step in todo:
                 if setup is None:
                     setup = _setup(source, step, args, overrides, name)
                 config, trainer, ev = setup
                 params = source.restore_params(step, trainer)
                 results = ev.evaluate(params)
-                writer.write(step, results)
+                writer.write(step, results, args.split)
                 if is_chief and not args.quiet:
                     print(format_table(step, results), flush=True)
                 last_new = time.monotonic()

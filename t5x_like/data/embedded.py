@@ -48,3 +48,24 @@ def multilingual_bible(language: str) -> str:
 
 def udhr_path() -> str:
     return str(data_dir() / UDHR)
+
+
+# Labelled data for the benchmark tasks (``bench_tasks``; see data/README.md).
+SPAM = "labeled/spam_2k.jsonl.gz"
+UD_EN_EWT = {"train": "labeled/ud_en_ewt/en_ewt-ud-train.conllu.gz",
+             "validation": "labeled/ud_en_ewt/en_ewt-ud-dev.conllu.gz",
+             "test": "labeled/ud_en_ewt/en_ewt-ud-test.conllu.gz"}
+AUSTEN, KJV_BIBLE, WEB_BIBLE = "en/austen.txt.gz", "en/kjv_bible.txt.gz", "en/web_bible.txt.gz"
+
+
+def path(name: str) -> str:
+    """A file of the data folder by its name relative to it (``"en/austen.txt.gz"``)."""
+    return str(data_dir() / name)
+
+
+def spam_path() -> str:
+    return path(SPAM)
+
+
+def ud_en_ewt_path(split: str) -> str:
+    return path(UD_EN_EWT[split])

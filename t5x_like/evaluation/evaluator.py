@@ -81,12 +81,6 @@ class Evaluator:
 
     def __init__(self, structure, mesh, rules, param_shardings, name: str,
                  task_feature_lengths: Mapping[str, int], settings: EvalSettings):
-        from t5x_like.trainer import _MeshAndRules
-        self.structure = structure
-        self.mesh = mesh
-        self.context = lambda: _MeshAndRules(mesh, rules)
-        self.lengths = dict(task_feature_lengths)
-        self.settings = settings
         if settings.mode not in MODES:
             raise UserError(f"--mode={settings.mode!r}; choose one of {MODES}.")
         self.tasks = leaf_tasks(name)
@@ -97,20 +91,32 @@ class Evaluator:
                     "nothing to report. Register it with metric_fns=[...] (see "
                     "t5x_like.evaluation.metrics) or evaluate a benchmark task such as "
                     "embedded_bench.")
+        self._init_runtime(structure, mesh, rules, param_shardings, task_feature_lengths,
+                           settings)
+
+    def _init_runtime(self, structure, mesh, rules, param_shardings, task_feature_lengths,
+                      settings):
+        """The model side: mesh, jitted score and predict steps, batch layout (``infer``
+        uses this part alone)."""
+        from t5x_like.trainer import _MeshAndRules
+        self.structure = structure
+        self.mesh = mesh
+        self.context = lambda: _MeshAndRules(mesh, rules)
+        self.lengths = dict(task_feature_lengths)
+        self.settings = settings
         data_parallel = math.prod(mesh.shape[a] for a in partitioning.BATCH_AXES
                                   if a in mesh.shape)
         if settings.batch_size % data_parallel:
             raise UserError(f"Eval batch size {settings.batch_size} does not divide over the "
                             f"{data_parallel} data-parallel devices; use a multiple of "
                             f"{data_parallel}.")
-        batch_sharding = partitioning.batch_sharding(mesh)
-        replicated = partitioning.replicated(mesh)
-        self.batch_sharding = batch_sharding
-        self._score = jax.jit(structure.score_batch, in_shardings=(param_shardings, batch_sharding),
-                              out_shardings=replicated)
-        self._predict = {}
+        self.batch_sharding = partitioning.batch_sharding(mesh)
+        self._replicated = partitioning.replicated(mesh)
         self._param_shardings = param_shardings
-        self._replicated = replicated
+        self._score = jax.jit(structure.score_batch,
+                              in_shardings=(param_shardings, self.batch_sharding),
+                              out_shardings=self._replicated)
+        self._predict = {}
 
     # -- running the model ------------------------------------------------------------------
     def _global(self, rows: list[dict]) -> dict:

@@ -1,0 +1,165 @@
+"""Generate text from a checkpoint for a task's examples or a JSONL file of inputs.
+
+    python -m t5x_like.infer --checkpoint=runs/ft_t5 --input_file=questions.jsonl --output_file=answers.jsonl
+
+``--input_file`` has one JSON object per line with an ``inputs`` string; ``--task``
+reads that task's ``--split`` instead (its targets are written beside each prediction).
+The newest checkpoint of a workdir is used. Decoding flags as in ``eval``: greedy by
+default, ``--num_beams``, or sampling with ``--temperature``/``--top_k``/``--top_p``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+import numpy as np
+
+from t5x_like.config_lib import UserError
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m t5x_like.infer", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", required=True)
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--task")
+    what.add_argument("--input_file")
+    parser.add_argument("--output_file", required=True)
+    parser.add_argument("--split", default="validation")
+    parser.add_argument("--max_examples", type=int, default=0)
+    parser.add_argument("--config")
+    parser.add_argument("--batch_size", type=int, default=0)
+    parser.add_argument("--inputs_length", type=int, default=0)
+    parser.add_argument("--max_decode_length", type=int, default=0)
+    parser.add_argument("--num_beams", type=int, default=1)
+    parser.add_argument("--alpha", type=float, default=0.6)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top_k", type=int, default=0)
+    parser.add_argument("--top_p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    overrides, rest = [], []
+    for arg in argv:
+        (overrides if arg.startswith("--config.") else rest).append(
+            arg[len("--config."):] if arg.startswith("--config.") else arg)
+    return parser.parse_args(rest), overrides
+
+
+def read_inputs(path: str) -> list[str]:
+    file = pathlib.Path(path)
+    if not file.is_file():
+        raise UserError(f"--input_file={path}: no such file.")
+    texts = []
+    for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}:{number} is not JSON ({e.msg}); write one object per line, "
+                            'e.g. {"inputs": "translate English to Spanish: Hello"}.') from None
+        if not isinstance(record, dict) or not isinstance(record.get("inputs"), str):
+            raise UserError(f'{path}:{number} needs an "inputs" string, e.g. {{"inputs": "..."}}.')
+        texts.append(record["inputs"])
+    if not texts:
+        raise UserError(f"{path} holds no inputs.")
+    return texts
+
+
+def run(args, overrides) -> int:
+    import jax
+
+    from t5x_like import config_lib, partitioning, trainer as trainer_lib
+    from t5x_like.data import tasks as builtin
+    from t5x_like.evaluation import evaluator, loading
+    from t5x_like.models import structures
+
+    source = loading.resolve(args.checkpoint)
+    steps = source.steps()
+    if not steps:
+        raise UserError(f"{source.path} holds no complete checkpoint.")
+    step = steps[-1]
+    config = loading.run_config(source, step, args.config, overrides)
+    lengths = dict(config.task_feature_lengths)
+    if args.inputs_length:
+        lengths["inputs"] = args.inputs_length
+    if "inputs" not in lengths:
+        raise UserError("The checkpoint's task has no inputs length; pass --inputs_length=N.")
+    max_decode_length = args.max_decode_length or lengths.get("targets", 64)
+    lengths.setdefault("targets", max_decode_length)
+
+    if args.task:
+        task = evaluator.leaf_tasks(args.task)[0]
+        loading.check_vocabulary(config, task, source.saved_config(step))
+        vocabulary = task.output_features["targets"].vocabulary
+        examples = list(task.get_dataset(args.split, lengths, shuffle=False, num_epochs=1))
+        if args.max_examples:
+            examples = examples[:args.max_examples]
+        inputs_text = [str(ex.get("inputs_pretokenized", "")) for ex in examples]
+        targets_text = [str(ex.get("targets_pretokenized", "")) for ex in examples]
+    else:
+        vocabulary = builtin.embedded_vocabulary()
+        inputs_text = read_inputs(args.input_file)[:args.max_examples or None]
+        targets_text = None
+        examples = []
+        for text in inputs_text:
+            tokens = list(vocabulary.encode(text))[:lengths["inputs"] - 1] + [vocabulary.eos_id]
+            examples.append({"inputs": np.asarray(tokens, np.int32)})
+
+    devices = jax.devices()
+    mesh_shape = config_lib.validate_for_devices(config, len(devices), jax.process_count(),
+                                                 partitioning.num_slices(devices))
+    mesh = partitioning.make_mesh(mesh_shape, devices)
+    trainer = trainer_lib.build_trainer(config, mesh)
+    params = source.restore_params(step, trainer)
+    settings = evaluator.EvalSettings(
+        batch_size=args.batch_size or config.batch_size, max_decode_length=max_decode_length,
+        num_beams=args.num_beams, alpha=args.alpha, temperature=args.temperature,
+        top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    structure = structures.for_config(config)
+    runner = _Runner(structure, mesh, trainer, lengths, settings)
+    converter = structure.feature_converter(lengths, pack=False)
+    rows = [converter.convert_example(
+        dict(ex, targets=np.asarray([vocabulary.eos_id], np.int32)), lengths) for ex in examples]
+    tokens = runner.predict_rows(params, rows, max_decode_length)
+    predictions = [evaluator._decode(vocabulary, row) for row in tokens]
+    if jax.process_index() == 0:
+        out = pathlib.Path(args.output_file)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with open(out, "w", encoding="utf-8") as f:
+            for index, (text, prediction) in enumerate(zip(inputs_text, predictions)):
+                record = {"inputs": text, "prediction": prediction}
+                if targets_text is not None:
+                    record["targets"] = targets_text[index]
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        print(f"wrote {len(predictions)} predictions to {out} (checkpoint step {step})",
+              flush=True)
+    return 0
+
+
+class _Runner:
+    """The evaluator's batching and jitted predict step, without tasks or metrics."""
+
+    def __init__(self, structure, mesh, trainer, lengths, settings):
+        from t5x_like.evaluation import evaluator
+        self._evaluator = evaluator.Evaluator.__new__(evaluator.Evaluator)
+        evaluator.Evaluator._init_runtime(self._evaluator, structure, mesh, trainer.rules,
+                                          trainer.state_shardings.params, lengths, settings)
+
+    def predict_rows(self, params, rows, max_decode_length):
+        return self._evaluator.predict_rows(params, rows, max_decode_length)
+
+
+def main(argv=None) -> int:
+    args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        return run(args, overrides)
+    except UserError as e:
+        print(f"Infer error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

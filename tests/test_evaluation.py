@@ -1,0 +1,217 @@
+"""Evaluation: structures' score/predict, the evaluator's modes, few-shot requests, eval CLI."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import t5x_like.data as td
+from t5x_like import config_lib, decoding, partitioning
+from t5x_like import eval as eval_cli
+from t5x_like import models, train
+from t5x_like import trainer as trainer_lib
+from t5x_like.data import preprocessors as pp
+from t5x_like.data import tasks
+from t5x_like.evaluation import evaluator, few_shot, metrics
+from t5x_like.models import structures
+
+from conftest import tiny_config
+
+WORDS = ["apple", "river", "stone", "cloud", "green", "north", "table", "light"]
+
+
+def _register(name, examples, **kwargs):
+    td.TaskRegistry.remove(name)
+    td.TaskRegistry.add(name, td.InMemorySource({"train": examples, "validation": examples}),
+                        [pp.Tokenize(copy_pretokenized=True), pp.AppendEos(), pp.Truncate()],
+                        tasks.features("inputs", "targets"), **kwargs)
+
+
+_register("test_eval_rank", [{"inputs": f"is {w} long", "targets": "yes" if len(w) > 4 else "no"}
+                             for w in WORDS], metric_fns=[metrics.accuracy],
+          label_options=("no", "yes"))
+_register("test_eval_copy", [{"inputs": f"copy {w}", "targets": w} for w in WORDS],
+          metric_fns=[metrics.sequence_accuracy], score_metric_fns=[metrics.mean_log_likelihood])
+_register("test_eval_no_metrics", [{"inputs": "a", "targets": "b"}])
+td.MixtureRegistry.remove("test_eval_mix")
+td.MixtureRegistry.add("test_eval_mix", ["test_eval_rank", "test_eval_copy"], default_rate=1.0)
+
+
+def decoder_config(**overrides):
+    config = tiny_config(**overrides)
+    config.model = config_lib.model_defaults("decoder")
+    config.model.update(dict(vocab_size=8192, d_model=32, num_heads=2, head_dim=16, d_ff=64,
+                             num_layers=1, max_length=64))
+    return config
+
+
+def setup(config, name="test_eval_mix", **settings):
+    config.task_feature_lengths = {"inputs": 16, "targets": 8}
+    mesh = partitioning.make_mesh({"dcn": 1, "data": 8, "fsdp": 1, "tensor": 1})
+    trainer = trainer_lib.build_trainer(config, mesh)
+    state = trainer.init_state(0)
+    ev = eval_cli.build_evaluator(config, trainer, name,
+                                  evaluator.EvalSettings(batch_size=8, **settings))
+    return ev, state.params
+
+
+def test_padded_generation_equals_one_row_at_a_time():
+    config = decoder_config()
+    model = models.build_model(config.model)
+    params = model.init(jax.random.key(0), jnp.ones((1, 8), jnp.int32))["params"]
+    rng = np.random.default_rng(0)
+    lengths = np.array([3, 7, 5])
+    prompts = np.zeros((3, 8), np.int32)
+    for row, n in enumerate(lengths):
+        prompts[row, :n] = rng.integers(10, 8000, n)
+    batched = decoding.generate_padded(model, params, jnp.asarray(prompts), jnp.asarray(lengths),
+                                       max_new_tokens=6, eos_id=-1)
+    beams = decoding.generate_padded(model, params, jnp.asarray(prompts), jnp.asarray(lengths),
+                                     max_new_tokens=6, num_beams=3, eos_id=-1)
+    for row, n in enumerate(lengths):
+        alone = decoding.generate(model, params, jnp.asarray(prompts[row:row + 1, :n]),
+                                  max_new_tokens=6)
+        np.testing.assert_array_equal(batched[row], alone[0])
+        alone_beam, _ = decoding.beam_generate(model, params, jnp.asarray(prompts[row:row + 1, :n]),
+                                               max_new_tokens=6, num_beams=3, eos_id=-1)
+        np.testing.assert_array_equal(beams[row], alone_beam[0, 0])
+
+
+@pytest.mark.parametrize("family", ["encoder_decoder", "decoder"])
+def test_score_batch_is_the_summed_target_log_likelihood(family):
+    config = decoder_config() if family == "decoder" else tiny_config()
+    ev, params = setup(config)
+    task = td.TaskRegistry.get("test_eval_copy")
+    example = ev.examples(task)[0]
+    row = ev.structure.feature_converter(ev.lengths).convert_example(example, ev.lengths)
+    batch = {k: v[None] for k, v in row.items()}
+    logits = ev.structure.logits(params, batch)
+    log_probs = jax.nn.log_softmax(logits, axis=-1)
+    targets = batch["decoder_target_tokens"][0]
+    weights = batch["decoder_loss_weights"][0]
+    expected = sum(float(log_probs[0, i, t]) for i, t in enumerate(targets) if weights[i] > 0)
+    assert weights.sum() == len(tasks.embedded_vocabulary().encode(example["targets_pretokenized"])) + 1
+    np.testing.assert_allclose(ev.score_rows(params, [row])[0], expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["encoder_decoder", "decoder"])
+def test_evaluator_modes_and_predictions(family):
+    config = decoder_config() if family == "decoder" else tiny_config()
+    ev, params = setup(config, max_decode_length=4)
+    results = {r.task: r for r in ev.evaluate(params)}
+    rank = results["test_eval_rank"]
+    assert rank.mode == "rank"
+    for record in rank.records:
+        assert record["prediction"] == ["no", "yes"][int(np.argmax(record["option_scores"]))]
+    expected = 100 * np.mean([r["prediction"] == r["targets"] for r in rank.records])
+    assert rank.metrics == {"accuracy": pytest.approx(expected)}
+    copy = results["test_eval_copy"]
+    assert copy.mode == "predict" and set(copy.metrics) == {"sequence_accuracy",
+                                                            "mean_log_likelihood"}
+    # Predictions are the greedy decodes of each example alone.
+    example = ev.examples(td.TaskRegistry.get("test_eval_copy"))[0]
+    if family == "encoder_decoder":
+        alone = decoding.decode(ev.structure.model, params, example["inputs"][None],
+                                max_decode_length=4)
+    else:
+        prompt = np.concatenate([[0], example["inputs"]])
+        alone = decoding.generate(ev.structure.model, params, jnp.asarray(prompt[None]),
+                                  max_new_tokens=4)
+    assert copy.records[0]["prediction"] == evaluator._decode(tasks.embedded_vocabulary(),
+                                                              alone[0])
+
+
+def test_lm_eval_requests_follow_the_harness():
+    vocab = tasks.embedded_vocabulary()
+    context, continuation = few_shot.loglikelihood_request(vocab, "The cat sat on the ", "mat")
+    assert context == vocab.encode("The cat sat on the")
+    assert context + continuation == vocab.encode("The cat sat on the mat")
+    assert few_shot.loglikelihood_request(vocab, "", "mat") == ([vocab.eos_id],
+                                                                vocab.encode(" mat"))
+    row = few_shot.request_row([5, 6, 7], [8, 9], width=6)
+    assert row["decoder_input_tokens"].tolist() == [5, 6, 7, 8, 0, 0]
+    assert row["decoder_target_tokens"].tolist() == [6, 7, 8, 9, 0, 0]
+    assert row["decoder_loss_weights"].tolist() == [0, 0, 1, 1, 0, 0]
+    assert few_shot.choose([-4.0, -6.0], ["ab", "abcdefgh"]) == (0, 1)
+    pool = [few_shot.Demonstration(f"q{i}", f"a{i}") for i in range(10)]
+    first = [few_shot.FewShotSampler(pool, 2, seed=1234).prompt("Q") for _ in range(2)]
+    sampler = few_shot.FewShotSampler(pool, 2, seed=1234)
+    assert sampler.prompt("Q") == first[0]
+    assert sampler.prompt("Q").count("\n\n") == 2 and sampler.prompt("Q").endswith("\n\nQ")
+
+
+def test_decoder_k_shot_multiple_choice_reports_acc_and_acc_norm():
+    ev, params = setup(decoder_config(), name="test_eval_rank", num_shots=2)
+    (result,) = ev.evaluate(params)
+    assert result.mode == "lm_eval" and set(result.metrics) == {"acc", "acc_norm"}
+    assert result.records[0]["inputs"].count("\n\n") == 2
+    assert 0.0 <= result.metrics["acc"] <= 1.0
+
+
+def test_nonfinite_scores_and_tasks_without_metrics_are_user_errors():
+    with pytest.raises(config_lib.UserError, match="not finite"):
+        evaluator._check_finite("t", np.array([0.0, np.nan]))
+    with pytest.raises(config_lib.UserError, match="no metric_fns"):
+        setup(tiny_config(), name="test_eval_no_metrics")
+    with pytest.raises(config_lib.UserError, match="Did you mean 'test_eval_rank'"):
+        evaluator.leaf_tasks("test_eval_rnak")
+
+
+def test_decoder_converter_refuses_inputs_it_would_drop():
+    with pytest.raises(ValueError, match="prefix_lm=True"):
+        td.DecoderFeatureConverter()({"inputs": [5, 6], "targets": [7, 1]}, {"targets": 8})
+
+
+def _train(workdir, steps, **overrides):
+    config = tiny_config(num_train_steps=steps, checkpoint_every_steps=2, eval_every_steps=2,
+                         log_every_steps=2, batch_size=8, **overrides)
+    config.task = "test_eval_copy"
+    config.task_feature_lengths = {"inputs": 16, "targets": 8}
+    train.run(config, str(workdir), quiet=True)
+
+
+def test_eval_cli_resumes_without_duplicates_and_watches(tmp_path, monkeypatch, capsys):
+    workdir, out = tmp_path / "run", tmp_path / "eval"
+    _train(workdir, 4)
+    args = [f"--checkpoint={workdir}", "--mixture=test_eval_mix", f"--output_dir={out}",
+            "--max_decode_length=3", "--quiet"]
+    assert eval_cli.main(args) == 0
+    lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [(l["step"], l["task"]) for l in lines] == [
+        (2, "test_eval_copy"), (2, "test_eval_rank"), (4, "test_eval_copy"), (4, "test_eval_rank")]
+    assert (out / "predictions" / "test_eval_rank" / "step_4.jsonl").is_file()
+    assert eval_cli.main(args) == 0  # nothing new: no line added
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 4
+    # An interrupted evaluation of step 4 (its lines never written) is redone once.
+    (out / "metrics.jsonl").write_text("\n".join(json.dumps(l) for l in lines[:2]) + "\n")
+    assert eval_cli.main(args) == 0
+    steps = [json.loads(l)["step"] for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [2, 2, 4, 4]
+    # --watch: a checkpoint written while it waits is evaluated, then it stops at the
+    # run's last step.
+    trained = []
+
+    def train_more(seconds):
+        if not trained:
+            trained.append(True)
+            _train(workdir, 6)
+    monkeypatch.setattr(eval_cli.time, "sleep", train_more)
+    assert eval_cli.main(args + ["--watch", "--watch_interval_s=0", "--config.num_train_steps=6"]) == 0
+    steps = [json.loads(l)["step"] for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [2, 2, 4, 4, 6, 6]
+    # Bad input: one message, exit 2.
+    capsys.readouterr()
+    assert eval_cli.main([f"--checkpoint={workdir}", "--task=test_eval_cpy",
+                          f"--output_dir={out}"]) == 2
+    assert "Did you mean 'test_eval_copy'" in capsys.readouterr().err
+    assert eval_cli.main([f"--checkpoint={workdir}", "--task=embedded_bytes_en_span_corruption",
+                          f"--output_dir={out}"]) == 2
+    assert "vocabular" in capsys.readouterr().err
+    assert eval_cli.main([f"--checkpoint={workdir}", "--task=test_eval_copy",
+                          f"--output_dir={workdir / 'checkpoints' / 'x'}"]) == 2
+    assert "never writes there" in capsys.readouterr().err
+    assert eval_cli.main([f"--checkpoint={workdir}", "--task=test_eval_copy", "--split=test",
+                          f"--output_dir={out}"]) == 2
+    assert "no split 'test'" in capsys.readouterr().err
