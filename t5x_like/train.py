@@ -110,17 +110,37 @@ def _check_same_model(saved_config: dict, config, source: str = "") -> None:
 
 
 def _pretrained_state(config, trainer):
-    """Step 0 from a params-only pretrained folder, for fine-tuning or continued pretraining."""
+    """Step 0 from pretrained params, for fine-tuning or continued pretraining: a
+    params-only folder (``convert import``), or a training workdir / checkpoint step
+    (its newest step's params; the optimizer state is left behind)."""
     from t5x_like.convert import pretrained
+    from t5x_like.evaluation import loading
 
     folder = pathlib.Path(config.init_from)
-    if not (folder / "model_config.json").is_file():
+    try:
+        source = loading.resolve(config.init_from)
+    except config_lib.UserError:
         raise config_lib.ConfigError(
-            f"init_from={config.init_from!r} is not a pretrained folder (no model_config.json); "
-            "point it at the --out folder of `python -m t5x_like.convert import` or of "
-            "t5x_like.convert.pretrained.save_pretrained.")
-    model_config, params = pretrained.load_pretrained(folder)
-    _check_same_model({"model": model_config}, config, source=f"init_from={config.init_from!r}")
+            f"init_from={config.init_from!r} is not a pretrained folder (no model_config.json), "
+            "a training workdir or a checkpoint step folder; point it at the --out folder of "
+            "`python -m t5x_like.convert import` or at a run's workdir.") from None
+    if source.kind == "pretrained":
+        model_config, params = pretrained.load_pretrained(folder)
+        _check_same_model({"model": model_config}, config,
+                          source=f"init_from={config.init_from!r}")
+    else:
+        import jax
+
+        from t5x_like import trainer as trainer_lib
+        steps = source.steps()
+        if not steps:
+            raise config_lib.ConfigError(f"init_from={config.init_from!r} holds no complete "
+                                         "checkpoint yet.")
+        saved = source.saved_config(steps[-1])
+        _check_same_model(saved, config, source=f"init_from={config.init_from!r}")
+        saved_config = loading.run_config(source, steps[-1], None, [])
+        params = jax.device_get(source.restore_params(
+            steps[-1], trainer_lib.build_trainer(saved_config, trainer.mesh)))
     try:
         return trainer.state_from_params(params)
     except ValueError as e:
