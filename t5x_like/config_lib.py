@@ -78,14 +78,6 @@ def default_config() -> ml_collections.ConfigDict:
     # Decoders given inputs and targets train as a prefix LM: "bidirectional" (seqio's prefix
     # LM: the prefix attends both ways) or "causal" (GPT fine-tuning, lm-evaluation-harness).
     c.prefix_attention = "bidirectional"
-    # Fine-tuning head on an encoder or decoder body ("" = none: the family's own objective).
-    # The body loads from init_from, the head starts fresh.
-    c.head = ml_collections.ConfigDict(dict(
-        kind="",                       # "" | classification | regression | token_classification
-        num_labels=0,                  # 0: from the task (its label_options or tag set)
-        pooling="cls",                 # cls | last | mean (classification, regression)
-        dropout_rate=0.1,
-    ))
     # Benchmark evaluation inside train (the evaluator of python -m t5x_like.eval).
     c.eval = ml_collections.ConfigDict(dict(
         mixture="",                    # a task or mixture with metrics; "" = none
@@ -148,8 +140,6 @@ ENUMS = {
     "loss.normalization": ("tokens", "constant"),
     "on_nonfinite_loss": ("stop", "skip_update"),
     "prefix_attention": ("bidirectional", "causal"),
-    "head.kind": ("", "classification", "regression", "token_classification"),
-    "head.pooling": ("cls", "last", "mean"),
 }
 POSITIVE_INTS = ("num_train_steps", "batch_size", "log_every_steps", "checkpoint_every_steps",
                  "eval_every_steps", "eval_batches", "keep_checkpoints", "optimizer.microbatches")
@@ -330,14 +320,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
             f"{config.data_streams} equal parts; use a batch_size that is a multiple of "
             f"{config.data_streams} or a data_streams that divides {config.batch_size}.")
     for key in ("eval.every_steps", "eval.max_examples", "eval.batch_size",
-                "eval.max_decode_length", "head.num_labels"):
+                "eval.max_decode_length"):
         if _lookup(config, key) is not _ABSENT and _lookup(config, key) < 0:
             raise ConfigError(f"Config key {key!r} must be >= 0 (0 picks the default), got "
                               f"{_lookup(config, key)}.")
-    if config.head.kind and config.model.family not in ("encoder", "decoder"):
-        raise ConfigError(f"head.kind={config.head.kind!r} needs an encoder or decoder body, not "
-                          f"model.family={config.model.family!r}; fine-tune encoder-decoders "
-                          "text-to-text (leave head.kind empty).")
     if config.peak_flops_per_device < 0:
         raise ConfigError(f"peak_flops_per_device={config.peak_flops_per_device} must be >= 0 "
                           "(0 looks the device up in t5x_like.flops.PEAK_FLOPS).")

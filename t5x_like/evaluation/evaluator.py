@@ -186,8 +186,6 @@ class Evaluator:
                 raise UserError(f"--mode=rank needs label_options or per-example options; task "
                                 f"{task.name!r} has neither.")
             return s.mode
-        if getattr(self.structure, "predicts_labels", False):
-            return "predict"
         if has_options and (task.metric_fns or not task.score_metric_fns):
             return "rank"
         if task.metric_fns:
@@ -217,8 +215,6 @@ class Evaluator:
             return TaskResult(task.name, mode, metrics, records)
         if mode == "rank":
             predictions = self._rank(params, task, examples, converter, vocabulary, records)
-        elif getattr(self.structure, "predicts_labels", False):
-            predictions = self.structure.predict_labels(self, params, task, examples, records)
         else:
             length = self.settings.max_decode_length or self.lengths["targets"]
             rows = [converter.convert_example(_with_eos_target(ex, vocabulary), self.lengths)

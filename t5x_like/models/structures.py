@@ -263,9 +263,8 @@ class EncoderStructure(Structure):
             span_mask=batch["encoder_loss_weights"] > 0)["mlm_logits"]
 
     def predict_batch(self, params, batch, *, rng=None, **decode):
-        raise ValueError("A masked-LM encoder does not generate text. Fine-tune it with a task "
-                         "head (--config.head.kind=classification | token_classification | "
-                         "span_extraction) and evaluate that run, or score with --mode=score.")
+        raise ValueError("A masked-LM encoder does not generate text; evaluate it with "
+                         "--mode=score, or fine-tune a head (models.heads) for labels.")
 
     def forward_flops_per_sequence(self, model, lengths):
         d, h, dh, f, v = (model["d_model"], model["num_heads"], model["head_dim"],
@@ -299,15 +298,11 @@ def _cached(family_items: tuple, prefix_attention: str) -> Structure:
 
 
 def for_config(config) -> Structure:
-    """The structure (with its model) a run config describes: ``config.model`` and, for a
-    fine-tuning run, ``config.head``."""
+    """The structure (with its model) a run config describes (``config.model``, and
+    ``config.prefix_attention`` for decoders)."""
     model_config = dict(config.model)
     if model_config.get("mlp_activations") is not None:
         model_config["mlp_activations"] = tuple(model_config["mlp_activations"])
-    head = config.get("head") if hasattr(config, "get") else None
-    if head is not None and head.get("kind"):
-        from t5x_like.models import head_structure
-        return head_structure.HeadStructure.from_config(model_config, head)
     prefix_attention = config.get("prefix_attention", "bidirectional")
     return _cached(tuple(sorted((k, _hashable(v)) for k, v in model_config.items())),
                    prefix_attention)
