@@ -1,6 +1,6 @@
 """Data: vocabularies, sources, preprocessors, tasks, mixtures and the input streams.
 
-Importing this package registers the built-in tasks (``tasks``, ``tfds_tasks``).
+Importing this package registers the built-in tasks (``tasks``, ``tfds_tasks``, ``glue``).
 """
 
 from t5x_like.data import preprocessors
@@ -16,6 +16,8 @@ from t5x_like.data.streams import HostBatchIterator, merge_states
 from t5x_like.data.vocabularies import ByteVocabulary, SentencePieceVocabulary, WordPieceVocabulary
 from t5x_like.data import tasks as _builtin_tasks  # noqa: F401  (registers tasks)
 from t5x_like.data import tfds_tasks as _tfds_tasks  # noqa: F401  (registers TFDS tasks)
+from t5x_like.data import glue as _glue_tasks  # noqa: F401  (registers GLUE, SuperGLUE)
+from t5x_like.data import bench_tasks as _bench_tasks  # noqa: F401
 
 __all__ = [
     "ByteVocabulary", "DecoderFeatureConverter", "EncDecFeatureConverter",
