@@ -21,6 +21,15 @@ Checks, all on identical inputs:
 * feature converters against seqio's EncDec, LM, PrefixLM and Encoder converters:
   unpacked outputs identical (names, dtypes, values); packed outputs (ours is
   best fit, seqio's greedy) checked for the same invariants, with both fill ratios.
+* metrics against ``t5.evaluation.metrics`` on fixed inputs: accuracy,
+  f1_score_with_invalid and mean_multiclass_f1 (with -1 predictions),
+  matthews_corrcoef (T5's CoLA wrapper), pearson/spearman (ties), sequence accuracy,
+  BLEU and SQuAD exactly; ROUGE within 0.5 (T5 reports an unseeded bootstrap median).
+* GLUE/SuperGLUE (``t5x_like.data.glue``): each task's metric set and postprocessor
+  against ``t5.data.glue_utils``'s, and our inputs/targets text against T5's
+  TensorFlow preprocessors (glue, stsb, wsc, record) on the same records.
+
+``--metrics-only`` runs the last two groups only (they need ``t5`` importable).
 """
 
 from __future__ import annotations
@@ -516,6 +525,245 @@ def check_packed_converters(seqio, tf, num_examples):
               and not dtypes, detail)
 
 
+# -- metrics and GLUE formats against t5.evaluation.metrics / t5.data --------------------
+def import_t5_metrics():
+    """``t5.evaluation.metrics`` (importing it imports ``t5.data``: seqio, TensorFlow)."""
+    try:
+        from t5.evaluation import metrics as t5_metrics
+    except ImportError as e:
+        return None, e
+    return t5_metrics, None
+
+
+def same_scores(ours: dict, theirs: dict, tolerance: float = 1e-6) -> tuple[bool, str]:
+    """Same keys and values within ``tolerance`` (absolute, on the 0-100 scale)."""
+    if set(ours) != set(theirs):
+        return False, f"keys {sorted(ours)} vs t5 {sorted(theirs)}"
+    worst = max((abs(float(ours[k]) - float(theirs[k])) for k in ours), default=0.0)
+    shown = ", ".join(f"{k} {float(ours[k]):.4f} vs {float(theirs[k]):.4f}" for k in sorted(ours))
+    return worst <= tolerance, shown
+
+
+def metric_inputs(seed: int = 0) -> dict:
+    """Fixed inputs for every metric: labels with invalid (-1) predictions, scores with
+    ties, and text pairs from the embedded corpus with words dropped and swapped."""
+    rng = np.random.default_rng(seed)
+    binary = rng.integers(0, 2, 300).tolist()
+    classes = rng.integers(0, 3, 300).tolist()
+
+    def noisy(labels, high):
+        return [t if rng.random() < 0.7 else int(rng.integers(-1, high)) for t in labels]
+    scores = np.round(rng.uniform(0, 5, 200) * 5) / 5
+    docs = [d for d in tasks.embedded_en_documents("validation") if len(d.split()) >= 8][:150]
+    hypotheses = []
+    for doc in docs:
+        words = [w for w in doc.split() if rng.random() > 0.2]
+        if len(words) > 3 and rng.random() < 0.5:
+            i = int(rng.integers(0, len(words) - 1))
+            words[i], words[i + 1] = words[i + 1], words[i]
+        hypotheses.append(" ".join(words) or "empty")
+    squad_targets = [["The Eiffel Tower", "Eiffel Tower"], ["Paris"], ["New York City"],
+                     ["1,000 people"], ["red"], ["Barack Obama", "Obama"], ["the cat's hat"]]
+    squad_predictions = ["eiffel tower", "Paris, France.", "york", "1000 people", "blue",
+                         "obama", "a cat hat"]
+    return {"binary": (binary, noisy(binary, 2)), "classes": (classes, noisy(classes, 3)),
+            "scores": (scores.tolist(), (scores + rng.normal(0, 0.7, scores.size)).tolist()),
+            "text": (docs, hypotheses), "squad": (squad_targets, squad_predictions)}
+
+
+def check_metrics(t5_metrics):
+    from t5x_like.evaluation import metrics
+    inputs = metric_inputs()
+    binary, classes, scores = inputs["binary"], inputs["classes"], inputs["scores"]
+    docs, hypotheses = inputs["text"]
+    t5_mcc = t5_metrics.sklearn_metrics_wrapper("matthews_corrcoef",
+                                                metric_post_process_fn=lambda x: 100 * x)
+    cases = [
+        ("accuracy", metrics.accuracy, t5_metrics.accuracy, classes),
+        ("accuracy on strings", metrics.accuracy, t5_metrics.accuracy,
+         ([str(t) for t in classes[0]], [str(p) for p in classes[1]])),
+        ("f1_score_with_invalid (-1 predictions)", metrics.f1_score_with_invalid,
+         t5_metrics.f1_score_with_invalid, binary),
+        ("mean_multiclass_f1(3) (-1 predictions)", metrics.mean_multiclass_f1(3),
+         t5_metrics.mean_multiclass_f1(num_classes=3), classes),
+        ("matthews_corrcoef (T5's CoLA metric)", metrics.matthews_corrcoef, t5_mcc, classes),
+        ("pearson_corrcoef", metrics.pearson_corrcoef, t5_metrics.pearson_corrcoef, scores),
+        ("spearman_corrcoef (ties)", metrics.spearman_corrcoef, t5_metrics.spearman_corrcoef,
+         scores),
+        ("sequence_accuracy", metrics.sequence_accuracy, t5_metrics.sequence_accuracy,
+         (docs, [d if i % 3 else h for i, (d, h) in enumerate(zip(docs, hypotheses))])),
+        ("bleu (intl, one reference)", metrics.bleu, t5_metrics.bleu, (docs, hypotheses)),
+        ("squad (EM and F1, max over answers)", metrics.squad, t5_metrics.squad,
+         inputs["squad"]),
+    ]
+    for name, ours_fn, t5_fn, (targets, predictions) in cases:
+        ok, detail = same_scores(ours_fn(list(targets), list(predictions)),
+                                 t5_fn(list(targets), list(predictions)))
+        check(f"metrics: {name} == t5's", ok, detail)
+    # T5's rouge is the median of 1000 unseeded bootstrap means; ours is the mean itself.
+    np.random.seed(0)
+    ok, detail = same_scores(metrics.rouge(docs, hypotheses), t5_metrics.rouge(docs, hypotheses),
+                             tolerance=0.5)
+    check("metrics: rouge1/rouge2/rougeLsum == t5's (within its bootstrap noise, 0.5)", ok,
+          f"{len(docs)} pairs: {detail}")
+
+
+def glue_metric_inputs(task_name: str, rng):
+    """(targets, predictions) for a task's metrics, as its postprocessors produce them."""
+    from t5x_like.data import glue
+    b = glue.BENCHMARKS[task_name]
+    n = 120
+    if b.short_name == "stsb":
+        targets = np.round(rng.uniform(0, 5, n) * 5) / 5
+        predictions = np.where(rng.random(n) < 0.05, -1.0,
+                               np.clip(np.round((targets + rng.normal(0, 0.8, n)) * 5) / 5, 0, 5))
+        return targets.tolist(), predictions.tolist()
+    if b.config == "record":
+        targets, predictions = [], []
+        for query in range(40):
+            answers = [f"entity {query}", f"the entity {query}"][:int(rng.integers(1, 3))]
+            predicted = [f"entity {query}", f"entity {query + 1}", "entity"][int(rng.integers(3))]
+            for _ in range(len(answers)):  # T5's copies, one per answer
+                targets.append({"value": answers, "group": (query // 4, query)})
+                predictions.append({"value": predicted})
+        return targets, predictions
+    labels = rng.integers(0, len(b.labels), n)
+    predictions = np.where(rng.random(n) < 0.7, labels, rng.integers(-1, len(b.labels), n))
+    if b.short_name == "multirc":
+        questions = np.sort(rng.integers(0, 30, n))
+        return ([{"value": int(t), "group": int(q)} for t, q in zip(labels, questions)],
+                [{"value": int(p)} for p in predictions])
+    return labels.tolist(), predictions.tolist()
+
+
+def check_glue_metrics_and_postprocessors(t5_metrics, tf):
+    """Each GLUE/SuperGLUE task's metric set and postprocessor against T5's
+    (``t5.data.glue_utils``), on the same postprocessed values."""
+    import tensorflow_datasets as tfds
+    from t5.data import glue_utils
+
+    from t5x_like.data import glue
+    rng = np.random.default_rng(1)
+    configs = {"glue": tfds.text.glue.Glue.builder_configs,
+               "super_glue": tfds.text.super_glue.SuperGlue.builder_configs}
+    for task_name, b in glue.BENCHMARKS.items():
+        task = td.TaskRegistry.get(task_name)
+        if b.short_name == "wsc":  # T5's SuperGLUE metric table has no classification WSC
+            t5_fns = [t5_metrics.accuracy]
+        elif b.collection == "glue":
+            t5_fns = glue_utils.get_glue_metric(b.short_name)
+        else:
+            t5_fns = glue_utils.get_super_glue_metric(b.short_name)
+        targets, predictions = glue_metric_inputs(task_name, rng)
+        ours, theirs = {}, {}
+        for fn in task.metric_fns:
+            ours.update(fn(targets, predictions))
+        for fn in t5_fns:
+            theirs.update(fn(targets, predictions))
+        ok, detail = same_scores(ours, theirs)
+        check(f"GLUE metrics: {task_name} metric set == t5's", ok, detail)
+
+        t5_post = glue_utils.get_glue_postprocess_fn(configs[b.collection][b.config])
+        words = list(b.labels or glue.STSB_VALUES) + ["<unk>", "garbage", "", "1.5", "True "]
+        if b.config == "record":
+            example = {"answers": [b"Obama", b"Barack Obama"], "idx/passage": 3, "idx/query": 4}
+            pairs = [(task.postprocess(w, example=example, is_target=t),
+                      t5_post(w, example=example, is_target=t))
+                     for w in ["Obama", "x"] for t in (False, True)]
+        else:
+            example = {"idx/paragraph": 1, "idx/question": 2}
+            pairs = [(task.postprocess(w, example=example), t5_post(w, example=example))
+                     for w in words]
+            if b.short_name == "multirc":  # our group adds the paragraph id (see glue.py)
+                pairs += [(task.postprocess(w, example=example, is_target=True)["value"],
+                           t5_post(w, example=example, is_target=True)["value"]) for w in words]
+        differ = [(o, t) for o, t in pairs if o != t]
+        check(f"GLUE postprocessor: {task_name} == t5's", not differ,
+              f"{len(pairs)} strings" + (f", differ: {differ[:3]}" if differ else ""))
+
+
+def glue_format_records():
+    """Raw TFDS-like records per (collection, config), with the text T5 handles specially."""
+    text = {"sentence": b"The sailors rode the breeze clear of the rocks.",
+            "sentence1": "He said \"no\" — twice.", "sentence2": b"He refused.",
+            "question1": b"Why do I get bored?", "question2": b"Why am I bored?",
+            "question": b"Is it raining?", "premise": "The man broke his toe.",
+            "hypothesis": b"The man is hurt.", "passage": b"Rain fell all day.",
+            "choice1": b"He dropped a hammer.", "choice2": b"He got a hole in his sock.",
+            "word": b"rode"}
+    records = {}
+    for b_name in ("cola", "sst2", "mrpc", "qqp", "mnli", "qnli", "rte", "wnli"):
+        records[("glue", b_name)] = [dict(text, label=label, idx=7 + label)
+                                     for label in (0, 1, -1)]
+    records[("glue", "stsb")] = [dict(text, label=np.float32(x), idx=i) for i, x in
+                                 enumerate((0.0, 1.1, 2.5, 3.1, 3.3, 4.9, 0.1, 0.3, 5.0))]
+    for b_name in ("boolq", "cb", "copa", "rte", "wic"):
+        records[("super_glue", b_name)] = [dict(text, label=label, idx=3) for label in (0, 1, -1)]
+    records[("super_glue", "multirc")] = [{
+        "paragraph": b"<b>Sent 1: </b>It rained.<br><b>Sent 2: </b>We stayed in.<br>",
+        "question": b"Why?", "answer": b"Rain", "label": 1,
+        "idx": {"paragraph": 4, "question": 9, "answer": 2}}]
+    records[("super_glue", "wsc.fixed")] = [
+        {"text": b"Mitchell asked Tom if he could lend some money.", "span1_text": b"Tom",
+         "span1_index": 2, "span2_text": b"he", "span2_index": 4, "label": 1, "idx": 0},
+        {"text": b"He said Mr. Farley was late because he overslept.", "span1_text": b"Mr. Farley",
+         "span1_index": 2, "span2_text": b"He", "span2_index": 0, "label": 0, "idx": 1}]
+    records[("super_glue", "record")] = [{
+        "passage": b"Obama spoke.\n@highlight\nHe was in Paris\n@highlight\nIt rained",
+        "query": b"@placeholder spoke in Paris.", "entities": [b"Obama", b"Paris"],
+        "answers": [b"Obama", b"Barack Obama"], "idx": {"passage": 1, "query": 2}}]
+    return records
+
+
+def check_glue_formats(tf):
+    """Our GLUE/SuperGLUE text against T5's (TensorFlow) preprocessors on the same records."""
+    import tensorflow_datasets as tfds
+    from t5.data import glue_utils
+
+    from t5x_like.data import glue
+    configs = {"glue": tfds.text.glue.Glue.builder_configs,
+               "super_glue": tfds.text.super_glue.SuperGlue.builder_configs}
+    by_config = {(b.collection, b.config): b for b in glue.BENCHMARKS.values()}
+    for (collection, config), records in glue_format_records().items():
+        b = by_config[(collection, config)]
+        if config not in ("multirc", "wsc.fixed", "record"):  # T5 reads every other key
+            records = [{k: v for k, v in r.items() if k in set(b.features) | {"label", "idx"}}
+                       for r in records]
+        if config == "record":
+            ours = [e for r in records for e in glue.record_examples(r, explode=True)]
+        else:
+            ours = [b.format_step().fn(r) for r in records]
+        preprocess = glue_utils.get_glue_text_preprocessor(configs[collection][config])
+        ds = tf.data.Dataset.from_generator(
+            lambda records=records: iter(records),
+            output_signature=_signature(tf, records[0]))
+        theirs = list(tfds.as_numpy(preprocess(ds)))
+        pairs = [((o["inputs"], o["targets"]),
+                  (t["inputs"].decode(), t["targets"].decode())) for o, t in zip(ours, theirs)]
+        differ = [p for p in pairs if p[0] != p[1]]
+        check(f"GLUE format: {collection}/{config} inputs and targets == t5's preprocessor",
+              len(ours) == len(theirs) and not differ,
+              f"{len(ours)} vs {len(theirs)} examples" + (f", e.g. ours {differ[0][0]!r} "
+                                                          f"t5 {differ[0][1]!r}" if differ else ""))
+
+
+def _signature(tf, record: dict) -> dict:
+    """TFDS's types: text is a string, a list a string vector, STS-B's label float32."""
+    spec = {}
+    for key, value in record.items():
+        if isinstance(value, dict):
+            spec[key] = _signature(tf, value)
+        elif isinstance(value, list):
+            spec[key] = tf.TensorSpec([None], tf.string)
+        elif isinstance(value, (bytes, str)):
+            spec[key] = tf.TensorSpec([], tf.string)
+        elif isinstance(value, (float, np.floating)):
+            spec[key] = tf.TensorSpec([], tf.float32)
+        else:
+            spec[key] = tf.TensorSpec([], tf.int64 if key == "label" else tf.int32)
+    return spec
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -523,19 +771,34 @@ def main() -> int:
                         help="568-token chunks for the span-corruption statistics")
     parser.add_argument("--max-mask-length", type=int, default=700,
                         help="noise-mask counts are compared for lengths 1..this")
+    parser.add_argument("--metrics-only", action="store_true",
+                        help="only the metric, GLUE metric/postprocessor and format checks")
     args = parser.parse_args()
-    seqio, tf, t5p, error = import_seqio()
-    if seqio is None:
-        print(f"seqio/t5 not importable ({error}); parity checks skipped. Install "
-              "benchmarks/requirements-seqio.txt in a separate venv (see README).")
+    t5_metrics, error = import_t5_metrics()
+    if t5_metrics is None:
+        print(f"t5.evaluation.metrics not importable ({error}); metric and GLUE parity checks "
+              "skipped. Install benchmarks/requirements-seqio.txt and t5 (see there).")
+    else:
+        import tensorflow as tf
+        tf.config.set_visible_devices([], "GPU")
+        check_metrics(t5_metrics)
+        check_glue_metrics_and_postprocessors(t5_metrics, tf)
+        check_glue_formats(tf)
+    if not args.metrics_only:
+        seqio, tf, t5p, error = import_seqio()
+        if seqio is None:
+            print(f"seqio/t5 not importable ({error}); data parity checks skipped. Install "
+                  "benchmarks/requirements-seqio.txt in a separate venv (see README).")
+        else:
+            docs = tasks.embedded_en_documents("train")
+            check_vocabulary(seqio, tf, docs[::10])
+            check_random_spans_helper(t5p)
+            check_noise_mask_counts(tf, t5p, args.max_mask_length)
+            check_span_corruption(seqio, tf, t5p, docs, args.examples)
+            check_unpacked_converters(seqio, tf, 200)
+            check_packed_converters(seqio, tf, 300)
+    if not RESULTS:
         return 0
-    docs = tasks.embedded_en_documents("train")
-    check_vocabulary(seqio, tf, docs[::10])
-    check_random_spans_helper(t5p)
-    check_noise_mask_counts(tf, t5p, args.max_mask_length)
-    check_span_corruption(seqio, tf, t5p, docs, args.examples)
-    check_unpacked_converters(seqio, tf, 200)
-    check_packed_converters(seqio, tf, 300)
     failed = [name for name, ok, _ in RESULTS if not ok]
     print(f"\n{len(RESULTS) - len(failed)} passed, {len(failed)} failed")
     return 1 if failed else 0

@@ -14,7 +14,7 @@ import t5x_like.data as td  # noqa: E402
 from t5x_like.data import glue, sources  # noqa: E402
 
 LENGTHS = {"inputs": 64, "targets": 16}
-CLASSIFICATION = [name for name, b in glue.BENCHMARKS.items() if b.config != "record"]
+CLASSIFICATION = [name for name, b in glue.BENCHMARKS.items() if b.labels]
 
 
 @pytest.fixture
@@ -44,13 +44,13 @@ def test_task_names_and_label_words_match_tfds():
                "super_glue": tfds_super_glue.SuperGlue.builder_configs}
     for name in CLASSIFICATION:
         b = glue.BENCHMARKS[name]
-        task = td.TaskRegistry.get(name)
-        assert task.label_options == b.labels
-        if b.short_name != "stsb":
-            assert b.labels == tuple(configs[b.collection][b.config].label_classes), name
-    assert td.TaskRegistry.get("glue_stsb_v002").label_options == tuple(
-        f"{x:.1f}" for x in np.arange(0, 5.01, 0.2))
-    assert td.TaskRegistry.get("super_glue_record_v102").label_options == ()
+        assert td.TaskRegistry.get(name).label_options == b.labels
+        assert b.labels == tuple(configs[b.collection][b.config].label_classes), name
+    assert set(glue.BENCHMARKS) - set(CLASSIFICATION) == {"glue_stsb_v002",
+                                                          "super_glue_record_v102"}
+    for name in ("glue_stsb_v002", "super_glue_record_v102"):  # decoded, not rank-classified
+        assert td.TaskRegistry.get(name).label_options == ()
+    assert glue.STSB_VALUES == tuple(f"{x:.1f}" for x in np.arange(0, 5.01, 0.2))
 
 
 @pytest.mark.parametrize("name", sorted(glue.BENCHMARKS))
@@ -77,7 +77,7 @@ def test_task_examples_have_t5_prefix_and_label_word(mock_tfds, name):
             assert targets == (example["answers"] or ("<unk>",))[0]
             assert {"idx/passage", "idx/query"} <= set(example)
             continue
-        assert targets in task.label_options
+        assert targets in (glue.STSB_VALUES if b.short_name == "stsb" else task.label_options)
         assert vocab.decode(example["targets"][:-1].tolist()) == targets
         target = task.postprocess(targets, example=example, is_target=True)
         if b.short_name == "stsb":
@@ -106,24 +106,25 @@ def test_postprocessor_maps_label_words_to_class_ids(name):
     for class_id, word in enumerate(task.label_options):
         got = task.postprocess(word, example=example)
         target = task.postprocess(word, example=example, is_target=True)
-        if name == "glue_stsb_v002":
-            assert got == target == pytest.approx(class_id * 0.2)
-        elif name == "super_glue_multirc_v102":
+        if name == "super_glue_multirc_v102":
             assert got == {"value": class_id}
             assert target == {"value": class_id, "group": (3, 7)}
         else:
             assert got == target == class_id
     unparseable = task.postprocess("maybe", example=example)
     assert (unparseable["value"] if isinstance(unparseable, dict) else unparseable) == -1
-    if name != "glue_stsb_v002":
-        assert task.postprocess(glue.UNKNOWN_LABEL, example=example) in (-1, {"value": -1})
+    assert task.postprocess(glue.UNKNOWN_LABEL, example=example) in (-1, {"value": -1})
+    assert task.postprocess(task.label_options[0] + " ", example=example) in (-1, {"value": -1})
 
 
 def test_stsb_targets_round_to_a_fifth_like_tf():
     assert [glue.stsb_target(x) for x in (0.0, 1.8, 1.89, 2.7, 3.43, 4.99, 5.0)] == [
         "0.0", "1.8", "1.8", "2.8", "3.4", "5.0", "5.0"]
     assert glue.stsb_target(2.5) == "2.4"  # 12.5 rounds half to even, as tf.round
-    assert glue.string_to_float("3.4") == 3.4 and glue.string_to_float("three") == -1.0
+    task = td.TaskRegistry.get("glue_stsb_v002")
+    for i, value in enumerate(glue.STSB_VALUES):
+        assert task.postprocess(value) == task.postprocess(value, is_target=True) == i / 5
+    assert task.postprocess("three") == task.postprocess("") == -1.0
     tf = pytest.importorskip("tensorflow")
     labels = np.concatenate([np.linspace(0, 5, 501), np.arange(1, 50, 2) / 10]).astype(np.float32)
     want = tf.strings.as_string(tf.round(labels * 5) / 5, precision=1).numpy()
@@ -151,8 +152,9 @@ def test_formats_on_t5_docstring_examples():
          "label": 1, "idx": {"paragraph": 1, "question": 2, "answer": 3}},
         benchmark="multirc", label_names=glue.BOOL_LABELS,
         feature_names=("question", "answer", "paragraph"))
-    assert multirc == {"idx/paragraph": 1, "idx/question": 2, "idx/answer": 3, "targets": "True",
-                       "inputs": "multirc question: Q? answer: A paragraph: Sent 1: One. Sent 2: Two."}
+    assert multirc == {
+        "idx/paragraph": 1, "idx/question": 2, "idx/answer": 3, "targets": "True",
+        "inputs": "multirc question: Q? answer: A paragraph: Sent 1: One. Sent 2: Two."}
     record = {"passage": "This is the passage.\n@highlight\nIt has highlights\n@highlight\nTwo",
               "query": "A @placeholder is a bird.", "entities": np.array(["penguin", "potato"]),
               "answers": np.array([b"penguin", b"pigeon"], dtype=object),

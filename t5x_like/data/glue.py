@@ -19,7 +19,8 @@ so the classification tasks can be rank-classified.
 
 Where we differ from T5, on purpose:
 
-* GLUE is TFDS ``2.0.0`` (T5 pinned 1.0.0; 2.0.0 only changed QQP's download URL).
+* GLUE is TFDS ``2.0.0`` (T5 pinned 1.0.0; TFDS's release notes since list updated
+  download URLs and, in 2.0.0, a new data source for QQP).
 * ``super_glue_wsc_v102`` is T5's SuperGLUE-WSC *classification* format
   (``wsc text: # he # ... * Tom * ...`` -> ``True``/``False``, the ``wsc.fixed``
   config), the one ``t5.data.glue_utils`` defines. T5's own SuperGLUE runs replaced it
@@ -36,7 +37,8 @@ Where we differ from T5, on purpose:
   question index alone (the same groups when question indices are global).
 * STS-B targets are T5's: ``round(5 * label) / 5`` with round-half-to-even (as
   ``tf.round``) in float32, printed ``%.1f``; STS-B is scored against those rounded
-  targets, as in T5. Its ``label_options`` are the 26 strings ``0.0``..``5.0``.
+  targets, as in T5. It has no ``label_options`` (a regression is decoded, as in T5;
+  ``STSB_VALUES`` lists the 26 targets), nor has ReCoRD (its answers are free text).
 
 ``register_glue(vocabulary=..., data_dir=..., suffix=...)`` registers the same tasks
 with another vocabulary (names end in ``suffix``). ``glue_average`` and
@@ -68,7 +70,8 @@ SUPER_GLUE_VERSION = "1.0.2"
 MAX_EXAMPLES_PER_TASK = 2 ** 19
 UNKNOWN_LABEL = "<unk>"  # the target of unlabelled (test) examples, as in T5
 BOOL_LABELS = ("False", "True")
-STSB_LABELS = tuple(f"{i / 5:.1f}" for i in range(26))  # "0.0", "0.2", ..., "5.0"
+# The 26 STS-B targets. Not label_options: STS-B is a regression, decoded as in T5.
+STSB_VALUES = tuple(f"{i / 5:.1f}" for i in range(26))  # "0.0", "0.2", ..., "5.0"
 
 DEFAULT_SPLITS = (("train", "train"), ("validation", "validation"), ("test", "test"))
 MNLI_SPLITS = (("train", "train"), ("validation", "validation_matched"),
@@ -371,7 +374,7 @@ GLUE = (
               ("not_equivalent", "equivalent"), _binary_f1),
     Benchmark("glue", "qqp", "qqp", "QQP", ("question1", "question2"),
               ("not_duplicate", "duplicate"), _binary_f1),
-    Benchmark("glue", "stsb", "stsb", "STS-B", ("sentence1", "sentence2"), STSB_LABELS,
+    Benchmark("glue", "stsb", "stsb", "STS-B", ("sentence1", "sentence2"), (),
               (metrics.pearson_corrcoef, metrics.spearman_corrcoef), fn=stsb_text,
               postprocess_fn=string_to_float),
     Benchmark("glue", "mnli", "mnli", "MNLI", ("hypothesis", "premise"),

@@ -10,6 +10,7 @@ first use: they come with the ``eval`` extra (``pip install 't5x_like[eval]'``).
 from __future__ import annotations
 
 import collections
+import itertools
 import re
 import string
 from typing import Callable, Sequence
@@ -38,11 +39,14 @@ def accuracy(targets, predictions) -> dict:
 
 
 def _binary_with_invalid(targets, predictions):
-    """T5's rule for unparseable predictions (-1): count them as wrong."""
+    """T5's rule for unparseable predictions (-1): anything but 0 or 1 counts as wrong.
+
+    Validity is judged before any cast, so 0.5 is invalid (not truncated to 0).
+    """
     targets = np.asarray(list(targets), dtype=np.int64)
-    predictions = np.asarray(list(predictions), dtype=np.int64)
+    predictions = np.asarray(list(predictions))
     invalid = ~np.isin(predictions, [0, 1])
-    predictions = np.where(invalid, 1 - targets, predictions)
+    predictions = np.where(invalid, 1 - targets, predictions).astype(np.int64)
     return targets, predictions
 
 
@@ -111,26 +115,36 @@ def token_accuracy(targets, predictions) -> dict:
 
 # -- generation --------------------------------------------------------------------------------
 
+def _reference_streams(targets) -> list[list]:
+    """Per-example references (a string or a list of them) -> sacrebleu's reference
+    streams; an example with fewer references gets ``None`` (sacrebleu skips it) rather
+    than the other examples' extra references being dropped."""
+    targets = [[t] if isinstance(t, str) else list(t) for t in targets]
+    return [list(r) for r in itertools.zip_longest(*targets, fillvalue=None)]
+
+
 def bleu(targets, predictions, tokenize: str = "intl") -> dict:
     """Corpus BLEU with sacrebleu, T5's settings (``intl`` tokenizer, exp smoothing)."""
     sacrebleu = _need("sacrebleu")
-    targets = [[t] if isinstance(t, str) else list(t) for t in targets]
-    references = [list(r) for r in zip(*targets)]  # sacrebleu wants one list per reference
-    result = sacrebleu.corpus_bleu(list(predictions), references, smooth_method="exp",
-                                   smooth_value=0.0, force=False, lowercase=False,
-                                   tokenize=tokenize, use_effective_order=False)
+    result = sacrebleu.corpus_bleu(list(predictions), _reference_streams(targets),
+                                   smooth_method="exp", smooth_value=0.0, force=False,
+                                   lowercase=False, tokenize=tokenize, use_effective_order=False)
     return {"bleu": float(result.score)}
 
 
 def chrf(targets, predictions) -> dict:
     sacrebleu = _need("sacrebleu")
-    targets = [[t] if isinstance(t, str) else list(t) for t in targets]
-    references = [list(r) for r in zip(*targets)]
-    return {"chrf": float(sacrebleu.corpus_chrf(list(predictions), references).score)}
+    return {"chrf": float(sacrebleu.corpus_chrf(list(predictions),
+                                                _reference_streams(targets)).score)}
 
 
 def rouge(targets, predictions, score_keys=("rouge1", "rouge2", "rougeLsum")) -> dict:
-    """F-measures averaged over examples, as T5's ``rouge`` (rougeLsum splits on newlines)."""
+    """F-measures averaged over examples (rougeLsum splits on newlines), as T5's ``rouge``.
+
+    T5 reports the median of 1000 bootstrap resamples of that mean (rouge-score's
+    ``BootstrapAggregator`` ``mid``, unseeded); this is the mean itself, deterministic
+    and within that resampling noise of T5's number.
+    """
     rouge_scorer = _need("rouge_score.rouge_scorer")
     scorer = rouge_scorer.RougeScorer(list(score_keys))
 
