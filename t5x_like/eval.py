@@ -46,24 +46,32 @@ def parse_args(argv):
     parser.add_argument("--num_shots", type=int, default=None,
                         help="Decoders: k-shot lm-evaluation-harness multiple choice.")
     parser.add_argument("--few_shot_seed", type=int, default=1234)
-    decoding = parser.add_argument_group("decoding (predict mode)")
-    decoding.add_argument("--max_decode_length", type=int, default=0)
-    decoding.add_argument("--num_beams", type=int, default=1)
-    decoding.add_argument("--alpha", type=float, default=0.6)
-    decoding.add_argument("--temperature", type=float, default=0.0)
-    decoding.add_argument("--top_k", type=int, default=0)
-    decoding.add_argument("--top_p", type=float, default=1.0)
-    decoding.add_argument("--seed", type=int, default=0)
+    add_decoding_flags(parser.add_argument_group("decoding (predict mode)"))
     multi = parser.add_argument_group("multi-process runs")
     multi.add_argument("--coordinator_address")
     multi.add_argument("--num_processes", type=int)
     multi.add_argument("--process_id", type=int)
     parser.add_argument("--quiet", action="store_true")
-    overrides, rest = [], []
-    for arg in argv:
-        (overrides if arg.startswith("--config.") else rest).append(
-            arg[len("--config."):] if arg.startswith("--config.") else arg)
+    rest, overrides = split_overrides(argv)
     return parser.parse_args(rest), overrides
+
+
+def add_decoding_flags(group) -> None:
+    """The decoding flags ``eval`` and ``infer`` share (greedy, beam, sampling)."""
+    group.add_argument("--max_decode_length", type=int, default=0,
+                       help="0: the targets length.")
+    group.add_argument("--num_beams", type=int, default=1)
+    group.add_argument("--alpha", type=float, default=0.6, help="Beam length penalty.")
+    group.add_argument("--temperature", type=float, default=0.0, help="0: greedy.")
+    group.add_argument("--top_k", type=int, default=0)
+    group.add_argument("--top_p", type=float, default=1.0)
+    group.add_argument("--seed", type=int, default=0)
+
+
+def split_overrides(argv) -> tuple[list[str], list[str]]:
+    """``(other flags, config overrides)``: ``--config.KEY=VALUE`` become ``KEY=VALUE``."""
+    overrides = [a[len("--config."):] for a in argv if a.startswith("--config.")]
+    return [a for a in argv if not a.startswith("--config.")], overrides
 
 
 def eval_lengths(config, args=None) -> dict[str, int]:

@@ -17,6 +17,7 @@ import sys
 
 import numpy as np
 
+from t5x_like import eval as eval_lib
 from t5x_like.config_lib import UserError
 
 
@@ -33,17 +34,8 @@ def parse_args(argv):
     parser.add_argument("--config")
     parser.add_argument("--batch_size", type=int, default=0)
     parser.add_argument("--inputs_length", type=int, default=0)
-    parser.add_argument("--max_decode_length", type=int, default=0)
-    parser.add_argument("--num_beams", type=int, default=1)
-    parser.add_argument("--alpha", type=float, default=0.6)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top_k", type=int, default=0)
-    parser.add_argument("--top_p", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=0)
-    overrides, rest = [], []
-    for arg in argv:
-        (overrides if arg.startswith("--config.") else rest).append(
-            arg[len("--config."):] if arg.startswith("--config.") else arg)
+    eval_lib.add_decoding_flags(parser.add_argument_group("decoding"))
+    rest, overrides = eval_lib.split_overrides(argv)
     return parser.parse_args(rest), overrides
 
 
@@ -119,7 +111,8 @@ def run(args, overrides) -> int:
         num_beams=args.num_beams, alpha=args.alpha, temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     structure = structures.for_config(config)
-    runner = _Runner(structure, mesh, trainer, lengths, settings)
+    runner = evaluator.ModelRunner(structure, mesh, trainer.rules,
+                                   trainer.state_shardings.params, lengths, settings)
     converter = structure.feature_converter(lengths, pack=False)
     rows = [converter.convert_example(
         dict(ex, targets=np.asarray([vocabulary.eos_id], np.int32)), lengths) for ex in examples]
@@ -137,19 +130,6 @@ def run(args, overrides) -> int:
         print(f"wrote {len(predictions)} predictions to {out} (checkpoint step {step})",
               flush=True)
     return 0
-
-
-class _Runner:
-    """The evaluator's batching and jitted predict step, without tasks or metrics."""
-
-    def __init__(self, structure, mesh, trainer, lengths, settings):
-        from t5x_like.evaluation import evaluator
-        self._evaluator = evaluator.Evaluator.__new__(evaluator.Evaluator)
-        evaluator.Evaluator._init_runtime(self._evaluator, structure, mesh, trainer.rules,
-                                          trainer.state_shardings.params, lengths, settings)
-
-    def predict_rows(self, params, rows, max_decode_length):
-        return self._evaluator.predict_rows(params, rows, max_decode_length)
 
 
 def main(argv=None) -> int:

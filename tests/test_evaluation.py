@@ -201,6 +201,19 @@ def test_eval_cli_resumes_without_duplicates_and_watches(tmp_path, monkeypatch, 
     assert eval_cli.main(args + ["--watch", "--watch_interval_s=0", "--config.num_train_steps=6"]) == 0
     steps = [json.loads(l)["step"] for l in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == [2, 2, 4, 4, 6, 6]
+    # infer: a JSONL file of inputs -> one prediction per line, from the newest step.
+    from t5x_like import infer
+    (tmp_path / "in.jsonl").write_text('{"inputs": "copy apple"}\n{"inputs": "copy river"}\n')
+    assert infer.main([f"--checkpoint={workdir}", f"--input_file={tmp_path / 'in.jsonl'}",
+                       f"--output_file={tmp_path / 'out.jsonl'}", "--max_decode_length=3"]) == 0
+    predicted = [json.loads(l) for l in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [p["inputs"] for p in predicted] == ["copy apple", "copy river"]
+    assert all(isinstance(p["prediction"], str) for p in predicted)
+    (tmp_path / "bad.jsonl").write_text('{"text": "no inputs"}\n')
+    capsys.readouterr()
+    assert infer.main([f"--checkpoint={workdir}", f"--input_file={tmp_path / 'bad.jsonl'}",
+                       f"--output_file={tmp_path / 'out2.jsonl'}"]) == 2
+    assert 'needs an "inputs" string' in capsys.readouterr().err
     # Bad input: one message, exit 2.
     capsys.readouterr()
     assert eval_cli.main([f"--checkpoint={workdir}", "--task=test_eval_cpy",

@@ -76,28 +76,12 @@ def _text(value) -> str:
     return as_text(value)
 
 
-class Evaluator:
-    """Evaluates the tasks of ``name`` with a ``Structure`` whose params live on ``mesh``."""
+class ModelRunner:
+    """The model side of evaluation: jitted score and predict steps on the mesh, and
+    rows batched into global arrays (``infer`` uses it without tasks or metrics)."""
 
-    def __init__(self, structure, mesh, rules, param_shardings, name: str,
+    def __init__(self, structure, mesh, rules, param_shardings,
                  task_feature_lengths: Mapping[str, int], settings: EvalSettings):
-        if settings.mode not in MODES:
-            raise UserError(f"--mode={settings.mode!r}; choose one of {MODES}.")
-        self.tasks = leaf_tasks(name)
-        for task in self.tasks:
-            if not task.has_metrics and not task.label_options:
-                raise UserError(
-                    f"Task {task.name!r} has no metric_fns or score_metric_fns, so there is "
-                    "nothing to report. Register it with metric_fns=[...] (see "
-                    "t5x_like.evaluation.metrics) or evaluate a benchmark task such as "
-                    "embedded_bench.")
-        self._init_runtime(structure, mesh, rules, param_shardings, task_feature_lengths,
-                           settings)
-
-    def _init_runtime(self, structure, mesh, rules, param_shardings, task_feature_lengths,
-                      settings):
-        """The model side: mesh, jitted score and predict steps, batch layout (``infer``
-        uses this part alone)."""
         from t5x_like.trainer import _MeshAndRules
         self.structure = structure
         self.mesh = mesh
@@ -157,6 +141,24 @@ class Evaluator:
                 tokens = self._predict[key](params, self._global(chunk), rng)
             out.append(np.asarray(jax.device_get(tokens))[:len(chunk)])
         return np.concatenate(out) if out else np.zeros((0, max_decode_length), np.int32)
+
+
+class Evaluator(ModelRunner):
+    """Evaluates the tasks of ``name`` with a ``Structure`` whose params live on ``mesh``."""
+
+    def __init__(self, structure, mesh, rules, param_shardings, name: str,
+                 task_feature_lengths: Mapping[str, int], settings: EvalSettings):
+        if settings.mode not in MODES:
+            raise UserError(f"--mode={settings.mode!r}; choose one of {MODES}.")
+        self.tasks = leaf_tasks(name)
+        for task in self.tasks:
+            if not task.has_metrics and not task.label_options:
+                raise UserError(
+                    f"Task {task.name!r} has no metric_fns or score_metric_fns, so there is "
+                    "nothing to report. Register it with metric_fns=[...] (see "
+                    "t5x_like.evaluation.metrics) or evaluate a benchmark task such as "
+                    "embedded_bench.")
+        super().__init__(structure, mesh, rules, param_shardings, task_feature_lengths, settings)
 
     # -- examples -------------------------------------------------------------------------
     def examples(self, task) -> list[dict]:
