@@ -1,6 +1,8 @@
 """The data pipeline's packed features feed every family's model and loss as they are:
 a packed row scores its examples as if each had a row of its own."""
 
+import functools
+
 import flax.linen as nn
 import jax
 import numpy as np
@@ -16,7 +18,8 @@ CASES = {
                         {"inputs": 64, "targets": 16}, objectives.seq2seq_loss),
     "bart": ("embedded_en_bart", td.EncDecFeatureConverter, {"inputs": 32, "targets": 32},
              objectives.seq2seq_loss),
-    "decoder": ("embedded_en_prefix_lm", td.DecoderFeatureConverter,
+    "decoder": ("embedded_en_prefix_lm",
+                functools.partial(td.DecoderFeatureConverter, prefix_lm=True),
                 {"inputs": 32, "targets": 32}, objectives.causal_lm_loss),
     "encoder": ("embedded_en_span_mlm", td.EncoderFeatureConverter, {"inputs": 64},
                 objectives.masked_lm_loss),
