@@ -87,6 +87,16 @@ def default_config() -> ml_collections.ConfigDict:
         batch_size=0,                  # 0: batch_size
         max_decode_length=0,           # 0: task_feature_lengths.targets
     ))
+    # Fine-tuning with a task head (models.heads) on an encoder or decoder body instead of
+    # its pretraining objective: the body loads from init_from, the head starts fresh.
+    c.head = ml_collections.ConfigDict(dict(
+        kind="",                       # "" (none) | classification | regression |
+                                       # token_classification | span_extraction
+        pooling="cls",                 # classification: cls | last | mean
+        dropout_rate=0.1,
+        labels=(),                     # label names; () = from the task (resolved at start)
+        max_answer_length=30,          # span_extraction: longest predicted answer, in tokens
+    ))
 
     # Device mesh; -1 takes the remaining devices. Axis rules name the sharding strategy.
     # dcn: data parallelism across TPU slices (multi-slice); 0 = the number of slices
@@ -140,6 +150,9 @@ ENUMS = {
     "loss.normalization": ("tokens", "constant"),
     "on_nonfinite_loss": ("stop", "skip_update"),
     "prefix_attention": ("bidirectional", "causal"),
+    "head.kind": ("", "classification", "regression", "token_classification",
+                  "span_extraction"),
+    "head.pooling": ("cls", "last", "mean"),
 }
 POSITIVE_INTS = ("num_train_steps", "batch_size", "log_every_steps", "checkpoint_every_steps",
                  "eval_every_steps", "eval_batches", "keep_checkpoints", "optimizer.microbatches")
@@ -332,6 +345,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
         if value is not _ABSENT and value not in allowed:
             raise ConfigError(f"Config key {path!r} is {value!r}; choose one of {allowed}."
                               f"{_suggest(str(value), allowed)}")
+    _validate_head(config)
     for name, length in config.task_feature_lengths.items():
         if not isinstance(length, int) or length <= 0:
             raise ConfigError(f"task_feature_lengths.{name} must be a positive integer, got {length!r}.")
@@ -345,6 +359,29 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if list(config.mesh.values()).count(-1) > 1:
         raise ConfigError("At most one mesh axis may be -1 (fill with the remaining devices); "
                           f"got mesh={dict(config.mesh)}.")
+
+
+def _validate_head(config) -> None:
+    head = config.get("head")
+    if head is None or not head.kind:
+        return
+    from t5x_like import models
+    if models.STRUCTURES.get(config.model.family) == "encoder_decoder":
+        raise ConfigError(f"head.kind={head.kind!r} needs an encoder or decoder body; "
+                          f"model.family={config.model.family!r} is an encoder-decoder, which "
+                          "fine-tunes text-to-text: set --config.head.kind=''.")
+    if config.pack:
+        raise ConfigError("A fine-tuning head reads one example per row; set "
+                          "--config.pack=False.")
+    if config.optimizer.microbatches != 1:
+        raise ConfigError("Gradient accumulation (optimizer.microbatches > 1) is not built for "
+                          "fine-tuning heads; use optimizer.microbatches=1 and a batch_size "
+                          "that fits.")
+    if "inputs" not in config.task_feature_lengths:
+        raise ConfigError("A fine-tuning head reads task_feature_lengths.inputs tokens; set "
+                          "--config.task_feature_lengths.inputs=128 (for example).")
+    if head.kind == "regression" and head.labels:
+        raise ConfigError("head.kind='regression' predicts one number; leave head.labels empty.")
 
 
 def resolve_mesh_shape(mesh: dict[str, int], num_devices: int, num_slices: int = 1

@@ -238,7 +238,7 @@ def _setup(source, step, args, overrides, name):
     settings = evaluator.EvalSettings(
         split=args.split, max_examples=args.max_examples,
         batch_size=args.batch_size or config.batch_size,
-        max_decode_length=args.max_decode_length or lengths["targets"], num_beams=args.num_beams,
+        max_decode_length=args.max_decode_length, num_beams=args.num_beams,
         alpha=args.alpha, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         seed=args.seed, mode=args.mode, num_shots=args.num_shots,
         few_shot_seed=args.few_shot_seed)

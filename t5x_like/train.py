@@ -65,6 +65,27 @@ def load_and_validate(config_path: str, overrides: list[str]):
     return config
 
 
+def resolve_head_labels(config) -> None:
+    """``head.labels`` from the task when the config leaves them empty, so the saved run
+    config names the labels the head's outputs mean (eval and infer read them there)."""
+    from t5x_like.data import dataset_providers as dp
+    from t5x_like.data import head_features
+
+    head = config.get("head")
+    if head is None or not head.kind:
+        return
+    provider = dp.get_task_or_mixture(config.task)
+    if isinstance(provider, dp.Mixture):
+        raise config_lib.ConfigError(
+            f"head.kind={head.kind!r} trains one head on one task's labels; task "
+            f"{config.task!r} is a mixture. Fine-tune a head per task (--config.task=NAME).")
+    if head.kind in ("classification", "token_classification") and not head.labels:
+        try:
+            head.labels = tuple(head_features.labels_from_task(provider, head.kind))
+        except ValueError as e:
+            raise config_lib.ConfigError(str(e)) from None
+
+
 def _check_model_fits_vocabulary(config, vocabulary) -> None:
     vocab_size = vocabulary.vocab_size
     if vocab_size > config.model.vocab_size:
@@ -95,24 +116,32 @@ class _PreemptionFlag:
 def _check_same_model(saved_config: dict, config, source: str = "") -> None:
     saved_model = saved_config.get("model", {})
     current = config.model.to_dict()
-    differing = sorted(k for k in set(saved_model) | set(current)
-                       if _normalise(saved_model.get(k)) != _normalise(current.get(k)))
-    if differing:
-        details = ", ".join(f"model.{k}: checkpoint {saved_model.get(k)!r} vs config "
-                            f"{current.get(k)!r}" for k in differing)
+    details = [f"model.{k}: checkpoint {saved_model.get(k)!r} vs config {current.get(k)!r}"
+               for k in sorted(set(saved_model) | set(current))
+               if _normalise(saved_model.get(k)) != _normalise(current.get(k))]
+    if not source:  # resuming: the head must be the same too
+        saved_head = dict(saved_config.get("head") or {})
+        current_head = config.head.to_dict() if config.get("head") else {}
+        for key, empty in (("kind", ""), ("labels", [])):
+            was, now = saved_head.get(key, empty), current_head.get(key, empty)
+            if _normalise(was) != _normalise(now):
+                details.append(f"head.{key}: checkpoint {was!r} vs config {now!r}")
+    if details:
         if source:
             raise config_lib.ConfigError(
-                f"{source} holds a different model ({details}). Set the model keys to the "
-                "pretrained model's, e.g. use the config it was trained or converted with.")
+                f"{source} holds a different model ({', '.join(details)}). Set the model keys to "
+                "the pretrained model's, e.g. use the config it was trained or converted with.")
         raise config_lib.ConfigError(
-            f"The workdir holds checkpoints of a different model ({details}). Use a new "
-            "--workdir, or the same model settings to resume.")
+            f"The workdir holds checkpoints of a different model ({', '.join(details)}). Use a "
+            "new --workdir, or the same model settings to resume.")
 
 
 def _pretrained_state(config, trainer):
     """Step 0 from pretrained params, for fine-tuning or continued pretraining: a
     params-only folder (``convert import``), or a training workdir / checkpoint step
     (its newest step's params; the optimizer state is left behind)."""
+    import jax
+
     from t5x_like.convert import pretrained
     from t5x_like.evaluation import loading
 
@@ -129,8 +158,6 @@ def _pretrained_state(config, trainer):
         _check_same_model({"model": model_config}, config,
                           source=f"init_from={config.init_from!r}")
     else:
-        import jax
-
         from t5x_like import trainer as trainer_lib
         steps = source.steps()
         if not steps:
@@ -141,6 +168,10 @@ def _pretrained_state(config, trainer):
         saved_config = loading.run_config(source, steps[-1], None, [])
         params = jax.device_get(source.restore_params(
             steps[-1], trainer_lib.build_trainer(saved_config, trainer.mesh)))
+    if "backbone" in trainer.abstract_state.params and "backbone" not in params:
+        # A pretrained body under a new head: the body loads, the head starts fresh.
+        fresh = jax.device_get(trainer.init_state(config.seed).params)
+        params = {"backbone": params, "head": fresh["head"]}
     try:
         return trainer.state_from_params(params)
     except ValueError as e:
@@ -165,6 +196,7 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     from t5x_like.data import get_task_or_mixture, pipeline
     from t5x_like.models import structures
 
+    resolve_head_labels(config)
     process_index, process_count = jax.process_index(), jax.process_count()
     devices = jax.devices() if devices is None else list(devices)
     mesh_shape = config_lib.validate_for_devices(config, len(devices), process_count,
@@ -242,7 +274,8 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     writer = metrics_writer.MetricsWriter(workdir, enabled=is_chief)
     preemption = _PreemptionFlag()
     tokens_per_step = config.batch_size * sum(lengths.values())
-    flops_per_step = flops.train_flops_per_step(config.model, lengths, config.batch_size)
+    flops_per_step = 3.0 * structure.forward_flops_per_sequence(
+        config.model.to_dict(), lengths) * config.batch_size
     peak = hardware.peak_flops(devices[0].device_kind, config.peak_flops_per_device)
 
     def evaluate(params) -> dict:
@@ -358,7 +391,7 @@ def _benchmark_evaluator(config, trainer):
     settings = evaluator.EvalSettings(
         split=config.eval.split, max_examples=config.eval.max_examples,
         batch_size=config.eval.batch_size or config.batch_size,
-        max_decode_length=config.eval.max_decode_length or lengths["targets"], seed=config.seed)
+        max_decode_length=config.eval.max_decode_length, seed=config.seed)
     try:
         return eval_lib.build_evaluator(config, trainer, config.eval.mixture, settings, lengths)
     except config_lib.UserError as e:

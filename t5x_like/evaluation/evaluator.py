@@ -10,7 +10,9 @@ Each task of a mixture is evaluated in the mode its metadata asks for:
 - ``score``: each example's summed log-likelihood of its targets, then
   ``score_metric_fns(targets, scores)``;
 - ``lm_eval`` (decoders, ``num_shots`` set): lm-evaluation-harness multiple choice
-  over k-shot prompts, reporting ``acc`` and ``acc_norm`` (``few_shot.py``).
+  over k-shot prompts, reporting ``acc`` and ``acc_norm`` (``few_shot.py``);
+- ``head`` (a model fine-tuned with ``config.head``): the head's labels, tags, values
+  or answer spans as text (``models.head_structure``), then ``metric_fns``.
 
 The model runs on the training mesh and rules: params keep their shardings and each
 batch is a global array. Every process builds the same batches from the same
@@ -158,6 +160,10 @@ class Evaluator(ModelRunner):
                     "nothing to report. Register it with metric_fns=[...] (see "
                     "t5x_like.evaluation.metrics) or evaluate a benchmark task such as "
                     "embedded_bench.")
+        if structure.name == "head" and len(self.tasks) > 1:
+            raise UserError(f"A fine-tuned head predicts one task's labels; {name!r} has "
+                            f"{len(self.tasks)} tasks. Evaluate the task it was trained on "
+                            "(--task=NAME).")
         super().__init__(structure, mesh, rules, param_shardings, task_feature_lengths, settings)
 
     # -- examples -------------------------------------------------------------------------
@@ -180,6 +186,8 @@ class Evaluator(ModelRunner):
 
     def mode_for(self, task, examples) -> str:
         s = self.settings
+        if self.structure.name == "head":
+            return "head"
         has_options = bool(task.label_options) or "options" in examples[0]
         if s.num_shots is not None and has_options and self.structure.name == "decoder":
             return "lm_eval"
@@ -217,6 +225,10 @@ class Evaluator(ModelRunner):
             return TaskResult(task.name, mode, metrics, records)
         if mode == "rank":
             predictions = self._rank(params, task, examples, converter, vocabulary, records)
+        elif mode == "head":
+            converter = self.structure.feature_converter(self.lengths, strict=False)
+            rows = [converter.convert_example(ex, self.lengths) for ex in examples]
+            predictions = self.structure.label_texts(self.predict_rows(params, rows, 0), rows)
         else:
             length = self.settings.max_decode_length or self.lengths["targets"]
             rows = [converter.convert_example(_with_eos_target(ex, vocabulary), self.lengths)
@@ -232,7 +244,7 @@ class Evaluator(ModelRunner):
         metrics = {}
         for fn in task.metric_fns:
             metrics.update(fn(targets, predicted))
-        if task.score_metric_fns:
+        if task.score_metric_fns and mode != "head":
             rows = [converter.convert_example(ex, self.lengths) for ex in examples]
             scores = self.score_rows(params, rows)
             _check_finite(task.name, scores)

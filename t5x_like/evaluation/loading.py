@@ -90,6 +90,8 @@ def run_config(source: Source, step: int, config_path: str | None, overrides) ->
         config_lib.validate(config)
         from t5x_like.train import _check_same_model
         _check_same_model(saved, config, source=str(source.path))
+        from t5x_like.train import resolve_head_labels
+        resolve_head_labels(config)
         return config
     config = config_lib.default_config()
     if source.kind == "pretrained":
@@ -106,7 +108,10 @@ def _fill_defaults(saved: dict, defaults: dict) -> dict:
     """A saved config with keys added since it was written taken from the defaults."""
     out = dict(defaults)
     for key, value in saved.items():
-        if isinstance(value, dict) and isinstance(defaults.get(key), dict) and key != "model":
+        # The model and the task lengths are the run's own: no default keys join them
+        # (a default "inputs" length would turn a decoder LM into a prefix LM).
+        if (isinstance(value, dict) and isinstance(defaults.get(key), dict)
+                and key not in ("model", "task_feature_lengths")):
             out[key] = _fill_defaults(value, defaults[key])
         else:
             out[key] = value

@@ -51,6 +51,8 @@ def example_inputs(model, lengths: dict | None = None, batch_size: int = 1) -> t
     import jax.numpy as jnp
 
     lengths = lengths or {}
+    if "input_tokens" in lengths:  # a fine-tuning head (models.heads.WithHead)
+        return (jnp.ones((batch_size, lengths["input_tokens"]), jnp.int32),)
     if isinstance(model, DecoderOnly):
         return (jnp.ones((batch_size, lengths.get("decoder_input_tokens", 8)), jnp.int32),)
     if isinstance(model, EncoderOnly):

@@ -299,13 +299,32 @@ def _cached(family_items: tuple, prefix_attention: str) -> Structure:
 
 def for_config(config) -> Structure:
     """The structure (with its model) a run config describes (``config.model``, and
-    ``config.prefix_attention`` for decoders)."""
+    ``config.prefix_attention`` for decoders); with ``config.head.kind`` set, a
+    fine-tuning head on that body (``models.head_structure``)."""
     model_config = dict(config.model)
     if model_config.get("mlp_activations") is not None:
         model_config["mlp_activations"] = tuple(model_config["mlp_activations"])
     prefix_attention = config.get("prefix_attention", "bidirectional")
-    return _cached(tuple(sorted((k, _hashable(v)) for k, v in model_config.items())),
+    body = _cached(tuple(sorted((k, _hashable(v)) for k, v in model_config.items())),
                    prefix_attention)
+    head = dict(config.get("head") or {})
+    if not head.get("kind"):
+        return body
+    return _cached_head(body, tuple(sorted((k, _hashable(v)) for k, v in head.items())),
+                        config.task)
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_head(body: Structure, head_items: tuple, task_name: str) -> Structure:
+    from t5x_like.data import get_task_or_mixture
+    from t5x_like.models.head_structure import HeadStructure
+    head = dict(head_items)
+    if body.name == "encoder_decoder":
+        from t5x_like.config_lib import ConfigError
+        raise ConfigError("head.kind is for encoder and decoder bodies; fine-tune "
+                          "encoder-decoders (T5, BART) text-to-text with head.kind=''.")
+    vocabulary = get_task_or_mixture(task_name).vocabulary
+    return HeadStructure(body, head, head.get("labels", ()), vocabulary)
 
 
 def _hashable(value):

@@ -1,0 +1,34 @@
+"""The benchmark recipe's BERT: a 4-layer, 128-wide encoder, masked LM (15%, 80/10/10)
+on the embedded corpus (1,500 steps of 32 x 128 tokens).
+
+    python -m t5x_like.train --config=configs/pretrain/bert_tiny.py --workdir=runs/pt_bert
+
+``model_config()`` is shared with the fine-tuning recipe, so the checkpoint loads there.
+"""
+
+from t5x_like import config_lib
+
+
+def model_config():
+    model = config_lib.model_defaults("encoder")
+    model.update(dict(vocab_size=8192, d_model=128, num_heads=4, head_dim=32, d_ff=512,
+                      num_layers=4, max_length=256, next_sentence_head=False))
+    return model
+
+
+def get_config():
+    config = config_lib.default_config()
+    config.task = "embedded_en_mlm"
+    config.task_feature_lengths = {"inputs": 128}
+    config.model = model_config()
+    config.num_train_steps = 1500
+    config.batch_size = 32
+    config.log_every_steps = 50
+    config.eval_every_steps = 500
+    config.checkpoint_every_steps = 500
+    config.eval_batches = 8
+    config.optimizer.name = "adamw"
+    config.optimizer.learning_rate = 1e-3
+    config.optimizer.schedule = "cosine"
+    config.optimizer.warmup_steps = 100
+    return config

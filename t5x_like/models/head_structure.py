@@ -1,0 +1,132 @@
+"""The structure of a fine-tuning head on an encoder or decoder body (``config.head``).
+
+BERT-style fine-tuning: the body's pretraining objective is set aside and a small
+head (``models.heads.WithHead``) is trained on the task's labels. Train, eval and
+infer use it as they use the other structures: its converter turns task examples
+into ``input_tokens`` and labels (``data/head_features.py``), ``loss_fn`` is the
+head's cross entropy (or squared error), and ``predict_batch`` returns label ids,
+values, per-token tag ids or answer spans, which ``label_texts`` turns into the text
+the task's metrics compare with its targets.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from t5x_like import objectives
+from t5x_like.models import heads, structures
+
+LOSSES = {"classification": objectives.classification_loss,
+          "regression": objectives.regression_loss,
+          "token_classification": objectives.token_classification_loss,
+          "span_extraction": objectives.span_extraction_loss}
+
+
+class HeadStructure(structures.Structure):
+    name = "head"
+
+    def __init__(self, body: structures.Structure, head_config, labels: Sequence[str],
+                 vocabulary):
+        kind = head_config["kind"]
+        self.kind = kind
+        self.body = body
+        self.labels = list(labels)
+        self.vocabulary = vocabulary
+        self.max_answer_length = int(head_config.get("max_answer_length", 30))
+        num_labels = {"classification": len(self.labels), "regression": 1,
+                      "token_classification": len(self.labels), "span_extraction": 2}[kind]
+        model_kind = "classification" if kind == "regression" else kind
+        super().__init__(heads.WithHead(body.model, heads.HeadConfig(
+            kind=model_kind, num_labels=max(num_labels, 1), pooling=head_config["pooling"],
+            dropout_rate=float(head_config["dropout_rate"]))))
+
+    @property
+    def wraps_cls_sep(self) -> bool:
+        return self.body.name == "encoder"
+
+    # -- data -------------------------------------------------------------------------------
+    def feature_converter(self, task_feature_lengths, pack=False, strict=True):
+        from t5x_like.config_lib import ConfigError
+        from t5x_like.data.head_features import HeadFeatureConverter
+        if pack:
+            raise ConfigError("A fine-tuning head reads one example per row; set pack=False.")
+        return HeadFeatureConverter(self.kind, self.vocabulary, self.labels,
+                                    wrap_cls_sep=self.wraps_cls_sep, strict=strict)
+
+    def model_feature_lengths(self, task_feature_lengths):
+        return {"input_tokens": int(dict(task_feature_lengths)["inputs"])}
+
+    def abstract_batch(self, task_feature_lengths, batch_size, sharding=None):
+        converter = self.feature_converter(task_feature_lengths)
+        length = int(dict(task_feature_lengths)["inputs"])
+        return {name: jax.ShapeDtypeStruct((batch_size, *shape), dtype, sharding=sharding)
+                for name, (shape, dtype) in converter.abstract_features(length).items()}
+
+    # -- objectives -------------------------------------------------------------------------
+    def loss_fn(self, loss_config):
+        head_loss = LOSSES[self.kind]
+
+        def loss_fn(model, params, batch, rng, normalizer=None, num_sequences=None):
+            # The head losses are means over the batch (or its tagged tokens); gradient
+            # accumulation is refused for heads in config validation.
+            loss, metrics = head_loss(model, params, batch, rng, deterministic=rng is None)
+            if "label_weights" in batch:
+                count = batch["label_weights"].sum()
+            else:
+                count = jnp.asarray(batch["input_tokens"].shape[0], jnp.float32)
+            metrics = dict(metrics, num_target_tokens=count)
+            metrics.setdefault("accuracy", jnp.zeros((), jnp.float32))
+            return loss, metrics
+        return loss_fn
+
+    def logits(self, params, batch):
+        return self.model.apply({"params": params}, batch["input_tokens"],
+                                batch.get("token_type_ids"))
+
+    def score_batch(self, params, batch):
+        raise ValueError("A head model predicts labels; it has no target log-likelihood to "
+                         "score. Evaluate it in predict mode (the default).")
+
+    def predict_batch(self, params, batch, *, rng=None, **decode):
+        """Label ids ``[batch]``, values ``[batch]`` (regression), tag ids ``[batch, length]``
+        or answer spans ``[batch, 2]`` (start, end; the best-scoring pair inside the context
+        with end >= start and at most ``max_answer_length`` tokens)."""
+        out = self.logits(params, batch)
+        if self.kind == "regression":
+            return out[:, 0]
+        if self.kind != "span_extraction":
+            return jnp.argmax(out, axis=-1).astype(jnp.int32)
+        inside = batch["context_mask"] > 0
+        start = jnp.where(inside, out["start_logits"], -jnp.inf)
+        end = jnp.where(inside, out["end_logits"], -jnp.inf)
+        length = start.shape[1]
+        offsets = jnp.arange(length)[None, :] - jnp.arange(length)[:, None]  # end - start
+        allowed = (offsets >= 0) & (offsets < self.max_answer_length)
+        pair = jnp.where(allowed[None], start[:, :, None] + end[:, None, :], -jnp.inf)
+        best = jnp.argmax(pair.reshape(pair.shape[0], -1), axis=-1)
+        return jnp.stack([best // length, best % length], axis=-1).astype(jnp.int32)
+
+    def label_texts(self, predictions: np.ndarray, rows: Sequence[dict]) -> list[str]:
+        """Model outputs -> the text a text-to-text model would have written."""
+        if self.kind == "regression":
+            return [f"{float(value):g}" for value in predictions]
+        if self.kind == "classification":
+            return [self.labels[int(i)] for i in predictions]
+        if self.kind == "token_classification":
+            return [" ".join(self.labels[int(t)] for t, w in zip(tags, row["label_weights"])
+                             if w > 0) for tags, row in zip(predictions, rows)]
+        texts = []
+        for (start, end), row in zip(predictions, rows):
+            tokens = np.asarray(row["input_tokens"])[int(start):int(end) + 1]
+            texts.append(self.vocabulary.decode([int(t) for t in tokens]))
+        return texts
+
+    def forward_flops_per_sequence(self, model, lengths):
+        # The body without its vocabulary projection (the head's outputs are tiny).
+        length = int(lengths["inputs"])
+        body_lengths = {"inputs": length} if self.body.name == "encoder" else {"targets": length}
+        return self.body.forward_flops_per_sequence(dict(model, vocab_size=0), body_lengths)
