@@ -116,3 +116,39 @@ def test_two_processes_of_four_devices_match_one_process_of_eight(tmp_path):
     assert sorted(two) == list(range(1, 7))
     np.testing.assert_allclose([two[s] for s in range(1, 7)], [one[s] for s in range(1, 7)],
                                rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_eval_of_two_processes_equals_one_process(tmp_path):
+    """eval on 2 processes x 4 devices (params sharded over both, every process
+    building the same global batches) writes what one process of 8 devices writes."""
+    config = train.load_and_validate(str(REPO / "configs" / "quickstart.py"),
+                                     [a[len("--config."):] for a in TINY]
+                                     + ["num_train_steps=2"])
+    train.run(config, str(tmp_path / "run"), quiet=True)
+    eval_args = [f"--checkpoint={tmp_path / 'run'}", "--mixture=embedded_bench",
+                 "--max_examples=8", "--batch_size=8", "--quiet"]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    result = subprocess.run(
+        [sys.executable, "-m", "t5x_like.launch_local", "--num_processes=2",
+         "--devices_per_process=4", "--timeout_s=240", "--module=t5x_like.eval", "--",
+         *eval_args, f"--output_dir={tmp_path / 'two'}"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    from t5x_like import eval as eval_cli
+    assert eval_cli.main([*eval_args, f"--output_dir={tmp_path / 'one'}"]) == 0
+
+    def records(folder):
+        return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    one, two = records(tmp_path / "one"), records(tmp_path / "two")
+    assert len(one) == len(two) == 6  # one line per task, written once
+    for a, b in zip(one, two):
+        assert a.keys() == b.keys() and a["task"] == b["task"]
+        for key in a:
+            if isinstance(a[key], float):
+                np.testing.assert_allclose(b[key], a[key], rtol=1e-5, err_msg=key)
+    for path in sorted((tmp_path / "one" / "predictions").rglob("*.jsonl")):
+        mirror = tmp_path / "two" / path.relative_to(tmp_path / "one")
+        ours = [json.loads(line) for line in path.read_text().splitlines()]
+        theirs = [json.loads(line) for line in mirror.read_text().splitlines()]
+        assert [r.get("prediction") for r in ours] == [r.get("prediction") for r in theirs]

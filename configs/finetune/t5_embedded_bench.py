@@ -23,12 +23,12 @@ _spec.loader.exec_module(_quickstart)
 def get_config():
     config = _quickstart.get_config()   # the same model as the pretraining run
     config.task = "embedded_bench"
-    config.task_feature_lengths = {"inputs": 128, "targets": 32}
-    config.num_train_steps = 1000
+    config.task_feature_lengths = {"inputs": 128, "targets": 64}  # POS tags and verses run long
+    config.num_train_steps = 600
     config.batch_size = 32
     config.log_every_steps = 50
-    config.eval_every_steps = 250
-    config.checkpoint_every_steps = 250
+    config.eval_every_steps = 300
+    config.checkpoint_every_steps = 300
     config.eval_batches = 4
     config.optimizer.name = "adafactor"
     config.optimizer.learning_rate = 1e-3   # T5's fine-tuning rate, constant
@@ -36,5 +36,5 @@ def get_config():
     config.optimizer.warmup_steps = 0
     config.eval.mixture = "embedded_bench"
     config.eval.max_examples = 128
-    config.eval.every_steps = 500
+    config.eval.every_steps = 600
     return config

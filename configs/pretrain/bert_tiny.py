@@ -1,5 +1,5 @@
 """The benchmark recipe's BERT: a 4-layer, 128-wide encoder, masked LM (15%, 80/10/10)
-on the embedded corpus (1,500 steps of 32 x 128 tokens).
+on the embedded corpus (1,000 steps of 32 x 128 tokens).
 
     python -m t5x_like.train --config=configs/pretrain/bert_tiny.py --workdir=runs/pt_bert
 
@@ -21,7 +21,7 @@ def get_config():
     config.task = "embedded_en_mlm"
     config.task_feature_lengths = {"inputs": 128}
     config.model = model_config()
-    config.num_train_steps = 1500
+    config.num_train_steps = 1000
     config.batch_size = 32
     config.log_every_steps = 50
     config.eval_every_steps = 500

@@ -1,5 +1,5 @@
 """The benchmark recipe's GPT-2: a 4-layer, 128-wide decoder, causal LM on the
-embedded corpus (1,500 steps of 32 x 160 tokens).
+embedded corpus (1,000 steps of 32 x 160 tokens).
 
     python -m t5x_like.train --config=configs/pretrain/gpt2_tiny.py --workdir=runs/pt_gpt2
 
@@ -21,7 +21,7 @@ def get_config():
     config.task = "embedded_en_lm"
     config.task_feature_lengths = {"targets": 160}
     config.model = model_config()
-    config.num_train_steps = 1500
+    config.num_train_steps = 1000
     config.batch_size = 32
     config.log_every_steps = 50
     config.eval_every_steps = 500

@@ -1,0 +1,102 @@
+"""The embedded_bench table of the README: majority-class baseline, and each fine-tuned
+model from random init and from its pretrained checkpoint, per task and metric.
+
+    .venv/bin/python benchmarks/embedded_bench_table.py --runs=runs [--split=test] [--max_examples=200]
+
+Model columns read ``RUNS/ft_<model>_<init>/eval_<split>/metrics.jsonl`` (text-to-text
+runs, ``python -m t5x_like.eval --mixture=embedded_bench``) and
+``RUNS/ft_bert_<task>_<init>/eval_<split>/metrics.jsonl`` (one head per task); a
+missing run prints ``-``. The majority baseline is computed here on the same examples
+with each task's own metric functions: every example gets the most frequent train
+target (for tagging, the most frequent tag at every word; for the cloze, the option at
+the most frequent answer position).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import itertools
+import json
+import pathlib
+
+from t5x_like.data import bench_tasks, get_task_or_mixture
+from t5x_like.evaluation.evaluator import _text
+
+COLUMNS = [("T5", "t5"), ("GPT-2", "gpt2"), ("BERT", "bert")]
+LENGTHS = {"inputs": 1 << 16, "targets": 1 << 16}
+
+
+def examples(task, split: str, limit: int | None) -> list[dict]:
+    ds = task.get_dataset(split, LENGTHS, shuffle=False, num_epochs=1)
+    return list(itertools.islice(iter(ds), limit))
+
+
+def majority(task, split: str, limit: int | None) -> dict[str, float]:
+    train = examples(task, "train", None)
+    evaluated = examples(task, split, limit)
+    targets = [_text(ex["targets_pretokenized"]) for ex in evaluated]
+    if "tags" in evaluated[0]:
+        tag = collections.Counter(t for ex in train for t in ex["tags"]).most_common(1)[0][0]
+        predictions = [" ".join([tag] * len(ex["tags"])) for ex in evaluated]
+    elif "options" in evaluated[0]:
+        position = collections.Counter(int(ex["label"]) for ex in train).most_common(1)[0][0]
+        predictions = [_text(ex["options"][position]) for ex in evaluated]
+    else:
+        common = collections.Counter(_text(ex["targets_pretokenized"]) for ex in train)
+        predictions = [common.most_common(1)[0][0]] * len(evaluated)
+    out = {}
+    post = lambda text, ex, is_target: task.postprocess(text, example=ex, is_target=is_target)  # noqa: E731
+    for fn in task.metric_fns:
+        out.update(fn([post(t, ex, True) for t, ex in zip(targets, evaluated)],
+                      [post(p, ex, False) for p, ex in zip(predictions, evaluated)]))
+    return out
+
+
+def read_metrics(path: pathlib.Path) -> dict[str, dict[str, float]]:
+    """task -> metrics of the newest step in a metrics.jsonl."""
+    if not path.is_file():
+        return {}
+    out, steps = {}, {}
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        if record["step"] >= steps.get(record["task"], -1):
+            steps[record["task"]] = record["step"]
+            out[record["task"]] = record
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", default="runs")
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--max_examples", type=int, default=200)
+    args = parser.parse_args()
+    runs = pathlib.Path(args.runs)
+    eval_dir = f"eval_{args.split}"
+    text_runs = {(model, init): read_metrics(runs / f"ft_{model}_{init}" / eval_dir /
+                                             "metrics.jsonl")
+                 for _, model in COLUMNS[:2] for init in ("rand", "pt")}
+    header = ["task", "metric", "majority"] + [f"{name} {label}" for name, _ in COLUMNS
+                                               for label in ("random init", "pretrained")]
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for name in bench_tasks.TASKS:
+        task = get_task_or_mixture(name)
+        base = majority(task, args.split, args.max_examples or None)
+        short = name.replace("embedded_", "")
+        bert = {init: read_metrics(runs / f"ft_bert_{short}_{init}" / eval_dir / "metrics.jsonl")
+                for init in ("rand", "pt")}
+        for metric, value in base.items():
+            cells = [short, metric, f"{value:.1f}"]
+            for _, model in COLUMNS:
+                for init in ("rand", "pt"):
+                    source = bert[init] if model == "bert" else text_runs[(model, init)]
+                    got = source.get(name, {}).get(metric)
+                    cells.append("-" if got is None else f"{got:.1f}")
+            print("| " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
