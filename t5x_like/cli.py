@@ -1,6 +1,7 @@
 """``t5xl``: one command with subcommands, each the same as its ``python -m`` module.
 
     t5xl train --config=configs/quickstart.py --workdir=/tmp/run
+    t5xl eval --checkpoint=/tmp/run --mixture=embedded_bench --output_dir=/tmp/run_eval
     t5xl summary --config=configs/t5_1_1_base.py
     t5xl convert import --hf_dir=HF_FOLDER --out=CONVERTED
     t5xl vocab --output=data/vocab/embedded_en_8k.model
@@ -11,7 +12,9 @@ from __future__ import annotations
 import sys
 
 COMMANDS = {
-    "train": ("t5x_like.train", "pretrain or continue a run"),
+    "train": ("t5x_like.train", "pretrain, fine-tune or continue a run"),
+    "eval": ("t5x_like.eval", "evaluate checkpoints on a benchmark task or mixture"),
+    "infer": ("t5x_like.infer", "generate for a task's split or a JSONL file"),
     "summary": ("t5x_like.summary", "parameter table of a config's model"),
     "convert": ("t5x_like.convert.__main__", "import/export Hugging Face checkpoints"),
     "vocab": ("t5x_like.data.train_vocab", "train the embedded SentencePiece vocabulary"),

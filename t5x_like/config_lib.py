@@ -231,6 +231,13 @@ def parse_value(text: str, current: Any, key: str) -> Any:
         return text
 
 
+def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``(other flags, config overrides)``: ``--config.KEY=VALUE`` become ``KEY=VALUE``
+    (the override syntax of train, eval and infer)."""
+    overrides = [a[len("--config."):] for a in argv if a.startswith("--config.")]
+    return [a for a in argv if not a.startswith("--config.")], overrides
+
+
 def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str]) -> None:
     """Applies ``key.path=value`` strings (from ``--config.key.path=value``) in place."""
     for item in overrides:

@@ -52,7 +52,7 @@ def parse_args(argv):
     multi.add_argument("--num_processes", type=int)
     multi.add_argument("--process_id", type=int)
     parser.add_argument("--quiet", action="store_true")
-    rest, overrides = split_overrides(argv)
+    rest, overrides = config_lib.split_overrides(argv)
     return parser.parse_args(rest), overrides
 
 
@@ -66,12 +66,6 @@ def add_decoding_flags(group) -> None:
     group.add_argument("--top_k", type=int, default=0)
     group.add_argument("--top_p", type=float, default=1.0)
     group.add_argument("--seed", type=int, default=0)
-
-
-def split_overrides(argv) -> tuple[list[str], list[str]]:
-    """``(other flags, config overrides)``: ``--config.KEY=VALUE`` become ``KEY=VALUE``."""
-    overrides = [a[len("--config."):] for a in argv if a.startswith("--config.")]
-    return [a for a in argv if not a.startswith("--config.")], overrides
 
 
 def eval_lengths(config, args=None) -> dict[str, int]:

@@ -35,7 +35,7 @@ def parse_args(argv):
     parser.add_argument("--batch_size", type=int, default=0)
     parser.add_argument("--inputs_length", type=int, default=0)
     eval_lib.add_decoding_flags(parser.add_argument_group("decoding"))
-    rest, overrides = eval_lib.split_overrides(argv)
+    rest, overrides = config_lib.split_overrides(argv)
     return parser.parse_args(rest), overrides
 
 

@@ -39,12 +39,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     multi.add_argument("--coordinator_address", help="HOST:PORT of process 0.")
     multi.add_argument("--num_processes", type=int, help="Processes in the run.")
     multi.add_argument("--process_id", type=int, help="This process's index, from 0.")
-    overrides, rest = [], []
-    for arg in argv:
-        if arg.startswith("--config."):
-            overrides.append(arg[len("--config."):])
-        else:
-            rest.append(arg)
+    rest, overrides = config_lib.split_overrides(argv)
     return parser.parse_args(rest), overrides
 
 

@@ -39,6 +39,18 @@ def _target_log_likelihood(logits, targets, weights) -> jax.Array:
     return (token * weights).sum(axis=-1)
 
 
+def _token_loss_fn(objective, loss_config):
+    """The train/eval loss of a token-level objective (``seq2seq_loss``, ``causal_lm_loss``)
+    with the config's label smoothing and z-loss; dropout runs exactly when given an rng."""
+    options = {"label_smoothing": float(loss_config.label_smoothing),
+               "z_loss": float(loss_config.z_loss)}
+
+    def loss_fn(model, params, batch, rng, normalizer=None, num_sequences=None):
+        return objective(model, params, batch, rng, deterministic=rng is None,
+                         normalizer=normalizer, **options)
+    return loss_fn
+
+
 def _layer_matmuls(d: int, heads: int, head_dim: int, d_ff: int, activations, attention_mats=4,
                    kv_heads: int | None = None):
     """Multiply-adds per token of one layer's projections (attention and MLP). With
@@ -111,13 +123,7 @@ class EncoderDecoderStructure(Structure):
                 "decoder_target_tokens": lengths["targets"]}
 
     def loss_fn(self, loss_config):
-        options = {"label_smoothing": float(loss_config.label_smoothing),
-                   "z_loss": float(loss_config.z_loss)}
-
-        def loss_fn(model, params, batch, rng, normalizer=None, num_sequences=None):
-            return objectives.seq2seq_loss(model, params, batch, rng, deterministic=rng is None,
-                                           normalizer=normalizer, **options)
-        return loss_fn
+        return _token_loss_fn(objectives.seq2seq_loss, loss_config)
 
     def logits(self, params, batch):
         return self.model.apply(
@@ -180,13 +186,7 @@ class DecoderStructure(Structure):
         return {"decoder_input_tokens": length, "decoder_target_tokens": length}
 
     def loss_fn(self, loss_config):
-        options = {"label_smoothing": float(loss_config.label_smoothing),
-                   "z_loss": float(loss_config.z_loss)}
-
-        def loss_fn(model, params, batch, rng, normalizer=None, num_sequences=None):
-            return objectives.causal_lm_loss(model, params, batch, rng, deterministic=rng is None,
-                                             normalizer=normalizer, **options)
-        return loss_fn
+        return _token_loss_fn(objectives.causal_lm_loss, loss_config)
 
     def logits(self, params, batch):
         return self.model.apply(
