@@ -377,6 +377,10 @@ def _validate_head(config) -> None:
         raise ConfigError(f"head.kind={head.kind!r} needs an encoder or decoder body; "
                           f"model.family={config.model.family!r} is an encoder-decoder, which "
                           "fine-tunes text-to-text: set --config.head.kind=''.")
+    if (models.STRUCTURES.get(config.model.family) == "decoder" and head.pooling == "cls"
+            and head.kind in ("classification", "regression")):
+        raise ConfigError("A decoder's first token has seen nothing but itself; pool a "
+                          "decoder body at its last token: --config.head.pooling=last.")
     if config.pack:
         raise ConfigError("A fine-tuning head reads one example per row; set "
                           "--config.pack=False.")

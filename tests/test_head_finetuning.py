@@ -67,6 +67,11 @@ def test_classification_rows_wrap_cls_sep_and_index_labels():
     assert long["input_tokens"][0] == VOCAB.cls_id and long["input_tokens"][-1] == VOCAB.sep_id
     with pytest.raises(ValueError, match="not one of the head's 2 labels"):
         converter({"inputs_pretokenized": "x", "targets_pretokenized": "eggs"}, {"inputs": 8})
+    decoder_rows = head_features.HeadFeatureConverter("classification", VOCAB, ["ham", "spam"],
+                                                      wrap_cls_sep=False)
+    row = decoder_rows({"inputs_pretokenized": "buy now", "targets_pretokenized": "spam"},
+                       {"inputs": 12})
+    np.testing.assert_array_equal(row["input_tokens"][:len(pieces) + 1], pieces + [0])
     lenient = head_features.HeadFeatureConverter("classification", VOCAB, ["ham", "spam"],
                                                  strict=False)
     assert int(lenient({"inputs_pretokenized": "x", "targets_pretokenized": "eggs"},
@@ -137,6 +142,13 @@ def test_bad_head_configs_are_named():
         encoder_config(**{"head.kind": "classification", "pack": True})
     with pytest.raises(config_lib.ConfigError, match="head.kind"):
         encoder_config(**{"head.kind": "ranking"})
+    decoder = tiny_config()
+    decoder.model = config_lib.model_defaults("decoder")
+    decoder.head.kind = "classification"
+    with pytest.raises(config_lib.ConfigError, match="head.pooling=last"):
+        config_lib.validate(decoder)
+    decoder.head.pooling = "last"
+    config_lib.validate(decoder)
     config = encoder_config(**{"head.kind": "classification"})
     config.task = "embedded_bench"
     with pytest.raises(config_lib.ConfigError, match="is a mixture"):
