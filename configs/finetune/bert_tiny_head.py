@@ -23,20 +23,15 @@ _spec.loader.exec_module(_bert_tiny)
 
 
 def get_config():
-    config = _bert_tiny.get_config()
-    config.model = _bert_tiny.model_config()   # the pretrained body's keys
+    config = _bert_tiny.get_config()   # the pretrained body's model keys, AdamW
     config.task = "embedded_spam"
     config.task_feature_lengths = {"inputs": 128}
     config.head.kind = "classification"
     config.head.pooling = "cls"
     config.head.dropout_rate = 0.1
     config.num_train_steps = 400
-    config.batch_size = 32
-    config.log_every_steps = 50
     config.eval_every_steps = 200
     config.checkpoint_every_steps = 200
-    config.eval_batches = 4
-    config.optimizer.name = "adamw"
     config.optimizer.learning_rate = 5e-4
     config.optimizer.schedule = "linear"       # BERT: warmup, then linear decay
     config.optimizer.warmup_steps = 40
