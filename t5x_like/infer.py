@@ -17,6 +17,7 @@ import sys
 
 import numpy as np
 
+from t5x_like import config_lib
 from t5x_like import eval as eval_lib
 from t5x_like.config_lib import UserError
 

@@ -184,7 +184,6 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     ``devices`` defaults to all devices; tests pass a subset to compare meshes.
     """
     import jax  # imported late: config mistakes are reported before JAX starts
-    import numpy as np
 
     from t5x_like import checkpointing, flops, hardware, metrics_writer, partitioning
     from t5x_like import trainer as trainer_lib

@@ -15,7 +15,6 @@ from t5x_like import trainer as trainer_lib
 from t5x_like.data import preprocessors as pp
 from t5x_like.data import tasks
 from t5x_like.evaluation import evaluator, few_shot, metrics
-from t5x_like.models import structures
 
 from conftest import tiny_config
 
