@@ -99,7 +99,7 @@ def run(args, overrides) -> int:
         examples = []
         for text in inputs_text:
             tokens = list(vocabulary.encode(text))[:lengths["inputs"] - 1] + [vocabulary.eos_id]
-            examples.append({"inputs": np.asarray(tokens, np.int32)})
+            examples.append({"inputs": np.asarray(tokens, np.int32), "inputs_pretokenized": text})
 
     devices = jax.devices()
     mesh_shape = config_lib.validate_for_devices(config, len(devices), jax.process_count(),
@@ -114,11 +114,20 @@ def run(args, overrides) -> int:
     structure = structures.for_config(config)
     runner = evaluator.ModelRunner(structure, mesh, trainer.rules,
                                    trainer.state_shardings.params, lengths, settings)
-    converter = structure.feature_converter(lengths, pack=False)
-    rows = [converter.convert_example(
-        dict(ex, targets=np.asarray([vocabulary.eos_id], np.int32)), lengths) for ex in examples]
-    tokens = runner.predict_rows(params, rows, max_decode_length)
-    predictions = [evaluator._decode(vocabulary, row) for row in tokens]
+    if structure.name == "head":  # a fine-tuned head: label, value, tag or span text
+        converter = structure.feature_converter(lengths, strict=False)
+        try:
+            rows = [converter.convert_example(ex, lengths) for ex in examples]
+        except KeyError as e:
+            raise UserError(f"{e.args[0]} Pass --task=NAME for a task with those fields.") from None
+        predictions = structure.label_texts(runner.predict_rows(params, rows, 0), rows)
+    else:
+        converter = structure.feature_converter(lengths, pack=False)
+        rows = [converter.convert_example(
+            dict(ex, targets=np.asarray([vocabulary.eos_id], np.int32)), lengths)
+            for ex in examples]
+        tokens = runner.predict_rows(params, rows, max_decode_length)
+        predictions = [evaluator._decode(vocabulary, row) for row in tokens]
     if jax.process_index() == 0:
         out = pathlib.Path(args.output_file)
         out.parent.mkdir(parents=True, exist_ok=True)

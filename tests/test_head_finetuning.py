@@ -195,6 +195,13 @@ def test_head_fine_tunes_from_a_pretrained_body_and_evaluates(tmp_path):
     assert {p["prediction"] for p in predictions} <= {"long", "short"}
     assert len(predictions) == 64
 
+    from t5x_like import infer
+    (tmp_path / "in.jsonl").write_text('{"inputs": "word stone"}\n{"inputs": "word sun"}\n')
+    assert infer.main([f"--checkpoint={tmp_path / 'ft'}", f"--input_file={tmp_path / 'in.jsonl'}",
+                       f"--output_file={tmp_path / 'out.jsonl'}"]) == 0
+    lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [line["prediction"] for line in lines] == ["long", "short"]
+
 
 def test_tagging_head_trains_and_predicts_tags(tmp_path):
     config = encoder_config(num_train_steps=40, checkpoint_every_steps=40, eval_every_steps=40,

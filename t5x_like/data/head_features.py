@@ -152,11 +152,15 @@ class HeadFeatureConverter:
         return row
 
     def _tagging(self, example, length):
-        if "words" not in example or "tags" not in example:
+        if not self.strict and "words" not in example and "inputs_pretokenized" in example:
+            # Predicting for raw text: its whitespace-separated words, no tags.
+            example = dict(example, words=_text(example["inputs_pretokenized"]).split())
+        if "words" not in example or ("tags" not in example and self.strict):
             raise KeyError("A token_classification head needs examples with 'words' and "
                            f"'tags' lists (as embedded_ud_pos has); this one has "
                            f"{sorted(example)}.")
-        words, tags = _strings(example["words"]), _strings(example["tags"])
+        words = _strings(example["words"])
+        tags = _strings(example["tags"]) if "tags" in example else [""] * len(words)
         pieces, labels, weights = [], [], []
         for word, tag in zip(words, tags, strict=True):
             ids = self._encode(word) or [self.vocabulary.unk_id]
