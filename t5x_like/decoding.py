@@ -352,12 +352,23 @@ def generate_padded(model: nn.Module, params, prompt_tokens: jax.Array, prompt_l
             decoder_segment_ids=valid, mutable=["cache"])
         return logits[:, 0], variables["cache"]
 
+    def prefill(rows, cache, pad):
+        """All prompt positions but the last in one pass (the last one's logits choose the
+        first new token in the loop); only the cache is kept, so no vocabulary logits."""
+        if width < 2:
+            return cache
+        valid = (jnp.arange(total)[None, :] >= pad[:, None]).astype(jnp.int32)
+        positions = jnp.maximum(jnp.arange(width - 1)[None, :] - pad[:, None], 0)
+        _, variables = model.apply(
+            {"params": params, "cache": cache}, rows[:, :width - 1], decode=True,
+            max_decode_length=total, decoder_positions=positions, decoder_segment_ids=valid,
+            return_hidden=True, mutable=["cache"])
+        return variables["cache"]
+
     if num_beams > 1:
         rows = jnp.repeat(prompts, num_beams, axis=0)
         beam_pad = jnp.repeat(pad, num_beams)
-        cache = init_decoder_cache(model, batch * num_beams, total)
-        cache = jax.lax.fori_loop(
-            0, width - 1, lambda t, c: feed(rows[:, t], c, beam_pad, t)[1], cache)
+        cache = prefill(rows, init_decoder_cache(model, batch * num_beams, total), beam_pad)
 
         def step_fn(tokens, cache):
             return feed(tokens, cache, beam_pad, _cache_position(cache))
@@ -367,7 +378,7 @@ def generate_padded(model: nn.Module, params, prompt_tokens: jax.Array, prompt_l
                                    start_id=prompts[:, -1])
         return sequences[:, 0]
 
-    cache = init_decoder_cache(model, batch, total)
+    cache = prefill(prompts, init_decoder_cache(model, batch, total), pad)
     output = jnp.full((batch, max_new_tokens), pad_id, jnp.int32)
 
     def body(t, carry):
@@ -392,5 +403,5 @@ def generate_padded(model: nn.Module, params, prompt_tokens: jax.Array, prompt_l
         return cache, output, done
 
     done = jnp.zeros((batch,), bool)
-    _, output, _ = jax.lax.fori_loop(0, total - 1, body, (cache, output, done))
+    _, output, _ = jax.lax.fori_loop(max(width - 1, 0), total - 1, body, (cache, output, done))
     return output

@@ -95,8 +95,8 @@ class DecoderOnly(nn.Module):
     def __call__(self, decoder_input_tokens, decoder_segment_ids=None, decoder_positions=None,
                  decoder_causal_attention=None, deterministic: bool = True, decode: bool = False,
                  max_decode_length: int | None = None, return_hidden: bool = False) -> jax.Array:
-        """``decode``: one position per call over a cache of ``max_decode_length``;
-        ``decoder_positions`` (``[batch, 1]``) then says where the token sits.
+        """``decode``: the next position (or a prompt's several, a prefill) over a cache of
+        ``max_decode_length``; ``decoder_positions`` then say where the tokens sit.
         ``return_hidden``: the final-normed hidden states instead of logits (for heads)."""
         cfg = self.config
         batch, length = decoder_input_tokens.shape

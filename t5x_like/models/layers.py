@@ -351,8 +351,9 @@ class MultiHeadAttention(nn.Module):
         """``decode=True``: autoregressive self-attention over a key/value cache.
 
         The first call (at ``init``) sees the full decode length and only creates the
-        cache. Later calls take one position; ``bias`` is then the full
-        ``[.., max_length, max_length]`` bias and the row of the current index is used.
+        cache. Later calls take the next position (or several, to prefill a prompt);
+        ``bias`` is then the full ``[.., max_length, max_length]`` bias and the rows
+        from the current index are used.
         With ``rotary``, ``query_positions``/``key_positions`` (``[batch, length]``)
         say where each token sits (default: 0, 1, 2, ...).
         """
@@ -414,16 +415,16 @@ class MultiHeadAttention(nn.Module):
         cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
         if not initialized:
             return key, value, bias
-        batch, step_length, heads, head_dim = key.shape
-        if step_length != 1:
-            raise ValueError(f"Cached decoding takes one position per call, got {step_length}.")
+        # One position per step, or several at once (a prompt's prefill): they are written
+        # at the cache index and see the cache through their rows of the full bias.
+        step_length = key.shape[1]
         index = cache_index.value
         cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key, (0, index, 0, 0))
         cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value,
                                                           (0, index, 0, 0))
-        cache_index.value = index + 1
+        cache_index.value = index + step_length
         if bias is not None:
-            bias = jax.lax.dynamic_slice_in_dim(bias, index, 1, axis=-2)
+            bias = jax.lax.dynamic_slice_in_dim(bias, index, step_length, axis=-2)
         return cached_key.value, cached_value.value, bias
 
 
