@@ -21,7 +21,7 @@ import json
 import pathlib
 
 from t5x_like.data import bench_tasks, get_task_or_mixture
-from t5x_like.evaluation.evaluator import _text
+from t5x_like.data.preprocessors.text import as_text
 
 COLUMNS = [("T5", "t5"), ("GPT-2", "gpt2"), ("BERT", "bert")]
 LENGTHS = {"inputs": 1 << 16, "targets": 1 << 16}
@@ -35,15 +35,15 @@ def examples(task, split: str, limit: int | None) -> list[dict]:
 def majority(task, split: str, limit: int | None) -> dict[str, float]:
     train = examples(task, "train", None)
     evaluated = examples(task, split, limit)
-    targets = [_text(ex["targets_pretokenized"]) for ex in evaluated]
+    targets = [as_text(ex["targets_pretokenized"]) for ex in evaluated]
     if "tags" in evaluated[0]:
         tag = collections.Counter(t for ex in train for t in ex["tags"]).most_common(1)[0][0]
         predictions = [" ".join([tag] * len(ex["tags"])) for ex in evaluated]
     elif "options" in evaluated[0]:
         position = collections.Counter(int(ex["label"]) for ex in train).most_common(1)[0][0]
-        predictions = [_text(ex["options"][position]) for ex in evaluated]
+        predictions = [as_text(ex["options"][position]) for ex in evaluated]
     else:
-        common = collections.Counter(_text(ex["targets_pretokenized"]) for ex in train)
+        common = collections.Counter(as_text(ex["targets_pretokenized"]) for ex in train)
         predictions = [common.most_common(1)[0][0]] * len(evaluated)
     out = {}
     post = lambda text, ex, is_target: task.postprocess(text, example=ex, is_target=is_target)  # noqa: E731
@@ -58,7 +58,7 @@ def read_metrics(path: pathlib.Path) -> dict[str, dict[str, float]]:
     if not path.is_file():
         return {}
     out, steps = {}, {}
-    for line in path.read_text().splitlines():
+    for line in path.readas_text().splitlines():
         record = json.loads(line)
         if record["step"] >= steps.get(record["task"], -1):
             steps[record["task"]] = record["step"]

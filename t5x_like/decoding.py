@@ -244,46 +244,16 @@ def generate(model: nn.Module, params, prompt_tokens: jax.Array, *, max_new_toke
              top_p: float = 1.0, eos_id: int | None = None, pad_id: int = PAD_ID) -> jax.Array:
     """Continues equal-length prompts with a decoder-only model: ``[batch, max_new_tokens]``.
 
-    The prompt is fed through the cache one position at a time, then each new token
-    is chosen as in :func:`decode`. After ``eos_id`` (if given) a row is padded.
+    :func:`generate_padded` with every prompt full length: the prompt is prefilled into
+    the cache, then each new token is chosen as in :func:`decode`. After ``eos_id`` (if
+    given) a row is padded.
     """
-    if temperature > 0 and rng is None:
-        raise ValueError("Sampling (temperature > 0) needs an rng key.")
     batch, prompt_length = prompt_tokens.shape
-    total = generation_length(model, prompt_length, max_new_tokens)
-    rng = jax.random.key(0) if rng is None else rng
-    cache = init_decoder_cache(model, batch, total)
-    output = jnp.full((batch, max_new_tokens), pad_id, jnp.int32)
-
-    def body(t, carry):
-        cache, output, done = carry
-        from_output = jax.lax.dynamic_index_in_dim(output, jnp.maximum(t - prompt_length, 0), 1,
-                                                   keepdims=False)
-        from_prompt = jax.lax.dynamic_index_in_dim(prompt_tokens, jnp.minimum(t, prompt_length - 1),
-                                                   1, keepdims=False)
-        token = jnp.where(t < prompt_length, from_prompt, from_output).astype(jnp.int32)
-        logits, variables = model.apply(
-            {"params": params, "cache": cache}, token[:, None], decode=True,
-            max_decode_length=total, decoder_positions=jnp.full((batch, 1), t),
-            mutable=["cache"])
-        logits = logits[:, 0]
-        if temperature <= 0:
-            chosen = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-        else:
-            filtered = filter_logits(logits / temperature, top_k, top_p)
-            chosen = jax.random.categorical(jax.random.fold_in(rng, t), filtered).astype(jnp.int32)
-        index = t - prompt_length + 1
-        writes = index >= 0
-        chosen = jnp.where(done, pad_id, chosen)
-        updated = jax.lax.dynamic_update_slice(output, chosen[:, None], (0, jnp.maximum(index, 0)))
-        output = jnp.where(writes, updated, output)
-        if eos_id is not None:
-            done = done | (writes & (chosen == eos_id))
-        return variables["cache"], output, done
-
-    done = jnp.zeros((batch,), bool)
-    _, output, _ = jax.lax.fori_loop(0, total - 1, body, (cache, output, done))
-    return output
+    return generate_padded(model, params, prompt_tokens,
+                           jnp.full((batch,), prompt_length, jnp.int32),
+                           max_new_tokens=max_new_tokens, rng=rng, temperature=temperature,
+                           top_k=top_k, top_p=top_p, eos_id=-1 if eos_id is None else eos_id,
+                           pad_id=pad_id)
 
 
 def _cache_position(cache) -> jax.Array:

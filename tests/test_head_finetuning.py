@@ -1,6 +1,7 @@
 """Fine-tuning heads selected by config.head: their features, training from a pretrained
 body with a fresh head, and evaluation through eval's head mode."""
 
+import copy
 import json
 
 import jax
@@ -110,7 +111,7 @@ def test_span_rows_point_at_the_answer_and_decode_back_to_it():
 def test_span_prediction_keeps_to_the_context_and_the_length_limit():
     config = encoder_config(**{"head.kind": "span_extraction", "head.max_answer_length": 2})
     config.task, config.task_feature_lengths = "test_head_cls", {"inputs": 8}
-    structure = structures.for_config(config)
+    structure = copy.copy(structures.for_config(config))  # not the cached one: patched below
     start = np.full((1, 8), -5.0, np.float32)
     end = np.full((1, 8), -5.0, np.float32)
     start[0, 1], end[0, 1] = 9.0, 9.0        # best pair, but outside the context

@@ -23,23 +23,18 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from t5x_like.data.feature_converters import pad_or_trim
+from t5x_like.data.preprocessors.text import as_text
 
 KINDS = ("classification", "regression", "token_classification", "span_extraction")
 
 
-def _text(value) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8")
-    if isinstance(value, np.ndarray) and value.ndim == 0:
-        return _text(value.item())
-    return str(value)
-
-
 def _strings(value) -> list[str]:
+    """A list feature (``words``, ``tags``, ``answers``) or a lone string, as texts."""
     if isinstance(value, (str, bytes)):
-        return [_text(value)]
-    return [_text(v) for v in np.asarray(value).reshape(-1).tolist()] if not isinstance(
-        value, (list, tuple)) else [_text(v) for v in value]
+        return [as_text(value)]
+    if isinstance(value, np.ndarray):
+        value = value.reshape(-1).tolist()
+    return [as_text(v) for v in value]
 
 
 class HeadFeatureConverter:
@@ -137,10 +132,10 @@ class HeadFeatureConverter:
         if "inputs_pretokenized" not in example:
             raise KeyError("A classification head encodes 'inputs_pretokenized'; tokenize the "
                            "task with pp.Tokenize(copy_pretokenized=True).")
-        tokens, types, *_ = self._wrap(self._encode(_text(example["inputs_pretokenized"])),
+        tokens, types, *_ = self._wrap(self._encode(as_text(example["inputs_pretokenized"])),
                                        length)
         row = self._row(tokens, types, length)
-        target = _text(example.get("targets_pretokenized", ""))
+        target = as_text(example.get("targets_pretokenized", ""))
         if self.kind == "regression":
             try:
                 row["labels"] = np.float32(float(target))
@@ -154,7 +149,7 @@ class HeadFeatureConverter:
     def _tagging(self, example, length):
         if not self.strict and "words" not in example and "inputs_pretokenized" in example:
             # Predicting for raw text: its whitespace-separated words, no tags.
-            example = dict(example, words=_text(example["inputs_pretokenized"]).split())
+            example = dict(example, words=as_text(example["inputs_pretokenized"]).split())
         if "words" not in example or ("tags" not in example and self.strict):
             raise KeyError("A token_classification head needs examples with 'words' and "
                            f"'tags' lists (as embedded_ud_pos has); this one has "
@@ -181,7 +176,7 @@ class HeadFeatureConverter:
             if key not in example:
                 raise KeyError(f"A span_extraction head needs examples with 'question', "
                                f"'context' and 'answers'; this one lacks {key!r}.")
-        question, context = _text(example["question"]), _text(example["context"])
+        question, context = as_text(example["question"]), as_text(example["context"])
         answers = _strings(example.get("answers", []))
         start_char, answer = next(((context.find(a), a) for a in answers if a and a in context),
                                   (-1, ""))
@@ -241,7 +236,7 @@ def labels_from_task(task, kind: str, split: str = "train") -> list[str]:
     lengths = {name: 1 << 16 for name in task.output_features}
     for example in task.get_dataset(split, lengths, shuffle=False, num_epochs=1):
         if kind == "classification":
-            seen.add(_text(example["targets_pretokenized"]))
+            seen.add(as_text(example["targets_pretokenized"]))
         elif "tags" in example:
             seen.update(_strings(example["tags"]))
     if not seen:

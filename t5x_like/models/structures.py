@@ -318,11 +318,7 @@ def for_config(config) -> Structure:
 def _cached_head(body: Structure, head_items: tuple, task_name: str) -> Structure:
     from t5x_like.data import get_task_or_mixture
     from t5x_like.models.head_structure import HeadStructure
-    head = dict(head_items)
-    if body.name == "encoder_decoder":
-        from t5x_like.config_lib import ConfigError
-        raise ConfigError("head.kind is for encoder and decoder bodies; fine-tune "
-                          "encoder-decoders (T5, BART) text-to-text with head.kind=''.")
+    head = dict(head_items)  # config_lib.validate has refused encoder-decoder bodies
     vocabulary = get_task_or_mixture(task_name).vocabulary
     return HeadStructure(body, head, head.get("labels", ()), vocabulary)
 
