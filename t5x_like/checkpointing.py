@@ -1,33 +1,162 @@
-"""Orbax checkpoints of the train state, the data-iterator state and the config.
+"""Orbax checkpoints of the train state, the data-iterator state and the config, made
+to survive damage.
 
-Saves are asynchronous and atomic (orbax writes to a temporary directory and
-renames it), so a crash mid-save never replaces the last complete checkpoint.
+Saves are asynchronous and atomic (orbax writes to a temporary directory and renames
+it), so a crash mid-save never replaces the last complete checkpoint. Damage that
+happens later (a bad disk block, a half-copied folder, a stray ``rm``) is found by a
+manifest: once a save has finished, the file sizes and CRC32s of its step folder are
+written to ``manifest.t5x_like.json`` in it. A restore checks the manifest first, and
+on any failure moves the step folder aside (into ``damaged_checkpoints/`` beside
+``checkpoints/``: renamed, never deleted) and falls back to the next older step.
+Rotation is ours, not orbax's, so that it never deletes the newest step that was
+verified.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import pathlib
+import shutil
+import sys
+import time
+import zlib
+from typing import Callable
 
 import orbax.checkpoint as ocp
+
+from t5x_like.config_lib import UserError
+
+MANIFEST = "manifest.t5x_like.json"
+ITEMS = ("state", "data", "config")
+
+
+class CheckpointsUnreadable(UserError):
+    """Every step of a run failed to restore; nothing was moved, the message lists why."""
+
+
+class IntactButIncompatible(UserError):
+    """A step whose files match their manifest does not restore onto this model: not
+    damage (it is not moved aside) but a changed model or code."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+    step: int
+    value: object                      # what the caller's restore function returned
+    moved_aside: tuple[tuple[int, str, pathlib.Path], ...]  # (step, reason, new folder)
+
+
+def one_line(error: BaseException, limit: int = 240) -> str:
+    """An exception as one line: orbax/tensorstore errors span hundreds of lines."""
+    text = " ".join(str(error).split())
+    text = f"{type(error).__name__}: {text}" if text else type(error).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _file_crc32(path: pathlib.Path) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def _step_files(folder: pathlib.Path) -> list[pathlib.Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
+
+
+def write_manifest(folder: pathlib.Path) -> dict:
+    """Sizes and CRC32s of every file in a finished step folder, written next to them."""
+    files = {str(p.relative_to(folder)): {"size": p.stat().st_size, "crc32": _file_crc32(p)}
+             for p in _step_files(folder)}
+    manifest = {"format": 1, "files": files}
+    tmp = folder / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    tmp.replace(folder / MANIFEST)  # atomic: a manifest is whole or absent
+    return manifest
+
+
+def manifest_problem(folder: pathlib.Path) -> str | None:
+    """Why the folder does not match its manifest (None: it matches, or it has no
+    readable manifest, which older checkpoints and an interrupted finish lack)."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        files = manifest["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    for name, expected in sorted(files.items()):
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        size = path.stat().st_size
+        if size != expected["size"]:
+            return f"{name} is {size} bytes, the manifest says {expected['size']}"
+        if _file_crc32(path) != expected["crc32"]:
+            return f"{name} does not match its checksum (its bytes changed after the save)"
+    extra = [str(p.relative_to(folder)) for p in _step_files(folder)
+             if str(p.relative_to(folder)) not in files]
+    if extra:
+        return f"{extra[0]} was not part of the save"
+    return None
+
+
+def has_manifest(folder: pathlib.Path) -> bool:
+    try:
+        return "files" in json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def _silence_late_callbacks_of_failed_reads() -> None:
+    """After a failed restore, tensorstore completes the other pending reads on a thread
+    whose asyncio loop orbax has already closed; each reports "Event loop is closed"
+    as an unraisable exception (hundreds of tracebacks for one damaged file). Drops
+    exactly those; any other unraisable exception still reaches the previous hook."""
+    previous = sys.unraisablehook
+    if getattr(previous, "_t5x_like_filter", False):
+        return
+
+    def hook(unraisable):
+        error = unraisable.exc_value
+        if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
+            return
+        previous(unraisable)
+
+    hook._t5x_like_filter = True
+    sys.unraisablehook = hook
 
 
 class Checkpointer:
     def __init__(self, directory: str | pathlib.Path, keep: int, async_save: bool = True,
-                 keep_every: int = 0, read_only: bool = False):
+                 keep_every: int = 0, read_only: bool = False, log: Callable[[str], None] = None):
         """Keeps the newest ``keep`` checkpoints, plus every step divisible by ``keep_every``
-        (when positive) for good, e.g. to evaluate or fine-tune from later.
-        ``read_only`` (evaluation) creates, cleans and deletes nothing."""
+        (when positive) for good, e.g. to evaluate or fine-tune from later, plus the
+        newest verified step. ``read_only`` (evaluation) creates, cleans, moves and
+        deletes nothing. ``log`` receives one line per damaged step found."""
+        import jax
+
         self.directory = pathlib.Path(directory).absolute()
-        options = ocp.CheckpointManagerOptions(max_to_keep=None if read_only else keep,
+        self.keep, self.keep_every, self.read_only = keep, keep_every, read_only
+        self._log = log or (lambda line: None)
+        self._is_primary = jax.process_index() == 0
+        self._multi_process = jax.process_count() > 1
+        self._verified: set[int] = set()
+        options = ocp.CheckpointManagerOptions(max_to_keep=None,  # rotation: see _rotate
                                                create=not read_only,
-                                               keep_period=keep_every or None,
                                                # A save cut off by kill -9 leaves a
                                                # temporary directory; drop it on restart.
                                                cleanup_tmp_directories=not read_only,
                                                read_only=read_only,
                                                enable_async_checkpointing=async_save)
-        self._manager = ocp.CheckpointManager(self.directory, options=options,
-                                              item_names=("state", "data", "config"))
+        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+
+    @property
+    def damaged_directory(self) -> pathlib.Path:
+        return self.directory.parent / "damaged_checkpoints"
+
+    def step_folder(self, step: int) -> pathlib.Path:
+        return self.directory / str(step)
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -37,12 +166,71 @@ class Checkpointer:
         self._manager.reload()
         return sorted(self._manager.all_steps())
 
+    def verified_steps(self) -> list[int]:
+        return sorted(self._verified)
+
+    # -- saving -----------------------------------------------------------------
     def save(self, step: int, state, data_state: dict, config: dict, force: bool = False) -> bool:
+        # Orbax finishes the previous save before starting this one; seal it first so
+        # its manifest is written and rotation sees it verified.
+        self._manager.wait_until_finished()
+        self._seal_and_rotate()
         return self._manager.save(step, args=ocp.args.Composite(
             state=ocp.args.StandardSave(state),
             data=ocp.args.JsonSave(data_state),
             config=ocp.args.JsonSave(config)), force=force)
 
+    def _seal_and_rotate(self) -> None:
+        if self.read_only:
+            return
+        steps = self.all_steps()
+        if self._is_primary:
+            for step in steps:
+                folder = self.step_folder(step)
+                if not folder.is_dir() or has_manifest(folder):
+                    if folder.is_dir():
+                        self._verified.add(step)  # sealed before (this run or an earlier one)
+                    continue
+                try:
+                    if step not in self._verified:  # a restored step needs no re-check
+                        self._check_readable(step)
+                    write_manifest(folder)
+                except Exception as e:  # noqa: BLE001 - a step that does not verify stays unverified
+                    self._log(f"Checkpoint {folder} did not verify after saving ({one_line(e)}); "
+                              "older checkpoints are kept until a newer one verifies.")
+                    continue
+                self._verified.add(step)
+        if self._multi_process:
+            from t5x_like import partitioning  # every process must delete the same steps
+            self._verified = set(partitioning.gather_json(sorted(self._verified))[0])
+        self._rotate(steps)
+
+    def _check_readable(self, step: int) -> None:
+        """Cheap proof that a finished save reads back: its JSON items and the state's
+        metadata parse (the array bytes are covered by the manifest's checksums). Read
+        directly, not through orbax, so only this process takes part."""
+        folder = self.step_folder(step)
+        for name in ("config/metadata", "data/metadata", "state/_METADATA"):
+            if not isinstance(json.loads((folder / name).read_text()), dict):
+                raise ValueError(f"{name} is not a JSON object")
+
+    def steps_to_delete(self, steps: list[int]) -> list[int]:
+        """The newest ``keep``, the ``keep_every`` multiples and the newest verified step
+        stay; an unverified newer save never pushes out the last verified one."""
+        keep = set(steps[-self.keep:]) if self.keep else set(steps)
+        if self.keep_every:
+            keep |= {s for s in steps if s % self.keep_every == 0}
+        verified = [s for s in steps if s in self._verified]
+        if verified:
+            keep.add(verified[-1])
+        return [s for s in steps if s not in keep]
+
+    def _rotate(self, steps: list[int]) -> None:
+        for step in self.steps_to_delete(steps):
+            self._manager.delete(step)
+            self._verified.discard(step)
+
+    # -- restoring --------------------------------------------------------------
     def restore_config(self, step: int) -> dict:
         """Only the saved config: cheap, and checked before any array is read."""
         return self._manager.restore(step, args=ocp.args.Composite(
@@ -56,9 +244,83 @@ class Checkpointer:
             config=ocp.args.JsonRestore()))
         return restored.state, restored.data, restored.config
 
+    def restore_newest(self, restore_step: Callable[[int], object]) -> Restored | None:
+        """``restore_step(step)`` for the newest step that restores, newest first.
+
+        A step whose files do not match its manifest, or whose restore raises anything
+        but a ``UserError`` (a refused resume, which is not damage), is damaged: once
+        an older step restores, each damaged folder is moved into
+        ``damaged_checkpoints/`` and named in one line. If none restores, nothing is
+        moved and ``CheckpointsUnreadable`` lists every step and why. ``None``: the run
+        has no checkpoints.
+        """
+        steps = self.all_steps()
+        damaged: list[tuple[int, str]] = []
+        for step in reversed(steps):
+            folder = self.step_folder(step)
+            reason = manifest_problem(folder)
+            if reason is None:
+                try:
+                    value = restore_step(step)
+                except UserError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - any failure to read is damage
+                    _silence_late_callbacks_of_failed_reads()
+                    if has_manifest(folder):
+                        raise IntactButIncompatible(
+                            f"Checkpoint {folder} matches its manifest (its files are intact) "
+                            f"but does not restore onto this model: {one_line(e)} Resume with "
+                            "the code and config that wrote it, or use a new --workdir.") from e
+                    reason = one_line(e)
+                else:
+                    self._verified.add(step)
+                    moved = tuple((s, why, self._move_aside(
+                        s, f"damaged ({why}); resuming from step {step}")) for s, why in damaged)
+                    return Restored(step, value, moved)
+            damaged.append((step, reason))
+        if damaged:
+            listing = "; ".join(f"{self.step_folder(s)}: {why}" for s, why in damaged)
+            raise CheckpointsUnreadable(
+                f"No checkpoint in {self.directory} restores ({listing}). Nothing was moved or "
+                "deleted. Restore the folders from a copy, move them aside to start over in "
+                "this workdir, or use a new --workdir.")
+        return None
+
+    def move_aside_from(self, first_step: int, reason: str) -> list[pathlib.Path]:
+        """Moves every step from ``first_step`` on aside (a diverged run's checkpoints)."""
+        self._manager.wait_until_finished()
+        moved = [self._move_aside(step, reason) for step in self.all_steps() if step >= first_step]
+        self._verified = {s for s in self._verified if s < first_step}
+        return moved
+
+    def _move_aside(self, step: int, reason: str) -> pathlib.Path:
+        """Renames a damaged step folder out of the way (never deletes it), with the
+        reason written beside it."""
+        target = self.damaged_directory / str(step)
+        if self.read_only:
+            return self.step_folder(step)
+        if self._is_primary:
+            self.damaged_directory.mkdir(parents=True, exist_ok=True)
+            suffix = 1
+            while target.exists():
+                target = self.damaged_directory / f"{step}.{suffix}"
+                suffix += 1
+            shutil.move(str(self.step_folder(step)), str(target))
+            (self.damaged_directory / f"{target.name}.reason.txt").write_text(
+                f"{time.strftime('%Y-%m-%d %H:%M:%S')} moved from {self.step_folder(step)}: "
+                f"{reason}\n")
+        if self._multi_process:
+            from t5x_like import partitioning
+            partitioning.gather_json(step)  # every process waits for the move
+        self._manager.reload()
+        self._log(f"Moved checkpoint {self.step_folder(step)} aside to {target}: {reason}")
+        return target
+
+    # -- lifecycle --------------------------------------------------------------
     def wait_until_finished(self) -> None:
         self._manager.wait_until_finished()
 
     def close(self) -> None:
         self._manager.wait_until_finished()
+        self._seal_and_rotate()
         self._manager.close()

@@ -39,6 +39,16 @@ def default_config() -> ml_collections.ConfigDict:
     c.keep_checkpoints = 3             # the newest K checkpoints are kept...
     c.keep_checkpoints_every_steps = 0 # ...plus every M-th step for good (0: none)
     c.on_nonfinite_loss = "stop"       # stop | skip_update (NaN/Inf loss or gradient)
+    # Divergence beyond NaN: stop like on_nonfinite_loss=stop (nothing saved after the
+    # first bad step; checkpoints saved after it are moved aside).
+    c.divergence = ml_collections.ConfigDict(dict(
+        zero_grad_steps=3,             # gradient norm exactly 0 this many steps in a row; 0: off
+        loss_spike_factor=0.0,         # loss above k x the running median; 0: off (e.g. 5.0)
+        median_window=100,             # steps in that running median
+    ))
+    # Fingerprint keys a resume may change (vocabulary, task, task_feature_lengths,
+    # optimizer, model, head, or a sub-key like model.dropout_rate); others are refused.
+    c.allow_resume_changes = ()
     c.init_from = ""                   # params-only pretrained folder to fine-tune from
     c.peak_flops_per_device = 0.0      # for MFU; 0 looks the device kind up in a table
 
@@ -353,6 +363,14 @@ def validate(config: ml_collections.ConfigDict) -> None:
             raise ConfigError(f"Config key {path!r} is {value!r}; choose one of {allowed}."
                               f"{_suggest(str(value), allowed)}")
     _validate_head(config)
+    _validate_optimizer_numbers(config)
+    _validate_divergence(config)
+    for name in config.allow_resume_changes:
+        if not any(name == k or name.startswith(k + ".") for k in RESUME_CHANGE_KEYS):
+            raise ConfigError(
+                f"allow_resume_changes names {name!r}, which no resume checks; use some of "
+                f"{', '.join(RESUME_CHANGE_KEYS)} (or a sub-key such as model.dropout_rate)."
+                f"{_suggest(name, RESUME_CHANGE_KEYS)}")
     for name, length in config.task_feature_lengths.items():
         if not isinstance(length, int) or length <= 0:
             raise ConfigError(f"task_feature_lengths.{name} must be a positive integer, got {length!r}.")
@@ -366,6 +384,44 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if list(config.mesh.values()).count(-1) > 1:
         raise ConfigError("At most one mesh axis may be -1 (fill with the remaining devices); "
                           f"got mesh={dict(config.mesh)}.")
+
+
+RESUME_CHANGE_KEYS = ("vocabulary", "task", "task_feature_lengths", "optimizer", "model", "head")
+
+
+def _finite_at_least(config, key: str, low: float, example: str) -> None:
+    value = _lookup(config, key)
+    if value is _ABSENT:
+        return
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= low):
+        raise ConfigError(f"{key}={value} must be a finite number >= {low:g}, e.g. "
+                          f"--config.{key}={example}.")
+
+
+def _validate_optimizer_numbers(config) -> None:
+    """Numbers that would train nothing or diverge at once, refused before any compile."""
+    _finite_at_least(config, "optimizer.learning_rate", 0.0, "1e-3")
+    _finite_at_least(config, "optimizer.weight_decay", 0.0, "0.01")
+    _finite_at_least(config, "optimizer.grad_clip_norm", 0.0, "1.0")
+    _finite_at_least(config, "optimizer.warmup_steps", 0, "1000")
+    _finite_at_least(config, "loss.z_loss", 0.0, "1e-4")
+    for key in ("optimizer.b1", "optimizer.b2"):
+        value = _lookup(config, key)
+        if not (math.isfinite(value) and 0.0 <= value < 1.0):
+            raise ConfigError(f"{key}={value} is a decay rate and must be in [0, 1), e.g. "
+                              f"--config.{key}={0.9 if key.endswith('b1') else 0.999}.")
+
+
+def _validate_divergence(config) -> None:
+    _finite_at_least(config, "divergence.zero_grad_steps", 0, "3")
+    _finite_at_least(config, "divergence.loss_spike_factor", 0.0, "5.0")
+    factor = config.divergence.loss_spike_factor
+    if 0 < factor <= 1:
+        raise ConfigError(f"divergence.loss_spike_factor={factor} would stop on ordinary noise; "
+                          "use a factor above 1 (e.g. 5.0) or 0 to turn the rule off.")
+    if config.divergence.median_window < 1:
+        raise ConfigError(f"divergence.median_window={config.divergence.median_window} must be "
+                          "positive, e.g. 100.")
 
 
 def _validate_head(config) -> None:

@@ -108,27 +108,58 @@ class _PreemptionFlag:
         signal.signal(signal.SIGTERM, self._previous)
 
 
-def _check_same_model(saved_config: dict, config, source: str = "") -> None:
+def _check_same_model(saved_config: dict, config, source: str) -> None:
+    """Refuses a pretrained ``source`` (init_from, eval --config) of another model."""
     saved_model = saved_config.get("model", {})
     current = config.model.to_dict()
     details = [f"model.{k}: checkpoint {saved_model.get(k)!r} vs config {current.get(k)!r}"
                for k in sorted(set(saved_model) | set(current))
                if _normalise(saved_model.get(k)) != _normalise(current.get(k))]
-    if not source:  # resuming: the head must be the same too
-        saved_head = dict(saved_config.get("head") or {})
-        current_head = config.head.to_dict() if config.get("head") else {}
-        for key, empty in (("kind", ""), ("labels", [])):
-            was, now = saved_head.get(key, empty), current_head.get(key, empty)
-            if _normalise(was) != _normalise(now):
-                details.append(f"head.{key}: checkpoint {was!r} vs config {now!r}")
     if details:
-        if source:
-            raise config_lib.ConfigError(
-                f"{source} holds a different model ({', '.join(details)}). Set the model keys to "
-                "the pretrained model's, e.g. use the config it was trained or converted with.")
         raise config_lib.ConfigError(
-            f"The workdir holds checkpoints of a different model ({', '.join(details)}). Use a "
-            "new --workdir, or the same model settings to resume.")
+            f"{source} holds a different model ({', '.join(details)}). Set the model keys to "
+            "the pretrained model's, e.g. use the config it was trained or converted with.")
+
+
+def _restore_for_resume(checkpointer, config, trainer, fingerprint: dict, step: int):
+    """One checkpoint step, checked against this run's fingerprint, restored onto the
+    trainer: ``(saved config, state, data state or None, changed keys)``. Refusals are
+    ``ConfigError``s (not damage); any other exception means the step is unreadable."""
+    import jax
+
+    from t5x_like import run_guard
+    from t5x_like import trainer as trainer_lib
+    from t5x_like.evaluation import loading
+
+    saved = checkpointer.restore_config(step)
+    if not isinstance(saved, dict):
+        raise ValueError(f"config item is {type(saved).__name__}, not a JSON object")
+    changed = run_guard.check_resume(saved, fingerprint, config.allow_resume_changes)
+    config_lib.resolve_data_streams(config, jax.process_count(), saved)
+    try:
+        if any(key.startswith("optimizer.") for key in changed):
+            # An intended optimizer change: the params and step carry over, the optimizer
+            # state starts fresh (restored first in the layout it was saved in).
+            saved_trainer = trainer_lib.build_trainer(loading.config_from_saved(saved),
+                                                      trainer.mesh)
+            old, data_state, _ = checkpointer.restore(step, saved_trainer.abstract_state)
+            state = trainer.state_from_params(jax.device_get(old.params)).replace(step=old.step)
+        else:
+            state, data_state, _ = checkpointer.restore(step, trainer.abstract_state)
+    except Exception as e:  # noqa: BLE001
+        model_changes = [k for k in changed if k.startswith(("model.", "head."))]
+        if model_changes:  # not damage: the allowed change does not fit the saved arrays
+            from t5x_like.checkpointing import one_line
+            raise config_lib.ConfigError(
+                f"allow_resume_changes lets {', '.join(model_changes)} change, but the "
+                f"checkpoint's arrays do not fit the changed model ({one_line(e)}). Only "
+                "changes that keep every parameter's shape can resume; use a new --workdir "
+                "with init_from to start from these weights otherwise.") from None
+        raise
+    if any(key.split(".")[0] in ("task", "task_feature_lengths", "vocabulary")
+           for key in changed):
+        data_state = None  # another input stream: it starts from its beginning
+    return saved, state, data_state, changed
 
 
 def _pretrained_state(config, trainer):
@@ -173,6 +204,14 @@ def _pretrained_state(config, trainer):
         raise config_lib.ConfigError(f"init_from={config.init_from!r}: {e}") from None
 
 
+def _print_on_chief(is_chief: bool):
+    """Damage reports print even with --quiet: they say where checkpoints went."""
+    def log(line: str) -> None:
+        if is_chief:
+            print(line, file=sys.stderr, flush=True)
+    return log
+
+
 def _normalise(value):
     return list(value) if isinstance(value, tuple) else value
 
@@ -185,7 +224,7 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     """
     import jax  # imported late: config mistakes are reported before JAX starts
 
-    from t5x_like import checkpointing, flops, hardware, metrics_writer, partitioning
+    from t5x_like import checkpointing, flops, hardware, metrics_writer, partitioning, run_guard
     from t5x_like import trainer as trainer_lib
     from t5x_like.data import get_task_or_mixture, pipeline
     from t5x_like.models import structures
@@ -199,19 +238,28 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     workdir = pathlib.Path(workdir).absolute()
     progress = metrics_writer.Progress(config.num_train_steps, enabled=is_chief and not quiet)
 
-    # Checkpoints: a resumed run keeps the saved model and input-stream count. The folder
-    # is created only once the config has passed every check.
+    # Model, optimizer, mesh: built (shapes only, nothing compiled) before the checkpoint
+    # is read, so a resume is checked against this run's fingerprint.
+    vocabulary = get_task_or_mixture(config.task).vocabulary
+    _check_model_fits_vocabulary(config, vocabulary)
+    mesh = partitioning.make_mesh(mesh_shape, devices)
+    trainer = trainer_lib.build_trainer(config, mesh)
+    fingerprint = run_guard.fingerprint(config, vocabulary, trainer.abstract_state.opt_state)
+
+    # Checkpoints: resume from the newest step that restores; damaged newer steps are
+    # moved aside. The folder is created only once the config has passed every check.
     def open_checkpointer():
         return checkpointing.Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints,
-                                          keep_every=config.keep_checkpoints_every_steps)
+                                          keep_every=config.keep_checkpoints_every_steps,
+                                          log=_print_on_chief(is_chief))
 
     checkpointer = open_checkpointer() if (workdir / "checkpoints").is_dir() else None
-    latest = checkpointer.latest_step() if checkpointer else None
-    saved_config = checkpointer.restore_config(latest) if latest is not None else None
-    if saved_config is not None:
-        _check_same_model(saved_config, config)
+    resumed = checkpointer.restore_newest(functools.partial(
+        _restore_for_resume, checkpointer, config, trainer, fingerprint)) if checkpointer else None
+    saved_config = resumed.value[0] if resumed else None
     num_streams = config_lib.resolve_data_streams(config, process_count, saved_config)
-    run_config = dict(config.to_dict(), data_streams=num_streams)  # saved: the resolved count
+    # Saved with every checkpoint: the resolved stream count and the fingerprint.
+    run_config = dict(config.to_dict(), data_streams=num_streams, fingerprint=fingerprint)
 
     # Data: V input streams; this process runs its V/P of them, which fill exactly its
     # rows of each global batch (t5x_like/data/streams.py), so batches depend on V only.
@@ -228,7 +276,6 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
         return pipeline.HostBatchIterator(streams, config.batch_size, num_streams, process_count,
                                           process_index)
 
-    _check_model_fits_vocabulary(config, get_task_or_mixture(config.task).vocabulary)
     # Every process must run the same number of eval steps: the fewest any process has.
     num_eval_batches = partitioning.min_over_processes(pipeline.count_batches(
         host_batches(eval_streams), limit=config.eval_batches))
@@ -238,20 +285,22 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
             f"({config.batch_size // num_streams} rows from each of {num_streams} input streams); "
             "lower batch_size.")
 
-    # Model, optimizer, mesh.
-    mesh = partitioning.make_mesh(mesh_shape, devices)
-    trainer = trainer_lib.build_trainer(config, mesh)
-
     # State: resume or initialise.
     checkpointer = checkpointer or open_checkpointer()
     train_iter = host_batches(train_streams)
-    if latest is not None:
-        state, data_state, _ = checkpointer.restore(latest, trainer.abstract_state)
-        try:
-            train_iter.set_state(data_state)
-        except ValueError as e:
-            raise config_lib.ConfigError(str(e)) from None
-        progress.message(f"Resumed from {checkpointer.directory / str(latest)} at step {latest}.")
+    if resumed is not None:
+        _, state, data_state, changed = resumed.value
+        if data_state is not None:
+            try:
+                train_iter.set_state(data_state)
+            except ValueError as e:
+                raise config_lib.ConfigError(str(e)) from None
+        if changed:
+            progress.message(f"Resuming with intended changes (allow_resume_changes): "
+                             f"{', '.join(changed)}"
+                             + ("; the input stream starts over" if data_state is None else ""))
+        progress.message(f"Resumed from {checkpointer.step_folder(resumed.step)} at step "
+                         f"{resumed.step}.")
     elif config.init_from:
         state = _pretrained_state(config, trainer)
         progress.message(f"Initialised params from {config.init_from} (optimizer state fresh).")
@@ -283,6 +332,9 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
         return {"eval_loss": float(totals["loss_sum"]) / tokens,
                 "eval_accuracy": float(totals["correct_sum"]) / tokens}
 
+    divergence = run_guard.DivergenceMonitor(
+        config.divergence.zero_grad_steps, config.divergence.loss_spike_factor,
+        config.divergence.median_window, config.model.vocab_size)
     benchmark = _benchmark_evaluator(config, trainer) if config.eval.mixture else None
     bench_every = config.eval.every_steps or config.eval_every_steps
 
@@ -345,6 +397,12 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
                         f"{checkpointer.directory} is intact and the next run resumes from it. "
                         "Lower optimizer.learning_rate or enable optimizer.grad_clip_norm, or set "
                         "--config.on_nonfinite_loss=skip_update to skip such steps.")
+                first = step - len(fetched) + 1
+                for offset, m in enumerate(fetched):
+                    found = divergence.check(first + offset, float(m["loss"]),
+                                             float(m["grad_norm"]))
+                    if found is not None:
+                        raise run_guard.Diverged(_stop_diverged(checkpointer, step, *found))
                 if do_eval:
                     last_eval = evaluate(state.params)
                     record.update(last_eval)
@@ -390,6 +448,21 @@ def _benchmark_evaluator(config, trainer):
         return eval_lib.build_evaluator(config, trainer, config.eval.mixture, settings, lengths)
     except config_lib.UserError as e:
         raise config_lib.ConfigError(f"eval.mixture={config.eval.mixture!r}: {e}") from None
+
+
+def _stop_diverged(checkpointer, step: int, reason: str, first_bad_step: int) -> str:
+    """Moves aside checkpoints saved at or after the first bad step (kept, not
+    deleted), so the next run resumes from the last good one; returns the message."""
+    moved = checkpointer.move_aside_from(first_bad_step, f"saved after divergence: {reason}")
+    latest_good = checkpointer.latest_step()
+    where = (f"The last good checkpoint, {checkpointer.step_folder(latest_good)}, is where the "
+             "next run resumes" if latest_good is not None else
+             "No checkpoint was saved before it; the next run starts from step 0")
+    aside = (f" Checkpoints saved after step {first_bad_step} were moved to "
+             f"{', '.join(str(p) for p in moved)}." if moved else "")
+    return (f"Stopped at step {step}: {reason}. Nothing was saved.{aside} {where}. Lower "
+            "optimizer.learning_rate (or set optimizer.grad_clip_norm), or tune the "
+            "divergence.* rules if this was a false alarm.")
 
 
 def _interval_record(fetched: list[dict]) -> dict:

@@ -98,10 +98,17 @@ def run_config(source: Source, step: int, config_path: str | None, overrides) ->
         config.model = config_lib.model_defaults(saved["model"]["family"])
         config.model.update({k: v for k, v in saved["model"].items() if k in config.model})
     else:
-        config = ml_collections.ConfigDict(_fill_defaults(saved, config.to_dict()))
+        config = config_from_saved(saved)
     config_lib.apply_overrides(config, overrides)
     config_lib.validate(config)
     return config
+
+
+def config_from_saved(saved: dict) -> ml_collections.ConfigDict:
+    """The config a run's checkpoint was saved with, keys added since taken from the
+    defaults (the run fingerprint saved beside it is not a config key)."""
+    saved = {k: v for k, v in saved.items() if k != "fingerprint"}
+    return ml_collections.ConfigDict(_fill_defaults(saved, config_lib.default_config().to_dict()))
 
 
 def _fill_defaults(saved: dict, defaults: dict) -> dict:

@@ -1,0 +1,169 @@
+"""What keeps a run from silently going wrong: the run fingerprint checked on resume,
+and divergence rules beyond NaN.
+
+The fingerprint is saved with every checkpoint (inside its config item) and names
+what a resume must not change behind the user's back: the vocabulary, the task and
+its lengths, the optimizer and the structure of its state, the model and the head.
+A resume that changes any of them is refused naming the key, unless
+``allow_resume_changes`` lists it.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import math
+import pathlib
+import statistics
+from typing import Iterable
+
+from t5x_like.config_lib import ConfigError
+
+
+
+def _as_plain(value):
+    if isinstance(value, tuple):
+        return [_as_plain(v) for v in value]
+    if isinstance(value, list):
+        return [_as_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _as_plain(v) for k, v in sorted(value.items())}
+    return value
+
+
+def _file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()[:16]
+
+
+def vocabulary_identity(vocabulary) -> dict:
+    """Kind, size and model-file hash: what makes two vocabularies the same ids."""
+    real = vocabulary._factory() if hasattr(vocabulary, "_factory") else vocabulary
+    identity = {"vocabulary.kind": type(real).__name__,
+                "vocabulary.size": int(real.vocab_size)}
+    path = getattr(real, "model_path", None) or getattr(real, "vocab_path", None)
+    if path and pathlib.Path(path).is_file():
+        identity["vocabulary.file_sha256"] = _file_sha256(path)
+    return identity
+
+
+def optimizer_state_digest(abstract_opt_state) -> str:
+    """The optimizer state's tree structure and leaf shapes, hashed: what a checkpoint's
+    optimizer state must match to restore (Adafactor's factored moments are not Adam's)."""
+    import jax
+
+    leaves, treedef = jax.tree_util.tree_flatten(abstract_opt_state)
+    text = str(treedef) + "|" + ";".join(f"{tuple(x.shape)}:{x.dtype}" for x in leaves)
+    return f"{len(leaves)} arrays, {hashlib.sha256(text.encode()).hexdigest()[:12]}"
+
+
+def fingerprint(config, vocabulary, abstract_opt_state) -> dict:
+    """The run fingerprint saved with every checkpoint (flat ``key -> JSON value``)."""
+    fp = {f"model.{k}": _as_plain(v) for k, v in config.model.to_dict().items()}
+    head = config.get("head")
+    fp["head.kind"] = head.kind if head is not None else ""
+    fp["head.labels"] = _as_plain(tuple(head.labels)) if head is not None else []
+    fp["task"] = config.task
+    fp["task_feature_lengths"] = _as_plain(dict(config.task_feature_lengths))
+    fp.update(vocabulary_identity(vocabulary))
+    fp["optimizer.name"] = config.optimizer.name
+    fp["optimizer.state"] = optimizer_state_digest(abstract_opt_state)
+    return fp
+
+
+def legacy_fingerprint(saved_config: dict) -> dict:
+    """What a checkpoint saved before fingerprints existed still tells from its config."""
+    fp = {f"model.{k}": _as_plain(v) for k, v in (saved_config.get("model") or {}).items()}
+    head = saved_config.get("head") or {}
+    fp["head.kind"] = head.get("kind", "")
+    fp["head.labels"] = _as_plain(head.get("labels", []))
+    for key in ("task", "task_feature_lengths"):
+        if key in saved_config:
+            fp[key] = _as_plain(saved_config[key])
+    if "optimizer" in saved_config:
+        fp["optimizer.name"] = saved_config["optimizer"].get("name")
+    return fp
+
+
+def _allowed(key: str, allowed: Iterable[str]) -> bool:
+    return any(key == a or key.startswith(a + ".") for a in allowed)
+
+
+def resume_changes(saved: dict, current: dict) -> list[tuple[str, object, object]]:
+    """``(key, checkpoint value, config value)`` for every key both sides know that differs."""
+    return [(key, saved[key], current[key]) for key in sorted(set(saved) & set(current))
+            if saved[key] != current[key]]
+
+
+def check_resume(saved_config: dict, current: dict, allowed: Iterable[str]) -> list[str]:
+    """Refuses a resume that changes the fingerprint outside ``allowed``; returns the
+    allowed keys that did change (the caller adapts: e.g. a fresh optimizer state)."""
+    saved = saved_config.get("fingerprint") or legacy_fingerprint(saved_config)
+    allowed = tuple(allowed)
+    changes = resume_changes(saved, current)
+    refused = [c for c in changes if not _allowed(c[0], allowed)]
+    if refused:
+        details = "; ".join(f"{key}: checkpoint {old!r}, config {new!r}"
+                            for key, old, new in refused)
+        keys = ",".join(sorted({key if key.startswith(("model.", "head.")) else
+                                key.split(".")[0] for key, _, _ in refused}))
+        raise ConfigError(
+            f"The workdir's checkpoints were trained with different settings ({details}). "
+            "Resume with the settings they were saved with, use a new --workdir, or, if the "
+            f"change is intended, add --config.allow_resume_changes={keys}.")
+    return [key for key, _, _ in changes]
+
+
+# -- divergence ----------------------------------------------------------------
+
+class Diverged(FloatingPointError):
+    """The run stopped because a divergence rule fired; no checkpoint of the bad steps
+    was written."""
+
+
+class DivergenceMonitor:
+    """Rules over per-step ``loss`` and ``grad_norm`` that catch a dead or exploding
+    run which never produces a NaN:
+
+    * ``zero_grad_steps`` N: the gradient norm is exactly 0 for N steps in a row (a
+      model whose updates blew it to a constant, e.g. loss stuck at the uniform value
+      ln(vocab_size) after a learning rate of 1e6);
+    * ``loss_spike_factor`` k: a step's loss is above k times the median of the last
+      ``median_window`` losses (after ``median_window // 2`` steps of history).
+    """
+
+    def __init__(self, zero_grad_steps: int, loss_spike_factor: float, median_window: int,
+                 vocab_size: int):
+        self.zero_grad_steps = zero_grad_steps
+        self.loss_spike_factor = loss_spike_factor
+        self.median_window = median_window
+        self.uniform_loss = math.log(vocab_size) if vocab_size > 1 else 0.0
+        self._zero_run = 0
+        self._losses = collections.deque(maxlen=max(median_window, 1))
+
+    def check(self, step: int, loss: float, grad_norm: float) -> tuple[str, int] | None:
+        """``(why, first bad step)`` if the run has diverged by ``step``, else None. Call
+        once per step, in order."""
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            return None  # the NaN/Inf rule (on_nonfinite_loss) owns these
+        if self.zero_grad_steps:
+            self._zero_run = self._zero_run + 1 if grad_norm == 0.0 else 0
+            if self._zero_run >= self.zero_grad_steps:
+                at_uniform = (f", the loss {loss:.4f} is the uniform-distribution value "
+                              f"ln(vocab_size)={self.uniform_loss:.4f}"
+                              if abs(loss - self.uniform_loss) < 1e-2 else f", loss {loss:.4f}")
+                first = step - self._zero_run + 1
+                return (f"the gradient norm has been exactly 0 for {self._zero_run} steps "
+                        f"(steps {first}-{step}{at_uniform}): the model stopped learning "
+                        "(divergence.zero_grad_steps)", first)
+        if self.loss_spike_factor > 0 and len(self._losses) >= max(self.median_window // 2, 1):
+            median = statistics.median(self._losses)
+            if median > 0 and loss > self.loss_spike_factor * median:
+                return (f"the loss {loss:.4f} at step {step} is above "
+                        f"{self.loss_spike_factor:g} x the median {median:.4f} of the last "
+                        f"{len(self._losses)} steps (divergence.loss_spike_factor)", step)
+        self._losses.append(loss)
+        return None
