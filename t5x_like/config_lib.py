@@ -175,7 +175,17 @@ def load_config_file(path: str) -> ml_collections.ConfigDict:
                           "or another file in configs/.")
     spec = importlib.util.spec_from_file_location(f"_t5x_like_config_{file.stem}", file)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as e:
+        raise ConfigError(f"Config file {path!r} has a syntax error at line {e.lineno}: {e.msg}"
+                          f"{': ' + e.text.strip() if e.text else ''}. Fix the file.") from None
+    except ImportError as e:
+        raise ConfigError(f"Config file {path!r} imports what is not installed or not "
+                          f"importable ({e}).") from None
+    except Exception as e:  # noqa: BLE001 - any error running the user's file is theirs
+        raise ConfigError(f"Running config file {path!r} raised {type(e).__name__}: {e} "
+                          f"(line {_user_line(e, file)}). Fix the file.") from None
     if not hasattr(module, "get_config"):
         raise ConfigError(f"Config file {path!r} has no get_config() function; define one that "
                           "returns an ml_collections.ConfigDict.")
@@ -184,11 +194,23 @@ def load_config_file(path: str) -> ml_collections.ConfigDict:
     except TypeError as e:
         # ConfigDict refuses to change a field's type, e.g. an int key set to a string.
         raise ConfigError(f"In {path}: {e}. Use a value of the key's type "
-                          "(see t5x_like.config_lib.default_config).") from e
+                          "(see t5x_like.config_lib.default_config).") from None
+    except (AttributeError, KeyError) as e:
+        # A key the defaults lack (ConfigDict raises AttributeError on a locked dict).
+        raise ConfigError(f"In {path}, get_config() (line {_user_line(e, file)}): {e}. Use only "
+                          "keys of t5x_like.config_lib.default_config().") from None
     if not isinstance(config, ml_collections.ConfigDict):
         raise ConfigError(f"get_config() in {path!r} returned {type(config).__name__}; return "
                           "an ml_collections.ConfigDict built from config_lib.default_config().")
     return config
+
+
+def _user_line(error: BaseException, file: pathlib.Path) -> int | str:
+    """The line of the user's config file the error was raised under."""
+    import traceback
+    frames = [f for f in traceback.extract_tb(error.__traceback__)
+              if pathlib.Path(f.filename).resolve() == file.resolve()]
+    return frames[-1].lineno if frames else "?"
 
 
 def _suggest(name: str, candidates: Sequence[str]) -> str:
@@ -286,11 +308,17 @@ def _type_ok(value: Any, expected: Any) -> bool:
     return isinstance(value, type(expected))
 
 
-def _check_against_schema(config, schema, prefix: str = "") -> None:
+FAMILY_EXAMPLES = {"encoder_decoder": "configs/quickstart.py", "bart": "configs/bart_base.py",
+                   "decoder": "configs/pretrain/gpt2_tiny.py",
+                   "encoder": "configs/pretrain/bert_tiny.py"}
+
+
+def _check_against_schema(config, schema, prefix: str = "", context: str = " in the config") \
+        -> None:
     for key in config.keys():
         path = f"{prefix}{key}"
         if key not in schema:
-            raise _unknown_key(path, schema, " in the config file")
+            raise _unknown_key(path, schema, context)
         value, expected = config[key], schema[key]
         if isinstance(expected, ml_collections.ConfigDict):
             if not isinstance(value, (ml_collections.ConfigDict, dict)):
@@ -298,9 +326,17 @@ def _check_against_schema(config, schema, prefix: str = "") -> None:
                                   f"{type(value).__name__}.")
             if key == "task_feature_lengths":
                 continue  # feature names depend on the task
+            sub_context = context
             if key == "model" and not prefix:
-                expected = model_defaults(value.get("family", "encoder_decoder"))
-            _check_against_schema(value, expected, path + ".")
+                family = value.get("family", "encoder_decoder")
+                expected = model_defaults(family)
+                example = FAMILY_EXAMPLES.get(family)
+                sub_context = (
+                    f": model.family={family!r} has no such key. The model section holds "
+                    "another family's keys; if you changed model.family on the command line, "
+                    "start from a config written for that family instead"
+                    + (f" (e.g. --config={example})" if example else ""))
+            _check_against_schema(value, expected, path + ".", sub_context)
         elif not _type_ok(value, expected):
             raise ConfigError(f"Config key {path!r} must be {type(expected).__name__} (like "
                               f"{expected!r}), got {type(value).__name__} {value!r}.")

@@ -18,13 +18,15 @@ import pathlib
 import sys
 import time
 
-from t5x_like import config_lib
+from t5x_like import config_lib, user_errors
 from t5x_like.config_lib import UserError
 
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m t5x_like.eval", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--module", action="append", default=[], metavar="PKG.MOD",
+                        help="Import this module first (repeatable): your tasks and mixtures.")
     parser.add_argument("--checkpoint", required=True)
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--mixture")
@@ -239,9 +241,11 @@ def _setup(source, step, args, overrides, name):
     return config, trainer, build_evaluator(config, trainer, name, settings, lengths)
 
 
+@user_errors.command_line("eval")
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args, overrides = parse_args(argv)
+    user_errors.import_modules(args.module)
     from t5x_like import partitioning
     try:
         settings = partitioning.distributed_settings(args.coordinator_address,

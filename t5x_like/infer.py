@@ -17,7 +17,7 @@ import sys
 
 import numpy as np
 
-from t5x_like import config_lib
+from t5x_like import config_lib, user_errors
 from t5x_like import eval as eval_lib
 from t5x_like.config_lib import UserError
 
@@ -25,6 +25,8 @@ from t5x_like.config_lib import UserError
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m t5x_like.infer", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--module", action="append", default=[], metavar="PKG.MOD",
+                        help="Import this module first (repeatable): your tasks and mixtures.")
     parser.add_argument("--checkpoint", required=True)
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--task")
@@ -142,8 +144,10 @@ def run(args, overrides) -> int:
     return 0
 
 
+@user_errors.command_line("infer")
 def main(argv=None) -> int:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    user_errors.import_modules(args.module)
     try:
         return run(args, overrides)
     except UserError as e:

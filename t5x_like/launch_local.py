@@ -22,6 +22,7 @@ import threading
 import time
 
 from t5x_like import partitioning
+from t5x_like import user_errors
 
 
 def free_port() -> int:
@@ -91,6 +92,7 @@ def launch(num_processes: int, devices_per_process: int, args: list[str],
     return next((code for code in codes if code != 0), 0)
 
 
+@user_errors.command_line("launch_local")
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--" in argv:

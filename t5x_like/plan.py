@@ -19,11 +19,13 @@ import argparse
 import json
 import os
 import sys
+from t5x_like import user_errors
+from t5x_like.config_lib import UserError
 
 GiB = 1024**3
 
 
-class PlanError(Exception):
+class PlanError(UserError):
     """A bad topology or a missing compiler, with the fix in the message."""
 
 
@@ -244,6 +246,7 @@ def format_report(r: dict) -> str:
     return "\n".join(lines)
 
 
+@user_errors.command_line("plan")
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     overrides = [a[len("--config."):] for a in argv if a.startswith("--config.")]

@@ -13,12 +13,14 @@ import json
 import math
 import pathlib
 import sys
+from t5x_like import user_errors
+from t5x_like.config_lib import UserError
 
 PANELS = (("loss", ("loss", "eval_loss"), "nats per target token"),
           ("accuracy", ("accuracy", "eval_accuracy"), "target-token accuracy"))
 
 
-class PlotError(Exception):
+class PlotError(UserError):
     """A missing input or dependency, with the fix in the message."""
 
 
@@ -72,6 +74,7 @@ def render(records: list[dict], out: str | pathlib.Path, title: str = "") -> pat
     return out
 
 
+@user_errors.command_line("plot")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m t5x_like.plot", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

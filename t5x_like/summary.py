@@ -16,12 +16,20 @@ import jax
 import numpy as np
 
 from t5x_like import config_lib, models, trainer
+from t5x_like import user_errors
 
 
 def parameter_shapes(model_config) -> dict:
     model = models.build_model(model_config)
     lengths = {"encoder_input_tokens": 8, "decoder_input_tokens": 8, "decoder_target_tokens": 8}
     return nn.unbox(trainer.abstract_boxed_params(model, lengths))
+
+
+def flat_parameter_shapes(model_config) -> list[tuple[str, tuple[int, ...]]]:
+    """``("encoder/layers_0/.../kernel", shape)`` for every parameter of the model."""
+    return [("/".join(str(k.key) for k in path), tuple(leaf.shape))
+            for path, leaf in jax.tree_util.tree_flatten_with_path(
+                parameter_shapes(model_config))[0]]
 
 
 def module_rows(shapes: dict, depth: int) -> list[tuple[str, int]]:
@@ -41,6 +49,7 @@ def format_table(rows: list[tuple[str, int]]) -> str:
     return "\n".join(lines)
 
 
+@user_errors.command_line("summary")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m t5x_like.summary", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -11,11 +11,12 @@ your own registrations first.
 from __future__ import annotations
 
 import argparse
-import importlib
 import itertools
 import sys
 
 import numpy as np
+
+from t5x_like import user_errors
 
 
 def _parse_lengths(text: str, default: int, features) -> dict[str, int]:
@@ -86,6 +87,7 @@ def cmd_sample(td, name: str, n: int, lengths_text: str, length: int, split: str
                 print(f"{key}: {value.tolist()}")
 
 
+@user_errors.command_line("tasks")
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -99,8 +101,7 @@ def main(argv=None) -> None:
     parser.add_argument("--module", action="append", default=[],
                         help="a module that registers tasks (repeatable)")
     args = parser.parse_args(argv)
-    for module in args.module:
-        importlib.import_module(module)
+    user_errors.import_modules(args.module)
     import t5x_like.data as td
     if args.command != "list" and not args.name:
         parser.error(f"{args.command} needs a task or mixture NAME (see `list`).")

@@ -18,7 +18,7 @@ import signal
 import sys
 import time
 
-from t5x_like import config_lib
+from t5x_like import config_lib, user_errors
 
 USAGE = ("python -m t5x_like.train --config=FILE --workdir=DIR [--config.KEY=VALUE ...]\n"
          "  e.g. python -m t5x_like.train --config=configs/quickstart.py --workdir=/tmp/t5x_like_run "
@@ -34,6 +34,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--workdir", required=True,
                         help="Output directory; an existing run there is resumed.")
     parser.add_argument("--quiet", action="store_true", help="No progress output.")
+    parser.add_argument("--module", action="append", default=[], metavar="PKG.MOD",
+                        help="Import this module first (repeatable): your tasks and mixtures.")
     multi = parser.add_argument_group(
         "multi-process runs (GPU clusters; Cloud TPU VMs, SLURM and MPI are detected)")
     multi.add_argument("--coordinator_address", help="HOST:PORT of process 0.")
@@ -55,8 +57,9 @@ def load_and_validate(config_path: str, overrides: list[str]):
         try:
             get_task_or_mixture(name)
         except KeyError as e:
-            raise config_lib.ConfigError(f"{key}: {e.args[0]} Register it with TaskRegistry.add "
-                                         "in your module and import that module first.") from None
+            raise config_lib.ConfigError(
+                f"{key}: {e.args[0]} Register it with TaskRegistry.add in your module and load "
+                "it with --module=YOUR.MODULE.") from None
     return config
 
 
@@ -217,7 +220,7 @@ def _normalise(value):
 
 
 def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
-        devices=None, overrides: list[str] = ()) -> dict:
+        devices=None, overrides: list[str] = (), modules: list[str] = ()) -> dict:
     """Trains to ``config.num_train_steps``; returns the last train and eval metrics.
 
     ``devices`` defaults to all devices; tests pass a subset to compare meshes.
@@ -430,8 +433,8 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
 
     if is_chief and not quiet:
         latest = checkpointer.latest_step()
-        print(_summary(workdir, latest, last_train, last_eval, config_path, config, overrides),
-              flush=True)
+        print(_summary(workdir, latest, last_train, last_eval, config_path, config, overrides,
+                       modules), flush=True)
     return {"train": last_train, "eval": last_eval, "step": step}
 
 
@@ -487,31 +490,38 @@ def _first_nonfinite_step(fetched: list[dict], last_step: int) -> int | None:
     return None
 
 
-def _summary(workdir, latest, last_train, last_eval, config_path, config, overrides=()) -> str:
+def _summary(workdir, latest, last_train, last_eval, config_path, config, overrides=(),
+             modules=()) -> str:
     lines = ["", "Done."]
     if last_train:
         lines.append(f"  final train loss  {last_train['loss']:.4f}")
     if last_eval:
         lines.append(f"  held-out loss     {last_eval['eval_loss']:.4f}")
+    from t5x_like.user_errors import shell_command, this_python
     lines += [
         f"  checkpoint        {workdir / 'checkpoints' / str(latest)}",
         f"  metrics           {workdir / 'metrics.jsonl'}",
-        f"  TensorBoard       tensorboard --logdir {workdir / 'tensorboard'}",
+        "  TensorBoard       " + shell_command(["tensorboard", "--logdir",
+                                                str(workdir / "tensorboard")]),
         f"  resolved config   {workdir / 'config.json'}",
         "  continue training (resumes from the checkpoint):",
-        "    " + " ".join(
-            ["python -m t5x_like.train", f"--config={config_path}", f"--workdir={workdir}"]
+        "    " + shell_command(
+            [this_python(), "-m", "t5x_like.train", f"--config={config_path}",
+             f"--workdir={workdir}"] + [f"--module={m}" for m in modules]
             + [f"--config.{o}" for o in overrides if not o.startswith("num_train_steps=")]
             + [f"--config.num_train_steps={config.num_train_steps * 2}"]),
     ]
     return "\n".join(lines)
 
 
+@user_errors.command_line("train")
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args, overrides = parse_args(argv)
     try:
+        user_errors.import_modules(args.module)
         config = load_and_validate(args.config, overrides)
+        user_errors.check_writable_folder(args.workdir)
     except config_lib.ConfigError as e:
         print(f"Config error: {e}", file=sys.stderr)
         return 2
@@ -525,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
     partitioning.initialize_distributed(settings)
     try:
         run(config, args.workdir, config_path=args.config, quiet=args.quiet,
-            overrides=overrides)
+            overrides=overrides, modules=args.module)
     except config_lib.ConfigError as e:
         print(f"Config error: {e}", file=sys.stderr)
         return 2

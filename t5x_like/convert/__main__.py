@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from t5x_like.config_lib import UserError
 from t5x_like.convert import hf_albert, hf_bart, hf_bert, hf_gpt2, hf_io, hf_llama, hf_roberta, hf_t5, pretrained
+from t5x_like import user_errors
 
 ARCHITECTURES = {"t5": hf_t5, "mt5": hf_t5, "gpt2": hf_gpt2, "bert": hf_bert,
                  "roberta": hf_roberta, "llama": hf_llama, "mistral": hf_llama, "albert": hf_albert,
@@ -31,10 +33,84 @@ def import_hf(hf_dir: str, out: str) -> dict:
         raise ValueError(f"Cannot import model_type {model_type!r} yet; supported: "
                          f"{sorted(ARCHITECTURES)}.")
     module = ARCHITECTURES[model_type]
-    model_config = module.model_config_from_hf(hf_config)
-    params = module.params_from_hf(hf_io.read_weights(hf_dir), model_config)
+    try:
+        model_config = module.model_config_from_hf(hf_config)
+    except KeyError as e:
+        raise UserError(f"{hf_dir}/config.json has no {e.args[0]!r} entry, which a "
+                        f"{model_type} config needs; re-save the model with save_pretrained.") \
+            from None
+    weights = _TrackedWeights(hf_io.read_weights(hf_dir))
+    try:
+        params = module.params_from_hf(weights, model_config)
+    except (ValueError, IndexError, TypeError) as e:
+        raise UserError(_tensor_problem(hf_dir, weights, weights.last, str(e))) from None
+    _check_param_shapes(hf_dir, params, model_config, weights)
+    _check_tensor_shapes(hf_dir, module, params, model_config, weights)
     pretrained.save_pretrained(out, model_config, params)
     return model_config
+
+
+class _TrackedWeights(dict):
+    """The HF tensors, remembering the last one read: a reshape that fails inside an
+    architecture's converter is reported by that tensor's name."""
+
+    last: str | None = None
+
+    def __getitem__(self, key):
+        self.last = key
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        if key in self:
+            self.last = key
+        return super().get(key, default)
+
+
+def _tensor_problem(hf_dir, weights, name, detail: str) -> str:
+    shape = tuple(dict.__getitem__(weights, name).shape) if name in weights else None
+    return (f"{hf_dir}: tensor {name!r} (shape {shape}) does not fit the model its config.json "
+            f"describes ({detail}). The weights and config.json come from different models; "
+            "copy both from the same save_pretrained folder.")
+
+
+def _check_tensor_shapes(hf_dir, module, params, model_config: dict, weights) -> None:
+    """Every Hugging Face tensor has the shape the converted model exports it back to: a
+    converter that slices a fused tensor would otherwise drop extra rows silently."""
+    import numpy as np
+
+    exported = {name: tuple(np.shape(value))
+                for name, value in module.params_to_hf(params, model_config).items()}
+    for name in weights:
+        got = tuple(dict.__getitem__(weights, name).shape)
+        want = exported.get(name)
+        if want is None:  # the same tensor under a prefix ("transformer.h.0..." vs "h.0...")
+            want = next((shape for key, shape in exported.items()
+                         if name.endswith("." + key) or key.endswith("." + name)), None)
+        if want is not None and got != want:
+            raise UserError(_tensor_problem(hf_dir, weights, name,
+                                            f"the config's model has it as {want}"))
+
+
+def _check_param_shapes(hf_dir, params, model_config: dict, weights) -> None:
+    """Every converted parameter has the shape the config's model expects; a mismatch
+    names the Hugging Face tensor it came from."""
+    import jax
+    import numpy as np
+
+    from t5x_like import summary
+
+    expected = dict(summary.flat_parameter_shapes(model_config))
+    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+        name = "/".join(str(getattr(k, "key", k)) for k in path)
+        want = expected.get(name)
+        if want is None or tuple(np.shape(leaf)) == tuple(want):
+            continue
+        sources = [k for k in weights if np.may_share_memory(dict.__getitem__(weights, k), leaf)]
+        detail = f"it converts to {name} of shape {tuple(np.shape(leaf))}, expected {want}"
+        raise UserError(_tensor_problem(hf_dir, weights, sources[0], detail) if sources else
+                        f"{hf_dir}: parameter {name} has shape {tuple(np.shape(leaf))}, the model "
+                        f"its config.json describes expects {want}; the weights and config.json "
+                        "come from different models.")
 
 
 def export_hf(checkpoint: str, out: str) -> dict:
@@ -45,6 +121,7 @@ def export_hf(checkpoint: str, out: str) -> dict:
     return hf_config
 
 
+@user_errors.command_line("convert")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m t5x_like.convert", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -63,8 +140,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             export_hf(args.checkpoint, args.out)
             print(f"exported {args.checkpoint} -> {args.out}")
-    except (FileNotFoundError, FileExistsError, ValueError, KeyError) as e:
-        print(f"convert: {e}", file=sys.stderr)
+    except (FileNotFoundError, FileExistsError, KeyError) as e:
+        print(f"convert: {e.args[0] if isinstance(e, KeyError) and e.args else e}",
+              file=sys.stderr)
         return 2
     return 0
 

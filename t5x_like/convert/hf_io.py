@@ -11,6 +11,8 @@ import pathlib
 
 import numpy as np
 
+from t5x_like.config_lib import UserError
+
 
 def _safetensors_numpy():
     try:
@@ -26,7 +28,31 @@ def read_config(folder: str | pathlib.Path) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"{folder} has no config.json; point --hf_dir at a Hugging Face "
                                 "model folder (the one save_pretrained writes).")
-    return json.loads(path.read_text())
+    config = _read_json(path)
+    if not isinstance(config, dict):
+        raise UserError(f"{path} holds a JSON {type(config).__name__}, not an object; a Hugging "
+                        "Face config.json is an object like {\"model_type\": \"gpt2\", ...}.")
+    return config
+
+
+def _read_json(path: pathlib.Path):
+    try:
+        return json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UserError(f"{path} is not valid JSON ({e}); re-save the model with "
+                        "save_pretrained or fix the file.") from None
+
+
+def _load_safetensors(path: pathlib.Path, st_numpy) -> dict[str, np.ndarray]:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is listed in the folder's index but missing; copy the "
+                                "whole model folder.")
+    try:
+        return st_numpy.load_file(str(path))
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error type
+        raise UserError(f"{path} is not a readable safetensors file ({type(e).__name__}: {e}); "
+                        "it may be truncated or not safetensors at all. Download or copy it "
+                        "again.") from None
 
 
 def read_weights(folder: str | pathlib.Path) -> dict[str, np.ndarray]:
@@ -35,7 +61,12 @@ def read_weights(folder: str | pathlib.Path) -> dict[str, np.ndarray]:
     st_numpy = _safetensors_numpy()
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        weight_map = _read_json(index).get("weight_map") if isinstance(_read_json(index),
+                                                                    dict) else None
+        if not isinstance(weight_map, dict):
+            raise UserError(f"{index} has no \"weight_map\" object; it is not a safetensors "
+                            "index. Re-save the model with save_pretrained.")
+        files = sorted(set(weight_map.values()))
     elif (folder / "model.safetensors").is_file():
         files = ["model.safetensors"]
     else:
@@ -46,7 +77,7 @@ def read_weights(folder: str | pathlib.Path) -> dict[str, np.ndarray]:
         raise FileNotFoundError(f"No model.safetensors in {folder}.{hint}")
     weights: dict[str, np.ndarray] = {}
     for name in files:
-        for key, value in st_numpy.load_file(str(folder / name)).items():
+        for key, value in _load_safetensors(folder / name, st_numpy).items():
             weights[key] = value.astype(np.float32) if value.dtype.kind == "f" else value
     return weights
 

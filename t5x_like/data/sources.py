@@ -114,11 +114,19 @@ class Source:
     def shard(self, split: str, shard_index: int, num_shards: int) -> Sequence[dict]:
         """Shard ``shard_index`` of ``num_shards``: every ``num_shards``-th example."""
         records = self.get(split)
+        if not records:
+            raise ValueError(_empty_split(split))
         if len(records) < num_shards:
             raise ValueError(f"split {split!r} has {len(records)} examples, fewer than "
                              f"num_shards={num_shards}; use fewer shards (in training: a smaller "
                              "data_streams).")
         return Strided(records, shard_index, num_shards)
+
+
+def _empty_split(split: str, paths=()) -> str:
+    where = f" (read from {', '.join(str(p) for p in paths)})" if paths else ""
+    return (f"split {split!r} has no examples{where}: the data files are empty or hold no "
+            "record of the expected format. Check the files the task reads.")
 
 
 class Strided(Sequence):
@@ -167,6 +175,8 @@ class FileSource(Source):
             raise ValueError(f"Unknown split {split!r}; this source has splits {self.splits}.")
         paths = tuple(files[shard_index::num_shards])
         records = _cached_files(self, split, paths)
+        if not records and num_shards == 1:
+            raise ValueError(_empty_split(split, paths))
         if not records:
             raise ValueError(
                 f"Shard {shard_index} of {num_shards} reads the files {list(paths)}, which hold "
@@ -345,6 +355,8 @@ class TfdsSource(Source):
         else:
             segments = sequential.stride_segments(pieces, shard_index, num_shards)
         records = sequential.SequentialRecords(segments, self.shuffle_window)
+        if len(records) == 0 and sum(n for _, n in pieces) == 0:
+            raise ValueError(_empty_split(split))
         if len(records) == 0:
             raise ValueError(f"split {split!r} has {sum(n for _, n in pieces)} examples, fewer "
                              f"than num_shards={num_shards}; use fewer shards (in training: a "
