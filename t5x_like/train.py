@@ -394,10 +394,13 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
                 bad = _first_nonfinite_step(fetched, step)
                 if bad is not None and config.on_nonfinite_loss == "stop":
                     latest_good = checkpointer.latest_step()
+                    where = (f"The last good checkpoint (step {latest_good}) in "
+                             f"{checkpointer.directory} is intact and the next run resumes "
+                             "from it." if latest_good is not None else
+                             "No checkpoint was saved before it; the next run starts from step 0.")
                     raise FloatingPointError(
                         f"Train loss or gradient is NaN/Inf at step {bad}; stopping without saving. "
-                        f"The last good checkpoint (step {latest_good}) in "
-                        f"{checkpointer.directory} is intact and the next run resumes from it. "
+                        f"{where} "
                         "Lower optimizer.learning_rate or enable optimizer.grad_clip_norm, or set "
                         "--config.on_nonfinite_loss=skip_update to skip such steps.")
                 first = step - len(fetched) + 1

@@ -78,8 +78,14 @@ def _check_tensor_shapes(hf_dir, module, params, model_config: dict, weights) ->
     converter that slices a fused tensor would otherwise drop extra rows silently."""
     import numpy as np
 
-    exported = {name: tuple(np.shape(value))
-                for name, value in module.params_to_hf(params, model_config).items()}
+    to_hf = getattr(module, "params_to_hf", None)
+    if to_hf is None:  # an import-only architecture: the param shapes were checked
+        return
+    try:
+        exported = {name: tuple(np.shape(value))
+                    for name, value in to_hf(params, model_config).items()}
+    except (KeyError, ValueError, NotImplementedError):
+        return  # a variant the exporter does not write back: nothing to compare with
     for name in weights:
         got = tuple(dict.__getitem__(weights, name).shape)
         want = exported.get(name)
