@@ -155,6 +155,18 @@ def test_checkpoints_without_a_manifest_fall_back_on_the_restore_error(
     assert (workdir / "damaged_checkpoints" / "10").is_dir()
 
 
+@pytest.mark.parametrize("with_manifest", [True, False])
+def test_a_step_with_state_but_no_data_item_falls_back(saved_run, tmp_path, with_manifest):
+    """The half-copied folder of the report: state/ present, data/ gone."""
+    workdir = fresh_copy(saved_run, tmp_path)
+    folder = workdir / "checkpoints" / "10"
+    shutil.rmtree(folder / "data")
+    if not with_manifest:
+        (folder / checkpointing.MANIFEST).unlink()
+    restored = restore(workdir)
+    assert restored.step == 5 and (workdir / "damaged_checkpoints" / "10" / "state").is_dir()
+
+
 def test_when_no_step_restores_nothing_is_moved_and_all_are_named(saved_run, tmp_path):
     workdir = fresh_copy(saved_run, tmp_path)
     for step in (5, 10):

@@ -1,5 +1,6 @@
 import json
 import pathlib
+import shlex
 import subprocess
 import sys
 
@@ -103,9 +104,12 @@ def test_cli_resumes_from_the_latest_checkpoint(tmp_path):
     assert first.returncode == 0, first.stderr
     assert "checkpoint" in first.stdout and "continue training" in first.stdout
     # The printed command, overrides included, is what resumes (with 30 steps, not 40).
-    printed = first.stdout.split("continue training (resumes from the checkpoint):")[1].split()
-    assert printed[:3] == ["python", "-m", "t5x_like.train"] and printed[-1].endswith("steps=40")
-    resume = [sys.executable] + printed[1:-1] + ["--config.num_train_steps=30"]
+    line = first.stdout.split("continue training (resumes from the checkpoint):")[1]
+    printed = shlex.split(line.strip().splitlines()[0])
+    assert printed[1:3] == ["-m", "t5x_like.train"] and printed[-1].endswith("steps=40")
+    # The interpreter that ran, as typed from the folder the run started in.
+    assert (REPO / printed[0]).absolute() == pathlib.Path(sys.executable).absolute()
+    resume = printed[:-1] + ["--config.num_train_steps=30"]
     assert all(arg in resume for arg in common[3:])
     second = subprocess.run(resume, cwd=REPO, env=CLI_ENV, capture_output=True, text=True,
                             timeout=300)

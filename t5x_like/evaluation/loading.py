@@ -42,6 +42,10 @@ class Source:
         checkpointer = self._checkpointer()
         try:
             return checkpointer.restore_config(step)
+        except Exception as e:  # noqa: BLE001 - an unreadable config item is damage
+            from t5x_like.checkpointing import one_line
+            raise UserError(f"Checkpoint {self.path / str(step)} has no readable config "
+                            f"({one_line(e)}); evaluate another step.") from None
         finally:
             checkpointer.close()
 
@@ -54,9 +58,19 @@ class Source:
                 return trainer.place_params(params)
             except ValueError as e:
                 raise UserError(f"{self.path}: {e}") from None
+        from t5x_like import checkpointing
+        folder = self.path / str(step)
+        problem = checkpointing.manifest_problem(folder)
+        if problem is not None:
+            raise UserError(f"Checkpoint {folder} is damaged ({problem}); evaluate another "
+                            "step, or resume training, which moves it aside.")
         checkpointer = self._checkpointer()
         try:
             state, _, _ = checkpointer.restore(step, trainer.abstract_state)
+        except Exception as e:  # noqa: BLE001 - a read failure is the checkpoint's, not ours
+            raise UserError(f"Checkpoint {folder} does not restore ({checkpointing.one_line(e)}); "
+                            "evaluate another step, or resume training, which moves a damaged "
+                            "step aside.") from None
         finally:
             checkpointer.close()
         return state.params
