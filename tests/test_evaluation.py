@@ -56,6 +56,7 @@ def setup(config, name="test_eval_mix", **settings):
     return ev, state.params
 
 
+@pytest.mark.slow
 def test_padded_generation_equals_one_row_at_a_time():
     config = decoder_config()
     model = models.build_model(config.model)
@@ -171,6 +172,7 @@ def _train(workdir, steps, **overrides):
     train.run(config, str(workdir), quiet=True)
 
 
+@pytest.mark.slow
 def test_eval_cli_resumes_without_duplicates_and_watches(tmp_path, monkeypatch, capsys):
     workdir, out = tmp_path / "run", tmp_path / "eval"
     _train(workdir, 4)

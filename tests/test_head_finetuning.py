@@ -156,6 +156,7 @@ def test_bad_head_configs_are_named():
         train.resolve_head_labels(config)
 
 
+@pytest.mark.slow
 def test_head_fine_tunes_from_a_pretrained_body_and_evaluates(tmp_path):
     pretrain = encoder_config(num_train_steps=4, checkpoint_every_steps=4, eval_every_steps=4)
     pretrain.task, pretrain.task_feature_lengths = "embedded_en_mlm", {"inputs": 32}

@@ -163,6 +163,7 @@ def test_encoder_packed_rows_scan_and_local_attention():
     np.testing.assert_allclose(first(packed), first(changed), atol=1e-6)  # one layer, window 2
 
 
+@pytest.mark.slow
 def test_t5_packed_rows_give_the_logits_of_separate_rows():
     from t5x_like.models import t5
 
