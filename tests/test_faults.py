@@ -502,3 +502,14 @@ def test_convert_import_of_the_undamaged_folder_works(hf_gpt2_folder, tmp_path, 
     code, _ = cli(convert_cli.main, ["import", f"--hf_dir={hf_gpt2_folder}",
                                      f"--out={tmp_path}/o"], capsys)
     assert code == 0 and (tmp_path / "o" / "model_config.json").is_file()
+
+
+def test_an_empty_data_file_names_the_file_not_the_shard_count(tmp_path):
+    from t5x_like import data as td
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    source = td.TextFilesSource(str(empty), holdout_every=3)
+    with pytest.raises(ValueError) as error:
+        source.shard("train", 0, 1)
+    assert "has no examples" in str(error.value) and "fewer shards" not in str(error.value)
+    assert str(empty) in str(error.value)

@@ -115,7 +115,8 @@ class Source:
         """Shard ``shard_index`` of ``num_shards``: every ``num_shards``-th example."""
         records = self.get(split)
         if not records:
-            raise ValueError(_empty_split(split))
+            files = self.files() if hasattr(self, "files") else ()
+            raise ValueError(_empty_split(split, files))
         if len(records) < num_shards:
             raise ValueError(f"split {split!r} has {len(records)} examples, fewer than "
                              f"num_shards={num_shards}; use fewer shards (in training: a smaller "
