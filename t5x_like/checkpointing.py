@@ -133,7 +133,8 @@ class Checkpointer:
         """Keeps the newest ``keep`` checkpoints, plus every step divisible by ``keep_every``
         (when positive) for good, e.g. to evaluate or fine-tune from later, plus the
         newest verified step. ``read_only`` (evaluation) creates, cleans, moves and
-        deletes nothing. ``log`` receives one line per damaged step found."""
+        deletes nothing. ``log`` receives one line per step moved aside or failing to
+        verify."""
         import jax
 
         self.directory = pathlib.Path(directory).absolute()
@@ -165,9 +166,6 @@ class Checkpointer:
         """Complete checkpoints, oldest first (a save still in flight is not listed)."""
         self._manager.reload()
         return sorted(self._manager.all_steps())
-
-    def verified_steps(self) -> list[int]:
-        return sorted(self._verified)
 
     # -- saving -----------------------------------------------------------------
     def save(self, step: int, state, data_state: dict, config: dict, force: bool = False) -> bool:
@@ -258,10 +256,10 @@ class Checkpointer:
         damaged: list[tuple[int, str]] = []
         for step in reversed(steps):
             folder = self.step_folder(step)
-            reason = manifest_problem(folder)
+            reason = self._agreed(manifest_problem(folder))
             if reason is None:
                 try:
-                    value = restore_step(step)
+                    value, failure = restore_step(step), None
                 except UserError:
                     raise
                 except Exception as e:  # noqa: BLE001 - any failure to read is damage
@@ -271,8 +269,9 @@ class Checkpointer:
                             f"Checkpoint {folder} matches its manifest (its files are intact) "
                             f"but does not restore onto this model: {one_line(e)} Resume with "
                             "the code and config that wrote it, or use a new --workdir.") from e
-                    reason = one_line(e)
-                else:
+                    failure = one_line(e)
+                reason = self._agreed(failure)
+                if reason is None:
                     self._verified.add(step)
                     moved = tuple((s, why, self._move_aside(
                         s, f"damaged ({why}); resuming from step {step}")) for s, why in damaged)
@@ -285,6 +284,14 @@ class Checkpointer:
                 "deleted. Restore the folders from a copy, move them aside to start over in "
                 "this workdir, or use a new --workdir.")
         return None
+
+    def _agreed(self, problem: str | None) -> str | None:
+        """One verdict for every process: a step is damaged if any process found it so
+        (each reads only its own shards), so all fall back to the same step."""
+        if not self._multi_process:
+            return problem
+        from t5x_like import partitioning
+        return next((p for p in partitioning.gather_json(problem) if p is not None), None)
 
     def move_aside_from(self, first_step: int, reason: str) -> list[pathlib.Path]:
         """Moves every step from ``first_step`` on aside (a diverged run's checkpoints)."""

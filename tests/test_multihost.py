@@ -152,3 +152,34 @@ def test_eval_of_two_processes_equals_one_process(tmp_path):
         ours = [json.loads(line) for line in path.read_text().splitlines()]
         theirs = [json.loads(line) for line in mirror.read_text().splitlines()]
         assert [r.get("prediction") for r in ours] == [r.get("prediction") for r in theirs]
+
+
+@pytest.mark.slow
+def test_two_processes_fall_back_together_past_a_damaged_step(tmp_path):
+    """The array data process 1 wrote for the newest step is truncated and the step has
+    no manifest (a checkpoint from before manifests): the processes agree that it is
+    damaged, process 0 moves it aside, and both resume from the previous step."""
+    config_args = ["--config=configs/quickstart.py", f"--workdir={tmp_path}", *TINY]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+
+    def launch(steps):
+        return subprocess.run(
+            [sys.executable, "-m", "t5x_like.launch_local", "--num_processes=2",
+             "--devices_per_process=4", "--timeout_s=240", "--", *config_args,
+             f"--config.num_train_steps={steps}"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+    first = launch(4)
+    assert first.returncode == 0, first.stderr[-3000:]
+    newest = tmp_path / "checkpoints" / "4"
+    (newest / "manifest.t5x_like.json").unlink()
+    chunks = sorted(newest.glob("state/ocdbt.process_1/d/*"))
+    assert chunks
+    for chunk in chunks:  # the array data process 1 wrote
+        chunk.write_bytes(chunk.read_bytes()[:16])
+    second = launch(6)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resuming from step 2" in second.stderr and "at step 2." in second.stderr
+    assert (tmp_path / "damaged_checkpoints" / "4" / "state").is_dir()
+    assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir()
+                  if p.name.isdigit())[-1] == 6
