@@ -108,6 +108,12 @@ def default_config() -> ml_collections.ConfigDict:
         max_answer_length=30,          # span_extraction: longest predicted answer, in tokens
     ))
 
+    # Parameter-efficient tuning: which parameters train (the rest stay frozen, with no
+    # optimizer state).
+    c.peft = ml_collections.ConfigDict(dict(
+        bitfit=False,                  # only bias terms (and a head) train (Ben Zaken et al.)
+    ))
+
     # Device mesh; -1 takes the remaining devices. Axis rules name the sharding strategy.
     # dcn: data parallelism across TPU slices (multi-slice); 0 = the number of slices
     # the devices span, which is 1 off multi-slice TPU, so one config runs anywhere.

@@ -44,7 +44,22 @@ def decay_mask(params):
     return jax.tree_util.tree_map_with_path(decays, params)
 
 
-def make_optimizer(cfg, num_train_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+def trainable_mask(params, bitfit: bool = False):
+    """True where a parameter trains. Everything, unless ``peft.bitfit`` (Ben Zaken et
+    al.): then only the bias terms and a fine-tuning head (``head/...``) train and the
+    rest of the model stays frozen."""
+    def trains(path, leaf) -> bool:
+        if not bitfit:
+            return True
+        keys = [str(getattr(k, "key", k)) for k in path]
+        return keys[-1] == "bias" or keys[0] == "head"
+    return jax.tree_util.tree_map_with_path(trains, params)
+
+
+def make_optimizer(cfg, num_train_steps: int, trainable=None
+                   ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """``trainable``: ``params -> bool tree`` (see ``trainable_mask``); frozen parameters
+    get a zero update and no optimizer state at all (``optax.multi_transform``)."""
     schedule = learning_rate_schedule(cfg, num_train_steps)
     if cfg.name == "adafactor":
         # T5's defaults: factored second moments, parameter scaling, update clipping at 1.
@@ -58,6 +73,10 @@ def make_optimizer(cfg, num_train_steps: int) -> tuple[optax.GradientTransformat
         raise ValueError(f"Unknown optimizer.name {cfg.name!r}; choose adafactor or adamw.")
     if cfg.grad_clip_norm and cfg.grad_clip_norm > 0:
         tx = optax.chain(optax.clip_by_global_norm(cfg.grad_clip_norm), tx)
+    if trainable is not None:
+        tx = optax.multi_transform(
+            {"train": tx, "frozen": optax.set_to_zero()},
+            lambda params: jax.tree.map(lambda t: "train" if t else "frozen", trainable(params)))
     return tx, schedule
 
 

@@ -3,7 +3,8 @@
     python -m t5x_like.summary --config=configs/t5_1_1_base.py
 
 Prints one row per module (parameters summed below it, to ``--depth`` levels),
-then ``params: <integer>`` on the last line.
+then ``params: <integer>  trainable: <integer> (<percent>%)`` on the last line (the
+trainable count is below the total under ``peft``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from t5x_like import config_lib, models, trainer
+from t5x_like import config_lib, models, optim, trainer
 from t5x_like import user_errors
 
 
@@ -71,7 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     shapes = parameter_shapes(config.model)
     rows = module_rows(shapes, args.depth)
     print(format_table(rows))
-    print(f"params: {sum(count for _, count in rows)}")
+    total = sum(count for _, count in rows)
+    mask = optim.trainable_mask(shapes, bitfit=config.peft.bitfit)
+    trainable = sum(int(np.prod(leaf.shape)) for leaf, trains in
+                    zip(jax.tree.leaves(shapes), jax.tree.leaves(mask)) if trains)
+    print(f"params: {total}  trainable: {trainable} ({100.0 * trainable / max(total, 1):.2f}%)")
     return 0
 
 

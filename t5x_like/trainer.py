@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any, Callable, Mapping
 
 import flax
@@ -110,11 +111,13 @@ class Trainer:
     def __init__(self, model: nn.Module, loss_fn: LossFn, optimizer: optax.GradientTransformation,
                  schedule: optax.Schedule, mesh, rules, model_feature_lengths: Mapping[str, int],
                  seed: int = 0, microbatches: int = 1, loss_normalizer: float | None = None,
-                 skip_nonfinite_updates: bool = False):
+                 skip_nonfinite_updates: bool = False, trainable=None):
         """``microbatches`` > 1 accumulates gradients over that many slices of each batch;
         ``loss_normalizer`` divides summed losses by a constant instead of the real
         target-token count; ``skip_nonfinite_updates`` keeps params and optimizer
-        state unchanged on a step whose loss or gradient is NaN/Inf."""
+        state unchanged on a step whose loss or gradient is NaN/Inf; ``trainable``
+        (``params -> bool tree``) freezes the rest: no gradient flows into a frozen
+        parameter and the gradient norm counts only trainable ones."""
         self.model = model
         self.microbatches = int(microbatches)
         self.loss_normalizer = loss_normalizer
@@ -130,6 +133,7 @@ class Trainer:
         boxed = abstract_boxed_params(model, self.model_feature_lengths)
         param_shardings = partitioning.logical_shardings(boxed, mesh, rules)
         abstract_params = nn.unbox(boxed)
+        self.trainable = None if trainable is None else trainable(abstract_params)
         abstract_opt_state = jax.eval_shape(optimizer.init, abstract_params)
         self.state_shardings = TrainState(
             step=partitioning.replicated(mesh),
@@ -181,7 +185,8 @@ class Trainer:
         def loss_and_grad(params, microbatch, index):
             micro_rng = jax.random.fold_in(rng, index)
             return jax.value_and_grad(
-                lambda p: self.loss_fn(self.model, p, microbatch, micro_rng, **kwargs),
+                lambda p: self.loss_fn(self.model, self._frozen_cut(p), microbatch, micro_rng,
+                                       **kwargs),
                 has_aux=True)(params)
 
         (_, metrics), grads = optim.accumulate_gradients(
@@ -197,6 +202,14 @@ class Trainer:
             opt_state = jax.tree.map(keep, opt_state, state.opt_state)
             metrics["skipped_updates"] = 1.0 - finite.astype(jnp.float32)
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+    def _frozen_cut(self, params):
+        """Frozen parameters behind a stop_gradient: their gradients are zeros XLA
+        never computes (their kernel gradients are dead code)."""
+        if self.trainable is None:
+            return params
+        return jax.tree.map(lambda p, t: p if t else jax.lax.stop_gradient(p), params,
+                            self.trainable)
 
     def _eval_step_fn(self, params, batch):
         _, metrics = self.loss_fn(self.model, params, batch, None)
@@ -265,15 +278,27 @@ def build_trainer(config, mesh) -> Trainer:
     """The Trainer a run config describes: the structure's model and objective, the
     optimizer and rules on ``mesh``."""
     structure = structures.for_config(config)
-    optimizer, schedule = optim.make_optimizer(config.optimizer, config.num_train_steps)
+    trainable = None
+    peft = config.get("peft")
+    if peft is not None and peft.bitfit:
+        trainable = functools.partial(optim.trainable_mask, bitfit=True)
+    optimizer, schedule = optim.make_optimizer(config.optimizer, config.num_train_steps,
+                                               trainable)
     rules = partitioning.axis_rules(config.partitioning.rules)
     normalizer = (float(config.loss.normalizing_constant)
                   if config.loss.normalization == "constant" else None)
-    return Trainer(structure.model, structure.loss_fn(config.loss), optimizer, schedule, mesh,
+    trainer = Trainer(structure.model, structure.loss_fn(config.loss), optimizer, schedule, mesh,
                    rules, structure.model_feature_lengths(config.task_feature_lengths),
                    seed=config.seed, microbatches=config.optimizer.microbatches,
                    loss_normalizer=normalizer,
-                   skip_nonfinite_updates=config.on_nonfinite_loss == "skip_update")
+                   skip_nonfinite_updates=config.on_nonfinite_loss == "skip_update",
+                   trainable=trainable)
+    if trainer.trainable is not None and not any(jax.tree.leaves(trainer.trainable)):
+        from t5x_like.config_lib import ConfigError
+        raise ConfigError("peft.bitfit trains only bias terms, and this model has none "
+                          f"(model.family={config.model.family!r}; T5 v1.1 has no biases). "
+                          "Use a model with biases (use_bias=True) or a fine-tuning head.")
+    return trainer
 
 
 class _MeshAndRules:
