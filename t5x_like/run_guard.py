@@ -60,9 +60,15 @@ def optimizer_state_digest(abstract_opt_state) -> str:
     return f"{len(leaves)} arrays, {hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 
+# Model keys that change how the step runs, not what it computes or stores: a resume
+# may change them freely (e.g. rematerialise to fit a smaller accelerator).
+EXECUTION_ONLY_MODEL_KEYS = ("remat_policy",)
+
+
 def fingerprint(config, vocabulary, abstract_opt_state) -> dict:
     """The run fingerprint saved with every checkpoint (flat ``key -> JSON value``)."""
-    fp = {f"model.{k}": _as_plain(v) for k, v in config.model.to_dict().items()}
+    fp = {f"model.{k}": _as_plain(v) for k, v in config.model.to_dict().items()
+          if k not in EXECUTION_ONLY_MODEL_KEYS}
     head = config.get("head")
     fp["head.kind"] = head.kind if head is not None else ""
     fp["head.labels"] = _as_plain(tuple(head.labels)) if head is not None else []
@@ -76,7 +82,8 @@ def fingerprint(config, vocabulary, abstract_opt_state) -> dict:
 
 def legacy_fingerprint(saved_config: dict) -> dict:
     """What a checkpoint saved before fingerprints existed still tells from its config."""
-    fp = {f"model.{k}": _as_plain(v) for k, v in (saved_config.get("model") or {}).items()}
+    fp = {f"model.{k}": _as_plain(v) for k, v in (saved_config.get("model") or {}).items()
+          if k not in EXECUTION_ONLY_MODEL_KEYS}
     head = saved_config.get("head") or {}
     fp["head.kind"] = head.get("kind", "")
     fp["head.labels"] = _as_plain(head.get("labels", []))

@@ -302,6 +302,14 @@ def test_a_resume_that_changes_the_fingerprint_is_refused_naming_the_key(
     assert not (workdir / "damaged_checkpoints").exists()
 
 
+def test_rematerialisation_may_change_on_resume(trained_run, tmp_path):
+    """remat_policy changes how the step runs, not what it stores: not in the fingerprint."""
+    workdir = fresh_copy(trained_run, tmp_path)
+    config = tiny_config(num_train_steps=11, checkpoint_every_steps=5,
+                         **{"model.remat_policy": "full"})
+    assert train.run(config, str(workdir), quiet=True, devices=jax.devices()[:1])["step"] == 11
+
+
 def test_an_allowed_optimizer_change_keeps_params_and_step(trained_run, tmp_path):
     workdir = fresh_copy(trained_run, tmp_path)
     config = tiny_config(num_train_steps=11, checkpoint_every_steps=5,
