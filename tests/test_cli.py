@@ -20,4 +20,4 @@ def test_unknown_subcommand_is_an_error(capsys):
 
 def test_subcommand_runs_its_module(capsys):
     assert cli.main(["summary", f"--config={QUICKSTART}"]) == 0
-    assert capsys.readouterr().out.strip().splitlines()[-1] == "params: 3278592"
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "params: 3278592  trainable: 3278592 (100.00%)"
