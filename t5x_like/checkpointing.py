@@ -66,24 +66,35 @@ def _step_files(folder: pathlib.Path) -> list[pathlib.Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
 
 
-def write_manifest(folder: pathlib.Path) -> dict:
+def write_manifest(folder: pathlib.Path) -> None:
     """Sizes and CRC32s of every file in a finished step folder, written next to them."""
     files = {str(p.relative_to(folder)): {"size": p.stat().st_size, "crc32": _file_crc32(p)}
              for p in _step_files(folder)}
-    manifest = {"format": 1, "files": files}
     tmp = folder / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    tmp.write_text(json.dumps({"format": 1, "files": files}, indent=1, sort_keys=True))
     tmp.replace(folder / MANIFEST)  # atomic: a manifest is whole or absent
-    return manifest
+
+
+def _manifest_files(folder: pathlib.Path) -> dict | None:
+    """The manifest's ``{relative path: {size, crc32}}``, or None where the folder has no
+    readable manifest (older checkpoints, an interrupted finish, a damaged manifest)."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    return files if isinstance(files, dict) else None
+
+
+def has_manifest(folder: pathlib.Path) -> bool:
+    return _manifest_files(folder) is not None
 
 
 def manifest_problem(folder: pathlib.Path) -> str | None:
     """Why the folder does not match its manifest (None: it matches, or it has no
-    readable manifest, which older checkpoints and an interrupted finish lack)."""
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-        files = manifest["files"]
-    except (OSError, ValueError, KeyError, TypeError):
+    readable manifest)."""
+    files = _manifest_files(folder)
+    if files is None:
         return None
     for name, expected in sorted(files.items()):
         path = folder / name
@@ -94,18 +105,11 @@ def manifest_problem(folder: pathlib.Path) -> str | None:
             return f"{name} is {size} bytes, the manifest says {expected['size']}"
         if _file_crc32(path) != expected["crc32"]:
             return f"{name} does not match its checksum (its bytes changed after the save)"
-    extra = [str(p.relative_to(folder)) for p in _step_files(folder)
-             if str(p.relative_to(folder)) not in files]
+    extra = [name for name in (str(p.relative_to(folder)) for p in _step_files(folder))
+             if name not in files]
     if extra:
         return f"{extra[0]} was not part of the save"
     return None
-
-
-def has_manifest(folder: pathlib.Path) -> bool:
-    try:
-        return "files" in json.loads((folder / MANIFEST).read_text())
-    except (OSError, ValueError, TypeError):
-        return False
 
 
 def _silence_late_callbacks_of_failed_reads() -> None:

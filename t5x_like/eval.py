@@ -25,8 +25,7 @@ from t5x_like.config_lib import UserError
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m t5x_like.eval", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--module", action="append", default=[], metavar="PKG.MOD",
-                        help="Import this module first (repeatable): your tasks and mixtures.")
+    user_errors.add_module_flag(parser)
     parser.add_argument("--checkpoint", required=True)
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--mixture")

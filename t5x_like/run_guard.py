@@ -20,11 +20,9 @@ from typing import Iterable
 from t5x_like.config_lib import ConfigError
 
 
-
 def _as_plain(value):
-    if isinstance(value, tuple):
-        return [_as_plain(v) for v in value]
-    if isinstance(value, list):
+    """Tuples as lists, dicts sorted: a config value as it reads back from JSON."""
+    if isinstance(value, (tuple, list)):
         return [_as_plain(v) for v in value]
     if isinstance(value, dict):
         return {k: _as_plain(v) for k, v in sorted(value.items())}
@@ -41,10 +39,10 @@ def _file_sha256(path: str) -> str:
 
 def vocabulary_identity(vocabulary) -> dict:
     """Kind, size and model-file hash: what makes two vocabularies the same ids."""
-    real = vocabulary._factory() if hasattr(vocabulary, "_factory") else vocabulary
-    identity = {"vocabulary.kind": type(real).__name__,
-                "vocabulary.size": int(real.vocab_size)}
-    path = getattr(real, "model_path", None) or getattr(real, "vocab_path", None)
+    from t5x_like.data import vocabularies
+    identity = {"vocabulary.kind": vocabularies.kind(vocabulary),
+                "vocabulary.size": int(vocabulary.vocab_size)}
+    path = vocabularies.model_file(vocabulary)
     if path and pathlib.Path(path).is_file():
         identity["vocabulary.file_sha256"] = _file_sha256(path)
     return identity

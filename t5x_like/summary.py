@@ -28,9 +28,8 @@ def parameter_shapes(model_config) -> dict:
 
 def flat_parameter_shapes(model_config) -> list[tuple[str, tuple[int, ...]]]:
     """``("encoder/layers_0/.../kernel", shape)`` for every parameter of the model."""
-    return [("/".join(str(k.key) for k in path), tuple(leaf.shape))
-            for path, leaf in jax.tree_util.tree_flatten_with_path(
-                parameter_shapes(model_config))[0]]
+    return [(name, tuple(leaf.shape))
+            for name, leaf in trainer.flat_with_paths(parameter_shapes(model_config))]
 
 
 def module_rows(shapes: dict, depth: int) -> list[tuple[str, int]]:

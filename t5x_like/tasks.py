@@ -17,6 +17,7 @@ import sys
 import numpy as np
 
 from t5x_like import user_errors
+from t5x_like.data import vocabularies
 
 
 def _parse_lengths(text: str, default: int, features) -> dict[str, int]:
@@ -55,7 +56,7 @@ def cmd_show(td, name: str) -> None:
     print(f"  source: {provider.source!r}"[:300])
     print(f"  splits: {', '.join(provider.splits)}")
     print("  output features: " + ", ".join(
-        f"{k} ({type(getattr(f.vocabulary, '_factory', lambda: f.vocabulary)()).__name__}"
+        f"{k} ({vocabularies.kind(f.vocabulary)}"
         f"{', +EOS' if f.add_eos else ''})" for k, f in provider.output_features.items()))
     print("  preprocessors:")
     for step in provider.preprocessors:
@@ -98,8 +99,7 @@ def main(argv=None) -> None:
     parser.add_argument("--length", type=int, default=128, help="length of every feature")
     parser.add_argument("--split", default="train")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--module", action="append", default=[],
-                        help="a module that registers tasks (repeatable)")
+    user_errors.add_module_flag(parser)
     args = parser.parse_args(argv)
     user_errors.import_modules(args.module)
     import t5x_like.data as td

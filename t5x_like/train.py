@@ -14,6 +14,7 @@ import functools
 import json
 import math
 import pathlib
+import shlex
 import signal
 import sys
 import time
@@ -34,8 +35,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--workdir", required=True,
                         help="Output directory; an existing run there is resumed.")
     parser.add_argument("--quiet", action="store_true", help="No progress output.")
-    parser.add_argument("--module", action="append", default=[], metavar="PKG.MOD",
-                        help="Import this module first (repeatable): your tasks and mixtures.")
+    user_errors.add_module_flag(parser)
     multi = parser.add_argument_group(
         "multi-process runs (GPU clusters; Cloud TPU VMs, SLURM and MPI are detected)")
     multi.add_argument("--coordinator_address", help="HOST:PORT of process 0.")
@@ -393,14 +393,9 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
                                               len(devices), peak)
                 bad = _first_nonfinite_step(fetched, step)
                 if bad is not None and config.on_nonfinite_loss == "stop":
-                    latest_good = checkpointer.latest_step()
-                    where = (f"The last good checkpoint (step {latest_good}) in "
-                             f"{checkpointer.directory} is intact and the next run resumes "
-                             "from it." if latest_good is not None else
-                             "No checkpoint was saved before it; the next run starts from step 0.")
                     raise FloatingPointError(
                         f"Train loss or gradient is NaN/Inf at step {bad}; stopping without saving. "
-                        f"{where} "
+                        f"{_where_the_next_run_starts(checkpointer)} "
                         "Lower optimizer.learning_rate or enable optimizer.grad_clip_norm, or set "
                         "--config.on_nonfinite_loss=skip_update to skip such steps.")
                 first = step - len(fetched) + 1
@@ -460,15 +455,20 @@ def _stop_diverged(checkpointer, step: int, reason: str, first_bad_step: int) ->
     """Moves aside checkpoints saved at or after the first bad step (kept, not
     deleted), so the next run resumes from the last good one; returns the message."""
     moved = checkpointer.move_aside_from(first_bad_step, f"saved after divergence: {reason}")
-    latest_good = checkpointer.latest_step()
-    where = (f"The last good checkpoint, {checkpointer.step_folder(latest_good)}, is where the "
-             "next run resumes" if latest_good is not None else
-             "No checkpoint was saved before it; the next run starts from step 0")
     aside = (f" Checkpoints saved after step {first_bad_step} were moved to "
              f"{', '.join(str(p) for p in moved)}." if moved else "")
-    return (f"Stopped at step {step}: {reason}. Nothing was saved.{aside} {where}. Lower "
-            "optimizer.learning_rate (or set optimizer.grad_clip_norm), or tune the "
-            "divergence.* rules if this was a false alarm.")
+    return (f"Stopped at step {step}: {reason}. Nothing was saved.{aside} "
+            f"{_where_the_next_run_starts(checkpointer)} Lower optimizer.learning_rate (or set "
+            "optimizer.grad_clip_norm), or tune the divergence.* rules if this was a false "
+            "alarm.")
+
+
+def _where_the_next_run_starts(checkpointer) -> str:
+    latest_good = checkpointer.latest_step()
+    if latest_good is None:
+        return "No checkpoint was saved before it; the next run starts from step 0."
+    return (f"The last good checkpoint (step {latest_good}) in {checkpointer.directory} is "
+            "intact and the next run resumes from it.")
 
 
 def _interval_record(fetched: list[dict]) -> dict:
@@ -500,16 +500,15 @@ def _summary(workdir, latest, last_train, last_eval, config_path, config, overri
         lines.append(f"  final train loss  {last_train['loss']:.4f}")
     if last_eval:
         lines.append(f"  held-out loss     {last_eval['eval_loss']:.4f}")
-    from t5x_like.user_errors import shell_command, this_python
     lines += [
         f"  checkpoint        {workdir / 'checkpoints' / str(latest)}",
         f"  metrics           {workdir / 'metrics.jsonl'}",
-        "  TensorBoard       " + shell_command(["tensorboard", "--logdir",
-                                                str(workdir / "tensorboard")]),
+        "  TensorBoard       " + shlex.join(["tensorboard", "--logdir",
+                                              str(workdir / "tensorboard")]),
         f"  resolved config   {workdir / 'config.json'}",
         "  continue training (resumes from the checkpoint):",
-        "    " + shell_command(
-            [this_python(), "-m", "t5x_like.train", f"--config={config_path}",
+        "    " + shlex.join(
+            [user_errors.this_python(), "-m", "t5x_like.train", f"--config={config_path}",
              f"--workdir={workdir}"] + [f"--module={m}" for m in modules]
             + [f"--config.{o}" for o in overrides if not o.startswith("num_train_steps=")]
             + [f"--config.num_train_steps={config.num_train_steps * 2}"]),

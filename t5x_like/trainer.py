@@ -239,8 +239,8 @@ class Trainer:
         """Host (numpy) params -> sharded ``jax.Array``s on this mesh, checked against the
         model's parameter tree (evaluation needs no optimizer state)."""
         expected = self.abstract_state.params
-        flat_expected = dict(_flat_with_paths(expected))
-        flat_given = dict(_flat_with_paths(params))
+        flat_expected = dict(flat_with_paths(expected))
+        flat_given = dict(flat_with_paths(params))
         missing = sorted(set(flat_expected) - set(flat_given))
         extra = sorted(set(flat_given) - set(flat_expected))
         if missing or extra:
@@ -321,7 +321,8 @@ class _MeshAndRules:
         return False
 
 
-def _flat_with_paths(tree) -> list[tuple[str, Any]]:
+def flat_with_paths(tree) -> list[tuple[str, Any]]:
+    """``("encoder/layers_0/.../kernel", leaf)`` for every leaf of a parameter tree."""
     return [("/".join(_path_tuple(path)), leaf)
             for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
 

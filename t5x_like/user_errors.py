@@ -9,7 +9,6 @@ import functools
 import importlib
 import os
 import pathlib
-import shlex
 import sys
 import tempfile
 from typing import Callable, Sequence
@@ -30,6 +29,12 @@ def command_line(prog: str) -> Callable:
                 return 2
         return wrapped
     return wrap
+
+
+def add_module_flag(parser) -> None:
+    """``--module=PKG.MOD`` (repeatable), read by :func:`import_modules`."""
+    parser.add_argument("--module", action="append", default=[], metavar="PKG.MOD",
+                        help="Import this module first (repeatable): your tasks and mixtures.")
 
 
 def import_modules(names: Sequence[str]) -> None:
@@ -67,12 +72,6 @@ def check_writable_folder(path: str, flag: str = "--workdir") -> None:
     except OSError as e:
         raise UserError(f"{flag}={path}: cannot write in {existing} ({e.strerror or e}); pass a "
                         "folder you can write to.") from None
-
-
-def shell_command(argv: Sequence[str]) -> str:
-    """A command line that pastes back into a shell as the same argv (quoted with
-    ``shlex``; the running interpreter, relative to the current folder when inside it)."""
-    return shlex.join(list(argv))
 
 
 def this_python() -> str:

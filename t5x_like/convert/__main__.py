@@ -100,14 +100,12 @@ def _check_tensor_shapes(hf_dir, module, params, model_config: dict, weights) ->
 def _check_param_shapes(hf_dir, params, model_config: dict, weights) -> None:
     """Every converted parameter has the shape the config's model expects; a mismatch
     names the Hugging Face tensor it came from."""
-    import jax
     import numpy as np
 
-    from t5x_like import summary
+    from t5x_like import summary, trainer
 
     expected = dict(summary.flat_parameter_shapes(model_config))
-    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-        name = "/".join(str(getattr(k, "key", k)) for k in path)
+    for name, leaf in trainer.flat_with_paths(params):
         want = expected.get(name)
         if want is None or tuple(np.shape(leaf)) == tuple(want):
             continue

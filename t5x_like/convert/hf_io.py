@@ -61,8 +61,8 @@ def read_weights(folder: str | pathlib.Path) -> dict[str, np.ndarray]:
     st_numpy = _safetensors_numpy()
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = _read_json(index).get("weight_map") if isinstance(_read_json(index),
-                                                                    dict) else None
+        listing = _read_json(index)
+        weight_map = listing.get("weight_map") if isinstance(listing, dict) else None
         if not isinstance(weight_map, dict):
             raise UserError(f"{index} has no \"weight_map\" object; it is not a safetensors "
                             "index. Re-save the model with save_pretrained.")

@@ -176,8 +176,6 @@ class FileSource(Source):
             raise ValueError(f"Unknown split {split!r}; this source has splits {self.splits}.")
         paths = tuple(files[shard_index::num_shards])
         records = _cached_files(self, split, paths)
-        if not records and num_shards == 1:
-            raise ValueError(_empty_split(split, paths))
         if not records:
             raise ValueError(
                 f"Shard {shard_index} of {num_shards} reads the files {list(paths)}, which hold "

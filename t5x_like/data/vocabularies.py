@@ -18,6 +18,18 @@ MASK_PIECE, CLS_PIECE, SEP_PIECE = "[MASK]", "[CLS]", "[SEP]"
 SPECIAL_PIECES = (MASK_PIECE, CLS_PIECE, SEP_PIECE)
 
 
+def kind(vocabulary) -> str:
+    """The class name of a vocabulary, also behind the registry's lazy wrapper (which
+    loads the model on first use and hides its type)."""
+    real = vocabulary._factory() if hasattr(vocabulary, "_factory") else vocabulary
+    return type(real).__name__
+
+
+def model_file(vocabulary) -> str | None:
+    """The file a vocabulary was loaded from (SentencePiece model or WordPiece list)."""
+    return getattr(vocabulary, "model_path", None) or getattr(vocabulary, "vocab_path", None)
+
+
 def _with_sentinel_pieces(sp: spm.SentencePieceProcessor,
                           extra_ids: int) -> spm.SentencePieceProcessor:
     """``sp`` with ``▁<extra_id_N>`` user-defined pieces appended, N descending, as seqio.

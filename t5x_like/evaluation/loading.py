@@ -165,8 +165,7 @@ def check_vocabulary(config, task, saved: dict) -> None:
 
 def vocabulary_fingerprint(vocabulary) -> str:
     """What identifies a vocabulary: its class, size and model file."""
-    model_path = getattr(vocabulary, "model_path", None) or getattr(vocabulary, "vocab_path", None)
-    name = type(getattr(vocabulary, "_factory", lambda: vocabulary)()).__name__ \
-        if hasattr(vocabulary, "_factory") else type(vocabulary).__name__
+    from t5x_like.data import vocabularies
+    model_path = vocabularies.model_file(vocabulary)
     where = f" {pathlib.Path(model_path).name}" if model_path else ""
-    return f"{name}({vocabulary.vocab_size}{where})"
+    return f"{vocabularies.kind(vocabulary)}({vocabulary.vocab_size}{where})"
