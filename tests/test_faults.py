@@ -521,3 +521,19 @@ def test_an_empty_data_file_names_the_file_not_the_shard_count(tmp_path):
         source.shard("train", 0, 1)
     assert "has no examples" in str(error.value) and "fewer shards" not in str(error.value)
     assert str(empty) in str(error.value)
+
+
+def test_eval_of_a_damaged_step_is_one_message(saved_run, tmp_path):
+    """eval/infer open checkpoints read-only: a damaged step is named, never moved."""
+    from t5x_like.evaluation import loading
+    workdir = fresh_copy(saved_run, tmp_path)
+    folder = workdir / "checkpoints" / "10"
+    damage(folder / "data" / "metadata", "truncate", random.Random(2))
+    source = loading.resolve(str(workdir))
+    with pytest.raises(UserError, match=r"checkpoints/10 is damaged \(data/metadata is"):
+        source.restore_params(10, trainer=None)  # refused before any array is read
+    (folder / checkpointing.MANIFEST).unlink()
+    (folder / "config" / "metadata").unlink()
+    with pytest.raises(UserError, match="checkpoints/10 has no readable config"):
+        source.saved_config(10)
+    assert folder.is_dir() and not (workdir / "damaged_checkpoints").exists()
