@@ -12,6 +12,7 @@ import difflib
 import importlib.util
 import math
 import pathlib
+import re
 from typing import Any, Sequence
 
 import ml_collections
@@ -108,10 +109,22 @@ def default_config() -> ml_collections.ConfigDict:
         max_answer_length=30,          # span_extraction: longest predicted answer, in tokens
     ))
 
-    # Parameter-efficient tuning: which parameters train (the rest stay frozen, with no
-    # optimizer state).
+    # Parameter-efficient tuning (models/peft.py): new small parameters or a chosen subset
+    # train, the rest stay frozen with no optimizer state. With init_from, checkpoints
+    # hold only what trains plus the base's identity (path, step, digest).
     c.peft = ml_collections.ConfigDict(dict(
         bitfit=False,                  # only bias terms (and a head) train (Ben Zaken et al.)
+        lora=dict(                     # low-rank updates W + (alpha/rank) A B (Hu et al.)
+            rank=0,                    # 0: off; 8 is the usual start
+            alpha=8.0,
+            dropout=0.0,               # on the LoRA branch's input, while training
+            targets=r"(^|/)(query|value)/kernel$",  # regex over kernel paths (summary lists them)
+        ),
+        adapter=dict(                  # bottleneck adapters (Houlsby et al.)
+            size=0,                    # 0: off; the bottleneck width, e.g. 64
+            activation="gelu",
+            placement="houlsby",       # houlsby: after attention and MLP | pfeiffer: MLP only
+        ),
     ))
 
     # Device mesh; -1 takes the remaining devices. Axis rules name the sharding strategy.
@@ -169,6 +182,8 @@ ENUMS = {
     "head.kind": ("", "classification", "regression", "token_classification",
                   "span_extraction"),
     "head.pooling": ("cls", "last", "mean"),
+    "peft.adapter.placement": ("houlsby", "pfeiffer"),
+    "peft.adapter.activation": ("gelu", "gelu_exact", "relu", "silu"),
 }
 POSITIVE_INTS = ("num_train_steps", "batch_size", "log_every_steps", "checkpoint_every_steps",
                  "eval_every_steps", "eval_batches", "keep_checkpoints", "optimizer.microbatches")
@@ -407,6 +422,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _validate_head(config)
     _validate_optimizer_numbers(config)
     _validate_divergence(config)
+    _validate_peft(config)
     for name in config.allow_resume_changes:
         if not any(name == k or name.startswith(k + ".") for k in RESUME_CHANGE_KEYS):
             raise ConfigError(
@@ -428,7 +444,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
                           f"got mesh={dict(config.mesh)}.")
 
 
-RESUME_CHANGE_KEYS = ("vocabulary", "task", "task_feature_lengths", "optimizer", "model", "head")
+RESUME_CHANGE_KEYS = ("vocabulary", "task", "task_feature_lengths", "optimizer", "model", "head",
+                      "peft")
 
 
 def _finite_at_least(config, key: str, low: float, example: str) -> None:
@@ -464,6 +481,26 @@ def _validate_divergence(config) -> None:
     if config.divergence.median_window < 1:
         raise ConfigError(f"divergence.median_window={config.divergence.median_window} must be "
                           "positive, e.g. 100.")
+
+
+def _validate_peft(config) -> None:
+    lora = config.peft.lora
+    if not isinstance(lora.rank, int) or lora.rank < 0:
+        raise ConfigError(f"peft.lora.rank={lora.rank!r} must be an integer >= 0 (0: no LoRA), "
+                          "e.g. --config.peft.lora.rank=8.")
+    if lora.rank:
+        _finite_at_least(config, "peft.lora.alpha", 0.0, "16")
+        if not 0.0 <= lora.dropout < 1.0:
+            raise ConfigError(f"peft.lora.dropout={lora.dropout} must be in [0, 1), e.g. 0.1.")
+        try:
+            re.compile(lora.targets)
+        except re.error as e:
+            raise ConfigError(f"peft.lora.targets={lora.targets!r} is not a regular expression "
+                              f"({e}); e.g. '(query|value)/kernel$'.") from None
+    size = config.peft.adapter.size
+    if not isinstance(size, int) or size < 0:
+        raise ConfigError(f"peft.adapter.size={size!r} must be an integer >= 0 (0: no "
+                          "adapters), e.g. --config.peft.adapter.size=64.")
 
 
 def _validate_head(config) -> None:

@@ -44,15 +44,19 @@ def decay_mask(params):
     return jax.tree_util.tree_map_with_path(decays, params)
 
 
-def trainable_mask(params, bitfit: bool = False):
-    """True where a parameter trains. Everything, unless ``peft.bitfit`` (Ben Zaken et
-    al.): then only the bias terms and a fine-tuning head (``head/...``) train and the
-    rest of the model stays frozen."""
+def trainable_mask(params, bitfit: bool = False, added: bool = False):
+    """True where a parameter trains. Everything, unless parameter-efficient tuning is
+    on: then a fine-tuning head (``head/...``) trains, and the parameters LoRA and
+    adapters added (``added``; ``models.peft.is_peft_param``), and with ``bitfit`` (Ben
+    Zaken et al.) the bias terms; the rest of the model stays frozen."""
+    from t5x_like.models import peft
+
     def trains(path, leaf) -> bool:
-        if not bitfit:
+        if not (bitfit or added):
             return True
-        keys = [str(getattr(k, "key", k)) for k in path]
-        return keys[-1] == "bias" or keys[0] == "head"
+        keys = tuple(str(getattr(k, "key", k)) for k in path)
+        return (keys[0] == "head" or (added and peft.is_peft_param(keys))
+                or (bitfit and keys[-1] == "bias"))
     return jax.tree_util.tree_map_with_path(trains, params)
 
 

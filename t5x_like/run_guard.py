@@ -3,7 +3,8 @@ and divergence rules beyond NaN.
 
 The fingerprint is saved with every checkpoint (inside its config item) and names
 what a resume must not change behind the user's back: the vocabulary, the task and
-its lengths, the optimizer and the structure of its state, the model and the head.
+its lengths, the optimizer and the structure of its state, the model, the head and
+what parameter-efficient tuning adds or trains.
 A resume that changes any of them is refused naming the key, unless
 ``allow_resume_changes`` lists it.
 """
@@ -75,6 +76,13 @@ def fingerprint(config, vocabulary, abstract_opt_state) -> dict:
     fp.update(vocabulary_identity(vocabulary))
     fp["optimizer.name"] = config.optimizer.name
     fp["optimizer.state"] = optimizer_state_digest(abstract_opt_state)
+    peft = config.get("peft")
+    if peft is not None:  # what trains and what was added (dropout is free to change)
+        fp.update({"peft.bitfit": bool(peft.bitfit), "peft.lora.rank": peft.lora.rank,
+                   "peft.lora.alpha": peft.lora.alpha, "peft.lora.targets": peft.lora.targets,
+                   "peft.adapter.size": peft.adapter.size,
+                   "peft.adapter.activation": peft.adapter.activation,
+                   "peft.adapter.placement": peft.adapter.placement})
     return fp
 
 
@@ -113,7 +121,7 @@ def check_resume(saved_config: dict, current: dict, allowed: Iterable[str]) -> l
     if refused:
         details = "; ".join(f"{key}: checkpoint {old!r}, config {new!r}"
                             for key, old, new in refused)
-        keys = ",".join(sorted({key if key.startswith(("model.", "head.")) else
+        keys = ",".join(sorted({key if key.startswith(("model.", "head.", "peft.")) else
                                 key.split(".")[0] for key, _, _ in refused}))
         raise ConfigError(
             f"The workdir's checkpoints were trained with different settings ({details}). "

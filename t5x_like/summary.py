@@ -20,8 +20,9 @@ from t5x_like import config_lib, models, optim, trainer
 from t5x_like import user_errors
 
 
-def parameter_shapes(model_config) -> dict:
-    model = models.build_model(model_config)
+def parameter_shapes(model_config, peft_settings=None) -> dict:
+    from t5x_like.models import peft
+    model = peft.with_peft(models.build_model(model_config), peft_settings or peft.PeftSettings())
     lengths = {"encoder_input_tokens": 8, "decoder_input_tokens": 8, "decoder_target_tokens": 8}
     return nn.unbox(trainer.abstract_boxed_params(model, lengths))
 
@@ -68,11 +69,15 @@ def main(argv: list[str] | None = None) -> int:
     except config_lib.ConfigError as e:
         print(f"Config error: {e}", file=sys.stderr)
         return 2
-    shapes = parameter_shapes(config.model)
+    from t5x_like.models import peft
+    settings = peft.PeftSettings.from_config(config.peft)
+    shapes = parameter_shapes(config.model, settings)
+    if settings.any or config.peft.bitfit:
+        trainer.check_peft_targets(config, shapes)
     rows = module_rows(shapes, args.depth)
     print(format_table(rows))
     total = sum(count for _, count in rows)
-    mask = optim.trainable_mask(shapes, bitfit=config.peft.bitfit)
+    mask = optim.trainable_mask(shapes, bitfit=config.peft.bitfit, added=settings.any)
     trainable = sum(int(np.prod(leaf.shape)) for leaf, trains in
                     zip(jax.tree.leaves(shapes), jax.tree.leaves(mask)) if trains)
     print(f"params: {total}  trainable: {trainable} ({100.0 * trainable / max(total, 1):.2f}%)")

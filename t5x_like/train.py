@@ -130,10 +130,11 @@ def _restore_for_resume(checkpointer, config, trainer, fingerprint: dict, step: 
     ``ConfigError``s (not damage); any other exception means the step is unreadable."""
     import jax
 
-    from t5x_like import run_guard
+    from t5x_like import peft, run_guard
     from t5x_like import trainer as trainer_lib
     from t5x_like.evaluation import loading
 
+    where = str(checkpointer.step_folder(step))
     saved = checkpointer.restore_config(step)
     if not isinstance(saved, dict):
         raise ValueError(f"config item is {type(saved).__name__}, not a JSON object")
@@ -143,14 +144,18 @@ def _restore_for_resume(checkpointer, config, trainer, fingerprint: dict, step: 
         if any(key.startswith("optimizer.") for key in changed):
             # An intended optimizer change: the params and step carry over, the optimizer
             # state starts fresh (restored first in the layout it was saved in).
-            saved_trainer = trainer_lib.build_trainer(loading.config_from_saved(saved),
-                                                      trainer.mesh)
-            old, data_state, _ = checkpointer.restore(step, saved_trainer.abstract_state)
+            saved_config = loading.config_from_saved(saved)
+            saved_trainer = trainer_lib.build_trainer(saved_config, trainer.mesh)
+            old, data_state = peft.restore_state(checkpointer, step, saved_trainer, saved,
+                                                 saved_config, where)
             state = trainer.state_from_params(jax.device_get(old.params)).replace(step=old.step)
         else:
-            state, data_state, _ = checkpointer.restore(step, trainer.abstract_state)
+            state, data_state = peft.restore_state(checkpointer, step, trainer, saved, config,
+                                                   where)
+    except config_lib.UserError:
+        raise  # a refusal (the PEFT base is gone or changed), not damage
     except Exception as e:  # noqa: BLE001
-        model_changes = [k for k in changed if k.startswith(("model.", "head."))]
+        model_changes = [k for k in changed if k.startswith(("model.", "head.", "peft."))]
         if model_changes:  # not damage: the allowed change does not fit the saved arrays
             from t5x_like.checkpointing import one_line
             raise config_lib.ConfigError(
@@ -166,43 +171,32 @@ def _restore_for_resume(checkpointer, config, trainer, fingerprint: dict, step: 
 
 
 def _pretrained_state(config, trainer):
-    """Step 0 from pretrained params, for fine-tuning or continued pretraining: a
-    params-only folder (``convert import``), or a training workdir / checkpoint step
-    (its newest step's params; the optimizer state is left behind)."""
+    """``(step-0 state, PEFT base identity or None)`` from pretrained params, for
+    fine-tuning or continued pretraining: a params-only folder (``convert import``), or a
+    training workdir / checkpoint step (its newest step's params; the optimizer state is
+    left behind). What the base lacks starts fresh: a new head, LoRA and adapters."""
     import jax
+    from flax import traverse_util
 
-    from t5x_like.convert import pretrained
+    from t5x_like import peft
     from t5x_like.evaluation import loading
+    from t5x_like.models import peft as peft_modules
 
-    folder = pathlib.Path(config.init_from)
-    try:
-        source = loading.resolve(config.init_from)
-    except config_lib.UserError:
-        raise config_lib.ConfigError(
-            f"init_from={config.init_from!r} is not a pretrained folder (no model_config.json), "
-            "a training workdir or a checkpoint step folder; point it at the --out folder of "
-            "`python -m t5x_like.convert import` or at a run's workdir.") from None
-    if source.kind == "pretrained":
-        model_config, params = pretrained.load_pretrained(folder)
-        _check_same_model({"model": model_config}, config,
-                          source=f"init_from={config.init_from!r}")
-    else:
-        from t5x_like import trainer as trainer_lib
-        steps = source.steps()
-        if not steps:
-            raise config_lib.ConfigError(f"init_from={config.init_from!r} holds no complete "
-                                         "checkpoint yet.")
-        saved = source.saved_config(steps[-1])
-        _check_same_model(saved, config, source=f"init_from={config.init_from!r}")
-        saved_config = loading.run_config(source, steps[-1], None, [])
-        params = jax.device_get(source.restore_params(
-            steps[-1], trainer_lib.build_trainer(saved_config, trainer.mesh)))
+    params, step = loading.base_params(config.init_from, config, trainer.mesh)
+    identity = (peft.base_identity(config.init_from, step, params)
+                if peft.saves_partial(config) else None)
     if "backbone" in trainer.abstract_state.params and "backbone" not in params:
-        # A pretrained body under a new head: the body loads, the head starts fresh.
-        fresh = jax.device_get(trainer.init_state(config.seed).params)
-        params = {"backbone": params, "head": fresh["head"]}
+        params = {"backbone": params}  # a pretrained body under a new head
+    expected = traverse_util.flatten_dict(peft._plain(trainer.abstract_state.params))
+    given = traverse_util.flatten_dict(peft._plain(params))
+    missing = [key for key in expected if key not in given]
+    if missing and all(key[0] == "head" or peft_modules.is_peft_param(key) for key in missing):
+        fresh = traverse_util.flatten_dict(peft._plain(jax.device_get(
+            trainer.init_state(config.seed).params)))
+        given.update({key: fresh[key] for key in missing})
+        params = traverse_util.unflatten_dict(given)
     try:
-        return trainer.state_from_params(params)
+        return trainer.state_from_params(params), identity
     except ValueError as e:
         raise config_lib.ConfigError(f"init_from={config.init_from!r}: {e}") from None
 
@@ -227,7 +221,8 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     """
     import jax  # imported late: config mistakes are reported before JAX starts
 
-    from t5x_like import checkpointing, flops, hardware, metrics_writer, partitioning, run_guard
+    from t5x_like import checkpointing, flops, hardware, metrics_writer, partitioning, peft
+    from t5x_like import run_guard
     from t5x_like import trainer as trainer_lib
     from t5x_like.data import get_task_or_mixture, pipeline
     from t5x_like.models import structures
@@ -305,16 +300,25 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
         progress.message(f"Resumed from {checkpointer.step_folder(resumed.step)} at step "
                          f"{resumed.step}.")
     elif config.init_from:
-        state = _pretrained_state(config, trainer)
+        state, peft_base = _pretrained_state(config, trainer)
         progress.message(f"Initialised params from {config.init_from} (optimizer state fresh).")
     else:
         state = trainer.init_state(config.seed)
+    # A PEFT run from a base on disk saves only what trains, and names the base it needs.
+    peft_base = saved_config.get(peft.IDENTITY_KEY) if resumed else (
+        peft_base if config.init_from else None)
+    if peft_base:
+        run_config[peft.IDENTITY_KEY] = peft_base
     start_step = int(state.step)
     if is_chief:
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "config.json").write_text(json.dumps(run_config, indent=2, default=list))
-        progress.message(f"t5x_like: {trainer_lib.param_count(state.params):,} parameters, mesh "
-                         f"{mesh_shape}, {len(devices)} {devices[0].platform} devices, "
+        trains = ""
+        if trainer.trainable is not None:
+            count = trainer_lib.param_count(peft.trainable_only(state.params, trainer.trainable))
+            trains = f" ({count:,} trainable)"
+        progress.message(f"t5x_like: {trainer_lib.param_count(state.params):,} parameters{trains}, "
+                         f"mesh {mesh_shape}, {len(devices)} {devices[0].platform} devices, "
                          f"steps {start_step} -> {config.num_train_steps}, workdir {workdir}")
 
     writer = metrics_writer.MetricsWriter(workdir, enabled=is_chief)
@@ -355,7 +359,8 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     def save(step: int, force: bool = False) -> None:
         # Each process holds its own streams' states; process 0 writes the merged one.
         data_state = pipeline.merge_states(partitioning.gather_json(train_iter.get_state()))
-        checkpointer.save(step, state, data_state, run_config, force=force)
+        saved_state = peft.saved_view(state, trainer) if peft_base else state
+        checkpointer.save(step, saved_state, data_state, run_config, force=force)
 
     last_train, last_eval = {}, {}
     pending: list[dict] = []

@@ -274,31 +274,55 @@ class Trainer:
             return self._eval_step(params, batch)
 
 
+def trainable_for(config):
+    """``params -> bool tree`` of what trains under ``config.peft`` (None: everything)."""
+    from t5x_like.models import peft as peft_modules
+    peft = config.get("peft")
+    if peft is None:
+        return None
+    added = peft_modules.PeftSettings.from_config(peft).any
+    if not (peft.bitfit or added):
+        return None
+    return functools.partial(optim.trainable_mask, bitfit=bool(peft.bitfit), added=added)
+
+
 def build_trainer(config, mesh) -> Trainer:
     """The Trainer a run config describes: the structure's model and objective, the
     optimizer and rules on ``mesh``."""
     structure = structures.for_config(config)
-    trainable = None
-    peft = config.get("peft")
-    if peft is not None and peft.bitfit:
-        trainable = functools.partial(optim.trainable_mask, bitfit=True)
+    trainable = trainable_for(config)
     optimizer, schedule = optim.make_optimizer(config.optimizer, config.num_train_steps,
                                                trainable)
     rules = partitioning.axis_rules(config.partitioning.rules)
     normalizer = (float(config.loss.normalizing_constant)
                   if config.loss.normalization == "constant" else None)
     trainer = Trainer(structure.model, structure.loss_fn(config.loss), optimizer, schedule, mesh,
-                   rules, structure.model_feature_lengths(config.task_feature_lengths),
-                   seed=config.seed, microbatches=config.optimizer.microbatches,
-                   loss_normalizer=normalizer,
-                   skip_nonfinite_updates=config.on_nonfinite_loss == "skip_update",
-                   trainable=trainable)
-    if trainer.trainable is not None and not any(jax.tree.leaves(trainer.trainable)):
-        from t5x_like.config_lib import ConfigError
+                      rules, structure.model_feature_lengths(config.task_feature_lengths),
+                      seed=config.seed, microbatches=config.optimizer.microbatches,
+                      loss_normalizer=normalizer,
+                      skip_nonfinite_updates=config.on_nonfinite_loss == "skip_update",
+                      trainable=trainable)
+    if trainable is not None:
+        check_peft_targets(config, trainer.abstract_state.params)
+    return trainer
+
+
+def check_peft_targets(config, params) -> None:
+    """A LoRA pattern that matches no kernel, or BitFit on a model without biases, would
+    train nothing of what was asked: refused, naming what there is."""
+    from t5x_like.config_lib import ConfigError
+    paths = [path for path, _ in flat_with_paths(params)]
+    if config.peft.lora.rank and not any(p.endswith("/lora_a") for p in paths):
+        kernels = [p for p in paths if p.endswith("/kernel")]
+        examples = ", ".join(kernels[:4]) + (", ..." if len(kernels) > 4 else "")
+        raise ConfigError(f"peft.lora.targets={config.peft.lora.targets!r} matches none of the "
+                          f"model's {len(kernels)} kernels ({examples}); write a regular "
+                          "expression searched in such paths, e.g. '(query|value)/kernel$' "
+                          "(`python -m t5x_like.summary --depth=9` lists the paths).")
+    if config.peft.bitfit and not any(p.endswith("/bias") for p in paths):
         raise ConfigError("peft.bitfit trains only bias terms, and this model has none "
                           f"(model.family={config.model.family!r}; T5 v1.1 has no biases). "
                           "Use a model with biases (use_bias=True) or a fine-tuning head.")
-    return trainer
 
 
 class _MeshAndRules:

@@ -170,7 +170,7 @@ def test_head_fine_tunes_from_a_pretrained_body_and_evaluates(tmp_path):
     assert tuple(config.head.labels) == ("long", "short")
     mesh = partitioning.make_mesh({"dcn": 1, "data": 8, "fsdp": 1, "tensor": 1})
     trainer = trainer_lib.build_trainer(config, mesh)
-    state = train._pretrained_state(config, trainer)
+    state, _ = train._pretrained_state(config, trainer)
     from t5x_like.evaluation import loading
     source = loading.resolve(str(tmp_path / "pt"))
     saved = loading.run_config(source, 4, None, [])

@@ -1,5 +1,7 @@
-"""Parameter-efficient tuning: frozen parameters stay bit-for-bit, and carry no
-optimizer state (BitFit so far)."""
+"""Parameter-efficient tuning: frozen parameters stay bit-for-bit and carry no optimizer
+state; LoRA and adapters start at the base model exactly and shard like it; PEFT
+checkpoints hold only what trains and load only on their own base; ``peft merge`` folds
+LoRA into the base with the same logits."""
 
 import pathlib
 import subprocess
@@ -17,7 +19,7 @@ from conftest import tiny_config
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def tiny_decoder(bitfit: bool, optimizer: str = "adamw"):
+def tiny_decoder(bitfit: bool = False, optimizer: str = "adamw", **peft):
     config = config_lib.default_config()
     config.task = "embedded_en_lm"
     config.task_feature_lengths = {"targets": 16}
@@ -29,6 +31,7 @@ def tiny_decoder(bitfit: bool, optimizer: str = "adamw"):
     config.optimizer.learning_rate = 1e-2
     config.optimizer.warmup_steps = 0
     config.peft.bitfit = bitfit
+    config_lib.apply_overrides(config, [f"peft.{k}={v}" for k, v in peft.items()])
     config_lib.validate(config)
     return config
 
@@ -115,3 +118,292 @@ def test_summary_prints_the_trainable_fraction():
     assert last[0] == "params:" and last[2] == "trainable:"
     total, trainable = int(last[1]), int(last[3])
     assert trainable == 102_144 and last[4] == f"({100 * trainable / total:.2f}%)"
+
+
+# -- LoRA and adapters ----------------------------------------------------------------------
+
+from flax import traverse_util  # noqa: E402
+
+from t5x_like import peft as peft_runs  # noqa: E402
+from t5x_like.models import peft as peft_modules  # noqa: E402
+from t5x_like.models import structures  # noqa: E402
+
+LORA = {"lora.rank": 4, "lora.alpha": 8.0}
+ADAPTERS = {"adapter.size": 8}
+
+
+def flat(tree) -> dict:
+    return traverse_util.flatten_dict(peft_runs._plain(jax.device_get(tree)), sep="/")
+
+
+def one_device_mesh():
+    return partitioning.make_mesh({"dcn": 1, "data": 1, "fsdp": 1, "tensor": 1},
+                                  jax.devices()[:1])
+
+
+def forward(config, params, batch):
+    """The model's output (logits) on ``batch``'s inputs, deterministic."""
+    model = structures.for_config(config).model
+    if config.model.family == "decoder":
+        return model.apply({"params": params}, batch["decoder_input_tokens"])
+    if config.model.family == "encoder":
+        return model.apply({"params": params}, batch["encoder_input_tokens"])["mlm_logits"]
+    return model.apply({"params": params}, batch["encoder_input_tokens"],
+                       batch["decoder_input_tokens"], batch["decoder_target_tokens"])
+
+
+def family_config(family: str, scan: bool = False, **peft):
+    if family == "decoder":
+        config = tiny_decoder(**peft)
+    else:
+        config = tiny_config()
+        if family == "encoder":
+            config.task, config.task_feature_lengths = "embedded_en_mlm", {"inputs": 16}
+            config.model = config_lib.model_defaults("encoder")
+            config.model.update(dict(vocab_size=8192, d_model=32, num_heads=2, head_dim=16,
+                                     d_ff=64, num_layers=2, max_length=32,
+                                     next_sentence_head=False))
+        config_lib.apply_overrides(config, [f"peft.{k}={v}" for k, v in peft.items()])
+    config.model.scan_layers = scan
+    config_lib.validate(config)
+    return config
+
+
+@pytest.mark.parametrize("family,scan", [("decoder", False), ("decoder", True),
+                                         ("encoder_decoder", False), ("encoder", False)])
+def test_untrained_lora_and_adapters_give_the_base_model_exactly(family, scan):
+    base_config = family_config(family, scan)
+    config = family_config(family, scan, **LORA, **ADAPTERS)
+    mesh = one_device_mesh()
+    base_trainer = trainer_lib.build_trainer(base_config, mesh)
+    base = base_trainer.init_state(0).params
+    peft_trainer = trainer_lib.build_trainer(config, mesh)
+    params = flat(peft_trainer.init_state(1).params)
+    added = {k for k in params if peft_modules.is_peft_param(tuple(k.split("/")))}
+    assert any(k.endswith("query/lora_b") for k in added)
+    assert any("/mlp/adapter/" in k for k in added) and any("attention/adapter/" in k
+                                                             for k in added)
+    assert set(params) - added == set(flat(base))
+    params.update(flat(base))  # the base's weights; B = 0 and up = 0 as initialised
+    batch = jax.device_get(random_batch(base_trainer, base_config))
+    want = forward(base_config, base, batch)
+    got = forward(config, traverse_util.unflatten_dict(params, sep="/"), batch)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_lora_params_have_logical_axes_of_the_kernel_they_adapt():
+    config = family_config("decoder", scan=True, **LORA)
+    model = structures.for_config(config).model
+    boxed = trainer_lib.abstract_boxed_params(model, {"decoder_input_tokens": 8})
+    import flax.linen as nn
+    specs = traverse_util.flatten_dict(nn.get_partition_spec(boxed), sep="/")
+    assert tuple(specs["layers/attention/query/kernel"]) == ("layers", "embed", "heads", "kv")
+    assert tuple(specs["layers/attention/query/lora_a"]) == ("layers", "embed", None)
+    assert tuple(specs["layers/attention/query/lora_b"]) == ("layers", None, "heads", "kv")
+    assert "layers/attention/key/lora_a" not in specs  # default targets: query and value
+
+
+@pytest.mark.parametrize("peft", [LORA, ADAPTERS], ids=["lora", "adapters"])
+def test_only_added_params_train_and_only_they_have_optimizer_state(peft):
+    config = tiny_decoder(**peft)
+    trainer, before, state, metrics = train_three_steps(config, jax.devices()[:1])
+    old, new = flat(before), flat(state.params)
+    trained = 0
+    for key, value in old.items():
+        if peft_modules.is_peft_param(tuple(key.split("/"))):
+            trained += value.size
+            if key.endswith(("lora_a", "down_kernel")):
+                continue  # zero gradient at first, with B (up) at zero; later steps move it
+            assert not np.array_equal(value, new[key]), key
+        else:
+            assert np.array_equal(value, new[key]), key  # frozen, bit for bit
+    # AdamW: two moments per trainable parameter, plus step counts.
+    state_size = sum(int(np.size(x)) for x in jax.tree.leaves(state.opt_state))
+    assert trained > 0 and state_size <= 2 * trained + 16, (state_size, trained)
+
+
+def test_lora_trains_the_same_on_a_2x4_mesh_as_on_one_device():
+    one = tiny_decoder(**LORA)
+    sharded = tiny_decoder(**LORA)
+    sharded.mesh.data, sharded.mesh.fsdp = 2, 4
+    _, _, state_one, _ = train_three_steps(one, jax.devices()[:1])
+    trainer, _, state_mesh, _ = train_three_steps(sharded, jax.devices()[:8])
+    spec = trainer.state_shardings.params["layers_0"]["attention"]["query"]["lora_a"].spec
+    assert "fsdp" in str(spec)  # sharded like the query kernel's embed dimension
+    for a, b in zip(jax.tree.leaves(state_one.params), jax.tree.leaves(state_mesh.params)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=5e-5)
+
+
+def test_merged_lora_gives_the_unmerged_logits():
+    config = tiny_decoder(**LORA)
+    trainer = trainer_lib.build_trainer(config, one_device_mesh())
+    params = flat(trainer.init_state(0).params)
+    rng = np.random.default_rng(0)
+    for key in params:
+        if key.endswith("lora_b"):  # a trained-looking, nonzero B
+            params[key] = rng.normal(0, 0.05, params[key].shape).astype(np.float32)
+    params = traverse_util.unflatten_dict(params, sep="/")
+    merged = peft_modules.merge_lora(params, peft_modules.PeftSettings.from_config(config.peft))
+    assert not any("lora" in k for k in flat(merged))
+    batch = jax.device_get(random_batch(trainer, config))
+    unmerged_logits = forward(config, params, batch)
+    merged_logits = forward(tiny_decoder(), merged, batch)
+    np.testing.assert_allclose(merged_logits, unmerged_logits, atol=1e-4, rtol=1e-4)
+    base_logits = forward(tiny_decoder(), traverse_util.unflatten_dict(
+        {k: v for k, v in flat(params).items() if "lora" not in k}, sep="/"), batch)
+    assert float(np.abs(base_logits - unmerged_logits).max()) > 1e-3  # LoRA did something
+
+
+@pytest.mark.parametrize("family", ["decoder", "encoder_decoder"])
+def test_decoding_with_lora_equals_decoding_the_merged_model(family):
+    config = family_config(family, **LORA, **{"lora.targets": "kernel$"})  # every kernel
+    trainer = trainer_lib.build_trainer(config, one_device_mesh())
+    params = flat(trainer.init_state(0).params)
+    rng = np.random.default_rng(1)
+    for key in params:
+        if key.endswith("lora_b"):
+            params[key] = rng.normal(0, 0.2, params[key].shape).astype(np.float32)
+    params = traverse_util.unflatten_dict(params, sep="/")
+    merged = peft_modules.merge_lora(params, peft_modules.PeftSettings.from_config(config.peft))
+    batch = jax.device_get(random_batch(trainer, config))
+    options = {"max_decode_length": 6}
+    with_lora = structures.for_config(config).predict_batch(params, batch, **options)
+    plain = structures.for_config(family_config(family)).predict_batch(merged, batch, **options)
+    np.testing.assert_array_equal(np.asarray(with_lora), np.asarray(plain))
+    base = traverse_util.unflatten_dict({k: v for k, v in flat(params).items() if "lora" not in k},
+                                        sep="/")
+    unadapted = structures.for_config(family_config(family)).predict_batch(base, batch, **options)
+    assert not np.array_equal(np.asarray(unadapted), np.asarray(with_lora))
+
+
+def test_a_lora_pattern_that_matches_no_kernel_is_refused():
+    config = tiny_decoder(**{**LORA, "lora.targets": "attention/qkv/kernel$"})
+    with pytest.raises(config_lib.ConfigError, match="matches none of the model's 12 kernels"):
+        trainer_lib.build_trainer(config, one_device_mesh())
+    with pytest.raises(config_lib.ConfigError, match="not a regular expression"):
+        tiny_decoder(**{**LORA, "lora.targets": "(query"})
+
+
+def test_summary_counts_lora_as_trainable():
+    out = subprocess.run([sys.executable, "-m", "t5x_like.summary", "--config=configs/gpt2_small.py",
+                          "--config.peft.lora.rank=8"], cwd=REPO, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    last = out.stdout.strip().splitlines()[-1].split()
+    # 12 layers x (query, value) x (768 x 8 + 8 x 768): as Hugging Face PEFT counts GPT-2.
+    assert int(last[3]) == 294_912 and last[4] == "(0.24%)"
+
+
+# -- PEFT runs on disk ------------------------------------------------------------------------
+
+import json  # noqa: E402
+
+from t5x_like import train  # noqa: E402
+from t5x_like import eval as eval_cli  # noqa: E402
+
+
+def short_run(config, steps: int):
+    config.num_train_steps = steps
+    config.checkpoint_every_steps = config.eval_every_steps = 3
+    config.eval_batches = 1
+    return config
+
+
+def test_a_peft_checkpoint_holds_what_trains_and_joins_only_its_own_base(tmp_path):
+    from t5x_like import checkpointing
+    config = tiny_decoder(**LORA, **ADAPTERS)
+    trainer = trainer_lib.build_trainer(config, one_device_mesh())
+    state = trainer.init_state(0)
+    full = flat(state.params)
+    base = {k: v for k, v in full.items() if not peft_modules.is_peft_param(tuple(k.split("/")))}
+    base = traverse_util.unflatten_dict(base, sep="/")
+    view = peft_runs.saved_view(state, trainer)
+    assert set(flat(view.params)) == {k for k in full
+                                      if peft_modules.is_peft_param(tuple(k.split("/")))}
+    identity = peft_runs.base_identity(str(tmp_path / "base"), None, base)
+    checkpointer = checkpointing.Checkpointer(tmp_path / "checkpoints", keep=1, async_save=False)
+    checkpointer.save(1, view, {}, {"peft_base": identity})
+    checkpointer.close()
+    reader = checkpointing.Checkpointer(tmp_path / "checkpoints", keep=1, async_save=False,
+                                        read_only=True)
+    restored, _, saved = reader.restore(1, peft_runs.abstract_saved_state(trainer))
+    reader.close()
+    joined = flat(peft_runs.join(restored.params, base, trainer))
+    assert joined.keys() == full.keys()
+    for key, value in full.items():
+        np.testing.assert_array_equal(joined[key], value)
+    peft_runs.check_base(saved["peft_base"], base, "the checkpoint", "the base")
+    other = jax.tree.map(lambda x: x + 1e-7, base)  # one ulp-sized change is another base
+    with pytest.raises(config_lib.UserError, match="holds other params"):
+        peft_runs.check_base(saved["peft_base"], other, "the checkpoint", "the base")
+
+
+EVAL_CLOZE = ["--task=embedded_austen_cloze", "--max_examples=8", "--batch_size=8",
+              "--inputs_length=16", "--targets_length=8", "--quiet"]
+
+
+def option_scores(checkpoint, out) -> np.ndarray:
+    """Every choice's log-likelihood under ``checkpoint``'s newest step (eval's rank mode)."""
+    assert eval_cli.main([f"--checkpoint={checkpoint}", f"--output_dir={out}", *EVAL_CLOZE]) == 0
+    newest = sorted((out / "predictions" / "embedded_austen_cloze").glob("step_*.jsonl"),
+                    key=lambda p: int(p.stem.split("_")[1]))[-1]
+    return np.array([json.loads(line)["option_scores"]
+                     for line in newest.read_text().splitlines()])
+
+
+@pytest.mark.slow
+def test_a_lora_run_saves_what_trains_resumes_evaluates_and_merges(tmp_path):
+    train.run(short_run(tiny_decoder(), 3), str(tmp_path / "base"), quiet=True)
+    config = short_run(tiny_decoder(**LORA), 3)
+    config.init_from = str(tmp_path / "base")
+    train.run(config, str(tmp_path / "lora"), quiet=True)
+
+    saved = json.loads((tmp_path / "lora" / "config.json").read_text())
+    assert saved["peft_base"]["path"] == str(tmp_path / "base") and saved["peft_base"]["step"] == 3
+    sizes = {name: sum(f.stat().st_size for f in (tmp_path / name / "checkpoints" / "3").rglob("*")
+                       if f.is_file()) for name in ("base", "lora")}
+    assert sizes["lora"] * 5 < sizes["base"], sizes  # no frozen weights, no state for them
+
+    config.num_train_steps = 6  # resume: the base is read back and joined
+    assert train.run(config, str(tmp_path / "lora"), quiet=True)["step"] == 6
+
+    assert peft_runs.main(["merge", f"--peft={tmp_path / 'lora'}",
+                           f"--out={tmp_path / 'merged'}"]) == 0
+    peft_scores = option_scores(tmp_path / "lora", tmp_path / "eval_lora")
+    merged_scores = option_scores(tmp_path / "merged", tmp_path / "eval_merged")
+    base_scores = option_scores(tmp_path / "base", tmp_path / "eval_base")
+    assert peft_scores.shape == (8, 4)
+    np.testing.assert_allclose(merged_scores, peft_scores, rtol=1e-5, atol=1e-4)
+    assert np.abs(base_scores - peft_scores).max() > 1e-3  # the adapted model is not the base
+
+
+@pytest.mark.slow
+def test_a_peft_checkpoint_on_another_base_is_refused(tmp_path, capsys):
+    train.run(short_run(tiny_decoder(), 3), str(tmp_path / "base"), quiet=True)
+    config = short_run(tiny_decoder(**LORA), 3)
+    config.init_from = str(tmp_path / "base")
+    train.run(config, str(tmp_path / "lora"), quiet=True)
+    other = short_run(tiny_decoder(), 3)
+    other.seed = 7  # the same model and steps, other weights
+    train.run(other, str(tmp_path / "other"), quiet=True)
+
+    code = peft_runs.main(["merge", f"--peft={tmp_path / 'lora'}",
+                           f"--base={tmp_path / 'other'}", f"--out={tmp_path / 'merged'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "was trained on the base" in err and "holds other params" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "merged" / "params").exists()
+
+    # The other weights put where the base was: eval refuses the PEFT checkpoint too.
+    (tmp_path / "base").rename(tmp_path / "base_aside")
+    (tmp_path / "other").rename(tmp_path / "base")
+    code = eval_cli.main([f"--checkpoint={tmp_path / 'lora'}", f"--output_dir={tmp_path / 'eval'}",
+                          *EVAL_CLOZE])
+    err = capsys.readouterr().err
+    assert code == 2 and "holds other params" in err, err
+    # ... and so does a resume, without moving the checkpoint aside as damaged.
+    config.num_train_steps = 6
+    with pytest.raises(config_lib.UserError, match="holds other params"):
+        train.run(config, str(tmp_path / "lora"), quiet=True)
+    assert (tmp_path / "lora" / "checkpoints" / "3").is_dir()
+    assert not (tmp_path / "lora" / "damaged_checkpoints").exists()

@@ -15,7 +15,7 @@ import pathlib
 import ml_collections
 
 from t5x_like import config_lib
-from t5x_like.config_lib import UserError
+from t5x_like.config_lib import ConfigError, UserError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,15 +58,19 @@ class Source:
                 return trainer.place_params(params)
             except ValueError as e:
                 raise UserError(f"{self.path}: {e}") from None
-        from t5x_like import checkpointing
+        from t5x_like import checkpointing, peft
         folder = self.path / str(step)
         problem = checkpointing.manifest_problem(folder)
         if problem is not None:
             raise UserError(f"Checkpoint {folder} is damaged ({problem}); evaluate another "
                             "step, or resume training, which moves it aside.")
+        saved = self.saved_config(step)
         checkpointer = self._checkpointer()
         try:
-            state, _, _ = checkpointer.restore(step, trainer.abstract_state)
+            state, _ = peft.restore_state(checkpointer, step, trainer, saved,
+                                          config_from_saved(saved), where=str(folder))
+        except UserError:
+            raise
         except Exception as e:  # noqa: BLE001 - a read failure is the checkpoint's, not ours
             raise UserError(f"Checkpoint {folder} does not restore ({checkpointing.one_line(e)}); "
                             "evaluate another step, or resume training, which moves a damaged "
@@ -74,6 +78,42 @@ class Source:
         finally:
             checkpointer.close()
         return state.params
+
+
+def base_params(init_from: str, config, mesh, step: int | None = None) -> tuple[dict, int | None]:
+    """``(host params, step)`` of what fine-tuning starts from: a params-only folder
+    (``convert import``; step None), or a run's workdir or step folder (its newest
+    step, or ``step``), checked to hold ``config``'s model."""
+    import jax
+
+    from t5x_like import trainer as trainer_lib
+    from t5x_like.convert import pretrained
+    from t5x_like.train import _check_same_model
+
+    try:
+        source = resolve(init_from)
+    except UserError:
+        raise ConfigError(
+            f"init_from={init_from!r} is not a pretrained folder (no model_config.json), "
+            "a training workdir or a checkpoint step folder; point it at the --out folder of "
+            "`python -m t5x_like.convert import` or at a run's workdir.") from None
+    if source.kind == "pretrained":
+        model_config, params = pretrained.load_pretrained(source.path)
+        _check_same_model({"model": model_config}, config, source=f"init_from={init_from!r}")
+        return params, None
+    steps = source.steps()
+    if not steps:
+        raise ConfigError(f"init_from={init_from!r} holds no complete checkpoint yet.")
+    if step is None:
+        step = steps[-1]
+    elif step not in steps:
+        raise UserError(f"init_from={init_from!r} no longer holds step {step} (it has "
+                        f"{steps}); restore that step or use the base it was trained on.")
+    saved = source.saved_config(step)
+    _check_same_model(saved, config, source=f"init_from={init_from!r}")
+    saved_config = run_config(source, step, None, [])
+    params = source.restore_params(step, trainer_lib.build_trainer(saved_config, mesh))
+    return jax.device_get(params), step
 
 
 def resolve(path: str) -> Source:
@@ -120,8 +160,9 @@ def run_config(source: Source, step: int, config_path: str | None, overrides) ->
 
 def config_from_saved(saved: dict) -> ml_collections.ConfigDict:
     """The config a run's checkpoint was saved with, keys added since taken from the
-    defaults (the run fingerprint saved beside it is not a config key)."""
-    saved = {k: v for k, v in saved.items() if k != "fingerprint"}
+    defaults (the run fingerprint and a PEFT run's base identity saved beside it are
+    not config keys)."""
+    saved = {k: v for k, v in saved.items() if k not in ("fingerprint", "peft_base")}
     return ml_collections.ConfigDict(_fill_defaults(saved, config_lib.default_config().to_dict()))
 
 

@@ -287,11 +287,12 @@ def structure_class(family: str) -> type[Structure]:
 
 
 @functools.lru_cache(maxsize=32)
-def _cached(family_items: tuple, prefix_attention: str) -> Structure:
+def _cached(family_items: tuple, prefix_attention: str, peft_settings) -> Structure:
     from t5x_like import models
+    from t5x_like.models import peft
     model_config = dict(family_items)
     cls = structure_class(model_config["family"])
-    model = models.build_model(model_config)
+    model = peft.with_peft(models.build_model(model_config), peft_settings)
     if cls is DecoderStructure:
         return cls(model, prefix_attention)
     return cls(model)
@@ -300,27 +301,34 @@ def _cached(family_items: tuple, prefix_attention: str) -> Structure:
 def for_config(config) -> Structure:
     """The structure (with its model) a run config describes (``config.model``, and
     ``config.prefix_attention`` for decoders); with ``config.head.kind`` set, a
-    fine-tuning head on that body (``models.head_structure``)."""
+    fine-tuning head on that body (``models.head_structure``). ``config.peft``'s LoRA
+    and adapters join the outermost model (``models.peft``)."""
+    from t5x_like.models import peft
     model_config = dict(config.model)
     if model_config.get("mlp_activations") is not None:
         model_config["mlp_activations"] = tuple(model_config["mlp_activations"])
     prefix_attention = config.get("prefix_attention", "bidirectional")
-    body = _cached(tuple(sorted((k, _hashable(v)) for k, v in model_config.items())),
-                   prefix_attention)
+    settings = peft.PeftSettings.from_config(config.get("peft"))
     head = dict(config.get("head") or {})
+    model_items = tuple(sorted((k, _hashable(v)) for k, v in model_config.items()))
     if not head.get("kind"):
-        return body
+        return _cached(model_items, prefix_attention, settings)
+    body = _cached(model_items, prefix_attention, peft.PeftSettings())
     return _cached_head(body, tuple(sorted((k, _hashable(v)) for k, v in head.items())),
-                        config.task)
+                        config.task, settings)
 
 
 @functools.lru_cache(maxsize=32)
-def _cached_head(body: Structure, head_items: tuple, task_name: str) -> Structure:
+def _cached_head(body: Structure, head_items: tuple, task_name: str,
+                 peft_settings) -> Structure:
     from t5x_like.data import get_task_or_mixture
+    from t5x_like.models import peft
     from t5x_like.models.head_structure import HeadStructure
     head = dict(head_items)  # config_lib.validate has refused encoder-decoder bodies
     vocabulary = get_task_or_mixture(task_name).vocabulary
-    return HeadStructure(body, head, head.get("labels", ()), vocabulary)
+    structure = HeadStructure(body, head, head.get("labels", ()), vocabulary)
+    structure.model = peft.with_peft(structure.model, peft_settings)
+    return structure
 
 
 def _hashable(value):

@@ -1,0 +1,225 @@
+"""Parameter-efficient tuning modules: LoRA and bottleneck adapters, added to any family
+without touching its definition.
+
+``with_peft(model, settings)`` returns the same model (same class, same parameter
+paths) whose ``init`` and ``apply`` run under a Flax method interceptor:
+
+- **LoRA** (Hu et al. 2021): every ``DenseGeneral`` whose kernel path matches
+  ``settings.lora_targets`` (a regular expression searched in
+  ``"decoder/layers_0/attention/query/kernel"``) gains ``lora_a`` (input dims x
+  rank, Gaussian) and ``lora_b`` (rank x output dims, zeros) beside its kernel, and
+  returns ``x @ W + (alpha / rank) * dropout(x) @ A @ B``. With ``B = 0`` that is the
+  base model exactly; ``merge_lora`` folds the product into ``W``.
+- **Adapters** (Houlsby et al. 2019): a bottleneck ``h + up(act(down(h)))`` on the
+  output of every attention block and every feed-forward block (``houlsby``), or of
+  the feed-forward blocks only (``pfeiffer``, Pfeiffer et al. 2021). ``up`` starts
+  at zero, so an untrained adapter is the identity.
+
+The new parameters carry logical axis names (the kernel's own for the input and
+output dims, an unsharded rank/bottleneck dim), so they shard like the weight they
+adapt and scanned stacks give them a leading ``layers`` axis. Which parameters train
+is ``optim.trainable_mask``'s business; the names here (``lora_a``, ``lora_b``,
+``adapter``) are what it looks for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from t5x_like.models import layers
+
+LORA_PARAMS = ("lora_a", "lora_b")
+ADAPTER_MODULE = "adapter"
+ADAPTER_PLACEMENTS = ("houlsby", "pfeiffer")
+DEFAULT_LORA_TARGETS = r"(^|/)(query|value)/kernel$"
+
+
+@dataclasses.dataclass(frozen=True)
+class PeftSettings:
+    """What ``config.peft`` asks of the model (hashable: models are cached by it)."""
+
+    lora_rank: int = 0
+    lora_alpha: float = 8.0
+    lora_dropout: float = 0.0
+    lora_targets: str = DEFAULT_LORA_TARGETS
+    adapter_size: int = 0
+    adapter_activation: str = "gelu"
+    adapter_placement: str = "houlsby"
+
+    @property
+    def lora(self) -> bool:
+        return self.lora_rank > 0
+
+    @property
+    def adapters(self) -> bool:
+        return self.adapter_size > 0
+
+    @property
+    def any(self) -> bool:
+        return self.lora or self.adapters
+
+    @classmethod
+    def from_config(cls, peft) -> "PeftSettings":
+        if peft is None:
+            return cls()
+        lora, adapter = peft.get("lora") or {}, peft.get("adapter") or {}
+        return cls(lora_rank=int(lora.get("rank", 0)), lora_alpha=float(lora.get("alpha", 8.0)),
+                   lora_dropout=float(lora.get("dropout", 0.0)),
+                   lora_targets=str(lora.get("targets", DEFAULT_LORA_TARGETS)),
+                   adapter_size=int(adapter.get("size", 0)),
+                   adapter_activation=str(adapter.get("activation", "gelu")),
+                   adapter_placement=str(adapter.get("placement", "houlsby")))
+
+
+def with_peft(model: nn.Module, settings: PeftSettings) -> nn.Module:
+    """``model`` with ``settings``' LoRA and adapters (``model`` itself when none is on)."""
+    if not settings.any:
+        return model
+    cls = _peft_class(type(model), settings)
+    return cls(**{f.name: getattr(model, f.name) for f in dataclasses.fields(model)
+                  if f.init and f.name not in ("parent", "name")})
+
+
+def settings_of(model: nn.Module) -> PeftSettings:
+    return getattr(type(model), "_peft_settings", PeftSettings())
+
+
+@functools.lru_cache(maxsize=None)
+def _peft_class(base: type, settings: PeftSettings) -> type:
+    """A subclass of ``base`` whose ``init``/``apply`` install the interceptor. A subclass
+    keeps ``isinstance`` checks, field values and parameter paths as they were."""
+    interceptor = functools.partial(_intercept, settings)
+
+    def init(self, *args, **kwargs):
+        with nn.intercept_methods(interceptor):
+            return base.init(self, *args, **kwargs)
+
+    def apply(self, *args, **kwargs):
+        with nn.intercept_methods(interceptor):
+            return base.apply(self, *args, **kwargs)
+
+    return type(base.__name__, (base,), {"init": init, "apply": apply,
+                                         "_peft_settings": settings,
+                                         "__module__": base.__module__})
+
+
+def _module_path(module: nn.Module) -> str:
+    return "/".join(str(p) for p in module.scope.path)
+
+
+def _intercept(settings: PeftSettings, next_fun, args, kwargs, context):
+    module = context.module
+    if context.method_name != "__call__":
+        return next_fun(*args, **kwargs)
+    if isinstance(module, layers.DenseGeneral) and settings.lora:
+        path = _module_path(module) + "/kernel"
+        if re.search(settings.lora_targets, path):
+            return next_fun(*args, **kwargs) + _lora_delta(module, settings, *args, **kwargs)
+        return next_fun(*args, **kwargs)
+    if settings.adapters and (
+            isinstance(module, layers.Mlp)
+            or (isinstance(module, layers.MultiHeadAttention)
+                and settings.adapter_placement == "houlsby")):
+        out = next_fun(*args, **kwargs)
+        return Adapter(settings.adapter_size, settings.adapter_activation, dtype=module.dtype,
+                       name=ADAPTER_MODULE)(out)
+    return next_fun(*args, **kwargs)
+
+
+def _lora_delta(dense: layers.DenseGeneral, settings: PeftSettings, x: jax.Array) -> jax.Array:
+    """``(alpha / r) * dropout(x) @ A @ B`` in ``dense``'s scope and compute dtype."""
+    features = (dense.features,) if isinstance(dense.features, int) else tuple(dense.features)
+    axes = layers._canonical_axes(dense.axis, x.ndim)
+    in_shape = tuple(x.shape[a] for a in axes)
+    in_names = tuple(dense.kernel_axes[:len(axes)])
+    out_names = tuple(dense.kernel_axes[len(axes):])
+    rank = settings.lora_rank
+    fan_in = int(np.prod(in_shape))
+
+    def a_init(key, shape, dtype=jnp.float32):
+        # Hu et al.: A Gaussian, B zero, so training starts at the base model.
+        return (jax.random.normal(key, shape, dtype) / np.sqrt(fan_in)).astype(dtype)
+
+    a = dense.param("lora_a", nn.with_logical_partitioning(a_init, in_names + (None,)),
+                    in_shape + (rank,), jnp.float32)
+    b = dense.param("lora_b", nn.with_logical_partitioning(nn.initializers.zeros,
+                                                           (None,) + out_names),
+                    (rank,) + features, jnp.float32)
+    x = x.astype(dense.dtype)
+    if settings.lora_dropout > 0 and dense.has_rng("dropout"):  # training: objectives pass one
+        keep = 1.0 - settings.lora_dropout
+        mask = jax.random.bernoulli(dense.make_rng("dropout"), keep, x.shape)
+        x = jnp.where(mask, x / keep, 0).astype(dense.dtype)
+    low = layers.contract(x, a.astype(dense.dtype), axes)
+    delta = layers.contract(low, b.astype(dense.dtype), (low.ndim - 1,))
+    return delta * jnp.asarray(settings.lora_alpha / rank, dense.dtype)
+
+
+class Adapter(nn.Module):
+    """Houlsby's bottleneck: ``h + up(act(down(h)))``, the up projection starting at zero."""
+
+    size: int
+    activation: str = "gelu"
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, h: jax.Array) -> jax.Array:
+        if self.activation not in layers.ACTIVATIONS:
+            raise ValueError(f"Unknown peft.adapter.activation {self.activation!r}; choose from "
+                             f"{sorted(layers.ACTIVATIONS)}.")
+        embed = h.shape[-1]
+        param = lambda name, init, names, shape: self.param(  # noqa: E731
+            name, nn.with_logical_partitioning(init, names), shape, jnp.float32)
+        down = param("down_kernel", nn.initializers.normal(1e-2), ("embed", None),
+                     (embed, self.size))
+        down_bias = param("down_bias", nn.initializers.zeros, (None,), (self.size,))
+        up = param("up_kernel", nn.initializers.zeros, (None, "embed"), (self.size, embed))
+        up_bias = param("up_bias", nn.initializers.zeros, ("embed",), (embed,))
+        x = h.astype(self.dtype)
+        hidden = layers.ACTIVATIONS[self.activation](
+            layers.contract(x, down.astype(self.dtype), (x.ndim - 1,)) + down_bias.astype(self.dtype))
+        out = layers.contract(hidden, up.astype(self.dtype), (hidden.ndim - 1,))
+        return (x + out + up_bias.astype(self.dtype)).astype(h.dtype)
+
+
+def is_peft_param(path: tuple[str, ...]) -> bool:
+    """Whether a parameter (by its path's keys) was added by LoRA or an adapter."""
+    return path[-1] in LORA_PARAMS or ADAPTER_MODULE in path
+
+
+def merge_lora(params, settings: PeftSettings):
+    """Params with every ``lora_a``/``lora_b`` pair folded into its kernel and removed:
+    ``W + (alpha / r) A B``, in float32 (host numpy). The result loads into the model
+    without LoRA and gives the same outputs."""
+    def merge(node):
+        if not isinstance(node, dict):
+            return node
+        node = {k: merge(v) for k, v in node.items()}
+        if "lora_a" in node and "lora_b" in node:
+            a, b = np.asarray(node.pop("lora_a"), np.float32), np.asarray(node.pop("lora_b"),
+                                                                          np.float32)
+            kernel = np.asarray(node["kernel"], np.float32)
+            scanned = a.ndim + b.ndim - 2 == kernel.ndim + 1  # a leading layers axis on all three
+            n_in = a.ndim - 1 - int(scanned)
+            scale = settings.lora_alpha / settings.lora_rank
+            if scanned:
+                product = np.stack([np.tensordot(a[i], b[i], axes=1) for i in range(a.shape[0])])
+            else:
+                product = np.tensordot(a, b, axes=1)
+            assert product.shape == kernel.shape, (product.shape, kernel.shape, n_in)
+            node["kernel"] = kernel + scale * product
+        return node
+    return merge(jax.tree.map(np.asarray, _to_dict(params)))
+
+
+def _to_dict(tree):
+    if hasattr(tree, "items"):
+        return {k: _to_dict(v) for k, v in tree.items()}
+    return tree
