@@ -125,6 +125,11 @@ def default_config() -> ml_collections.ConfigDict:
             activation="gelu",
             placement="houlsby",       # houlsby: after attention and MLP | pfeiffer: MLP only
         ),
+        prefix=dict(                   # learned keys/values in every attention (Li & Liang)
+            length=0,                  # 0: off; prefix positions per attention block, e.g. 10
+            reparameterize=False,      # through a per-layer MLP over a learned table
+            hidden=512,                # that MLP's width
+        ),
     ))
 
     # Device mesh; -1 takes the remaining devices. Axis rules name the sharding strategy.
@@ -497,10 +502,12 @@ def _validate_peft(config) -> None:
         except re.error as e:
             raise ConfigError(f"peft.lora.targets={lora.targets!r} is not a regular expression "
                               f"({e}); e.g. '(query|value)/kernel$'.") from None
-    size = config.peft.adapter.size
-    if not isinstance(size, int) or size < 0:
-        raise ConfigError(f"peft.adapter.size={size!r} must be an integer >= 0 (0: no "
-                          "adapters), e.g. --config.peft.adapter.size=64.")
+    for key, example in (("adapter.size", 64), ("prefix.length", 10), ("prefix.hidden", 512)):
+        value = _lookup(config, f"peft.{key}")
+        if not isinstance(value, int) or value < 0 or (key == "prefix.hidden" and value < 1):
+            raise ConfigError(f"peft.{key}={value!r} must be an integer >= "
+                              f"{1 if key == 'prefix.hidden' else 0} (0: off), e.g. "
+                              f"--config.peft.{key}={example}.")
 
 
 def _validate_head(config) -> None:

@@ -83,6 +83,8 @@ def fingerprint(config, vocabulary, abstract_opt_state) -> dict:
                    "peft.adapter.size": peft.adapter.size,
                    "peft.adapter.activation": peft.adapter.activation,
                    "peft.adapter.placement": peft.adapter.placement})
+        if peft.get("prefix") is not None:
+            fp.update({f"peft.prefix.{k}": v for k, v in peft.prefix.to_dict().items()})
     return fp
 
 

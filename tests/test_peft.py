@@ -130,6 +130,8 @@ from t5x_like.models import structures  # noqa: E402
 
 LORA = {"lora.rank": 4, "lora.alpha": 8.0}
 ADAPTERS = {"adapter.size": 8}
+PREFIX = {"prefix.length": 3}
+PREFIX_MLP = {"prefix.length": 3, "prefix.reparameterize": True, "prefix.hidden": 16}
 
 
 def flat(tree) -> dict:
@@ -203,7 +205,8 @@ def test_lora_params_have_logical_axes_of_the_kernel_they_adapt():
     assert "layers/attention/key/lora_a" not in specs  # default targets: query and value
 
 
-@pytest.mark.parametrize("peft", [LORA, ADAPTERS], ids=["lora", "adapters"])
+@pytest.mark.parametrize("peft", [LORA, ADAPTERS, PREFIX, PREFIX_MLP],
+                         ids=["lora", "adapters", "prefix", "prefix_mlp"])
 def test_only_added_params_train_and_only_they_have_optimizer_state(peft):
     config = tiny_decoder(**peft)
     trainer, before, state, metrics = train_three_steps(config, jax.devices()[:1])
@@ -274,6 +277,38 @@ def test_decoding_with_lora_equals_decoding_the_merged_model(family):
                                         sep="/")
     unadapted = structures.for_config(family_config(family)).predict_batch(base, batch, **options)
     assert not np.array_equal(np.asarray(unadapted), np.asarray(with_lora))
+
+
+@pytest.mark.parametrize("family", ["decoder", "encoder_decoder"])
+def test_prefix_tuned_decoding_follows_the_full_forward_pass(family):
+    """Cached decoding sees the prefix as the full forward pass does: each greedy token is
+    the argmax of a teacher-forced pass over the tokens before it."""
+    config = family_config(family, **PREFIX_MLP)
+    trainer = trainer_lib.build_trainer(config, one_device_mesh())
+    params = flat(trainer.init_state(0).params)
+    # A prefix that matters: its keys and values far from the small initial ones.
+    params = traverse_util.unflatten_dict(
+        {k: v * 30 if "/prefix/" in k else v for k, v in params.items()}, sep="/")
+    batch = jax.device_get(random_batch(trainer, config))
+    structure = structures.for_config(config)
+    steps = 5
+    generated = np.asarray(structure.predict_batch(params, batch, max_decode_length=steps))
+    if family == "decoder":
+        tokens = np.array(batch["decoder_input_tokens"])
+        tokens[:, 1:steps + 1] = generated  # the prompt is each row's first token
+        logits = structure.model.apply({"params": params}, tokens)
+        np.testing.assert_array_equal(generated, np.asarray(logits).argmax(-1)[:, :steps])
+    else:
+        inputs = np.asarray(generated[:, :steps])
+        decoder_inputs = np.concatenate([np.zeros_like(inputs[:, :1]), inputs[:, :-1]], axis=1)
+        logits = structure.model.apply({"params": params}, batch["encoder_input_tokens"],
+                                       decoder_inputs, inputs)
+        np.testing.assert_array_equal(inputs, np.asarray(logits).argmax(-1))
+    without = traverse_util.unflatten_dict(
+        {k: v for k, v in flat(params).items() if "/prefix/" not in k}, sep="/")
+    plain = structures.for_config(family_config(family)).predict_batch(
+        without, batch, max_decode_length=steps)
+    assert not np.array_equal(np.asarray(plain), generated)  # the prefix changed the output
 
 
 def test_a_lora_pattern_that_matches_no_kernel_is_refused():

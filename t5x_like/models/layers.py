@@ -347,7 +347,8 @@ class MultiHeadAttention(nn.Module):
     def __call__(self, inputs_q: jax.Array, inputs_kv: jax.Array, bias: jax.Array | None,
                  deterministic: bool = True, decode: bool = False,
                  query_positions: jax.Array | None = None,
-                 key_positions: jax.Array | None = None) -> jax.Array:
+                 key_positions: jax.Array | None = None,
+                 prefix_kv: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
         """``decode=True``: autoregressive self-attention over a key/value cache.
 
         The first call (at ``init``) sees the full decode length and only creates the
@@ -356,6 +357,9 @@ class MultiHeadAttention(nn.Module):
         from the current index are used.
         With ``rotary``, ``query_positions``/``key_positions`` (``[batch, length]``)
         say where each token sits (default: 0, 1, 2, ...).
+        ``prefix_kv``: learned keys and values ``[prefix, kv_heads, head_dim]`` that every
+        query attends to before the sequence (prefix tuning, ``models.peft``); they sit
+        outside the cache and carry no position.
         """
         embed = inputs_q.shape[-1]
         kv_heads = self.num_kv_heads or self.num_heads
@@ -386,6 +390,8 @@ class MultiHeadAttention(nn.Module):
         value = constrain(value, ("batch", "kv_length", kv_axes[1], "kv"))
         if decode:
             key, value, bias = self._update_cache(key, value, bias)
+        if prefix_kv is not None:
+            key, value, bias = _prepend(prefix_kv, key, value, bias)
 
         batch, q_length = query.shape[:2]
         groups = self.num_heads // kv_heads
@@ -426,6 +432,19 @@ class MultiHeadAttention(nn.Module):
         if bias is not None:
             bias = jax.lax.dynamic_slice_in_dim(bias, index, step_length, axis=-2)
         return cached_key.value, cached_value.value, bias
+
+
+def _prepend(prefix_kv, key, value, bias):
+    """Keys and values with the prefix's in front; the bias lets every query see them."""
+    prefix_key, prefix_value = prefix_kv
+    batch = key.shape[0]
+    expand = lambda p, like: jnp.broadcast_to(p.astype(like.dtype)[None],  # noqa: E731
+                                              (batch,) + p.shape)
+    key = jnp.concatenate([expand(prefix_key, key), key], axis=1)
+    value = jnp.concatenate([expand(prefix_value, value), value], axis=1)
+    if bias is not None:
+        bias = jnp.pad(bias, [(0, 0)] * (bias.ndim - 1) + [(prefix_key.shape[0], 0)])
+    return key, value, bias
 
 
 def _default_positions(positions: jax.Array | None, x: jax.Array) -> jax.Array:

@@ -14,6 +14,11 @@ paths) whose ``init`` and ``apply`` run under a Flax method interceptor:
   output of every attention block and every feed-forward block (``houlsby``), or of
   the feed-forward blocks only (``pfeiffer``, Pfeiffer et al. 2021). ``up`` starts
   at zero, so an untrained adapter is the identity.
+- **Prefix tuning** (Li & Liang 2021): every attention block (self and cross) attends
+  to ``prefix_length`` learned keys and values of its own before the sequence; with
+  ``prefix_reparameterize`` they come from a per-layer MLP over a learned
+  ``[prefix, d_model]`` table (the stabilising trick of the paper), else they are
+  learned directly.
 
 The new parameters carry logical axis names (the kernel's own for the input and
 output dims, an unsharded rank/bottleneck dim), so they shard like the weight they
@@ -37,6 +42,7 @@ from t5x_like.models import layers
 
 LORA_PARAMS = ("lora_a", "lora_b")
 ADAPTER_MODULE = "adapter"
+PREFIX_MODULE = "prefix"
 ADAPTER_PLACEMENTS = ("houlsby", "pfeiffer")
 DEFAULT_LORA_TARGETS = r"(^|/)(query|value)/kernel$"
 
@@ -52,6 +58,9 @@ class PeftSettings:
     adapter_size: int = 0
     adapter_activation: str = "gelu"
     adapter_placement: str = "houlsby"
+    prefix_length: int = 0
+    prefix_reparameterize: bool = False
+    prefix_hidden: int = 512
 
     @property
     def lora(self) -> bool:
@@ -62,20 +71,28 @@ class PeftSettings:
         return self.adapter_size > 0
 
     @property
+    def prefix(self) -> bool:
+        return self.prefix_length > 0
+
+    @property
     def any(self) -> bool:
-        return self.lora or self.adapters
+        return self.lora or self.adapters or self.prefix
 
     @classmethod
     def from_config(cls, peft) -> "PeftSettings":
         if peft is None:
             return cls()
         lora, adapter = peft.get("lora") or {}, peft.get("adapter") or {}
+        prefix = peft.get("prefix") or {}
         return cls(lora_rank=int(lora.get("rank", 0)), lora_alpha=float(lora.get("alpha", 8.0)),
                    lora_dropout=float(lora.get("dropout", 0.0)),
                    lora_targets=str(lora.get("targets", DEFAULT_LORA_TARGETS)),
                    adapter_size=int(adapter.get("size", 0)),
                    adapter_activation=str(adapter.get("activation", "gelu")),
-                   adapter_placement=str(adapter.get("placement", "houlsby")))
+                   adapter_placement=str(adapter.get("placement", "houlsby")),
+                   prefix_length=int(prefix.get("length", 0)),
+                   prefix_reparameterize=bool(prefix.get("reparameterize", False)),
+                   prefix_hidden=int(prefix.get("hidden", 512)))
 
 
 def with_peft(model: nn.Module, settings: PeftSettings) -> nn.Module:
@@ -123,6 +140,13 @@ def _intercept(settings: PeftSettings, next_fun, args, kwargs, context):
         if re.search(settings.lora_targets, path):
             return next_fun(*args, **kwargs) + _lora_delta(module, settings, *args, **kwargs)
         return next_fun(*args, **kwargs)
+    if isinstance(module, layers.MultiHeadAttention) and settings.prefix:
+        kv_heads = module.num_kv_heads or module.num_heads
+        prefix = Prefix(settings.prefix_length, kv_heads, module.head_dim,
+                        grouped=kv_heads != module.num_heads,
+                        reparameterize=settings.prefix_reparameterize,
+                        hidden=settings.prefix_hidden, name=PREFIX_MODULE)(args[0].shape[-1])
+        kwargs = dict(kwargs, prefix_kv=prefix)
     if settings.adapters and (
             isinstance(module, layers.Mlp)
             or (isinstance(module, layers.MultiHeadAttention)
@@ -189,9 +213,42 @@ class Adapter(nn.Module):
         return (x + out + up_bias.astype(self.dtype)).astype(h.dtype)
 
 
+class Prefix(nn.Module):
+    """One attention block's learned prefix: ``(keys, values)``, each
+    ``[length, kv_heads, head_dim]``."""
+
+    length: int
+    kv_heads: int
+    head_dim: int
+    grouped: bool = False
+    reparameterize: bool = False
+    hidden: int = 512
+
+    @nn.compact
+    def __call__(self, d_model: int) -> tuple[jax.Array, jax.Array]:
+        heads_axis = "kv_heads" if self.grouped else "heads"
+        shape = (self.length, self.kv_heads, self.head_dim)
+        param = lambda name, init, names, shape: self.param(  # noqa: E731
+            name, nn.with_logical_partitioning(init, names), shape, jnp.float32)
+        if not self.reparameterize:
+            init = nn.initializers.normal(0.02)
+            return (param("key", init, (None, heads_axis, "kv"), shape),
+                    param("value", init, (None, heads_axis, "kv"), shape))
+        table = param("embedding", nn.initializers.normal(0.02), (None, "embed"),
+                      (self.length, d_model))
+        wi = param("wi", nn.initializers.lecun_normal(), ("embed", "mlp"), (d_model, self.hidden))
+        bi = param("wi_bias", nn.initializers.zeros, ("mlp",), (self.hidden,))
+        wo = param("wo", nn.initializers.normal(0.02), ("mlp", None, heads_axis, "kv"),
+                   (self.hidden, 2) + shape[1:])
+        bo = param("wo_bias", nn.initializers.zeros, (None, heads_axis, "kv"), (2,) + shape[1:])
+        hidden = jnp.tanh(table @ wi + bi)
+        both = jnp.einsum("ph,htkd->ptkd", hidden, wo) + bo
+        return both[:, 0], both[:, 1]
+
+
 def is_peft_param(path: tuple[str, ...]) -> bool:
-    """Whether a parameter (by its path's keys) was added by LoRA or an adapter."""
-    return path[-1] in LORA_PARAMS or ADAPTER_MODULE in path
+    """Whether a parameter (by its path's keys) was added by LoRA, an adapter or a prefix."""
+    return path[-1] in LORA_PARAMS or ADAPTER_MODULE in path or PREFIX_MODULE in path
 
 
 def merge_lora(params, settings: PeftSettings):
