@@ -130,6 +130,9 @@ def default_config() -> ml_collections.ConfigDict:
             reparameterize=False,      # through a per-layer MLP over a learned table
             hidden=512,                # that MLP's width
         ),
+        prompt=dict(                   # soft prompt before the encoder's input (Lester et al.)
+            length=0,                  # 0: off; prompt embeddings, e.g. 20 (BERT, T5 encoders)
+        ),
     ))
 
     # Device mesh; -1 takes the remaining devices. Axis rules name the sharding strategy.
@@ -502,12 +505,23 @@ def _validate_peft(config) -> None:
         except re.error as e:
             raise ConfigError(f"peft.lora.targets={lora.targets!r} is not a regular expression "
                               f"({e}); e.g. '(query|value)/kernel$'.") from None
-    for key, example in (("adapter.size", 64), ("prefix.length", 10), ("prefix.hidden", 512)):
+    for key, example in (("adapter.size", 64), ("prefix.length", 10), ("prefix.hidden", 512),
+                         ("prompt.length", 20)):
         value = _lookup(config, f"peft.{key}")
         if not isinstance(value, int) or value < 0 or (key == "prefix.hidden" and value < 1):
             raise ConfigError(f"peft.{key}={value!r} must be an integer >= "
                               f"{1 if key == 'prefix.hidden' else 0} (0: off), e.g. "
                               f"--config.peft.{key}={example}.")
+    if config.peft.prompt.length:
+        if config.model.family not in ("encoder", "encoder_decoder"):
+            raise ConfigError(
+                f"peft.prompt puts a soft prompt in front of an encoder's input (BERT-style "
+                f"encoders, T5); model.family={config.model.family!r} has none that takes "
+                "one. Use prefix tuning, which works with cached decoding: "
+                "--config.peft.prompt.length=0 --config.peft.prefix.length=10.")
+        if config.pack:
+            raise ConfigError("peft.prompt puts its prompt in front of each row, so rows "
+                              "cannot be packed; set --config.pack=False.")
 
 
 def _validate_head(config) -> None:

@@ -83,8 +83,9 @@ def fingerprint(config, vocabulary, abstract_opt_state) -> dict:
                    "peft.adapter.size": peft.adapter.size,
                    "peft.adapter.activation": peft.adapter.activation,
                    "peft.adapter.placement": peft.adapter.placement})
-        if peft.get("prefix") is not None:
-            fp.update({f"peft.prefix.{k}": v for k, v in peft.prefix.to_dict().items()})
+        for part in ("prefix", "prompt"):
+            if peft.get(part) is not None:
+                fp.update({f"peft.{part}.{k}": v for k, v in peft[part].to_dict().items()})
     return fp
 
 

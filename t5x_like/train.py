@@ -193,7 +193,8 @@ def _pretrained_state(config, trainer):
     if missing and all(key[0] == "head" or peft_modules.is_peft_param(key) for key in missing):
         fresh = traverse_util.flatten_dict(peft._plain(jax.device_get(
             trainer.init_state(config.seed).params)))
-        given.update({key: fresh[key] for key in missing})
+        given.update(peft_modules.prompts_from_table({key: fresh[key] for key in missing},
+                                                     given))
         params = traverse_util.unflatten_dict(given)
     try:
         return trainer.state_from_params(params), identity

@@ -319,6 +319,16 @@ def check_peft_targets(config, params) -> None:
                           f"model's {len(kernels)} kernels ({examples}); write a regular "
                           "expression searched in such paths, e.g. '(query|value)/kernel$' "
                           "(`python -m t5x_like.summary --depth=9` lists the paths).")
+    prompt = config.peft.get("prompt")
+    limit = config.model.get("max_length")
+    if prompt is not None and prompt.length and config.model.family == "encoder" and limit:
+        inputs = int(dict(config.task_feature_lengths).get("inputs", 0))
+        if inputs + prompt.length > limit:
+            raise ConfigError(
+                f"peft.prompt.length={prompt.length} more positions after "
+                f"task_feature_lengths.inputs={inputs} pass the model's "
+                f"max_length={limit} learned positions; shorten the inputs to "
+                f"{limit - prompt.length} or the prompt.")
     if config.peft.bitfit and not any(p.endswith("/bias") for p in paths):
         raise ConfigError("peft.bitfit trains only bias terms, and this model has none "
                           f"(model.family={config.model.family!r}; T5 v1.1 has no biases). "

@@ -132,6 +132,7 @@ LORA = {"lora.rank": 4, "lora.alpha": 8.0}
 ADAPTERS = {"adapter.size": 8}
 PREFIX = {"prefix.length": 3}
 PREFIX_MLP = {"prefix.length": 3, "prefix.reparameterize": True, "prefix.hidden": 16}
+PROMPT = {"prompt.length": 4}
 
 
 def flat(tree) -> dict:
@@ -191,6 +192,62 @@ def test_untrained_lora_and_adapters_give_the_base_model_exactly(family, scan):
     want = forward(base_config, base, batch)
     got = forward(config, traverse_util.unflatten_dict(params, sep="/"), batch)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.parametrize("family", ["encoder", "encoder_decoder"])
+def test_prompt_tuning_is_an_encoder_input_in_front_of_the_sequence(family):
+    """The prompt works as if its embeddings were tokens of the input: a model whose
+    token table holds the prompt at spare ids gives the same output on the input with
+    those ids inserted (after [CLS] for BERT-style encoders, in front for T5)."""
+    config = family_config(family, **PROMPT)
+    plain_config = family_config(family)
+    mesh = one_device_mesh()
+    trainer = trainer_lib.build_trainer(config, mesh)
+    params = flat(trainer.init_state(0).params)
+    prompt_key = [k for k in params if k.endswith("/prompt") or k == "prompt"]
+    assert len(prompt_key) == 1 and params[prompt_key[0]].shape == (4, 32)
+    table_key = [k for k in params if k.endswith("token_embedder/embedding")][0]
+    table = params[table_key]
+    # Initialised from the token table's rows, as Lester et al.
+    np.testing.assert_array_equal(params[prompt_key[0]],
+                                  table[peft_modules.prompt_init_ids(4, table.shape[0])])
+    spare = np.arange(table.shape[0] - 4, table.shape[0])
+    params[prompt_key[0]] = params[prompt_key[0]] + 0.5  # trained away from its init
+    with_prompt = traverse_util.unflatten_dict(params, sep="/")
+    plain = {k: v for k, v in params.items() if k != prompt_key[0]}
+    plain[table_key] = table.copy()
+    plain[table_key][spare] = params[prompt_key[0]]
+    plain = traverse_util.unflatten_dict(plain, sep="/")
+
+    batch = jax.device_get(random_batch(trainer, config))
+    model = structures.for_config(config).model
+    plain_model = structures.for_config(plain_config).model
+    if family == "encoder":
+        tokens = np.asarray(batch["encoder_input_tokens"])
+        got = model.apply({"params": with_prompt}, tokens)["mlm_logits"]
+        inserted = np.concatenate([tokens[:, :1], np.broadcast_to(spare, (len(tokens), 4)),
+                                   tokens[:, 1:]], axis=1)
+        want = plain_model.apply({"params": plain}, inserted)["mlm_logits"]
+        want = np.concatenate([want[:, :1], want[:, 5:]], axis=1)
+    else:
+        inputs = np.asarray(batch["encoder_input_tokens"])
+        got = model.apply({"params": with_prompt}, inputs, batch["decoder_input_tokens"],
+                          batch["decoder_target_tokens"])
+        inserted = np.concatenate([np.broadcast_to(spare, (len(inputs), 4)), inputs], axis=1)
+        want = plain_model.apply({"params": plain}, inserted, batch["decoder_input_tokens"],
+                                 batch["decoder_target_tokens"])
+    assert got.shape == want.shape
+    # Logits over the spare ids differ where the output layer is the (edited) token table.
+    np.testing.assert_allclose(np.asarray(got)[..., :spare[0]], np.asarray(want)[..., :spare[0]],
+                               atol=2e-5, rtol=1e-5)
+
+
+def test_prompt_tuning_is_refused_where_it_does_not_apply():
+    with pytest.raises(config_lib.ConfigError, match="prefix tuning"):
+        tiny_decoder(**PROMPT)
+    config = family_config("encoder", **{"prompt.length": 20})
+    with pytest.raises(config_lib.ConfigError, match="max_length=32"):
+        trainer_lib.build_trainer(config, one_device_mesh())
 
 
 def test_lora_params_have_logical_axes_of_the_kernel_they_adapt():
@@ -279,16 +336,19 @@ def test_decoding_with_lora_equals_decoding_the_merged_model(family):
     assert not np.array_equal(np.asarray(unadapted), np.asarray(with_lora))
 
 
-@pytest.mark.parametrize("family", ["decoder", "encoder_decoder"])
-def test_prefix_tuned_decoding_follows_the_full_forward_pass(family):
-    """Cached decoding sees the prefix as the full forward pass does: each greedy token is
-    the argmax of a teacher-forced pass over the tokens before it."""
-    config = family_config(family, **PREFIX_MLP)
+@pytest.mark.parametrize("family,peft", [("decoder", PREFIX_MLP), ("encoder_decoder", PREFIX_MLP),
+                                         ("encoder_decoder", PROMPT)],
+                         ids=["decoder-prefix", "t5-prefix", "t5-prompt"])
+def test_tuned_decoding_follows_the_full_forward_pass(family, peft):
+    """Cached decoding sees the prefix (prompt) as the full forward pass does: each greedy
+    token is the argmax of a teacher-forced pass over the tokens before it."""
+    config = family_config(family, **peft)
     trainer = trainer_lib.build_trainer(config, one_device_mesh())
     params = flat(trainer.init_state(0).params)
     # A prefix that matters: its keys and values far from the small initial ones.
     params = traverse_util.unflatten_dict(
-        {k: v * 30 if "/prefix/" in k else v for k, v in params.items()}, sep="/")
+        {k: v * 30 if "/prefix/" in k or k.endswith("prompt") else v
+         for k, v in params.items()}, sep="/")
     batch = jax.device_get(random_batch(trainer, config))
     structure = structures.for_config(config)
     steps = 5
@@ -305,7 +365,8 @@ def test_prefix_tuned_decoding_follows_the_full_forward_pass(family):
                                        decoder_inputs, inputs)
         np.testing.assert_array_equal(inputs, np.asarray(logits).argmax(-1))
     without = traverse_util.unflatten_dict(
-        {k: v for k, v in flat(params).items() if "/prefix/" not in k}, sep="/")
+        {k: v for k, v in flat(params).items()
+         if not peft_modules.is_peft_param(tuple(k.split("/")))}, sep="/")
     plain = structures.for_config(family_config(family)).predict_batch(
         without, batch, max_decode_length=steps)
     assert not np.array_equal(np.asarray(plain), generated)  # the prefix changed the output

@@ -19,6 +19,11 @@ paths) whose ``init`` and ``apply`` run under a Flax method interceptor:
   ``prefix_reparameterize`` they come from a per-layer MLP over a learned
   ``[prefix, d_model]`` table (the stabilising trick of the paper), else they are
   learned directly.
+- **Prompt tuning** (Lester et al. 2021): ``prompt_length`` learned embeddings enter
+  the encoder in front of the input (T5's encoder; after ``[CLS]`` in a BERT-style
+  encoder, whose outputs are returned without them), initialised from rows of the
+  token embedding table (``prompt_init_ids``). Decoder-only models and BART take
+  prefix tuning instead (config validation says so).
 
 The new parameters carry logical axis names (the kernel's own for the input and
 output dims, an unsharded rank/bottleneck dim), so they shard like the weight they
@@ -29,8 +34,11 @@ is ``optim.trainable_mask``'s business; the names here (``lora_a``, ``lora_b``,
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
+import inspect
 import re
 
 import flax.linen as nn
@@ -43,6 +51,7 @@ from t5x_like.models import layers
 LORA_PARAMS = ("lora_a", "lora_b")
 ADAPTER_MODULE = "adapter"
 PREFIX_MODULE = "prefix"
+PROMPT_PARAM = "prompt"
 ADAPTER_PLACEMENTS = ("houlsby", "pfeiffer")
 DEFAULT_LORA_TARGETS = r"(^|/)(query|value)/kernel$"
 
@@ -61,6 +70,7 @@ class PeftSettings:
     prefix_length: int = 0
     prefix_reparameterize: bool = False
     prefix_hidden: int = 512
+    prompt_length: int = 0
 
     @property
     def lora(self) -> bool:
@@ -75,15 +85,19 @@ class PeftSettings:
         return self.prefix_length > 0
 
     @property
+    def prompt(self) -> bool:
+        return self.prompt_length > 0
+
+    @property
     def any(self) -> bool:
-        return self.lora or self.adapters or self.prefix
+        return self.lora or self.adapters or self.prefix or self.prompt
 
     @classmethod
     def from_config(cls, peft) -> "PeftSettings":
         if peft is None:
             return cls()
         lora, adapter = peft.get("lora") or {}, peft.get("adapter") or {}
-        prefix = peft.get("prefix") or {}
+        prefix, prompt = peft.get("prefix") or {}, peft.get("prompt") or {}
         return cls(lora_rank=int(lora.get("rank", 0)), lora_alpha=float(lora.get("alpha", 8.0)),
                    lora_dropout=float(lora.get("dropout", 0.0)),
                    lora_targets=str(lora.get("targets", DEFAULT_LORA_TARGETS)),
@@ -92,7 +106,8 @@ class PeftSettings:
                    adapter_placement=str(adapter.get("placement", "houlsby")),
                    prefix_length=int(prefix.get("length", 0)),
                    prefix_reparameterize=bool(prefix.get("reparameterize", False)),
-                   prefix_hidden=int(prefix.get("hidden", 512)))
+                   prefix_hidden=int(prefix.get("hidden", 512)),
+                   prompt_length=int(prompt.get("length", 0)))
 
 
 def with_peft(model: nn.Module, settings: PeftSettings) -> nn.Module:
@@ -135,6 +150,10 @@ def _intercept(settings: PeftSettings, next_fun, args, kwargs, context):
     module = context.module
     if context.method_name != "__call__":
         return next_fun(*args, **kwargs)
+    if settings.prompt:
+        prompted = _prompt_call(settings.prompt_length, module, next_fun, args, kwargs)
+        if prompted is not NotImplemented:
+            return prompted
     if isinstance(module, layers.DenseGeneral) and settings.lora:
         path = _module_path(module) + "/kernel"
         if re.search(settings.lora_targets, path):
@@ -213,6 +232,92 @@ class Adapter(nn.Module):
         return (x + out + up_bias.astype(self.dtype)).astype(h.dtype)
 
 
+# While an encoder-side call runs under prompt tuning: (the module that owns the prompt,
+# where in the sequence the prompt sits). The token embedder's call reads it.
+_PROMPT_SITE: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("prompt_site",
+                                                                           default=None)
+
+
+@contextlib.contextmanager
+def _prompt_site(owner, offset: int):
+    token = _PROMPT_SITE.set((owner, offset))
+    try:
+        yield
+    finally:
+        _PROMPT_SITE.reset(token)
+
+
+def prompt_init_ids(length: int, vocab_size: int) -> np.ndarray:
+    """Rows of the token table a fresh prompt copies: evenly spread over the first 5,000
+    ids past the special ones (Lester et al. sample the 5,000 most frequent tokens;
+    SentencePiece and WordPiece ids run roughly from frequent to rare)."""
+    low, high = min(10, vocab_size - 1), max(min(5000, vocab_size), min(10, vocab_size - 1) + 1)
+    return np.linspace(low, high - 1, length).round().astype(np.int32)
+
+
+def _insert(x, offset: int, length: int, value):
+    """``x [batch, seq, ...]`` with ``length`` copies of ``value`` at column ``offset``."""
+    filler = jnp.full((x.shape[0], length) + x.shape[2:], value, x.dtype)
+    return jnp.concatenate([x[:, :offset], filler, x[:, offset:]], axis=1)
+
+
+def _prompt_call(length: int, module, next_fun, args, kwargs):
+    """Prompt tuning's changes to the calls it touches; ``NotImplemented`` elsewhere."""
+    from t5x_like.models import encoder, t5
+    if isinstance(module, layers.Embed):
+        site = _PROMPT_SITE.get()
+        if site is None or module.name != "token_embedder":
+            return NotImplemented
+        owner, offset = site
+        table = module.embedding
+        prompt = owner.param(
+            PROMPT_PARAM, nn.with_logical_partitioning(
+                lambda key, shape, dtype=jnp.float32: jnp.take(
+                    table, prompt_init_ids(shape[0], table.shape[0]), axis=0).astype(dtype),
+                (None, "embed")), (length, module.features), jnp.float32)
+        x = next_fun(*args, **kwargs)
+        return jax.lax.dynamic_update_slice_in_dim(
+            x, jnp.broadcast_to(prompt.astype(x.dtype)[None], (x.shape[0],) + prompt.shape),
+            offset, axis=1)
+    if isinstance(module, t5.Encoder):  # (input_tokens, deterministic, segment_ids=None)
+        bound = inspect.signature(type(module).__call__).bind(module, *args, **kwargs)
+        if bound.arguments.get("segment_ids") is not None:
+            raise ValueError("Prompt tuning puts its prompt in front of each row; packed rows "
+                             "(segment ids) are not supported: set pack=False.")
+        bound.arguments["input_tokens"] = _insert(bound.arguments["input_tokens"], 0, length,
+                                                  _placeholder(module.config))
+        with _prompt_site(module, 0):
+            return next_fun(*bound.args[1:], **bound.kwargs)
+    if isinstance(module, t5.Decoder):  # its cross-attention sees the prompt positions
+        bound = inspect.signature(type(module).__call__).bind(module, *args, **kwargs)
+        bound.arguments["encoder_input_tokens"] = _insert(
+            bound.arguments["encoder_input_tokens"], 0, length, _placeholder(module.config))
+        return next_fun(*bound.args[1:], **bound.kwargs)
+    if isinstance(module, encoder.EncoderOnly):
+        bound = inspect.signature(type(module).__call__).bind(module, *args, **kwargs)
+        given = bound.arguments
+        if given.get("segment_ids") is not None or given.get("positions") is not None:
+            raise ValueError("Prompt tuning puts its prompt after each row's first token; "
+                             "packed rows (segment ids, positions) are not supported: set "
+                             "pack=False.")
+        given["input_tokens"] = _insert(given["input_tokens"], 1, length,
+                                        _placeholder(module.config))
+        for name, value in (("token_type_ids", 0), ("input_mask", True), ("span_mask", False)):
+            if given.get(name) is not None:
+                given[name] = _insert(given[name], 1, length, value)
+        with _prompt_site(module, 1):
+            out = next_fun(*bound.args[1:], **bound.kwargs)
+        keep = lambda x: jnp.concatenate([x[:, :1], x[:, 1 + length:]], axis=1)  # noqa: E731
+        return {k: keep(v) if k in ("mlm_logits", "hidden", "sbo_logits") else v
+                for k, v in out.items()}
+    return NotImplemented
+
+
+def _placeholder(config) -> int:
+    """An id that counts as a real token (its embedding is replaced by the prompt's)."""
+    return int(getattr(config, "pad_id", 0)) + 1
+
+
 class Prefix(nn.Module):
     """One attention block's learned prefix: ``(keys, values)``, each
     ``[length, kv_heads, head_dim]``."""
@@ -247,8 +352,27 @@ class Prefix(nn.Module):
 
 
 def is_peft_param(path: tuple[str, ...]) -> bool:
-    """Whether a parameter (by its path's keys) was added by LoRA, an adapter or a prefix."""
-    return path[-1] in LORA_PARAMS or ADAPTER_MODULE in path or PREFIX_MODULE in path
+    """Whether a parameter (by its path's keys) was added by LoRA, an adapter, a prefix or
+    a prompt."""
+    return (path[-1] in LORA_PARAMS or path[-1] == PROMPT_PARAM or ADAPTER_MODULE in path
+            or PREFIX_MODULE in path)
+
+
+def prompts_from_table(fresh: dict, base: dict) -> dict:
+    """Fresh prompt params (flat ``{path tuple: array}``) re-initialised from the token
+    table in ``base`` (pretrained params, flat), as ``prompt_init_ids`` picks rows: a
+    fresh model's init copies its own random table."""
+    tables = [key for key in base if key[-2:] == ("token_embedder", "embedding")]
+    out = {}
+    for key, value in fresh.items():
+        if key[-1] != PROMPT_PARAM or not tables:
+            out[key] = value
+            continue
+        # The table nearest the prompt in the tree (T5 shares one across encoder/decoder).
+        table = max(tables, key=lambda t: sum(1 for a, b in zip(t, key) if a == b))
+        rows = np.asarray(base[table])
+        out[key] = rows[prompt_init_ids(value.shape[0], rows.shape[0])].astype(value.dtype)
+    return out
 
 
 def merge_lora(params, settings: PeftSettings):

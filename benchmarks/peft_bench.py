@@ -1,0 +1,139 @@
+"""Full fine-tuning against parameter-efficient tuning, from one pretrained BERT, on three
+embedded_bench tasks: score, trainable fraction, optimizer-state bytes, step time.
+
+    .venv/bin/python -m t5x_like.train --config=configs/pretrain/bert_tiny.py --workdir=runs/pt_bert
+    .venv/bin/python benchmarks/peft_bench.py run --runs=runs      # trains and evaluates
+    .venv/bin/python benchmarks/peft_bench.py table --runs=runs    # prints the table
+
+Every run is ``configs/finetune/bert_tiny_head.py`` (400 steps of 32, a fresh head)
+from ``RUNS/pt_bert``, with the method's overrides below; each method has one
+learning rate, picked before any run (no search): the usual ranges of its paper
+scaled to this small model. Runs land in ``RUNS/peft_<method>_<task>`` and are
+evaluated on the first 200 test examples; a finished run is skipped on ``run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import subprocess
+import sys
+
+TASKS = {"spam": ("classification", "f1"), "bible_paraphrase": ("classification", "accuracy"),
+         "ud_pos": ("token_classification", "token_accuracy")}
+METHODS = {
+    "full": [],
+    "lora": ["peft.lora.rank=8", "peft.lora.alpha=16", "optimizer.learning_rate=2e-3"],
+    "adapters": ["peft.adapter.size=16", "optimizer.learning_rate=2e-3"],
+    "prefix": ["peft.prefix.length=10", "peft.prefix.reparameterize=True",
+               "peft.prefix.hidden=128", "optimizer.learning_rate=5e-3"],
+    "prompt": ["peft.prompt.length=20", "optimizer.learning_rate=2e-2"],
+    "bitfit": ["peft.bitfit=True", "optimizer.learning_rate=5e-3"],
+}
+CONFIG = "configs/finetune/bert_tiny_head.py"
+PYTHON = sys.executable
+
+
+def run_dir(runs: pathlib.Path, method: str, task: str) -> pathlib.Path:
+    return runs / f"peft_{method}_{task}"
+
+
+def overrides(runs: pathlib.Path, method: str, task: str) -> list[str]:
+    kind = TASKS[task][0]
+    return [f"--config.init_from={runs / 'pt_bert'}", f"--config.task=embedded_{task}",
+            f"--config.head.kind={kind}"] + [f"--config.{o}" for o in METHODS[method]]
+
+
+def run_all(runs: pathlib.Path, methods, tasks) -> None:
+    for task in tasks:
+        for method in methods:
+            workdir = run_dir(runs, method, task)
+            evaluation = workdir / "eval_test" / "metrics.jsonl"
+            if evaluation.is_file():
+                continue
+            subprocess.run([PYTHON, "-m", "t5x_like.train", f"--config={CONFIG}",
+                            f"--workdir={workdir}", "--quiet", *overrides(runs, method, task)],
+                           check=True)
+            subprocess.run([PYTHON, "-m", "t5x_like.eval", f"--checkpoint={workdir}",
+                            f"--task=embedded_{task}", "--split=test", "--max_examples=200",
+                            f"--output_dir={workdir / 'eval_test'}", "--quiet"], check=True)
+
+
+def sizes(runs: pathlib.Path, method: str, task: str) -> tuple[int, int, int]:
+    """``(params, trainable params, optimizer-state bytes)`` of the run's trainer."""
+    import jax
+    import numpy as np
+
+    from t5x_like import config_lib, partitioning, peft, train
+    from t5x_like import trainer as trainer_lib
+    config = config_lib.load_config_file(CONFIG)
+    config_lib.apply_overrides(config, [o[len("--config."):]
+                                        for o in overrides(runs, method, task)])
+    config.init_from = ""
+    train.resolve_head_labels(config)
+    mesh = partitioning.make_mesh({"data": 1}, jax.devices()[:1])
+    trainer = trainer_lib.build_trainer(config, mesh)
+    params = trainer.abstract_state.params
+    total = trainer_lib.param_count(params)
+    trainable = (total if trainer.trainable is None else
+                 trainer_lib.param_count(peft.trainable_only(params, trainer.trainable) or {}))
+    state_bytes = sum(int(np.prod(x.shape)) * x.dtype.itemsize
+                      for x in jax.tree.leaves(trainer.abstract_state.opt_state))
+    return total, trainable, state_bytes
+
+
+def step_ms(workdir: pathlib.Path) -> float | None:
+    """Median train step time over the logged intervals after the first (compilation)."""
+    path = workdir / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    rates = [json.loads(line).get("steps_per_sec") for line in path.read_text().splitlines()]
+    rates = [r for r in rates[1:] if r]
+    return 1000.0 / statistics.median(rates) if rates else None
+
+
+def score(workdir: pathlib.Path, task: str) -> float | None:
+    path = workdir / "eval_test" / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    line = json.loads(path.read_text().splitlines()[-1])
+    return line.get(TASKS[task][1])
+
+
+def table(runs: pathlib.Path, methods, tasks) -> str:
+    head = ["method", *[f"{t} {TASKS[t][1]}" for t in tasks], "trainable", "optimizer state",
+            "step ms (spam)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for method in methods:
+        total, trainable, state_bytes = sizes(runs, method, tasks[0])
+        cells = [method]
+        for task in tasks:
+            value = score(run_dir(runs, method, task), task)
+            cells.append("-" if value is None else f"{value:.1f}")
+        cells.append(f"{trainable:,} ({100 * trainable / total:.2f}%)")
+        cells.append(f"{state_bytes / 1024:,.0f} KiB")
+        ms = step_ms(run_dir(runs, method, tasks[0]))
+        cells.append("-" if ms is None else f"{ms:.0f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=("run", "table"))
+    parser.add_argument("--runs", default="runs")
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--tasks", default=",".join(TASKS))
+    args = parser.parse_args()
+    runs = pathlib.Path(args.runs).absolute()
+    methods, tasks = args.methods.split(","), args.tasks.split(",")
+    if args.command == "run":
+        run_all(runs, methods, tasks)
+    print(table(runs, methods, tasks))
+
+
+if __name__ == "__main__":
+    main()
