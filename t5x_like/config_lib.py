@@ -515,9 +515,10 @@ def _validate_peft(config) -> None:
     if config.peft.prompt.length:
         if config.model.family not in ("encoder", "encoder_decoder"):
             raise ConfigError(
-                f"peft.prompt puts a soft prompt in front of an encoder's input (BERT-style "
-                f"encoders, T5); model.family={config.model.family!r} has none that takes "
-                "one. Use prefix tuning, which works with cached decoding: "
+                f"peft.prompt puts a soft prompt in front of the input of a BERT-style "
+                f"encoder or T5's encoder; it is not built for model.family="
+                f"{config.model.family!r}. Use prefix tuning, which works with cached "
+                "decoding: "
                 "--config.peft.prompt.length=0 --config.peft.prefix.length=10.")
         if config.pack:
             raise ConfigError("peft.prompt puts its prompt in front of each row, so rows "
