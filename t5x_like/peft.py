@@ -28,6 +28,7 @@ import numpy as np
 
 from t5x_like import user_errors
 from t5x_like.config_lib import ConfigError, UserError
+from t5x_like.models.peft import plain_dicts
 
 IDENTITY_KEY = "peft_base"
 
@@ -104,8 +105,8 @@ def join(saved_params, base_params, trainer):
     from flax import traverse_util
     if "backbone" in trainer.abstract_state.params and "backbone" not in base_params:
         base_params = {"backbone": base_params}
-    flat = traverse_util.flatten_dict(_plain(base_params))
-    flat.update(traverse_util.flatten_dict(_plain(jax.device_get(saved_params))))
+    flat = traverse_util.flatten_dict(plain_dicts(base_params))
+    flat.update(traverse_util.flatten_dict(plain_dicts(jax.device_get(saved_params))))
     return trainer.place_params(traverse_util.unflatten_dict(flat))
 
 
@@ -119,12 +120,6 @@ def restore_state(checkpointer, step: int, trainer, saved: dict, config, where: 
     view, data_state, _ = checkpointer.restore(step, abstract_saved_state(trainer))
     base = load_base(identity, config, trainer.mesh, where)
     return view.replace(params=join(view.params, base, trainer)), data_state
-
-
-def _plain(tree):
-    if hasattr(tree, "items"):
-        return {k: _plain(v) for k, v in tree.items()}
-    return tree
 
 
 # -- the merge command -------------------------------------------------------------------------
@@ -169,7 +164,7 @@ def merge(peft_path: str, out: str, base_path: str | None = None) -> dict:
         base = load_base(identity, config, mesh, where)
     else:
         base = None  # a run without init_from saved its whole model
-    checkpointer = source._checkpointer()
+    checkpointer = source.open_checkpointer()
     try:
         if base is None:
             state, _ = restore_state(checkpointer, step, trainer, saved, config, where)
@@ -180,7 +175,8 @@ def merge(peft_path: str, out: str, base_path: str | None = None) -> dict:
     finally:
         checkpointer.close()
     merged = peft_modules.merge_lora(params, settings)
-    count = sum(1 for key in traverse_util.flatten_dict(_plain(params)) if key[-1] == "lora_a")
+    count = sum(1 for key in traverse_util.flatten_dict(plain_dicts(params))
+                if key[-1] == "lora_a")
     model_config = dict(config.model.to_dict())
     pretrained.save_pretrained(out, model_config, merged)
     if config.head.kind:

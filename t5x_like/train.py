@@ -187,11 +187,11 @@ def _pretrained_state(config, trainer):
                 if peft.saves_partial(config) else None)
     if "backbone" in trainer.abstract_state.params and "backbone" not in params:
         params = {"backbone": params}  # a pretrained body under a new head
-    expected = traverse_util.flatten_dict(peft._plain(trainer.abstract_state.params))
-    given = traverse_util.flatten_dict(peft._plain(params))
+    expected = traverse_util.flatten_dict(peft.plain_dicts(trainer.abstract_state.params))
+    given = traverse_util.flatten_dict(peft.plain_dicts(params))
     missing = [key for key in expected if key not in given]
     if missing and all(key[0] == "head" or peft_modules.is_peft_param(key) for key in missing):
-        fresh = traverse_util.flatten_dict(peft._plain(jax.device_get(
+        fresh = traverse_util.flatten_dict(peft.plain_dicts(jax.device_get(
             trainer.init_state(config.seed).params)))
         given.update(peft_modules.prompts_from_table({key: fresh[key] for key in missing},
                                                      given))

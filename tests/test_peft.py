@@ -136,7 +136,7 @@ PROMPT = {"prompt.length": 4}
 
 
 def flat(tree) -> dict:
-    return traverse_util.flatten_dict(peft_runs._plain(jax.device_get(tree)), sep="/")
+    return traverse_util.flatten_dict(peft_runs.plain_dicts(jax.device_get(tree)), sep="/")
 
 
 def one_device_mesh():
@@ -294,8 +294,9 @@ def test_lora_trains_the_same_on_a_2x4_mesh_as_on_one_device():
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=5e-5)
 
 
-def test_merged_lora_gives_the_unmerged_logits():
-    config = tiny_decoder(**LORA)
+@pytest.mark.parametrize("scan", [False, True], ids=["loop", "scanned"])
+def test_merged_lora_gives_the_unmerged_logits(scan):
+    config = family_config("decoder", scan, **LORA)
     trainer = trainer_lib.build_trainer(config, one_device_mesh())
     params = flat(trainer.init_state(0).params)
     rng = np.random.default_rng(0)
@@ -307,9 +308,9 @@ def test_merged_lora_gives_the_unmerged_logits():
     assert not any("lora" in k for k in flat(merged))
     batch = jax.device_get(random_batch(trainer, config))
     unmerged_logits = forward(config, params, batch)
-    merged_logits = forward(tiny_decoder(), merged, batch)
+    merged_logits = forward(family_config("decoder", scan), merged, batch)
     np.testing.assert_allclose(merged_logits, unmerged_logits, atol=1e-4, rtol=1e-4)
-    base_logits = forward(tiny_decoder(), traverse_util.unflatten_dict(
+    base_logits = forward(family_config("decoder", scan), traverse_util.unflatten_dict(
         {k: v for k, v in flat(params).items() if "lora" not in k}, sep="/"), batch)
     assert float(np.abs(base_logits - unmerged_logits).max()) > 1e-3  # LoRA did something
 

@@ -29,9 +29,10 @@ class Source:
             return [0]
         if self.only_step is not None:
             return [self.only_step]
-        return self._checkpointer().all_steps()
+        return self.open_checkpointer().all_steps()
 
-    def _checkpointer(self):
+    def open_checkpointer(self):
+        """A read-only checkpointer over the run's steps (close it after use)."""
         from t5x_like import checkpointing
         return checkpointing.Checkpointer(self.path, keep=1, async_save=False, read_only=True)
 
@@ -39,7 +40,7 @@ class Source:
         """The run config saved with ``step`` (pretrained folders: their model only)."""
         if self.kind == "pretrained":
             return {"model": json.loads((self.path / "model_config.json").read_text())}
-        checkpointer = self._checkpointer()
+        checkpointer = self.open_checkpointer()
         try:
             return checkpointer.restore_config(step)
         except Exception as e:  # noqa: BLE001 - an unreadable config item is damage
@@ -65,7 +66,7 @@ class Source:
             raise UserError(f"Checkpoint {folder} is damaged ({problem}); evaluate another "
                             "step, or resume training, which moves it aside.")
         saved = self.saved_config(step)
-        checkpointer = self._checkpointer()
+        checkpointer = self.open_checkpointer()
         try:
             state, _ = peft.restore_state(checkpointer, step, trainer, saved,
                                           config_from_saved(saved), where=str(folder))

@@ -384,23 +384,24 @@ def merge_lora(params, settings: PeftSettings):
             return node
         node = {k: merge(v) for k, v in node.items()}
         if "lora_a" in node and "lora_b" in node:
-            a, b = np.asarray(node.pop("lora_a"), np.float32), np.asarray(node.pop("lora_b"),
-                                                                          np.float32)
+            a = np.asarray(node.pop("lora_a"), np.float32)
+            b = np.asarray(node.pop("lora_b"), np.float32)
             kernel = np.asarray(node["kernel"], np.float32)
-            scanned = a.ndim + b.ndim - 2 == kernel.ndim + 1  # a leading layers axis on all three
-            n_in = a.ndim - 1 - int(scanned)
             scale = settings.lora_alpha / settings.lora_rank
-            if scanned:
+            if a.ndim + b.ndim - 2 == kernel.ndim + 1:  # scanned: a leading layers axis on all
                 product = np.stack([np.tensordot(a[i], b[i], axes=1) for i in range(a.shape[0])])
             else:
                 product = np.tensordot(a, b, axes=1)
-            assert product.shape == kernel.shape, (product.shape, kernel.shape, n_in)
+            if product.shape != kernel.shape:
+                raise ValueError(f"LoRA factors {a.shape} x {b.shape} do not make the kernel's "
+                                 f"shape {kernel.shape}.")
             node["kernel"] = kernel + scale * product
         return node
-    return merge(jax.tree.map(np.asarray, _to_dict(params)))
+    return merge(jax.tree.map(np.asarray, plain_dicts(params)))
 
 
-def _to_dict(tree):
+def plain_dicts(tree):
+    """A parameter tree with every mapping (FrozenDict included) as a plain dict."""
     if hasattr(tree, "items"):
-        return {k: _to_dict(v) for k, v in tree.items()}
+        return {k: plain_dicts(v) for k, v in tree.items()}
     return tree
