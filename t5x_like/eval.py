@@ -79,6 +79,30 @@ def eval_lengths(config, args=None) -> dict[str, int]:
     return lengths
 
 
+def check_lengths(config, lengths: dict[str, int], tasks, few_shot: bool = False) -> None:
+    """Lengths the model cannot take, refused before anything is compiled: a decoder
+    trained without inputs asked to read a task's inputs (few-shot scoring reads them
+    as text in its own window), or more tokens than its learned positions."""
+    from t5x_like import models
+    structure = models.structure(config.model.family)
+    with_inputs = [t.name for t in tasks if "inputs" in t.output_features]
+    if structure == "decoder" and with_inputs and "inputs" not in lengths and not few_shot:
+        raise UserError(
+            f"Task {with_inputs[0]!r} has inputs, and this decoder's lengths "
+            f"{lengths} have none; give both, e.g. --inputs_length=128 --targets_length=32 "
+            f"(their sum at most model.max_length={config.model.get('max_length')}).")
+    limit = config.model.get("max_length")
+    if structure == "decoder" and config.model.get("position_embedding") == "rotary":
+        limit = None
+    total = (sum(lengths.values()) if structure == "decoder"
+             else lengths.get("inputs", 0) if structure == "encoder" else 0)
+    if limit and total > limit:
+        raise UserError(
+            f"Lengths {lengths} need {total} positions, but the model has "
+            f"max_length={limit} learned positions; lower --inputs_length/--targets_length "
+            f"so they sum to at most {limit}.")
+
+
 def build_evaluator(config, trainer, name: str, settings, lengths=None):
     """The evaluator for a run config on the trainer's mesh (used by ``train`` too)."""
     from t5x_like.evaluation import evaluator
@@ -230,6 +254,8 @@ def _setup(source, step, args, overrides, name):
     mesh = partitioning.make_mesh(mesh_shape, devices)
     trainer = trainer_lib.build_trainer(config, mesh)
     lengths = eval_lengths(config, args)
+    check_lengths(config, lengths, evaluator.leaf_tasks(name),
+                  few_shot=args.num_shots is not None)
     settings = evaluator.EvalSettings(
         split=args.split, max_examples=args.max_examples,
         batch_size=args.batch_size or config.batch_size,

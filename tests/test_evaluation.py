@@ -229,3 +229,19 @@ def test_eval_cli_resumes_without_duplicates_and_watches(tmp_path, monkeypatch, 
     assert eval_cli.main([f"--checkpoint={workdir}", "--task=test_eval_copy", "--split=test",
                           f"--output_dir={out}"]) == 2
     assert "no split 'test'" in capsys.readouterr().err
+
+
+def test_eval_refuses_lengths_the_model_cannot_take():
+    config = tiny_config()
+    config.model = config_lib.model_defaults("decoder")
+    config.model.max_length = 64
+    config.task_feature_lengths = {"targets": 32}
+    cloze = [td.get_task_or_mixture("embedded_austen_cloze")]
+    with pytest.raises(config_lib.UserError, match="has inputs, and this decoder's lengths"):
+        eval_cli.check_lengths(config, {"targets": 32}, cloze)
+    eval_cli.check_lengths(config, {"targets": 32}, cloze, few_shot=True)  # its own window
+    with pytest.raises(config_lib.UserError, match="need 80 positions.*max_length=64"):
+        eval_cli.check_lengths(config, {"inputs": 48, "targets": 32}, cloze)
+    eval_cli.check_lengths(config, {"inputs": 32, "targets": 32}, cloze)
+    config.model.position_embedding = "rotary"  # no learned positions to run out of
+    eval_cli.check_lengths(config, {"inputs": 48, "targets": 32}, cloze)

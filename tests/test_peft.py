@@ -504,3 +504,16 @@ def test_a_peft_checkpoint_on_another_base_is_refused(tmp_path, capsys):
         train.run(config, str(tmp_path / "lora"), quiet=True)
     assert (tmp_path / "lora" / "checkpoints" / "3").is_dir()
     assert not (tmp_path / "lora" / "damaged_checkpoints").exists()
+
+
+def test_a_fresh_prompt_copies_rows_of_the_pretrained_token_table():
+    table = np.arange(300 * 4, dtype=np.float32).reshape(300, 4)
+    base = {("backbone", "token_embedder", "embedding"): table,
+            ("backbone", "layers_0", "attention", "query", "kernel"): np.zeros((4, 1, 4))}
+    fresh = {("backbone", "prompt"): np.zeros((5, 4), np.float32),
+             ("head", "kernel"): np.ones((4, 2), np.float32)}
+    out = peft_modules.prompts_from_table(fresh, base)
+    ids = peft_modules.prompt_init_ids(5, 300)
+    assert ids[0] >= 10 and ids[-1] == 299 and len(set(ids.tolist())) == 5
+    np.testing.assert_array_equal(out[("backbone", "prompt")], table[ids])
+    np.testing.assert_array_equal(out[("head", "kernel")], fresh[("head", "kernel")])

@@ -111,16 +111,13 @@ class PeftSettings:
 
 
 def with_peft(model: nn.Module, settings: PeftSettings) -> nn.Module:
-    """``model`` with ``settings``' LoRA and adapters (``model`` itself when none is on)."""
+    """``model`` with ``settings``' LoRA, adapters, prefixes or prompt (``model`` itself
+    when none is on)."""
     if not settings.any:
         return model
     cls = _peft_class(type(model), settings)
     return cls(**{f.name: getattr(model, f.name) for f in dataclasses.fields(model)
                   if f.init and f.name not in ("parent", "name")})
-
-
-def settings_of(model: nn.Module) -> PeftSettings:
-    return getattr(type(model), "_peft_settings", PeftSettings())
 
 
 @functools.lru_cache(maxsize=None)
