@@ -315,7 +315,8 @@ def test_merged_lora_gives_the_unmerged_logits(scan):
     assert float(np.abs(base_logits - unmerged_logits).max()) > 1e-3  # LoRA did something
 
 
-@pytest.mark.parametrize("family", ["decoder", "encoder_decoder"])
+@pytest.mark.parametrize("family", ["decoder",
+                                    pytest.param("encoder_decoder", marks=pytest.mark.slow)])
 def test_decoding_with_lora_equals_decoding_the_merged_model(family):
     config = family_config(family, **LORA, **{"lora.targets": "kernel$"})  # every kernel
     trainer = trainer_lib.build_trainer(config, one_device_mesh())
@@ -337,9 +338,10 @@ def test_decoding_with_lora_equals_decoding_the_merged_model(family):
     assert not np.array_equal(np.asarray(unadapted), np.asarray(with_lora))
 
 
-@pytest.mark.parametrize("family,peft", [("decoder", PREFIX_MLP), ("encoder_decoder", PREFIX_MLP),
-                                         ("encoder_decoder", PROMPT)],
-                         ids=["decoder-prefix", "t5-prefix", "t5-prompt"])
+@pytest.mark.parametrize("family,peft", [
+    ("decoder", PREFIX_MLP), ("encoder_decoder", PROMPT),
+    pytest.param("encoder_decoder", PREFIX_MLP, marks=pytest.mark.slow)],
+    ids=["decoder-prefix", "t5-prompt", "t5-prefix"])
 def test_tuned_decoding_follows_the_full_forward_pass(family, peft):
     """Cached decoding sees the prefix (prompt) as the full forward pass does: each greedy
     token is the argmax of a teacher-forced pass over the tokens before it."""
@@ -466,12 +468,31 @@ def test_a_lora_run_saves_what_trains_resumes_evaluates_and_merges(tmp_path):
 
     assert peft_runs.main(["merge", f"--peft={tmp_path / 'lora'}",
                            f"--out={tmp_path / 'merged'}"]) == 0
+    _exported_logits_equal_the_lora_model(tmp_path, config)
     peft_scores = option_scores(tmp_path / "lora", tmp_path / "eval_lora")
     merged_scores = option_scores(tmp_path / "merged", tmp_path / "eval_merged")
     base_scores = option_scores(tmp_path / "base", tmp_path / "eval_base")
     assert peft_scores.shape == (8, 4)
     np.testing.assert_allclose(merged_scores, peft_scores, rtol=1e-5, atol=1e-4)
     assert np.abs(base_scores - peft_scores).max() > 1e-3  # the adapted model is not the base
+
+
+def _exported_logits_equal_the_lora_model(tmp_path, config):
+    """The merged folder exports to Hugging Face GPT-2 with the LoRA model's logits."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from t5x_like.convert.__main__ import export_hf
+    from t5x_like.evaluation import loading
+    export_hf(str(tmp_path / "merged"), str(tmp_path / "hf"))
+    hf = transformers.GPT2LMHeadModel.from_pretrained(str(tmp_path / "hf")).eval()
+    trainer = trainer_lib.build_trainer(config, one_device_mesh())
+    source = loading.resolve(str(tmp_path / "lora"))
+    params = jax.device_get(source.restore_params(source.steps()[-1], trainer))
+    tokens = np.random.default_rng(0).integers(4, 8192, size=(2, 16))
+    ours = structures.for_config(config).model.apply({"params": params}, tokens)
+    with torch.no_grad():
+        theirs = hf(torch.tensor(tokens)).logits.numpy()
+    np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.slow

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import pathlib
 import sys
 
 from t5x_like.config_lib import UserError
@@ -118,6 +120,14 @@ def _check_param_shapes(hf_dir, params, model_config: dict, weights) -> None:
 
 
 def export_hf(checkpoint: str, out: str) -> dict:
+    run_config = pathlib.Path(checkpoint) / "config.json"
+    if not (pathlib.Path(checkpoint) / "model_config.json").is_file() and run_config.is_file():
+        peft = json.loads(run_config.read_text()).get("peft") or {}
+        if (peft.get("lora") or {}).get("rank"):
+            raise FileNotFoundError(
+                f"{checkpoint} is a LoRA run's workdir, not a pretrained folder; fold its LoRA "
+                f"into the base first: python -m t5x_like.peft merge --peft={checkpoint} "
+                "--out=MERGED, then export MERGED.")
     model_config, params = pretrained.load_pretrained(checkpoint)
     module = exporter_for(model_config)
     hf_config = module.hf_config_from_model_config(model_config)
