@@ -262,10 +262,11 @@ def test_lora_params_have_logical_axes_of_the_kernel_they_adapt():
     assert "layers/attention/key/lora_a" not in specs  # default targets: query and value
 
 
-@pytest.mark.parametrize("peft", [LORA, ADAPTERS, PREFIX, PREFIX_MLP],
-                         ids=["lora", "adapters", "prefix", "prefix_mlp"])
-def test_only_added_params_train_and_only_they_have_optimizer_state(peft):
-    config = tiny_decoder(**peft)
+@pytest.mark.parametrize("peft,scan", [(LORA, False), (ADAPTERS, False), (PREFIX, False),
+                                       (PREFIX_MLP, True)],
+                         ids=["lora", "adapters", "prefix", "prefix_mlp-scanned"])
+def test_only_added_params_train_and_only_they_have_optimizer_state(peft, scan):
+    config = family_config("decoder", scan, **peft)
     trainer, before, state, metrics = train_three_steps(config, jax.devices()[:1])
     old, new = flat(before), flat(state.params)
     trained = 0
