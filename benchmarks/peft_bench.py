@@ -31,6 +31,9 @@ METHODS = {
                "peft.prefix.hidden=128", "optimizer.learning_rate=5e-3"],
     "prompt": ["peft.prompt.length=20", "optimizer.learning_rate=2e-2"],
     "bitfit": ["peft.bitfit=True", "optimizer.learning_rate=5e-3"],
+    # LoRA on every kernel of the body (attention and MLP), as QLoRA and later work do.
+    "lora_all": ["peft.lora.rank=8", "peft.lora.alpha=16", "peft.lora.targets=kernel$",
+                 "optimizer.learning_rate=2e-3"],
 }
 CONFIG = "configs/finetune/bert_tiny_head.py"
 PYTHON = sys.executable

@@ -46,9 +46,9 @@ def decay_mask(params):
 
 def trainable_mask(params, bitfit: bool = False, added: bool = False):
     """True where a parameter trains. Everything, unless parameter-efficient tuning is
-    on: then a fine-tuning head (``head/...``) trains, and the parameters LoRA and
-    adapters added (``added``; ``models.peft.is_peft_param``), and with ``bitfit`` (Ben
-    Zaken et al.) the bias terms; the rest of the model stays frozen."""
+    on: then a fine-tuning head (``head/...``) trains, the parameters LoRA, adapters,
+    prefixes and prompts added (``added``; ``models.peft.is_peft_param``) and, with
+    ``bitfit`` (Ben Zaken et al.), the bias terms; the rest of the model stays frozen."""
     from t5x_like.models import peft
 
     def trains(path, leaf) -> bool:

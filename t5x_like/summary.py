@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = peft.PeftSettings.from_config(config.peft)
     shapes = parameter_shapes(config.model, settings)
     if settings.any or config.peft.bitfit:
-        trainer.check_peft_targets(config, shapes)
+        trainer.check_peft_fits(config, shapes)
     rows = module_rows(shapes, args.depth)
     print(format_table(rows))
     total = sum(count for _, count in rows)

@@ -303,13 +303,14 @@ def build_trainer(config, mesh) -> Trainer:
                       skip_nonfinite_updates=config.on_nonfinite_loss == "skip_update",
                       trainable=trainable)
     if trainable is not None:
-        check_peft_targets(config, trainer.abstract_state.params)
+        check_peft_fits(config, trainer.abstract_state.params)
     return trainer
 
 
-def check_peft_targets(config, params) -> None:
-    """A LoRA pattern that matches no kernel, or BitFit on a model without biases, would
-    train nothing of what was asked: refused, naming what there is."""
+def check_peft_fits(config, params) -> None:
+    """PEFT settings the model cannot honour, refused naming what there is: a LoRA
+    pattern that matches no kernel, a prompt longer than the learned positions leave
+    room for, BitFit on a model without biases."""
     from t5x_like.config_lib import ConfigError
     paths = [path for path, _ in flat_with_paths(params)]
     if config.peft.lora.rank and not any(p.endswith("/lora_a") for p in paths):

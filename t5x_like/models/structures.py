@@ -301,8 +301,8 @@ def _cached(family_items: tuple, prefix_attention: str, peft_settings) -> Struct
 def for_config(config) -> Structure:
     """The structure (with its model) a run config describes (``config.model``, and
     ``config.prefix_attention`` for decoders); with ``config.head.kind`` set, a
-    fine-tuning head on that body (``models.head_structure``). ``config.peft``'s LoRA
-    and adapters join the outermost model (``models.peft``)."""
+    fine-tuning head on that body (``models.head_structure``). ``config.peft``'s added
+    modules (LoRA, adapters, prefixes, prompts) join the outermost model (``models.peft``)."""
     from t5x_like.models import peft
     model_config = dict(config.model)
     if model_config.get("mlp_activations") is not None:
