@@ -10,6 +10,8 @@ from ``RUNS/pt_bert``, with the method's overrides below; each method has one
 learning rate, picked before any run (no search): the usual ranges of its paper
 scaled to this small model. Runs land in ``RUNS/peft_<method>_<task>`` and are
 evaluated on the first 200 test examples; a finished run is skipped on ``run``.
+Step times are measured by ``table`` itself, one method at a time on a random batch
+of the first task's shape, with nothing else running.
 """
 
 from __future__ import annotations
@@ -64,12 +66,10 @@ def run_all(runs: pathlib.Path, methods, tasks) -> None:
                             f"--output_dir={workdir / 'eval_test'}", "--quiet"], check=True)
 
 
-def sizes(runs: pathlib.Path, method: str, task: str) -> tuple[int, int, int]:
-    """``(params, trainable params, optimizer-state bytes)`` of the run's trainer."""
+def _trainer(runs: pathlib.Path, method: str, task: str):
     import jax
-    import numpy as np
 
-    from t5x_like import config_lib, partitioning, peft, train
+    from t5x_like import config_lib, partitioning, train
     from t5x_like import trainer as trainer_lib
     config = config_lib.load_config_file(CONFIG)
     config_lib.apply_overrides(config, [o[len("--config."):]
@@ -77,7 +77,17 @@ def sizes(runs: pathlib.Path, method: str, task: str) -> tuple[int, int, int]:
     config.init_from = ""
     train.resolve_head_labels(config)
     mesh = partitioning.make_mesh({"data": 1}, jax.devices()[:1])
-    trainer = trainer_lib.build_trainer(config, mesh)
+    return config, trainer_lib.build_trainer(config, mesh)
+
+
+def sizes(runs: pathlib.Path, method: str, task: str) -> tuple[int, int, int]:
+    """``(params, trainable params, optimizer-state bytes)`` of the run's trainer."""
+    import jax
+    import numpy as np
+
+    from t5x_like import peft
+    from t5x_like import trainer as trainer_lib
+    _, trainer = _trainer(runs, method, task)
     params = trainer.abstract_state.params
     total = trainer_lib.param_count(params)
     trainable = (total if trainer.trainable is None else
@@ -87,14 +97,34 @@ def sizes(runs: pathlib.Path, method: str, task: str) -> tuple[int, int, int]:
     return total, trainable, state_bytes
 
 
-def step_ms(workdir: pathlib.Path) -> float | None:
-    """Median train step time over the logged intervals after the first (compilation)."""
-    path = workdir / "metrics.jsonl"
-    if not path.is_file():
-        return None
-    rates = [json.loads(line).get("steps_per_sec") for line in path.read_text().splitlines()]
-    rates = [r for r in rates[1:] if r]
-    return 1000.0 / statistics.median(rates) if rates else None
+def step_ms(runs: pathlib.Path, method: str, task: str, steps: int = 30) -> float:
+    """Median train step time on one random batch of the run's shape, measured alone
+    (the runs' own logged rates share the machine with whatever else ran)."""
+    import time
+
+    import jax
+    import numpy as np
+
+    from t5x_like.models import structures
+    config, trainer = _trainer(runs, method, task)
+    structure = structures.for_config(config)
+    rng = np.random.default_rng(0)
+    batch = {}
+    for name, spec in structure.abstract_batch(config.task_feature_lengths,
+                                               config.batch_size).items():
+        high = 2 if "label" in name else 1000
+        batch[name] = (np.ones(spec.shape, spec.dtype) if spec.dtype == np.float32 else
+                       rng.integers(1, high, size=spec.shape).astype(spec.dtype))
+    batch = jax.device_put(batch, trainer.batch_sharding)
+    state = trainer.init_state(0)
+    times = []
+    for index in range(steps + 3):
+        start = time.perf_counter()
+        state, metrics = trainer.train_step(state, batch)
+        jax.block_until_ready(metrics)
+        if index >= 3:
+            times.append(time.perf_counter() - start)
+    return 1000.0 * statistics.median(times)
 
 
 def score(workdir: pathlib.Path, task: str) -> float | None:
@@ -107,7 +137,7 @@ def score(workdir: pathlib.Path, task: str) -> float | None:
 
 def table(runs: pathlib.Path, methods, tasks) -> str:
     head = ["method", *[f"{t} {TASKS[t][1]}" for t in tasks], "trainable", "optimizer state",
-            "step ms (spam)"]
+            f"step ms ({tasks[0]})"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for method in methods:
         total, trainable, state_bytes = sizes(runs, method, tasks[0])
@@ -117,8 +147,7 @@ def table(runs: pathlib.Path, methods, tasks) -> str:
             cells.append("-" if value is None else f"{value:.1f}")
         cells.append(f"{trainable:,} ({100 * trainable / total:.2f}%)")
         cells.append(f"{state_bytes / 1024:,.0f} KiB")
-        ms = step_ms(run_dir(runs, method, tasks[0]))
-        cells.append("-" if ms is None else f"{ms:.0f}")
+        cells.append(f"{step_ms(runs, method, tasks[0]):.0f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
