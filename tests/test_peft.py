@@ -109,15 +109,18 @@ def test_bitfit_on_a_model_without_biases_is_refused():
         trainer_lib.build_trainer(config, mesh)
 
 
-def test_summary_prints_the_trainable_fraction():
+@pytest.mark.parametrize("override,expected", [
+    ("--config.peft.bitfit=true", 102_144),
+    # 12 layers x (query, value) x (768 x 8 + 8 x 768): as Hugging Face PEFT counts GPT-2.
+    ("--config.peft.lora.rank=8", 294_912)], ids=["bitfit", "lora"])
+def test_summary_prints_the_trainable_fraction(override, expected):
     out = subprocess.run([sys.executable, "-m", "t5x_like.summary", "--config=configs/gpt2_small.py",
-                          "--config.peft.bitfit=true"], cwd=REPO, capture_output=True,
-                         text=True, timeout=120)
+                          override], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     last = out.stdout.strip().splitlines()[-1].split()
     assert last[0] == "params:" and last[2] == "trainable:"
     total, trainable = int(last[1]), int(last[3])
-    assert trainable == 102_144 and last[4] == f"({100 * trainable / total:.2f}%)"
+    assert trainable == expected and last[4] == f"({100 * trainable / total:.2f}%)"
 
 
 # -- LoRA and adapters ----------------------------------------------------------------------
@@ -382,16 +385,6 @@ def test_a_lora_pattern_that_matches_no_kernel_is_refused():
         trainer_lib.build_trainer(config, one_device_mesh())
     with pytest.raises(config_lib.ConfigError, match="not a regular expression"):
         tiny_decoder(**{**LORA, "lora.targets": "(query"})
-
-
-def test_summary_counts_lora_as_trainable():
-    out = subprocess.run([sys.executable, "-m", "t5x_like.summary", "--config=configs/gpt2_small.py",
-                          "--config.peft.lora.rank=8"], cwd=REPO, capture_output=True,
-                         text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    last = out.stdout.strip().splitlines()[-1].split()
-    # 12 layers x (query, value) x (768 x 8 + 8 x 768): as Hugging Face PEFT counts GPT-2.
-    assert int(last[3]) == 294_912 and last[4] == "(0.24%)"
 
 
 # -- PEFT runs on disk ------------------------------------------------------------------------
