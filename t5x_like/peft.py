@@ -76,10 +76,11 @@ def abstract_saved_state(trainer):
     return saved_view(trainer.abstract_state, trainer)
 
 
-def load_base(identity: dict, config, mesh, where: str):
-    """The base params a PEFT checkpoint names, as host arrays, checked against its digest."""
+def load_base(identity: dict, config, mesh, where: str, path: str | None = None):
+    """The base params a PEFT checkpoint names, as host arrays, checked against its digest.
+    ``path``: where the base is now, if it moved (default: the path recorded)."""
     from t5x_like.evaluation import loading
-    path = identity["path"]
+    path = path or identity["path"]
     if not pathlib.Path(path).exists():
         raise UserError(f"{where} holds only the parameters a PEFT run trained; its base "
                         f"{path} is gone. Put the base back at that path, or merge it where it "
@@ -110,19 +111,35 @@ def join(saved_params, base_params, trainer):
     return trainer.place_params(traverse_util.unflatten_dict(flat))
 
 
-def restore_state(checkpointer, step: int, trainer, saved: dict, config, where: str):
+def restore_state(checkpointer, step: int, trainer, saved: dict, config, where: str,
+                  base_path: str | None = None):
     """``(state, data_state)`` of a checkpoint step on ``trainer``: restored whole, or, for a
-    PEFT checkpoint, its trainable part joined with the base it names."""
+    PEFT checkpoint, its trainable part joined with the base it names (found at
+    ``base_path`` if given)."""
     identity = saved.get(IDENTITY_KEY)
     if not identity:
         state, data_state, _ = checkpointer.restore(step, trainer.abstract_state)
         return state, data_state
     view, data_state, _ = checkpointer.restore(step, abstract_saved_state(trainer))
-    base = load_base(identity, config, trainer.mesh, where)
+    base = load_base(identity, config, trainer.mesh, where, base_path)
     return view.replace(params=join(view.params, base, trainer)), data_state
 
 
 # -- the merge command -------------------------------------------------------------------------
+
+def check_foldable(settings, peft_path: str) -> None:
+    """Only LoRA folds into the base's weights: the other methods add computation."""
+    added = [name for name, on in (("adapters", settings.adapters),
+                                   ("prefixes", settings.prefix),
+                                   ("a prompt", settings.prompt)) if on]
+    if added:
+        raise UserError(f"--peft={peft_path} trained {' and '.join(added)}, which add "
+                        "computation and cannot fold into the base's weights; evaluate the "
+                        "run's checkpoint as it is.")
+    if not settings.lora:
+        raise UserError(f"--peft={peft_path} has no LoRA to merge (config.peft.lora.rank=0); its "
+                        "checkpoint already loads on its own.")
+
 
 def merge(peft_path: str, out: str, base_path: str | None = None) -> dict:
     """Folds a PEFT run's LoRA into its base and writes a pretrained folder; returns a
@@ -146,34 +163,17 @@ def merge(peft_path: str, out: str, base_path: str | None = None) -> dict:
     saved = source.saved_config(step)
     config = loading.config_from_saved(saved)
     settings = peft_modules.PeftSettings.from_config(config.peft)
-    if settings.adapters:
-        raise UserError(f"--peft={peft_path} trained adapters, which add layers and cannot fold "
-                        "into the base's weights; evaluate the run's checkpoint as it is.")
-    if not settings.lora:
-        raise UserError(f"--peft={peft_path} has no LoRA to merge (config.peft.lora.rank=0); its "
-                        "checkpoint already loads on its own.")
+    check_foldable(settings, peft_path)
     mesh = partitioning.make_mesh({"data": 1}, jax.devices()[:1])
     from t5x_like import trainer as trainer_lib
     trainer = trainer_lib.build_trainer(config, mesh)
-    where = f"--peft={peft_path}"
-    identity = saved.get(IDENTITY_KEY)
-    if base_path is not None and identity:
-        base, _ = loading.base_params(base_path, config, mesh, step=identity.get("step"))
-        check_base(identity, base, where, base_path)
-    elif identity:
-        base = load_base(identity, config, mesh, where)
-    else:
-        base = None  # a run without init_from saved its whole model
     checkpointer = source.open_checkpointer()
-    try:
-        if base is None:
-            state, _ = restore_state(checkpointer, step, trainer, saved, config, where)
-            params = jax.device_get(state.params)
-        else:
-            view, _, _ = checkpointer.restore(step, abstract_saved_state(trainer))
-            params = jax.device_get(join(view.params, base, trainer))
+    try:  # a run without init_from saved its whole model; else its base is joined back
+        state, _ = restore_state(checkpointer, step, trainer, saved, config,
+                                 f"--peft={peft_path}", base_path)
     finally:
         checkpointer.close()
+    params = jax.device_get(state.params)
     merged = peft_modules.merge_lora(params, settings)
     count = sum(1 for key in traverse_util.flatten_dict(plain_dicts(params))
                 if key[-1] == "lora_a")

@@ -287,8 +287,11 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     # State: resume or initialise.
     checkpointer = checkpointer or open_checkpointer()
     train_iter = host_batches(train_streams)
+    # A PEFT run from a base on disk saves only what trains, and names the base it needs.
+    peft_base = None
     if resumed is not None:
         _, state, data_state, changed = resumed.value
+        peft_base = saved_config.get(peft.IDENTITY_KEY)
         if data_state is not None:
             try:
                 train_iter.set_state(data_state)
@@ -305,9 +308,6 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
         progress.message(f"Initialised params from {config.init_from} (optimizer state fresh).")
     else:
         state = trainer.init_state(config.seed)
-    # A PEFT run from a base on disk saves only what trains, and names the base it needs.
-    peft_base = saved_config.get(peft.IDENTITY_KEY) if resumed else (
-        peft_base if config.init_from else None)
     if peft_base:
         run_config[peft.IDENTITY_KEY] = peft_base
     start_step = int(state.step)

@@ -532,3 +532,14 @@ def test_a_fresh_prompt_copies_rows_of_the_pretrained_token_table():
     assert ids[0] >= 10 and ids[-1] == 299 and len(set(ids.tolist())) == 5
     np.testing.assert_array_equal(out[("backbone", "prompt")], table[ids])
     np.testing.assert_array_equal(out[("head", "kernel")], fresh[("head", "kernel")])
+
+
+def test_merge_folds_only_lora():
+    lora = peft_modules.PeftSettings(lora_rank=4)
+    peft_runs.check_foldable(lora, "run")
+    for extra, named in ((dict(adapter_size=8), "adapters"), (dict(prefix_length=3), "prefixes"),
+                         (dict(prompt_length=4), "a prompt")):
+        with pytest.raises(config_lib.UserError, match=f"trained {named}, which add computation"):
+            peft_runs.check_foldable(peft_modules.PeftSettings(lora_rank=4, **extra), "run")
+    with pytest.raises(config_lib.UserError, match="has no LoRA to merge"):
+        peft_runs.check_foldable(peft_modules.PeftSettings(), "run")

@@ -202,6 +202,11 @@ def _lora_delta(dense: layers.DenseGeneral, settings: PeftSettings, x: jax.Array
     return delta * jnp.asarray(settings.lora_alpha / rank, dense.dtype)
 
 
+def _named_param(module: nn.Module, name: str, init, names: tuple, shape: tuple) -> jax.Array:
+    """A float32 parameter of ``module`` with logical axis ``names``."""
+    return module.param(name, nn.with_logical_partitioning(init, names), shape, jnp.float32)
+
+
 class Adapter(nn.Module):
     """Houlsby's bottleneck: ``h + up(act(down(h)))``, the up projection starting at zero."""
 
@@ -215,8 +220,7 @@ class Adapter(nn.Module):
             raise ValueError(f"Unknown peft.adapter.activation {self.activation!r}; choose from "
                              f"{sorted(layers.ACTIVATIONS)}.")
         embed = h.shape[-1]
-        param = lambda name, init, names, shape: self.param(  # noqa: E731
-            name, nn.with_logical_partitioning(init, names), shape, jnp.float32)
+        param = functools.partial(_named_param, self)
         down = param("down_kernel", nn.initializers.normal(1e-2), ("embed", None),
                      (embed, self.size))
         down_bias = param("down_bias", nn.initializers.zeros, (None,), (self.size,))
@@ -330,8 +334,7 @@ class Prefix(nn.Module):
     def __call__(self, d_model: int) -> tuple[jax.Array, jax.Array]:
         heads_axis = "kv_heads" if self.grouped else "heads"
         shape = (self.length, self.kv_heads, self.head_dim)
-        param = lambda name, init, names, shape: self.param(  # noqa: E731
-            name, nn.with_logical_partitioning(init, names), shape, jnp.float32)
+        param = functools.partial(_named_param, self)
         if not self.reparameterize:
             init = nn.initializers.normal(0.02)
             return (param("key", init, (None, heads_axis, "kv"), shape),
