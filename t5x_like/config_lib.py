@@ -180,7 +180,7 @@ ENUMS = {
     "optimizer.schedule": ("constant", "rsqrt", "linear", "cosine"),
     "partitioning.rules": ("data_parallel", "fsdp", "fsdp_tensor"),
     "model.dtype": ("float32", "bfloat16"),
-    "model.family": ("encoder_decoder", "bart", "decoder", "encoder"),
+    "model.family": ("encoder_decoder", "bart", "decoder", "encoder", "electra"),
     "model.remat_policy": ("none", "full", "dots", "dots_no_batch"),
     "model.norm": ("layernorm", "rmsnorm"),
     "model.position_embedding": ("learned", "rotary"),
@@ -339,7 +339,8 @@ def _type_ok(value: Any, expected: Any) -> bool:
 
 FAMILY_EXAMPLES = {"encoder_decoder": "configs/quickstart.py", "bart": "configs/bart_base.py",
                    "decoder": "configs/pretrain/gpt2_tiny.py",
-                   "encoder": "configs/pretrain/bert_tiny.py"}
+                   "encoder": "configs/pretrain/bert_tiny.py",
+                   "electra": "configs/pretrain/electra_tiny.py"}
 
 
 def _check_against_schema(config, schema, prefix: str = "", context: str = " in the config") \
@@ -431,6 +432,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _validate_optimizer_numbers(config)
     _validate_divergence(config)
     _validate_peft(config)
+    _validate_electra(config)
     for name in config.allow_resume_changes:
         if not any(name == k or name.startswith(k + ".") for k in RESUME_CHANGE_KEYS):
             raise ConfigError(
@@ -523,6 +525,27 @@ def _validate_peft(config) -> None:
         if config.pack:
             raise ConfigError("peft.prompt puts its prompt in front of each row, so rows "
                               "cannot be packed; set --config.pack=False.")
+
+
+def _validate_electra(config) -> None:
+    if config.model.get("family") != "electra":
+        return
+    _finite_at_least(config, "model.discriminator_loss_weight", 0.0, "50.0")
+    temperature = config.model.sampling_temperature
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature)
+            and temperature > 0):
+        raise ConfigError(f"model.sampling_temperature={temperature} must be a finite number "
+                          "> 0 (1.0 samples from the generator's own distribution).")
+    limit = config.model.max_predictions_per_seq
+    if not isinstance(limit, int) or limit < 0:
+        raise ConfigError(f"model.max_predictions_per_seq={limit!r} must be an integer >= 0 "
+                          "(0: sample every masked position), e.g. 19 for 15% of 128 tokens.")
+    if not config.model.generator_d_model and not config.head.kind:
+        raise ConfigError(
+            "model.generator_d_model=0: this ELECTRA is a discriminator without a generator, "
+            "which fine-tunes (set head.kind) but cannot pretrain. Give it a generator, e.g. "
+            "--config.model.generator_d_model=64 (a quarter of the discriminator's width), or "
+            "import one with convert import --generator_dir=...")
 
 
 def _validate_head(config) -> None:

@@ -14,6 +14,9 @@ in the MLP (2 for gated GeLU). Per sequence, forward:
 - encoder (BERT):  the same, plus the MLM transform 2*S*d*d (logits at every position);
                    ALBERT (embeddings of width E): 2*S*E*d up-projection, 2*S*d*E
                    transform and 2*S*E*V logits
+- ELECTRA:         the generator as an encoder of its own width (with its logits), plus
+                   the discriminator as an encoder whose head is 2*S*d*d + 2*S*d (one
+                   logit per token, no vocabulary projection)
 - encoder-decoder (T5, BART), inputs S_i, targets S_t:
       encoder  2*S_i*Le*(4*d*H*Dh + (G+1)*d*F) + 4*Le*S_i^2*H*Dh
       decoder  2*S_t*Ld*(6*d*H*Dh + (G+1)*d*F) + 2*S_i*Ld*2*d*H*Dh   (cross-attn keys/values)
@@ -38,7 +41,7 @@ def forward_flops_per_sequence(model: Mapping, lengths: Mapping[str, int]) -> fl
         structure = structures.structure_class(model["family"])
     except ValueError:
         raise ValueError(f"Unknown model.family {model['family']!r}; choose encoder_decoder, "
-                         "bart, decoder or encoder.") from None
+                         "bart, decoder, encoder or electra.") from None
     return structure(None).forward_flops_per_sequence(model, lengths)
 
 

@@ -43,6 +43,15 @@ def module_rows(shapes: dict, depth: int) -> list[tuple[str, int]]:
     return list(totals.items())
 
 
+def electra_split(shapes: dict) -> str:
+    """ELECTRA's towers counted as the paper and Hugging Face count them: the
+    discriminator with the shared embeddings (what fine-tunes), the generator's own."""
+    count = lambda tree: sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(tree))  # noqa: E731
+    discriminator = count(shapes["discriminator"]) + count(shapes["embeddings"])
+    return (f"discriminator: {discriminator} (with the shared embeddings)  "
+            f"generator: {count(shapes.get('generator', {}))} (its own tower and head)")
+
+
 def format_table(rows: list[tuple[str, int]]) -> str:
     width = max(len(name) for name, _ in rows)
     lines = [f"{'module':<{width}}  {'params':>14}"]
@@ -80,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     mask = optim.trainable_mask(shapes, bitfit=config.peft.bitfit, added=settings.any)
     trainable = sum(int(np.prod(leaf.shape)) for leaf, trains in
                     zip(jax.tree.leaves(shapes), jax.tree.leaves(mask)) if trains)
+    if config.model.family == "electra":
+        print(electra_split(shapes))
     print(f"params: {total}  trainable: {trainable} ({100.0 * trainable / max(total, 1):.2f}%)")
     return 0
 

@@ -189,6 +189,8 @@ def _pretrained_state(config, trainer):
         params = {"backbone": params}  # a pretrained body under a new head
     expected = traverse_util.flatten_dict(peft.plain_dicts(trainer.abstract_state.params))
     given = traverse_util.flatten_dict(peft.plain_dicts(params))
+    if config.model.family == "electra" and config.head.kind:  # the discriminator fine-tunes
+        given = {key: value for key, value in given.items() if key[:2] != ("backbone", "generator")}
     missing = [key for key in expected if key not in given]
     if missing and all(key[0] == "head" or peft_modules.is_peft_param(key) for key in missing):
         fresh = traverse_util.flatten_dict(peft.plain_dicts(jax.device_get(
@@ -337,8 +339,11 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
             totals = out if totals is None else jax.tree.map(lambda a, b: a + b, totals, out)
         totals = jax.device_get(totals)
         tokens = max(float(totals["num_target_tokens"]), 1.0)
+        others = {f"eval_{name[:-len('_sum')]}": float(value) / tokens
+                  for name, value in totals.items()
+                  if name.endswith("_sum") and name not in ("loss_sum", "correct_sum")}
         return {"eval_loss": float(totals["loss_sum"]) / tokens,
-                "eval_accuracy": float(totals["correct_sum"]) / tokens}
+                "eval_accuracy": float(totals["correct_sum"]) / tokens, **others}
 
     divergence = run_guard.DivergenceMonitor(
         config.divergence.zero_grad_steps, config.divergence.loss_spike_factor,

@@ -212,10 +212,14 @@ class Trainer:
                             self.trainable)
 
     def _eval_step_fn(self, params, batch):
+        """Token-weighted sums: ``loss_sum``, ``correct_sum`` and ``<metric>_sum`` for the
+        objective's other metrics (ELECTRA's discriminator accuracy, BERT's NSP loss)."""
         _, metrics = self.loss_fn(self.model, params, batch, None)
         tokens = metrics["num_target_tokens"]
-        return {"loss_sum": metrics["loss"] * tokens, "correct_sum": metrics["accuracy"] * tokens,
-                "num_target_tokens": tokens}
+        sums = {f"{name}_sum": value * tokens for name, value in metrics.items()
+                if name not in ("loss", "accuracy", "num_target_tokens")}
+        return {**sums, "loss_sum": metrics["loss"] * tokens,
+                "correct_sum": metrics["accuracy"] * tokens, "num_target_tokens": tokens}
 
     # -- entry points ---------------------------------------------------------
     def _context(self):

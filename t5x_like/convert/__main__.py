@@ -8,13 +8,15 @@ import pathlib
 import sys
 
 from t5x_like.config_lib import UserError
-from t5x_like.convert import hf_albert, hf_bart, hf_bert, hf_gpt2, hf_io, hf_llama, hf_roberta, hf_t5, pretrained
+from t5x_like.convert import (hf_albert, hf_bart, hf_bert, hf_electra, hf_gpt2, hf_io, hf_llama,
+                              hf_roberta, hf_t5, pretrained)
 from t5x_like import user_errors
 
 ARCHITECTURES = {"t5": hf_t5, "mt5": hf_t5, "gpt2": hf_gpt2, "bert": hf_bert,
                  "roberta": hf_roberta, "llama": hf_llama, "mistral": hf_llama, "albert": hf_albert,
-                 "bart": hf_bart}
-EXPORTERS = {"encoder_decoder": hf_t5, "decoder": hf_gpt2, "encoder": hf_bert}
+                 "bart": hf_bart, "electra": hf_electra}
+EXPORTERS = {"encoder_decoder": hf_t5, "decoder": hf_gpt2, "encoder": hf_bert,
+             "electra": hf_electra}
 
 
 def exporter_for(model_config: dict):
@@ -28,9 +30,14 @@ def exporter_for(model_config: dict):
     return EXPORTERS[family]
 
 
-def import_hf(hf_dir: str, out: str) -> dict:
+def import_hf(hf_dir: str, out: str, generator_dir: str | None = None) -> dict:
     hf_config = hf_io.read_config(hf_dir)
     model_type = hf_config.get("model_type")
+    if generator_dir and model_type != "electra":
+        raise UserError(f"--generator_dir is for ELECTRA's generator; {hf_dir} is a "
+                        f"{model_type!r} model. Leave --generator_dir out.")
+    if model_type == "electra":
+        return _import_electra(hf_dir, out, generator_dir)
     if model_type not in ARCHITECTURES:
         raise ValueError(f"Cannot import model_type {model_type!r} yet; supported: "
                          f"{sorted(ARCHITECTURES)}.")
@@ -48,6 +55,40 @@ def import_hf(hf_dir: str, out: str) -> dict:
         raise UserError(_tensor_problem(hf_dir, weights, weights.last, str(e))) from None
     _check_param_shapes(hf_dir, params, model_config, weights)
     _check_tensor_shapes(hf_dir, module, params, model_config, weights)
+    pretrained.save_pretrained(out, model_config, params)
+    return model_config
+
+
+def _import_electra(hf_dir: str, out: str, generator_dir: str | None) -> dict:
+    """Discriminator (and generator) folders -> one ``electra`` pretrained folder."""
+    discriminator = hf_io.read_config(hf_dir)
+    hf_electra.check_folder(discriminator, hf_dir, "ElectraForPreTraining")
+    generator = None
+    if generator_dir:
+        generator = hf_io.read_config(generator_dir)
+        hf_electra.check_folder(generator, generator_dir, "ElectraForMaskedLM")
+    else:
+        print(f"convert: {hf_dir} imports without a generator (no --generator_dir): it "
+              "fine-tunes, but cannot continue ELECTRA pretraining.", file=sys.stderr)
+    try:
+        model_config = hf_electra.model_config_from_hf(discriminator, generator)
+    except KeyError as e:
+        raise UserError(f"An ELECTRA config.json has no {e.args[0]!r} entry; re-save the model "
+                        "with save_pretrained.") from None
+    weights = _TrackedWeights(hf_io.read_weights(hf_dir))
+    try:
+        params = hf_electra.discriminator_from_hf(weights, model_config)
+    except (ValueError, IndexError, TypeError, KeyError) as e:
+        raise UserError(_tensor_problem(hf_dir, weights, weights.last, str(e))) from None
+    if generator_dir:
+        generator_weights = _TrackedWeights(hf_io.read_weights(generator_dir))
+        try:
+            params["generator"] = hf_electra.generator_from_hf(generator_weights, model_config,
+                                                               params["embeddings"])
+        except (ValueError, IndexError, TypeError, KeyError) as e:
+            raise UserError(_tensor_problem(generator_dir, generator_weights,
+                                            generator_weights.last, str(e))) from None
+    _check_param_shapes(hf_dir, params, model_config, weights)
     pretrained.save_pretrained(out, model_config, params)
     return model_config
 
@@ -132,6 +173,11 @@ def export_hf(checkpoint: str, out: str) -> dict:
     module = exporter_for(model_config)
     hf_config = module.hf_config_from_model_config(model_config)
     hf_io.write_folder(out, hf_config, module.params_to_hf(params, model_config))
+    if model_config["family"] == "electra" and model_config.get("generator_d_model"):
+        # ELECTRA's generator is a model of its own in Hugging Face: beside the discriminator.
+        hf_io.write_folder(pathlib.Path(out) / "generator",
+                           module.hf_config_from_model_config(model_config, "generator"),
+                           module.params_to_hf(params, model_config, "generator"))
     return hf_config
 
 
@@ -142,13 +188,16 @@ def main(argv: list[str] | None = None) -> int:
     imp = sub.add_parser("import", help="Hugging Face folder -> t5x_like pretrained folder")
     imp.add_argument("--hf_dir", required=True)
     imp.add_argument("--out", required=True)
+    imp.add_argument("--generator_dir", default=None,
+                     help="ELECTRA: the generator (ElectraForMaskedLM) folder beside the "
+                          "discriminator (ElectraForPreTraining) given as --hf_dir.")
     exp = sub.add_parser("export", help="t5x_like pretrained folder -> Hugging Face folder")
     exp.add_argument("--checkpoint", required=True)
     exp.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     try:
         if args.command == "import":
-            cfg = import_hf(args.hf_dir, args.out)
+            cfg = import_hf(args.hf_dir, args.out, args.generator_dir)
             print(f"imported {args.hf_dir} -> {args.out} ({cfg['family']}, d_model "
                   f"{cfg['d_model']})")
         else:

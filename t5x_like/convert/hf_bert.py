@@ -83,6 +83,43 @@ def _norm_in(w, name):
     return {"scale": w[f"{name}.weight"], "bias": w[f"{name}.bias"]}
 
 
+def layer_from_hf(w, b: str, heads: int, head_dim: int, d: int) -> dict:
+    """One post-LayerNorm block (``{b}.attention...``, ``{b}.intermediate...``,
+    ``{b}.output...``: BERT, RoBERTa and ELECTRA name it alike)."""
+    attention = {}
+    for name in ("query", "key", "value"):
+        weight, bias = w[f"{b}.attention.self.{name}.weight"], w[f"{b}.attention.self.{name}.bias"]
+        attention[name] = {"kernel": weight.T.reshape(d, heads, head_dim),
+                           "bias": bias.reshape(heads, head_dim)}
+    attention["out"] = {"kernel": w[f"{b}.attention.output.dense.weight"].T.reshape(heads, head_dim, d),
+                        "bias": w[f"{b}.attention.output.dense.bias"]}
+    return {"attention": attention,
+            "attention_norm": _norm_in(w, f"{b}.attention.output.LayerNorm"),
+            "mlp": {"wi": _linear_in(w, f"{b}.intermediate.dense"),
+                    "wo": _linear_in(w, f"{b}.output.dense")},
+            "mlp_norm": _norm_in(w, f"{b}.output.LayerNorm")}
+
+
+def layer_to_hf(layer: dict, b: str, d: int) -> dict[str, np.ndarray]:
+    """:func:`layer_from_hf` backwards."""
+    arr = np.asarray
+    out = {}
+    for name in ("query", "key", "value"):
+        p = layer["attention"][name]
+        out[f"{b}.attention.self.{name}.weight"] = arr(p["kernel"]).reshape(d, -1).T
+        out[f"{b}.attention.self.{name}.bias"] = arr(p["bias"]).reshape(-1)
+    o = layer["attention"]["out"]
+    out[f"{b}.attention.output.dense.weight"] = arr(o["kernel"]).reshape(-1, d).T
+    out[f"{b}.attention.output.dense.bias"] = arr(o["bias"])
+    for hf_name, ours in ((f"{b}.intermediate.dense", layer["mlp"]["wi"]),
+                          (f"{b}.output.dense", layer["mlp"]["wo"])):
+        out[f"{hf_name}.weight"], out[f"{hf_name}.bias"] = arr(ours["kernel"]).T, arr(ours["bias"])
+    for hf_name, ours in ((f"{b}.attention.output.LayerNorm", layer["attention_norm"]),
+                          (f"{b}.output.LayerNorm", layer["mlp_norm"])):
+        out[f"{hf_name}.weight"], out[f"{hf_name}.bias"] = arr(ours["scale"]), arr(ours["bias"])
+    return out
+
+
 def params_from_hf(weights: dict[str, np.ndarray], cfg: dict, names: dict = BERT_NAMES) -> dict:
     heads, head_dim, d = cfg["num_heads"], cfg["head_dim"], cfg["d_model"]
     w = TrackedWeights(weights)
@@ -101,21 +138,7 @@ def params_from_hf(weights: dict[str, np.ndarray], cfg: dict, names: dict = BERT
         params["pooler"] = _linear_in(w, f"{prefix}.pooler.dense")
         params["nsp"] = _linear_in(w, "cls.seq_relationship")
     for i in range(cfg["num_layers"]):
-        b = f"{prefix}.encoder.layer.{i}"
-        attention = {}
-        for name in ("query", "key", "value"):
-            weight, bias = w[f"{b}.attention.self.{name}.weight"], w[f"{b}.attention.self.{name}.bias"]
-            attention[name] = {"kernel": weight.T.reshape(d, heads, head_dim),
-                               "bias": bias.reshape(heads, head_dim)}
-        attention["out"] = {"kernel": w[f"{b}.attention.output.dense.weight"].T.reshape(heads, head_dim, d),
-                            "bias": w[f"{b}.attention.output.dense.bias"]}
-        params[f"layers_{i}"] = {
-            "attention": attention,
-            "attention_norm": _norm_in(w, f"{b}.attention.output.LayerNorm"),
-            "mlp": {"wi": _linear_in(w, f"{b}.intermediate.dense"),
-                    "wo": _linear_in(w, f"{b}.output.dense")},
-            "mlp_norm": _norm_in(w, f"{b}.output.LayerNorm"),
-        }
+        params[f"layers_{i}"] = layer_from_hf(w, f"{prefix}.encoder.layer.{i}", heads, head_dim, d)
     # The decoder matrix and bias are tied copies of the word embedding and the MLM bias.
     w.check_all_used(ignore=names["tied"], ignore_suffixes=("position_ids",))
     return params
@@ -144,16 +167,5 @@ def params_to_hf(params: dict, cfg: dict) -> dict[str, np.ndarray]:
     out["cls.predictions.bias"] = arr(params["mlm_bias"])
     put_linear("cls.seq_relationship", params["nsp"])
     for i in range(cfg["num_layers"]):
-        layer, b = params[f"layers_{i}"], f"bert.encoder.layer.{i}"
-        for name in ("query", "key", "value"):
-            p = layer["attention"][name]
-            out[f"{b}.attention.self.{name}.weight"] = arr(p["kernel"]).reshape(d, d).T
-            out[f"{b}.attention.self.{name}.bias"] = arr(p["bias"]).reshape(d)
-        o = layer["attention"]["out"]
-        out[f"{b}.attention.output.dense.weight"] = arr(o["kernel"]).reshape(d, d).T
-        out[f"{b}.attention.output.dense.bias"] = arr(o["bias"])
-        put_norm(f"{b}.attention.output.LayerNorm", layer["attention_norm"])
-        put_linear(f"{b}.intermediate.dense", layer["mlp"]["wi"])
-        put_linear(f"{b}.output.dense", layer["mlp"]["wo"])
-        put_norm(f"{b}.output.LayerNorm", layer["mlp_norm"])
+        out.update(layer_to_hf(params[f"layers_{i}"], f"bert.encoder.layer.{i}", d))
     return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}

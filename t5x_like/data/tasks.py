@@ -106,6 +106,11 @@ def _register_english() -> None:
     add("embedded_en_span_mlm", english_source(), mlm_steps(span_masking=True),
         features("inputs", "targets"),
         description=f"SpanBERT span masking (geometric p=0.2, <= 10 words, 15%) on {CORPUS}.")
+    add("embedded_en_electra", english_source(), mlm_steps(mask_rate=0.85, random_rate=0.0),
+        features("inputs", "targets"),
+        description=f"ELECTRA pretraining batches: 15% of tokens selected, 85% of those "
+                    f"[MASK], the rest kept ([CLS] x [SEP]) on {CORPUS}; the generator's "
+                    "samples replace them in the model (models.electra).")
     add("embedded_en_mlm_nsp", english_source(lines_per_document=8),
         [pp.NextSentencePairs(), pp.MaskedLM(add_cls_sep=False)], features("inputs", "targets"),
         description=f"BERT MLM + next-sentence pairs; documents are 8 consecutive lines of {CORPUS}.")

@@ -6,6 +6,7 @@ import dataclasses
 
 from t5x_like.models.bart import BartConfig, BartEncoderDecoder
 from t5x_like.models.decoder import DecoderConfig, DecoderOnly
+from t5x_like.models.electra import Electra, ElectraConfig
 from t5x_like.models.encoder import EncoderConfig, EncoderOnly
 from t5x_like.models.t5 import EncoderDecoder, T5Config
 
@@ -14,11 +15,13 @@ FAMILIES = {
     "bart": (BartConfig, BartEncoderDecoder),
     "decoder": (DecoderConfig, DecoderOnly),
     "encoder": (EncoderConfig, EncoderOnly),
+    "electra": (ElectraConfig, Electra),
 }
 # What each family's model consumes and produces, hence its objective and features:
-# "encoder_decoder" (seq2seq), "decoder" (causal or prefix LM), "encoder" (masked LM).
+# "encoder_decoder" (seq2seq), "decoder" (causal or prefix LM), "encoder" (masked LM;
+# ELECTRA reads the same batches and adds replaced-token detection).
 STRUCTURES = {"encoder_decoder": "encoder_decoder", "bart": "encoder_decoder",
-              "decoder": "decoder", "encoder": "encoder"}
+              "decoder": "decoder", "encoder": "encoder", "electra": "encoder"}
 
 
 def structure(family: str) -> str:
@@ -55,7 +58,7 @@ def example_inputs(model, lengths: dict | None = None, batch_size: int = 1) -> t
         return (jnp.ones((batch_size, lengths["input_tokens"]), jnp.int32),)
     if isinstance(model, DecoderOnly):
         return (jnp.ones((batch_size, lengths.get("decoder_input_tokens", 8)), jnp.int32),)
-    if isinstance(model, EncoderOnly):
+    if isinstance(model, (EncoderOnly, Electra)):
         return (jnp.ones((batch_size, lengths.get("encoder_input_tokens", 8)), jnp.int32),)
     encoder = lengths.get("encoder_input_tokens", 8)
     decoder = lengths.get("decoder_input_tokens", 8)

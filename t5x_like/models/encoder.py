@@ -8,12 +8,15 @@ The same network, by config:
   next-sentence head's shape);
 - SpanBERT: a span-boundary head predicting each masked token from the two
   tokens around its span and its offset in the span;
-- Longformer-style local attention: ``attention_window``.
+- Longformer-style local attention: ``attention_window``;
+- ELECTRA's towers (``models.electra``): ``embeddings`` shared with another tower,
+  and ``output_head="replaced_token"`` for the discriminator.
 
 ``__call__(input_tokens, token_type_ids=None, input_mask=None, ...)`` returns a
 dict with ``mlm_logits [batch, length, vocab]``, ``hidden``, with the
 next-sentence head ``pooled`` and ``nsp_logits [batch, 2]``, and with the
-span-boundary head ``sbo_logits [batch, length, vocab]``.
+span-boundary head ``sbo_logits [batch, length, vocab]``; with the replaced-token
+head ``rtd_logits [batch, length]`` and ``hidden`` only.
 """
 
 from __future__ import annotations
@@ -90,8 +93,42 @@ class EncoderBlock(nn.Module):
         return (x, None) if self.scanned else x
 
 
+class SharedEmbeddings(nn.Module):
+    """Word, position and token-type tables with their LayerNorm, owned outside the
+    towers that read them: ELECTRA's generator and discriminator share one set.
+    ``config.embedding_dim`` (or ``d_model``) is their width."""
+
+    config: EncoderConfig
+
+    def setup(self):
+        cfg = self.config
+        width = cfg.embedding_dim or cfg.d_model
+        table = lambda rows: layers.Embed(rows, width, dtype=cfg.compute_dtype,  # noqa: E731
+                                          embedding_init=_bert_init)
+        self.token_embedder = table(cfg.vocab_size)
+        self.position_embedder = table(cfg.max_length)
+        self.token_type_embedder = table(cfg.type_vocab_size)
+        self.embedding_norm = layers.LayerNorm(cfg.layer_norm_epsilon, dtype=cfg.compute_dtype)
+
+    def __call__(self, input_tokens, positions, token_type_ids):
+        return self.embedding_norm(self.token_embedder(input_tokens)
+                                   + self.position_embedder(positions)
+                                   + self.token_type_embedder(token_type_ids))
+
+    def attend(self, h):
+        return self.token_embedder.attend(h)
+
+
+OUTPUT_HEADS = ("mlm", "replaced_token")
+
+
 class EncoderOnly(nn.Module):
     config: EncoderConfig
+    # A SharedEmbeddings owned by a parent module (ELECTRA); None: this model's own tables.
+    embeddings: nn.Module | None = None
+    # "mlm": the tied masked-LM head; "replaced_token": ELECTRA's discriminator head, a
+    # GELU dense layer and one logit per token ("is this token replaced?").
+    output_head: str = "mlm"
 
     @nn.compact
     def __call__(self, input_tokens, token_type_ids=None, input_mask=None, segment_ids=None,
@@ -116,14 +153,20 @@ class EncoderOnly(nn.Module):
             positions = jnp.broadcast_to(jnp.arange(length), (batch, length))
         embedding_dim = cfg.embedding_dim or cfg.d_model
         embed_axes = ("batch", "length", "embed")
-        word = layers.Embed(cfg.vocab_size, embedding_dim, dtype=dtype, embedding_init=_bert_init,
-                            name="token_embedder")
-        x = (word(input_tokens)
-             + layers.Embed(cfg.max_length, embedding_dim, dtype=dtype, embedding_init=_bert_init,
-                            name="position_embedder")(positions)
-             + layers.Embed(cfg.type_vocab_size, embedding_dim, dtype=dtype,
-                            embedding_init=_bert_init, name="token_type_embedder")(token_type_ids))
-        x = layers.LayerNorm(cfg.layer_norm_epsilon, dtype=dtype, name="embedding_norm")(x)
+        if self.embeddings is not None:
+            x = self.embeddings(input_tokens, positions, token_type_ids)
+            attend = self.embeddings.attend
+        else:
+            word = layers.Embed(cfg.vocab_size, embedding_dim, dtype=dtype,
+                                embedding_init=_bert_init, name="token_embedder")
+            x = (word(input_tokens)
+                 + layers.Embed(cfg.max_length, embedding_dim, dtype=dtype,
+                                embedding_init=_bert_init, name="position_embedder")(positions)
+                 + layers.Embed(cfg.type_vocab_size, embedding_dim, dtype=dtype,
+                                embedding_init=_bert_init, name="token_type_embedder")(
+                                    token_type_ids))
+            x = layers.LayerNorm(cfg.layer_norm_epsilon, dtype=dtype, name="embedding_norm")(x)
+            attend = word.attend
         x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
         dense = lambda features, axes, name: layers.DenseGeneral(  # noqa: E731
             features, kernel_axes=axes, kernel_init=_bert_init, use_bias=True, dtype=dtype, name=name)
@@ -142,6 +185,13 @@ class EncoderOnly(nn.Module):
                                static_argnums=(1,), shared=cfg.share_layers)
 
         act = layers.ACTIVATIONS[cfg.mlp_activations[0]]
+        if self.output_head == "replaced_token":
+            h = act(dense(cfg.d_model, ("embed", "mlp"), "rtd_transform")(x))
+            logits = dense(1, ("mlp", None), "rtd_output")(h)[..., 0]
+            return {"rtd_logits": constrain(logits.astype(jnp.float32), ("batch", "length")),
+                    "hidden": x}
+        if self.output_head != "mlm":
+            raise ValueError(f"output_head={self.output_head!r}; use one of {OUTPUT_HEADS}.")
         # Masked-LM head: transform to the embedding width, then the tied word embeddings
         # plus an output bias.
         h = act(dense(embedding_dim, ("embed", None), "mlm_transform")(x))
@@ -149,7 +199,7 @@ class EncoderOnly(nn.Module):
         mlm_bias = self.param("mlm_bias", nn.with_logical_partitioning(nn.initializers.zeros,
                                                                         ("vocab",)),
                               (cfg.vocab_size,), jnp.float32)
-        mlm_logits = word.attend(h) + mlm_bias.astype(dtype)
+        mlm_logits = attend(h) + mlm_bias.astype(dtype)
         out = {"mlm_logits": constrain(mlm_logits.astype(jnp.float32), ("batch", "length", "vocab")),
                "hidden": x}
         if cfg.next_sentence_head:

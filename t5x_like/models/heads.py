@@ -3,6 +3,8 @@
 ``WithHead(backbone, head)`` runs the backbone for its hidden states and adds one
 small layer on top; the backbone's parameters sit under ``backbone`` so a
 pretrained checkpoint drops in unchanged (``{"backbone": pretrained, "head": ...}``).
+An ELECTRA backbone runs its discriminator alone; its generator is not part of the
+fine-tuned model (train's ``init_from`` leaves it behind).
 
 Heads (``HeadConfig.kind``):
 - ``classification``: ``[batch, num_labels]`` logits from a pooled vector;
@@ -27,6 +29,7 @@ import jax.numpy as jnp
 
 from t5x_like.models import layers
 from t5x_like.models.decoder import DecoderOnly
+from t5x_like.models.electra import Electra
 from t5x_like.models.encoder import EncoderOnly
 from t5x_like.models.layers import constrain
 
@@ -75,6 +78,10 @@ class WithHead(nn.Module):
         return {"start_logits": logits[..., 0], "end_logits": logits[..., 1]}
 
     def _backbone(self, input_tokens, token_type_ids, deterministic):
+        if isinstance(self.backbone, Electra):  # the discriminator fine-tunes (Clark et al.)
+            out = self.backbone.discriminate(input_tokens, token_type_ids,
+                                             deterministic=deterministic)
+            return out["hidden"], None
         if isinstance(self.backbone, EncoderOnly):
             out = self.backbone(input_tokens, token_type_ids, deterministic=deterministic)
             return out["hidden"], out.get("pooled")

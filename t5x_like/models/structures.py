@@ -267,23 +267,71 @@ class EncoderStructure(Structure):
                          "--mode=score, or fine-tune a head (models.heads) for labels.")
 
     def forward_flops_per_sequence(self, model, lengths):
-        d, h, dh, f, v = (model["d_model"], model["num_heads"], model["head_dim"],
-                          model["d_ff"], model["vocab_size"])
+        return _encoder_flops(model, lengths["inputs"], model.get("embedding_dim") or 0)
+
+
+def _encoder_flops(model, s: int, embedding_dim: int, head: str = "mlm") -> float:
+    """A BERT encoder over ``s`` tokens: its layers, the projection from factorized
+    embeddings (``embedding_dim`` > 0, ALBERT and ELECTRA), and its output head: the
+    masked-LM transform and tied vocabulary projection, or ELECTRA's replaced-token
+    head (a ``d x d`` layer and one logit)."""
+    d, h, dh, f, v = (model["d_model"], model["num_heads"], model["head_dim"], model["d_ff"],
+                      model["vocab_size"])
+    layers = model["num_layers"]
+    e = embedding_dim or d
+    projection = 2 * s * e * d if embedding_dim else 0
+    body = (2 * s * layers * _layer_matmuls(d, h, dh, f, model["mlp_activations"])
+            + 4 * layers * s * s * h * dh + projection)
+    if head == "replaced_token":
+        return body + 2 * s * d * d + 2 * s * d
+    return body + 2 * s * d * e + 2 * s * e * v
+
+
+class ElectraStructure(EncoderStructure):
+    """ELECTRA: masked-LM batches (as BERT's); the objective adds replaced-token
+    detection (``objectives.electra_loss``). Scoring uses the generator's masked-LM
+    head; fine-tuning heads read the discriminator."""
+
+    def loss_fn(self, loss_config):
+        label_smoothing = float(loss_config.label_smoothing)
+
+        def loss_fn(model, params, batch, rng, normalizer=None, num_sequences=None):
+            return objectives.electra_loss(model, params, batch, rng, deterministic=rng is None,
+                                           label_smoothing=label_smoothing,
+                                           normalizer=normalizer, num_sequences=num_sequences)
+        return loss_fn
+
+    def logits(self, params, batch):
+        return self.model.apply(
+            {"params": params}, batch["encoder_input_tokens"],
+            token_type_ids=batch.get("encoder_token_type_ids"),
+            segment_ids=batch.get("encoder_segment_ids"),
+            positions=batch.get("encoder_positions"))["mlm_logits"]
+
+    def forward_flops_per_sequence(self, model, lengths):
+        """Both towers over every token: the generator with its vocabulary projection,
+        the discriminator with its one-logit head."""
         s = lengths["inputs"]
-        layers = model["num_layers"]
-        e = model.get("embedding_dim") or d  # ALBERT: factorized embeddings of width e
-        projection = 2 * s * e * d if model.get("embedding_dim") else 0
-        return (2 * s * layers * _layer_matmuls(d, h, dh, f, model["mlp_activations"])
-                + 4 * layers * s * s * h * dh + projection + 2 * s * d * e + 2 * s * e * v)
+        e = model.get("embedding_dim") or model["d_model"]
+        generator = dict(model, **{k: model[f"generator_{k}"] for k in (
+            "d_model", "num_heads", "head_dim", "d_ff", "num_layers")})
+        flops = _encoder_flops(model, s, 0 if e == model["d_model"] else e, "replaced_token")
+        if generator["d_model"]:
+            flops += _encoder_flops(generator, s, 0 if e == generator["d_model"] else e)
+        return flops
 
 
 STRUCTURE_CLASSES = {"encoder_decoder": EncoderDecoderStructure, "decoder": DecoderStructure,
                      "encoder": EncoderStructure}
 
 
+# Families whose objective differs from their structure's (their batches do not).
+FAMILY_STRUCTURE_CLASSES = {"electra": ElectraStructure}
+
+
 def structure_class(family: str) -> type[Structure]:
     from t5x_like import models
-    return STRUCTURE_CLASSES[models.structure(family)]
+    return FAMILY_STRUCTURE_CLASSES.get(family) or STRUCTURE_CLASSES[models.structure(family)]
 
 
 @functools.lru_cache(maxsize=32)

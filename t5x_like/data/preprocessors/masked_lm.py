@@ -115,11 +115,13 @@ def replace_selected(tokens: np.ndarray, units: list[np.ndarray], rng: np.random
 
 def bert_mask(tokens: np.ndarray, maskable: np.ndarray, rng: np.random.Generator, *,
               mask_id: int, random_low: int, random_high: int, rate: float = 0.15,
-              word_start: np.ndarray | None = None, spans: bool = False) -> dict[str, np.ndarray]:
+              word_start: np.ndarray | None = None, spans: bool = False,
+              mask_rate: float = 0.8, random_rate: float = 0.1) -> dict[str, np.ndarray]:
     """inputs (masked), targets (original) and loss_weights (1.0 on every selected position).
 
     ``word_start`` switches to whole-word selection; with ``spans`` too, SpanBERT spans
-    (replacement decided per span, as in SpanBERT).
+    (replacement decided per span, as in SpanBERT). ``mask_rate``/``random_rate``: the
+    shares of selected units made [MASK] and random (BERT 0.8/0.1, ELECTRA 0.85/0).
     """
     tokens = np.asarray(tokens, np.int32)
     if spans:
@@ -131,7 +133,8 @@ def bert_mask(tokens: np.ndarray, maskable: np.ndarray, rng: np.random.Generator
                     else select_whole_words(maskable, word_start, rng, rate))
         units = [np.array([p]) for p in np.flatnonzero(selected)]
     inputs = replace_selected(tokens, units, rng, mask_id=mask_id, random_low=random_low,
-                              random_high=random_high)
+                              random_high=random_high, mask_rate=mask_rate,
+                              random_rate=random_rate)
     return {"inputs": inputs.astype(np.int32), "targets": tokens,
             "loss_weights": selected.astype(np.float32)}
 
@@ -142,6 +145,8 @@ class MaskedLM(ExampleStep):
 
     ``whole_word`` selects whole words; ``span_masking`` uses SpanBERT's geometric spans.
     Other features (``token_type_ids``, ``next_sentence_labels``) pass through.
+    ``mask_rate``/``random_rate``: how selected tokens are replaced (BERT's 80/10/10;
+    ELECTRA's release makes 85% [MASK] and keeps the rest).
     """
 
     key: str = "targets"
@@ -149,6 +154,8 @@ class MaskedLM(ExampleStep):
     whole_word: bool = False
     span_masking: bool = False
     add_cls_sep: bool = True
+    mask_rate: float = 0.8
+    random_rate: float = 0.1
 
     def check(self, ctx):
         check_minimum_length(ctx, "inputs", 3 if self.add_cls_sep else 1, "masked LM")
@@ -169,7 +176,8 @@ class MaskedLM(ExampleStep):
         out = {k: v for k, v in example.items() if k != self.key}
         out.update(bert_mask(tokens, maskable, rng, mask_id=vocab.mask_id, random_low=low,
                              random_high=high, rate=self.rate, word_start=word_start,
-                             spans=self.span_masking))
+                             spans=self.span_masking, mask_rate=self.mask_rate,
+                             random_rate=self.random_rate))
         return out
 
 
