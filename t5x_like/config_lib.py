@@ -135,6 +135,16 @@ def default_config() -> ml_collections.ConfigDict:
         ),
     ))
 
+    # Knowledge distillation (distill.py): a frozen teacher inside the train step.
+    c.distill = ml_collections.ConfigDict(dict(
+        teacher="",                    # pretrained folder or run of the same vocabulary; "": off
+        temperature=2.0,               # T of the softened distributions
+        soft_weight=5.0,               # T^2 KL(teacher || student) (Sanh et al.: 5)
+        hard_weight=2.0,               # the student's own MLM / LM loss (2)
+        cosine_weight=1.0,             # 1 - cos of the final hidden states (1; same width)
+        student_init="teacher_layers",  # teacher_layers (evenly spaced, DistilBERT) | fresh
+    ))
+
     # Device mesh; -1 takes the remaining devices. Axis rules name the sharding strategy.
     # dcn: data parallelism across TPU slices (multi-slice); 0 = the number of slices
     # the devices span, which is 1 off multi-slice TPU, so one config runs anywhere.
@@ -192,7 +202,9 @@ ENUMS = {
     "head.pooling": ("cls", "last", "mean"),
     "peft.adapter.placement": ("houlsby", "pfeiffer"),
     "peft.adapter.activation": ("gelu", "gelu_exact", "relu", "silu"),
+    "distill.student_init": ("teacher_layers", "fresh"),
 }
+DISTILLABLE_FAMILIES = ("encoder", "decoder", "encoder_decoder", "bart")
 POSITIVE_INTS = ("num_train_steps", "batch_size", "log_every_steps", "checkpoint_every_steps",
                  "eval_every_steps", "eval_batches", "keep_checkpoints", "optimizer.microbatches")
 
@@ -433,6 +445,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _validate_divergence(config)
     _validate_peft(config)
     _validate_electra(config)
+    _validate_distill(config)
     for name in config.allow_resume_changes:
         if not any(name == k or name.startswith(k + ".") for k in RESUME_CHANGE_KEYS):
             raise ConfigError(
@@ -525,6 +538,37 @@ def _validate_peft(config) -> None:
         if config.pack:
             raise ConfigError("peft.prompt puts its prompt in front of each row, so rows "
                               "cannot be packed; set --config.pack=False.")
+
+
+def _validate_distill(config) -> None:
+    """The distillation settings alone; the teacher is read when training starts
+    (``distill.check_teacher``)."""
+    d = config.get("distill")
+    if d is None or not d.teacher:
+        return
+    for key in ("temperature", "soft_weight", "hard_weight", "cosine_weight"):
+        value = d[key]
+        positive = key == "temperature"
+        if not (isinstance(value, (int, float)) and math.isfinite(value)
+                and (value > 0 if positive else value >= 0)):
+            raise ConfigError(f"distill.{key}={value!r} must be a finite number "
+                              f"{'> 0' if positive else '>= 0'} (Sanh et al.: temperature 2, "
+                              "soft 5, hard 2, cosine 1).")
+    if config.model.family not in DISTILLABLE_FAMILIES:
+        raise ConfigError(f"distill works with model.family in {DISTILLABLE_FAMILIES}; "
+                          f"{config.model.family!r} is not one of them.")
+    if config.init_from and d.student_init == "teacher_layers":
+        raise ConfigError("distill.student_init='teacher_layers' starts the student from the "
+                          f"teacher, and init_from={config.init_from!r} from elsewhere; pick "
+                          "one: --config.init_from= or --config.distill.student_init=fresh.")
+    if config.head.kind:
+        raise ConfigError("distill distils a pretraining objective (masked LM, LM, seq2seq); "
+                          "with head.kind set there are no token distributions to match. "
+                          "Distil first, then fine-tune the student's checkpoint.")
+    lora, prefix, prompt = config.peft.lora, config.peft.prefix, config.peft.get("prompt")
+    if (config.peft.bitfit or lora.rank or config.peft.adapter.size or prefix.length
+            or (prompt is not None and prompt.length)):
+        raise ConfigError("distill trains the whole student; turn peft off for it.")
 
 
 def _validate_electra(config) -> None:

@@ -47,12 +47,12 @@ def _token_losses(logits, targets, weights, z_loss: float, label_smoothing: floa
             (smoothed * weights).sum())
 
 
-def _dropout_rngs(rng, deterministic: bool):
+def dropout_rngs(rng, deterministic: bool):
     """Dropout randomness for ``model.apply``: only when training with an rng."""
     return {"dropout": rng} if (rng is not None and not deterministic) else None
 
 
-def _token_objective(logits, targets, weights, *, z_loss: float, label_smoothing: float,
+def token_objective(logits, targets, weights, *, z_loss: float, label_smoothing: float,
                      normalizer):
     """Objective and per-token metrics shared by the token-level losses.
 
@@ -73,13 +73,13 @@ def seq2seq_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array |
                  *, z_loss: float = 1e-4, deterministic: bool = True, label_smoothing: float = 0.0,
                  normalizer=None):
     """Span-corruption / seq2seq loss, normalised by the number of real target tokens
-    (or by ``normalizer``, see :func:`_token_objective`).
+    (or by ``normalizer``, see :func:`token_objective`).
 
     ``loss`` in the metrics is the cross entropy in nats per target token (what is
     logged and compared across runs); the optimised objective adds the z-loss and
     label smoothing.
     """
-    rngs = _dropout_rngs(rng, deterministic)
+    rngs = dropout_rngs(rng, deterministic)
     logits = model.apply({"params": params}, batch["encoder_input_tokens"],
                          batch["decoder_input_tokens"], batch["decoder_target_tokens"],
                          encoder_segment_ids=batch.get("encoder_segment_ids"),
@@ -87,7 +87,7 @@ def seq2seq_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array |
                          encoder_positions=batch.get("encoder_positions"),
                          decoder_positions=batch.get("decoder_positions"),
                          deterministic=deterministic, rngs=rngs)
-    return _token_objective(logits, batch["decoder_target_tokens"], batch["decoder_loss_weights"],
+    return token_objective(logits, batch["decoder_target_tokens"], batch["decoder_loss_weights"],
                             z_loss=z_loss, label_smoothing=label_smoothing, normalizer=normalizer)
 
 
@@ -96,13 +96,13 @@ def causal_lm_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array
                    label_smoothing: float = 0.0, normalizer=None):
     """Next-token loss for decoder-only models over ``decoder_loss_weights`` positions
     (prefix LM: the same loss, with ``decoder_causal_attention`` marking the prefix)."""
-    rngs = _dropout_rngs(rng, deterministic)
+    rngs = dropout_rngs(rng, deterministic)
     logits = model.apply({"params": params}, batch["decoder_input_tokens"],
                          decoder_segment_ids=batch.get("decoder_segment_ids"),
                          decoder_positions=batch.get("decoder_positions"),
                          decoder_causal_attention=batch.get("decoder_causal_attention"),
                          deterministic=deterministic, rngs=rngs)
-    return _token_objective(logits, batch["decoder_target_tokens"], batch["decoder_loss_weights"],
+    return token_objective(logits, batch["decoder_target_tokens"], batch["decoder_loss_weights"],
                             z_loss=z_loss, label_smoothing=label_smoothing, normalizer=normalizer)
 
 
@@ -117,14 +117,14 @@ def masked_lm_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array
     batch's rows); a microbatch passes the whole batch's rows, as ``normalizer``
     does for tokens, so k microbatches add up to the whole batch's objective.
     """
-    rngs = _dropout_rngs(rng, deterministic)
+    rngs = dropout_rngs(rng, deterministic)
     out = model.apply({"params": params}, batch["encoder_input_tokens"],
                       token_type_ids=batch.get("encoder_token_type_ids"),
                       segment_ids=batch.get("encoder_segment_ids"),
                       positions=batch.get("encoder_positions"),
                       span_mask=batch["encoder_loss_weights"] > 0,
                       deterministic=deterministic, rngs=rngs)
-    token_loss = functools.partial(_token_objective, targets=batch["encoder_target_tokens"],
+    token_loss = functools.partial(token_objective, targets=batch["encoder_target_tokens"],
                                    weights=batch["encoder_loss_weights"], z_loss=0.0,
                                    label_smoothing=label_smoothing, normalizer=normalizer)
     objective, token_metrics = token_loss(out["mlm_logits"])
@@ -166,7 +166,7 @@ def electra_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array |
     config = model.config
     dropout_rng, sample_rng = (jax.random.split(rng) if rng is not None
                                else (None, jax.random.key(0)))
-    rngs = dict(_dropout_rngs(dropout_rng, deterministic) or {}, sample=sample_rng)
+    rngs = dict(dropout_rngs(dropout_rng, deterministic) or {}, sample=sample_rng)
     weights = batch["encoder_loss_weights"]
     out = model.apply({"params": params}, batch["encoder_input_tokens"],
                       token_type_ids=batch.get("encoder_token_type_ids"),
@@ -174,7 +174,7 @@ def electra_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array |
                       positions=batch.get("encoder_positions"), masked_positions=weights > 0,
                       deterministic=deterministic, rngs=rngs)
     original = batch["encoder_target_tokens"]
-    objective, token_metrics = _token_objective(
+    objective, token_metrics = token_objective(
         out["mlm_logits"], original, weights, z_loss=0.0, label_smoothing=label_smoothing,
         normalizer=normalizer)
     real = (batch["encoder_input_tokens"] != config.pad_id).astype(jnp.float32)
@@ -201,7 +201,7 @@ def electra_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array |
 # Batches carry ``input_tokens`` (and optionally ``token_type_ids``) plus the labels below.
 
 def _apply_head(model, params, batch, rng, deterministic):
-    rngs = _dropout_rngs(rng, deterministic)
+    rngs = dropout_rngs(rng, deterministic)
     return model.apply({"params": params}, batch["input_tokens"], batch.get("token_type_ids"),
                        deterministic=deterministic, rngs=rngs)
 

@@ -225,7 +225,7 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     import jax  # imported late: config mistakes are reported before JAX starts
 
     from t5x_like import checkpointing, flops, hardware, metrics_writer, partitioning, peft
-    from t5x_like import run_guard
+    from t5x_like import distill, run_guard
     from t5x_like import trainer as trainer_lib
     from t5x_like.data import get_task_or_mixture, pipeline
     from t5x_like.models import structures
@@ -246,6 +246,11 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     mesh = partitioning.make_mesh(mesh_shape, devices)
     trainer = trainer_lib.build_trainer(config, mesh)
     fingerprint = run_guard.fingerprint(config, vocabulary, trainer.abstract_state.opt_state)
+    teacher_params = None
+    if distill.enabled(config):  # the teacher is checked before any checkpoint is touched
+        teacher, teacher_params = distill.load_teacher(config, mesh, vocabulary)
+        trainer.attach_teacher(teacher.model, teacher_params, distill.make_loss_fn(
+            structures.for_config(config), teacher, config.loss, config.distill))
 
     # Checkpoints: resume from the newest step that restores; damaged newer steps are
     # moved aside. The folder is created only once the config has passed every check.
@@ -308,8 +313,14 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     elif config.init_from:
         state, peft_base = _pretrained_state(config, trainer)
         progress.message(f"Initialised params from {config.init_from} (optimizer state fresh).")
+    elif teacher_params is not None and config.distill.student_init == "teacher_layers":
+        state = trainer.state_from_params(distill.student_from_teacher(
+            teacher_params, trainer.abstract_state.params))
+        progress.message(f"Student initialised from the teacher {config.distill.teacher} "
+                         "(evenly spaced layers).")
     else:
         state = trainer.init_state(config.seed)
+    del teacher_params  # placed on the devices by attach_teacher
     if peft_base:
         run_config[peft.IDENTITY_KEY] = peft_base
     start_step = int(state.step)

@@ -147,6 +147,7 @@ class Trainer:
             abstract_state, self.state_shardings)
         self.batch_sharding = partitioning.batch_sharding(mesh)
         self._init = jax.jit(self._init_state, out_shardings=self.state_shardings)
+        self.teacher_params = None
         self._train_step = jax.jit(
             self._train_step_fn,
             in_shardings=(self.state_shardings, self.batch_sharding),
@@ -168,7 +169,7 @@ class Trainer:
         return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                           opt_state=self.optimizer.init(params))
 
-    def _train_step_fn(self, state: TrainState, batch):
+    def _train_step_fn(self, state: TrainState, batch, teacher_params=None):
         # Dropout randomness derives from (seed, step): resumed runs replay it exactly.
         rng = jax.random.fold_in(jax.random.key(self.seed + 1), state.step)
         normalizer = self.loss_normalizer
@@ -181,6 +182,8 @@ class Trainer:
             kwargs["num_sequences"] = jax.tree.leaves(batch)[0].shape[0]
         if normalizer is not None:
             kwargs["normalizer"] = normalizer
+        if teacher_params is not None:  # distillation: the frozen teacher (attach_teacher)
+            kwargs["teacher_params"] = teacher_params
 
         def loss_and_grad(params, microbatch, index):
             micro_rng = jax.random.fold_in(rng, index)
@@ -242,40 +245,70 @@ class Trainer:
     def place_params(self, params):
         """Host (numpy) params -> sharded ``jax.Array``s on this mesh, checked against the
         model's parameter tree (evaluation needs no optimizer state)."""
-        expected = self.abstract_state.params
-        flat_expected = dict(flat_with_paths(expected))
-        flat_given = dict(flat_with_paths(params))
-        missing = sorted(set(flat_expected) - set(flat_given))
-        extra = sorted(set(flat_given) - set(flat_expected))
-        if missing or extra:
-            raise ValueError(f"Pretrained params do not match the model: missing {missing[:3]}, "
-                             f"unexpected {extra[:3]}. Use the model config the params were "
-                             "saved with.")
-        for path, want in flat_expected.items():
-            if tuple(flat_given[path].shape) != tuple(want.shape):
-                raise ValueError(f"Pretrained param {path} has shape {flat_given[path].shape}, the "
-                                 f"model expects {want.shape}. Use the model config the params "
-                                 "were saved with.")
-        placed = jax.tree.map(
-            lambda want, value: jax.make_array_from_callback(
-                want.shape, want.sharding,
-                lambda index, value=value: jnp.asarray(value[index], want.dtype)),
-            expected, jax.tree.unflatten(jax.tree.structure(expected),
-                                         [flat_given[p] for p in flat_expected]))
-        return placed
+        return _place(self.abstract_state.params, params)
+
+    def attach_teacher(self, model: nn.Module, params, loss_fn: LossFn) -> None:
+        """Distillation: ``params`` (host arrays of ``model``) become a frozen argument of
+        every train step, placed by the teacher's own logical axes on this mesh (no
+        optimizer state, no gradient); ``loss_fn`` takes them as ``teacher_params``.
+        Evaluation keeps calling ``loss_fn`` without them: the student's objective."""
+        boxed = abstract_boxed_params(model, self.model_feature_lengths)
+        shardings = partitioning.logical_shardings(boxed, self.mesh, self.rules)
+        abstract = jax.tree.map(
+            lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
+            nn.unbox(boxed), shardings)
+        self.teacher_params = _place(abstract, params, what="Teacher params")
+        self.loss_fn = loss_fn
+        self._train_step = jax.jit(
+            self._train_step_fn,
+            in_shardings=(self.state_shardings, self.batch_sharding, shardings),
+            out_shardings=(self.state_shardings, partitioning.replicated(self.mesh)),
+            donate_argnums=(0,))
+        self._eval_step = jax.jit(
+            self._eval_step_fn,
+            in_shardings=(self.state_shardings.params, self.batch_sharding),
+            out_shardings=partitioning.replicated(self.mesh))
+
+    def _step_args(self, state, batch) -> tuple:
+        return (state, batch) if self.teacher_params is None else (state, batch,
+                                                                   self.teacher_params)
 
     def train_step(self, state: TrainState, batch) -> tuple[TrainState, dict]:
         with self._context():
-            return self._train_step(state, batch)
+            return self._train_step(*self._step_args(state, batch))
 
     def lower_train_step(self, state: TrainState, batch):
         """The lowered train step, for ahead-of-time compilation and cost analysis."""
         with self._context():
-            return self._train_step.lower(state, batch)
+            return self._train_step.lower(*self._step_args(state, batch))
 
     def eval_step(self, params, batch) -> dict:
         with self._context():
             return self._eval_step(params, batch)
+
+
+def _place(expected, params, what: str = "Pretrained params"):
+    """Host (numpy) params -> ``jax.Array``s with the shardings of ``expected`` (abstract
+    arrays), checked leaf by leaf against its tree."""
+    flat_expected = dict(flat_with_paths(expected))
+    flat_given = dict(flat_with_paths(params))
+    missing = sorted(set(flat_expected) - set(flat_given))
+    extra = sorted(set(flat_given) - set(flat_expected))
+    if missing or extra:
+        raise ValueError(f"{what} do not match the model: missing {missing[:3]}, "
+                         f"unexpected {extra[:3]}. Use the model config the params were "
+                         "saved with.")
+    for path, want in flat_expected.items():
+        if tuple(flat_given[path].shape) != tuple(want.shape):
+            raise ValueError(f"{what}: {path} has shape {flat_given[path].shape}, the "
+                             f"model expects {want.shape}. Use the model config the params "
+                             "were saved with.")
+    return jax.tree.map(
+        lambda want, value: jax.make_array_from_callback(
+            want.shape, want.sharding,
+            lambda index, value=value: jnp.asarray(value[index], want.dtype)),
+        expected, jax.tree.unflatten(jax.tree.structure(expected),
+                                     [flat_given[p] for p in flat_expected]))
 
 
 def trainable_for(config):

@@ -242,3 +242,20 @@ def test_a_generator_given_as_the_discriminator_is_refused(tmp_path, capsys):
     code = convert_cli.main(["import", f"--hf_dir={tmp_path / 'gen'}", f"--out={tmp_path / 'x'}"])
     assert code == 2
     assert "--generator_dir" in capsys.readouterr().err
+
+
+def test_a_discriminator_imported_alone_fine_tunes_but_does_not_pretrain(tmp_path, capsys):
+    from t5x_like.convert import __main__ as convert_cli
+    from t5x_like.convert import load_pretrained
+    discriminator, _ = tiny_hf_pair()
+    discriminator.save_pretrained(tmp_path / "disc")
+    assert convert_cli.main(["import", f"--hf_dir={tmp_path / 'disc'}",
+                             f"--out={tmp_path / 'ours'}"]) == 0
+    assert "without a generator" in capsys.readouterr().err
+    model_config, params = load_pretrained(tmp_path / "ours")
+    assert model_config["generator_d_model"] == 0 and "generator" not in params
+    model = models.build_model(ml_collections.ConfigDict(model_config))
+    tokens, types_, mask = batch()
+    rtd = model.apply({"params": params}, tokens, types_)["rtd_logits"]
+    assert relative_error(np.asarray(rtd)[mask],
+                          hf_logits(discriminator, tokens, types_, mask)[mask]) < 1e-4

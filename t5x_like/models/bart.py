@@ -137,6 +137,7 @@ class BartEncoderDecoder(nn.Module):
         y = self._embed(decoder_input_tokens, positions, self.decoder_positions,
                         self.decoder_embedding_norm, deterministic)
         y = self.decoder(y, encoded, self_bias, cross_bias, deterministic, decode)
+        self.sow("intermediates", "final_hidden", y)  # distillation's cosine loss reads it
         logits = self.token_embedder.attend(y) + self.final_logits_bias.astype(y.dtype)
         return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
 

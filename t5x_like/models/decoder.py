@@ -120,6 +120,7 @@ class DecoderOnly(nn.Module):
         x = layers.make_norm(cfg.norm, cfg.layer_norm_epsilon, cfg.compute_dtype, "final_norm")(x)
         if return_hidden:
             return x
+        self.sow("intermediates", "final_hidden", x)  # distillation's cosine loss reads it
         if cfg.tie_embeddings:
             logits = token_embedder.attend(x)
         else:

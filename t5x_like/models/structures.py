@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flax import traverse_util
+
 from t5x_like import objectives
 
 # Keys of ``predict_batch`` beyond the batch: the decoding flags of ``infer`` and ``eval``.
@@ -37,6 +39,13 @@ def _target_log_likelihood(logits, targets, weights) -> jax.Array:
     log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     token = jnp.take_along_axis(log_probs, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
     return (token * weights).sum(axis=-1)
+
+
+def _final_hidden(state) -> jax.Array:
+    """The states a family ``sow``s as ``final_hidden`` before its vocabulary projection."""
+    found = [value for key, value in traverse_util.flatten_dict(state["intermediates"]).items()
+             if key[-1] == "final_hidden"]
+    return found[0][0]
 
 
 def _token_loss_fn(objective, loss_config):
@@ -92,6 +101,12 @@ class Structure:
         raise NotImplementedError
 
     def logits(self, params, batch) -> jax.Array:
+        return self.forward(self.model, params, batch)["logits"]
+
+    def forward(self, model, params, batch, rng=None, deterministic: bool = True) -> dict:
+        """What distillation compares (``distill.py``): ``logits``, the final ``hidden``
+        states, the objective's ``targets`` and ``weights``, and the ``positions``
+        ``[batch, length]`` whose distributions and states the student matches."""
         raise NotImplementedError
 
     def score_batch(self, params, batch) -> jax.Array:
@@ -125,13 +140,18 @@ class EncoderDecoderStructure(Structure):
     def loss_fn(self, loss_config):
         return _token_loss_fn(objectives.seq2seq_loss, loss_config)
 
-    def logits(self, params, batch):
-        return self.model.apply(
+    def forward(self, model, params, batch, rng=None, deterministic=True):
+        logits, state = model.apply(
             {"params": params}, batch["encoder_input_tokens"], batch["decoder_input_tokens"],
             batch["decoder_target_tokens"], encoder_segment_ids=batch.get("encoder_segment_ids"),
             decoder_segment_ids=batch.get("decoder_segment_ids"),
             encoder_positions=batch.get("encoder_positions"),
-            decoder_positions=batch.get("decoder_positions"))
+            decoder_positions=batch.get("decoder_positions"), deterministic=deterministic,
+            rngs=objectives.dropout_rngs(rng, deterministic), mutable=["intermediates"])
+        weights = batch["decoder_loss_weights"]
+        return {"logits": logits, "hidden": _final_hidden(state),
+                "targets": batch["decoder_target_tokens"], "weights": weights,
+                "positions": (weights > 0).astype(jnp.float32)}
 
     def predict_batch(self, params, batch, *, rng=None, **decode):
         from t5x_like import decoding
@@ -188,12 +208,18 @@ class DecoderStructure(Structure):
     def loss_fn(self, loss_config):
         return _token_loss_fn(objectives.causal_lm_loss, loss_config)
 
-    def logits(self, params, batch):
-        return self.model.apply(
+    def forward(self, model, params, batch, rng=None, deterministic=True):
+        logits, state = model.apply(
             {"params": params}, batch["decoder_input_tokens"],
             decoder_segment_ids=batch.get("decoder_segment_ids"),
             decoder_positions=batch.get("decoder_positions"),
-            decoder_causal_attention=batch.get("decoder_causal_attention"))
+            decoder_causal_attention=batch.get("decoder_causal_attention"),
+            deterministic=deterministic, rngs=objectives.dropout_rngs(rng, deterministic),
+            mutable=["intermediates"])
+        weights = batch["decoder_loss_weights"]
+        return {"logits": logits, "hidden": _final_hidden(state),
+                "targets": batch["decoder_target_tokens"], "weights": weights,
+                "positions": (weights > 0).astype(jnp.float32)}
 
     def predict_batch(self, params, batch, *, rng=None, **decode):
         """Continues each row's prompt: the tokens before its first target position
@@ -254,13 +280,18 @@ class EncoderStructure(Structure):
                                              normalizer=normalizer, num_sequences=num_sequences)
         return loss_fn
 
-    def logits(self, params, batch):
-        return self.model.apply(
+    def forward(self, model, params, batch, rng=None, deterministic=True):
+        out = model.apply(
             {"params": params}, batch["encoder_input_tokens"],
             token_type_ids=batch.get("encoder_token_type_ids"),
             segment_ids=batch.get("encoder_segment_ids"),
             positions=batch.get("encoder_positions"),
-            span_mask=batch["encoder_loss_weights"] > 0)["mlm_logits"]
+            span_mask=batch["encoder_loss_weights"] > 0, deterministic=deterministic,
+            rngs=objectives.dropout_rngs(rng, deterministic))
+        real = batch["encoder_input_tokens"] != model.config.pad_id
+        return {"logits": out["mlm_logits"], "hidden": out["hidden"],
+                "targets": batch["encoder_target_tokens"],
+                "weights": batch["encoder_loss_weights"], "positions": real.astype(jnp.float32)}
 
     def predict_batch(self, params, batch, *, rng=None, **decode):
         raise ValueError("A masked-LM encoder does not generate text; evaluate it with "

@@ -158,6 +158,7 @@ class Decoder(nn.Module):
                                cross_bias, deterministic, decode, scan=cfg.scan_layers,
                                remat_policy=cfg.remat_policy, static_argnums=(3, 4))
         y = layers.RMSNorm(cfg.layer_norm_epsilon, dtype=cfg.compute_dtype, name="final_norm")(y)
+        self.sow("intermediates", "final_hidden", y)  # distillation's cosine loss reads it
         y = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(y, deterministic=deterministic)
         if cfg.logits_via_embedding:
             logits = self.embedder.attend(y) / jnp.sqrt(y.shape[-1]).astype(y.dtype)
