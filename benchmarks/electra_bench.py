@@ -35,21 +35,25 @@ def run_dir(runs: pathlib.Path, model: str, task: str) -> pathlib.Path:
     return runs / f"electra_{model}_{task}"
 
 
+def finetune_and_evaluate(workdir: pathlib.Path, config: str, init_from: pathlib.Path,
+                          task: str, extra: list[str] = ()) -> None:
+    """One head run of ``config`` from ``init_from`` on ``embedded_<task>``, evaluated on
+    the first 200 test examples; skipped when its evaluation exists."""
+    if (workdir / "eval_test" / "metrics.jsonl").is_file():
+        return
+    subprocess.run([PYTHON, "-m", "t5x_like.train", f"--config={config}", f"--workdir={workdir}",
+                    "--quiet", f"--config.init_from={init_from}", f"--config.task=embedded_{task}",
+                    f"--config.head.kind={TASKS[task][0]}", *extra], check=True)
+    subprocess.run([PYTHON, "-m", "t5x_like.eval", f"--checkpoint={workdir}",
+                    f"--task=embedded_{task}", "--split=test", "--max_examples=200",
+                    f"--output_dir={workdir / 'eval_test'}", "--quiet"], check=True)
+
+
 def run_all(runs: pathlib.Path, model_names, tasks) -> None:
     for model in model_names:
         config, pretrained, _ = MODELS[model]
         for task in tasks:
-            workdir = run_dir(runs, model, task)
-            if (workdir / "eval_test" / "metrics.jsonl").is_file():
-                continue
-            subprocess.run([PYTHON, "-m", "t5x_like.train", f"--config={config}",
-                            f"--workdir={workdir}", "--quiet",
-                            f"--config.init_from={runs / pretrained}",
-                            f"--config.task=embedded_{task}",
-                            f"--config.head.kind={TASKS[task][0]}"], check=True)
-            subprocess.run([PYTHON, "-m", "t5x_like.eval", f"--checkpoint={workdir}",
-                            f"--task=embedded_{task}", "--split=test", "--max_examples=200",
-                            f"--output_dir={workdir / 'eval_test'}", "--quiet"], check=True)
+            finetune_and_evaluate(run_dir(runs, model, task), config, runs / pretrained, task)
 
 
 def pretraining(runs: pathlib.Path, model: str) -> tuple[float, dict]:

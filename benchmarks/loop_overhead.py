@@ -27,7 +27,6 @@ import tempfile
 import time
 
 import jax
-import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))

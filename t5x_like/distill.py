@@ -145,8 +145,9 @@ def _stack_sizes(flat: dict) -> dict[tuple, int]:
 
 def student_from_teacher(teacher_params: dict, student_params: dict) -> dict:
     """The student's parameter tree (``student_params``: arrays or abstract shapes) filled
-    from the teacher's (host arrays): evenly spaced layers of each
-    stack, every other parameter copied; shapes must agree (same widths)."""
+    from the teacher's (host arrays): evenly spaced layers of each stack, every other
+    parameter copied (an embedding table with fewer rows takes the first ones); shapes
+    must otherwise agree (same widths)."""
     from flax import traverse_util
     teacher = traverse_util.flatten_dict(teacher_params)
     student = traverse_util.flatten_dict(student_params)
@@ -171,6 +172,9 @@ def student_from_teacher(teacher_params: dict, student_params: dict) -> dict:
         taken = np.asarray(teacher[source])
         if index is not None:
             taken = taken[index]
+        if (key[-1] == "embedding" and taken.shape[1:] == tuple(value.shape[1:])
+                and taken.shape[0] > value.shape[0]):
+            taken = taken[:value.shape[0]]  # a smaller table (DistilBERT's one token type)
         if taken.shape != tuple(value.shape):
             raise ConfigError(f"student_init='teacher_layers': {'/'.join(key)} is "
                               f"{tuple(value.shape)} in the student and {taken.shape} in the "

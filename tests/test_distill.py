@@ -143,3 +143,62 @@ def test_distillation_settings_are_checked():
     config.init_from = "elsewhere"
     with pytest.raises(config_lib.ConfigError, match="pick one"):
         config_lib.validate(config)
+
+
+def test_a_distilbert_student_starts_from_a_bert_teacher():
+    teacher_config = family_config("encoder", num_layers=4)
+    student_config = family_config("encoder", num_layers=2, type_vocab_size=1)
+    teacher_params = jax.device_get(nn.unbox(structures.for_config(teacher_config).model.init(
+        jax.random.key(0), jnp.ones((1, 8), jnp.int32))["params"]))
+    student_shapes = jax.eval_shape(lambda: nn.unbox(
+        structures.for_config(student_config).model.init(
+            jax.random.key(1), jnp.ones((1, 8), jnp.int32))["params"]))
+    student = distill.student_from_teacher(teacher_params, student_shapes)
+    np.testing.assert_array_equal(student["layers_1"]["mlp"]["wi"]["kernel"],
+                                  teacher_params["layers_3"]["mlp"]["wi"]["kernel"])
+    np.testing.assert_array_equal(student["token_type_embedder"]["embedding"],
+                                  teacher_params["token_type_embedder"]["embedding"][:1])
+    wider = family_config("encoder", num_layers=2, d_model=48, head_dim=24)
+    wider_shapes = jax.eval_shape(lambda: nn.unbox(structures.for_config(wider).model.init(
+        jax.random.key(1), jnp.ones((1, 8), jnp.int32))["params"]))
+    with pytest.raises(config_lib.ConfigError, match="teacher's widths"):
+        distill.student_from_teacher(teacher_params, wider_shapes)
+
+
+# -- Hugging Face DistilBERT ------------------------------------------------------------------
+
+def test_imported_distilbert_matches_transformers_and_exports_back(tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from t5x_like.convert import __main__ as convert_cli
+    from t5x_like.convert import load_pretrained
+    torch.manual_seed(0)
+    hf_model = transformers.DistilBertForMaskedLM(transformers.DistilBertConfig(
+        vocab_size=100, dim=32, n_heads=4, n_layers=2, hidden_dim=48,
+        max_position_embeddings=40, dropout=0.0, attention_dropout=0.0)).eval()
+    hf_model.save_pretrained(tmp_path / "hf")
+    assert convert_cli.main(["import", f"--hf_dir={tmp_path / 'hf'}",
+                             f"--out={tmp_path / 'ours'}"]) == 0
+    model_config, params = load_pretrained(tmp_path / "ours")
+    model = models.build_model(ml_collections.ConfigDict(model_config))
+    rng = np.random.default_rng(0)
+    mask = np.arange(16)[None, :] < np.array([[16], [9]])
+    tokens = np.where(mask, rng.integers(5, 100, size=(2, 16)), 0)
+
+    def hf_logits(m):
+        with torch.no_grad():
+            return m(input_ids=torch.tensor(tokens),
+                     attention_mask=torch.tensor(mask)).logits.numpy()
+    ours = np.asarray(model.apply({"params": params}, tokens)["mlm_logits"])
+    theirs = hf_logits(hf_model)
+    assert np.abs(ours[mask] - theirs[mask]).max() / np.abs(theirs).max() < 1e-4
+
+    # A token-type row that is not zero is folded into the positions on export.
+    params["token_type_embedder"]["embedding"] = np.full((1, 32), 0.25, np.float32)
+    from t5x_like.convert import save_pretrained
+    save_pretrained(tmp_path / "shifted", model_config, params)
+    assert convert_cli.main(["export", f"--checkpoint={tmp_path / 'shifted'}",
+                             f"--out={tmp_path / 'back'}"]) == 0
+    reloaded = transformers.DistilBertForMaskedLM.from_pretrained(tmp_path / "back").eval()
+    shifted = np.asarray(model.apply({"params": params}, tokens)["mlm_logits"])
+    np.testing.assert_allclose(hf_logits(reloaded)[mask], shifted[mask], atol=1e-4)

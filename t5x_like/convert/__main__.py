@@ -8,13 +8,13 @@ import pathlib
 import sys
 
 from t5x_like.config_lib import UserError
-from t5x_like.convert import (hf_albert, hf_bart, hf_bert, hf_electra, hf_gpt2, hf_io, hf_llama,
-                              hf_roberta, hf_t5, pretrained)
+from t5x_like.convert import (hf_albert, hf_bart, hf_bert, hf_distilbert, hf_electra, hf_gpt2,
+                              hf_io, hf_llama, hf_roberta, hf_t5, pretrained)
 from t5x_like import user_errors
 
 ARCHITECTURES = {"t5": hf_t5, "mt5": hf_t5, "gpt2": hf_gpt2, "bert": hf_bert,
                  "roberta": hf_roberta, "llama": hf_llama, "mistral": hf_llama, "albert": hf_albert,
-                 "bart": hf_bart, "electra": hf_electra}
+                 "bart": hf_bart, "electra": hf_electra, "distilbert": hf_distilbert}
 EXPORTERS = {"encoder_decoder": hf_t5, "decoder": hf_gpt2, "encoder": hf_bert,
              "electra": hf_electra}
 
@@ -27,6 +27,8 @@ def exporter_for(model_config: dict):
                          f"{sorted(EXPORTERS)}.")
     if family == "decoder" and model_config.get("position_embedding") == "rotary":
         return hf_llama
+    if family == "encoder" and model_config.get("type_vocab_size") == 1:
+        return hf_distilbert  # no token types: DistilBERT's layout
     return EXPORTERS[family]
 
 
