@@ -60,6 +60,7 @@ def test_skip_update_mode_trains_through_non_finite_steps(tmp_path):
     assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(params))
 
 
+@pytest.mark.slow
 def test_keeps_the_newest_k_plus_every_mth_checkpoint(tmp_path):
     config = tiny_config(num_train_steps=8, checkpoint_every_steps=1, eval_every_steps=8,
                          keep_checkpoints=2, keep_checkpoints_every_steps=3)

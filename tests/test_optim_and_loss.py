@@ -151,6 +151,7 @@ def test_microbatches_must_divide_the_per_device_batch():
         config_lib.validate_for_devices(config, 8)
 
 
+@pytest.mark.slow
 def test_next_sentence_loss_is_counted_once_over_microbatches():
     """BERT's per-sequence term must be divided by the whole batch's sequences, or k
     microbatches would weigh it k times against the masked-LM tokens."""

@@ -50,7 +50,8 @@ def packed_row(task, converter, lengths):
     return converter(pack=True)(examples, {k: 3 * v for k, v in lengths.items()})[0]
 
 
-@pytest.mark.parametrize("family", sorted(CASES))
+@pytest.mark.parametrize("family", [pytest.param(f, marks=pytest.mark.slow) if f == "bart" else f
+                                    for f in sorted(CASES)])  # BART: ~30 s, in -m slow
 def test_packed_rows_give_each_example_its_unpacked_loss(family):
     task, converter, lengths, loss_fn = CASES[family]
     model = tiny_model(family)
