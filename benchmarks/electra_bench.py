@@ -25,7 +25,8 @@ import sys
 
 TASKS = {"spam": ("classification", "f1"), "bible_paraphrase": ("classification", "accuracy"),
          "ud_pos": ("token_classification", "token_accuracy")}
-MODELS = {"bert": ("configs/finetune/bert_tiny_head.py", "pt_bert", "configs/pretrain/bert_tiny.py"),
+MODELS = {"bert": ("configs/finetune/bert_tiny_head.py", "pt_bert",
+                   "configs/pretrain/bert_tiny.py"),
           "electra": ("configs/finetune/electra_tiny_head.py", "pt_electra",
                       "configs/pretrain/electra_tiny.py")}
 PYTHON = sys.executable

@@ -186,23 +186,6 @@ def student_from_teacher(teacher_params: dict, student_params: dict) -> dict:
 
 # -- the objective --------------------------------------------------------------------------
 
-def soft_target_loss(student_logits, teacher_logits, temperature: float) -> jax.Array:
-    """Per position: T² · KL(softmax(t/T) || softmax(s/T)); its gradient in the student's
-    logits is T · (softmax(s/T) - softmax(t/T)), zero when the two agree."""
-    t = jax.nn.log_softmax(teacher_logits.astype(jnp.float32) / temperature, axis=-1)
-    s = jax.nn.log_softmax(student_logits.astype(jnp.float32) / temperature, axis=-1)
-    return temperature ** 2 * (jnp.exp(t) * (t - s)).sum(axis=-1)
-
-
-def cosine_loss(student_hidden, teacher_hidden) -> jax.Array:
-    """Per position: 1 - cos(student, teacher)."""
-    s = student_hidden.astype(jnp.float32)
-    t = teacher_hidden.astype(jnp.float32)
-    cos = (s * t).sum(-1) / jnp.maximum(
-        jnp.linalg.norm(s, axis=-1) * jnp.linalg.norm(t, axis=-1), 1e-8)
-    return 1.0 - cos
-
-
 def make_loss_fn(student, teacher, loss_config, distill_config):
     """The train/eval loss: with ``teacher_params`` (training) the three distillation
     terms; without (evaluation) the student's own objective, the number to compare."""
@@ -230,9 +213,9 @@ def make_loss_fn(student, teacher, loss_config, distill_config):
         def per_row(values):
             row_means = (values * positions).sum(-1) / jnp.maximum(positions.sum(-1), 1.0)
             return row_means.sum() / rows, row_means.mean()
-        soft_objective, soft = per_row(soft_target_loss(learned["logits"], taught["logits"],
-                                                        temperature))
-        cos_objective, cos = per_row(cosine_loss(learned["hidden"], taught["hidden"]))
+        soft_objective, soft = per_row(objectives.soft_target_loss(
+            learned["logits"], taught["logits"], temperature))
+        cos_objective, cos = per_row(objectives.cosine_loss(learned["hidden"], taught["hidden"]))
         objective = (weights["hard_weight"] * hard + weights["soft_weight"] * soft_objective
                      + weights["cosine_weight"] * cos_objective)
         metrics = {"loss": token_metrics["loss"], "accuracy": token_metrics["accuracy"],

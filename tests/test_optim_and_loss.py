@@ -96,8 +96,8 @@ def test_label_smoothing_matches_soft_target_cross_entropy():
     log_p = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     entropy = -(soft * np.log(soft)).sum(-1)
     expected = ((-(soft * log_p).sum(-1)) - entropy).sum()
-    ce, _, _, optimised = objectives._token_losses(jnp.asarray(logits), jnp.asarray(targets),
-                                                   jnp.asarray(weights), 0.0, smoothing)
+    ce, _, _, optimised = objectives.token._token_losses(
+        jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights), 0.0, smoothing)
     np.testing.assert_allclose(optimised, expected, rtol=1e-5)
     np.testing.assert_allclose(ce, -np.take_along_axis(log_p, targets[..., None], -1).sum(),
                                rtol=1e-5)

@@ -1,0 +1,60 @@
+"""ELECTRA's objective (Clark et al. 2020): the generator's masked LM plus λ times
+replaced-token detection."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import jax
+import jax.numpy as jnp
+
+from t5x_like.objectives.token import dropout_rngs, token_objective
+
+
+def electra_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array | None = None,
+                 *, deterministic: bool = True, label_smoothing: float = 0.0,
+                 normalizer=None, num_sequences=None):
+    """ELECTRA's objective: the generator's masked-LM cross entropy plus λ times the
+    discriminator's replaced-token detection loss (sigmoid cross entropy over every
+    real token), λ = ``model.config.discriminator_loss_weight`` (50 in the paper).
+
+    A token is labelled replaced exactly when the token the discriminator read
+    differs from the original (``encoder_target_tokens`` hold the original sequence):
+    a generator sample equal to the original counts as original, as in Clark et al.
+    The detection loss is each row's mean over its real tokens, averaged over rows
+    (``num_sequences`` as in :func:`masked_lm_loss`), so microbatches add up exactly;
+    on full rows it equals the paper's mean over all tokens. Training samples from
+    the step's rng; evaluation (no rng) from a fixed key, so it is repeatable.
+    """
+    config = model.config
+    dropout_rng, sample_rng = (jax.random.split(rng) if rng is not None
+                               else (None, jax.random.key(0)))
+    rngs = dict(dropout_rngs(dropout_rng, deterministic) or {}, sample=sample_rng)
+    weights = batch["encoder_loss_weights"]
+    out = model.apply({"params": params}, batch["encoder_input_tokens"],
+                      token_type_ids=batch.get("encoder_token_type_ids"),
+                      segment_ids=batch.get("encoder_segment_ids"),
+                      positions=batch.get("encoder_positions"), masked_positions=weights > 0,
+                      deterministic=deterministic, rngs=rngs)
+    original = batch["encoder_target_tokens"]
+    objective, token_metrics = token_objective(
+        out["mlm_logits"], original, weights, z_loss=0.0, label_smoothing=label_smoothing,
+        normalizer=normalizer)
+    real = (batch["encoder_input_tokens"] != config.pad_id).astype(jnp.float32)
+    labels = (out["corrupted_tokens"] != original).astype(jnp.float32) * real
+    logits = out["rtd_logits"]
+    # log(1 + e^x) - label * x: the sigmoid cross entropy, stable for any x.
+    token_bce = (jax.nn.softplus(logits) - labels * logits) * real
+    per_row = token_bce.sum(axis=-1) / jnp.maximum(real.sum(axis=-1), 1.0)
+    rows = per_row.shape[0] if num_sequences is None else num_sequences
+    weight = float(config.discriminator_loss_weight)
+    objective = objective + weight * per_row.sum() / rows
+    num_real = jnp.maximum(real.sum(), 1.0)
+    discriminator_loss = per_row.mean()
+    metrics = {"loss": token_metrics["loss"] + weight * discriminator_loss,
+               "mlm_loss": token_metrics["loss"], "accuracy": token_metrics["accuracy"],
+               "discriminator_loss": discriminator_loss,
+               "discriminator_accuracy": (((logits > 0) == (labels > 0)) * real).sum() / num_real,
+               "replaced_fraction": labels.sum() / num_real,
+               "num_target_tokens": token_metrics["num_target_tokens"]}
+    return objective, metrics

@@ -1,0 +1,106 @@
+"""Token-level cross entropy (with T5's z-loss and label smoothing) and the seq2seq and
+causal-LM objectives built on it."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import jax
+import jax.numpy as jnp
+
+
+def cross_entropy_with_z_loss(logits: jax.Array, targets: jax.Array, weights: jax.Array,
+                              z_loss: float = 0.0):
+    """Per-token cross entropy and T5's z-loss (``z_loss * log(Z)^2``), both weighted.
+
+    Returns ``(sum of cross entropy, sum of z-loss, number of correct argmaxes)``
+    over weighted positions; callers divide by the token count.
+    """
+    ce, z_term, correct, _ = _token_losses(logits, targets, weights, z_loss, 0.0)
+    return ce, z_term, correct
+
+
+def _token_losses(logits, targets, weights, z_loss: float, label_smoothing: float):
+    """Weighted sums of (cross entropy, z-loss, correct argmaxes, optimised cross entropy).
+
+    The optimised cross entropy is against targets smoothed as in T5X: the true
+    token gets ``1 - label_smoothing``, every other token an equal share of the
+    rest, minus the entropy of that distribution so a perfect model scores 0.
+    Without smoothing it equals the plain cross entropy.
+    """
+    logits = logits.astype(jnp.float32)
+    log_z = jax.nn.logsumexp(logits, axis=-1)
+    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    cross_entropy = log_z - target_logit
+    if label_smoothing:
+        vocab = logits.shape[-1]
+        confidence = 1.0 - label_smoothing
+        low = label_smoothing / (vocab - 1)
+        entropy = -(confidence * jnp.log(confidence) + (vocab - 1) * low * jnp.log(low + 1e-20))
+        other_logits = logits.sum(axis=-1) - target_logit
+        smoothed = log_z - confidence * target_logit - low * other_logits - entropy
+    else:
+        smoothed = cross_entropy
+    z_term = z_loss * jnp.square(log_z) * weights
+    correct = (jnp.argmax(logits, axis=-1) == targets) * weights
+    return ((cross_entropy * weights).sum(), z_term.sum(), correct.sum(),
+            (smoothed * weights).sum())
+
+
+def dropout_rngs(rng, deterministic: bool):
+    """Dropout randomness for ``model.apply``: only when training with an rng."""
+    return {"dropout": rng} if (rng is not None and not deterministic) else None
+
+
+def token_objective(logits, targets, weights, *, z_loss: float, label_smoothing: float,
+                     normalizer):
+    """Objective and per-token metrics shared by the token-level losses.
+
+    ``normalizer`` divides the summed objective: ``None`` means this batch's real
+    target tokens; a number (a constant, or the whole batch's token count when the
+    trainer splits it into microbatches) makes the sum over microbatches exact.
+    """
+    ce_sum, z_sum, correct, optimised = _token_losses(logits, targets, weights, z_loss,
+                                                      label_smoothing)
+    num_tokens = jnp.maximum(weights.sum(), 1.0)
+    denominator = num_tokens if normalizer is None else normalizer
+    metrics = {"loss": ce_sum / num_tokens, "z_loss": z_sum / num_tokens,
+               "accuracy": correct / num_tokens, "num_target_tokens": weights.sum()}
+    return (optimised + z_sum) / denominator, metrics
+
+
+def seq2seq_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array | None = None,
+                 *, z_loss: float = 1e-4, deterministic: bool = True, label_smoothing: float = 0.0,
+                 normalizer=None):
+    """Span-corruption / seq2seq loss, normalised by the number of real target tokens
+    (or by ``normalizer``, see :func:`token_objective`).
+
+    ``loss`` in the metrics is the cross entropy in nats per target token (what is
+    logged and compared across runs); the optimised objective adds the z-loss and
+    label smoothing.
+    """
+    rngs = dropout_rngs(rng, deterministic)
+    logits = model.apply({"params": params}, batch["encoder_input_tokens"],
+                         batch["decoder_input_tokens"], batch["decoder_target_tokens"],
+                         encoder_segment_ids=batch.get("encoder_segment_ids"),
+                         decoder_segment_ids=batch.get("decoder_segment_ids"),
+                         encoder_positions=batch.get("encoder_positions"),
+                         decoder_positions=batch.get("decoder_positions"),
+                         deterministic=deterministic, rngs=rngs)
+    return token_objective(logits, batch["decoder_target_tokens"], batch["decoder_loss_weights"],
+                            z_loss=z_loss, label_smoothing=label_smoothing, normalizer=normalizer)
+
+
+def causal_lm_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array | None = None,
+                   *, z_loss: float = 1e-4, deterministic: bool = True,
+                   label_smoothing: float = 0.0, normalizer=None):
+    """Next-token loss for decoder-only models over ``decoder_loss_weights`` positions
+    (prefix LM: the same loss, with ``decoder_causal_attention`` marking the prefix)."""
+    rngs = dropout_rngs(rng, deterministic)
+    logits = model.apply({"params": params}, batch["decoder_input_tokens"],
+                         decoder_segment_ids=batch.get("decoder_segment_ids"),
+                         decoder_positions=batch.get("decoder_positions"),
+                         decoder_causal_attention=batch.get("decoder_causal_attention"),
+                         deterministic=deterministic, rngs=rngs)
+    return token_objective(logits, batch["decoder_target_tokens"], batch["decoder_loss_weights"],
+                            z_loss=z_loss, label_smoothing=label_smoothing, normalizer=normalizer)
