@@ -27,8 +27,9 @@ def exporter_for(model_config: dict):
                          f"{sorted(EXPORTERS)}.")
     if family == "decoder" and model_config.get("position_embedding") == "rotary":
         return hf_llama
-    if family == "encoder" and model_config.get("type_vocab_size") == 1:
-        return hf_distilbert  # no token types: DistilBERT's layout
+    if (family == "encoder" and model_config.get("type_vocab_size") == 1
+            and not model_config.get("position_offset")):
+        return hf_distilbert  # no token types, positions from 0: DistilBERT's layout
     return EXPORTERS[family]
 
 
