@@ -18,14 +18,13 @@ a batch of 32 x 128 tokens, measured alone by ``table`` (median of 20).
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 import statistics
 import sys
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from electra_bench import TASKS, finetune_and_evaluate, score  # noqa: E402
+from peft_bench import TASKS, bench_main, finetune_and_evaluate, head_overrides, score  # noqa: E402
 
 CONFIG = "configs/finetune/bert_tiny_head.py"
 MODELS = {"teacher": ("pt_bert", 4), "distilled": ("pt_distil", 2), "no_teacher": ("pt_small", 2)}
@@ -39,8 +38,9 @@ def run_all(runs: pathlib.Path, model_names, tasks) -> None:
     for model in model_names:
         pretrained, layers = MODELS[model]
         for task in tasks:
-            finetune_and_evaluate(run_dir(runs, model, task), CONFIG, runs / pretrained, task,
-                                  [f"--config.model.num_layers={layers}"])
+            finetune_and_evaluate(run_dir(runs, model, task), CONFIG, task,
+                                  head_overrides(runs / pretrained, task)
+                                  + [f"--config.model.num_layers={layers}"])
 
 
 def size_and_speed(layers: int) -> tuple[int, float]:
@@ -49,7 +49,7 @@ def size_and_speed(layers: int) -> tuple[int, float]:
     import jax.numpy as jnp
     import numpy as np
 
-    from t5x_like import config_lib, models
+    from t5x_like import config_lib, models, trainer
     config = config_lib.load_config_file("configs/pretrain/bert_tiny.py")
     config.model.num_layers = layers
     model = models.build_model(config.model)
@@ -62,8 +62,7 @@ def size_and_speed(layers: int) -> tuple[int, float]:
         start = time.perf_counter()
         jax.block_until_ready(forward(params, tokens))
         times.append(time.perf_counter() - start)
-    count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
-    return count, 32 / statistics.median(times)
+    return trainer.param_count(params), 32 / statistics.median(times)
 
 
 def table(runs: pathlib.Path, model_names, tasks) -> str:
@@ -88,20 +87,5 @@ def table(runs: pathlib.Path, model_names, tasks) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=("run", "table"))
-    parser.add_argument("--runs", default="runs")
-    parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--tasks", default=",".join(TASKS))
-    args = parser.parse_args()
-    runs = pathlib.Path(args.runs).absolute()
-    model_names, tasks = args.models.split(","), args.tasks.split(",")
-    if args.command == "run":
-        run_all(runs, model_names, tasks)
-    print(table(runs, model_names, tasks))
-
-
 if __name__ == "__main__":
-    main()
+    bench_main(__doc__, "models", MODELS, run_all, table)

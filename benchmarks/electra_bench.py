@@ -17,65 +17,41 @@ metrics and the fine-tuned scores.
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
-import subprocess
 import sys
 
-TASKS = {"spam": ("classification", "f1"), "bible_paraphrase": ("classification", "accuracy"),
-         "ud_pos": ("token_classification", "token_accuracy")}
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from peft_bench import TASKS, bench_main, finetune_and_evaluate, head_overrides, score  # noqa: E402
+
 MODELS = {"bert": ("configs/finetune/bert_tiny_head.py", "pt_bert",
                    "configs/pretrain/bert_tiny.py"),
           "electra": ("configs/finetune/electra_tiny_head.py", "pt_electra",
                       "configs/pretrain/electra_tiny.py")}
-PYTHON = sys.executable
 
 
 def run_dir(runs: pathlib.Path, model: str, task: str) -> pathlib.Path:
     return runs / f"electra_{model}_{task}"
 
 
-def finetune_and_evaluate(workdir: pathlib.Path, config: str, init_from: pathlib.Path,
-                          task: str, extra: list[str] = ()) -> None:
-    """One head run of ``config`` from ``init_from`` on ``embedded_<task>``, evaluated on
-    the first 200 test examples; skipped when its evaluation exists."""
-    if (workdir / "eval_test" / "metrics.jsonl").is_file():
-        return
-    subprocess.run([PYTHON, "-m", "t5x_like.train", f"--config={config}", f"--workdir={workdir}",
-                    "--quiet", f"--config.init_from={init_from}", f"--config.task=embedded_{task}",
-                    f"--config.head.kind={TASKS[task][0]}", *extra], check=True)
-    subprocess.run([PYTHON, "-m", "t5x_like.eval", f"--checkpoint={workdir}",
-                    f"--task=embedded_{task}", "--split=test", "--max_examples=200",
-                    f"--output_dir={workdir / 'eval_test'}", "--quiet"], check=True)
-
-
 def run_all(runs: pathlib.Path, model_names, tasks) -> None:
     for model in model_names:
         config, pretrained, _ = MODELS[model]
         for task in tasks:
-            finetune_and_evaluate(run_dir(runs, model, task), config, runs / pretrained, task)
+            finetune_and_evaluate(run_dir(runs, model, task), config, task,
+                                  head_overrides(runs / pretrained, task))
 
 
 def pretraining(runs: pathlib.Path, model: str) -> tuple[float, dict]:
     """``(total model FLOPs, the last held-out metrics)`` of the model's pretraining run."""
-    from t5x_like import config_lib
-    from t5x_like.models import structures
+    from t5x_like import config_lib, flops
     config = config_lib.load_config_file(MODELS[model][2])
-    per_sequence = structures.structure_class(config.model.family)(None) \
-        .forward_flops_per_sequence(config.model.to_dict(), dict(config.task_feature_lengths))
-    flops = 3.0 * per_sequence * config.batch_size * config.num_train_steps
+    total = config.num_train_steps * flops.train_flops_per_step(
+        config.model.to_dict(), dict(config.task_feature_lengths), config.batch_size)
     path = runs / MODELS[model][1] / "metrics.jsonl"
     records = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
     held_out = [r for r in records if "eval_loss" in r]
-    return flops, (held_out[-1] if held_out else {})
-
-
-def score(workdir: pathlib.Path, task: str) -> float | None:
-    path = workdir / "eval_test" / "metrics.jsonl"
-    if not path.is_file():
-        return None
-    return json.loads(path.read_text().splitlines()[-1]).get(TASKS[task][1])
+    return total, (held_out[-1] if held_out else {})
 
 
 def table(runs: pathlib.Path, model_names, tasks) -> str:
@@ -97,20 +73,5 @@ def table(runs: pathlib.Path, model_names, tasks) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=("run", "table"))
-    parser.add_argument("--runs", default="runs")
-    parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--tasks", default=",".join(TASKS))
-    args = parser.parse_args()
-    runs = pathlib.Path(args.runs).absolute()
-    model_names, tasks = args.models.split(","), args.tasks.split(",")
-    if args.command == "run":
-        run_all(runs, model_names, tasks)
-    print(table(runs, model_names, tasks))
-
-
 if __name__ == "__main__":
-    main()
+    bench_main(__doc__, "models", MODELS, run_all, table)

@@ -45,25 +45,35 @@ def run_dir(runs: pathlib.Path, method: str, task: str) -> pathlib.Path:
     return runs / f"peft_{method}_{task}"
 
 
+def head_overrides(init_from: pathlib.Path, task: str) -> list[str]:
+    """A head run on ``embedded_<task>`` from ``init_from``."""
+    return [f"--config.init_from={init_from}", f"--config.task=embedded_{task}",
+            f"--config.head.kind={TASKS[task][0]}"]
+
+
 def overrides(runs: pathlib.Path, method: str, task: str) -> list[str]:
-    kind = TASKS[task][0]
-    return [f"--config.init_from={runs / 'pt_bert'}", f"--config.task=embedded_{task}",
-            f"--config.head.kind={kind}"] + [f"--config.{o}" for o in METHODS[method]]
+    return head_overrides(runs / "pt_bert", task) + [f"--config.{o}" for o in METHODS[method]]
+
+
+def finetune_and_evaluate(workdir: pathlib.Path, config: str, task: str,
+                          run_overrides: list[str]) -> None:
+    """Trains ``config`` with ``run_overrides`` into ``workdir`` and evaluates its last step
+    on the first 200 test examples of ``embedded_<task>``; skipped when evaluated.
+    (Shared by electra_bench.py and distill_bench.py.)"""
+    if (workdir / "eval_test" / "metrics.jsonl").is_file():
+        return
+    subprocess.run([PYTHON, "-m", "t5x_like.train", f"--config={config}", f"--workdir={workdir}",
+                    "--quiet", *run_overrides], check=True)
+    subprocess.run([PYTHON, "-m", "t5x_like.eval", f"--checkpoint={workdir}",
+                    f"--task=embedded_{task}", "--split=test", "--max_examples=200",
+                    f"--output_dir={workdir / 'eval_test'}", "--quiet"], check=True)
 
 
 def run_all(runs: pathlib.Path, methods, tasks) -> None:
     for task in tasks:
         for method in methods:
-            workdir = run_dir(runs, method, task)
-            evaluation = workdir / "eval_test" / "metrics.jsonl"
-            if evaluation.is_file():
-                continue
-            subprocess.run([PYTHON, "-m", "t5x_like.train", f"--config={CONFIG}",
-                            f"--workdir={workdir}", "--quiet", *overrides(runs, method, task)],
-                           check=True)
-            subprocess.run([PYTHON, "-m", "t5x_like.eval", f"--checkpoint={workdir}",
-                            f"--task=embedded_{task}", "--split=test", "--max_examples=200",
-                            f"--output_dir={workdir / 'eval_test'}", "--quiet"], check=True)
+            finetune_and_evaluate(run_dir(runs, method, task), CONFIG, task,
+                                  overrides(runs, method, task))
 
 
 def _trainer(runs: pathlib.Path, method: str, task: str):
@@ -152,20 +162,22 @@ def table(runs: pathlib.Path, methods, tasks) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
+def bench_main(doc: str, flag: str, names, run_all_fn, table_fn) -> None:
+    """``run|table --runs=DIR --<flag>=a,b --tasks=...``: the command line of this and the
+    other fine-tuning benchmarks (``run`` trains what is missing, both print the table)."""
+    parser = argparse.ArgumentParser(description=doc,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=("run", "table"))
     parser.add_argument("--runs", default="runs")
-    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument(f"--{flag}", default=",".join(names))
     parser.add_argument("--tasks", default=",".join(TASKS))
     args = parser.parse_args()
     runs = pathlib.Path(args.runs).absolute()
-    methods, tasks = args.methods.split(","), args.tasks.split(",")
+    chosen, tasks = getattr(args, flag).split(","), args.tasks.split(",")
     if args.command == "run":
-        run_all(runs, methods, tasks)
-    print(table(runs, methods, tasks))
+        run_all_fn(runs, chosen, tasks)
+    print(table_fn(runs, chosen, tasks))
 
 
 if __name__ == "__main__":
-    main()
+    bench_main(__doc__, "methods", METHODS, run_all, table)

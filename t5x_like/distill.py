@@ -23,11 +23,9 @@ the target positions.
 
 from __future__ import annotations
 
-import json
 import re
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from t5x_like.config_lib import DISTILLABLE_FAMILIES as DISTILLABLE
@@ -50,8 +48,6 @@ def teacher_model_config(config) -> tuple[dict, dict | None]:
         source = loading.resolve(config.distill.teacher)
     except UserError as e:
         raise ConfigError(f"distill.teacher: {e}") from None
-    if source.kind == "pretrained":
-        return json.loads((source.path / "model_config.json").read_text()), None
     steps = source.steps()
     if not steps:
         raise ConfigError(f"distill.teacher={config.distill.teacher!r} holds no complete "
@@ -208,14 +204,10 @@ def make_loss_fn(student, teacher, loss_config, distill_config):
             learned["logits"], learned["targets"], learned["weights"], z_loss=0.0,
             label_smoothing=label_smoothing, normalizer=normalizer)
         positions = learned["positions"]
-        rows = positions.shape[0] if num_sequences is None else num_sequences
-
-        def per_row(values):
-            row_means = (values * positions).sum(-1) / jnp.maximum(positions.sum(-1), 1.0)
-            return row_means.sum() / rows, row_means.mean()
-        soft_objective, soft = per_row(objectives.soft_target_loss(
-            learned["logits"], taught["logits"], temperature))
-        cos_objective, cos = per_row(objectives.cosine_loss(learned["hidden"], taught["hidden"]))
+        soft_objective, soft = objectives.row_mean_objective(objectives.soft_target_loss(
+            learned["logits"], taught["logits"], temperature), positions, num_sequences)
+        cos_objective, cos = objectives.row_mean_objective(objectives.cosine_loss(
+            learned["hidden"], taught["hidden"]), positions, num_sequences)
         objective = (weights["hard_weight"] * hard + weights["soft_weight"] * soft_objective
                      + weights["cosine_weight"] * cos_objective)
         metrics = {"loss": token_metrics["loss"], "accuracy": token_metrics["accuracy"],

@@ -46,7 +46,7 @@ def module_rows(shapes: dict, depth: int) -> list[tuple[str, int]]:
 def electra_split(shapes: dict) -> str:
     """ELECTRA's towers counted as the paper and Hugging Face count them: the
     discriminator with the shared embeddings (what fine-tunes), the generator's own."""
-    count = lambda tree: sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(tree))  # noqa: E731
+    count = trainer.param_count
     discriminator = count(shapes["discriminator"]) + count(shapes["embeddings"])
     return (f"discriminator: {discriminator} (with the shared embeddings)  "
             f"generator: {count(shapes.get('generator', {}))} (its own tower and head)")

@@ -148,19 +148,25 @@ class Trainer:
         self.batch_sharding = partitioning.batch_sharding(mesh)
         self._init = jax.jit(self._init_state, out_shardings=self.state_shardings)
         self.teacher_params = None
-        self._train_step = jax.jit(
-            self._train_step_fn,
-            in_shardings=(self.state_shardings, self.batch_sharding),
-            out_shardings=(self.state_shardings, partitioning.replicated(mesh)),
-            donate_argnums=(0,))
+        self._jit_steps()
         self._fresh_state = jax.jit(
             lambda params: TrainState(step=jnp.zeros((), jnp.int32), params=params,
                                       opt_state=self.optimizer.init(params)),
             in_shardings=(self.state_shardings.params,), out_shardings=self.state_shardings)
+
+    def _jit_steps(self, teacher_shardings=None) -> None:
+        """The jitted train and eval steps; with ``teacher_shardings`` the train step takes
+        the teacher's params as a third argument (``attach_teacher``)."""
+        teacher = () if teacher_shardings is None else (teacher_shardings,)
+        self._train_step = jax.jit(
+            self._train_step_fn,
+            in_shardings=(self.state_shardings, self.batch_sharding, *teacher),
+            out_shardings=(self.state_shardings, partitioning.replicated(self.mesh)),
+            donate_argnums=(0,))
         self._eval_step = jax.jit(
             self._eval_step_fn,
             in_shardings=(self.state_shardings.params, self.batch_sharding),
-            out_shardings=partitioning.replicated(mesh))
+            out_shardings=partitioning.replicated(self.mesh))
 
     # -- pure functions, traced under the mesh and axis rules ----------------
     def _init_state(self, rng):
@@ -258,16 +264,8 @@ class Trainer:
             lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
             nn.unbox(boxed), shardings)
         self.teacher_params = _place(abstract, params, what="Teacher params")
-        self.loss_fn = loss_fn
-        self._train_step = jax.jit(
-            self._train_step_fn,
-            in_shardings=(self.state_shardings, self.batch_sharding, shardings),
-            out_shardings=(self.state_shardings, partitioning.replicated(self.mesh)),
-            donate_argnums=(0,))
-        self._eval_step = jax.jit(
-            self._eval_step_fn,
-            in_shardings=(self.state_shardings.params, self.batch_sharding),
-            out_shardings=partitioning.replicated(self.mesh))
+        self.loss_fn = loss_fn  # traced afresh: the steps are jitted again below
+        self._jit_steps(shardings)
 
     def _step_args(self, state, batch) -> tuple:
         return (state, batch) if self.teacher_params is None else (state, batch,

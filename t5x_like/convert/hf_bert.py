@@ -83,40 +83,52 @@ def _norm_in(w, name):
     return {"scale": w[f"{name}.weight"], "bias": w[f"{name}.bias"]}
 
 
-def layer_from_hf(w, b: str, heads: int, head_dim: int, d: int) -> dict:
-    """One post-LayerNorm block (``{b}.attention...``, ``{b}.intermediate...``,
-    ``{b}.output...``: BERT, RoBERTa and ELECTRA name it alike)."""
+def put_out(out: dict, name: str, p: dict) -> None:
+    """A dense layer (2-D ``kernel``) or a LayerNorm (``scale``) as ``{name}.weight``
+    and ``{name}.bias`` in Hugging Face's layout: :func:`_linear_in` and :func:`_norm_in`
+    backwards."""
+    weight = np.asarray(p["kernel"]).T if "kernel" in p else np.asarray(p["scale"])
+    out[f"{name}.weight"], out[f"{name}.bias"] = weight, np.asarray(p["bias"])
+
+
+# Where one post-LayerNorm block keeps its tensors below its prefix: BERT, RoBERTa and
+# ELECTRA name them alike; DistilBERT has its own names (hf_distilbert).
+BERT_LAYER = {"query": "attention.self.query", "key": "attention.self.key",
+              "value": "attention.self.value", "out": "attention.output.dense",
+              "attention_norm": "attention.output.LayerNorm", "wi": "intermediate.dense",
+              "wo": "output.dense", "mlp_norm": "output.LayerNorm"}
+
+
+def layer_from_hf(w, b: str, heads: int, head_dim: int, d: int, names: dict = BERT_LAYER) -> dict:
+    """One post-LayerNorm block of the Hugging Face tensors under prefix ``b``."""
     attention = {}
     for name in ("query", "key", "value"):
-        weight, bias = w[f"{b}.attention.self.{name}.weight"], w[f"{b}.attention.self.{name}.bias"]
+        weight, bias = w[f"{b}.{names[name]}.weight"], w[f"{b}.{names[name]}.bias"]
         attention[name] = {"kernel": weight.T.reshape(d, heads, head_dim),
                            "bias": bias.reshape(heads, head_dim)}
-    attention["out"] = {"kernel": w[f"{b}.attention.output.dense.weight"].T.reshape(heads, head_dim, d),
-                        "bias": w[f"{b}.attention.output.dense.bias"]}
+    attention["out"] = {"kernel": w[f"{b}.{names['out']}.weight"].T.reshape(heads, head_dim, d),
+                        "bias": w[f"{b}.{names['out']}.bias"]}
     return {"attention": attention,
-            "attention_norm": _norm_in(w, f"{b}.attention.output.LayerNorm"),
-            "mlp": {"wi": _linear_in(w, f"{b}.intermediate.dense"),
-                    "wo": _linear_in(w, f"{b}.output.dense")},
-            "mlp_norm": _norm_in(w, f"{b}.output.LayerNorm")}
+            "attention_norm": _norm_in(w, f"{b}.{names['attention_norm']}"),
+            "mlp": {"wi": _linear_in(w, f"{b}.{names['wi']}"),
+                    "wo": _linear_in(w, f"{b}.{names['wo']}")},
+            "mlp_norm": _norm_in(w, f"{b}.{names['mlp_norm']}")}
 
 
-def layer_to_hf(layer: dict, b: str, d: int) -> dict[str, np.ndarray]:
+def layer_to_hf(layer: dict, b: str, d: int, names: dict = BERT_LAYER) -> dict[str, np.ndarray]:
     """:func:`layer_from_hf` backwards."""
     arr = np.asarray
     out = {}
     for name in ("query", "key", "value"):
         p = layer["attention"][name]
-        out[f"{b}.attention.self.{name}.weight"] = arr(p["kernel"]).reshape(d, -1).T
-        out[f"{b}.attention.self.{name}.bias"] = arr(p["bias"]).reshape(-1)
+        out[f"{b}.{names[name]}.weight"] = arr(p["kernel"]).reshape(d, -1).T
+        out[f"{b}.{names[name]}.bias"] = arr(p["bias"]).reshape(-1)
     o = layer["attention"]["out"]
-    out[f"{b}.attention.output.dense.weight"] = arr(o["kernel"]).reshape(-1, d).T
-    out[f"{b}.attention.output.dense.bias"] = arr(o["bias"])
-    for hf_name, ours in ((f"{b}.intermediate.dense", layer["mlp"]["wi"]),
-                          (f"{b}.output.dense", layer["mlp"]["wo"])):
-        out[f"{hf_name}.weight"], out[f"{hf_name}.bias"] = arr(ours["kernel"]).T, arr(ours["bias"])
-    for hf_name, ours in ((f"{b}.attention.output.LayerNorm", layer["attention_norm"]),
-                          (f"{b}.output.LayerNorm", layer["mlp_norm"])):
-        out[f"{hf_name}.weight"], out[f"{hf_name}.bias"] = arr(ours["scale"]), arr(ours["bias"])
+    out[f"{b}.{names['out']}.weight"] = arr(o["kernel"]).reshape(-1, d).T
+    out[f"{b}.{names['out']}.bias"] = arr(o["bias"])
+    for ours, p in (("wi", layer["mlp"]["wi"]), ("wo", layer["mlp"]["wo"]),
+                    ("attention_norm", layer["attention_norm"]), ("mlp_norm", layer["mlp_norm"])):
+        put_out(out, f"{b}.{names[ours]}", p)
     return out
 
 
@@ -146,26 +158,18 @@ def params_from_hf(weights: dict[str, np.ndarray], cfg: dict, names: dict = BERT
 
 def params_to_hf(params: dict, cfg: dict) -> dict[str, np.ndarray]:
     d = cfg["d_model"]
-    arr = lambda x: np.asarray(x)  # noqa: E731
-    lin = lambda p: (arr(p["kernel"]).T, arr(p["bias"]))  # noqa: E731
+    arr = np.asarray
     out = {}
-
-    def put_linear(name, p):
-        out[f"{name}.weight"], out[f"{name}.bias"] = lin(p)
-
-    def put_norm(name, p):
-        out[f"{name}.weight"], out[f"{name}.bias"] = arr(p["scale"]), arr(p["bias"])
-
     e = "bert.embeddings"
     out[f"{e}.word_embeddings.weight"] = arr(params["token_embedder"]["embedding"])
     out[f"{e}.position_embeddings.weight"] = arr(params["position_embedder"]["embedding"])
     out[f"{e}.token_type_embeddings.weight"] = arr(params["token_type_embedder"]["embedding"])
-    put_norm(f"{e}.LayerNorm", params["embedding_norm"])
-    put_linear("bert.pooler.dense", params["pooler"])
-    put_linear("cls.predictions.transform.dense", params["mlm_transform"])
-    put_norm("cls.predictions.transform.LayerNorm", params["mlm_norm"])
+    for name, ours in ((f"{e}.LayerNorm", "embedding_norm"), ("bert.pooler.dense", "pooler"),
+                       ("cls.predictions.transform.dense", "mlm_transform"),
+                       ("cls.predictions.transform.LayerNorm", "mlm_norm"),
+                       ("cls.seq_relationship", "nsp")):
+        put_out(out, name, params[ours])
     out["cls.predictions.bias"] = arr(params["mlm_bias"])
-    put_linear("cls.seq_relationship", params["nsp"])
     for i in range(cfg["num_layers"]):
         out.update(layer_to_hf(params[f"layers_{i}"], f"bert.encoder.layer.{i}", d))
     return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}

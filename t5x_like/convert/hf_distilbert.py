@@ -8,11 +8,14 @@ embeddings (every token adds both), so any such encoder exports exactly.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from t5x_like.convert import hf_bert
 from t5x_like.convert.hf_t5 import TrackedWeights
 
+# A block's tensors below its prefix (hf_bert.BERT_LAYER's keys).
 _LAYER = {"query": "attention.q_lin", "key": "attention.k_lin", "value": "attention.v_lin",
           "out": "attention.out_lin", "attention_norm": "sa_layer_norm", "wi": "ffn.lin1",
           "wo": "ffn.lin2", "mlp_norm": "output_layer_norm"}
@@ -68,20 +71,8 @@ def params_from_hf(weights: dict[str, np.ndarray], cfg: dict) -> dict:
         "mlm_bias": w["vocab_projector.bias"],
     }
     for i in range(cfg["num_layers"]):
-        b = f"distilbert.transformer.layer.{i}"
-        linear = {name: hf_bert._linear_in(w, f"{b}.{_LAYER[name]}")
-                  for name in ("query", "key", "value", "out", "wi", "wo")}
-        attention = {name: {"kernel": linear[name]["kernel"].reshape(d, heads, head_dim),
-                            "bias": linear[name]["bias"].reshape(heads, head_dim)}
-                     for name in ("query", "key", "value")}
-        attention["out"] = {"kernel": linear["out"]["kernel"].reshape(heads, head_dim, d),
-                            "bias": linear["out"]["bias"]}
-        params[f"layers_{i}"] = {
-            "attention": attention,
-            "attention_norm": hf_bert._norm_in(w, f"{b}.{_LAYER['attention_norm']}"),
-            "mlp": {"wi": linear["wi"], "wo": linear["wo"]},
-            "mlp_norm": hf_bert._norm_in(w, f"{b}.{_LAYER['mlp_norm']}"),
-        }
+        params[f"layers_{i}"] = hf_bert.layer_from_hf(w, f"distilbert.transformer.layer.{i}",
+                                                      heads, head_dim, d, _LAYER)
     w.check_all_used(ignore=("vocab_projector.weight",), ignore_suffixes=("position_ids",))
     return params
 
@@ -90,13 +81,7 @@ def params_to_hf(params: dict, cfg: dict) -> dict[str, np.ndarray]:
     arr = np.asarray
     d = cfg["d_model"]
     out = {}
-
-    def put(name, p):  # a dense layer (2-D kernel) or a LayerNorm
-        if "kernel" in p:
-            out[f"{name}.weight"], out[f"{name}.bias"] = arr(p["kernel"]).T, arr(p["bias"])
-        else:
-            out[f"{name}.weight"], out[f"{name}.bias"] = arr(p["scale"]), arr(p["bias"])
-
+    put = functools.partial(hf_bert.put_out, out)
     e = "distilbert.embeddings"
     out[f"{e}.word_embeddings.weight"] = arr(params["token_embedder"]["embedding"])
     # The one token-type row is added to every token, as the position row is: fold it in.
@@ -108,15 +93,6 @@ def params_to_hf(params: dict, cfg: dict) -> dict[str, np.ndarray]:
     # vocab_projector.weight is the word embedding: transformers ties it on load.
     out["vocab_projector.bias"] = arr(params["mlm_bias"])
     for i in range(cfg["num_layers"]):
-        layer, b = params[f"layers_{i}"], f"distilbert.transformer.layer.{i}"
-        attention = layer["attention"]
-        for name in ("query", "key", "value"):
-            out[f"{b}.{_LAYER[name]}.weight"] = arr(attention[name]["kernel"]).reshape(d, -1).T
-            out[f"{b}.{_LAYER[name]}.bias"] = arr(attention[name]["bias"]).reshape(-1)
-        out[f"{b}.{_LAYER['out']}.weight"] = arr(attention["out"]["kernel"]).reshape(-1, d).T
-        out[f"{b}.{_LAYER['out']}.bias"] = arr(attention["out"]["bias"])
-        put(f"{b}.{_LAYER['wi']}", layer["mlp"]["wi"])
-        put(f"{b}.{_LAYER['wo']}", layer["mlp"]["wo"])
-        put(f"{b}.{_LAYER['attention_norm']}", layer["attention_norm"])
-        put(f"{b}.{_LAYER['mlp_norm']}", layer["mlp_norm"])
+        out.update(hf_bert.layer_to_hf(params[f"layers_{i}"], f"distilbert.transformer.layer.{i}",
+                                       d, _LAYER))
     return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}

@@ -11,8 +11,10 @@ discriminator alone (``generator_d_model = 0``): it fine-tunes, it does not pret
 
 from __future__ import annotations
 
+import functools
 import sys
 
+import jax
 import numpy as np
 
 from t5x_like.config_lib import UserError
@@ -118,7 +120,7 @@ def generator_from_hf(weights: dict[str, np.ndarray], cfg: dict, embeddings: dic
     own = _embeddings_from_hf(g)
     differs = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
                   if np.shape(a) == np.shape(b) else float("inf")
-                  for a, b in zip(_leaves(own), _leaves(embeddings)))
+                  for a, b in zip(jax.tree.leaves(own), jax.tree.leaves(embeddings)))
     if differs > 0:
         print(f"convert: warning: the generator's embeddings differ from the discriminator's "
               f"(max |diff| {differs:.3g}); ELECTRA shares one set, the discriminator's is "
@@ -127,11 +129,6 @@ def generator_from_hf(weights: dict[str, np.ndarray], cfg: dict, embeddings: dic
     g.check_all_used(ignore=("generator_lm_head.weight",),  # tied to the word embeddings
                      ignore_suffixes=("position_ids", "token_type_ids"))
     return tower
-
-
-def _leaves(tree: dict) -> list:
-    return [leaf for key in sorted(tree) for leaf in (
-        _leaves(tree[key]) if isinstance(tree[key], dict) else [tree[key]])]
 
 
 def hf_config_from_model_config(cfg: dict, which: str = "discriminator") -> dict:
@@ -163,13 +160,7 @@ def params_to_hf(params: dict, cfg: dict, which: str = "discriminator") -> dict[
     prefix = "generator_" if which == "generator" else ""
     tower = params[which]
     out = {}
-
-    def put(name, p):
-        if "kernel" in p:
-            out[f"{name}.weight"], out[f"{name}.bias"] = arr(p["kernel"]).T, arr(p["bias"])
-        else:
-            out[f"{name}.weight"], out[f"{name}.bias"] = arr(p["scale"]), arr(p["bias"])
-
+    put = functools.partial(hf_bert.put_out, out)
     e = "electra.embeddings"
     for ours, theirs in _EMBEDDINGS.items():
         out[f"{e}.{theirs}.weight"] = arr(params["embeddings"][ours]["embedding"])

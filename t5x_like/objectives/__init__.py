@@ -14,9 +14,10 @@ from t5x_like.objectives.heads import (classification_loss, regression_loss,
                                        span_extraction_loss, token_classification_loss)
 from t5x_like.objectives.masked_lm import masked_lm_loss
 from t5x_like.objectives.token import (causal_lm_loss, cross_entropy_with_z_loss, dropout_rngs,
-                                       seq2seq_loss, token_objective)
+                                       row_mean_objective, seq2seq_loss, token_objective)
 
 __all__ = ["causal_lm_loss", "classification_loss", "cosine_loss", "cross_entropy_with_z_loss",
            "dropout_rngs", "electra_loss", "masked_lm_loss", "regression_loss",
+           "row_mean_objective",
            "seq2seq_loss", "soft_target_loss", "span_extraction_loss",
            "token_classification_loss", "token_objective"]

@@ -8,7 +8,7 @@ from typing import Mapping
 import jax
 import jax.numpy as jnp
 
-from t5x_like.objectives.token import dropout_rngs, token_objective
+from t5x_like.objectives.token import dropout_rngs, row_mean_objective, token_objective
 
 
 def electra_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array | None = None,
@@ -44,13 +44,11 @@ def electra_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array |
     labels = (out["corrupted_tokens"] != original).astype(jnp.float32) * real
     logits = out["rtd_logits"]
     # log(1 + e^x) - label * x: the sigmoid cross entropy, stable for any x.
-    token_bce = (jax.nn.softplus(logits) - labels * logits) * real
-    per_row = token_bce.sum(axis=-1) / jnp.maximum(real.sum(axis=-1), 1.0)
-    rows = per_row.shape[0] if num_sequences is None else num_sequences
+    detection, discriminator_loss = row_mean_objective(
+        jax.nn.softplus(logits) - labels * logits, real, num_sequences)
     weight = float(config.discriminator_loss_weight)
-    objective = objective + weight * per_row.sum() / rows
+    objective = objective + weight * detection
     num_real = jnp.maximum(real.sum(), 1.0)
-    discriminator_loss = per_row.mean()
     metrics = {"loss": token_metrics["loss"] + weight * discriminator_loss,
                "mlm_loss": token_metrics["loss"], "accuracy": token_metrics["accuracy"],
                "discriminator_loss": discriminator_loss,

@@ -69,6 +69,15 @@ def token_objective(logits, targets, weights, *, z_loss: float, label_smoothing:
     return (optimised + z_sum) / denominator, metrics
 
 
+def row_mean_objective(values, positions, num_sequences=None):
+    """``(objective, mean)`` of a per-position term ``[batch, length]``: each row's mean
+    over its ``positions``; the objective sums them over ``num_sequences`` rows (None:
+    this batch's), so microbatches add up to the whole batch; ``mean`` is for logs."""
+    row_means = (values * positions).sum(axis=-1) / jnp.maximum(positions.sum(axis=-1), 1.0)
+    rows = row_means.shape[0] if num_sequences is None else num_sequences
+    return row_means.sum() / rows, row_means.mean()
+
+
 def seq2seq_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array | None = None,
                  *, z_loss: float = 1e-4, deterministic: bool = True, label_smoothing: float = 0.0,
                  normalizer=None):
