@@ -206,3 +206,23 @@ def test_imported_distilbert_matches_transformers_and_exports_back(tmp_path):
     reloaded = transformers.DistilBertForMaskedLM.from_pretrained(tmp_path / "back").eval()
     shifted = np.asarray(model.apply({"params": params}, tokens)["mlm_logits"])
     np.testing.assert_allclose(hf_logits(reloaded)[mask], shifted[mask], atol=1e-4)
+
+
+def test_each_distillation_mistake_has_its_own_message(tmp_path):
+    config = encoder_run_config()
+    config.distill.teacher = "somewhere"
+    config.head.kind = "classification"
+    with pytest.raises(config_lib.ConfigError, match="Distil first, then fine-tune"):
+        config_lib.validate(config)
+    config.head.kind = ""
+    config.peft.lora.rank = 4
+    with pytest.raises(config_lib.ConfigError, match="turn peft off"):
+        config_lib.validate(config)
+    config.peft.lora.rank = 0
+    decoder_teacher = config_lib.model_defaults("decoder").to_dict()
+    decoder_teacher.update(SMALL)
+    with pytest.raises(config_lib.ConfigError, match="same batches"):
+        distill.check_teacher(config, decoder_teacher, None, None)
+    wider = dict(config.model.to_dict(), d_model=64)
+    with pytest.raises(config_lib.ConfigError, match="cosine_weight=0"):
+        distill.check_teacher(config, wider, None, None)

@@ -259,3 +259,14 @@ def test_a_discriminator_imported_alone_fine_tunes_but_does_not_pretrain(tmp_pat
     rtd = model.apply({"params": params}, tokens, types_)["rtd_logits"]
     assert relative_error(np.asarray(rtd)[mask],
                           hf_logits(discriminator, tokens, types_, mask)[mask]) < 1e-4
+
+
+def test_bad_sampling_settings_are_named():
+    config = electra_config()
+    config.model.sampling_temperature = 0.0
+    with pytest.raises(config_lib.ConfigError, match="sampling_temperature"):
+        config_lib.validate(config)
+    config.model.sampling_temperature = 1.0
+    config.model.max_predictions_per_seq = -1
+    with pytest.raises(config_lib.ConfigError, match="max_predictions_per_seq"):
+        config_lib.validate(config)
