@@ -47,6 +47,7 @@ def parse_args(argv):
     parser.add_argument("--num_shots", type=int, default=None,
                         help="Decoders: k-shot lm-evaluation-harness multiple choice.")
     parser.add_argument("--few_shot_seed", type=int, default=1234)
+    add_vocabulary_flag(parser)
     add_decoding_flags(parser.add_argument_group("decoding (predict mode)"))
     multi = parser.add_argument_group("multi-process runs")
     multi.add_argument("--coordinator_address")
@@ -55,6 +56,15 @@ def parse_args(argv):
     parser.add_argument("--quiet", action="store_true")
     rest, overrides = config_lib.split_overrides(argv)
     return parser.parse_args(rest), overrides
+
+
+def add_vocabulary_flag(parser) -> None:
+    parser.add_argument(
+        "--vocabulary", default="",
+        help="Re-tokenize every text task: 'checkpoint' (the tokenizer the checkpoint "
+             "carries, e.g. an imported GPT-2's) or a tokenizer folder / tokenizer.json / "
+             ".model path. Default: each task's own vocabulary, which must be the "
+             "checkpoint's.")
 
 
 def add_decoding_flags(group) -> None:
@@ -103,13 +113,15 @@ def check_lengths(config, lengths: dict[str, int], tasks, few_shot: bool = False
             f"so they sum to at most {limit}.")
 
 
-def build_evaluator(config, trainer, name: str, settings, lengths=None):
-    """The evaluator for a run config on the trainer's mesh (used by ``train`` too)."""
+def build_evaluator(config, trainer, name: str, settings, lengths=None, vocabulary=None):
+    """The evaluator for a run config on the trainer's mesh (used by ``train`` too);
+    ``vocabulary`` re-tokenizes the tasks (a checkpoint's own tokenizer)."""
     from t5x_like.evaluation import evaluator
     from t5x_like.models import structures
     return evaluator.Evaluator(structures.for_config(config), trainer.mesh, trainer.rules,
                                trainer.state_shardings.params, name,
-                               lengths or dict(config.task_feature_lengths), settings)
+                               lengths or dict(config.task_feature_lengths), settings,
+                               vocabulary=vocabulary)
 
 
 def done_steps(output_dir: pathlib.Path, task_names, split: str = "validation") -> set[int]:
@@ -246,8 +258,10 @@ def _setup(source, step, args, overrides, name):
 
     config = loading.run_config(source, step, args.config, overrides)
     saved = source.saved_config(step)
-    for task in evaluator.leaf_tasks(name):
-        loading.check_vocabulary(config, task, saved)
+    asked = loading.resolve_vocabulary(args.vocabulary, source, saved)
+    trained = loading.trained_vocabulary(source, saved)
+    for task in evaluator.leaf_tasks(name, asked):
+        loading.check_vocabulary(config, task, trained, asked)
     devices = jax.devices()
     mesh_shape = config_lib.validate_for_devices(config, len(devices), jax.process_count(),
                                                  partitioning.num_slices(devices))
@@ -263,7 +277,7 @@ def _setup(source, step, args, overrides, name):
         alpha=args.alpha, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         seed=args.seed, mode=args.mode, num_shots=args.num_shots,
         few_shot_seed=args.few_shot_seed)
-    return config, trainer, build_evaluator(config, trainer, name, settings, lengths)
+    return config, trainer, build_evaluator(config, trainer, name, settings, lengths, asked)
 
 
 @user_errors.command_line("eval")

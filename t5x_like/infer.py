@@ -36,6 +36,7 @@ def parse_args(argv):
     parser.add_argument("--config")
     parser.add_argument("--batch_size", type=int, default=0)
     parser.add_argument("--inputs_length", type=int, default=0)
+    eval_lib.add_vocabulary_flag(parser)
     eval_lib.add_decoding_flags(parser.add_argument_group("decoding"))
     rest, overrides = config_lib.split_overrides(argv)
     return parser.parse_args(rest), overrides
@@ -67,6 +68,7 @@ def run(args, overrides) -> int:
 
     from t5x_like import config_lib, partitioning, trainer as trainer_lib
     from t5x_like.data import tasks as builtin
+    from t5x_like.data.dataset_providers import with_vocabulary
     from t5x_like.evaluation import evaluator, loading
     from t5x_like.models import structures
 
@@ -84,17 +86,21 @@ def run(args, overrides) -> int:
     max_decode_length = args.max_decode_length or lengths.get("targets", 64)
     lengths.setdefault("targets", max_decode_length)
 
+    saved = source.saved_config(step)
+    asked = loading.resolve_vocabulary(args.vocabulary, source, saved)
+    trained = loading.trained_vocabulary(source, saved)
     if args.task:
-        task = evaluator.leaf_tasks(args.task)[0]
-        loading.check_vocabulary(config, task, source.saved_config(step))
+        task = with_vocabulary(evaluator.leaf_tasks(args.task)[0], asked)
+        loading.check_vocabulary(config, task, trained, asked)
         vocabulary = task.output_features["targets"].vocabulary
         examples = list(task.get_dataset(args.split, lengths, shuffle=False, num_epochs=1))
         if args.max_examples:
             examples = examples[:args.max_examples]
         inputs_text = [str(ex.get("inputs_pretokenized", "")) for ex in examples]
         targets_text = [str(ex.get("targets_pretokenized", "")) for ex in examples]
-    else:
-        vocabulary = builtin.embedded_vocabulary()
+    else:  # free text: the tokenizer asked for, else the checkpoint's own
+        vocabulary = asked or trained or builtin.embedded_vocabulary()
+        loading.check_fits(config, vocabulary, "--input_file")
         inputs_text = read_inputs(args.input_file)[:args.max_examples or None]
         targets_text = None
         examples = []

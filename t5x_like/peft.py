@@ -178,7 +178,9 @@ def merge(peft_path: str, out: str, base_path: str | None = None) -> dict:
     count = sum(1 for key in traverse_util.flatten_dict(plain_dicts(params))
                 if key[-1] == "lora_a")
     model_config = dict(config.model.to_dict())
-    pretrained.save_pretrained(out, model_config, merged)
+    pretrained.save_pretrained(out, model_config, merged,
+                               vocabulary=loading.trained_vocabulary(source, saved),
+                               metadata={"merged_from": str(source.path), "step": step})
     if config.head.kind:
         (pathlib.Path(out) / "head_config.json").write_text(
             json.dumps(config.head.to_dict(), indent=2, default=list))

@@ -119,3 +119,34 @@ def tiny_hf_bart():
     with torch.no_grad():  # a non-zero output bias, so the test sees whether it is imported
         model.final_logits_bias.normal_(0.0, 0.5)
     return model
+
+
+def bpe_tokenizer_on_corpus(vocab_size: int = 600, lines: int = 3000):
+    """A GPT-2-style byte-level BPE (``<|endoftext|>`` its only special token) trained
+    offline on the embedded corpus, wrapped as a transformers tokenizer."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    from t5x_like.data import tasks
+
+    texts = [line for doc in tasks.embedded_en_documents("train") for line in doc.split("\n")]
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(texts[:lines], vocab_size=vocab_size, min_frequency=2,
+                            special_tokens=["<|endoftext|>"], show_progress=False)
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=bpe._tokenizer, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
+        unk_token="<|endoftext|>")
+
+
+def tiny_gpt2_with_tokenizer(folder, n_positions: int = 160):
+    """A random GPT-2 sized to a corpus-trained BPE, saved with it as Hugging Face does."""
+    tokenizer = bpe_tokenizer_on_corpus()
+    torch.manual_seed(0)
+    eos = tokenizer.eos_token_id
+    config = transformers.GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_head=4, n_layer=2,
+                                     n_positions=n_positions, bos_token_id=eos,
+                                     eos_token_id=eos, resid_pdrop=0.0, embd_pdrop=0.0,
+                                     attn_pdrop=0.0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return model, tokenizer

@@ -58,7 +58,7 @@ def import_hf(hf_dir: str, out: str, generator_dir: str | None = None) -> dict:
         raise UserError(_tensor_problem(hf_dir, weights, weights.last, str(e))) from None
     _check_param_shapes(hf_dir, params, model_config, weights)
     _check_tensor_shapes(hf_dir, module, params, model_config, weights)
-    pretrained.save_pretrained(out, model_config, params)
+    _save_imported(hf_dir, out, hf_config, model_config, params)
     return model_config
 
 
@@ -92,8 +92,36 @@ def _import_electra(hf_dir: str, out: str, generator_dir: str | None) -> dict:
             raise UserError(_tensor_problem(generator_dir, generator_weights,
                                             generator_weights.last, str(e))) from None
     _check_param_shapes(hf_dir, params, model_config, weights)
-    pretrained.save_pretrained(out, model_config, params)
+    _save_imported(hf_dir, out, discriminator, model_config, params)
     return model_config
+
+
+def _save_imported(hf_dir: str, out: str, hf_config: dict, model_config: dict, params) -> None:
+    """The pretrained folder, with the Hugging Face tokenizer copied beside the weights
+    (checked to fit the embedding table first, so a mismatch writes nothing)."""
+    from t5x_like.data import hf_tokenizers
+    from t5x_like.evaluation import loading
+
+    files = hf_tokenizers.tokenizer_files(hf_dir)
+    if files:
+        try:
+            vocabulary = hf_tokenizers.load(hf_dir, hf_config)
+        except (FileNotFoundError, ValueError) as e:
+            raise UserError(f"{hf_dir}: the tokenizer does not load ({e}).") from None
+        if vocabulary.vocab_size > model_config["vocab_size"]:
+            raise UserError(
+                f"{hf_dir}: the tokenizer has {vocabulary.vocab_size} tokens "
+                f"({loading.vocabulary_fingerprint(vocabulary)}) but the model's embedding "
+                f"table has {model_config['vocab_size']} rows; the tokenizer belongs to another "
+                "model. Copy the tokenizer files from the model's own folder.")
+    else:
+        print(f"convert: warning: {hf_dir} has no tokenizer files ({', '.join(hf_tokenizers.TOKENIZER_FILES[:3])}, "
+              "...); the model imports without one, so text tasks cannot use "
+              "--vocabulary=checkpoint. Save the tokenizer into that folder and import again.",
+              file=sys.stderr)
+    pretrained.save_pretrained(out, model_config, params, tokenizer_from=hf_dir if files else None,
+                               metadata={"imported_from": str(pathlib.Path(hf_dir).absolute()),
+                                         "model_type": hf_config.get("model_type")})
 
 
 class _TrackedWeights(dict):
@@ -163,7 +191,27 @@ def _check_param_shapes(hf_dir, params, model_config: dict, weights) -> None:
                         "come from different models.")
 
 
-def export_hf(checkpoint: str, out: str) -> dict:
+def export_vocabulary(checkpoint: str, value: str = "checkpoint"):
+    """The vocabulary an export writes: the folder's own tokenizer (``checkpoint``),
+    a built-in one (``embedded``, ``byte``), a tokenizer path, or ``none``."""
+    from t5x_like.data import hf_tokenizers, tasks
+
+    if value == "none":
+        return None
+    if value == "embedded":
+        return tasks.embedded_vocabulary()
+    if value == "byte":
+        return tasks.byte_vocabulary()
+    if value == "checkpoint":
+        folder = pathlib.Path(checkpoint) / pretrained.TOKENIZER_FOLDER
+        return hf_tokenizers.load(folder) if folder.is_dir() else None
+    try:
+        return hf_tokenizers.load(value)
+    except (FileNotFoundError, ValueError) as e:
+        raise UserError(f"--vocabulary={value}: {e}") from None
+
+
+def export_hf(checkpoint: str, out: str, vocabulary: str = "checkpoint") -> dict:
     run_config = pathlib.Path(checkpoint) / "config.json"
     if not (pathlib.Path(checkpoint) / "model_config.json").is_file() and run_config.is_file():
         peft = json.loads(run_config.read_text()).get("peft") or {}
@@ -174,8 +222,25 @@ def export_hf(checkpoint: str, out: str) -> dict:
                 "--out=MERGED, then export MERGED.")
     model_config, params = pretrained.load_pretrained(checkpoint)
     module = exporter_for(model_config)
+    tokenizer = export_vocabulary(checkpoint, vocabulary)
+    if tokenizer is not None and tokenizer.vocab_size > model_config["vocab_size"]:
+        raise UserError(f"--vocabulary={vocabulary} has {tokenizer.vocab_size} tokens but the "
+                        f"model's embedding table has {model_config['vocab_size']} rows; export "
+                        "with the vocabulary the model was trained with.")
     hf_config = module.hf_config_from_model_config(model_config)
+    if tokenizer is not None:  # the config names the tokenizer's special ids, not guesses
+        for name in ("eos", "bos", "pad"):
+            value = getattr(tokenizer, f"{name}_id", None)
+            if f"{name}_token_id" in hf_config and value is not None:
+                hf_config[f"{name}_token_id"] = int(value)
     hf_io.write_folder(out, hf_config, module.params_to_hf(params, model_config))
+    if tokenizer is not None:
+        from t5x_like.data import hf_tokenizers
+        hf_tokenizers.write_tokenizer(tokenizer, out)
+    else:
+        print(f"convert: warning: {checkpoint} carries no tokenizer, so {out} has none and "
+              "AutoTokenizer cannot load it; pass --vocabulary=embedded|byte|PATH to write the "
+              "one the model was trained with.", file=sys.stderr)
     if model_config["family"] == "electra" and model_config.get("generator_d_model"):
         # ELECTRA's generator is a model of its own in Hugging Face: beside the discriminator.
         hf_io.write_folder(pathlib.Path(out) / "generator",
@@ -197,6 +262,10 @@ def main(argv: list[str] | None = None) -> int:
     exp = sub.add_parser("export", help="t5x_like pretrained folder -> Hugging Face folder")
     exp.add_argument("--checkpoint", required=True)
     exp.add_argument("--out", required=True)
+    exp.add_argument("--vocabulary", default="checkpoint",
+                     help="The tokenizer written beside the weights: checkpoint (the folder's "
+                          "tokenizer/, the default), embedded (the 8k SentencePiece of the "
+                          "built-in tasks), byte, a tokenizer folder/file, or none.")
     args = parser.parse_args(argv)
     try:
         if args.command == "import":
@@ -204,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"imported {args.hf_dir} -> {args.out} ({cfg['family']}, d_model "
                   f"{cfg['d_model']})")
         else:
-            export_hf(args.checkpoint, args.out)
+            export_hf(args.checkpoint, args.out, args.vocabulary)
             print(f"exported {args.checkpoint} -> {args.out}")
     except (FileNotFoundError, FileExistsError, KeyError) as e:
         print(f"convert: {e.args[0] if isinstance(e, KeyError) and e.args else e}",

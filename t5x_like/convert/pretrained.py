@@ -1,7 +1,9 @@
-"""t5x_like's params-only checkpoint: ``model_config.json`` + an orbax ``params/`` tree.
+"""t5x_like's params-only checkpoint: ``model_config.json`` + an orbax ``params/`` tree,
+and the tokenizer that goes with the model in ``tokenizer/`` (Hugging Face files).
 
 This is what conversion writes and what fine-tuning or continued pretraining
 starts from (the train state, optimizer included, lives in run checkpoints).
+``metadata.json`` says where the folder came from and which tokenizer files it holds.
 """
 
 from __future__ import annotations
@@ -14,7 +16,16 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 
-def save_pretrained(folder: str | pathlib.Path, model_config: dict, params) -> None:
+TOKENIZER_FOLDER = "tokenizer"
+
+
+def save_pretrained(folder: str | pathlib.Path, model_config: dict, params, *,
+                    vocabulary=None, tokenizer_from: str | pathlib.Path | None = None,
+                    metadata: dict | None = None) -> None:
+    """Writes the folder; the tokenizer is ``vocabulary`` written as Hugging Face files,
+    or the tokenizer files copied from the Hugging Face folder ``tokenizer_from``."""
+    from t5x_like.data import hf_tokenizers
+
     folder = pathlib.Path(folder).absolute()
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / "params"
@@ -22,6 +33,14 @@ def save_pretrained(folder: str | pathlib.Path, model_config: dict, params) -> N
         raise FileExistsError(f"{target} exists; choose a new --out folder so nothing is overwritten.")
     with ocp.StandardCheckpointer() as checkpointer:
         checkpointer.save(target, jax.tree.map(np.asarray, params))
+    files = []
+    if tokenizer_from is not None:
+        files = hf_tokenizers.copy_tokenizer(tokenizer_from, folder / TOKENIZER_FOLDER)
+    elif vocabulary is not None:
+        files = hf_tokenizers.write_tokenizer(vocabulary, folder / TOKENIZER_FOLDER)
+    info = dict(metadata or {})
+    info["tokenizer"] = {"folder": TOKENIZER_FOLDER, "files": files} if files else None
+    (folder / "metadata.json").write_text(json.dumps(info, indent=2))
     (folder / "model_config.json").write_text(json.dumps(model_config, indent=2, default=list))
 
 

@@ -184,6 +184,12 @@ class Mixture:
     name: str
     components: tuple[tuple[str, Rate], ...]
     description: str = ""
+    retokenize_with: object = None    # set by with_vocabulary: every task tokenized with it
+
+    def task(self, name: str) -> Task:
+        """A leaf task, in the mixture's vocabulary when one was given."""
+        task = TaskRegistry.get(name)
+        return with_vocabulary(task, self.retokenize_with)
 
     def leaf_rates(self, split: str) -> dict[str, float]:
         """``{task name: rate}`` with nested mixtures flattened (rates multiplied)."""
@@ -205,7 +211,7 @@ class Mixture:
 
     @property
     def tasks(self) -> list[Task]:
-        return [TaskRegistry.get(n) for n in self.leaf_rates(self._any_split())]
+        return [self.task(n) for n in self.leaf_rates(self._any_split())]
 
     def _any_split(self) -> str:
         first = self.components[0][0]
@@ -231,12 +237,25 @@ class Mixture:
         """
         rates = self.leaf_rates(split)
         datasets = [
-            TaskRegistry.get(task).get_dataset(
+            self.task(task).get_dataset(
                 split, task_feature_lengths, seed=pp.base.step_seed(seed, 1000 + i),
                 shuffle=shuffle, num_epochs=num_epochs, shard_index=shard_index,
                 num_shards=num_shards)
             for i, task in enumerate(sorted(rates))]
         return grain.IterDataset.mix(datasets, [rates[t] for t in sorted(rates)])
+
+
+def with_vocabulary(provider, vocabulary):
+    """The task or mixture with every text feature tokenized by ``vocabulary`` (a
+    checkpoint's own tokenizer): the preprocessors read the vocabulary from the output
+    features, so sentinels, EOS and masks follow it, and metrics still see text."""
+    if vocabulary is None:
+        return provider
+    if isinstance(provider, Mixture):
+        return dataclasses.replace(provider, retokenize_with=vocabulary)
+    features = {name: dataclasses.replace(feature, vocabulary=vocabulary)
+                for name, feature in provider.output_features.items()}
+    return dataclasses.replace(provider, output_features=features)
 
 
 def rate_num_examples(task_name: str, maximum: int | None = None, scale: float = 1.0,

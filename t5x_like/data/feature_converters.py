@@ -99,6 +99,10 @@ class FeatureConverter:
         lengths = self.task_lengths(task_feature_lengths)
         features = self.prepare(example, lengths)
         padded = {f: pad_or_trim(v, lengths[f], v.dtype) for f, v in features.items()}
+        # Where the real tokens end, as one packed segment would say: token id 0 is a
+        # real token in some tokenizers (GPT-2's "!"), so padding is not found by value.
+        padded.update({f"{f}_segment_ids": (np.arange(lengths[f]) < min(v.size, lengths[f]))
+                       .astype(np.int32) for f, v in features.items()})
         return self.convert(padded, example, packed=False)
 
     def apply(self, ds: grain.IterDataset, task_feature_lengths: Mapping[str, int]
@@ -145,7 +149,7 @@ class EncDecFeatureConverter(FeatureConverter):
             "encoder_input_tokens": row["inputs"].astype(np.int32),
             "decoder_input_tokens": shift_right_per_segment(targets, _segments(row, "targets", packed)),
             "decoder_target_tokens": targets,
-            "decoder_loss_weights": (targets != 0).astype(np.float32),
+            "decoder_loss_weights": (row["targets_segment_ids"] > 0).astype(np.float32),
         }
         if packed:
             out.update({
@@ -282,7 +286,7 @@ class DecoderFeatureConverter(FeatureConverter):
         targets = row["targets"].astype(np.int32)
         segments = row["targets_segment_ids"] if packed else None
         positions = row["targets_positions"] if packed else np.arange(targets.size)
-        nonpad = targets != 0
+        nonpad = row["targets_segment_ids"] > 0
         out = {"decoder_target_tokens": targets,
                "decoder_input_tokens": shift_right_per_segment(targets, segments),
                "decoder_loss_weights": nonpad.astype(np.float32)}

@@ -176,6 +176,8 @@ class FileSource(Source):
             raise ValueError(f"Unknown split {split!r}; this source has splits {self.splits}.")
         paths = tuple(files[shard_index::num_shards])
         records = _cached_files(self, split, paths)
+        if not records and not _cached_files(self, split, tuple(files)):
+            raise ValueError(_empty_split(split, files))  # fewer shards would not help
         if not records:
             raise ValueError(
                 f"Shard {shard_index} of {num_shards} reads the files {list(paths)}, which hold "

@@ -62,15 +62,16 @@ class TaskResult:
     records: list[dict]               # per example: inputs, targets, prediction or score
 
 
-def leaf_tasks(name: str) -> list:
-    """The tasks of a task or mixture name, with a suggestion for an unknown name."""
+def leaf_tasks(name: str, vocabulary=None) -> list:
+    """The tasks of a task or mixture name, with a suggestion for an unknown name;
+    ``vocabulary`` re-tokenizes them (``--vocabulary``)."""
     from t5x_like.data import dataset_providers as dp
     try:
         provider = dp.get_task_or_mixture(name)
     except KeyError as e:
         raise UserError(e.args[0]) from None
     tasks = provider.tasks if isinstance(provider, dp.Mixture) else [provider]
-    return sorted(tasks, key=lambda t: t.name)
+    return sorted((dp.with_vocabulary(t, vocabulary) for t in tasks), key=lambda t: t.name)
 
 
 def _text(value) -> str:
@@ -149,10 +150,11 @@ class Evaluator(ModelRunner):
     """Evaluates the tasks of ``name`` with a ``Structure`` whose params live on ``mesh``."""
 
     def __init__(self, structure, mesh, rules, param_shardings, name: str,
-                 task_feature_lengths: Mapping[str, int], settings: EvalSettings):
+                 task_feature_lengths: Mapping[str, int], settings: EvalSettings,
+                 vocabulary=None):
         if settings.mode not in MODES:
             raise UserError(f"--mode={settings.mode!r}; choose one of {MODES}.")
-        self.tasks = leaf_tasks(name)
+        self.tasks = leaf_tasks(name, vocabulary)
         for task in self.tasks:
             if not task.has_metrics and not task.label_options:
                 raise UserError(

@@ -152,6 +152,12 @@ def run_config(source: Source, step: int, config_path: str | None, overrides) ->
     if source.kind == "pretrained":
         config.model = config_lib.model_defaults(saved["model"]["family"])
         config.model.update({k: v for k, v in saved["model"].items() if k in config.model})
+        from t5x_like import models
+        if models.structure(config.model.family) == "decoder":
+            # An imported decoder reads one window of text (a prompt and its continuation):
+            # its learned positions, when it has them.
+            width = config.model.get("max_length") or sum(config.task_feature_lengths.values())
+            config.task_feature_lengths = {"targets": int(width)}
     else:
         config = config_from_saved(saved)
     config_lib.apply_overrides(config, overrides)
@@ -181,33 +187,76 @@ def _fill_defaults(saved: dict, defaults: dict) -> dict:
     return out
 
 
-def check_vocabulary(config, task, saved: dict) -> None:
-    """Refuses a task whose vocabulary is not the one the checkpoint was trained with."""
-    vocabulary = task.vocabulary
-    size = vocabulary.vocab_size
-    if size > config.model.vocab_size:
-        raise UserError(f"Task {task.name!r} uses {size} token ids but the checkpoint's model has "
-                        f"vocab_size={config.model.vocab_size}: the vocabularies differ. Evaluate "
-                        "tasks built on the checkpoint's vocabulary.")
+def trained_vocabulary(source: Source, saved: dict):
+    """The vocabulary a checkpoint was trained with, when known: the tokenizer a
+    pretrained folder carries (``convert import``), the tokenizer a run fine-tuned with
+    (copied into its workdir), else the vocabulary of the task the run trained on."""
+    from t5x_like.data import hf_tokenizers
+    folder = source.path if source.kind == "pretrained" else source.path.parent
+    if (folder / "tokenizer").is_dir():
+        return hf_tokenizers.load(folder / "tokenizer")
     trained_on = saved.get("task")
     if not trained_on:
-        return
+        return None
     from t5x_like.data import dataset_providers as dp
     try:
-        trained_vocabulary = dp.get_task_or_mixture(trained_on).vocabulary
+        return dp.get_task_or_mixture(trained_on).vocabulary
     except KeyError:
-        return  # a task from a module not imported here: nothing to compare with
-    if vocabulary_fingerprint(trained_vocabulary) != vocabulary_fingerprint(vocabulary):
+        return None  # a task from a module not imported here: nothing to compare with
+
+
+def resolve_vocabulary(value: str | None, source: Source, saved: dict):
+    """``--vocabulary``: None/"" (each task's own), ``checkpoint`` (the tokenizer the
+    checkpoint carries) or a path (a tokenizer folder, ``tokenizer.json`` or ``.model``)."""
+    if not value:
+        return None
+    from t5x_like.data import hf_tokenizers
+    if value == "checkpoint":
+        vocabulary = trained_vocabulary(source, saved)
+        if vocabulary is None:
+            raise UserError(
+                f"--vocabulary=checkpoint: {source.path} carries no tokenizer (no tokenizer/ "
+                "folder and no training task to take one from). Re-import the model from a "
+                "Hugging Face folder that has tokenizer.json, or pass --vocabulary=PATH to one.")
+        return vocabulary
+    try:
+        return hf_tokenizers.load(value)
+    except (FileNotFoundError, ValueError) as e:
+        raise UserError(f"--vocabulary={value}: {e}") from None
+
+
+def check_vocabulary(config, task, trained, asked=None) -> None:
+    """Refuses a task whose vocabulary does not fit the model, or is not the one the
+    checkpoint was trained with (``trained``) unless the user asked for it (``asked``)."""
+    vocabulary = task.vocabulary
+    check_fits(config, vocabulary, f"Task {task.name!r}")
+    if trained is None or asked is not None:
+        return
+    if vocabulary_fingerprint(trained) != vocabulary_fingerprint(vocabulary):
         raise UserError(
             f"Task {task.name!r} tokenizes with {vocabulary_fingerprint(vocabulary)}, but the "
-            f"checkpoint was trained on {trained_on!r} with "
-            f"{vocabulary_fingerprint(trained_vocabulary)}. Evaluate tasks that share the "
-            "checkpoint's vocabulary (or register the task with it).")
+            f"checkpoint was trained with {vocabulary_fingerprint(trained)}. Pass "
+            "--vocabulary=checkpoint to re-tokenize the task with the checkpoint's own "
+            "tokenizer, or evaluate tasks that share its vocabulary.")
+
+
+def check_fits(config, vocabulary, what: str) -> None:
+    """Refuses a vocabulary with more ids than the model's embedding table has rows."""
+    size = vocabulary.vocab_size
+    if size > config.model.vocab_size:
+        raise UserError(f"{what} tokenizes with {vocabulary_fingerprint(vocabulary)}, {size} "
+                        "token ids, but the checkpoint's embedding table has vocab_size="
+                        f"{config.model.vocab_size} rows: the tokenizer is not the model's. Use "
+                        "the tokenizer the model was trained with (--vocabulary=checkpoint).")
 
 
 def vocabulary_fingerprint(vocabulary) -> str:
-    """What identifies a vocabulary: its class, size and model file."""
+    """What identifies a vocabulary: its class, size and model file (and the content
+    hash of a Hugging Face tokenizer, whose file is always tokenizer.json)."""
     from t5x_like.data import vocabularies
     model_path = vocabularies.model_file(vocabulary)
     where = f" {pathlib.Path(model_path).name}" if model_path else ""
+    digest = getattr(vocabulary, "content_sha256", None)
+    if digest:
+        where += f" sha256:{digest[:12]}"
     return f"{vocabularies.kind(vocabulary)}({vocabulary.vocab_size}{where})"

@@ -109,6 +109,8 @@ class Denoise(ExampleStep):
         if self.variant not in VARIANTS:
             raise ValueError(f"Unknown denoising variant {self.variant!r}; pick one of {VARIANTS}.")
         if self.variant in SENTINEL_VARIANTS:
+            from t5x_like.data.preprocessors.span_corruption import require_sentinels
+            require_sentinels(ctx, self.variant)
             expected = expected_noise_spans(ctx.length("inputs"), self.variant, self.noise_density,
                                             self.mean_noise_span_length)
             sentinels = ctx.vocabulary("inputs").extra_ids

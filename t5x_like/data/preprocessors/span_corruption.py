@@ -148,6 +148,7 @@ class SpanCorruption(ExampleStep):
     key: str = "targets"
 
     def check(self, ctx):
+        require_sentinels(ctx, "span corruption")
         span_corruption_tokens_length(self.noise_density, self.mean_noise_span_length)(ctx)
 
     def map(self, example, rng, ctx):
@@ -159,6 +160,18 @@ class SpanCorruption(ExampleStep):
                                noise_density=self.noise_density,
                                mean_noise_span_length=self.mean_noise_span_length,
                                num_sentinels=vocab.extra_ids)
+
+
+def require_sentinels(ctx, objective: str) -> None:
+    """One message for a vocabulary without sentinels (GPT-2's or BERT's tokenizer)."""
+    vocabulary = ctx.vocabulary("inputs")
+    if not vocabulary.extra_ids:
+        from t5x_like.evaluation.loading import vocabulary_fingerprint
+        raise ValueError(
+            f"Task {ctx.task_name!r}: {objective} replaces spans by sentinel tokens "
+            f"<extra_id_N>, and the vocabulary {vocabulary_fingerprint(vocabulary)} has none. "
+            "Use a vocabulary with sentinels (a T5 tokenizer, or the built-in SentencePiece "
+            "one), or an objective without them (causal LM, masked LM).")
 
 
 def span_corruption_tokens_length(noise_density: float = 0.15,
