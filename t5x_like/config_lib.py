@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import difflib
 import importlib.util
+import inspect
 import math
 import pathlib
 import re
@@ -54,6 +55,10 @@ def default_config() -> ml_collections.ConfigDict:
     c.peak_flops_per_device = 0.0      # for MFU; 0 looks the device kind up in a table
 
     c.task = "embedded_en_span_corruption"
+    # "": the task's own vocabulary. "checkpoint": the tokenizer init_from carries (an
+    # imported GPT-2's BPE); or a tokenizer folder / tokenizer.json / .model path. Every
+    # text feature of the task is then tokenized with it (copied into WORKDIR/tokenizer).
+    c.vocabulary = ""
     c.task_feature_lengths = ml_collections.ConfigDict({"inputs": 512, "targets": 114})
     c.pack = False                     # pack several examples per row (segment ids, positions)
     # Input streams V the global batch is drawn from: stream v reads shard v of V of the data
@@ -210,6 +215,14 @@ POSITIVE_INTS = ("num_train_steps", "batch_size", "log_every_steps", "checkpoint
 
 
 def load_config_file(path: str) -> ml_collections.ConfigDict:
+    """``path`` or ``path:ARG`` (ml_collections' convention: ``get_config(ARG)``)."""
+    argument = None
+    if not pathlib.Path(path).is_file() and ":" in path:
+        head, argument = path.rsplit(":", 1)
+        if pathlib.Path(head).is_file():
+            path = head
+        else:
+            argument = None
     file = pathlib.Path(path)
     if not file.is_file():
         raise ConfigError(f"Config file {path!r} does not exist. Pass --config=configs/quickstart.py "
@@ -230,8 +243,11 @@ def load_config_file(path: str) -> ml_collections.ConfigDict:
     if not hasattr(module, "get_config"):
         raise ConfigError(f"Config file {path!r} has no get_config() function; define one that "
                           "returns an ml_collections.ConfigDict.")
+    if argument is not None and not inspect.signature(module.get_config).parameters:
+        raise ConfigError(f"Config file {path!r} takes no argument, but --config gave it "
+                          f"{argument!r}; drop ':{argument}'.")
     try:
-        config = module.get_config()
+        config = module.get_config() if argument is None else module.get_config(argument)
     except TypeError as e:
         # ConfigDict refuses to change a field's type, e.g. an int key set to a string.
         raise ConfigError(f"In {path}: {e}. Use a value of the key's type "
@@ -404,6 +420,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
     for key in POSITIVE_INTS:
         if _lookup(config, key) <= 0:
             raise ConfigError(f"Config key {key!r} must be positive, got {_lookup(config, key)}.")
+    if config.vocabulary == "checkpoint" and not config.init_from:
+        raise ConfigError("vocabulary='checkpoint' takes the tokenizer of the checkpoint the run "
+                          "starts from, and init_from is empty; set --config.init_from=FOLDER or "
+                          "give the tokenizer's path.")
     if config.keep_checkpoints_every_steps < 0:
         raise ConfigError(f"keep_checkpoints_every_steps={config.keep_checkpoints_every_steps}: "
                           "use 0 (keep only the newest keep_checkpoints) or a positive period.")

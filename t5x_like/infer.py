@@ -85,6 +85,9 @@ def run(args, overrides) -> int:
         raise UserError("The checkpoint's task has no inputs length; pass --inputs_length=N.")
     max_decode_length = args.max_decode_length or lengths.get("targets", 64)
     lengths.setdefault("targets", max_decode_length)
+    from t5x_like import models
+    if models.structure(config.model.family) == "decoder":
+        lengths["targets"] = max_decode_length  # the row is the prompt, then what is generated
 
     saved = source.saved_config(step)
     asked = loading.resolve_vocabulary(args.vocabulary, source, saved)

@@ -84,6 +84,29 @@ def resolve_head_labels(config) -> None:
             raise config_lib.ConfigError(str(e)) from None
 
 
+def run_vocabulary(config):
+    """``config.vocabulary`` resolved: None (each task's own), the tokenizer ``init_from``
+    carries (``checkpoint``), or the tokenizer at a path."""
+    if not config.get("vocabulary"):
+        return None
+    from t5x_like.data import hf_tokenizers
+    from t5x_like.evaluation import loading
+    if config.vocabulary == "checkpoint":
+        source = loading.resolve(config.init_from)
+        step = source.steps()[-1] if source.steps() else 0
+        vocabulary = loading.trained_vocabulary(source, source.saved_config(step))
+        if vocabulary is None:
+            raise config_lib.ConfigError(
+                f"vocabulary='checkpoint': init_from={config.init_from!r} carries no tokenizer "
+                "(imported without one); re-import it from a folder with tokenizer.json or set "
+                "--config.vocabulary=PATH.")
+        return vocabulary
+    try:
+        return hf_tokenizers.load(config.vocabulary)
+    except (FileNotFoundError, ValueError) as e:
+        raise config_lib.ConfigError(f"vocabulary={config.vocabulary!r}: {e}") from None
+
+
 def _check_model_fits_vocabulary(config, vocabulary) -> None:
     vocab_size = vocabulary.vocab_size
     if vocab_size > config.model.vocab_size:
@@ -91,7 +114,7 @@ def _check_model_fits_vocabulary(config, vocabulary) -> None:
             f"Task {config.task!r} uses {vocab_size} token ids but model.vocab_size="
             f"{config.model.vocab_size}; set --config.model.vocab_size={vocab_size} or larger.")
     pad_id = getattr(vocabulary, "pad_id", 0)
-    if config.model.get("pad_id", pad_id) != pad_id:
+    if pad_id is not None and config.model.get("pad_id", pad_id) != pad_id:
         raise config_lib.ConfigError(
             f"model.pad_id={config.model.pad_id} but task {config.task!r} pads with id {pad_id}; "
             f"set --config.model.pad_id={pad_id} (a model must mask the padding its data uses).")
@@ -115,6 +138,11 @@ def _check_same_model(saved_config: dict, config, source: str) -> None:
     """Refuses a pretrained ``source`` (init_from, eval --config) of another model."""
     saved_model = saved_config.get("model", {})
     current = config.model.to_dict()
+    try:  # keys a folder leaves out (an import, an older run) are at their defaults
+        defaults = config_lib.model_defaults(saved_model.get("family")).to_dict()
+    except config_lib.ConfigError:
+        defaults = {}
+    saved_model, current = {**defaults, **saved_model}, {**defaults, **current}
     details = [f"model.{k}: checkpoint {saved_model.get(k)!r} vs config {current.get(k)!r}"
                for k in sorted(set(saved_model) | set(current))
                if _normalise(saved_model.get(k)) != _normalise(current.get(k))]
@@ -241,7 +269,8 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
 
     # Model, optimizer, mesh: built (shapes only, nothing compiled) before the checkpoint
     # is read, so a resume is checked against this run's fingerprint.
-    vocabulary = get_task_or_mixture(config.task).vocabulary
+    asked_vocabulary = run_vocabulary(config)
+    vocabulary = asked_vocabulary or get_task_or_mixture(config.task).vocabulary
     _check_model_fits_vocabulary(config, vocabulary)
     mesh = partitioning.make_mesh(mesh_shape, devices)
     trainer = trainer_lib.build_trainer(config, mesh)
@@ -272,7 +301,7 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     lengths = dict(config.task_feature_lengths)
     structure = structures.for_config(config)
     data_options = {"feature_converter": structure.feature_converter(lengths, pack=config.pack),
-                    "seed": config.seed}
+                    "seed": config.seed, "vocabulary": asked_vocabulary}
     train_streams = functools.partial(pipeline.build_dataset, config.task, "train", lengths,
                                       shuffle=True, **data_options)
     eval_streams = functools.partial(pipeline.build_dataset, config.task, "validation", lengths,
@@ -293,6 +322,10 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
 
     # State: resume or initialise.
     checkpointer = checkpointer or open_checkpointer()
+    if asked_vocabulary is not None and is_chief and not (workdir / "tokenizer").is_dir():
+        # The tokenizer travels with the run: eval --vocabulary=checkpoint reads this copy.
+        from t5x_like.data import hf_tokenizers
+        hf_tokenizers.write_tokenizer(asked_vocabulary, workdir / "tokenizer")
     train_iter = host_batches(train_streams)
     # A PEFT run from a base on disk saves only what trains, and names the base it needs.
     peft_base = None
@@ -468,7 +501,8 @@ def _benchmark_evaluator(config, trainer):
         batch_size=config.eval.batch_size or config.batch_size,
         max_decode_length=config.eval.max_decode_length, seed=config.seed)
     try:
-        return eval_lib.build_evaluator(config, trainer, config.eval.mixture, settings, lengths)
+        return eval_lib.build_evaluator(config, trainer, config.eval.mixture, settings, lengths,
+                                        run_vocabulary(config))
     except config_lib.UserError as e:
         raise config_lib.ConfigError(f"eval.mixture={config.eval.mixture!r}: {e}") from None
 

@@ -26,15 +26,18 @@ from t5x_like.data.streams import HostBatchIterator, merge_states  # noqa: F401 
 def get_dataset(name: str, task_feature_lengths: Mapping[str, int], split: str = "train",
                 feature_converter: feature_converters.FeatureConverter | None = None, *,
                 shuffle: bool = True, seed: int = 0, shard_index: int = 0, num_shards: int = 1,
-                num_epochs: int | None = None, num_workers: int = 0) -> grain.IterDataset:
+                num_epochs: int | None = None, num_workers: int = 0,
+                vocabulary=None) -> grain.IterDataset:
     """Examples of a task or mixture as dicts of numpy arrays.
 
     Without ``feature_converter`` the task features come out as they are; with one,
     the model features, padded or packed. ``num_epochs=None`` repeats forever.
     ``num_workers > 0`` runs the pipeline in that many worker processes (grain's
     ``mp_prefetch``; the output order and the iterator state stay deterministic).
+    ``vocabulary`` re-tokenizes the task (a checkpoint's own tokenizer).
     """
-    provider = get_task_or_mixture(name)
+    from t5x_like.data.dataset_providers import with_vocabulary
+    provider = with_vocabulary(get_task_or_mixture(name), vocabulary)
     lengths = dict(task_feature_lengths)
     ds = provider.get_dataset(split, lengths, seed=seed, shuffle=shuffle, num_epochs=num_epochs,
                               shard_index=shard_index, num_shards=num_shards)
@@ -72,15 +75,16 @@ def build_dataset(task_name: str, split: str, task_feature_lengths: Mapping[str,
                   seed: int, shuffle: bool, repeat: bool = True, shard_index: int = 0,
                   num_shards: int = 1, structure: str = "encoder_decoder",
                   pack: bool = False,
-                  feature_converter: feature_converters.FeatureConverter | None = None
-                  ) -> grain.IterDataset:
+                  feature_converter: feature_converters.FeatureConverter | None = None,
+                  vocabulary=None) -> grain.IterDataset:
     """The trainer's stream ``shard_index`` of ``num_shards``: that shard of a task or
     mixture, converted to the features of a model of ``structure`` (or by
     ``feature_converter``, the model structure's own), padded or packed."""
     converter = feature_converter or converter_for(structure, task_feature_lengths, pack=pack)
     return get_dataset(task_name, task_feature_lengths, split, converter,
                        shuffle=shuffle, seed=seed, shard_index=shard_index,
-                       num_shards=num_shards, num_epochs=None if repeat else 1)
+                       num_shards=num_shards, num_epochs=None if repeat else 1,
+                       vocabulary=vocabulary)
 
 
 def count_batches(batches: Iterator, limit: int) -> int:
