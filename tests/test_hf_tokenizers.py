@@ -259,39 +259,43 @@ def test_lm_eval_agrees_with_our_eval_on_an_imported_gpt2(gpt2, tmp_path):
         assert row["max |Δ loglik|"] < 1e-4, row
 
 
-def test_lm_eval_agrees_with_our_eval_on_our_exported_decoder(tmp_path):
-    """A decoder trained here on the built-in SentencePiece vocabulary: its run scored by
-    ``eval``, its export (weights and tokenizer.json) by lm-eval."""
-    pytest.importorskip("lm_eval")
+@pytest.fixture(scope="module")
+def decoder_run(tmp_path_factory):
+    """A one-layer decoder trained 3 steps on the built-in SentencePiece vocabulary, and
+    its Hugging Face export (``convert export`` of the run's workdir)."""
     from t5x_like import train
-    from t5x_like.convert import pretrained
-    from t5x_like.evaluation import loading
 
-    workdir = tmp_path / "pt"
-    assert train.main(["--config=configs/pretrain/gpt2_tiny.py", f"--workdir={workdir}",
+    root = tmp_path_factory.mktemp("decoder_run")
+    assert train.main(["--config=configs/pretrain/gpt2_tiny.py", f"--workdir={root / 'run'}",
                        "--quiet", "--config.num_train_steps=3", "--config.batch_size=8",
                        "--config.eval_batches=1", "--config.checkpoint_every_steps=3",
                        "--config.eval_every_steps=3", "--config.model.num_layers=1",
                        "--config.model.d_model=32", "--config.model.num_heads=2",
                        "--config.model.head_dim=16", "--config.model.d_ff=64"]) == 0
-    source = loading.resolve(str(workdir))
-    config = loading.run_config(source, 3, None, [])
-    params = source.restore_params(3, _trainer(config))
+    assert convert_cli.main(["export", f"--checkpoint={root / 'run'}",
+                             f"--out={root / 'hf'}"]) == 0
+    return root
+
+
+def test_convert_export_takes_a_run_and_writes_the_tokenizer_it_trained_with(decoder_run):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(decoder_run / "hf")
     vocabulary = tasks.embedded_vocabulary()
-    pretrained.save_pretrained(tmp_path / "folder", config.model.to_dict(),
-                               __import__("jax").device_get(params), vocabulary=vocabulary)
-    assert convert_cli.main(["export", f"--checkpoint={tmp_path / 'folder'}",
-                             f"--out={tmp_path / 'hf'}"]) == 0
-    for row in lm_eval_agreement(tmp_path / "hf", workdir, vocabulary, 160, tmp_path):
+    line = corpus_lines(5)[4]
+    assert tokenizer.encode(line) == vocabulary.encode(line)
+    config = json.loads((decoder_run / "hf" / "config.json").read_text())
+    assert (config["eos_token_id"], config["bos_token_id"]) == (vocabulary.eos_id,
+                                                                 vocabulary.bos_id)
+
+
+def test_lm_eval_agrees_with_our_eval_on_our_exported_decoder(decoder_run, tmp_path):
+    """Our decoder's run scored by ``eval``, its export (weights and tokenizer.json) by
+    lm-eval."""
+    pytest.importorskip("lm_eval")
+    rows = lm_eval_agreement(decoder_run / "hf", decoder_run / "run",
+                             tasks.embedded_vocabulary(), 160, tmp_path)
+    for row in rows:
         assert row["prompts identical"] == "yes" and row["agree"], row
         assert row["max |Δ loglik|"] < 1e-4, row
-
-
-def _trainer(config):
-    import jax
-
-    from t5x_like import partitioning, trainer as trainer_lib
-    return trainer_lib.build_trainer(config, partitioning.make_mesh({"data": 1}, jax.devices()[:1]))
 
 
 def test_a_t5_style_tokenizer_json_gives_sentinels_and_span_corruption(tmp_path):
@@ -361,3 +365,4 @@ def test_infer_reads_text_in_the_checkpoints_tokenizer(gpt2, tmp_path, capsys):
                        f"--output_file={tmp_path / 'refused.jsonl'}", "--inputs_length=32",
                        "--batch_size=8"]) == 2
     assert "--vocabulary=checkpoint" in capsys.readouterr().err
+

@@ -191,8 +191,8 @@ def _check_param_shapes(hf_dir, params, model_config: dict, weights) -> None:
                         "come from different models.")
 
 
-def export_vocabulary(checkpoint: str, value: str = "checkpoint"):
-    """The vocabulary an export writes: the folder's own tokenizer (``checkpoint``),
+def export_vocabulary(value: str, own=None):
+    """The vocabulary an export writes: the checkpoint's own (``checkpoint``: ``own``),
     a built-in one (``embedded``, ``byte``), a tokenizer path, or ``none``."""
     from t5x_like.data import hf_tokenizers, tasks
 
@@ -203,26 +203,57 @@ def export_vocabulary(checkpoint: str, value: str = "checkpoint"):
     if value == "byte":
         return tasks.byte_vocabulary()
     if value == "checkpoint":
-        folder = pathlib.Path(checkpoint) / pretrained.TOKENIZER_FOLDER
-        return hf_tokenizers.load(folder) if folder.is_dir() else None
+        return own
     try:
         return hf_tokenizers.load(value)
     except (FileNotFoundError, ValueError) as e:
         raise UserError(f"--vocabulary={value}: {e}") from None
 
 
-def export_hf(checkpoint: str, out: str, vocabulary: str = "checkpoint") -> dict:
-    run_config = pathlib.Path(checkpoint) / "config.json"
-    if not (pathlib.Path(checkpoint) / "model_config.json").is_file() and run_config.is_file():
+def load_for_export(checkpoint: str):
+    """``(model_config, host params, the checkpoint's vocabulary or None)`` of a pretrained
+    folder, or of a training run's newest step (or the step folder given)."""
+    import jax
+
+    from t5x_like import partitioning, trainer as trainer_lib
+    from t5x_like.evaluation import loading
+
+    folder = pathlib.Path(checkpoint)
+    run_config = folder / "config.json"
+    if not (folder / "model_config.json").is_file() and run_config.is_file():
         peft = json.loads(run_config.read_text()).get("peft") or {}
         if (peft.get("lora") or {}).get("rank"):
             raise FileNotFoundError(
                 f"{checkpoint} is a LoRA run's workdir, not a pretrained folder; fold its LoRA "
                 f"into the base first: python -m t5x_like.peft merge --peft={checkpoint} "
                 "--out=MERGED, then export MERGED.")
-    model_config, params = pretrained.load_pretrained(checkpoint)
+    source = loading.resolve(checkpoint)
+    if source.kind == "pretrained":
+        model_config, params = pretrained.load_pretrained(source.path)
+        return model_config, params, loading.trained_vocabulary(source, {})
+    steps = source.steps()
+    if not steps:
+        raise UserError(f"{checkpoint} holds no complete checkpoint yet.")
+    step = steps[-1]
+    saved = source.saved_config(step)
+    config = loading.run_config(source, step, None, [])
+    peft = config.peft
+    if config.head.kind or peft.bitfit or peft.lora.rank or peft.adapter.size or \
+            peft.prefix.length or peft.prompt.length:
+        raise UserError(f"{checkpoint} is a fine-tuned head or PEFT run; Hugging Face export "
+                        "writes the pretrained architectures only (merge LoRA with "
+                        "`python -m t5x_like.peft merge` first).")
+    mesh = partitioning.make_mesh({"data": 1}, jax.devices()[:1])
+    params = source.restore_params(step, trainer_lib.build_trainer(config, mesh))
+    print(f"convert: exporting step {step} of {source.path.parent}", file=sys.stderr)
+    return (config.model.to_dict(), jax.device_get(params),
+            loading.trained_vocabulary(source, saved))
+
+
+def export_hf(checkpoint: str, out: str, vocabulary: str = "checkpoint") -> dict:
+    model_config, params, own = load_for_export(checkpoint)
     module = exporter_for(model_config)
-    tokenizer = export_vocabulary(checkpoint, vocabulary)
+    tokenizer = export_vocabulary(vocabulary, own)
     if tokenizer is not None and tokenizer.vocab_size > model_config["vocab_size"]:
         raise UserError(f"--vocabulary={vocabulary} has {tokenizer.vocab_size} tokens but the "
                         f"model's embedding table has {model_config['vocab_size']} rows; export "
@@ -259,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     imp.add_argument("--generator_dir", default=None,
                      help="ELECTRA: the generator (ElectraForMaskedLM) folder beside the "
                           "discriminator (ElectraForPreTraining) given as --hf_dir.")
-    exp = sub.add_parser("export", help="t5x_like pretrained folder -> Hugging Face folder")
+    exp = sub.add_parser("export", help="t5x_like pretrained folder or run -> Hugging Face "
+                                        "folder with its tokenizer")
     exp.add_argument("--checkpoint", required=True)
     exp.add_argument("--out", required=True)
     exp.add_argument("--vocabulary", default="checkpoint",
