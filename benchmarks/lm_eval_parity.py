@@ -61,7 +61,9 @@ def parse_args(argv):
 # -- our side ------------------------------------------------------------------------------
 
 def restore(checkpoint: str):
-    """``(step, config, trainer, params)`` of the newest step, as ``t5x_like.eval`` loads it."""
+    """``(step, config, trainer, params, vocabulary)`` of the newest step, as
+    ``t5x_like.eval`` loads it; the vocabulary is the checkpoint's own (an imported
+    tokenizer), else the task's."""
     import jax
 
     from t5x_like import config_lib, partitioning, trainer as trainer_lib
@@ -79,10 +81,13 @@ def restore(checkpoint: str):
     shape = config_lib.validate_for_devices(config, len(devices), jax.process_count(),
                                             partitioning.num_slices(devices))
     trainer = trainer_lib.build_trainer(config, partitioning.make_mesh(shape, devices))
-    return step, config, trainer, source.restore_params(step, trainer)
+    from t5x_like.data import get_task_or_mixture
+    vocabulary = (loading.trained_vocabulary(source, source.saved_config(step))
+                  or get_task_or_mixture(TASK).vocabulary)
+    return step, config, trainer, source.restore_params(step, trainer), vocabulary
 
 
-def score_ours(config, trainer, params, args, num_shots: int, width: int):
+def score_ours(config, trainer, params, vocabulary, args, num_shots: int, width: int):
     """Our ``Evaluator`` in lm_eval mode on the first ``--limit`` examples of the split."""
     from t5x_like import eval as eval_cli
     from t5x_like.evaluation import evaluator, few_shot, lm_eval_harness
@@ -90,7 +95,8 @@ def score_ours(config, trainer, params, args, num_shots: int, width: int):
     settings = evaluator.EvalSettings(split=args.split, max_examples=args.limit,
                                       batch_size=args.batch_size, num_shots=num_shots,
                                       few_shot_seed=args.seed)
-    ev = eval_cli.build_evaluator(config, trainer, TASK, settings, {"targets": width})
+    ev = eval_cli.build_evaluator(config, trainer, TASK, settings, {"targets": width},
+                                  vocabulary)
     (result,) = ev.evaluate(params)
     assert result.mode == "lm_eval", result.mode
     vocabulary = ev.tasks[0].output_features["targets"].vocabulary
@@ -157,12 +163,10 @@ def main(argv=None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-    from t5x_like.data import get_task_or_mixture
     from t5x_like.evaluation import lm_eval_harness
 
-    step, config, trainer, params = restore(args.checkpoint)
+    step, config, trainer, params, vocabulary = restore(args.checkpoint)
     width = args.max_length or config.model.max_length
-    vocabulary = get_task_or_mixture(TASK).output_features["targets"].vocabulary
     hf_dir = export_hf(config, params, vocabulary, work)
     task_dir = work / "lm_eval_task"
     data = lm_eval_harness.write_task(task_dir, TASK, args.split, LM_EVAL_TASK)
@@ -173,7 +177,7 @@ def main(argv=None) -> int:
     for shots in (int(s) for s in args.num_shots.split(",")):
         theirs = lm_eval_harness.run(lm, task_dir, LM_EVAL_TASK, shots, limit=args.limit,
                                      seed=args.seed)
-        ours = score_ours(config, trainer, params, args, shots, width)
+        ours = score_ours(config, trainer, params, vocabulary, args, shots, width)
         rows[shots] = lm_eval_harness.compare(theirs, ours)
     print_table(rows, len(theirs.prompts), width, step)
     return 0 if all(row["agree"] for row in rows.values()) else 1

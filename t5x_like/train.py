@@ -107,6 +107,21 @@ def run_vocabulary(config):
         raise config_lib.ConfigError(f"vocabulary={config.vocabulary!r}: {e}") from None
 
 
+def _check_task_steps(config, vocabulary) -> None:
+    """Every preprocessing step's own check (lengths, sentinels, a mask token) against
+    this run's lengths and vocabulary, before anything is built: one message, exit 2."""
+    from t5x_like.data import dataset_providers as dp
+    provider = dp.with_vocabulary(dp.get_task_or_mixture(config.task), vocabulary)
+    tasks = provider.tasks if isinstance(provider, dp.Mixture) else [provider]
+    for task in tasks:
+        ctx = task.context("train", dict(config.task_feature_lengths), records=[])
+        try:
+            for step in task.preprocessors:
+                step.check(ctx)
+        except ValueError as e:
+            raise config_lib.ConfigError(str(e)) from None
+
+
 def _check_model_fits_vocabulary(config, vocabulary) -> None:
     vocab_size = vocabulary.vocab_size
     if vocab_size > config.model.vocab_size:
@@ -272,6 +287,7 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     asked_vocabulary = run_vocabulary(config)
     vocabulary = asked_vocabulary or get_task_or_mixture(config.task).vocabulary
     _check_model_fits_vocabulary(config, vocabulary)
+    _check_task_steps(config, asked_vocabulary)
     mesh = partitioning.make_mesh(mesh_shape, devices)
     trainer = trainer_lib.build_trainer(config, mesh)
     fingerprint = run_guard.fingerprint(config, vocabulary, trainer.abstract_state.opt_state)
@@ -322,10 +338,16 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
 
     # State: resume or initialise.
     checkpointer = checkpointer or open_checkpointer()
-    if asked_vocabulary is not None and is_chief and not (workdir / "tokenizer").is_dir():
+    from t5x_like.convert.pretrained import TOKENIZER_FOLDER
+    if asked_vocabulary is not None and is_chief and not (workdir / TOKENIZER_FOLDER).is_dir():
         # The tokenizer travels with the run: eval --vocabulary=checkpoint reads this copy.
+        import shutil
+
         from t5x_like.data import hf_tokenizers
-        hf_tokenizers.write_tokenizer(asked_vocabulary, workdir / "tokenizer")
+        partial = workdir / (TOKENIZER_FOLDER + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        hf_tokenizers.write_tokenizer(asked_vocabulary, partial)
+        partial.rename(workdir / TOKENIZER_FOLDER)  # whole or absent, never half written
     train_iter = host_batches(train_streams)
     # A PEFT run from a base on disk saves only what trains, and names the base it needs.
     peft_base = None

@@ -125,12 +125,16 @@ def test_a_tokenizer_larger_than_the_embedding_table_is_refused(gpt2, tmp_path, 
     assert not (tmp_path / "o").exists()
 
 
-def test_span_corruption_on_a_vocabulary_without_sentinels_is_refused(gpt2):
+def test_span_corruption_on_a_vocabulary_without_sentinels_is_refused(gpt2, tmp_path, capsys):
+    from t5x_like import train
+
     root, _, _ = gpt2
-    task = dp.with_vocabulary(dp.get_task_or_mixture("embedded_en_span_corruption"),
-                              hf_tokenizers.load(root / "ours" / "tokenizer"))
-    with pytest.raises(ValueError, match=r"sentinel tokens <extra_id_N>.*has none"):
-        task.get_dataset("train", {"inputs": 64, "targets": 16})
+    code = train.main([f"--config=configs/finetune/pretrained_folder.py:{root / 'ours'}",
+                       f"--workdir={tmp_path / 'run'}", "--config.eval.mixture=",
+                       "--config.task=embedded_en_span_corruption"])
+    err = capsys.readouterr().err
+    assert code == 2 and "sentinel tokens <extra_id_N>" in err and "HfTokenizerVocabulary(600" in err
+    assert err.count("\n") == 1 and not (tmp_path / "run").exists()
 
 
 def test_exported_tokenizers_load_with_autotokenizer_and_give_our_ids(tmp_path):
@@ -285,6 +289,13 @@ def test_convert_export_takes_a_run_and_writes_the_tokenizer_it_trained_with(dec
     config = json.loads((decoder_run / "hf" / "config.json").read_text())
     assert (config["eos_token_id"], config["bos_token_id"]) == (vocabulary.eos_id,
                                                                  vocabulary.bos_id)
+    # Imported back, the tokenizer is the built-in vocabulary again: its tasks need no flag.
+    out = decoder_run.parent / (decoder_run.name + "_imported")
+    assert convert_cli.main(["import", f"--hf_dir={decoder_run / 'hf'}", f"--out={out}"]) == 0
+    again = hf_tokenizers.load(out / "tokenizer")
+    assert type(again) is type(vocabulary) and again.vocab_size == vocabulary.vocab_size
+    assert eval_cli.main([f"--checkpoint={out}", f"--task={CLOZE}", "--max_examples=2",
+                          "--num_shots=0", "--quiet", f"--output_dir={out / 'eval'}"]) == 0
 
 
 def test_lm_eval_agrees_with_our_eval_on_our_exported_decoder(decoder_run, tmp_path):

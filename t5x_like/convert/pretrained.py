@@ -27,17 +27,20 @@ def save_pretrained(folder: str | pathlib.Path, model_config: dict, params, *,
     from t5x_like.data import hf_tokenizers
 
     folder = pathlib.Path(folder).absolute()
-    folder.mkdir(parents=True, exist_ok=True)
     target = folder / "params"
-    if target.exists():
-        raise FileExistsError(f"{target} exists; choose a new --out folder so nothing is overwritten.")
-    with ocp.StandardCheckpointer() as checkpointer:
-        checkpointer.save(target, jax.tree.map(np.asarray, params))
+    if target.exists() or (folder / TOKENIZER_FOLDER).exists():
+        raise FileExistsError(f"{folder} holds a checkpoint already; choose a new --out folder "
+                              "so nothing is overwritten.")
+    folder.mkdir(parents=True, exist_ok=True)
+    # The tokenizer first (the step most likely to fail), model_config.json last: a
+    # folder is a pretrained folder only once everything is in it.
     files = []
     if tokenizer_from is not None:
         files = hf_tokenizers.copy_tokenizer(tokenizer_from, folder / TOKENIZER_FOLDER)
     elif vocabulary is not None:
         files = hf_tokenizers.write_tokenizer(vocabulary, folder / TOKENIZER_FOLDER)
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(target, jax.tree.map(np.asarray, params))
     info = dict(metadata or {})
     info["tokenizer"] = {"folder": TOKENIZER_FOLDER, "files": files} if files else None
     (folder / "metadata.json").write_text(json.dumps(info, indent=2))

@@ -61,7 +61,9 @@ def copy_tokenizer(hf_dir, out_dir, hf_config: dict | None = None) -> list[str]:
     for name in names:
         shutil.copyfile(pathlib.Path(hf_dir) / name, out_dir / name)
     vocabulary = load(out_dir, hf_config)
-    (out_dir / SPECIAL_IDS_FILE).write_text(json.dumps(vocabulary.declared_ids, indent=2))
+    if isinstance(vocabulary, HfTokenizerVocabulary):
+        (out_dir / SPECIAL_IDS_FILE).write_text(json.dumps(vocabulary.declared_ids, indent=2))
+        names.append(SPECIAL_IDS_FILE)
     return names
 
 

@@ -153,11 +153,13 @@ def run_config(source: Source, step: int, config_path: str | None, overrides) ->
         config.model = config_lib.model_defaults(saved["model"]["family"])
         config.model.update({k: v for k, v in saved["model"].items() if k in config.model})
         from t5x_like import models
-        if models.structure(config.model.family) == "decoder":
-            # An imported decoder reads one window of text (a prompt and its continuation):
-            # its learned positions, when it has them.
-            width = config.model.get("max_length") or sum(config.task_feature_lengths.values())
-            config.task_feature_lengths = {"targets": int(width)}
+        width = config.model.get("max_length") or 0
+        if (models.structure(config.model.family) == "decoder" and width
+                and sum(config.task_feature_lengths.values()) > width):
+            # The default lengths do not fit a small decoder's learned positions: a
+            # prompt of 3/4 of them and a continuation of the rest (--inputs_length and
+            # --targets_length change it; k-shot scoring reads their sum).
+            config.task_feature_lengths = {"inputs": width - width // 4, "targets": width // 4}
     else:
         config = config_from_saved(saved)
     config_lib.apply_overrides(config, overrides)
@@ -191,10 +193,16 @@ def trained_vocabulary(source: Source, saved: dict):
     """The vocabulary a checkpoint was trained with, when known: the tokenizer a
     pretrained folder carries (``convert import``), the tokenizer a run fine-tuned with
     (copied into its workdir), else the vocabulary of the task the run trained on."""
+    from t5x_like.convert.pretrained import TOKENIZER_FOLDER
     from t5x_like.data import hf_tokenizers
     folder = source.path if source.kind == "pretrained" else source.path.parent
-    if (folder / "tokenizer").is_dir():
-        return hf_tokenizers.load(folder / "tokenizer")
+    if (folder / TOKENIZER_FOLDER).is_dir():
+        try:
+            return hf_tokenizers.load(folder / TOKENIZER_FOLDER)
+        except (FileNotFoundError, ValueError) as e:
+            raise UserError(f"The tokenizer saved with the checkpoint does not load ({e}); "
+                            "restore the folder's tokenizer files from where the model came "
+                            "from.") from None
     trained_on = saved.get("task")
     if not trained_on:
         return None
