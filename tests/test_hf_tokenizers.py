@@ -230,8 +230,9 @@ LM_EVAL_TASK = "t5x_like_austen_cloze"
 
 
 def lm_eval_agreement(hf_dir, checkpoint, vocabulary, width, tmp_path, extra=()) -> list[dict]:
-    """lm-eval's HFLM on ``hf_dir`` and our ``eval`` on ``checkpoint``, 0 and 2 shots on
-    the first 6 test examples of the cloze task: one comparison row per shot count."""
+    """lm-eval's HFLM on ``hf_dir`` (a ``width``-token window) and our ``eval`` on
+    ``checkpoint`` (its default window, the same width), 0 and 2 shots on the first 6
+    test examples of the cloze task: one comparison row per shot count."""
     from t5x_like.evaluation import lm_eval_harness as harness
 
     data = harness.write_task(tmp_path / "task", CLOZE, "test", LM_EVAL_TASK)
@@ -242,7 +243,7 @@ def lm_eval_agreement(hf_dir, checkpoint, vocabulary, width, tmp_path, extra=())
         out = tmp_path / f"ours_{shots}"
         assert eval_cli.main([f"--checkpoint={checkpoint}", f"--task={CLOZE}", "--split=test",
                               "--max_examples=6", f"--num_shots={shots}", "--quiet",
-                              f"--targets_length={width}", f"--output_dir={out}", *extra]) == 0
+                              f"--output_dir={out}", *extra]) == 0
         predictions = next((out / "predictions" / CLOZE).glob("step_*.jsonl"))
         ours = harness.ours_from_predictions(predictions, vocabulary, data["test"][:6])
         rows.append(harness.compare(theirs, ours))
@@ -303,7 +304,7 @@ def test_lm_eval_agrees_with_our_eval_on_our_exported_decoder(decoder_run, tmp_p
     lm-eval."""
     pytest.importorskip("lm_eval")
     rows = lm_eval_agreement(decoder_run / "hf", decoder_run / "run",
-                             tasks.embedded_vocabulary(), 160, tmp_path)
+                             tasks.embedded_vocabulary(), 160, tmp_path)  # the run's length
     for row in rows:
         assert row["prompts identical"] == "yes" and row["agree"], row
         assert row["max |Δ loglik|"] < 1e-4, row
