@@ -92,9 +92,13 @@ def run_vocabulary(config):
     from t5x_like.data import hf_tokenizers
     from t5x_like.evaluation import loading
     if config.vocabulary == "checkpoint":
-        source = loading.resolve(config.init_from)
-        step = source.steps()[-1] if source.steps() else 0
-        vocabulary = loading.trained_vocabulary(source, source.saved_config(step))
+        try:
+            source = loading.resolve(config.init_from)
+            step = source.steps()[-1] if source.steps() else 0
+            vocabulary = loading.trained_vocabulary(source, source.saved_config(step))
+        except config_lib.UserError as e:
+            raise config_lib.ConfigError(f"vocabulary='checkpoint' with init_from="
+                                         f"{config.init_from!r}: {e}") from None
         if vocabulary is None:
             raise config_lib.ConfigError(
                 f"vocabulary='checkpoint': init_from={config.init_from!r} carries no tokenizer "
@@ -105,6 +109,21 @@ def run_vocabulary(config):
         return hf_tokenizers.load(config.vocabulary)
     except (FileNotFoundError, ValueError) as e:
         raise config_lib.ConfigError(f"vocabulary={config.vocabulary!r}: {e}") from None
+
+
+def _keep_tokenizer(workdir: pathlib.Path, vocabulary) -> None:
+    """The tokenizer travels with the run (``eval --vocabulary=checkpoint`` reads this
+    copy): written once, whole or not at all."""
+    import shutil
+
+    from t5x_like.convert.pretrained import TOKENIZER_FOLDER
+    from t5x_like.data import hf_tokenizers
+    if (workdir / TOKENIZER_FOLDER).is_dir():
+        return
+    partial = workdir / (TOKENIZER_FOLDER + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    hf_tokenizers.write_tokenizer(vocabulary, partial)
+    partial.rename(workdir / TOKENIZER_FOLDER)
 
 
 def _check_task_steps(config, vocabulary) -> None:
@@ -338,16 +357,8 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
 
     # State: resume or initialise.
     checkpointer = checkpointer or open_checkpointer()
-    from t5x_like.convert.pretrained import TOKENIZER_FOLDER
-    if asked_vocabulary is not None and is_chief and not (workdir / TOKENIZER_FOLDER).is_dir():
-        # The tokenizer travels with the run: eval --vocabulary=checkpoint reads this copy.
-        import shutil
-
-        from t5x_like.data import hf_tokenizers
-        partial = workdir / (TOKENIZER_FOLDER + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        hf_tokenizers.write_tokenizer(asked_vocabulary, partial)
-        partial.rename(workdir / TOKENIZER_FOLDER)  # whole or absent, never half written
+    if asked_vocabulary is not None and is_chief:
+        _keep_tokenizer(workdir, asked_vocabulary)
     train_iter = host_batches(train_streams)
     # A PEFT run from a base on disk saves only what trains, and names the base it needs.
     peft_base = None
