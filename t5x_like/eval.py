@@ -258,8 +258,8 @@ def _setup(source, step, args, overrides, name):
 
     config = loading.run_config(source, step, args.config, overrides)
     saved = source.saved_config(step)
-    asked = loading.resolve_vocabulary(args.vocabulary, source, saved)
     trained = loading.trained_vocabulary(source, saved)
+    asked = loading.resolve_vocabulary(args.vocabulary, source, trained)
     for task in evaluator.leaf_tasks(name, asked):
         loading.check_vocabulary(config, task, trained, asked)
     devices = jax.devices()

@@ -90,8 +90,8 @@ def run(args, overrides) -> int:
         lengths["targets"] = max_decode_length  # the row is the prompt, then what is generated
 
     saved = source.saved_config(step)
-    asked = loading.resolve_vocabulary(args.vocabulary, source, saved)
     trained = loading.trained_vocabulary(source, saved)
+    asked = loading.resolve_vocabulary(args.vocabulary, source, trained)
     if args.task:
         task = with_vocabulary(evaluator.leaf_tasks(args.task)[0], asked)
         loading.check_vocabulary(config, task, trained, asked)

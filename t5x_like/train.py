@@ -133,10 +133,8 @@ def _check_task_steps(config, vocabulary) -> None:
     provider = dp.with_vocabulary(dp.get_task_or_mixture(config.task), vocabulary)
     tasks = provider.tasks if isinstance(provider, dp.Mixture) else [provider]
     for task in tasks:
-        ctx = task.context("train", dict(config.task_feature_lengths), records=[])
         try:
-            for step in task.preprocessors:
-                step.check(ctx)
+            task.check("train", dict(config.task_feature_lengths))
         except ValueError as e:
             raise config_lib.ConfigError(str(e)) from None
 
@@ -425,7 +423,8 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     divergence = run_guard.DivergenceMonitor(
         config.divergence.zero_grad_steps, config.divergence.loss_spike_factor,
         config.divergence.median_window, config.model.vocab_size)
-    benchmark = _benchmark_evaluator(config, trainer) if config.eval.mixture else None
+    benchmark = (_benchmark_evaluator(config, trainer, asked_vocabulary) if config.eval.mixture
+                 else None)
     bench_every = config.eval.every_steps or config.eval_every_steps
 
     def evaluate_benchmark(params, step: int) -> dict:
@@ -524,8 +523,9 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     return {"train": last_train, "eval": last_eval, "step": step}
 
 
-def _benchmark_evaluator(config, trainer):
-    """``config.eval``: the benchmark evaluator run inside training, on the run's mesh."""
+def _benchmark_evaluator(config, trainer, vocabulary=None):
+    """``config.eval``: the benchmark evaluator run inside training, on the run's mesh,
+    its tasks in the run's vocabulary (``config.vocabulary``, resolved once by ``run``)."""
     from t5x_like import eval as eval_lib
     from t5x_like.evaluation import evaluator
     lengths = dict(config.task_feature_lengths)
@@ -535,7 +535,7 @@ def _benchmark_evaluator(config, trainer):
         max_decode_length=config.eval.max_decode_length, seed=config.seed)
     try:
         return eval_lib.build_evaluator(config, trainer, config.eval.mixture, settings, lengths,
-                                        run_vocabulary(config))
+                                        vocabulary)
     except config_lib.UserError as e:
         raise config_lib.ConfigError(f"eval.mixture={config.eval.mixture!r}: {e}") from None
 

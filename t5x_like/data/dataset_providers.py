@@ -97,6 +97,13 @@ class Task:
                           output_features=self.output_features,
                           source=self.source.get(split) if records is None else records)
 
+    def check(self, split: str, task_feature_lengths: Mapping[str, int]) -> None:
+        """Every step's own check (lengths, sentinels, a mask token) without reading data:
+        the ``ValueError`` ``get_dataset`` would raise, before anything is built."""
+        ctx = self.context(split, task_feature_lengths, records=[])
+        for step in self.preprocessors:
+            step.check(ctx)
+
     def get_dataset(self, split: str, task_feature_lengths: Mapping[str, int], *,
                     seed: int = 0, shuffle: bool = True, num_epochs: int | None = None,
                     shard_index: int = 0, num_shards: int = 1) -> grain.IterDataset:

@@ -213,14 +213,15 @@ def trained_vocabulary(source: Source, saved: dict):
         return None  # a task from a module not imported here: nothing to compare with
 
 
-def resolve_vocabulary(value: str | None, source: Source, saved: dict):
-    """``--vocabulary``: None/"" (each task's own), ``checkpoint`` (the tokenizer the
-    checkpoint carries) or a path (a tokenizer folder, ``tokenizer.json`` or ``.model``)."""
+def resolve_vocabulary(value: str | None, source: Source, trained):
+    """``--vocabulary``: None/"" (each task's own), ``checkpoint`` (``trained``, the
+    tokenizer the checkpoint carries) or a path (a tokenizer folder, ``tokenizer.json``
+    or ``.model``)."""
     if not value:
         return None
     from t5x_like.data import hf_tokenizers
     if value == "checkpoint":
-        vocabulary = trained_vocabulary(source, saved)
+        vocabulary = trained
         if vocabulary is None:
             raise UserError(
                 f"--vocabulary=checkpoint: {source.path} carries no tokenizer (no tokenizer/ "
