@@ -197,3 +197,22 @@ def test_a_bad_dcn_axis_is_named(dcn):
     with pytest.raises(config_lib.ConfigError, match="mesh.dcn must be the number of slices, "
                                                      "or 0 for the slices the devices span"):
         config_lib.validate(config)
+
+
+def test_config_file_argument_is_passed_to_get_config_and_refused_where_none_is_taken(tmp_path):
+    with_arg = tmp_path / "with_arg.py"
+    with_arg.write_text("from t5x_like import config_lib\n"
+                        "def get_config(task):\n"
+                        "    c = config_lib.default_config()\n"
+                        "    c.task = task\n"
+                        "    return c\n")
+    assert config_lib.load_config_file(f"{with_arg}:embedded_en_lm").task == "embedded_en_lm"
+    with pytest.raises(config_lib.ConfigError, match=r"takes no argument.*drop ':x'"):
+        config_lib.load_config_file("configs/quickstart.py:x")
+
+
+def test_vocabulary_checkpoint_needs_init_from():
+    config = config_lib.load_config_file("configs/quickstart.py")
+    config.vocabulary = "checkpoint"
+    with pytest.raises(config_lib.ConfigError, match="init_from is empty"):
+        config_lib.validate(config)

@@ -378,3 +378,12 @@ def test_infer_reads_text_in_the_checkpoints_tokenizer(gpt2, tmp_path, capsys):
                        "--batch_size=8"]) == 2
     assert "--vocabulary=checkpoint" in capsys.readouterr().err
 
+
+
+def test_export_with_a_vocabulary_that_does_not_load_is_refused(gpt2, tmp_path, capsys):
+    root, _, _ = gpt2
+    code = convert_cli.main(["export", f"--checkpoint={root / 'ours'}", f"--out={tmp_path / 'hf'}",
+                             f"--vocabulary={tmp_path / 'nowhere'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--vocabulary=" in err and "no such tokenizer folder" in err
+    assert not (tmp_path / "hf").exists()
