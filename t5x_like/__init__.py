@@ -1,7 +1,12 @@
 """t5x_like: pretrain encoders, encoder-decoders and decoders with JAX/Flax.
 
-The picture of the package is ``DESIGN.md``'s data flow: data -> model +
+The picture of the package is ``docs/architecture.md``'s data flow: data -> model +
 objective -> partitioner -> trainer -> evaluation. Start at ``t5x_like.train``.
 """
 
+from t5x_like import platforms as _platforms
+
 __version__ = "0.1.0"
+
+# Before JAX starts a backend: no libtpu start-up errors on machines without TPUs.
+_platforms.keep_libtpu_off_machines_without_tpus()

@@ -1,0 +1,72 @@
+"""Which JAX backends a run starts, decided before JAX is imported.
+
+With the ``tpu`` (or ``dev``) extra installed, JAX tries libtpu on every machine; on
+one without TPUs libtpu prints ``E0000 ... INVALID_ARGUMENT: unexpected worker
+hostname`` lines at start-up. They are noise, but they read like our errors. So
+unless the user chose (``JAX_PLATFORMS`` set, even to the empty string, which means
+"every backend") or the machine has TPU chips, runs ask JAX for the GPU backends
+whose plugin is installed and whose device files exist, then the CPU. The planner
+still compiles for TPU topologies: ``get_topology_desc(platform="tpu")`` loads
+libtpu when asked, whatever ``JAX_PLATFORMS`` says.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+import pkgutil
+import sys
+from typing import Callable, Iterable, Mapping
+
+# Device files of TPU chips: /dev/accel* (v2-v5e), /dev/vfio/N (v5p, v6e and later).
+TPU_DEVICE_PATTERNS = ("/dev/accel*", "/dev/vfio/[0-9]*")
+# A GPU backend, the substring of its jax_plugins module, and the device file it needs.
+GPU_BACKENDS = (("cuda", "cuda", "/dev/nvidia*"), ("rocm", "rocm", "/dev/kfd"))
+
+
+def installed_jax_plugins() -> list[str]:
+    """Module names under the ``jax_plugins`` namespace (``xla_cuda12``, ...), unimported."""
+    try:
+        spec = importlib.util.find_spec("jax_plugins")
+    except (ImportError, ValueError):
+        return []
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    return [module.name for module in pkgutil.iter_modules(spec.submodule_search_locations)]
+
+
+def platforms_without_tpu(environ: Mapping[str, str],
+                          plugins: Iterable[str],
+                          device_files: Callable[[str], list[str]] = glob.glob) -> str | None:
+    """The ``JAX_PLATFORMS`` value to use, or None to leave JAX to choose (the user chose,
+    or TPU chips are present)."""
+    if "JAX_PLATFORMS" in environ:
+        return None
+    if any(device_files(pattern) for pattern in TPU_DEVICE_PATTERNS):
+        return None
+    plugins = list(plugins)
+    chosen = [backend for backend, marker, files in GPU_BACKENDS
+              if any(marker in name for name in plugins) and device_files(files)]
+    return ",".join(chosen + ["cpu"])
+
+
+def keep_libtpu_off_machines_without_tpus() -> None:
+    """Sets ``JAX_PLATFORMS`` for this process and its children when no TPU is attached.
+
+    Called when ``t5x_like`` is imported. If JAX was imported first but has not started a
+    backend yet, its config is updated instead (JAX read the variable at import).
+    """
+    value = platforms_without_tpu(os.environ, installed_jax_plugins())
+    if value is None:
+        return
+    os.environ["JAX_PLATFORMS"] = value
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return
+    try:
+        from jax._src import xla_bridge
+        if not xla_bridge.backends_are_initialized() and not jax.config.jax_platforms:
+            jax.config.update("jax_platforms", value)
+    except (ImportError, AttributeError):  # private API moved: the variable still helps children
+        pass

@@ -1,0 +1,73 @@
+"""No libtpu start-up noise on machines without TPUs, and JAX still finds real chips."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from t5x_like import platforms
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def files(present: dict[str, list[str]]):
+    return lambda pattern: present.get(pattern, [])
+
+
+def test_cpu_only_machine_runs_on_the_cpu_backend():
+    assert platforms.platforms_without_tpu({}, [], files({})) == "cpu"
+
+
+def test_the_users_choice_is_kept_even_when_empty():
+    assert platforms.platforms_without_tpu({"JAX_PLATFORMS": ""}, [], files({})) is None
+    assert platforms.platforms_without_tpu({"JAX_PLATFORMS": "tpu"}, [], files({})) is None
+
+
+def test_tpu_chips_leave_jax_to_choose():
+    assert platforms.platforms_without_tpu({}, [], files({"/dev/accel*": ["/dev/accel0"]})) is None
+    assert platforms.platforms_without_tpu({}, [], files({"/dev/vfio/[0-9]*": ["/dev/vfio/0"]})) \
+        is None
+
+
+def test_gpu_backend_needs_both_its_plugin_and_its_devices():
+    nvidia = files({"/dev/nvidia*": ["/dev/nvidia0", "/dev/nvidiactl"]})
+    assert platforms.platforms_without_tpu({}, ["xla_cuda12"], nvidia) == "cuda,cpu"
+    assert platforms.platforms_without_tpu({}, ["xla_cuda12"], files({})) == "cpu"
+    assert platforms.platforms_without_tpu({}, [], nvidia) == "cpu"
+
+
+NOISE = ("E0000", "libtpu", "TPU_WORKER_HOSTNAMES", "InitGoogle")
+
+
+def environment_without_a_platform_choice() -> dict:
+    return {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
+
+
+def test_starting_jax_through_the_package_prints_no_libtpu_lines():
+    result = subprocess.run(
+        [sys.executable, "-c", "import t5x_like, jax; print(jax.devices()[0].platform)"],
+        cwd=REPO, env=environment_without_a_platform_choice(), capture_output=True, text=True,
+        timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "cpu"
+    assert not any(noise in result.stderr for noise in NOISE), result.stderr
+
+
+@pytest.mark.slow
+def test_cpu_training_run_prints_no_libtpu_lines(tmp_path):
+    env = environment_without_a_platform_choice()
+    result = subprocess.run(
+        [sys.executable, "-m", "t5x_like.train", "--config=configs/quickstart.py",
+         f"--workdir={tmp_path}", "--config.num_train_steps=2", "--config.batch_size=2",
+         "--config.model.d_model=16", "--config.model.d_ff=32", "--config.model.num_heads=2",
+         "--config.model.head_dim=8", "--config.model.num_encoder_layers=1",
+         "--config.model.num_decoder_layers=1", "--config.task_feature_lengths.inputs=16",
+         "--config.task_feature_lengths.targets=8", "--config.eval_batches=1",
+         "--quiet"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    output = result.stdout + result.stderr
+    assert '"step": 2' in (tmp_path / "metrics.jsonl").read_text()
+    assert not any(noise in output for noise in NOISE), output
