@@ -21,6 +21,7 @@ COMMANDS = {
     "plot": ("t5x_like.plot", "loss and accuracy curves of a run as a PNG"),
     "plan": ("t5x_like.plan", "compile for a TPU topology: memory, fits-HBM, FLOPs, roofline"),
     "launch_local": ("t5x_like.launch_local", "rehearse a multi-host run on one machine"),
+    "launch": ("launch.__main__", "run on Cloud TPU VMs, GKE (xpk) or SLURM; --dry_run prints"),
 }
 
 
