@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import pathlib
-import shutil
 import sys
 import time
-import zlib
 from typing import Callable
 
 import orbax.checkpoint as ocp
+from etils import epath
 
+from t5x_like import storage
 from t5x_like.config_lib import UserError
 
 MANIFEST = "manifest.t5x_like.json"
@@ -44,7 +43,7 @@ class IntactButIncompatible(UserError):
 class Restored:
     step: int
     value: object                      # what the caller's restore function returned
-    moved_aside: tuple[tuple[int, str, pathlib.Path], ...]  # (step, reason, new folder)
+    moved_aside: tuple[tuple[int, str, epath.Path], ...]  # (step, reason, new folder)
 
 
 def one_line(error: BaseException, limit: int = 240) -> str:
@@ -54,28 +53,25 @@ def one_line(error: BaseException, limit: int = 240) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _file_crc32(path: pathlib.Path) -> int:
-    crc = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            crc = zlib.crc32(chunk, crc)
-    return crc
+def _relative(file: epath.Path, folder: epath.Path) -> str:
+    return str(file)[len(str(folder)):].lstrip("/")
 
 
-def _step_files(folder: pathlib.Path) -> list[pathlib.Path]:
-    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
+def _step_files(folder: epath.Path) -> list[epath.Path]:
+    return [p for p in storage.files_under(folder)
+            if p.name != MANIFEST and p.name != MANIFEST + ".tmp"]
 
 
-def write_manifest(folder: pathlib.Path) -> None:
+def write_manifest(folder: epath.Path) -> None:
     """Sizes and CRC32s of every file in a finished step folder, written next to them."""
-    files = {str(p.relative_to(folder)): {"size": p.stat().st_size, "crc32": _file_crc32(p)}
+    files = {_relative(p, folder): {"size": storage.file_size(p), "crc32": storage.file_crc32(p)}
              for p in _step_files(folder)}
-    tmp = folder / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps({"format": 1, "files": files}, indent=1, sort_keys=True))
-    tmp.replace(folder / MANIFEST)  # atomic: a manifest is whole or absent
+    # Whole or absent (a renamed temporary file on disk, one object write in a bucket).
+    storage.write_atomic(folder / MANIFEST,
+                         json.dumps({"format": 1, "files": files}, indent=1, sort_keys=True))
 
 
-def _manifest_files(folder: pathlib.Path) -> dict | None:
+def _manifest_files(folder: epath.Path) -> dict | None:
     """The manifest's ``{relative path: {size, crc32}}``, or None where the folder has no
     readable manifest (older checkpoints, an interrupted finish, a damaged manifest)."""
     try:
@@ -86,11 +82,11 @@ def _manifest_files(folder: pathlib.Path) -> dict | None:
     return files if isinstance(files, dict) else None
 
 
-def has_manifest(folder: pathlib.Path) -> bool:
+def has_manifest(folder: epath.Path) -> bool:
     return _manifest_files(folder) is not None
 
 
-def manifest_problem(folder: pathlib.Path) -> str | None:
+def manifest_problem(folder: epath.Path) -> str | None:
     """Why the folder does not match its manifest (None: it matches, or it has no
     readable manifest)."""
     files = _manifest_files(folder)
@@ -100,12 +96,12 @@ def manifest_problem(folder: pathlib.Path) -> str | None:
         path = folder / name
         if not path.is_file():
             return f"{name} is missing"
-        size = path.stat().st_size
+        size = storage.file_size(path)
         if size != expected["size"]:
             return f"{name} is {size} bytes, the manifest says {expected['size']}"
-        if _file_crc32(path) != expected["crc32"]:
+        if storage.file_crc32(path) != expected["crc32"]:
             return f"{name} does not match its checksum (its bytes changed after the save)"
-    extra = [name for name in (str(p.relative_to(folder)) for p in _step_files(folder))
+    extra = [name for name in (_relative(p, folder) for p in _step_files(folder))
              if name not in files]
     if extra:
         return f"{extra[0]} was not part of the save"
@@ -132,7 +128,7 @@ def _silence_late_callbacks_of_failed_reads() -> None:
 
 
 class Checkpointer:
-    def __init__(self, directory: str | pathlib.Path, keep: int, async_save: bool = True,
+    def __init__(self, directory: str | epath.Path, keep: int, async_save: bool = True,
                  keep_every: int = 0, read_only: bool = False, log: Callable[[str], None] = None):
         """Keeps the newest ``keep`` checkpoints, plus every step divisible by ``keep_every``
         (when positive) for good, e.g. to evaluate or fine-tune from later, plus the
@@ -141,7 +137,7 @@ class Checkpointer:
         verify."""
         import jax
 
-        self.directory = pathlib.Path(directory).absolute()
+        self.directory = storage.path(directory)
         self.keep, self.keep_every, self.read_only = keep, keep_every, read_only
         self._log = log or (lambda line: None)
         self._is_primary = jax.process_index() == 0
@@ -157,10 +153,10 @@ class Checkpointer:
         self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
 
     @property
-    def damaged_directory(self) -> pathlib.Path:
+    def damaged_directory(self) -> epath.Path:
         return self.directory.parent / "damaged_checkpoints"
 
-    def step_folder(self, step: int) -> pathlib.Path:
+    def step_folder(self, step: int) -> epath.Path:
         return self.directory / str(step)
 
     def latest_step(self) -> int | None:
@@ -297,14 +293,14 @@ class Checkpointer:
         from t5x_like import partitioning
         return next((p for p in partitioning.gather_json(problem) if p is not None), None)
 
-    def move_aside_from(self, first_step: int, reason: str) -> list[pathlib.Path]:
+    def move_aside_from(self, first_step: int, reason: str) -> list[epath.Path]:
         """Moves every step from ``first_step`` on aside (a diverged run's checkpoints)."""
         self._manager.wait_until_finished()
         moved = [self._move_aside(step, reason) for step in self.all_steps() if step >= first_step]
         self._verified = {s for s in self._verified if s < first_step}
         return moved
 
-    def _move_aside(self, step: int, reason: str) -> pathlib.Path:
+    def _move_aside(self, step: int, reason: str) -> epath.Path:
         """Renames a damaged step folder out of the way (never deletes it), with the
         reason written beside it."""
         target = self.damaged_directory / str(step)
@@ -316,7 +312,7 @@ class Checkpointer:
             while target.exists():
                 target = self.damaged_directory / f"{step}.{suffix}"
                 suffix += 1
-            shutil.move(str(self.step_folder(step)), str(target))
+            storage.move_tree(self.step_folder(step), target)
             (self.damaged_directory / f"{target.name}.reason.txt").write_text(
                 f"{time.strftime('%Y-%m-%d %H:%M:%S')} moved from {self.step_folder(step)}: "
                 f"{reason}\n")

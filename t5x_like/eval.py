@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import pathlib
+import os
 import sys
 import time
 
-from t5x_like import config_lib, user_errors
+from t5x_like import config_lib, storage, user_errors
 from t5x_like.config_lib import UserError
 
 
@@ -124,7 +124,7 @@ def build_evaluator(config, trainer, name: str, settings, lengths=None, vocabula
                                vocabulary=vocabulary)
 
 
-def done_steps(output_dir: pathlib.Path, task_names, split: str = "validation") -> set[int]:
+def done_steps(output_dir, task_names, split: str = "validation") -> set[int]:
     """Steps whose every task already has a line for ``split`` in ``metrics.jsonl``."""
     path = output_dir / "metrics.jsonl"
     if not path.is_file():
@@ -144,14 +144,14 @@ def done_steps(output_dir: pathlib.Path, task_names, split: str = "validation") 
 class ResultWriter:
     """``metrics.jsonl``, predictions and TensorBoard under ``output_dir`` (process 0 only)."""
 
-    def __init__(self, output_dir: pathlib.Path, enabled: bool):
+    def __init__(self, output_dir, enabled: bool):
         self.output_dir = output_dir
         self.enabled = enabled
         self._tb = None
         if enabled:
             output_dir.mkdir(parents=True, exist_ok=True)
             from tensorboardX import SummaryWriter
-            self._tb = SummaryWriter(logdir=str(output_dir / "tensorboard"))
+            self._tb = SummaryWriter(logdir=os.fspath(output_dir / "tensorboard"))
 
     def write(self, step: int, results, split: str = "validation") -> None:
         if not self.enabled:
@@ -160,11 +160,8 @@ class ResultWriter:
         for result in results:
             folder = self.output_dir / "predictions" / result.task
             folder.mkdir(parents=True, exist_ok=True)
-            tmp = folder / f"step_{step}.jsonl.tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                for record in result.records:
-                    f.write(json.dumps(record, ensure_ascii=False) + "\n")
-            tmp.replace(folder / f"step_{step}.jsonl")
+            storage.write_atomic(folder / f"step_{step}.jsonl", "".join(
+                json.dumps(record, ensure_ascii=False) + "\n" for record in result.records))
             for key, value in result.metrics.items():
                 self._tb.add_scalar(f"{result.task}/{key}", float(value), global_step=step)
         mean = evaluator.average(results)
@@ -175,8 +172,11 @@ class ResultWriter:
         # leaves no line and is evaluated again, never twice.
         lines = "".join(json.dumps(dict(r, split=split)) + "\n"
                         for r in evaluator.as_records(results, step))
-        with open(self.output_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-            f.write(lines)
+        log = storage.AppendLog(self.output_dir / "metrics.jsonl")
+        try:
+            log.append(lines)
+        finally:
+            log.close()
 
     def close(self):
         if self._tb is not None:
@@ -205,7 +205,7 @@ def run(args, overrides) -> int:
     from t5x_like.evaluation import evaluator, loading
 
     source = loading.resolve(args.checkpoint)
-    output_dir = pathlib.Path(args.output_dir).absolute()
+    output_dir = storage.path(args.output_dir)
     if source.kind == "run" and output_dir.is_relative_to(source.path):
         raise UserError(f"--output_dir={args.output_dir} is inside the checkpoints folder "
                         f"{source.path}; evaluation never writes there. Use e.g. "

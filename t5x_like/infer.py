@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import pathlib
 import sys
 
 import numpy as np
 
-from t5x_like import config_lib, user_errors
+from t5x_like import config_lib, storage, user_errors
 from t5x_like import eval as eval_lib
 from t5x_like.config_lib import UserError
 
@@ -43,7 +42,7 @@ def parse_args(argv):
 
 
 def read_inputs(path: str) -> list[str]:
-    file = pathlib.Path(path)
+    file = storage.path(path)
     if not file.is_file():
         raise UserError(f"--input_file={path}: no such file.")
     texts = []
@@ -139,14 +138,15 @@ def run(args, overrides) -> int:
         tokens = runner.predict_rows(params, rows, max_decode_length)
         predictions = [evaluator._decode(vocabulary, row) for row in tokens]
     if jax.process_index() == 0:
-        out = pathlib.Path(args.output_file)
+        out = storage.path(args.output_file)
         out.parent.mkdir(parents=True, exist_ok=True)
-        with open(out, "w", encoding="utf-8") as f:
-            for index, (text, prediction) in enumerate(zip(inputs_text, predictions)):
-                record = {"inputs": text, "prediction": prediction}
-                if targets_text is not None:
-                    record["targets"] = targets_text[index]
-                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        lines = []
+        for index, (text, prediction) in enumerate(zip(inputs_text, predictions)):
+            record = {"inputs": text, "prediction": prediction}
+            if targets_text is not None:
+                record["targets"] = targets_text[index]
+            lines.append(json.dumps(record, ensure_ascii=False) + "\n")
+        storage.write_atomic(out, "".join(lines))
         print(f"wrote {len(predictions)} predictions to {out} (checkpoint step {step})",
               flush=True)
     return 0

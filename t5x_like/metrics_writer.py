@@ -7,32 +7,34 @@ loop never needs to ask which process it is on.
 from __future__ import annotations
 
 import json
-import pathlib
+import os
 import sys
 import time
 from typing import Mapping, TextIO
 
 from tensorboardX import SummaryWriter
 
+from t5x_like import storage
+
 
 class MetricsWriter:
-    def __init__(self, workdir: str | pathlib.Path, enabled: bool = True):
+    def __init__(self, workdir, enabled: bool = True):
         self.enabled = enabled
         self._jsonl = None
         self._tb = None
         if enabled:
-            workdir = pathlib.Path(workdir)
+            workdir = storage.path(workdir)
             workdir.mkdir(parents=True, exist_ok=True)
-            self._jsonl = open(workdir / "metrics.jsonl", "a", encoding="utf-8")
-            self._tb = SummaryWriter(logdir=str(workdir / "tensorboard"))
+            self._jsonl = storage.AppendLog(workdir / "metrics.jsonl")
+            # tensorboardX writes gs:// (google-cloud-storage) and s3:// (boto3) itself.
+            self._tb = SummaryWriter(logdir=os.fspath(workdir / "tensorboard"))
 
     def write(self, step: int, metrics: Mapping[str, float]) -> None:
         if not self.enabled:
             return
         record = {"step": int(step)}
         record.update({k: float(v) for k, v in metrics.items()})
-        self._jsonl.write(json.dumps(record) + "\n")
-        self._jsonl.flush()
+        self._jsonl.append(json.dumps(record) + "\n")
         for key, value in metrics.items():
             self._tb.add_scalar(key, float(value), global_step=int(step))
         self._tb.flush()

@@ -21,12 +21,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import pathlib
 import sys
 
 import numpy as np
 
-from t5x_like import user_errors
+from t5x_like import storage, user_errors
 from t5x_like.config_lib import ConfigError, UserError
 from t5x_like.models.peft import plain_dicts
 
@@ -51,7 +50,7 @@ def params_digest(params) -> str:
 
 
 def base_identity(init_from: str, step: int | None, params) -> dict:
-    return {"path": str(pathlib.Path(init_from).expanduser().absolute()), "step": step,
+    return {"path": str(storage.path(init_from)), "step": step,
             "digest": params_digest(params)}
 
 
@@ -81,7 +80,7 @@ def load_base(identity: dict, config, mesh, where: str, path: str | None = None)
     ``path``: where the base is now, if it moved (default: the path recorded)."""
     from t5x_like.evaluation import loading
     path = path or identity["path"]
-    if not pathlib.Path(path).exists():
+    if not storage.path(path).exists():
         raise UserError(f"{where} holds only the parameters a PEFT run trained; its base "
                         f"{path} is gone. Put the base back at that path, or merge it where it "
                         "is with `python -m t5x_like.peft merge --base=NEW_PATH ...`.")
@@ -182,9 +181,9 @@ def merge(peft_path: str, out: str, base_path: str | None = None) -> dict:
                                vocabulary=loading.trained_vocabulary(source, saved),
                                metadata={"merged_from": str(source.path), "step": step})
     if config.head.kind:
-        (pathlib.Path(out) / "head_config.json").write_text(
+        (storage.path(out) / "head_config.json").write_text(
             json.dumps(config.head.to_dict(), indent=2, default=list))
-    return {"step": step, "merged_kernels": count, "out": str(pathlib.Path(out).absolute())}
+    return {"step": step, "merged_kernels": count, "out": str(storage.path(out))}
 
 
 @user_errors.command_line("peft")
@@ -200,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
                             help="The base, if it moved (default: the path the run recorded); "
                                  "its params must be the ones the run was trained on.")
     args = parser.parse_args(argv)
-    if pathlib.Path(args.out).exists() and any(pathlib.Path(args.out).iterdir()):
+    out = storage.path(args.out)
+    if out.exists() and any(out.iterdir()):
         raise ConfigError(f"--out={args.out} exists and is not empty; choose a new folder so "
                           "nothing is overwritten.")
     result = merge(args.peft, args.out, args.base)

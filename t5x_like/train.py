@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 
-from t5x_like import config_lib, user_errors
+from t5x_like import config_lib, storage, user_errors
 
 USAGE = ("python -m t5x_like.train --config=FILE --workdir=DIR [--config.KEY=VALUE ...]\n"
          "  e.g. python -m t5x_like.train --config=configs/quickstart.py --workdir=/tmp/t5x_like_run "
@@ -111,13 +111,20 @@ def run_vocabulary(config):
         raise config_lib.ConfigError(f"vocabulary={config.vocabulary!r}: {e}") from None
 
 
-def _keep_tokenizer(workdir: pathlib.Path, vocabulary) -> None:
+def _keep_tokenizer(workdir, vocabulary) -> None:
     """The tokenizer travels with the run (``eval --vocabulary=checkpoint`` reads this
-    copy): written once, whole or not at all."""
+    copy): on disk written once, whole or not at all; in a bucket, where a folder cannot
+    be renamed into place, copied again on every start from a complete local folder."""
     import shutil
+    import tempfile
 
     from t5x_like.convert.pretrained import TOKENIZER_FOLDER
     from t5x_like.data import hf_tokenizers
+    if storage.is_remote(workdir):
+        with tempfile.TemporaryDirectory() as local:
+            hf_tokenizers.write_tokenizer(vocabulary, pathlib.Path(local) / TOKENIZER_FOLDER)
+            storage.copy_tree(pathlib.Path(local) / TOKENIZER_FOLDER, workdir / TOKENIZER_FOLDER)
+        return
     if (workdir / TOKENIZER_FOLDER).is_dir():
         return
     partial = workdir / (TOKENIZER_FOLDER + ".partial")
@@ -296,7 +303,7 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     mesh_shape = config_lib.validate_for_devices(config, len(devices), process_count,
                                                  partitioning.num_slices(devices))
     is_chief = process_index == 0
-    workdir = pathlib.Path(workdir).absolute()
+    workdir = storage.path(workdir)
     progress = metrics_writer.Progress(config.num_train_steps, enabled=is_chief and not quiet)
 
     # Model, optimizer, mesh: built (shapes only, nothing compiled) before the checkpoint
@@ -612,6 +619,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         user_errors.import_modules(args.module)
         config = load_and_validate(args.config, overrides)
+        storage.check_checkpoint_location(args.workdir, "--workdir")
         user_errors.check_writable_folder(args.workdir)
     except config_lib.ConfigError as e:
         print(f"Config error: {e}", file=sys.stderr)

@@ -55,7 +55,12 @@ def import_modules(names: Sequence[str]) -> None:
 
 def check_writable_folder(path: str, flag: str = "--workdir") -> None:
     """Refuses a folder that is a file or that cannot be written, before any work: the
-    first checkpoint is the wrong moment to find out."""
+    first checkpoint is the wrong moment to find out. A bucket path is tried with a small
+    object written and deleted (a missing bucket or missing credentials show here)."""
+    from t5x_like import storage
+    if storage.is_remote(path):
+        _check_writable_bucket_folder(path, flag)
+        return
     folder = pathlib.Path(path).expanduser().absolute()
     if folder.exists() and not folder.is_dir():
         raise UserError(f"{flag}={path} is a file, not a folder; pass a folder path (it is "
@@ -72,6 +77,22 @@ def check_writable_folder(path: str, flag: str = "--workdir") -> None:
     except OSError as e:
         raise UserError(f"{flag}={path}: cannot write in {existing} ({e.strerror or e}); pass a "
                         "folder you can write to.") from None
+
+
+def _check_writable_bucket_folder(path: str, flag: str) -> None:
+    from t5x_like import storage
+    try:
+        probe = storage.path(path) / ".t5x_like_write_test"
+        probe.write_text("")
+        probe.unlink()
+    except ValueError as e:  # the fsspec package for the scheme is missing
+        raise UserError(f"{flag}={e}") from None
+    except Exception as e:  # noqa: BLE001 - every client library raises its own types
+        reason = " ".join(str(e).split())[:300] or type(e).__name__
+        raise UserError(f"{flag}={path}: cannot write there ({type(e).__name__}: {reason}). Check "
+                        "that the bucket exists and that this machine has credentials for it "
+                        "(gcloud auth application-default login; AWS_* variables or "
+                        "~/.aws for s3://).") from None
 
 
 def this_python() -> str:

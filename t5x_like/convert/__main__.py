@@ -10,7 +10,7 @@ import sys
 from t5x_like.config_lib import UserError
 from t5x_like.convert import (hf_albert, hf_bart, hf_bert, hf_distilbert, hf_electra, hf_gpt2,
                               hf_io, hf_llama, hf_roberta, hf_t5, pretrained)
-from t5x_like import user_errors
+from t5x_like import storage, user_errors
 
 ARCHITECTURES = {"t5": hf_t5, "mt5": hf_t5, "gpt2": hf_gpt2, "bert": hf_bert,
                  "roberta": hf_roberta, "llama": hf_llama, "mistral": hf_llama, "albert": hf_albert,
@@ -218,7 +218,7 @@ def load_for_export(checkpoint: str):
     from t5x_like import partitioning, trainer as trainer_lib
     from t5x_like.evaluation import loading
 
-    folder = pathlib.Path(checkpoint)
+    folder = storage.path(checkpoint)
     run_config = folder / "config.json"
     if not (folder / "model_config.json").is_file() and run_config.is_file():
         peft = json.loads(run_config.read_text()).get("peft") or {}

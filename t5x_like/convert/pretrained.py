@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import json
 import pathlib
+import tempfile
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+
+from t5x_like import storage
 
 
 TOKENIZER_FOLDER = "tokenizer"
@@ -26,11 +29,21 @@ def save_pretrained(folder: str | pathlib.Path, model_config: dict, params, *,
     or the tokenizer files copied from the Hugging Face folder ``tokenizer_from``."""
     from t5x_like.data import hf_tokenizers
 
-    folder = pathlib.Path(folder).absolute()
+    storage.check_checkpoint_location(folder, "--out")
+    folder = storage.path(folder)
     target = folder / "params"
     if target.exists() or (folder / TOKENIZER_FOLDER).exists():
         raise FileExistsError(f"{folder} holds a checkpoint already; choose a new --out folder "
                               "so nothing is overwritten.")
+    if storage.is_remote(folder):
+        # Built on disk, then uploaded with model_config.json last (the same promise).
+        with tempfile.TemporaryDirectory() as local:
+            save_pretrained(pathlib.Path(local) / "out", model_config, params,
+                            vocabulary=vocabulary, tokenizer_from=tokenizer_from,
+                            metadata=metadata)
+            storage.copy_tree(pathlib.Path(local) / "out", folder, last=("model_config.json",))
+        return
+    folder = pathlib.Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     # The tokenizer first (the step most likely to fail), model_config.json last: a
     # folder is a pretrained folder only once everything is in it.
@@ -47,9 +60,9 @@ def save_pretrained(folder: str | pathlib.Path, model_config: dict, params, *,
     (folder / "model_config.json").write_text(json.dumps(model_config, indent=2, default=list))
 
 
-def load_pretrained(folder: str | pathlib.Path) -> tuple[dict, dict]:
+def load_pretrained(folder) -> tuple[dict, dict]:
     """``(model_config, params)`` with params as host numpy arrays."""
-    folder = pathlib.Path(folder).absolute()
+    folder = storage.path(folder)
     config_path = folder / "model_config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"{folder} is not a t5x_like pretrained folder (no "

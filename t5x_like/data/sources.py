@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import glob
 import gzip
 import importlib.util
 import json
 import os
 import re
 from typing import Callable, Mapping, Sequence
+
+from t5x_like import storage
 
 # "Genesis 1:1<TAB>In the beginning ..." -> the verse text only.
 _VERSE_KEY = re.compile(r"^[^\t]*\d+:\d+\t")
@@ -54,7 +55,7 @@ class TextLineSource:
     def files(self) -> list[str]:
         paths: list[str] = []
         for pattern in self.file_patterns:
-            matched = sorted(glob.glob(os.path.expanduser(pattern)))
+            matched = storage.glob(pattern)
             if not matched:
                 raise FileNotFoundError(
                     f"No file matches {pattern!r}. Check the path (relative paths are "
@@ -78,6 +79,8 @@ class TextLineSource:
 
 
 def _read_lines(path: str) -> list[str]:
+    if storage.is_remote(path):
+        return storage.read_text_lines(path)
     opener = gzip.open if path.endswith(".gz") else open
     # errors="replace": a stray non-UTF-8 byte becomes U+FFFD instead of a crash.
     with opener(path, "rt", encoding="utf-8", errors="replace") as f:

@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import pathlib
 
 import ml_collections
+from etils import epath
 
-from t5x_like import config_lib
+from t5x_like import config_lib, storage
 from t5x_like.config_lib import ConfigError, UserError
 
 
 @dataclasses.dataclass(frozen=True)
 class Source:
     kind: str                         # "run" | "pretrained"
-    path: pathlib.Path                # the checkpoints/ folder, or the pretrained folder
+    path: epath.Path                  # the checkpoints/ folder, or the pretrained folder
     only_step: int | None = None      # a single step folder was given
 
     def steps(self) -> list[int]:
@@ -118,7 +118,8 @@ def base_params(init_from: str, config, mesh, step: int | None = None) -> tuple[
 
 
 def resolve(path: str) -> Source:
-    folder = pathlib.Path(path).expanduser().absolute()
+    storage.check_checkpoint_location(path, "--checkpoint")
+    folder = storage.path(path)
     if not folder.exists():
         raise UserError(f"--checkpoint={path}: no such folder. Pass a training workdir, one of "
                         "its checkpoints/<step> folders, or a `convert import` output folder.")
@@ -264,7 +265,7 @@ def vocabulary_fingerprint(vocabulary) -> str:
     hash of a Hugging Face tokenizer, whose file is always tokenizer.json)."""
     from t5x_like.data import vocabularies
     model_path = vocabularies.model_file(vocabulary)
-    where = f" {pathlib.Path(model_path).name}" if model_path else ""
+    where = f" {storage.path(model_path).name}" if model_path else ""
     digest = getattr(vocabulary, "content_sha256", None)
     if digest:
         where += f" sha256:{digest[:12]}"
