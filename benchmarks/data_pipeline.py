@@ -155,7 +155,7 @@ def seqio_span_corruption() -> dict | None:
         from t5.data import preprocessors as t5_preprocessors
     except ImportError:
         print("seqio/t5/tensorflow not installed: seqio comparison skipped (install "
-              "benchmarks/requirements-seqio.txt, see the README).")
+              "benchmarks/requirements-seqio.txt, see docs/benchmarks.md).")
         return None
     try:
         tf.config.threading.set_inter_op_parallelism_threads(1)
@@ -240,7 +240,7 @@ def main() -> None:
             runs += [("epoch", span_corruption_epoch), ("seqio", seqio_span_corruption)]
         else:
             print("seqio/t5/tensorflow not installed: seqio comparison skipped (install "
-                  "benchmarks/requirements-seqio.txt in a separate venv, see the README).")
+                  "benchmarks/requirements-seqio.txt in a separate venv, see docs/benchmarks.md).")
     results = {}
     for _ in range(args.repeats):
         for key, run in runs:

@@ -1,4 +1,4 @@
-"""The embedded_bench table of the README: majority-class baseline, and each fine-tuned
+"""The embedded_bench table of docs/evaluation.md: majority-class baseline, and each fine-tuned
 model from random init and from its pretrained checkpoint, per task and metric.
 
     .venv/bin/python benchmarks/embedded_bench_table.py --runs=runs [--split=test] [--max_examples=200]

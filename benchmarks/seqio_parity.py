@@ -788,7 +788,7 @@ def main() -> int:
         seqio, tf, t5p, error = import_seqio()
         if seqio is None:
             print(f"seqio/t5 not importable ({error}); data parity checks skipped. Install "
-                  "benchmarks/requirements-seqio.txt in a separate venv (see README).")
+                  "benchmarks/requirements-seqio.txt in a separate venv (see docs/benchmarks.md).")
         else:
             docs = tasks.embedded_en_documents("train")
             check_vocabulary(seqio, tf, docs[::10])
