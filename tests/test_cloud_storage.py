@@ -31,25 +31,25 @@ def _forget_cached_filesystems():
     s3fs.S3FileSystem.clear_instance_cache()
 
 
-@pytest.fixture(scope="module")
-def gcs():
-    with gcs_emulator() as env, pytest.MonkeyPatch.context() as patch:
+def _clients_pointed_at(emulator):
+    """The emulator's environment set for this process's clients while the module runs."""
+    with emulator() as env, pytest.MonkeyPatch.context() as patch:
         for key, value in env.items():
             patch.setenv(key, value)
         _forget_cached_filesystems()
         yield env
     _forget_cached_filesystems()
+
+
+@pytest.fixture(scope="module")
+def gcs():
+    yield from _clients_pointed_at(gcs_emulator)
 
 
 @pytest.fixture(scope="module")
 def s3():
     pytest.importorskip("moto")
-    with s3_emulator() as env, pytest.MonkeyPatch.context() as patch:
-        for key, value in env.items():
-            patch.setenv(key, value)
-        _forget_cached_filesystems()
-        yield env
-    _forget_cached_filesystems()
+    yield from _clients_pointed_at(s3_emulator)
 
 
 @pytest.mark.parametrize("bucket_fixture", ["gcs", "s3"])
