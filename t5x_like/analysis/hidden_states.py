@@ -1,0 +1,208 @@
+"""Every layer's hidden states from any family's checkpoint, without touching the models.
+
+A Flax method interceptor watches the stack's blocks (``stacking.run_stack`` names them
+``layers_<i>``, or ``shared_layer`` for ALBERT's one shared block) while the model
+runs: layer 0 is the input of the first block (the embedding output: BERT's
+LayerNorm-ed sum, GPT-2's token + position sum, T5's token lookup), layer ``k`` is the
+output of block ``k``. Block outputs are the raw residual stream: the final norm that
+pre-norm models (GPT-2, T5) apply after the last block is not part of any layer.
+
+Which stack: encoders and decoders their only one; encoder-decoders (T5, BART) their
+encoder; ELECTRA its discriminator. The model is rebuilt as a loop of blocks without
+remat (neither changes a number), so scanned checkpoints read the same way.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import re
+from typing import Sequence
+
+import numpy as np
+
+from t5x_like.config_lib import UserError
+
+# The names run_stack gives blocks (the per-layer loop, and ALBERT's shared block).
+_BLOCK_NAME = re.compile(r"layers_\d+|shared_layer")
+# When the model has no learned-position limit (T5's relative positions).
+DEFAULT_MAX_LENGTH = 512
+
+
+def special_tokens(structure: str, vocabulary) -> tuple[list[int], list[int]]:
+    """``(prefix, suffix)`` ids around each text, the framing the families pretrain on:
+    BERT ``[CLS] text [SEP]``; T5/BART encoders ``text EOS``; decoders ``EOS text`` (EOS
+    ends every document of the LM stream, so a text after it reads as a document start)."""
+    if structure == "encoder":
+        try:
+            return [int(vocabulary.cls_id)], [int(vocabulary.sep_id)]
+        except (ValueError, AttributeError):
+            return [], [int(vocabulary.eos_id)]
+    if structure == "decoder":
+        return ([int(vocabulary.eos_id)] if vocabulary.eos_id is not None else []), []
+    return [], [int(vocabulary.eos_id)]
+
+
+@dataclasses.dataclass
+class EmbeddingModel:
+    """A network, its params and vocabulary, ready to return the hidden states of chosen
+    layers for a padded ``[batch, length]`` batch of token ids (0 = padding)."""
+
+    config: object          # the run config (ml_collections.ConfigDict)
+    params: dict            # host arrays
+    vocabulary: object
+    checkpoint: str = ""
+    step: int | None = None
+    random_init: bool = False
+
+    def __post_init__(self):
+        import jax
+        from t5x_like import models
+        from t5x_like.models import stacking, structures
+
+        self.config = _unrolled(self.config)
+        self.structure = models.structure(self.config.model.family)
+        self.model = structures.for_config(self.config).model
+        self.params = stacking.unstack_layer_params(self.params)
+        self._method = _stack_method(self.config)
+        probe = jax.eval_shape(functools.partial(_all_layers, self.model, self._method),
+                               self.params, np.ones((1, 4), np.int32))
+        self.num_layers = probe.shape[0] - 1
+        self.d_model = int(probe.shape[-1])
+        if self.num_layers < 1:
+            raise UserError(f"{self.checkpoint}: found no blocks named layers_<i> in the "
+                            f"{self.config.model.family} model, so there are no layers to read.")
+
+    @property
+    def stack(self) -> str:
+        """Which stack the layers come from, in words."""
+        family = self.config.model.family
+        return {"encoder_decoder": "encoder (T5)", "bart": "encoder (BART)",
+                "electra": "discriminator (ELECTRA)"}.get(family, self.structure)
+
+    @property
+    def max_length(self) -> int:
+        """Tokens one input may have: the learned positions, or DEFAULT_MAX_LENGTH."""
+        return int(self.config.model.get("max_length") or DEFAULT_MAX_LENGTH)
+
+    @functools.cached_property
+    def framing(self) -> tuple[list[int], list[int]]:
+        return special_tokens(self.structure, self.vocabulary)
+
+    def hidden_states(self, tokens: np.ndarray, layers: Sequence[int]) -> np.ndarray:
+        """``[len(layers), batch, length, d_model]`` float32."""
+        import jax
+        out = _jitted_all_layers()(self.model, self._method, self.params,
+                                   np.asarray(tokens, np.int32))
+        return np.asarray(jax.device_get(out))[list(layers)]
+
+
+def _unrolled(config):
+    """The config with the stack as a plain loop of blocks and no remat (same numbers)."""
+    config = copy.deepcopy(config)
+    if "scan_layers" in config.model:
+        config.model.scan_layers = False
+    if "remat_policy" in config.model:
+        config.model.remat_policy = "none"
+    return config
+
+
+def _stack_method(config) -> str | None:
+    """The model method whose run goes through the stack the layers come from."""
+    family = config.model.family
+    if family in ("encoder_decoder", "bart"):
+        return "encode"
+    if family == "electra" and not (config.get("head") or {}).get("kind"):
+        return "discriminate"
+    return None
+
+
+def _all_layers(model, method, params, tokens):
+    """``[num_layers + 1, batch, length, d]``: the model's forward pass with an
+    interceptor recording the first block's input and every block's output."""
+    import flax.linen as nn
+    import jax.numpy as jnp
+
+    states = []
+
+    def record(next_fun, args, kwargs, context):
+        out = next_fun(*args, **kwargs)
+        if context.method_name == "__call__" and _BLOCK_NAME.fullmatch(context.module.name or ""):
+            if not states:
+                states.append(args[0])
+            states.append(out[0] if isinstance(out, tuple) else out)
+        return out
+
+    with nn.intercept_methods(record):
+        model.apply({"params": params}, tokens, method=method)
+    if not states:
+        return jnp.zeros((0,) + tokens.shape + (1,), jnp.float32)
+    return jnp.stack([state.astype(jnp.float32) for state in states])
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted_all_layers():
+    """One compiled function per (model config, method, shapes), shared by every
+    EmbeddingModel: flax modules hash by their config."""
+    import jax
+    return jax.jit(_all_layers, static_argnums=(0, 1))
+
+
+def load(checkpoint: str, *, step: int | None = None, random_init: bool = False,
+         vocabulary: str | None = None, seed: int = 0) -> EmbeddingModel:
+    """The newest (or ``step``'s) params of a run or pretrained folder; ``random_init``:
+    the same config with fresh params from ``seed`` (the untrained control)."""
+    from t5x_like.evaluation import loading
+
+    source = loading.resolve(checkpoint)
+    steps = source.steps()
+    if not steps:
+        raise UserError(f"--checkpoint={checkpoint}: {source.path} holds no complete checkpoint.")
+    if step is None:
+        step = steps[-1]
+    elif step not in steps:
+        raise UserError(f"--step={step}: {checkpoint} has steps {steps}; pass one of them.")
+    config = loading.run_config(source, step, None, [])
+    saved = source.saved_config(step)
+    trained = loading.trained_vocabulary(source, saved)
+    chosen = loading.resolve_vocabulary(vocabulary, source, trained) or trained
+    if chosen is None:
+        from t5x_like.data import tasks as builtin
+        chosen = builtin.embedded_vocabulary()
+    loading.check_fits(config, chosen, f"--checkpoint={checkpoint}")
+    if random_init:
+        params = _fresh_params(config, seed)
+    elif source.kind == "pretrained":
+        from t5x_like.convert import pretrained
+        params = pretrained.load_pretrained(source.path)[1]
+    else:
+        params = _restored_params(source, step, config)
+    return EmbeddingModel(config, params, chosen, checkpoint=str(checkpoint),
+                          step=None if source.kind == "pretrained" else step,
+                          random_init=random_init)
+
+
+def _restored_params(source, step: int, config) -> dict:
+    import jax
+    from t5x_like import config_lib, partitioning, trainer as trainer_lib
+
+    devices = jax.devices()
+    mesh_shape = config_lib.validate_for_devices(config, len(devices), jax.process_count(),
+                                                 partitioning.num_slices(devices))
+    trainer = trainer_lib.build_trainer(config, partitioning.make_mesh(mesh_shape, devices))
+    return jax.device_get(source.restore_params(step, trainer))
+
+
+def _fresh_params(config, seed: int) -> dict:
+    import flax.linen as nn
+    import jax
+    from t5x_like import models
+    from t5x_like.models import structures
+
+    if (config.get("head") or {}).get("kind"):
+        raise UserError("--random_init needs a pretraining checkpoint; this one has a "
+                        "fine-tuning head (its random control is the pretraining config's).")
+    model = structures.for_config(_unrolled(config)).model
+    variables = jax.jit(model.init)(jax.random.PRNGKey(seed), *models.example_inputs(model))
+    return jax.device_get(nn.meta.unbox(variables["params"]))
