@@ -17,6 +17,7 @@ from typing import Callable, Mapping, Sequence
 import grain
 import numpy as np
 
+from t5x_like.data import cache as cache_lib
 from t5x_like.data import preprocessors as pp
 from t5x_like.data.sources import Source
 
@@ -62,6 +63,7 @@ class Task:
     def __post_init__(self):
         object.__setattr__(self, "preprocessors",
                            tuple(pp.as_step(p) for p in self.preprocessors))
+        cache_lib.check_steps(self.name, self.preprocessors)
         object.__setattr__(self, "metric_fns", tuple(self.metric_fns))
         object.__setattr__(self, "score_metric_fns", tuple(self.score_metric_fns))
         object.__setattr__(self, "label_options", tuple(self.label_options))
@@ -106,19 +108,27 @@ class Task:
 
     def get_dataset(self, split: str, task_feature_lengths: Mapping[str, int], *,
                     seed: int = 0, shuffle: bool = True, num_epochs: int | None = None,
-                    shard_index: int = 0, num_shards: int = 1) -> grain.IterDataset:
+                    shard_index: int = 0, num_shards: int = 1,
+                    use_cached: bool | None = None) -> grain.IterDataset:
         """This shard's examples (``Source.shard``: every ``num_shards``-th record, or whole
         files), shuffled each epoch. Each shard draws its random numbers from its own
-        seed, so shards read side by side (the streams of one batch) are not correlated."""
+        seed, so shards read side by side (the streams of one batch) are not correlated.
+
+        A task with a ``pp.CacheMarker()`` reads its preprocessing cache when a cache
+        directory (``T5X_LIKE_CACHE_DIR``) has one, with the same outputs (``data/cache.py``);
+        ``use_cached``: ``True`` insists on the cache, ``False`` reads the source."""
         if split not in self.splits:
             raise ValueError(f"Task {self.name!r} has no split {split!r}; it has {self.splits}.")
         if not 0 <= shard_index < num_shards:
             raise ValueError(f"shard_index={shard_index} is not in [0, num_shards={num_shards}).")
+        cached = cache_lib.lookup(self, split, use_cached)  # None: read the source
         try:
-            records = self.source.shard(split, shard_index, num_shards)
+            records = (cached.shard(shard_index, num_shards) if cached is not None
+                       else self.source.shard(split, shard_index, num_shards))
         except ValueError as e:
             raise ValueError(f"Task {self.name!r}: {e}") from None
-        ctx = self.context(split, task_feature_lengths, records)
+        ctx = self.context(split, task_feature_lengths, records if cached is None else
+                           cache_lib.SourceShard(self.source, split, shard_index, num_shards))
         seed = shard_seed(seed, shard_index, num_shards)
         if getattr(records, "sequential", False):  # TFRecord files: read in order, windowed
             ds = records.dataset(seed, shuffle, num_epochs)
@@ -131,6 +141,8 @@ class Task:
             ds = ds.repeat(num_epochs)
         # Reading a list by index needs no threads; grain's thread prefetch costs more than it saves.
         ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
+        if cached is not None:  # the steps after the marker, on the cached examples
+            return cached.apply_steps(ds, self.preprocessors, ctx, seed)
         return pp.apply_steps(ds, self.preprocessors, ctx, seed)
 
 
@@ -236,7 +248,7 @@ class Mixture:
 
     def get_dataset(self, split: str, task_feature_lengths: Mapping[str, int], *, seed: int = 0,
                     shuffle: bool = True, num_epochs: int | None = None, shard_index: int = 0,
-                    num_shards: int = 1) -> grain.IterDataset:
+                    num_shards: int = 1, use_cached: bool | None = None) -> grain.IterDataset:
         """Interleaves the tasks' streams deterministically at the mixture's rates.
 
         Each task's stream repeats (``num_epochs`` applies to each); the mix ends when
@@ -247,7 +259,7 @@ class Mixture:
             self.task(task).get_dataset(
                 split, task_feature_lengths, seed=pp.base.step_seed(seed, 1000 + i),
                 shuffle=shuffle, num_epochs=num_epochs, shard_index=shard_index,
-                num_shards=num_shards)
+                num_shards=num_shards, use_cached=use_cached)
             for i, task in enumerate(sorted(rates))]
         return grain.IterDataset.mix(datasets, [rates[t] for t in sorted(rates)])
 

@@ -56,37 +56,41 @@ def embedded_en_documents(split: str) -> list[str]:
 
 
 TEXT_TO_TARGETS = pp.Rekey({"targets": "text"})
+# Where the preprocessing cache ends (python -m t5x_like.cache_tasks): the steps before it
+# are deterministic; chunking and the objective's random choices run online. The marker
+# takes no step number, so it changes no output.
+CACHE = pp.CacheMarker()
 
 
 def span_corruption_steps(density=NOISE_DENSITY, mean_span=MEAN_NOISE_SPAN_LENGTH) -> list:
-    return [TEXT_TO_TARGETS, pp.Tokenize(),
+    return [TEXT_TO_TARGETS, pp.Tokenize(), CACHE,
             pp.ConcatenateAndSplit("targets", pp.span_corruption_tokens_length(density, mean_span)),
             pp.SpanCorruption(density, mean_span)]
 
 
 def mlm_steps(**masking) -> list:
-    return [TEXT_TO_TARGETS, pp.Tokenize(),
+    return [TEXT_TO_TARGETS, pp.Tokenize(), CACHE,
             pp.ConcatenateAndSplit("targets", pp.mlm_chunk_length), pp.MaskedLM(**masking)]
 
 
 def lm_steps() -> list:
-    return [TEXT_TO_TARGETS, pp.Tokenize(), pp.AppendEos(),
+    return [TEXT_TO_TARGETS, pp.Tokenize(), pp.AppendEos(), CACHE,
             pp.ConcatenateAndSplit("targets", lambda ctx: ctx.length("targets"))]
 
 
 def prefix_lm_steps() -> list:
-    return [TEXT_TO_TARGETS, pp.Tokenize(), pp.AppendEos(),
+    return [TEXT_TO_TARGETS, pp.Tokenize(), pp.AppendEos(), CACHE,
             pp.ConcatenateAndSplit("targets", pp.prefix_lm_chunk_length), pp.PrefixLM()]
 
 
 def denoise_steps(variant: str) -> list:
-    return [TEXT_TO_TARGETS, pp.Tokenize(),
+    return [TEXT_TO_TARGETS, pp.Tokenize(), CACHE,
             pp.ConcatenateAndSplit("targets", pp.length_minus_eos("inputs")),
             pp.Denoise(variant), pp.Truncate()]
 
 
 def bart_steps() -> list:
-    return [TEXT_TO_TARGETS, pp.Tokenize(),
+    return [TEXT_TO_TARGETS, pp.Tokenize(), CACHE,
             pp.ConcatenateAndSplit("targets", pp.length_minus_eos("targets")), pp.BartNoise()]
 
 

@@ -8,7 +8,7 @@ from t5x_like.data.preprocessors.bart import (
     BartNoise, document_rotation, sentence_permutation, text_infilling, token_deletion,
     token_masking)
 from t5x_like.data.preprocessors.base import (
-    Context, ExampleStep, FunctionStep, Step, StreamStep, apply_steps, as_step)
+    CacheMarker, Context, ExampleStep, FunctionStep, Step, StreamStep, apply_steps, as_step)
 from t5x_like.data.preprocessors.denoising import Denoise, denoise, iid_noise_mask
 from t5x_like.data.preprocessors.language_modeling import (
     ConcatenateAndSplit, PrefixLM, length_minus_eos, prefix_lm_chunk_length, prefix_lm_split)
@@ -22,8 +22,8 @@ from t5x_like.data.preprocessors.text import (
     AppendEos, Filter, Rekey, Tokenize, Truncate)
 
 __all__ = [
-    "AppendEos", "BartNoise", "ConcatenateAndSplit", "Context", "Denoise", "ExampleStep",
-    "Filter", "FunctionStep", "MaskedLM", "NextSentencePairs", "PrefixLM", "Rekey",
+    "AppendEos", "BartNoise", "CacheMarker", "ConcatenateAndSplit", "Context", "Denoise",
+    "ExampleStep", "Filter", "FunctionStep", "MaskedLM", "NextSentencePairs", "PrefixLM", "Rekey",
     "SpanCorruption", "Step", "StreamStep", "Tokenize", "Truncate", "apply_steps", "as_step",
     "bert_mask", "denoise", "document_rotation", "iid_noise_mask", "length_minus_eos",
     "mlm_chunk_length", "next_sentence_pair", "noise_span_to_unique_sentinel",

@@ -6,6 +6,9 @@ example's index in the stream, so the same seed always gives the same output and
 a restored iterator continues exactly. Steps that must see several examples
 (concatenate-and-split, packing) are ``StreamStep``s with their own iterator
 state. A plain function ``fn(example, rng) -> example | None`` is accepted too.
+
+``CacheMarker`` splits a task's steps for the preprocessing cache (``data/cache.py``):
+the deterministic steps before it can be run once, offline, by ``cache_tasks``.
 """
 
 from __future__ import annotations
@@ -110,6 +113,23 @@ class StreamStep(Step):
 
 
 @dataclasses.dataclass(frozen=True)
+class CacheMarker(Step):
+    """Where a task's cache ends (seqio's ``CacheDatasetPlaceholder``): the steps before
+    it run once, offline (``python -m t5x_like.cache_tasks``), and a cached task reads
+    their output and runs only the steps after it. Only deterministic per-example steps
+    (``ExampleStep`` with ``uses_rng = False``) may come before it.
+
+    The marker itself does nothing and takes no step number, so adding it to a task
+    changes none of its outputs. ``required``: the task may only be read from its cache.
+    """
+
+    required: bool = False
+
+    def __call__(self, ds, ctx, seed):
+        return ds
+
+
+@dataclasses.dataclass(frozen=True)
 class FunctionStep(ExampleStep):
     """Wraps a user's ``fn(example, rng) -> example | None``."""
 
@@ -134,8 +154,16 @@ def step_seed(seed: int, step_index: int) -> int:
 
 
 def apply_steps(ds: grain.IterDataset, steps: Sequence[Step], ctx: Context,
-                seed: int) -> grain.IterDataset:
-    for index, step in enumerate(steps):
-        step.check(ctx)
-        ds = step(ds, ctx, step_seed(seed, index))
+                seed: int, *, start: int = 0) -> grain.IterDataset:
+    """``steps[start:]`` on ``ds`` (the earlier ones were applied already: a cache holds
+    their output). Each step's seed comes from its number among the steps, markers not
+    counted, so a cached task's steps draw what the uncached ones draw."""
+    index = 0
+    for position, step in enumerate(steps):
+        if isinstance(step, CacheMarker):
+            continue
+        if position >= start:
+            step.check(ctx)
+            ds = step(ds, ctx, step_seed(seed, index))
+        index += 1
     return ds
