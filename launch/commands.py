@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import os
 import re
 import shlex
 import subprocess
 import sys
 from typing import Sequence, TextIO
 
+from t5x_like import platforms
 from t5x_like.config_lib import UserError
 
 
@@ -96,14 +98,15 @@ class Runner:
         """Runs with the terminal attached (gcloud's own prompts and progress show)."""
         print(f"+ {c.render()}", file=sys.stderr, flush=True)
         try:
-            return subprocess.run(c.argv, check=False).returncode
+            return subprocess.run(c.argv, check=False, env=_environment()).returncode
         except FileNotFoundError:
             raise _missing_program(c.argv) from None
 
     def capture(self, c: Command, timeout_s: float | None = None) -> Result:
         try:
             done = subprocess.run(c.argv, capture_output=True, text=True, check=False,
-                                  stdin=subprocess.DEVNULL, timeout=timeout_s)
+                                  stdin=subprocess.DEVNULL, timeout=timeout_s,
+                                  env=_environment())
         except FileNotFoundError:
             raise _missing_program(c.argv) from None
         except subprocess.TimeoutExpired as e:
@@ -119,6 +122,13 @@ class Runner:
             return []
         with concurrent.futures.ThreadPoolExecutor(min(self.parallel, len(commands))) as pool:
             return list(pool.map(lambda c: self.capture(c, timeout_s), commands))
+
+
+def _environment() -> dict[str, str]:
+    """This process's environment minus the backend choice importing t5x_like made for
+    this machine: ``sbatch`` copies the environment into the job, and a login node
+    without GPUs would otherwise tell the GPU nodes to run on the CPU."""
+    return platforms.environment_for_other_machines(os.environ)
 
 
 def _text(value) -> str:

@@ -19,6 +19,10 @@ import pkgutil
 import sys
 from typing import Callable, Iterable, Mapping
 
+# Set beside JAX_PLATFORMS when this module chose it: the choice is about this machine,
+# so commands that start work on other machines (sbatch copies the environment into the
+# job) drop it again (``environment_for_other_machines``).
+CHOSEN_MARKER = "T5X_LIKE_CHOSE_JAX_PLATFORMS"
 # Device files of TPU chips: /dev/accel* (v2-v5e), /dev/vfio/N (v5p, v6e and later).
 TPU_DEVICE_PATTERNS = ("/dev/accel*", "/dev/vfio/[0-9]*")
 # A GPU backend, the substring of its jax_plugins module, and the device file it needs.
@@ -61,6 +65,7 @@ def keep_libtpu_off_machines_without_tpus() -> None:
     if value is None:
         return
     os.environ["JAX_PLATFORMS"] = value
+    os.environ[CHOSEN_MARKER] = value
     jax = sys.modules.get("jax")
     if jax is None:
         return
@@ -70,3 +75,14 @@ def keep_libtpu_off_machines_without_tpus() -> None:
             jax.config.update("jax_platforms", value)
     except (ImportError, AttributeError):  # private API moved: the variable still helps children
         pass
+
+
+def environment_for_other_machines(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without the ``JAX_PLATFORMS`` this module chose for this machine (a
+    login node without GPUs must not send ``cpu`` to the GPU nodes); a value the user
+    set is kept."""
+    env = dict(environ)
+    chosen = env.pop(CHOSEN_MARKER, None)
+    if chosen is not None and env.get("JAX_PLATFORMS") == chosen:
+        del env["JAX_PLATFORMS"]
+    return env

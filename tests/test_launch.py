@@ -126,8 +126,10 @@ sys.exit(f"fake gcloud: unexpected {{argv}}")
 
 FAKE_RECORDER = """#!{python} -S
 import json, os, pathlib, sys
-with open(pathlib.Path(os.environ["FAKE_CLOUD"]) / "calls.jsonl", "a") as calls:
-    calls.write(json.dumps([os.path.basename(sys.argv[0])] + sys.argv[1:]) + "\\n")
+root, name = pathlib.Path(os.environ["FAKE_CLOUD"]), os.path.basename(sys.argv[0])
+with open(root / "calls.jsonl", "a") as calls:
+    calls.write(json.dumps([name] + sys.argv[1:]) + "\\n")
+(root / f"{{name}}_env.json").write_text(json.dumps(dict(os.environ)))
 """
 
 # The workers' uv: `uv venv` makes a python that records its argv and environment, then
@@ -420,6 +422,24 @@ def test_slurm_writes_the_script_and_submits_it(cloud, tmp_path, capsys, monkeyp
     assert "srun --kill-on-bad-exit=1 env PYTHONUNBUFFERED=1 .venv/bin/python -m " \
         "t5x_like.train --config=configs/t5_1_1_base.py --workdir=/shared/r" in text
     assert cloud.calls() == [["sbatch", str(script)]]
+
+
+def test_sbatch_does_not_carry_this_machines_backend_choice_to_the_gpu_nodes(
+        cloud, tmp_path, monkeypatch):
+    """sbatch copies the environment into the job: the JAX_PLATFORMS=cpu that importing
+    t5x_like chose on a login node without GPUs must not reach the GPU nodes."""
+    from t5x_like import platforms
+    monkeypatch.chdir(pathlib.Path(launcher.__file__).resolve().parents[1])
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    monkeypatch.setenv(platforms.CHOSEN_MARKER, "cpu")
+    assert launch("slurm", "--nodes=2", *TRAIN, "--workdir=/shared/r",
+                  f"--script={tmp_path / 'job.sbatch'}") == 0
+    submitted = json.loads((cloud.root / "sbatch_env.json").read_text())
+    assert "JAX_PLATFORMS" not in submitted and platforms.CHOSEN_MARKER not in submitted
+    monkeypatch.delenv(platforms.CHOSEN_MARKER)  # the user's own choice travels
+    assert launch("slurm", "--nodes=2", *TRAIN, "--workdir=/shared/r",
+                  f"--script={tmp_path / 'job.sbatch'}") == 0
+    assert json.loads((cloud.root / "sbatch_env.json").read_text())["JAX_PLATFORMS"] == "cpu"
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -38,6 +38,15 @@ def test_gpu_backend_needs_both_its_plugin_and_its_devices():
     assert platforms.platforms_without_tpu({}, [], nvidia) == "cpu"
 
 
+def test_only_our_own_choice_is_dropped_for_other_machines():
+    ours = {"JAX_PLATFORMS": "cpu", platforms.CHOSEN_MARKER: "cpu", "HOME": "/h"}
+    assert platforms.environment_for_other_machines(ours) == {"HOME": "/h"}
+    users = {"JAX_PLATFORMS": "cuda", platforms.CHOSEN_MARKER: "cpu"}  # changed since
+    assert platforms.environment_for_other_machines(users) == {"JAX_PLATFORMS": "cuda"}
+    assert platforms.environment_for_other_machines({"JAX_PLATFORMS": "tpu"}) == {
+        "JAX_PLATFORMS": "tpu"}
+
+
 NOISE = ("E0000", "libtpu", "TPU_WORKER_HOSTNAMES", "InitGoogle")
 
 
