@@ -195,7 +195,7 @@ ENUMS = {
     "optimizer.schedule": ("constant", "rsqrt", "linear", "cosine"),
     "partitioning.rules": ("data_parallel", "fsdp", "fsdp_tensor"),
     "model.dtype": ("float32", "bfloat16"),
-    "model.family": ("encoder_decoder", "bart", "decoder", "encoder", "electra"),
+    "model.family": ("encoder_decoder", "bart", "decoder", "encoder", "electra", "bilm"),
     "model.remat_policy": ("none", "full", "dots", "dots_no_batch"),
     "model.norm": ("layernorm", "rmsnorm"),
     "model.position_embedding": ("learned", "rotary"),
@@ -368,7 +368,8 @@ def _type_ok(value: Any, expected: Any) -> bool:
 FAMILY_EXAMPLES = {"encoder_decoder": "configs/quickstart.py", "bart": "configs/bart_base.py",
                    "decoder": "configs/pretrain/gpt2_tiny.py",
                    "encoder": "configs/pretrain/bert_tiny.py",
-                   "electra": "configs/pretrain/electra_tiny.py"}
+                   "electra": "configs/pretrain/electra_tiny.py",
+                   "bilm": "configs/pretrain/elmo_tiny.py"}
 
 
 def _check_against_schema(config, schema, prefix: str = "", context: str = " in the config") \
@@ -465,6 +466,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _validate_divergence(config)
     _validate_peft(config)
     _validate_electra(config)
+    _validate_bilm(config)
     _validate_distill(config)
     for name in config.allow_resume_changes:
         if not any(name == k or name.startswith(k + ".") for k in RESUME_CHANGE_KEYS):
@@ -589,6 +591,13 @@ def _validate_distill(config) -> None:
     if (config.peft.bitfit or lora.rank or config.peft.adapter.size or prefix.length
             or (prompt is not None and prompt.length)):
         raise ConfigError("distill trains the whole student; turn peft off for it.")
+
+
+def _validate_bilm(config) -> None:
+    if config.model.get("family") != "bilm":
+        return
+    from t5x_like.models.bilm_validation import validate_bilm
+    validate_bilm(config, ConfigError)
 
 
 def _validate_electra(config) -> None:

@@ -186,7 +186,7 @@ def test_model_keys_are_checked_against_the_chosen_family():
 
 
 def test_unknown_family_lists_the_families():
-    with pytest.raises(config_lib.ConfigError, match="available: \\['bart', 'decoder', 'electra', 'encoder', 'encoder_decoder'\\]"):
+    with pytest.raises(config_lib.ConfigError, match="available: \\['bart', 'bilm', 'decoder', 'electra', 'encoder', 'encoder_decoder'\\]"):
         config_lib.model_defaults("encoder_only")
 
 

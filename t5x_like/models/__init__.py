@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from t5x_like.models.bart import BartConfig, BartEncoderDecoder
+from t5x_like.models.bilm import Bilm, BilmConfig
 from t5x_like.models.decoder import DecoderConfig, DecoderOnly
 from t5x_like.models.electra import Electra, ElectraConfig
 from t5x_like.models.encoder import EncoderConfig, EncoderOnly
@@ -16,12 +17,14 @@ FAMILIES = {
     "decoder": (DecoderConfig, DecoderOnly),
     "encoder": (EncoderConfig, EncoderOnly),
     "electra": (ElectraConfig, Electra),
+    "bilm": (BilmConfig, Bilm),
 }
 # What each family's model consumes and produces, hence its objective and features:
 # "encoder_decoder" (seq2seq), "decoder" (causal or prefix LM), "encoder" (masked LM;
 # ELECTRA reads the same batches and adds replaced-token detection).
 STRUCTURES = {"encoder_decoder": "encoder_decoder", "bart": "encoder_decoder",
-              "decoder": "decoder", "encoder": "encoder", "electra": "encoder"}
+              "decoder": "decoder", "encoder": "encoder", "electra": "encoder",
+              "bilm": "decoder"}  # bilm: causal-LM batches, its own objective
 
 
 def structure(family: str) -> str:
@@ -46,6 +49,9 @@ def build_model(model_config):
     fields = {k: v for k, v in dict(model_config).items() if k != "family"}
     if "mlp_activations" in fields:
         fields["mlp_activations"] = tuple(fields["mlp_activations"])
+    for key in ("filter_widths", "filter_counts"):  # bilm
+        if key in fields:
+            fields[key] = tuple(fields[key])
     return module_cls(config_cls(**fields))
 
 
@@ -56,6 +62,8 @@ def example_inputs(model, lengths: dict | None = None, batch_size: int = 1) -> t
     lengths = lengths or {}
     if "input_tokens" in lengths:  # a fine-tuning head (models.heads.WithHead)
         return (jnp.ones((batch_size, lengths["input_tokens"]), jnp.int32),)
+    if isinstance(model, Bilm):
+        return (jnp.ones((batch_size, lengths.get("decoder_target_tokens", 8)), jnp.int32),)
     if isinstance(model, DecoderOnly):
         return (jnp.ones((batch_size, lengths.get("decoder_input_tokens", 8)), jnp.int32),)
     if isinstance(model, (EncoderOnly, Electra)):

@@ -362,6 +362,9 @@ FAMILY_STRUCTURE_CLASSES = {"electra": ElectraStructure}
 
 def structure_class(family: str) -> type[Structure]:
     from t5x_like import models
+    if family == "bilm":
+        from t5x_like.models.bilm_structure import BilmStructure
+        return BilmStructure
     return FAMILY_STRUCTURE_CLASSES.get(family) or STRUCTURE_CLASSES[models.structure(family)]
 
 
