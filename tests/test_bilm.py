@@ -8,7 +8,7 @@ import pytest
 
 from t5x_like import config_lib, summary
 from t5x_like.models import bilm
-from t5x_like.models.bilm_structure import bilm_loss
+from t5x_like.objectives import bilm_loss
 
 TINY = bilm.BilmConfig(vocab_size=64, char_vocabulary="", max_chars=8, char_embed_dim=4,
                        filter_widths=(1, 2, 3), filter_counts=(4, 4, 8), num_highway=1,

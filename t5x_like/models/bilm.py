@@ -239,14 +239,3 @@ class ScalarMix(nn.Module):
         gamma = self.param("gamma", nn.initializers.ones, ())
         w = jax.nn.softmax(s)
         return gamma * jnp.tensordot(w, layers, axes=1)
-
-
-def lm_targets(tokens, pad_id: int = 0):
-    """``(forward_targets, forward_weights, backward_targets, backward_weights)``:
-    position t's forward state predicts token t+1, its backward state token t-1."""
-    real = (tokens != pad_id).astype(jnp.float32)
-    fwd_t = jnp.pad(tokens[:, 1:], ((0, 0), (0, 1)))
-    fwd_w = jnp.pad(real[:, 1:], ((0, 0), (0, 1)))
-    bwd_t = jnp.pad(tokens[:, :-1], ((0, 0), (1, 0)))
-    bwd_w = jnp.pad(real[:, :-1], ((0, 0), (1, 0)))
-    return fwd_t, fwd_w, bwd_t, bwd_w

@@ -28,6 +28,7 @@ import numpy as np
 from flax import traverse_util
 
 from t5x_like import objectives
+from t5x_like.objectives import bilm as bilm_objective
 
 # Keys of ``predict_batch`` beyond the batch: the decoding flags of ``infer`` and ``eval``.
 DECODE_DEFAULTS = {"max_decode_length": 64, "num_beams": 1, "alpha": 0.6, "temperature": 0.0,
@@ -352,19 +353,58 @@ class ElectraStructure(EncoderStructure):
         return flops
 
 
+class BilmStructure(DecoderStructure):
+    """ELMo's biLM: causal-LM batches (``DecoderFeatureConverter``, unpacked), read as one
+    token sequence (``decoder_target_tokens``); the objective is the mean of the forward
+    and backward LM cross-entropies (``objectives.bilm_loss``). Scoring sums the forward
+    LM's log-likelihood. A biLM does not generate."""
+
+    name = "bilm"
+
+    def loss_fn(self, loss_config):
+        return _token_loss_fn(objectives.bilm_loss, loss_config)
+
+    def forward(self, model, params, batch, rng=None, deterministic=True):
+        tokens = batch["decoder_target_tokens"]
+        out = model.apply({"params": params}, tokens, deterministic=deterministic,
+                          rngs=objectives.dropout_rngs(rng, deterministic), return_layers=True)
+        fwd_t, fwd_w, _, _ = bilm_objective.lm_targets(tokens, model.config.pad_id)
+        return {"logits": out["forward_logits"], "hidden": out["layers"][-1],
+                "targets": fwd_t, "weights": fwd_w,
+                "positions": (tokens != model.config.pad_id).astype(jnp.float32)}
+
+    def score_batch(self, params, batch):
+        out = self.forward(self.model, params, batch)
+        return _target_log_likelihood(out["logits"], out["targets"], out["weights"])
+
+    def predict_batch(self, params, batch, *, rng=None, **decode):
+        raise ValueError("A bidirectional LM (model.family='bilm') does not generate text; "
+                         "evaluate it with --mode=score, or use its features (ELMo).")
+
+    def forward_flops_per_sequence(self, model, lengths):
+        """Matmul FLOPs per sequence: char CNN, both directions' LSTMPs, the softmax
+        for both directions."""
+        s = lengths.get("inputs", 0) + lengths["targets"]
+        e, c, p = model["char_embed_dim"], model["max_chars"], model["projection_dim"]
+        widths, counts = tuple(model["filter_widths"]), tuple(model["filter_counts"])
+        n = sum(counts)
+        cnn = sum(2 * (c - w + 1) * w * e * k for w, k in zip(widths, counts))
+        cnn += model["num_highway"] * 2 * n * 2 * n + 2 * n * p
+        lstm = 2 * model["num_layers"] * (2 * (2 * p) * 4 * model["lstm_dim"]
+                                          + 2 * model["lstm_dim"] * p)
+        return s * (cnn + lstm + 2 * 2 * p * model["vocab_size"])
+
+
 STRUCTURE_CLASSES = {"encoder_decoder": EncoderDecoderStructure, "decoder": DecoderStructure,
                      "encoder": EncoderStructure}
 
 
 # Families whose objective differs from their structure's (their batches do not).
-FAMILY_STRUCTURE_CLASSES = {"electra": ElectraStructure}
+FAMILY_STRUCTURE_CLASSES = {"electra": ElectraStructure, "bilm": BilmStructure}
 
 
 def structure_class(family: str) -> type[Structure]:
     from t5x_like import models
-    if family == "bilm":
-        from t5x_like.models.bilm_structure import BilmStructure
-        return BilmStructure
     return FAMILY_STRUCTURE_CLASSES.get(family) or STRUCTURE_CLASSES[models.structure(family)]
 
 
