@@ -53,10 +53,6 @@ def one_line(error: BaseException, limit: int = 240) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _relative(file: epath.Path, folder: epath.Path) -> str:
-    return str(file)[len(str(folder)):].lstrip("/")
-
-
 def _step_files(folder: epath.Path) -> list[epath.Path]:
     return [p for p in storage.files_under(folder)
             if p.name != MANIFEST and p.name != MANIFEST + ".tmp"]
@@ -64,7 +60,7 @@ def _step_files(folder: epath.Path) -> list[epath.Path]:
 
 def write_manifest(folder: epath.Path) -> None:
     """Sizes and CRC32s of every file in a finished step folder, written next to them."""
-    files = {_relative(p, folder): {"size": storage.file_size(p), "crc32": storage.file_crc32(p)}
+    files = {storage.relative_name(p, folder): {"size": storage.file_size(p), "crc32": storage.file_crc32(p)}
              for p in _step_files(folder)}
     # Whole or absent (a renamed temporary file on disk, one object write in a bucket).
     storage.write_atomic(folder / MANIFEST,
@@ -101,7 +97,7 @@ def manifest_problem(folder: epath.Path) -> str | None:
             return f"{name} is {size} bytes, the manifest says {expected['size']}"
         if storage.file_crc32(path) != expected["crc32"]:
             return f"{name} does not match its checksum (its bytes changed after the save)"
-    extra = [name for name in (_relative(p, folder) for p in _step_files(folder))
+    extra = [name for name in (storage.relative_name(p, folder) for p in _step_files(folder))
              if name not in files]
     if extra:
         return f"{extra[0]} was not part of the save"

@@ -113,11 +113,13 @@ def move_tree(source, target) -> None:
     if not is_remote(source):
         shutil.move(os.fspath(source), os.fspath(target))
         return
-    for file in files_under(source):
-        destination = target / str(file)[len(str(source)):].lstrip("/")
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        file.copy(destination, overwrite=True)
+    copy_tree(source, target)
     source.rmtree()
+
+
+def relative_name(file, folder) -> str:
+    """``file``'s path below ``folder`` (``state/d/x``), the same on disk and in a bucket."""
+    return str(file)[len(str(folder)):].lstrip("/")
 
 
 def copy_tree(source, target, last: tuple[str, ...] = ()) -> None:
@@ -126,7 +128,7 @@ def copy_tree(source, target, last: tuple[str, ...] = ()) -> None:
     a complete folder."""
     source, target = path(source), path(target)
     target.mkdir(parents=True, exist_ok=True)
-    files = [(str(file)[len(str(source)):].lstrip("/"), file) for file in files_under(source)]
+    files = [(relative_name(file, source), file) for file in files_under(source)]
     files.sort(key=lambda item: (item[0] in last, item[0]))
     for relative, file in files:
         destination = target / relative

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import gzip
 import importlib.util
 import json
 import os
@@ -79,12 +78,8 @@ class TextLineSource:
 
 
 def _read_lines(path: str) -> list[str]:
-    if storage.is_remote(path):
-        return storage.read_text_lines(path)
-    opener = gzip.open if path.endswith(".gz") else open
-    # errors="replace": a stray non-UTF-8 byte becomes U+FFFD instead of a crash.
-    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
-        return f.read().splitlines()
+    # On disk or in a bucket; a stray non-UTF-8 byte becomes U+FFFD instead of a crash.
+    return storage.read_text_lines(path)
 
 
 # -- Task sources: ``get(split)`` -> a random-access sequence of raw example dicts -----------
