@@ -215,3 +215,12 @@ def test_train_sigterm_resume_and_eval_all_in_a_bucket(gcs):
     assert all(0.0 <= r["accuracy"] <= 100.0 for r in records)
     predictions = storage.path(output_dir) / "predictions" / "embedded_spam"
     assert len((predictions / f"step_{target}.jsonl").read_text().splitlines()) == 4
+
+
+def test_a_bucket_path_without_its_client_library_names_the_extra(monkeypatch):
+    from t5x_like import storage, user_errors
+    monkeypatch.setitem(storage._FSSPEC_PACKAGE, "gs://", "no_such_gcs_client")
+    with pytest.raises(user_errors.UserError,
+                       match=r"--workdir=gs://b/run: gs:// paths need the no_such_gcs_client "
+                             r"package; install the 'cloud' extra"):
+        user_errors.check_writable_folder("gs://b/run")
