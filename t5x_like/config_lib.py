@@ -197,6 +197,7 @@ ENUMS = {
     "model.dtype": ("float32", "bfloat16"),
     "model.family": ("encoder_decoder", "bart", "decoder", "encoder", "electra", "bilm"),
     "model.remat_policy": ("none", "full", "dots", "dots_no_batch"),
+    "model.attention_impl": ("auto", "xla", "flash", "chunked"),
     "model.norm": ("layernorm", "rmsnorm"),
     "model.position_embedding": ("learned", "rotary"),
     "loss.normalization": ("tokens", "constant"),

@@ -46,6 +46,7 @@ class BartConfig:
     dtype: str = "float32"
     scan_layers: bool = False
     remat_policy: str = "none"
+    attention_impl: str = "auto"  # attention.IMPLEMENTATIONS
 
     @property
     def compute_dtype(self):

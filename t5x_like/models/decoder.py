@@ -22,7 +22,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from t5x_like.models import layers, stacking
+from t5x_like.models import attention, layers, stacking
 from t5x_like.models.layers import constrain
 
 
@@ -44,6 +44,7 @@ class DecoderConfig:
     num_kv_heads: int = 0  # 0: as many as num_heads; fewer: grouped-query attention
     tie_embeddings: bool = True
     sliding_window: int = 0  # 0: attend to the whole past
+    attention_impl: str = "auto"  # attention.IMPLEMENTATIONS
     dropout_rate: float = 0.0
     dtype: str = "float32"
     scan_layers: bool = False
@@ -77,7 +78,8 @@ class DecoderBlock(nn.Module):
             cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dtype, use_bias=cfg.use_bias,
             scale_in_compute=True, kernel_init=_gpt2_init, num_kv_heads=cfg.num_kv_heads or None,
             rotary=cfg.position_embedding == "rotary",
-            rotary_max_wavelength=cfg.rotary_max_wavelength, name="attention")(
+            rotary_max_wavelength=cfg.rotary_max_wavelength, attention_impl=cfg.attention_impl,
+            name="attention")(
                 h, h, bias, deterministic, decode, positions, positions)
         x = layers.gradient_boundary(x + dropout(h, deterministic=deterministic))
         h = layers.make_norm(cfg.norm, cfg.layer_norm_epsilon, dtype, "pre_mlp_norm")(x)
@@ -102,9 +104,13 @@ class DecoderOnly(nn.Module):
         batch, length = decoder_input_tokens.shape
         if decoder_positions is None:
             decoder_positions = jnp.broadcast_to(jnp.arange(length), (batch, length))
-        bias = layers.attention_bias_from_mask(self._mask(
-            decoder_input_tokens, decoder_segment_ids, decoder_causal_attention, decode,
-            max_decode_length))
+        if decode:
+            bias = layers.attention_bias_from_mask(self._decode_mask(
+                decoder_input_tokens, decoder_segment_ids, max_decode_length))
+        else:
+            bias = attention.self_attention_mask(
+                jnp.ones((batch, length), bool), decoder_segment_ids, causal=True,
+                window=cfg.sliding_window, prefix=decoder_causal_attention)
         token_embedder = layers.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype,
                                       embedding_init=_gpt2_init, name="token_embedder")
         x = token_embedder(decoder_input_tokens)
@@ -129,22 +135,16 @@ class DecoderOnly(nn.Module):
                                          name="logits_dense")(x)
         return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
 
-    def _mask(self, tokens, segment_ids, causal_attention, decode, max_decode_length):
+    def _decode_mask(self, tokens, segment_ids, max_decode_length):
+        """The dense mask over the whole cache, whose rows decoding steps read."""
         cfg = self.config
-        if decode:
-            length = max_decode_length or tokens.shape[1]
-            mask = layers.causal_mask(length)
-            if segment_ids is not None and segment_ids.shape[-1] == length:
-                # Left-padded prompts (decoding.generate_padded): 1 marks the cache
-                # positions that hold real tokens; padding is never attended to.
-                mask = mask & (segment_ids[:, None, None, :] > 0)
-        else:
-            length = tokens.shape[1]
-            mask = (layers.causal_mask(length) if causal_attention is None
-                    else layers.prefix_lm_mask(causal_attention))
-            if segment_ids is not None:
-                mask = mask & layers.segment_mask(segment_ids, segment_ids)
+        length = max_decode_length or tokens.shape[1]
+        mask = layers.causal_mask(length)
+        if segment_ids is not None and segment_ids.shape[-1] == length:
+            # Left-padded prompts (decoding.generate_padded): 1 marks the cache
+            # positions that hold real tokens; padding is never attended to.
+            mask = mask & (segment_ids[:, None, None, :] > 0)
         if cfg.sliding_window:
             mask = mask & layers.sliding_window_mask(length, length, cfg.sliding_window,
-                                                     causal=causal_attention is None)
+                                                     causal=True)
         return mask

@@ -8,7 +8,8 @@ The same network, by config:
   next-sentence head's shape);
 - SpanBERT: a span-boundary head predicting each masked token from the two
   tokens around its span and its offset in the span;
-- Longformer-style local attention: ``attention_window``;
+- Longformer: local attention (``attention_window``) and global tokens with their own
+  projections (``global_attention``), in memory linear in the length (``models.attention``);
 - ELECTRA's towers (``models.electra``): ``embeddings`` shared with another tower,
   and ``output_head="replaced_token"`` for the discriminator.
 
@@ -28,7 +29,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from t5x_like.models import layers, stacking
+from t5x_like.models import attention, layers, stacking
 from t5x_like.models.layers import constrain
 
 
@@ -55,6 +56,11 @@ class EncoderConfig:
     span_boundary_head: bool = False  # SpanBERT's span-boundary objective
     max_span_length: int = 10  # offsets inside a span beyond this share the last embedding
     attention_window: int = 0  # 0: full attention; w: keys within w - 1 positions
+    # Longformer: global tokens (CLS, or the ``global_attention_mask`` given) see and are
+    # seen by every token, through their own query/key/value projections.
+    global_attention: bool = False
+    max_global_tokens: int = 64  # global tokens per row the linear-memory path keeps
+    attention_impl: str = "auto"  # attention.IMPLEMENTATIONS
     dropout_rate: float = 0.0
     dtype: str = "float32"
     scan_layers: bool = False
@@ -81,8 +87,10 @@ class EncoderBlock(nn.Module):
         dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
         h = layers.MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dtype,
                                       use_bias=True, scale_in_compute=True,
-                                      kernel_init=_bert_init, name="attention")(
-                                          x, x, bias, deterministic)
+                                      kernel_init=_bert_init, attention_impl=cfg.attention_impl,
+                                      # BART's encoder reuses this block, without globals.
+                                      global_projections=getattr(cfg, "global_attention", False),
+                                      name="attention")(x, x, bias, deterministic)
         x = layers.LayerNorm(cfg.layer_norm_epsilon, dtype=dtype, name="attention_norm")(
             x + dropout(h, deterministic=deterministic))
         h = layers.Mlp(cfg.d_ff, tuple(cfg.mlp_activations), cfg.dropout_rate, dtype,
@@ -132,10 +140,13 @@ class EncoderOnly(nn.Module):
 
     @nn.compact
     def __call__(self, input_tokens, token_type_ids=None, input_mask=None, segment_ids=None,
-                 positions=None, span_mask=None, deterministic: bool = True) -> dict:
+                 positions=None, span_mask=None, global_attention_mask=None,
+                 deterministic: bool = True) -> dict:
         """Packed rows pass ``segment_ids`` and ``positions`` (per segment, from 0).
         ``span_mask`` marks the tokens the span-boundary head predicts (the masked
-        spans); their boundaries are the nearest unmasked tokens on each side."""
+        spans); their boundaries are the nearest unmasked tokens on each side.
+        ``global_attention_mask`` (with ``global_attention``): 1 on the global tokens;
+        by default the first token of each example ([CLS])."""
         cfg = self.config
         dtype = cfg.compute_dtype
         batch, length = input_tokens.shape
@@ -143,6 +154,7 @@ class EncoderOnly(nn.Module):
             input_mask = input_tokens != cfg.pad_id
         if token_type_ids is None:
             token_type_ids = jnp.zeros_like(input_tokens)
+        first_of_example = (jnp.arange(length)[None] == 0) if positions is None else positions == 0
         if positions is not None:
             positions = jnp.where(input_mask, positions + cfg.position_offset,
                                   max(cfg.position_offset - 1, 0))
@@ -174,13 +186,14 @@ class EncoderOnly(nn.Module):
             x = dense(cfg.d_model, (None, "embed"), "embedding_projection")(x)
         x = constrain(x, embed_axes)
 
-        mask = layers.padding_mask(input_mask, input_mask)
-        if segment_ids is not None:
-            mask = mask & layers.segment_mask(segment_ids, segment_ids)
-        if cfg.attention_window:
-            mask = mask & layers.sliding_window_mask(length, length, cfg.attention_window)
-        bias = layers.attention_bias_from_mask(mask)
-        x = stacking.run_stack(EncoderBlock, cfg, cfg.num_layers, x, bias, deterministic,
+        global_tokens = None
+        if cfg.global_attention:
+            global_tokens = (jnp.broadcast_to(first_of_example, (batch, length))
+                             if global_attention_mask is None else global_attention_mask)
+        mask = attention.self_attention_mask(input_mask, segment_ids, window=cfg.attention_window,
+                                             global_tokens=global_tokens,
+                                             max_global_tokens=cfg.max_global_tokens)
+        x = stacking.run_stack(EncoderBlock, cfg, cfg.num_layers, x, mask, deterministic,
                                scan=cfg.scan_layers, remat_policy=cfg.remat_policy,
                                static_argnums=(1,), shared=cfg.share_layers)
 

@@ -19,8 +19,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from t5x_like.models import attention
+
 Initializer = Callable[..., jax.Array]
-NEG_INF = -1e10
+NEG_INF = attention.NEG_INF
 
 default_kernel_init = nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
 
@@ -342,6 +344,11 @@ class MultiHeadAttention(nn.Module):
     num_kv_heads: int | None = None
     rotary: bool = False
     rotary_max_wavelength: float = 10_000.0
+    # How the scores are computed when ``bias`` is an ``attention.AttentionMask``
+    # (``attention.IMPLEMENTATIONS``); a dense bias array always takes the plain path.
+    attention_impl: str = "auto"
+    # Longformer: global tokens' own query/key/value projections for their rows.
+    global_projections: bool = False
 
     @nn.compact
     def __call__(self, inputs_q: jax.Array, inputs_kv: jax.Array, bias: jax.Array | None,
@@ -360,6 +367,8 @@ class MultiHeadAttention(nn.Module):
         ``prefix_kv``: learned keys and values ``[prefix, kv_heads, head_dim]`` that every
         query attends to before the sequence (prefix tuning, ``models.peft``); they sit
         outside the cache and carry no position.
+        ``bias``: an ``attention.AttentionMask`` (computed by ``attention_impl``), or a
+        dense additive ``[batch, 1 or heads, q, k]`` array, or None.
         """
         embed = inputs_q.shape[-1]
         kv_heads = self.num_kv_heads or self.num_heads
@@ -388,31 +397,47 @@ class MultiHeadAttention(nn.Module):
         query = constrain(query, ("batch", "length", "heads", "kv"))
         key = constrain(key, ("batch", "kv_length", kv_axes[1], "kv"))
         value = constrain(value, ("batch", "kv_length", kv_axes[1], "kv"))
+        mask = bias if isinstance(bias, attention.AttentionMask) else None
+        if mask is not None and (decode or prefix_kv is not None):
+            # The cache and the prefix work on rows and columns of a dense bias.
+            bias, mask = attention.dense_bias(mask), None
         if decode:
             key, value, bias = self._update_cache(key, value, bias)
         if prefix_kv is not None:
             key, value, bias = _prepend(prefix_kv, key, value, bias)
 
-        batch, q_length = query.shape[:2]
-        groups = self.num_heads // kv_heads
-        # Query head h uses key/value head h // groups (Llama's repeat_kv order).
-        query = query.reshape(batch, q_length, kv_heads, groups, self.head_dim)
-        logits = jnp.einsum("bqkgd,bskd->bkgqs", query, key).astype(jnp.float32)
-        logits = logits.reshape(batch, self.num_heads, q_length, key.shape[1])
-        if self.scale_in_compute:
-            logits = logits / np.sqrt(self.head_dim).astype(np.float32)
-        if bias is not None:
-            logits = logits + bias.astype(jnp.float32)
-        weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
+        dropout = None
         if self.dropout_rate > 0 and not deterministic:
-            weights = nn.Dropout(self.dropout_rate)(weights, deterministic=False)
-        weights = weights.reshape(batch, kv_heads, groups, q_length, key.shape[1])
-        out = jnp.einsum("bkgqs,bskd->bqkgd", weights, value)
-        out = out.reshape(batch, q_length, self.num_heads, self.head_dim)
+            dropout = lambda w: nn.Dropout(self.dropout_rate)(w, deterministic=False)  # noqa: E731
+        scale = 1.0 / np.sqrt(self.head_dim) if self.scale_in_compute else 1.0
+        if mask is None:
+            out = attention.reference_attention(query, key, value, None, scale=scale,
+                                                dtype=self.dtype, bias=bias, dropout=dropout)
+        else:
+            out = attention.attend(query, key, value, mask, implementation=self.attention_impl,
+                                   scale=scale, dtype=self.dtype, dropout=dropout)
+            if self.global_projections and mask.global_tokens is not None:
+                out = self._global_rows(inputs_q, mask, out, base_init, query_init, kv_axes,
+                                        kv_heads, scale)
         out = constrain(out, ("batch", "length", "heads", "kv"))
         return DenseGeneral(features=embed, axis=(-2, -1), kernel_axes=("heads", "kv", "embed"),
                             kernel_init=base_init, use_bias=self.use_bias, dtype=self.dtype,
                             name="out")(out)
+
+    def _global_rows(self, inputs, mask, out, base_init, query_init, kv_axes, kv_heads, scale):
+        """Longformer: a global token's row is its query through ``query_global`` over
+        every key of its segment through ``key_global``/``value_global``; the other
+        rows keep the local result (which already sees the global keys)."""
+        project = lambda heads, axes, init, name: DenseGeneral(  # noqa: E731
+            (heads, self.head_dim), axes, kernel_init=init, use_bias=self.use_bias,
+            dtype=self.dtype, name=name)(inputs)
+        query = project(self.num_heads, ("embed", "heads", "kv"), query_init, "query_global")
+        key = project(kv_heads, kv_axes, base_init, "key_global")
+        value = project(kv_heads, kv_axes, base_init, "value_global")
+        rows = attention.global_query_attention(query, key, value, mask, scale=scale,
+                                                dtype=self.dtype,
+                                                chunked=mask.max_global_tokens > 0)
+        return jnp.where(mask.global_tokens[:, :, None, None], rows, out)
 
     def _update_cache(self, key, value, bias):
         initialized = self.has_variable("cache", "cached_key")

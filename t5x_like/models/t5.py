@@ -14,7 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from t5x_like.models import layers, stacking
+from t5x_like.models import attention, layers, stacking
 from t5x_like.models.layers import constrain
 
 
@@ -36,6 +36,7 @@ class T5Config:
     dtype: str = "float32"
     scan_layers: bool = False
     remat_policy: str = "none"
+    attention_impl: str = "auto"  # attention.IMPLEMENTATIONS
 
     @property
     def compute_dtype(self):
@@ -53,6 +54,7 @@ class EncoderLayer(nn.Module):
         dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
         h = layers.RMSNorm(cfg.layer_norm_epsilon, dtype=dtype, name="pre_attention_norm")(x)
         h = layers.MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dtype,
+                                      attention_impl=cfg.attention_impl,
                                       name="attention")(h, h, bias, deterministic)
         x = layers.gradient_boundary(x + dropout(h, deterministic=deterministic))
         h = layers.RMSNorm(cfg.layer_norm_epsilon, dtype=dtype, name="pre_mlp_norm")(x)
@@ -74,11 +76,13 @@ class DecoderLayer(nn.Module):
         dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
         h = layers.RMSNorm(cfg.layer_norm_epsilon, dtype=dtype, name="pre_self_attention_norm")(x)
         h = layers.MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dtype,
+                                      attention_impl=cfg.attention_impl,
                                       name="self_attention")(h, h, self_bias, deterministic,
                                                              decode=decode)
         x = layers.gradient_boundary(x + dropout(h, deterministic=deterministic))
         h = layers.RMSNorm(cfg.layer_norm_epsilon, dtype=dtype, name="pre_cross_attention_norm")(x)
         h = layers.MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dtype,
+                                      attention_impl=cfg.attention_impl,
                                       name="encoder_decoder_attention")(
                                           h, encoded, cross_bias, deterministic)
         x = layers.gradient_boundary(x + dropout(h, deterministic=deterministic))
@@ -97,16 +101,13 @@ class Encoder(nn.Module):
     @nn.compact
     def __call__(self, input_tokens, deterministic, segment_ids=None):
         cfg = self.config
-        valid = input_tokens > 0
         length = input_tokens.shape[1]
-        mask = layers.padding_mask(valid, valid)
-        if segment_ids is not None:
-            mask = mask & layers.segment_mask(segment_ids, segment_ids)
         position_bias = layers.RelativePositionBias(
             cfg.num_heads, cfg.relative_attention_num_buckets,
             cfg.relative_attention_max_distance, bidirectional=True,
             dtype=cfg.compute_dtype, name="relpos_bias")(length, length)
-        bias = layers.attention_bias_from_mask(mask) + position_bias
+        bias = attention.self_attention_mask(input_tokens > 0, segment_ids,
+                                             position_bias=position_bias)
         x = self.embedder(input_tokens)
         x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
         x = constrain(x, ("batch", "length", "embed"))
@@ -130,26 +131,24 @@ class Decoder(nn.Module):
         mask and the encoder padding apply). Packed rows: a decoder token sees only
         its own segment, in the decoder and in the encoder."""
         cfg = self.config
-        if decode:
-            length = max_decode_length or decoder_input_tokens.shape[1]
-            query_valid = jnp.ones(decoder_input_tokens.shape, bool)
-            self_mask = layers.causal_mask(length)
-        else:
-            length = decoder_input_tokens.shape[1]
-            # Decoder inputs start with id 0 (= pad), so validity comes from the targets.
-            query_valid = decoder_target_tokens > 0
-            self_mask = (layers.padding_mask(query_valid, query_valid)
-                         & layers.causal_mask(length))
-        cross_mask = layers.padding_mask(query_valid, encoder_input_tokens > 0)
-        if decoder_segment_ids is not None and not decode:
-            self_mask = self_mask & layers.segment_mask(decoder_segment_ids, decoder_segment_ids)
-            cross_mask = cross_mask & layers.segment_mask(decoder_segment_ids, encoder_segment_ids)
+        length = (max_decode_length or decoder_input_tokens.shape[1]) if decode else (
+            decoder_input_tokens.shape[1])
         position_bias = layers.RelativePositionBias(
             cfg.num_heads, cfg.relative_attention_num_buckets,
             cfg.relative_attention_max_distance, bidirectional=False,
             dtype=cfg.compute_dtype, name="relpos_bias")(length, length)
-        self_bias = layers.attention_bias_from_mask(self_mask) + position_bias
-        cross_bias = layers.attention_bias_from_mask(cross_mask)
+        if decode:
+            # The cache reads rows of one dense bias over all its positions.
+            query_valid = jnp.ones(decoder_input_tokens.shape, bool)
+            self_bias = layers.attention_bias_from_mask(layers.causal_mask(length)) + position_bias
+            cross_bias = attention.cross_attention_mask(query_valid, encoder_input_tokens > 0)
+        else:
+            # Decoder inputs start with id 0 (= pad), so validity comes from the targets.
+            query_valid = decoder_target_tokens > 0
+            self_bias = attention.self_attention_mask(query_valid, decoder_segment_ids,
+                                                      causal=True, position_bias=position_bias)
+            cross_bias = attention.cross_attention_mask(
+                query_valid, encoder_input_tokens > 0, decoder_segment_ids, encoder_segment_ids)
 
         y = self.embedder(decoder_input_tokens)
         y = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(y, deterministic=deterministic)

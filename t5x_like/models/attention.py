@@ -1,0 +1,437 @@
+"""Dot-product attention from a structured mask, computed by one of several implementations.
+
+The mask is kept as a description (segment ids, causal, prefix, window, global
+tokens, an additive position bias) instead of a ``[batch, heads, q, k]`` float
+bias: a fused kernel (Pallas splash attention on TPU, cuDNN on GPU) builds its
+mask tile by tile from such a description, and reading an L x L bias from
+memory is exactly the traffic it exists to avoid. The plain path builds the
+dense mask from the same description, so every implementation answers the
+same question and the tests compare them directly.
+
+Implementations (``model.attention_impl``):
+
+- ``xla``: einsum, float32 logits, softmax; the reference. Memory grows with L².
+- ``flash``: splash attention on TPU, ``jax.nn.dot_product_attention`` with
+  cuDNN on GPU. Where the kernel cannot express the mask (a prefix-LM mask,
+  T5's relative position bias, global tokens, attention dropout, float32 on
+  cuDNN, lengths that are not a multiple of the kernel's block) the plain
+  path runs instead and the reason is logged once.
+- ``chunked``: local attention in blocks of the window plus the global
+  tokens (Longformer): memory grows linearly with L.
+- ``auto``: flash where it applies, chunked for local masks much shorter than
+  the sequence, else xla.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import logging
+from typing import Iterator
+
+import flax.linen as nn
+import flax.struct as struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+NEG_INF = -1e10
+IMPLEMENTATIONS = ("auto", "xla", "flash", "chunked")
+# Splash attention's tile along both sequence axes; lengths must be a multiple of it.
+SPLASH_BLOCK = 128
+# ``auto`` switches local attention to blocks once the sequence is this many windows long.
+CHUNKED_MIN_WINDOWS = 4
+
+_log = logging.getLogger(__name__)
+
+
+@struct.dataclass
+class AttentionMask:
+    """Which keys each query may see.
+
+    A query sees a key when both carry the same segment id above 0 (0 is padding;
+    packed rows number their examples 1, 2, ...) and the pattern allows it: every
+    key, or earlier keys (``causal``), or, with ``prefix`` (``[batch, q]``, 1 over a
+    prefix-LM's inputs), earlier keys and the whole prefix; ``window`` keeps keys
+    fewer than ``window`` positions away (only earlier ones when causal without a
+    prefix). ``global_tokens`` (``[batch, length]``, self-attention only) are keys
+    every query of their segment sees, Longformer's global attention; at most
+    ``max_global_tokens`` of them per row enter the chunked computation.
+    ``position_bias`` (``[1 or batch, heads, q, k]``) is added to the logits.
+    """
+
+    query_segment_ids: jax.Array
+    key_segment_ids: jax.Array
+    prefix: jax.Array | None = None
+    global_tokens: jax.Array | None = None
+    position_bias: jax.Array | None = None
+    causal: bool = struct.field(pytree_node=False, default=False)
+    window: int = struct.field(pytree_node=False, default=0)
+    max_global_tokens: int = struct.field(pytree_node=False, default=0)
+
+
+def self_attention_mask(valid: jax.Array, segment_ids: jax.Array | None = None, *,
+                        causal: bool = False, window: int = 0, prefix: jax.Array | None = None,
+                        global_tokens: jax.Array | None = None, max_global_tokens: int = 0,
+                        position_bias: jax.Array | None = None) -> AttentionMask:
+    """A sequence attending to itself; ``valid`` (``[batch, length]``) marks real tokens."""
+    ids = _segment_ids(valid, segment_ids)
+    if global_tokens is not None:
+        global_tokens = global_tokens.astype(bool) & (ids > 0)
+    return AttentionMask(ids, ids, prefix=None if prefix is None else prefix.astype(bool),
+                         global_tokens=global_tokens, position_bias=position_bias,
+                         causal=causal or prefix is not None, window=window,
+                         max_global_tokens=max_global_tokens)
+
+
+def cross_attention_mask(query_valid: jax.Array, key_valid: jax.Array,
+                         query_segment_ids: jax.Array | None = None,
+                         key_segment_ids: jax.Array | None = None) -> AttentionMask:
+    """Decoder queries over encoder keys (packed rows: same example only)."""
+    return AttentionMask(_segment_ids(query_valid, query_segment_ids),
+                         _segment_ids(key_valid, key_segment_ids))
+
+
+def _segment_ids(valid, segment_ids):
+    if segment_ids is None:
+        return valid.astype(jnp.int32)
+    return jnp.where(valid, segment_ids, 0).astype(jnp.int32)
+
+
+def _pattern(query_positions, key_positions, mask: AttentionMask, prefix_q=None, prefix_k=None):
+    """Which (query, key) position pairs the mask's pattern allows (segments aside)."""
+    offset = query_positions[..., :, None] - key_positions[..., None, :]
+    allowed = offset >= 0 if mask.causal else jnp.ones(offset.shape, bool)
+    if mask.prefix is not None:
+        allowed = allowed | (prefix_q[..., :, None] & prefix_k[..., None, :])
+    if mask.window:
+        causal_window = mask.causal and mask.prefix is None
+        near = (offset < mask.window) & (offset >= 0) if causal_window else (
+            jnp.abs(offset) < mask.window)
+        allowed = allowed & near
+    return allowed
+
+
+def _same_segment(query_ids, key_ids):
+    return (query_ids[..., :, None] == key_ids[..., None, :]) & (
+        query_ids[..., :, None] > 0) & (key_ids[..., None, :] > 0)
+
+
+def dense_allowed(mask: AttentionMask) -> jax.Array:
+    """The boolean ``[batch, 1, q, k]`` mask the description stands for."""
+    q_len, k_len = mask.query_segment_ids.shape[1], mask.key_segment_ids.shape[1]
+    prefix = None if mask.prefix is None else mask.prefix[:, None, :]
+    allowed = _pattern(jnp.arange(q_len), jnp.arange(k_len), mask, prefix, prefix)
+    if mask.global_tokens is not None:
+        allowed = allowed | mask.global_tokens[:, None, None, :]
+    return _same_segment(mask.query_segment_ids, mask.key_segment_ids)[:, None] & allowed
+
+
+def dense_bias(mask: AttentionMask, dtype=jnp.float32) -> jax.Array:
+    """The additive ``[batch, 1 or heads, q, k]`` bias the plain path adds to the logits."""
+    bias = jnp.where(dense_allowed(mask), 0.0, NEG_INF).astype(dtype)
+    if mask.position_bias is not None:
+        bias = bias + mask.position_bias.astype(dtype)
+    return bias
+
+
+_TARGET_PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "attention_target_platform", default=None)
+
+
+@contextlib.contextmanager
+def target_platform(platform: str | None) -> Iterator[None]:
+    """The platform the traced program runs on (``cpu``, ``gpu``, ``tpu``); the trainer
+    sets it from its mesh, so a TPU plan compiled on a CPU machine picks TPU kernels."""
+    token = _TARGET_PLATFORM.set(platform)
+    try:
+        yield
+    finally:
+        _TARGET_PLATFORM.reset(token)
+
+
+def current_platform() -> str:
+    return _TARGET_PLATFORM.get() or jax.default_backend()
+
+
+def choose_implementation(requested: str, mask: AttentionMask, *, platform: str, dtype,
+                          head_dim: int, dropout: bool = False) -> tuple[str, str]:
+    """``(implementation, why)`` for a request; a request the mask or platform cannot
+    serve falls back to the plain path with the reason."""
+    if requested not in IMPLEMENTATIONS:
+        raise ValueError(f"model.attention_impl={requested!r}; choose one of {IMPLEMENTATIONS}.")
+    q_len, k_len = mask.query_segment_ids.shape[1], mask.key_segment_ids.shape[1]
+    chunk_reason = _chunked_unsupported(mask, q_len, k_len, dropout)
+    flash_reason = _flash_unsupported(mask, platform, dtype, q_len, k_len, head_dim, dropout)
+    if requested == "xla":
+        return "xla", "requested"
+    if requested == "chunked":
+        return ("xla", f"chunked attention unavailable: {chunk_reason}") if chunk_reason else (
+            "chunked", "requested")
+    if requested == "flash":
+        if not flash_reason:
+            return "flash", "requested"
+        if not chunk_reason and mask.global_tokens is not None:
+            return "chunked", f"flash attention unavailable: {flash_reason}; chunked keeps memory linear"
+        return "xla", f"flash attention unavailable: {flash_reason}"
+    # auto
+    if not chunk_reason and (mask.global_tokens is not None or (
+            q_len >= CHUNKED_MIN_WINDOWS * mask.window and flash_reason)):
+        return "chunked", "local attention over a long sequence"
+    if not flash_reason:
+        return "flash", f"fused kernel on {platform}"
+    return "xla", flash_reason
+
+
+def _flash_unsupported(mask, platform, dtype, q_len, k_len, head_dim, dropout) -> str:
+    if platform not in ("tpu", "gpu"):
+        return f"no fused kernel on {platform}"
+    if dropout:
+        return "attention dropout is on (the kernels have none)"
+    if mask.global_tokens is not None:
+        return "global tokens (Longformer) are not a kernel mask"
+    if platform == "tpu":
+        if mask.prefix is not None:
+            return "a prefix-LM mask differs per example (splash masks are static)"
+        if mask.position_bias is not None:
+            return "splash attention takes no additive bias (T5 relative positions)"
+        if q_len % SPLASH_BLOCK or k_len % SPLASH_BLOCK:
+            return f"lengths {q_len}x{k_len} are not multiples of {SPLASH_BLOCK}"
+        return ""
+    if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        return f"cuDNN attention needs bfloat16 or float16, not {jnp.dtype(dtype).name}"
+    if head_dim % 8 or head_dim > 128:
+        return f"cuDNN attention needs head_dim a multiple of 8 up to 128, not {head_dim}"
+    return ""
+
+
+def _chunked_unsupported(mask, q_len, k_len, dropout) -> str:
+    if not mask.window:
+        return "no attention window"
+    if q_len != k_len:
+        return "not self-attention"
+    if mask.position_bias is not None:
+        return "an additive position bias"
+    if mask.global_tokens is not None and not mask.max_global_tokens:
+        return "global tokens without max_global_tokens"
+    if dropout:
+        return "attention dropout is on"
+    return ""
+
+
+@functools.lru_cache(maxsize=None)
+def _report(requested: str, chosen: str, why: str) -> None:
+    level = logging.WARNING if requested not in ("auto", chosen) else logging.INFO
+    _log.log(level, "attention: %s (attention_impl=%s): %s", chosen, requested, why)
+
+
+def attend(query: jax.Array, key: jax.Array, value: jax.Array, mask: AttentionMask, *,
+           implementation: str = "auto", scale: float = 1.0, dtype=jnp.float32,
+           dropout=None, platform: str | None = None, interpret: bool = False) -> jax.Array:
+    """``query [b, q, heads, d]`` over ``key``/``value`` ``[b, k, kv_heads, d]`` ->
+    ``[b, q, heads, d]``. ``dropout`` (a function of the weights) keeps the plain path."""
+    platform = platform or current_platform()
+    chosen, why = choose_implementation(implementation, mask, platform=platform, dtype=dtype,
+                                        head_dim=query.shape[-1], dropout=dropout is not None)
+    _report(implementation, chosen, why)
+    if chosen == "chunked":
+        return chunked_attention(query, key, value, mask, scale=scale, dtype=dtype)
+    if chosen == "flash" and platform == "tpu":
+        return splash_attention(query, key, value, mask, scale=scale, interpret=interpret)
+    if chosen == "flash":
+        return cudnn_attention(query, key, value, mask, scale=scale)
+    return reference_attention(query, key, value, mask, scale=scale, dtype=dtype, dropout=dropout)
+
+
+def reference_attention(query, key, value, mask: AttentionMask | None, *, scale=1.0,
+                        dtype=jnp.float32, bias=None, dropout=None) -> jax.Array:
+    """The plain path: float32 logits over every key, the dense bias, softmax.
+    ``bias`` replaces the mask's (decoding passes rows of a cached bias);
+    ``dropout`` is applied to the weights."""
+    batch, q_len, heads, head_dim = query.shape
+    kv_heads = key.shape[2]
+    groups = heads // kv_heads
+    # Query head h uses key/value head h // groups (Llama's repeat_kv order).
+    grouped = query.reshape(batch, q_len, kv_heads, groups, head_dim)
+    logits = jnp.einsum("bqkgd,bskd->bkgqs", grouped, key).astype(jnp.float32)
+    logits = logits.reshape(batch, heads, q_len, key.shape[1])
+    if scale != 1.0:
+        logits = logits * np.float32(scale)
+    if bias is None and mask is not None:
+        bias = dense_bias(mask)
+    if bias is not None:
+        logits = logits + bias.astype(jnp.float32)
+    weights = jax.nn.softmax(logits, axis=-1).astype(dtype)
+    if dropout is not None:
+        weights = dropout(weights)
+    weights = weights.reshape(batch, kv_heads, groups, q_len, key.shape[1])
+    out = jnp.einsum("bkgqs,bskd->bqkgd", weights, value.astype(dtype))
+    return out.reshape(batch, q_len, heads, head_dim)
+
+
+def _repeat_kv(x, heads):
+    return x if x.shape[2] == heads else jnp.repeat(x, heads // x.shape[2], axis=2)
+
+
+def global_indices(global_tokens: jax.Array, count: int) -> tuple[jax.Array, jax.Array]:
+    """The first ``count`` global positions of each row (``[batch, count]``) and which
+    of those slots hold one (a row with fewer fills the rest with position 0)."""
+    order = jnp.argsort(~global_tokens, axis=1, stable=True)[:, :count]
+    return order, jnp.take_along_axis(global_tokens, order, axis=1)
+
+
+def chunked_attention(query, key, value, mask: AttentionMask, *, scale=1.0,
+                      dtype=jnp.float32) -> jax.Array:
+    """Local attention computed block by block: queries in blocks of ``window``, each
+    against its own block and the neighbours (the previous one only when causal),
+    plus the global keys; logits take ``L x (3 window + globals)`` memory, not L²."""
+    batch, length, heads, head_dim = query.shape
+    key, value = _repeat_kv(key, heads), _repeat_kv(value, heads)
+    window = mask.window
+    blocks = -(-length // window)
+    padded = blocks * window
+    pad = lambda x, lo=0, hi=0: jnp.pad(  # noqa: E731
+        x, [(0, 0), (lo, padded - length + hi)] + [(0, 0)] * (x.ndim - 2))
+    causal_window = mask.causal and mask.prefix is None
+    neighbours = (-1, 0) if causal_window else (-1, 0, 1)
+
+    def around(x):
+        """``[b, padded, ...]`` -> ``[b, blocks, len(neighbours) * window, ...]``."""
+        wide = pad(x, window, window)
+        views = [wide[:, (1 + n) * window:(1 + n) * window + padded] for n in neighbours]
+        views = [v.reshape((batch, blocks, window) + v.shape[2:]) for v in views]
+        return jnp.concatenate(views, axis=2)
+
+    def in_blocks(x):
+        return pad(x).reshape((batch, blocks, window) + x.shape[2:])
+
+    q_ids = in_blocks(mask.query_segment_ids)                     # [b, n, w]
+    k_ids = around(mask.key_segment_ids)                          # [b, n, m]
+    q_pos = jnp.arange(padded).reshape(blocks, window)
+    # Key positions of each block's neighbourhood; those outside [0, length) carry
+    # segment id 0 from the padding, so nothing sees them.
+    k_pos = jnp.concatenate([(jnp.arange(blocks)[:, None] + n) * window + jnp.arange(window)
+                             for n in neighbours], axis=1)
+    prefix_q = prefix_k = None
+    if mask.prefix is not None:
+        prefix_q, prefix_k = in_blocks(mask.prefix), around(mask.prefix)
+    allowed = _pattern(q_pos, k_pos, mask, prefix_q, prefix_k)   # [(b,) n, w, m]
+    allowed = allowed & _same_segment(q_ids, k_ids)
+    if mask.global_tokens is not None:
+        # Global keys enter once, through their own columns below.
+        allowed = allowed & ~around(mask.global_tokens)[:, :, None, :]
+
+    q_blocks = in_blocks(query)                                   # [b, n, w, h, d]
+    logits = jnp.einsum("bnqhd,bnkhd->bnhqk", q_blocks, around(key)).astype(jnp.float32)
+    logits = jnp.where(allowed[:, :, None], logits * np.float32(scale), NEG_INF)
+    values = [around(value)]
+    if mask.global_tokens is not None:
+        index, present = global_indices(mask.global_tokens, mask.max_global_tokens)
+        take = lambda x: jnp.take_along_axis(  # noqa: E731
+            x, index.reshape(index.shape + (1,) * (x.ndim - 2)), axis=1)
+        global_ids = jnp.where(present, take(mask.key_segment_ids), 0)
+        global_logits = jnp.einsum("bnqhd,bghd->bnhqg", q_blocks, take(key)).astype(jnp.float32)
+        global_allowed = _same_segment(q_ids, global_ids[:, None, :])  # [b, n, w, g]
+        global_logits = jnp.where(global_allowed[:, :, None], global_logits * np.float32(scale),
+                                  NEG_INF)
+        logits = jnp.concatenate([logits, global_logits], axis=-1)
+        values.append(jnp.broadcast_to(take(value)[:, None],
+                                       (batch, blocks) + take(value).shape[1:]))
+    weights = jax.nn.softmax(logits, axis=-1).astype(dtype)
+    out = jnp.einsum("bnhqk,bnkhd->bnqhd", weights,
+                     jnp.concatenate(values, axis=2).astype(dtype))
+    return out.reshape(batch, padded, heads, head_dim)[:, :length]
+
+
+def global_query_attention(query, key, value, mask: AttentionMask, *, scale=1.0,
+                           dtype=jnp.float32, chunked: bool = False) -> jax.Array:
+    """Longformer's global rows: each global token's query (through the global
+    projections) over every key of its segment. Returns ``[b, L, h, d]`` with
+    the global rows filled (others zero). ``chunked``: only the global rows are
+    computed (``globals x L`` logits), else the dense ``L x L`` reference."""
+    batch, length, heads, head_dim = query.shape
+    key, value = _repeat_kv(key, heads), _repeat_kv(value, heads)
+    everything = AttentionMask(mask.query_segment_ids, mask.key_segment_ids)
+    is_global = mask.global_tokens[:, :, None, None]
+    if not chunked:
+        out = reference_attention(query, key, value, everything, scale=scale, dtype=dtype)
+        return jnp.where(is_global, out, 0).astype(dtype)
+    index, present = global_indices(mask.global_tokens, mask.max_global_tokens)
+    rows = jnp.take_along_axis(query, index[:, :, None, None], axis=1)        # [b, g, h, d]
+    row_ids = jnp.where(present, jnp.take_along_axis(mask.query_segment_ids, index, axis=1), 0)
+    out = reference_attention(rows, key, value, AttentionMask(row_ids, mask.key_segment_ids),
+                              scale=scale, dtype=dtype)
+    # Slots without a global token write nowhere (index ``length`` is dropped).
+    target = jnp.where(present, index, length)
+    full = jnp.zeros((batch, length, heads, head_dim), dtype)
+    return full.at[jnp.arange(batch)[:, None], target].set(out.astype(dtype), mode="drop")
+
+
+def _splash_kernel_mask(mask: AttentionMask, q_len: int, k_len: int, heads: int):
+    from jax.experimental.pallas.ops.tpu import splash_attention as splash
+    shape = (q_len, k_len)
+    if mask.window:
+        right = 0 if mask.causal else mask.window - 1
+        one = splash.LocalMask(shape, window_size=(mask.window - 1, right), offset=0)
+    elif mask.causal:
+        one = splash.CausalMask(shape)
+    else:
+        one = splash.FullMask(shape)
+    return splash.MultiHeadMask([one] * heads)
+
+
+def splash_attention(query, key, value, mask: AttentionMask, *, scale=1.0,
+                     interpret: bool = False) -> jax.Array:
+    """TPU: the Pallas splash kernel, its static mask (full, causal or local) with the
+    segment ids of packed rows and padding; batch (and heads) split across the mesh
+    by ``shard_map`` when a mesh is set. ``interpret`` runs it on CPU (tests)."""
+    from jax.experimental.pallas.ops.tpu import splash_attention as splash
+    batch, q_len, heads, head_dim = query.shape
+    k_len = key.shape[1]
+    key, value = _repeat_kv(key, heads), _repeat_kv(value, heads)
+    block = min(SPLASH_BLOCK, q_len, k_len)
+    sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
+                              block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
+                              block_q_dq=block, block_kv_dq=block)
+    kernel_mask = _splash_kernel_mask(mask, q_len, k_len, heads)
+
+    def run(q, k, v, q_ids, k_ids):
+        local_heads = q.shape[2]
+        local_mask = kernel_mask if local_heads == heads else _splash_kernel_mask(
+            mask, q_len, k_len, local_heads)
+        kernel = splash.make_splash_mha(local_mask, block_sizes=sizes, head_shards=1,
+                                        q_seq_shards=1, interpret=interpret)
+        heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731
+        out = jax.vmap(lambda q1, k1, v1, qi, ki: kernel(
+            q1, k1, v1, segment_ids=splash.SegmentIds(q=qi, kv=ki)))(
+                heads_first(q * np.asarray(scale, q.dtype)), heads_first(k), heads_first(v),
+                q_ids, k_ids)
+        return heads_first(out)
+
+    args = (query, key, value, mask.query_segment_ids, mask.key_segment_ids)
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return run(*args)
+    qkv_spec = nn.logical_to_mesh_axes(("batch", None, "heads", None))
+    ids_spec = jax.sharding.PartitionSpec(qkv_spec[0], None)
+    return jax.shard_map(run, mesh=mesh, in_specs=(qkv_spec,) * 3 + (ids_spec,) * 2,
+                         out_specs=qkv_spec, check_vma=False)(*args)
+
+
+def cudnn_attention(query, key, value, mask: AttentionMask, *, scale=1.0,
+                    implementation: str | None = "cudnn") -> jax.Array:
+    """GPU: ``jax.nn.dot_product_attention`` with cuDNN; causal and window by the
+    kernel's own flags, segments and padding by a boolean mask. ``implementation``
+    lets the tests run the same call through XLA on CPU."""
+    causal_only = mask.causal and mask.prefix is None
+    window = None
+    if mask.window:
+        window = (mask.window - 1, 0 if causal_only else mask.window - 1)
+    allowed = _same_segment(mask.query_segment_ids, mask.key_segment_ids)[:, None]
+    if mask.prefix is not None:
+        allowed = allowed & dense_allowed(AttentionMask(
+            mask.query_segment_ids, mask.key_segment_ids, prefix=mask.prefix, causal=True))
+    return jax.nn.dot_product_attention(
+        query, key, value, bias=mask.position_bias, mask=allowed, scale=scale,
+        is_causal=causal_only, local_window_size=window, implementation=implementation)
