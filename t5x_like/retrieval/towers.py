@@ -1,0 +1,98 @@
+"""The dense retriever: a bi-encoder of two encoder-family towers (query, document),
+each pooled to one vector per text; relevance is their inner product.
+
+Two towers rather than one shared encoder, as DPR: RAG later trains the query tower
+alone against a document index built (and kept fixed) with the document tower.
+Both start from the same pretrained encoder checkpoint. The towers are
+``models.encoder.EncoderOnly`` as they are; only their ``hidden`` output is read,
+so the unused masked-LM head is dead code that XLA removes under jit.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from t5x_like import models
+
+POOLINGS = ("mean", "cls")
+
+
+def pool(hidden: jax.Array, mask: jax.Array, kind: str) -> jax.Array:
+    """``[batch, d]``: the mean over real tokens, or the first position ([CLS])."""
+    if kind == "cls":
+        return hidden[:, 0]
+    if kind != "mean":
+        raise ValueError(f"pooling={kind!r}; use one of {POOLINGS}.")
+    mask = mask.astype(hidden.dtype)[..., None]
+    return (hidden * mask).sum(1) / jnp.maximum(mask.sum(1), 1.0)
+
+
+class Tower(nn.Module):
+    """One encoder and its pooling (and optional L2 normalisation)."""
+
+    model_config: tuple  # sorted (key, value) items of the encoder's config.model
+    pooling: str = "mean"
+    normalize: bool = False
+
+    @nn.compact
+    def __call__(self, tokens):
+        fields = {k: v for k, v in self.model_config if k != "family"}
+        config_cls, module_cls = models.FAMILIES[dict(self.model_config)["family"]]
+        encoder = module_cls(config_cls(**fields), name="encoder")
+        mask = tokens != 0
+        vector = pool(encoder(tokens, input_mask=mask)["hidden"], mask, self.pooling)
+        vector = vector.astype(jnp.float32)
+        if self.normalize:
+            vector = vector / jnp.maximum(jnp.linalg.norm(vector, axis=-1, keepdims=True), 1e-6)
+        return vector
+
+
+class BiEncoder(nn.Module):
+    """``encode_query`` / ``encode_doc``; params ``{"query": ..., "doc": ...}``, each
+    holding the encoder's own tree under ``encoder``."""
+
+    model_config: tuple
+    pooling: str = "mean"
+    normalize: bool = False
+
+    def setup(self):
+        self.query = Tower(self.model_config, self.pooling, self.normalize)
+        self.doc = Tower(self.model_config, self.pooling, self.normalize)
+
+    def __call__(self, query_tokens, doc_tokens):
+        return self.query(query_tokens), self.doc(doc_tokens)
+
+    def encode_query(self, tokens):
+        return self.query(tokens)
+
+    def encode_doc(self, tokens):
+        return self.doc(tokens)
+
+
+def model_items(model_config) -> tuple:
+    """A hashable form of an encoder's ``config.model`` (Flax module fields must hash)."""
+    out = []
+    for key, value in sorted(dict(model_config).items()):
+        out.append((key, tuple(value) if isinstance(value, list) else value))
+    return tuple(out)
+
+
+def bi_encoder(model_config, pooling: str = "mean", normalize: bool = False) -> BiEncoder:
+    family = dict(model_config)["family"]
+    if models.structure(family) != "encoder" or family == "electra":
+        raise ValueError(f"The retriever's towers are encoders (model.family 'encoder'); "
+                         f"got {family!r}.")
+    return BiEncoder(model_items(model_config), pooling, normalize)
+
+
+def init_params(model: BiEncoder, encoder_params=None, seed: int = 0, length: int = 8) -> dict:
+    """Fresh params, with both towers' encoders replaced by ``encoder_params`` (a
+    pretrained encoder's tree) when given."""
+    tokens = jnp.ones((1, length), jnp.int32)
+    params = nn.meta.unbox(jax.jit(model.init)(jax.random.PRNGKey(seed), tokens, tokens)["params"])
+    params = jax.device_get(params)
+    if encoder_params is not None:
+        params = {tower: {"encoder": encoder_params} for tower in ("query", "doc")}
+    return params
