@@ -9,12 +9,14 @@ import sys
 
 from t5x_like.config_lib import UserError
 from t5x_like.convert import (hf_albert, hf_bart, hf_bert, hf_distilbert, hf_electra, hf_gpt2,
-                              hf_io, hf_llama, hf_longformer, hf_roberta, hf_t5, pretrained)
+                              hf_io, hf_llama, hf_longformer, hf_mbart, hf_roberta, hf_t5,
+                              hf_xlm_roberta, pretrained)
 from t5x_like import storage, user_errors
 
 ARCHITECTURES = {"t5": hf_t5, "mt5": hf_t5, "gpt2": hf_gpt2, "bert": hf_bert,
                  "roberta": hf_roberta, "llama": hf_llama, "mistral": hf_llama, "albert": hf_albert,
                  "bart": hf_bart, "electra": hf_electra, "distilbert": hf_distilbert,
+                 "mbart": hf_mbart, "xlm-roberta": hf_xlm_roberta,
                  "longformer": hf_longformer}
 EXPORTERS = {"encoder_decoder": hf_t5, "decoder": hf_gpt2, "encoder": hf_bert,
              "electra": hf_electra}

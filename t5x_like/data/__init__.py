@@ -18,6 +18,7 @@ from t5x_like.data import tasks as _builtin_tasks  # noqa: F401  (registers task
 from t5x_like.data import tfds_tasks as _tfds_tasks  # noqa: F401  (registers TFDS tasks)
 from t5x_like.data import glue as _glue_tasks  # noqa: F401  (registers GLUE, SuperGLUE)
 from t5x_like.data import bench_tasks as _bench_tasks  # noqa: F401
+from t5x_like.data import multilingual_tasks as _multilingual_tasks  # noqa: F401
 from t5x_like.data import retrieval_tasks as _retrieval_tasks  # noqa: F401
 
 __all__ = [

@@ -2,6 +2,14 @@
 a LayerNorm on the embeddings of each stack, output through the shared embedding
 plus a bias.
 
+mBART (Liu et al. 2020) is the same network with, by config: pre-LayerNorm blocks
+(``pre_norm``), a LayerNorm after each stack (``final_layer_norm``), embeddings
+scaled by sqrt(d_model) (``scale_embedding``), and decoder inputs that start with
+the target's language id (``decoder_start_from_targets``: the first decoder input
+of each example is its last target token, as Hugging Face's ``shift_tokens_right``
+for mBART; targets end ``</s> <lang>``, so the decoder starts with ``<lang>``, and
+decoding starts from ``decoder_start_id``, set to that language's id).
+
 The encoder block is BERT's (``encoder.EncoderBlock``); the decoder block adds
 cross-attention, also post-norm. Positions are looked up at ``position + 2``
 (fairseq's offset, kept by Hugging Face checkpoints). Padding is ``pad_id`` (1),
@@ -39,6 +47,10 @@ class BartConfig:
     mlp_activations: Sequence[str] = ("gelu_exact",)
     layer_norm_epsilon: float = 1e-5
     scale_embedding: bool = False  # multiply embeddings by sqrt(d_model) (mBART-style)
+    pre_norm: bool = False  # mBART: x + f(LN(x)) instead of LN(x + f(x))
+    final_layer_norm: bool = False  # mBART: a LayerNorm after the encoder's and decoder's last layer
+    # mBART: the first decoder input is the example's last target token (its language id).
+    decoder_start_from_targets: bool = False
     pad_id: int = 1
     eos_id: int = 2
     decoder_start_id: int = 2
@@ -57,6 +69,30 @@ POSITION_OFFSET = 2
 _init = nn.initializers.normal(stddev=0.02)
 
 
+class PreNormEncoderLayer(nn.Module):
+    """mBART's encoder layer: ``x + attention(LN(x))`` then ``x + mlp(LN(x))``; the
+    parameter names of BERT's post-norm ``EncoderBlock``."""
+
+    config: BartConfig
+    scanned: bool = False
+
+    @nn.compact
+    def __call__(self, x, bias, deterministic):
+        cfg = self.config
+        dtype = cfg.compute_dtype
+        dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
+        h = layers.LayerNorm(cfg.layer_norm_epsilon, dtype=dtype, name="attention_norm")(x)
+        h = layers.MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dtype,
+                                      use_bias=True, scale_in_compute=True, kernel_init=_init,
+                                      name="attention")(h, h, bias, deterministic)
+        x = x + dropout(h, deterministic=deterministic)
+        h = layers.LayerNorm(cfg.layer_norm_epsilon, dtype=dtype, name="mlp_norm")(x)
+        h = layers.Mlp(cfg.d_ff, tuple(cfg.mlp_activations), cfg.dropout_rate, dtype,
+                       use_bias=True, kernel_init=_init, name="mlp")(h, deterministic)
+        x = constrain(x + dropout(h, deterministic=deterministic), ("batch", "length", "embed"))
+        return (x, None) if self.scanned else x
+
+
 class BartDecoderLayer(nn.Module):
     config: BartConfig
     scanned: bool = False
@@ -70,13 +106,23 @@ class BartDecoderLayer(nn.Module):
             cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dtype, use_bias=True,
             scale_in_compute=True, kernel_init=_init, name=name)
         norm = lambda name: layers.LayerNorm(cfg.layer_norm_epsilon, dtype=dtype, name=name)  # noqa: E731
-        h = attention("self_attention")(y, y, self_bias, deterministic, decode)
-        y = norm("self_attention_norm")(y + dropout(h, deterministic=deterministic))
-        h = attention("encoder_decoder_attention")(y, encoded, cross_bias, deterministic)
-        y = norm("cross_attention_norm")(y + dropout(h, deterministic=deterministic))
-        h = layers.Mlp(cfg.d_ff, tuple(cfg.mlp_activations), cfg.dropout_rate, dtype,
-                       use_bias=True, kernel_init=_init, name="mlp")(y, deterministic)
-        y = norm("mlp_norm")(y + dropout(h, deterministic=deterministic))
+        mlp = layers.Mlp(cfg.d_ff, tuple(cfg.mlp_activations), cfg.dropout_rate, dtype,
+                         use_bias=True, kernel_init=_init, name="mlp")
+        if cfg.pre_norm:  # mBART
+            h = norm("self_attention_norm")(y)
+            y = y + dropout(attention("self_attention")(h, h, self_bias, deterministic, decode),
+                            deterministic=deterministic)
+            h = norm("cross_attention_norm")(y)
+            y = y + dropout(attention("encoder_decoder_attention")(h, encoded, cross_bias,
+                                                                   deterministic),
+                            deterministic=deterministic)
+            y = y + dropout(mlp(norm("mlp_norm")(y), deterministic), deterministic=deterministic)
+        else:
+            h = attention("self_attention")(y, y, self_bias, deterministic, decode)
+            y = norm("self_attention_norm")(y + dropout(h, deterministic=deterministic))
+            h = attention("encoder_decoder_attention")(y, encoded, cross_bias, deterministic)
+            y = norm("cross_attention_norm")(y + dropout(h, deterministic=deterministic))
+            y = norm("mlp_norm")(y + dropout(mlp(y, deterministic), deterministic=deterministic))
         y = constrain(y, ("batch", "length", "embed"))
         return (y, None) if self.scanned else y
 
@@ -99,6 +145,9 @@ class BartEncoderDecoder(nn.Module):
         self.embedding_dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
         self.encoder = BartStack(cfg, is_decoder=False)
         self.decoder = BartStack(cfg, is_decoder=True)
+        if cfg.final_layer_norm:
+            self.encoder_final_norm = layers.LayerNorm(cfg.layer_norm_epsilon, dtype=dtype)
+            self.decoder_final_norm = layers.LayerNorm(cfg.layer_norm_epsilon, dtype=dtype)
         self.final_logits_bias = self.param(
             "final_logits_bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
             (cfg.vocab_size,), jnp.float32)
@@ -120,7 +169,8 @@ class BartEncoderDecoder(nn.Module):
         positions = _positions(encoder_input_tokens, encoder_positions)
         x = self._embed(encoder_input_tokens, positions, self.encoder_positions,
                         self.encoder_embedding_norm, deterministic)
-        return self.encoder(x, None, layers.attention_bias_from_mask(mask), None, deterministic)
+        x = self.encoder(x, None, layers.attention_bias_from_mask(mask), None, deterministic)
+        return self.encoder_final_norm(x) if self.config.final_layer_norm else x
 
     def decode(self, encoded, encoder_input_tokens, decoder_input_tokens, max_decode_length: int,
                deterministic: bool = True) -> jax.Array:
@@ -138,6 +188,8 @@ class BartEncoderDecoder(nn.Module):
         y = self._embed(decoder_input_tokens, positions, self.decoder_positions,
                         self.decoder_embedding_norm, deterministic)
         y = self.decoder(y, encoded, self_bias, cross_bias, deterministic, decode)
+        if self.config.final_layer_norm:
+            y = self.decoder_final_norm(y)
         self.sow("intermediates", "final_hidden", y)  # distillation's cosine loss reads it
         logits = self.token_embedder.attend(y) + self.final_logits_bias.astype(y.dtype)
         return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
@@ -151,6 +203,9 @@ class BartEncoderDecoder(nn.Module):
                              "decoder_segment_ids; got only one.")
         encoded = self.encode(encoder_input_tokens, encoder_segment_ids, encoder_positions,
                               deterministic)
+        if cfg.decoder_start_from_targets:
+            decoder_input_tokens = mbart_decoder_inputs(decoder_input_tokens, decoder_target_tokens,
+                                                        cfg.pad_id, decoder_segment_ids)
         # Decoder inputs start with decoder_start_id, so validity comes from the targets.
         query_valid = decoder_target_tokens != cfg.pad_id
         length = decoder_input_tokens.shape[1]
@@ -163,6 +218,27 @@ class BartEncoderDecoder(nn.Module):
                             _positions(decoder_input_tokens, decoder_positions),
                             layers.attention_bias_from_mask(self_mask),
                             layers.attention_bias_from_mask(cross_mask), deterministic, False)
+
+
+def mbart_decoder_inputs(decoder_input_tokens, decoder_target_tokens, pad_id: int,
+                         decoder_segment_ids=None):
+    """mBART's decoder inputs: the first input of each example (row, or packed segment)
+    becomes the example's last target token, its language id (targets ``... </s> <lang>``,
+    decoder inputs ``<lang> ...``), as Hugging Face's ``shift_tokens_right`` for mBART."""
+    decoder_input_tokens = jnp.asarray(decoder_input_tokens)
+    decoder_target_tokens = jnp.asarray(decoder_target_tokens)
+    if decoder_segment_ids is None:
+        last = jnp.maximum(jnp.sum(decoder_target_tokens != pad_id, axis=1) - 1, 0)
+        start = jnp.take_along_axis(decoder_target_tokens, last[:, None], axis=1)
+        return decoder_input_tokens.at[:, :1].set(start.astype(decoder_input_tokens.dtype))
+    segments = decoder_segment_ids
+    length = segments.shape[1]
+    same = (segments[:, :, None] == segments[:, None, :]) & (segments[:, None, :] > 0)
+    last = jnp.max(jnp.where(same, jnp.arange(length), -1), axis=-1)  # last index of i's example
+    start = jnp.take_along_axis(decoder_target_tokens, jnp.maximum(last, 0), axis=1)
+    first = jnp.concatenate([jnp.ones_like(segments[:, :1], bool),
+                             segments[:, 1:] != segments[:, :-1]], axis=1) & (segments > 0)
+    return jnp.where(first, start.astype(decoder_input_tokens.dtype), decoder_input_tokens)
 
 
 class DecodePosition(nn.Module):
@@ -200,6 +276,7 @@ class BartStack(nn.Module):
                                       scan=cfg.scan_layers, remat_policy=cfg.remat_policy,
                                       static_argnums=(3, 4))
         # BART's encoder block is BERT's post-norm block (same fields on the config).
-        return stacking.run_stack(EncoderBlock, cfg, cfg.num_encoder_layers, x, self_bias,
+        block = PreNormEncoderLayer if cfg.pre_norm else EncoderBlock
+        return stacking.run_stack(block, cfg, cfg.num_encoder_layers, x, self_bias,
                                   deterministic, scan=cfg.scan_layers,
                                   remat_policy=cfg.remat_policy, static_argnums=(1,))
