@@ -18,7 +18,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from t5x_like import models, optim, partitioning
-from t5x_like.models import layers, structures
+from t5x_like.models import attention, layers, structures
 
 
 @flax.struct.dataclass
@@ -130,7 +130,8 @@ class Trainer:
         self.rules = rules
         self.model_feature_lengths = dict(model_feature_lengths)
 
-        boxed = abstract_boxed_params(model, self.model_feature_lengths)
+        with attention.target_platform(self.mesh.devices.flat[0].platform):
+            boxed = abstract_boxed_params(model, self.model_feature_lengths)
         param_shardings = partitioning.logical_shardings(boxed, mesh, rules)
         abstract_params = nn.unbox(boxed)
         self.trainable = None if trainable is None else trainable(abstract_params)
@@ -258,7 +259,8 @@ class Trainer:
         every train step, placed by the teacher's own logical axes on this mesh (no
         optimizer state, no gradient); ``loss_fn`` takes them as ``teacher_params``.
         Evaluation keeps calling ``loss_fn`` without them: the student's objective."""
-        boxed = abstract_boxed_params(model, self.model_feature_lengths)
+        with attention.target_platform(self.mesh.devices.flat[0].platform):
+            boxed = abstract_boxed_params(model, self.model_feature_lengths)
         shardings = partitioning.logical_shardings(boxed, self.mesh, self.rules)
         abstract = jax.tree.map(
             lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
@@ -372,8 +374,9 @@ def check_peft_fits(config, params) -> None:
 
 
 class _MeshAndRules:
-    """``jax.set_mesh``, flax logical axis rules and the mesh platform's choice of
-    gradient boundaries (``layers.gradient_boundary``), entered together."""
+    """``jax.set_mesh``, flax logical axis rules and the mesh platform's choices of
+    gradient boundaries (``layers.gradient_boundary``) and attention kernels
+    (``attention.target_platform``), entered together."""
 
     def __init__(self, mesh, rules):
         self._mesh, self._rules = mesh, rules
@@ -383,8 +386,9 @@ class _MeshAndRules:
         self._stack = contextlib.ExitStack()
         self._stack.enter_context(jax.set_mesh(self._mesh))
         self._stack.enter_context(nn.logical_axis_rules(self._rules))
-        on_cpu = self._mesh.devices.flat[0].platform == "cpu"
-        self._stack.enter_context(layers.gradient_boundaries(on_cpu))
+        platform = self._mesh.devices.flat[0].platform
+        self._stack.enter_context(layers.gradient_boundaries(platform == "cpu"))
+        self._stack.enter_context(attention.target_platform(platform))
 
     def __exit__(self, *exc):
         self._stack.__exit__(*exc)

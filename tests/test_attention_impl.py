@@ -161,6 +161,9 @@ def test_auto_and_fallbacks_are_chosen_and_explained():
     impl, why = choose("prefix_lm", "tpu", "flash")
     assert impl == "xla" and "prefix" in why
     assert choose("position_bias", "gpu")[0] == "flash"  # cuDNN takes a bias
+    assert choose("causal_window", "gpu")[0] == "flash"
+    impl, why = choose("window", "gpu", "flash")
+    assert impl == "xla" and "backwards" in why
     impl, why = choose("packed", "gpu", dtype=jnp.float32)
     assert impl == "xla" and "bfloat16" in why
     impl, why = choose("packed", "tpu", dropout=True)

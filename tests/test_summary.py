@@ -26,6 +26,7 @@ PUBLISHED = {
     "bart_base": 139.4e6,          # facebook/bart-base
     "bart_large": 406.3e6,         # facebook/bart-large
     "decoder_modern_1b": 1.100e9,  # TinyLlama-1.1B's shape
+    "longformer_base": 148.7e6,    # LongformerForMaskedLM, longformer-base-4096's config
 }
 
 
@@ -39,7 +40,8 @@ def summary(config_name: str, *extra: str) -> str:
 
 @pytest.mark.parametrize("name", ["t5_1_0_small", "t5_1_1_base", "t5_1_1_xxl", "gpt2_small",
                                   "gpt2_xl", "bert_base", "bert_large", "roberta_base",
-                                  "albert_base", "bart_base", "decoder_modern_1b"])
+                                  "albert_base", "bart_base", "decoder_modern_1b",
+                                  "longformer_base"])
 def test_standard_sizes_match_published_counts(name):
     last = summary(name).strip().splitlines()[-1]
     assert last.startswith("params: ")

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_like.models import layers, stacking
+from t5x_like.models import attention, layers, stacking
 from t5x_like.models.encoder import EncoderBlock
 from t5x_like.models.layers import constrain
 
@@ -84,6 +84,7 @@ class PreNormEncoderLayer(nn.Module):
         h = layers.LayerNorm(cfg.layer_norm_epsilon, dtype=dtype, name="attention_norm")(x)
         h = layers.MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dtype,
                                       use_bias=True, scale_in_compute=True, kernel_init=_init,
+                                      attention_impl=cfg.attention_impl,
                                       name="attention")(h, h, bias, deterministic)
         x = x + dropout(h, deterministic=deterministic)
         h = layers.LayerNorm(cfg.layer_norm_epsilon, dtype=dtype, name="mlp_norm")(x)
@@ -102,25 +103,24 @@ class BartDecoderLayer(nn.Module):
         cfg = self.config
         dtype = cfg.compute_dtype
         dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
-        attention = lambda name: layers.MultiHeadAttention(  # noqa: E731
+        attention_layer = lambda name: layers.MultiHeadAttention(  # noqa: E731
             cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dtype, use_bias=True,
-            scale_in_compute=True, kernel_init=_init, name=name)
+            scale_in_compute=True, kernel_init=_init, attention_impl=cfg.attention_impl, name=name)
         norm = lambda name: layers.LayerNorm(cfg.layer_norm_epsilon, dtype=dtype, name=name)  # noqa: E731
         mlp = layers.Mlp(cfg.d_ff, tuple(cfg.mlp_activations), cfg.dropout_rate, dtype,
                          use_bias=True, kernel_init=_init, name="mlp")
         if cfg.pre_norm:  # mBART
             h = norm("self_attention_norm")(y)
-            y = y + dropout(attention("self_attention")(h, h, self_bias, deterministic, decode),
-                            deterministic=deterministic)
+            h = attention_layer("self_attention")(h, h, self_bias, deterministic, decode)
+            y = y + dropout(h, deterministic=deterministic)
             h = norm("cross_attention_norm")(y)
-            y = y + dropout(attention("encoder_decoder_attention")(h, encoded, cross_bias,
-                                                                   deterministic),
-                            deterministic=deterministic)
+            h = attention_layer("encoder_decoder_attention")(h, encoded, cross_bias, deterministic)
+            y = y + dropout(h, deterministic=deterministic)
             y = y + dropout(mlp(norm("mlp_norm")(y), deterministic), deterministic=deterministic)
         else:
-            h = attention("self_attention")(y, y, self_bias, deterministic, decode)
+            h = attention_layer("self_attention")(y, y, self_bias, deterministic, decode)
             y = norm("self_attention_norm")(y + dropout(h, deterministic=deterministic))
-            h = attention("encoder_decoder_attention")(y, encoded, cross_bias, deterministic)
+            h = attention_layer("encoder_decoder_attention")(y, encoded, cross_bias, deterministic)
             y = norm("cross_attention_norm")(y + dropout(h, deterministic=deterministic))
             y = norm("mlp_norm")(y + dropout(mlp(y, deterministic), deterministic=deterministic))
         y = constrain(y, ("batch", "length", "embed"))
@@ -162,14 +162,12 @@ class BartEncoderDecoder(nn.Module):
 
     def encode(self, encoder_input_tokens, encoder_segment_ids=None, encoder_positions=None,
                deterministic: bool = True):
-        valid = encoder_input_tokens != self.config.pad_id
-        mask = layers.padding_mask(valid, valid)
-        if encoder_segment_ids is not None:
-            mask = mask & layers.segment_mask(encoder_segment_ids, encoder_segment_ids)
+        mask = self._for_layers(attention.self_attention_mask(
+            encoder_input_tokens != self.config.pad_id, encoder_segment_ids), deterministic)
         positions = _positions(encoder_input_tokens, encoder_positions)
         x = self._embed(encoder_input_tokens, positions, self.encoder_positions,
                         self.encoder_embedding_norm, deterministic)
-        x = self.encoder(x, None, layers.attention_bias_from_mask(mask), None, deterministic)
+        x = self.encoder(x, None, mask, None, deterministic)
         return self.encoder_final_norm(x) if self.config.final_layer_norm else x
 
     def decode(self, encoded, encoder_input_tokens, decoder_input_tokens, max_decode_length: int,
@@ -177,11 +175,12 @@ class BartEncoderDecoder(nn.Module):
         """One decoding step over the cache (or, at cache initialisation, the full length);
         the cache counts the positions."""
         positions = self.decode_position(decoder_input_tokens)
-        cross_mask = layers.padding_mask(jnp.ones(decoder_input_tokens.shape, bool),
-                                         encoder_input_tokens != self.config.pad_id)
+        cross_mask = attention.cross_attention_mask(jnp.ones(decoder_input_tokens.shape, bool),
+                                                    encoder_input_tokens != self.config.pad_id)
+        # The cache reads rows of one dense bias over all its positions.
         self_bias = layers.attention_bias_from_mask(layers.causal_mask(max_decode_length))
-        return self._decode(encoded, decoder_input_tokens, positions, self_bias,
-                            layers.attention_bias_from_mask(cross_mask), deterministic, True)
+        return self._decode(encoded, decoder_input_tokens, positions, self_bias, cross_mask,
+                            deterministic, True)
 
     def _decode(self, encoded, decoder_input_tokens, positions, self_bias, cross_bias,
                 deterministic, decode):
@@ -208,16 +207,19 @@ class BartEncoderDecoder(nn.Module):
                                                         cfg.pad_id, decoder_segment_ids)
         # Decoder inputs start with decoder_start_id, so validity comes from the targets.
         query_valid = decoder_target_tokens != cfg.pad_id
-        length = decoder_input_tokens.shape[1]
-        self_mask = layers.padding_mask(query_valid, query_valid) & layers.causal_mask(length)
-        cross_mask = layers.padding_mask(query_valid, encoder_input_tokens != cfg.pad_id)
-        if decoder_segment_ids is not None:
-            self_mask = self_mask & layers.segment_mask(decoder_segment_ids, decoder_segment_ids)
-            cross_mask = cross_mask & layers.segment_mask(decoder_segment_ids, encoder_segment_ids)
+        self_mask = attention.self_attention_mask(query_valid, decoder_segment_ids, causal=True)
+        cross_mask = attention.cross_attention_mask(query_valid, encoder_input_tokens != cfg.pad_id,
+                                                    decoder_segment_ids, encoder_segment_ids)
         return self._decode(encoded, decoder_input_tokens,
                             _positions(decoder_input_tokens, decoder_positions),
-                            layers.attention_bias_from_mask(self_mask),
-                            layers.attention_bias_from_mask(cross_mask), deterministic, False)
+                            self._for_layers(self_mask, deterministic),
+                            self._for_layers(cross_mask, deterministic), deterministic, False)
+
+    def _for_layers(self, mask, deterministic):
+        cfg = self.config
+        return attention.for_every_layer(mask, cfg.attention_impl, dtype=cfg.compute_dtype,
+                                         head_dim=cfg.head_dim,
+                                         dropout=cfg.dropout_rate > 0 and not deterministic)
 
 
 def mbart_decoder_inputs(decoder_input_tokens, decoder_target_tokens, pad_id: int,

@@ -108,9 +108,12 @@ class DecoderOnly(nn.Module):
             bias = layers.attention_bias_from_mask(self._decode_mask(
                 decoder_input_tokens, decoder_segment_ids, max_decode_length))
         else:
-            bias = attention.self_attention_mask(
-                jnp.ones((batch, length), bool), decoder_segment_ids, causal=True,
-                window=cfg.sliding_window, prefix=decoder_causal_attention)
+            bias = attention.for_every_layer(
+                attention.self_attention_mask(
+                    jnp.ones((batch, length), bool), decoder_segment_ids, causal=True,
+                    window=cfg.sliding_window, prefix=decoder_causal_attention),
+                cfg.attention_impl, dtype=cfg.compute_dtype, head_dim=cfg.head_dim,
+                dropout=cfg.dropout_rate > 0 and not deterministic)
         token_embedder = layers.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype,
                                       embedding_init=_gpt2_init, name="token_embedder")
         x = token_embedder(decoder_input_tokens)

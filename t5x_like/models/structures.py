@@ -312,8 +312,11 @@ def _encoder_flops(model, s: int, embedding_dim: int, head: str = "mlm") -> floa
     layers = model["num_layers"]
     e = embedding_dim or d
     projection = 2 * s * e * d if embedding_dim else 0
+    # Local attention (Longformer) scores each token against 2 w - 1 keys, not s.
+    window = model.get("attention_window") or 0
+    keys = min(s, 2 * window - 1) if window else s
     body = (2 * s * layers * _layer_matmuls(d, h, dh, f, model["mlp_activations"])
-            + 4 * layers * s * s * h * dh + projection)
+            + 4 * layers * s * keys * h * dh + projection)
     if head == "replaced_token":
         return body + 2 * s * d * d + 2 * s * d
     return body + 2 * s * d * e + 2 * s * e * v

@@ -1,0 +1,101 @@
+"""Long sequences on TPU topologies, planned ahead of time: per-device memory and the
+roofline step time with the plain attention path against the fused or chunked one.
+
+    python benchmarks/long_context_plan.py                  # both tables
+    python benchmarks/long_context_plan.py --only=decoder   # decoder_modern_1b at 8k/32k
+    python benchmarks/long_context_plan.py --only=longformer
+    python benchmarks/long_context_plan.py --remat_rows     # only the rows with remat="full"
+
+Each row compiles the real train step with ``t5x_like.plan`` (libtpu's compiler via
+``jax.experimental.topologies``; no TPU needed, ``pip install 't5x_like[tpu]'``).
+decoder_modern_1b runs in bfloat16 with parameters and optimizer state sharded over
+every chip (fsdp), one sequence per chip; ``flash`` is the Pallas splash kernel.
+Longformer base (window 512, CLS global) runs one sequence per chip on v5e:4x4;
+``chunked`` computes the window in blocks. Temporaries over the chip's HBM are what
+the compiler reported when it refused the program.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from t5x_like import config_lib, plan  # noqa: E402
+
+GiB = 1024**3
+
+
+def decoder_rows():
+    for topology, chips in (("v5p:2x2x1", 4), ("v5e:4x4", 16)):
+        for length in (8192, 32768):
+            for impl, remat in (("xla", None), ("flash", None), ("flash", "full")):
+                if remat and length < 32768:
+                    continue
+                overrides = [f"task_feature_lengths.targets={length}", f"model.max_length={length}",
+                             f"batch_size={chips}", "mesh.data=1", "mesh.fsdp=-1",
+                             "model.dtype=bfloat16", f"model.attention_impl={impl}"]
+                yield "configs/decoder_modern_1b.py", topology, length, impl, remat, overrides
+
+
+def longformer_rows():
+    for length in (4096, 8192, 16384):
+        for impl, remat in (("xla", None), ("chunked", None), ("chunked", "full")):
+            overrides = [f"task_feature_lengths.inputs={length}", f"model.max_length={length + 2}",
+                         "batch_size=16", "model.dtype=bfloat16", "model.scan_layers=True",
+                         f"model.attention_impl={impl}"]
+            yield "configs/longformer_base.py", "v5e:4x4", length, impl, remat, overrides
+
+
+def run(rows) -> list[dict]:
+    results = []
+    for config_path, topology, length, impl, remat, overrides in rows:
+        config = config_lib.load_config_file(str(ROOT / config_path))
+        config_lib.apply_overrides(config, overrides + ([f"model.remat_policy={remat}"]
+                                                        if remat else []))
+        report = plan.plan(config, topology)
+        memory = report["memory_per_device"]
+        roofline = report.get("roofline") or {}
+        results.append({
+            "config": pathlib.Path(config_path).stem, "topology": topology, "length": length,
+            "attention": impl, "remat": remat or config.model.remat_policy,
+            "temporaries_gib": memory["temporaries"] / GiB,
+            "total_gib": memory["total"] / GiB, "hbm_gib": (report["hbm_per_device"] or 0) / GiB,
+            "fits": report["fits"], "step_s": roofline.get("step_s"),
+            "bound": roofline.get("bound"), "mfu": roofline.get("mfu")})
+        print(_row(results[-1]), flush=True)
+    return results
+
+
+HEADER = ("| config | topology | tokens | attention | remat | temporaries GiB | total GiB / HBM | fits "
+          "| roofline step s | bound | MFU at best |\n|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def _row(r: dict) -> str:
+    step = "—" if r["step_s"] is None else f"{r['step_s']:.3f}"
+    mfu = "—" if r["mfu"] is None else f"{r['mfu']:.1%}"
+    return (f"| {r['config']} | {r['topology']} | {r['length']:,} | {r['attention']} | {r['remat']} "
+            f"| {r['temporaries_gib']:.2f} | {r['total_gib']:.2f} / {r['hbm_gib']:.0f} "
+            f"| {'yes' if r['fits'] else 'no'} | {step} | {r['bound'] or '—'} | {mfu} |")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=("decoder", "longformer"))
+    parser.add_argument("--remat_rows", action="store_true",
+                        help="only the rows that add remat to the fused/chunked path")
+    args = parser.parse_args(argv)
+    print(HEADER)
+    keep = (lambda row: row[4] is not None) if args.remat_rows else (lambda row: True)
+    if args.only in (None, "decoder"):
+        run(filter(keep, decoder_rows()))
+    if args.only in (None, "longformer"):
+        run(filter(keep, longformer_rows()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
