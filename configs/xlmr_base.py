@@ -11,32 +11,18 @@ vocabulary, so give ``--config.model.vocab_size=8192`` (or import the published
 checkpoint and its tokenizer); the 250,002 rows are the published model's.
 """
 
-from t5x_like import config_lib
+import importlib.util
+import pathlib
+
+_spec = importlib.util.spec_from_file_location(
+    "_roberta_base", pathlib.Path(__file__).with_name("roberta_base.py"))
+_roberta_base = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_roberta_base)
 
 
 def get_config():
-    config = config_lib.default_config()
-    config.model = config_lib.model_defaults("encoder")
-    model = config.model
-    model.vocab_size = 250002
-    model.d_model = 768
-    model.num_heads = 12
-    model.head_dim = 64
-    model.d_ff = 3072
-    model.num_layers = 12
-    model.max_length = 514
-    model.type_vocab_size = 1
-    model.pad_id = 1
-    model.position_offset = 2
-    model.next_sentence_head = False
-    model.layer_norm_epsilon = 1e-5
+    """RoBERTa base's network and recipe on XLM-R's vocabulary and multilingual mixture."""
+    config = _roberta_base.get_config()
+    config.model.vocab_size = 250002
     config.task = "multilingual_mlm"
-    config.task_feature_lengths = {"inputs": 512}
-    config.batch_size = 8192
-    config.optimizer.name = "adamw"
-    config.optimizer.learning_rate = 6e-4
-    config.optimizer.schedule = "linear"
-    config.optimizer.warmup_steps = 24_000
-    config.optimizer.weight_decay = 0.01
-    config.optimizer.b2 = 0.98
     return config

@@ -257,3 +257,29 @@ def test_dropout_keeps_the_plain_path_and_is_applied():
     b = model.apply({"params": params}, tokens, deterministic=False,
                     rngs={"dropout": jax.random.PRNGKey(2)})["hidden"]
     assert not np.allclose(np.asarray(a), np.asarray(b))
+
+
+def test_a_task_global_mask_reaches_the_longformer_through_the_converter():
+    from t5x_like.data import feature_converters
+    converter = feature_converters.EncoderFeatureConverter(pack=True, global_attention=True)
+    question = {"inputs": np.arange(1, 9), "targets": np.arange(1, 9),
+                "loss_weights": np.ones(8, np.float32),
+                "global_attention_mask": np.array([1, 1, 1, 0, 0, 0, 0, 0])}
+    plain = {"inputs": np.arange(1, 6), "targets": np.arange(1, 6),
+             "loss_weights": np.ones(5, np.float32)}
+    [row] = converter([question, plain], {"inputs": 16})
+    # The task's mask where it gave one; the example's first token where it did not.
+    np.testing.assert_array_equal(row["encoder_global_attention_mask"][:13],
+                                  [1, 1, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0])
+    assert "encoder_global_attention_mask" not in feature_converters.EncoderFeatureConverter()(
+        plain, {"inputs": 16})
+
+    model = tiny_longformer()
+    tokens = jnp.asarray(row["encoder_input_tokens"])[None]
+    params = model.init(jax.random.PRNGKey(0), tokens)["params"]
+    run = lambda mask: model.apply(  # noqa: E731
+        {"params": params}, tokens, segment_ids=jnp.asarray(row["encoder_segment_ids"])[None],
+        positions=jnp.asarray(row["encoder_positions"])[None],
+        global_attention_mask=mask)["hidden"]
+    given = run(jnp.asarray(row["encoder_global_attention_mask"])[None])
+    assert not np.allclose(np.asarray(given), np.asarray(run(None)))  # questions are global

@@ -11,8 +11,8 @@ import numpy as np
 from t5x_like.convert import hf_bert
 
 
-def model_config_from_hf(hf: dict) -> dict:
-    cfg = hf_bert.model_config_from_hf(hf, model_type="roberta")
+def model_config_from_hf(hf: dict, model_type: str = "roberta") -> dict:
+    cfg = hf_bert.model_config_from_hf(hf, model_type=model_type)
     pad = int(hf.get("pad_token_id", 1))
     cfg.update(pad_id=pad, position_offset=pad + 1, next_sentence_head=False)
     return cfg

@@ -177,17 +177,27 @@ class EncoderFeatureConverter(FeatureConverter):
     Loss weights come from the example's ``loss_weights`` (every selected position, as
     BERT trains); without them, seqio's rule: positions where ``inputs == mask_id``.
     ``token_type_ids`` become ``encoder_token_type_ids``; ``next_sentence_labels`` pass
-    through (unpacked only).
+    through (unpacked only). ``global_attention`` (a Longformer): the task's
+    ``global_attention_mask`` (1 on the global tokens, e.g. a question's; by default an
+    example's first token) becomes ``encoder_global_attention_mask``.
     """
 
-    PACKED_FEATURES = {"inputs": "inputs", "targets": "inputs", "loss_weights": "inputs",
-                       "token_type_ids": "inputs"}
     REQUIRED = ("inputs", "targets")
 
     def __init__(self, pack: bool = False, num_packing_bins: int = 64,
-                 packing_algorithm: str = "best_fit", mask_id: int | None = None):
+                 packing_algorithm: str = "best_fit", mask_id: int | None = None,
+                 global_attention: bool = False):
         super().__init__(pack, num_packing_bins, packing_algorithm)
         self.mask_id = mask_id
+        self.global_attention = global_attention
+
+    @property
+    def PACKED_FEATURES(self):  # noqa: N802  (seqio-style class constant, per instance here)
+        features = {"inputs": "inputs", "targets": "inputs", "loss_weights": "inputs",
+                    "token_type_ids": "inputs"}
+        if self.global_attention:
+            features["global_attention_mask"] = "inputs"
+        return features
 
     def prepare(self, example, lengths):
         features = super().prepare(example, lengths)
@@ -199,6 +209,8 @@ class EncoderFeatureConverter(FeatureConverter):
             features["loss_weights"] = (inputs == self.mask_id).astype(np.float32)
         if "token_type_ids" not in features:
             features["token_type_ids"] = np.zeros(inputs.size, np.int32)
+        if self.global_attention and "global_attention_mask" not in features:
+            features["global_attention_mask"] = (np.arange(inputs.size) == 0).astype(np.int32)
         return features
 
     def convert(self, row, example, packed):
@@ -206,6 +218,8 @@ class EncoderFeatureConverter(FeatureConverter):
                "encoder_target_tokens": row["targets"].astype(np.int32),
                "encoder_loss_weights": row["loss_weights"].astype(np.float32),
                "encoder_token_type_ids": row["token_type_ids"].astype(np.int32)}
+        if self.global_attention:
+            out["encoder_global_attention_mask"] = row["global_attention_mask"].astype(np.int32)
         if packed:
             out["encoder_segment_ids"] = row["inputs_segment_ids"]
             out["encoder_positions"] = row["inputs_positions"]

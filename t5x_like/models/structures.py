@@ -266,7 +266,9 @@ class EncoderStructure(Structure):
 
     def feature_converter(self, task_feature_lengths, pack=False):
         from t5x_like.data import feature_converters
-        return feature_converters.EncoderFeatureConverter(pack=pack)
+        config = getattr(self.model, "config", None)  # Longformer's global tokens
+        return feature_converters.EncoderFeatureConverter(
+            pack=pack, global_attention=bool(getattr(config, "global_attention", False)))
 
     def model_feature_lengths(self, task_feature_lengths):
         length = dict(task_feature_lengths)["inputs"]
@@ -287,7 +289,9 @@ class EncoderStructure(Structure):
             token_type_ids=batch.get("encoder_token_type_ids"),
             segment_ids=batch.get("encoder_segment_ids"),
             positions=batch.get("encoder_positions"),
-            span_mask=batch["encoder_loss_weights"] > 0, deterministic=deterministic,
+            span_mask=batch["encoder_loss_weights"] > 0,
+            global_attention_mask=batch.get("encoder_global_attention_mask"),
+            deterministic=deterministic,
             rngs=objectives.dropout_rngs(rng, deterministic))
         real = batch["encoder_input_tokens"] != model.config.pad_id
         return {"logits": out["mlm_logits"], "hidden": out["hidden"],

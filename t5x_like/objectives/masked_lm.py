@@ -29,6 +29,7 @@ def masked_lm_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array
                       segment_ids=batch.get("encoder_segment_ids"),
                       positions=batch.get("encoder_positions"),
                       span_mask=batch["encoder_loss_weights"] > 0,
+                      global_attention_mask=batch.get("encoder_global_attention_mask"),
                       deterministic=deterministic, rngs=rngs)
     token_loss = functools.partial(token_objective, targets=batch["encoder_target_tokens"],
                                    weights=batch["encoder_loss_weights"], z_loss=0.0,
