@@ -283,3 +283,13 @@ def test_a_task_global_mask_reaches_the_longformer_through_the_converter():
         global_attention_mask=mask)["hidden"]
     given = run(jnp.asarray(row["encoder_global_attention_mask"])[None])
     assert not np.allclose(np.asarray(given), np.asarray(run(None)))  # questions are global
+
+
+def test_a_fallback_to_the_plain_path_is_reported(caplog):
+    model = tiny_longformer(global_attention=False, attention_window=0, attention_impl="chunked")
+    tokens = jnp.ones((1, 8), jnp.int32)
+    attention._report.cache_clear()  # each reason is logged once per process
+    with caplog.at_level("WARNING", logger="t5x_like.models.attention"):
+        model.init(jax.random.PRNGKey(0), tokens)
+    assert "attention: xla (attention_impl=chunked): chunked attention unavailable: " \
+        "no attention window" in caplog.text

@@ -194,9 +194,12 @@ def for_every_layer(mask, implementation: str, *, dtype, head_dim: int,
     rows need the description."""
     if not isinstance(mask, AttentionMask) or mask.global_tokens is not None:
         return mask
-    chosen, _ = choose_implementation(implementation, mask, platform=current_platform(),
-                                      dtype=dtype, head_dim=head_dim, dropout=dropout)
-    return dense_bias(mask) if chosen == "xla" else mask
+    chosen, why = choose_implementation(implementation, mask, platform=current_platform(),
+                                        dtype=dtype, head_dim=head_dim, dropout=dropout)
+    if chosen != "xla":
+        return mask
+    _report(implementation, chosen, why)
+    return dense_bias(mask)
 
 
 def _flash_unsupported(mask, platform, dtype, q_len, k_len, head_dim, dropout) -> str:
