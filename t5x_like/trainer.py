@@ -130,8 +130,7 @@ class Trainer:
         self.rules = rules
         self.model_feature_lengths = dict(model_feature_lengths)
 
-        with attention.target_platform(self.mesh.devices.flat[0].platform):
-            boxed = abstract_boxed_params(model, self.model_feature_lengths)
+        boxed = self._abstract_boxed_params(model)
         param_shardings = partitioning.logical_shardings(boxed, mesh, rules)
         abstract_params = nn.unbox(boxed)
         self.trainable = None if trainable is None else trainable(abstract_params)
@@ -231,6 +230,11 @@ class Trainer:
         return {**sums, "loss_sum": metrics["loss"] * tokens,
                 "correct_sum": metrics["accuracy"] * tokens, "num_target_tokens": tokens}
 
+    def _abstract_boxed_params(self, model):
+        """``abstract_boxed_params`` traced for this mesh's platform (its attention kernels)."""
+        with attention.target_platform(self.mesh.devices.flat[0].platform):
+            return abstract_boxed_params(model, self.model_feature_lengths)
+
     # -- entry points ---------------------------------------------------------
     def _context(self):
         return _MeshAndRules(self.mesh, self.rules)
@@ -259,8 +263,7 @@ class Trainer:
         every train step, placed by the teacher's own logical axes on this mesh (no
         optimizer state, no gradient); ``loss_fn`` takes them as ``teacher_params``.
         Evaluation keeps calling ``loss_fn`` without them: the student's objective."""
-        with attention.target_platform(self.mesh.devices.flat[0].platform):
-            boxed = abstract_boxed_params(model, self.model_feature_lengths)
+        boxed = self._abstract_boxed_params(model)
         shardings = partitioning.logical_shardings(boxed, self.mesh, self.rules)
         abstract = jax.tree.map(
             lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),

@@ -185,21 +185,34 @@ def choose_implementation(requested: str, mask: AttentionMask, *, platform: str,
     return "xla", flash_reason
 
 
-def for_every_layer(mask, implementation: str, *, dtype, head_dim: int,
-                    dropout: bool = False):
+def for_every_layer(mask, config, deterministic: bool):
     """What a stack hands each of its layers: the mask itself, or, where the plain path
     will run, its dense bias built once (every layer would otherwise rebuild the same
     ``[batch, heads, q, k]`` array: on CPU that cost T5 v1.1-small a tenth of its
-    train step). Dense biases pass unchanged; so do masks with global tokens, whose
-    rows need the description."""
+    train step). ``config`` is the family's (``attention_impl``, ``compute_dtype``,
+    ``head_dim``, ``dropout_rate``). Dense biases pass unchanged; so do masks with
+    global tokens, whose rows need the description."""
     if not isinstance(mask, AttentionMask) or mask.global_tokens is not None:
         return mask
-    chosen, why = choose_implementation(implementation, mask, platform=current_platform(),
-                                        dtype=dtype, head_dim=head_dim, dropout=dropout)
+    implementation = config.attention_impl
+    chosen, why = choose_implementation(
+        implementation, mask, platform=current_platform(), dtype=config.compute_dtype,
+        head_dim=config.head_dim, dropout=config.dropout_rate > 0 and not deterministic)
     if chosen != "xla":
         return mask
     _report(implementation, chosen, why)
     return dense_bias(mask)
+
+
+def cache_bias(length: int, key_valid: jax.Array | None = None, *, window: int = 0,
+               position_bias: jax.Array | None = None) -> jax.Array:
+    """The dense bias over a decoding cache of ``length`` positions, whose rows the
+    decoding steps read: causal (within ``window``), over the keys ``key_valid``
+    (``[batch, length]``) marks real (left-padded prompts), plus ``position_bias``."""
+    keys = (jnp.ones((1, length), jnp.int32) if key_valid is None
+            else key_valid.astype(jnp.int32))
+    return dense_bias(AttentionMask(jnp.ones_like(keys), keys, position_bias=position_bias,
+                                    causal=True, window=window))
 
 
 def _flash_unsupported(mask, platform, dtype, q_len, k_len, head_dim, dropout) -> str:

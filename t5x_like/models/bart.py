@@ -162,8 +162,9 @@ class BartEncoderDecoder(nn.Module):
 
     def encode(self, encoder_input_tokens, encoder_segment_ids=None, encoder_positions=None,
                deterministic: bool = True):
-        mask = self._for_layers(attention.self_attention_mask(
-            encoder_input_tokens != self.config.pad_id, encoder_segment_ids), deterministic)
+        mask = attention.for_every_layer(attention.self_attention_mask(
+            encoder_input_tokens != self.config.pad_id, encoder_segment_ids), self.config,
+            deterministic)
         positions = _positions(encoder_input_tokens, encoder_positions)
         x = self._embed(encoder_input_tokens, positions, self.encoder_positions,
                         self.encoder_embedding_norm, deterministic)
@@ -177,8 +178,7 @@ class BartEncoderDecoder(nn.Module):
         positions = self.decode_position(decoder_input_tokens)
         cross_mask = attention.cross_attention_mask(jnp.ones(decoder_input_tokens.shape, bool),
                                                     encoder_input_tokens != self.config.pad_id)
-        # The cache reads rows of one dense bias over all its positions.
-        self_bias = layers.attention_bias_from_mask(layers.causal_mask(max_decode_length))
+        self_bias = attention.cache_bias(max_decode_length)
         return self._decode(encoded, decoder_input_tokens, positions, self_bias, cross_mask,
                             deterministic, True)
 
@@ -212,14 +212,9 @@ class BartEncoderDecoder(nn.Module):
                                                     decoder_segment_ids, encoder_segment_ids)
         return self._decode(encoded, decoder_input_tokens,
                             _positions(decoder_input_tokens, decoder_positions),
-                            self._for_layers(self_mask, deterministic),
-                            self._for_layers(cross_mask, deterministic), deterministic, False)
-
-    def _for_layers(self, mask, deterministic):
-        cfg = self.config
-        return attention.for_every_layer(mask, cfg.attention_impl, dtype=cfg.compute_dtype,
-                                         head_dim=cfg.head_dim,
-                                         dropout=cfg.dropout_rate > 0 and not deterministic)
+                            attention.for_every_layer(self_mask, cfg, deterministic),
+                            attention.for_every_layer(cross_mask, cfg, deterministic),
+                            deterministic, False)
 
 
 def mbart_decoder_inputs(decoder_input_tokens, decoder_target_tokens, pad_id: int,

@@ -105,15 +105,18 @@ class DecoderOnly(nn.Module):
         if decoder_positions is None:
             decoder_positions = jnp.broadcast_to(jnp.arange(length), (batch, length))
         if decode:
-            bias = layers.attention_bias_from_mask(self._decode_mask(
-                decoder_input_tokens, decoder_segment_ids, max_decode_length))
+            cache_length = max_decode_length or length
+            # Left-padded prompts (decoding.generate_padded): segment ids over the whole
+            # cache mark the positions that hold real tokens; padding is never attended to.
+            key_valid = (decoder_segment_ids > 0 if decoder_segment_ids is not None
+                         and decoder_segment_ids.shape[-1] == cache_length else None)
+            bias = attention.cache_bias(cache_length, key_valid, window=cfg.sliding_window)
         else:
             bias = attention.for_every_layer(
                 attention.self_attention_mask(
                     jnp.ones((batch, length), bool), decoder_segment_ids, causal=True,
                     window=cfg.sliding_window, prefix=decoder_causal_attention),
-                cfg.attention_impl, dtype=cfg.compute_dtype, head_dim=cfg.head_dim,
-                dropout=cfg.dropout_rate > 0 and not deterministic)
+                cfg, deterministic)
         token_embedder = layers.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype,
                                       embedding_init=_gpt2_init, name="token_embedder")
         x = token_embedder(decoder_input_tokens)
@@ -137,17 +140,3 @@ class DecoderOnly(nn.Module):
                                          kernel_init=_gpt2_init, dtype=cfg.compute_dtype,
                                          name="logits_dense")(x)
         return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
-
-    def _decode_mask(self, tokens, segment_ids, max_decode_length):
-        """The dense mask over the whole cache, whose rows decoding steps read."""
-        cfg = self.config
-        length = max_decode_length or tokens.shape[1]
-        mask = layers.causal_mask(length)
-        if segment_ids is not None and segment_ids.shape[-1] == length:
-            # Left-padded prompts (decoding.generate_padded): 1 marks the cache
-            # positions that hold real tokens; padding is never attended to.
-            mask = mask & (segment_ids[:, None, None, :] > 0)
-        if cfg.sliding_window:
-            mask = mask & layers.sliding_window_mask(length, length, cfg.sliding_window,
-                                                     causal=True)
-        return mask

@@ -193,9 +193,7 @@ class EncoderOnly(nn.Module):
         mask = attention.self_attention_mask(input_mask, segment_ids, window=cfg.attention_window,
                                              global_tokens=global_tokens,
                                              max_global_tokens=cfg.max_global_tokens)
-        mask = attention.for_every_layer(mask, cfg.attention_impl, dtype=dtype,
-                                         head_dim=cfg.head_dim,
-                                         dropout=cfg.dropout_rate > 0 and not deterministic)
+        mask = attention.for_every_layer(mask, cfg, deterministic)
         x = stacking.run_stack(EncoderBlock, cfg, cfg.num_layers, x, mask, deterministic,
                                scan=cfg.scan_layers, remat_policy=cfg.remat_policy,
                                static_argnums=(1,), shared=cfg.share_layers)

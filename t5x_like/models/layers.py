@@ -517,42 +517,6 @@ class Mlp(nn.Module):
                             use_bias=self.use_bias, kernel_init=self.kernel_init, name="wo")(hidden)
 
 
-def attention_bias_from_mask(mask: jax.Array, dtype=jnp.float32) -> jax.Array:
-    """Boolean ``[batch, 1, q, k]`` mask -> additive bias (0 or a large negative)."""
-    return jnp.where(mask, 0.0, NEG_INF).astype(dtype)
-
-
-def padding_mask(query_valid: jax.Array, key_valid: jax.Array) -> jax.Array:
-    return (query_valid[:, None, :, None] & key_valid[:, None, None, :])
-
-
-def causal_mask(length: int) -> jax.Array:
-    return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
-
-
-def segment_mask(query_segment_ids: jax.Array, key_segment_ids: jax.Array) -> jax.Array:
-    """Packed examples: a token sees only tokens of its own segment (0 = padding)."""
-    same = query_segment_ids[:, None, :, None] == key_segment_ids[:, None, None, :]
-    return same & (query_segment_ids[:, None, :, None] > 0) & (key_segment_ids[:, None, None, :] > 0)
-
-
-def prefix_lm_mask(causal_attention: jax.Array) -> jax.Array:
-    """Prefix LM: causal, except that positions of the prefix (``causal_attention``
-    true, seqio's ``decoder_causal_attention``) see each other in both directions."""
-    length = causal_attention.shape[1]
-    prefix = causal_attention.astype(bool)
-    return causal_mask(length) | (prefix[:, None, :, None] & prefix[:, None, None, :])
-
-
-def sliding_window_mask(query_length: int, key_length: int, window: int,
-                        causal: bool = False) -> jax.Array:
-    """Local attention (Longformer, Mistral): a token sees keys less than ``window``
-    positions away (only earlier ones when ``causal``)."""
-    offset = np.arange(query_length)[:, None] - np.arange(key_length)[None, :]
-    allowed = (offset < window) & (offset >= 0) if causal else np.abs(offset) < window
-    return jnp.asarray(allowed)[None, None]
-
-
 NORMS = {"layernorm": LayerNorm, "rmsnorm": RMSNorm}
 
 

@@ -94,12 +94,6 @@ class DecoderLayer(nn.Module):
         return (x, None) if self.scanned else x
 
 
-def _for_layers(cfg: T5Config, bias, deterministic):
-    return attention.for_every_layer(bias, cfg.attention_impl, dtype=cfg.compute_dtype,
-                                     head_dim=cfg.head_dim,
-                                     dropout=cfg.dropout_rate > 0 and not deterministic)
-
-
 class Encoder(nn.Module):
     config: T5Config
     embedder: layers.Embed
@@ -112,9 +106,9 @@ class Encoder(nn.Module):
             cfg.num_heads, cfg.relative_attention_num_buckets,
             cfg.relative_attention_max_distance, bidirectional=True,
             dtype=cfg.compute_dtype, name="relpos_bias")(length, length)
-        bias = _for_layers(cfg, attention.self_attention_mask(input_tokens > 0, segment_ids,
-                                                              position_bias=position_bias),
-                                deterministic)
+        bias = attention.for_every_layer(
+            attention.self_attention_mask(input_tokens > 0, segment_ids,
+                                          position_bias=position_bias), cfg, deterministic)
         x = self.embedder(input_tokens)
         x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
         x = constrain(x, ("batch", "length", "embed"))
@@ -145,9 +139,8 @@ class Decoder(nn.Module):
             cfg.relative_attention_max_distance, bidirectional=False,
             dtype=cfg.compute_dtype, name="relpos_bias")(length, length)
         if decode:
-            # The cache reads rows of one dense bias over all its positions.
             query_valid = jnp.ones(decoder_input_tokens.shape, bool)
-            self_bias = layers.attention_bias_from_mask(layers.causal_mask(length)) + position_bias
+            self_bias = attention.cache_bias(length, position_bias=position_bias)
             cross_bias = attention.cross_attention_mask(query_valid, encoder_input_tokens > 0)
         else:
             # Decoder inputs start with id 0 (= pad), so validity comes from the targets.
@@ -156,7 +149,7 @@ class Decoder(nn.Module):
                                                       causal=True, position_bias=position_bias)
             cross_bias = attention.cross_attention_mask(
                 query_valid, encoder_input_tokens > 0, decoder_segment_ids, encoder_segment_ids)
-        self_bias, cross_bias = (_for_layers(self.config, bias, deterministic)
+        self_bias, cross_bias = (attention.for_every_layer(bias, cfg, deterministic)
                                  for bias in (self_bias, cross_bias))
 
         y = self.embedder(decoder_input_tokens)
