@@ -151,7 +151,7 @@ def merge(peft_path: str, out: str, base_path: str | None = None) -> dict:
     from t5x_like.evaluation import loading
     from t5x_like.models import peft as peft_modules
 
-    source = loading.resolve(peft_path)
+    source = loading.resolve(peft_path, "--peft")
     if source.kind != "run":
         raise UserError(f"--peft={peft_path} is a pretrained folder, not a PEFT run; pass the "
                         "workdir (or checkpoints/<step>) of a run trained with config.peft.")

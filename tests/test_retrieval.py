@@ -162,3 +162,10 @@ def test_identical_texts_count_as_one_answer():
     np.testing.assert_array_equal(canonical, [0, 1, 0, 3, 1])
     found = np.array([[2, 3], [4, 0]])  # a tie listed the other copy first
     assert search.recall_at(canonical[found], canonical[[0, 1]], ks=(1,)) == {"recall@1": 100.0}
+
+
+def test_a_missing_retriever_is_refused_naming_the_option_to_fix(tmp_path, capsys):
+    from t5x_like.retrieval import cli
+    missing = tmp_path / "nope"
+    assert cli.main(["build-index", f"--retriever={missing}", f"--output={tmp_path / 'index'}"]) == 2
+    assert f"retrieval: --retriever={missing}: no such folder." in capsys.readouterr().err

@@ -150,15 +150,17 @@ def _jitted_all_layers():
 
 
 def load(checkpoint: str, *, step: int | None = None, random_init: bool = False,
-         vocabulary: str | None = None, seed: int = 0) -> EmbeddingModel:
+         vocabulary: str | None = None, seed: int = 0,
+         flag: str = "--checkpoint") -> EmbeddingModel:
     """The newest (or ``step``'s) params of a run or pretrained folder; ``random_init``:
-    the same config with fresh params from ``seed`` (the untrained control)."""
+    the same config with fresh params from ``seed`` (the untrained control). ``flag``:
+    the option that named ``checkpoint``, for error messages."""
     from t5x_like.evaluation import loading
 
-    source = loading.resolve(checkpoint)
+    source = loading.resolve(checkpoint, flag)
     steps = source.steps()
     if not steps:
-        raise UserError(f"--checkpoint={checkpoint}: {source.path} holds no complete checkpoint.")
+        raise UserError(f"{flag}={checkpoint}: {source.path} holds no complete checkpoint.")
     if step is None:
         step = steps[-1]
     elif step not in steps:

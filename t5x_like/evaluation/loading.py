@@ -117,11 +117,12 @@ def base_params(init_from: str, config, mesh, step: int | None = None) -> tuple[
     return jax.device_get(params), step
 
 
-def resolve(path: str) -> Source:
-    storage.check_checkpoint_location(path, "--checkpoint")
+def resolve(path: str, flag: str = "--checkpoint") -> Source:
+    """Where ``path`` (given as ``flag``, which error messages name) keeps its params."""
+    storage.check_checkpoint_location(path, flag)
     folder = storage.path(path)
     if not folder.exists():
-        raise UserError(f"--checkpoint={path}: no such folder. Pass a training workdir, one of "
+        raise UserError(f"{flag}={path}: no such folder. Pass a training workdir, one of "
                         "its checkpoints/<step> folders, or a `convert import` output folder.")
     if (folder / "model_config.json").is_file():
         return Source("pretrained", folder)
@@ -131,7 +132,7 @@ def resolve(path: str) -> Source:
         return Source("run", folder.parent, only_step=int(folder.name))
     if folder.name == "checkpoints" and any(p.name.isdigit() for p in folder.iterdir()):
         return Source("run", folder)
-    raise UserError(f"--checkpoint={path} is not a training workdir (no checkpoints/), a "
+    raise UserError(f"{flag}={path} is not a training workdir (no checkpoints/), a "
                     "checkpoint step folder (no state/) or a pretrained folder (no "
                     "model_config.json).")
 

@@ -19,15 +19,16 @@ PARAMS_FILE = "params.msgpack"
 RUN_FILE = "run.json"
 
 
-def pretrained(checkpoint: str, family_structure: str):
+def pretrained(checkpoint: str, family_structure: str, flag: str):
     """``(model config dict, host params, vocabulary)`` of a run's newest step or a
-    pretrained folder, checked to be the structure asked for."""
+    pretrained folder, checked to be the structure asked for; ``flag`` is the option
+    that named it (error messages say which to fix)."""
     from t5x_like.analysis import hidden_states
     from t5x_like.config_lib import UserError
 
-    loaded = hidden_states.load(checkpoint)
+    loaded = hidden_states.load(checkpoint, flag=flag)
     if loaded.structure != family_structure:
-        raise UserError(f"{checkpoint} holds a {loaded.config.model.family} model; this needs "
+        raise UserError(f"{flag}={checkpoint} holds a {loaded.config.model.family} model; this needs "
                         f"an {family_structure} checkpoint.")
     return loaded.config.model.to_dict(), loaded.params, loaded.vocabulary
 

@@ -67,7 +67,8 @@ def _passages(index: index_lib.Index, length: int) -> np.ndarray:
 
 def train(config, workdir: str) -> dict:
     _check(config)
-    gen_config, gen_params, _ = checkpoints.pretrained(config.generator_init, "encoder_decoder")
+    gen_config, gen_params, _ = checkpoints.pretrained(config.generator_init, "encoder_decoder",
+                                                       "--config.generator_init")
     generator = models.build_model(gen_config)
     run = {"kind": config.kind, "generator": gen_config, "generator_init": config.generator_init,
            "query_length": config.query_length, "target_length": config.target_length,
@@ -78,7 +79,8 @@ def train(config, workdir: str) -> dict:
     if config.kind == "closed_book":
         loss_fn = functools.partial(rag.closed_book_loss_fn, generator)
     else:
-        towers_model, retriever_params, info = retriever_run.load_retriever(config.retriever)
+        towers_model, retriever_params, info = retriever_run.load_retriever(config.retriever,
+                                                                          flag="--config.retriever")
         index = index_lib.load(config.index)
         spec = rag.RagSpec(towers_model, generator, config.k, config.kind,
                            _temperature(info))

@@ -24,8 +24,9 @@ def vocabulary():
     return tasks.embedded_vocabulary()
 
 
-def _pretrained_run(path: str, pooling: str, normalize: bool, lengths: dict) -> tuple[dict, dict]:
-    model_config, encoder_params, _ = checkpoints.pretrained(path, "encoder")
+def _pretrained_run(path: str, pooling: str, normalize: bool, lengths: dict,
+                    flag: str) -> tuple[dict, dict]:
+    model_config, encoder_params, _ = checkpoints.pretrained(path, "encoder", flag)
     model = towers.bi_encoder(model_config, pooling, normalize)
     params = towers.init_params(model, encoder_params)
     return params, {"kind": "retriever", "model": model_config, "pooling": pooling,
@@ -33,14 +34,14 @@ def _pretrained_run(path: str, pooling: str, normalize: bool, lengths: dict) -> 
 
 
 def load_retriever(path: str, pooling="mean", normalize=True, query_length=96, doc_length=96,
-                   temperature=0.05):
+                   temperature=0.05, flag: str = "--retriever"):
     """``(BiEncoder, params, run description)`` of a retrieval run or an encoder checkpoint."""
     if (pathlib.Path(path) / checkpoints.RUN_FILE).is_file():
         params, run = checkpoints.load(path)
     else:
         params, run = _pretrained_run(path, pooling, normalize,
                                       {"query_length": query_length, "doc_length": doc_length,
-                                       "temperature": temperature})
+                                       "temperature": temperature}, flag)
     return towers.bi_encoder(run["model"], run["pooling"], run["normalize"]), params, run
 
 
@@ -67,7 +68,8 @@ def train(config, workdir: str) -> dict:
     vocab = vocabulary()
     lengths = {"query_length": config.query_length, "doc_length": config.doc_length}
     if config.init_from:
-        params, run = _pretrained_run(config.init_from, config.pooling, config.normalize, lengths)
+        params, run = _pretrained_run(config.init_from, config.pooling, config.normalize, lengths,
+                                      "--config.init_from")
         model = towers.bi_encoder(run["model"], config.pooling, config.normalize)
     else:  # a fresh encoder of config.model (the no-pretraining control)
         model_config = dict(config.model)
