@@ -10,7 +10,9 @@ needed), or for N fake CPU devices with ``cpu:N``. Reports per-device memory
 (arguments, outputs, temporaries), whether it fits the chip's HBM (naming the
 largest consumers when it does not), the compiled FLOPs per step, and a
 roofline step time and MFU: ``max(FLOPs / peak, bytes accessed / HBM bandwidth)``
-per device, an optimistic bound that ignores communication.
+per device, an optimistic bound that ignores communication, with the sources
+(forward or backward, module path) that move the most HBM bytes
+(``t5x_like.hlo_traffic``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from t5x_like import user_errors
 from t5x_like.config_lib import UserError
 
 GiB = 1024**3
+# How many of the largest sources of HBM traffic a report names.
+TRAFFIC_ROWS = 8
 
 
 class PlanError(UserError):
@@ -88,7 +92,8 @@ def per_device_bytes(abstract_tree) -> list[tuple[str, int]]:
 def plan(config, topology: str, num_slices: int = 1) -> dict:
     """Compiles ``config``'s train step for ``topology`` (``num_slices`` of them joined
     over DCN); returns the report as a dict."""
-    from t5x_like import config_lib, flops, hardware, partitioning, trainer as trainer_lib
+    from t5x_like import config_lib, flops, hardware, hlo_traffic, partitioning
+    from t5x_like import trainer as trainer_lib
 
     devices = topology_devices(topology, num_slices)
     mesh_shape = config_lib.validate_for_devices(config, len(devices),
@@ -113,20 +118,24 @@ def plan(config, topology: str, num_slices: int = 1) -> dict:
         code = memory.generated_code_size_in_bytes
         cost = compiled.cost_analysis()
         cost = cost[0] if isinstance(cost, list) else cost
-        # XLA's cost analysis counts a loop body once; the microbatch scan runs it k
-        # times (unless the compiler unrolled it). Scaling the whole step by k
-        # over-counts only the optimizer update.
-        looped = config.optimizer.microbatches > 1 and " while(" in compiled.as_text()
+        # XLA's cost analysis counts a loop body once: the layers' scan and the
+        # microbatches' run many times. Reading the HLO, the bytes are weighted by trip
+        # counts; FLOPs, whose per-op rules the text does not give, are scaled below.
+        traffic = hlo_traffic.analyze(compiled.as_text())
+        looped = config.optimizer.microbatches > 1 and any(traffic.loop_trip_counts)
         scale = config.optimizer.microbatches if looped else 1
         compiled_flops = float(cost.get("flops", 0.0)) * scale
-        bytes_accessed = float(cost.get("bytes accessed", 0.0)) * scale
+        xla_bytes = float(cost.get("bytes accessed", 0.0))
+        once = traffic.loop_bodies_once_bytes
+        loop_factor = traffic.total_bytes / once if once else 1.0
+        bytes_accessed = xla_bytes * loop_factor
     else:
         # libtpu refuses a program over HBM and says only how much its temporaries
         # need; the state and batch sizes follow from their shardings.
         temporaries, message = compiler_oom
         arguments = sum(b for _, b in state_rows + per_device_bytes(batch))
         outputs = aliased = sum(b for _, b in state_rows)  # the donated state
-        code, compiled_flops, bytes_accessed = 0, None, None
+        code, compiled_flops, bytes_accessed, traffic = 0, None, None, None
     # Donated state: outputs reuse the argument buffers they alias.
     total = arguments + outputs - aliased + temporaries + code
 
@@ -156,12 +165,16 @@ def plan(config, topology: str, num_slices: int = 1) -> dict:
     roofline_flops, roofline_bytes = compiled_flops, bytes_accessed
     if compiled_flops and config.model.get("scan_layers"):
         # XLA counts a scanned layer's loop body once (forward and backward), so the
-        # compiled count misses most of the work. The roofline then takes the model
-        # FLOPs per device and scales the bytes by the same factor (layers dominate both).
+        # compiled count misses most of the work: the roofline takes the model FLOPs.
         roofline_flops = model_flops / len(devices)
-        roofline_bytes = bytes_accessed * roofline_flops / compiled_flops
         report["note"] = ("scanned layers: XLA counts one layer's loop body once; the roofline "
-                          "uses model FLOPs per device and bytes scaled by the same factor")
+                          "uses model FLOPs per device, and bytes with each loop body counted "
+                          "as many times as it runs")
+    if traffic is not None and traffic.total_bytes:
+        report["hbm_traffic_by_source"] = [
+            {"source": source, "share": moved / traffic.total_bytes,
+             "bytes": bytes_accessed * moved / traffic.total_bytes}
+            for source, moved in hlo_traffic.by_source(traffic)[:TRAFFIC_ROWS]]
     if peak and chip and roofline_flops is not None:
         compute_s = roofline_flops / peak
         memory_s = roofline_bytes / chip.hbm_bandwidth
@@ -240,6 +253,10 @@ def format_report(r: dict) -> str:
         lines.append(f"roofline step time: {roof['step_s'] * 1e3:.1f} ms ({roof['bound']}-bound: "
                      f"compute {roof['compute_s'] * 1e3:.1f} ms, HBM {roof['memory_s'] * 1e3:.1f}"
                      f" ms), MFU at best {100 * roof['mfu']:.1f}%")
+    if r.get("hbm_traffic_by_source"):
+        lines.append("HBM traffic per device by source (forward/backward, module path):")
+        lines += [f"  {row['bytes'] / 1e9:9.1f} GB  {100 * row['share']:5.1f}%  {row['source']}"
+                  for row in r["hbm_traffic_by_source"]]
     elif r["compiled_flops_per_device"] is not None:
         lines.append("roofline: no peak FLOP/s or bandwidth for this device kind (see "
                      "t5x_like.hardware.CHIPS)")

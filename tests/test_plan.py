@@ -110,7 +110,7 @@ def test_microbatch_loop_flops_are_counted_k_times():
 
 
 @needs_libtpu
-def test_scanned_layers_roofline_uses_model_flops():
+def test_scanned_layers_roofline_uses_model_flops_and_counts_loop_bytes_per_trip():
     args = [f"--config={QUICKSTART}", "--topology=v5e:2x2", "--json", *TINY,
             "--config.model.num_encoder_layers=4", "--config.model.num_decoder_layers=4"]
     loop = json.loads(run_plan(*args).stdout)
@@ -122,6 +122,14 @@ def test_scanned_layers_roofline_uses_model_flops():
     per_device = scanned["model_flops_per_step"] / scanned["num_devices"]
     assert scanned["roofline"]["compute_s"] == pytest.approx(
         per_device / scanned["peak_flops_per_device"])
+    # The bytes count each loop body once per trip, close to the unrolled program's
+    # (the scan adds its own slicing and stacking, so a little above it).
+    ratio = scanned["bytes_accessed_per_device"] / loop["bytes_accessed_per_device"]
+    assert 0.9 < ratio < 1.35, ratio
+    sources = scanned["hbm_traffic_by_source"]
+    assert 0 < sum(row["share"] for row in sources) <= 1
+    assert any(row["source"].startswith("backward EncoderDecoder/encoder/layers")
+               for row in sources)
 
 
 @pytest.mark.parametrize("topology, slices", [("cpu:8", 2), ("v5e:2x2", 0)])

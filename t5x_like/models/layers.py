@@ -367,8 +367,9 @@ class MultiHeadAttention(nn.Module):
         ``prefix_kv``: learned keys and values ``[prefix, kv_heads, head_dim]`` that every
         query attends to before the sequence (prefix tuning, ``models.peft``); they sit
         outside the cache and carry no position.
-        ``bias``: an ``attention.AttentionMask`` (computed by ``attention_impl``), or a
-        dense additive ``[batch, 1 or heads, q, k]`` array, or None.
+        ``bias``: an ``attention.AttentionMask`` (computed by ``attention_impl``), a
+        dense additive ``[batch, 1 or heads, q, k]`` array or ``attention.SplitBias``,
+        or None.
         """
         embed = inputs_q.shape[-1]
         kv_heads = self.num_kv_heads or self.num_heads
@@ -401,6 +402,8 @@ class MultiHeadAttention(nn.Module):
         if mask is not None and (decode or prefix_kv is not None):
             # The cache and the prefix work on rows and columns of a dense bias.
             bias, mask = attention.dense_bias(mask), None
+        if isinstance(bias, attention.SplitBias) and (decode or prefix_kv is not None):
+            bias = bias.dense()
         if decode:
             key, value, bias = self._update_cache(key, value, bias)
         if prefix_kv is not None:
