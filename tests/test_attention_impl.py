@@ -1,13 +1,16 @@
 """Every attention implementation against the reference, on masks of every kind.
 
-The Pallas splash kernel runs in interpret mode on CPU; the cuDNN path's call is
+The Pallas splash and flash kernels run in interpret mode on CPU; the cuDNN path's call is
 checked through ``jax.nn.dot_product_attention``'s XLA implementation (the same
 arguments, so the mask translation is what is tested)."""
+
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental.pallas import tpu as pltpu
 
 from t5x_like.models import attention, encoder
 
@@ -148,6 +151,58 @@ def test_backward_local_attention_never_sees_beyond_the_window():
     assert depends[offset < 5].all()
 
 
+def cross_mask(q_len, k_len):
+    """Decoder positions over encoder keys, both padded, packed in two segments."""
+    def ids(length, valid):
+        positions = np.arange(length)[None]
+        return jnp.asarray(np.where(positions < length // 2, 1, 2) *
+                           (positions < np.array([[length], [valid]])))
+    return attention.AttentionMask(ids(q_len, q_len * 3 // 4), ids(k_len, k_len * 3 // 4))
+
+
+def flash_cases():
+    """T5's cases for the TPU flash kernel: a position bias on its own, with packing,
+    causal, and short queries over 128 keys (T5's decoder over its encoder)."""
+    all_masks = masks(128)
+    bias = all_masks["position_bias"].position_bias
+    return {
+        "position_bias": all_masks["position_bias"],
+        "causal_position_bias": all_masks["causal_packed"].replace(position_bias=bias),
+        "short_queries": cross_mask(24, 128),
+        "short_queries_bias": cross_mask(24, 128).replace(
+            position_bias=bias[:, :, :24, :]),
+    }
+
+
+@pytest.mark.parametrize("name", list(flash_cases()))
+def test_flash_kernel_in_interpret_mode_equals_the_reference(name):
+    mask = flash_cases()[name]
+    q_len = mask.query_segment_ids.shape[1]
+    q, _, _ = qkv(length=q_len, heads=HEADS, kv_heads=KV_HEADS)
+    _, k, v = qkv(length=128, heads=HEADS, kv_heads=KV_HEADS, seed=3)
+    flash = lambda q, k, v: attention.flash_attention(q, k, v, mask, scale=SCALE)  # noqa: E731
+    with pltpu.force_tpu_interpret_mode():
+        got = outputs_and_gradients(flash, q, k, v, mask)
+    assert_same(name, got, outputs_and_gradients(reference(mask), q, k, v, mask), mask,
+                atol=5e-5)
+
+
+def test_the_flash_kernel_returns_the_position_bias_gradient():
+    mask = flash_cases()["position_bias"]
+    q, k, v = qkv(length=128)
+    rows = jnp.asarray(real_rows(mask))[:, :, None, None]
+
+    def loss(bias, fn):
+        return jnp.sum(jnp.where(rows, fn(q, k, v, mask.replace(position_bias=bias)), 0) ** 2)
+    flash = functools.partial(attention.flash_attention, scale=SCALE)
+    plain = functools.partial(attention.reference_attention, scale=SCALE)
+    with pltpu.force_tpu_interpret_mode():
+        got = jax.jit(jax.grad(lambda b: loss(b, flash)))(mask.position_bias)
+    want = jax.jit(jax.grad(lambda b: loss(b, plain)))(mask.position_bias)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=5e-5)
+    assert float(jnp.abs(want).max()) > 1e-3  # the bias does receive a gradient
+
+
 def test_auto_and_fallbacks_are_chosen_and_explained():
     all_masks = masks(256)
     choose = lambda name, platform, impl="auto", dtype=jnp.bfloat16, **kw: (  # noqa: E731
@@ -156,8 +211,14 @@ def test_auto_and_fallbacks_are_chosen_and_explained():
     assert choose("packed", "cpu") == ("xla", "no fused kernel on cpu")
     assert choose("packed", "tpu")[0] == "flash"
     assert choose("causal_window", "tpu")[0] == "flash"
-    impl, why = choose("position_bias", "tpu", "flash")
-    assert impl == "xla" and "relative positions" in why
+    assert choose("position_bias", "tpu", "flash")[0] == "flash"  # the flash kernel's bias
+    impl, why = choose("position_bias", "tpu")  # ...which auto leaves to a request
+    assert impl == "xla" and "opt-in" in why
+    windowed_bias = all_masks["window"].replace(
+        position_bias=all_masks["position_bias"].position_bias)
+    impl, why = attention.choose_implementation("flash", windowed_bias, platform="tpu",
+                                                dtype=jnp.bfloat16, head_dim=64)
+    assert impl == "xla" and "no window" in why
     impl, why = choose("prefix_lm", "tpu", "flash")
     assert impl == "xla" and "prefix" in why
     assert choose("position_bias", "gpu")[0] == "flash"  # cuDNN takes a bias
@@ -178,10 +239,14 @@ def test_auto_and_fallbacks_are_chosen_and_explained():
         choose("packed", "cpu", "fused")
 
 
-def test_splash_refuses_lengths_off_its_block():
-    impl, why = attention.choose_implementation(
-        "flash", masks(40)["packed"], platform="tpu", dtype=jnp.bfloat16, head_dim=64)
-    assert impl == "xla" and "multiples of 128" in why
+def test_the_tpu_kernels_refuse_keys_off_their_block():
+    choose = lambda mask: attention.choose_implementation(  # noqa: E731
+        "flash", mask, platform="tpu", dtype=jnp.bfloat16, head_dim=64)
+    impl, why = choose(masks(40)["packed"])
+    assert impl == "xla" and "keys are not a multiple of 128" in why
+    impl, why = choose(cross_mask(200, 256))
+    assert impl == "xla" and "neither a multiple of 128 nor shorter" in why
+    assert choose(cross_mask(114, 512))[0] == "flash"  # T5's decoder over its encoder
 
 
 def tiny_longformer(**overrides):

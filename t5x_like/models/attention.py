@@ -11,15 +11,16 @@ same question and the tests compare them directly.
 Implementations (``model.attention_impl``):
 
 - ``xla``: einsum, float32 logits, softmax; the reference. Memory grows with L².
-- ``flash``: splash attention on TPU, ``jax.nn.dot_product_attention`` with
-  cuDNN on GPU. Where the kernel cannot express the mask (a prefix-LM mask,
-  T5's relative position bias, global tokens, attention dropout, float32 on
-  cuDNN, lengths that are not a multiple of the kernel's block) the plain
-  path runs instead and the reason is logged once.
+- ``flash``: on TPU the Pallas splash kernel, or the Pallas flash kernel where
+  a bias (T5's relative positions) or a query length off splash's 128 grid
+  needs it; on GPU ``jax.nn.dot_product_attention`` with cuDNN. Where no kernel
+  can express the mask (a prefix-LM mask or, on TPU, keys off the 128 grid,
+  global tokens, attention dropout, float32 on cuDNN) the plain path runs
+  instead and the reason is logged once.
 - ``chunked``: local attention in blocks of the window plus the global
   tokens (Longformer): memory grows linearly with L.
-- ``auto``: flash where it applies, chunked for local masks much shorter than
-  the sequence, else xla.
+- ``auto``: flash where it applies (on TPU, splash only), chunked for local
+  masks much shorter than the sequence, else xla.
 """
 
 from __future__ import annotations
@@ -197,6 +198,12 @@ def choose_implementation(requested: str, mask: AttentionMask, *, platform: str,
     if not chunk_reason and (mask.global_tokens is not None or (
             q_len >= CHUNKED_MIN_WINDOWS * mask.window and flash_reason)):
         return "chunked", "local attention over a long sequence"
+    if not flash_reason and platform == "tpu" and not _splash_fits(mask, q_len, k_len):
+        # Planned for T5-XL at 512 tokens (docs/attention.md): the flash kernel's saved
+        # per-row statistics ([batch, heads, q, 128] float32, twice per layer) outgrow
+        # the plain path's scores at these lengths: 44.4 against 32.5 GiB per v5p chip.
+        return "xla", ("the TPU flash kernel (for a bias or short queries) is opt-in: "
+                       "attention_impl=flash")
     if not flash_reason:
         return "flash", f"fused kernel on {platform}"
     return "xla", flash_reason
@@ -243,11 +250,17 @@ def _flash_unsupported(mask, platform, dtype, q_len, k_len, head_dim, dropout) -
         return "global tokens (Longformer) are not a kernel mask"
     if platform == "tpu":
         if mask.prefix is not None:
-            return "a prefix-LM mask differs per example (splash masks are static)"
-        if mask.position_bias is not None:
-            return "splash attention takes no additive bias (T5 relative positions)"
-        if q_len % SPLASH_BLOCK or k_len % SPLASH_BLOCK:
-            return f"lengths {q_len}x{k_len} are not multiples of {SPLASH_BLOCK}"
+            return "a prefix-LM mask differs per example (the TPU kernels' masks are static)"
+        if _splash_fits(mask, q_len, k_len):
+            return ""
+        # The flash kernel: a bias, or query lengths off splash's grid.
+        if k_len % SPLASH_BLOCK:
+            return f"lengths {q_len}x{k_len}: keys are not a multiple of {SPLASH_BLOCK}"
+        if q_len > SPLASH_BLOCK and q_len % SPLASH_BLOCK:
+            return (f"lengths {q_len}x{k_len}: queries are neither a multiple of "
+                    f"{SPLASH_BLOCK} nor shorter")
+        if mask.window:
+            return "the flash kernel (for a position bias or short queries) has no window"
         return ""
     if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
         return f"cuDNN attention needs bfloat16 or float16, not {jnp.dtype(dtype).name}"
@@ -290,7 +303,9 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, mask: AttentionMa
     if chosen == "chunked":
         return chunked_attention(query, key, value, mask, scale=scale, dtype=dtype)
     if chosen == "flash" and platform == "tpu":
-        return splash_attention(query, key, value, mask, scale=scale, interpret=interpret)
+        if _splash_fits(mask, query.shape[1], key.shape[1]):
+            return splash_attention(query, key, value, mask, scale=scale, interpret=interpret)
+        return flash_attention(query, key, value, mask, scale=scale)
     if chosen == "flash":
         return cudnn_attention(query, key, value, mask, scale=scale)
     return reference_attention(query, key, value, mask, scale=scale, dtype=dtype, dropout=dropout)
@@ -437,6 +452,60 @@ def _splash_kernel_mask(mask: AttentionMask, q_len: int, k_len: int, heads: int)
     return splash.MultiHeadMask([one] * heads)
 
 
+def _splash_fits(mask: AttentionMask, q_len: int, k_len: int) -> bool:
+    return (mask.position_bias is None and not q_len % SPLASH_BLOCK
+            and not k_len % SPLASH_BLOCK)
+
+
+def _heads_first(x):
+    return jnp.swapaxes(x, 1, 2)
+
+
+def _on_the_mesh(run, args, specs, out_spec):
+    """``run(*args)``, per shard under ``shard_map`` when a mesh is set (the kernels are
+    per-device programs)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return run(*args)
+    return jax.shard_map(run, mesh=mesh, in_specs=specs, out_specs=out_spec,
+                         check_vma=False)(*args)
+
+
+def flash_attention(query, key, value, mask: AttentionMask, *, scale=1.0) -> jax.Array:
+    """TPU where splash cannot go: the Pallas flash kernel, which adds a bias tile by
+    tile (T5's relative positions, broadcast over the batch; its gradient comes back
+    per example and is summed) and takes query blocks shorter than 128 (T5's 114
+    decoder positions against 512 encoder keys). Segment ids carry packing and
+    padding, ``causal`` its flag. On CPU (tests) trace the forward and backward
+    passes under ``pltpu.force_tpu_interpret_mode()``."""
+    from jax.experimental.pallas.ops.tpu import flash_attention as flash
+    batch, q_len, heads, head_dim = query.shape
+    k_len = key.shape[1]
+    key, value = _repeat_kv(key, heads), _repeat_kv(value, heads)
+    block_q, block_k = min(SPLASH_BLOCK, q_len), SPLASH_BLOCK
+    sizes = flash.BlockSizes(
+        block_q=block_q, block_k_major=block_k, block_k=block_k, block_b=1,
+        block_q_major_dkv=block_q, block_k_major_dkv=block_k, block_k_dkv=block_k,
+        block_q_dkv=block_q, block_k_major_dq=block_k, block_k_dq=block_k, block_q_dq=block_q)
+
+    def run(q, k, v, q_ids, k_ids, position_bias):
+        bias = None
+        if position_bias is not None:
+            bias = jnp.broadcast_to(position_bias, (q.shape[0], q.shape[2], q_len, k_len))
+        # The kernel scales the biased logits; scaling the queries scales only q.k.
+        return _heads_first(flash.flash_attention(
+            _heads_first(q * np.asarray(scale, q.dtype)), _heads_first(k), _heads_first(v),
+            bias, flash.SegmentIds(q=q_ids, kv=k_ids), causal=mask.causal, sm_scale=1.0,
+            block_sizes=sizes))
+
+    qkv_spec = nn.logical_to_mesh_axes(("batch", None, "heads", None))
+    ids_spec = jax.sharding.PartitionSpec(qkv_spec[0], None)
+    bias_spec = jax.sharding.PartitionSpec(None, qkv_spec[2], None, None)
+    args = (query, key, value, mask.query_segment_ids, mask.key_segment_ids, mask.position_bias)
+    return _on_the_mesh(run, args, (qkv_spec,) * 3 + (ids_spec,) * 2 + (
+        bias_spec if mask.position_bias is not None else None,), qkv_spec)
+
+
 def splash_attention(query, key, value, mask: AttentionMask, *, scale=1.0,
                      interpret: bool = False) -> jax.Array:
     """TPU: the Pallas splash kernel, its static mask (full, causal or local) with the
@@ -458,21 +527,16 @@ def splash_attention(query, key, value, mask: AttentionMask, *, scale=1.0,
             mask, q_len, k_len, local_heads)
         kernel = splash.make_splash_mha(local_mask, block_sizes=sizes, head_shards=1,
                                         q_seq_shards=1, interpret=interpret)
-        heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731
         out = jax.vmap(lambda q1, k1, v1, qi, ki: kernel(
             q1, k1, v1, segment_ids=splash.SegmentIds(q=qi, kv=ki)))(
-                heads_first(q * np.asarray(scale, q.dtype)), heads_first(k), heads_first(v),
+                _heads_first(q * np.asarray(scale, q.dtype)), _heads_first(k), _heads_first(v),
                 q_ids, k_ids)
-        return heads_first(out)
+        return _heads_first(out)
 
     args = (query, key, value, mask.query_segment_ids, mask.key_segment_ids)
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or mesh.size == 1:
-        return run(*args)
     qkv_spec = nn.logical_to_mesh_axes(("batch", None, "heads", None))
     ids_spec = jax.sharding.PartitionSpec(qkv_spec[0], None)
-    return jax.shard_map(run, mesh=mesh, in_specs=(qkv_spec,) * 3 + (ids_spec,) * 2,
-                         out_specs=qkv_spec, check_vma=False)(*args)
+    return _on_the_mesh(run, args, (qkv_spec,) * 3 + (ids_spec,) * 2, qkv_spec)
 
 
 def cudnn_attention(query, key, value, mask: AttentionMask, *, scale=1.0,
