@@ -111,14 +111,17 @@ def length_penalty(length: jax.Array, alpha: float) -> jax.Array:
 
 
 def _gather_beams(tree, beam_indices: jax.Array, batch: int, old_beams: int):
-    """Picks beams ``beam_indices [batch, new_beams]`` from arrays shaped ``[batch*old_beams, ...]``."""
+    """Picks beams ``beam_indices [batch, new_beams]`` from arrays shaped ``[batch*old_beams, ...]``.
+
+    One row gather per array, its indices promised in bounds: ``take_along_axis``
+    over a ``[batch, beams, ...]`` view also masked every element of the cache for
+    out-of-range indices, a second pass over the whole cache at every step."""
+    rows = (jnp.arange(batch)[:, None] * old_beams + beam_indices).reshape(-1)
+
     def gather(x):
         if x.ndim == 0 or x.shape[0] != batch * old_beams:
             return x  # e.g. the cache index, shared by every beam
-        grouped = x.reshape((batch, old_beams) + x.shape[1:])
-        picked = jnp.take_along_axis(
-            grouped, beam_indices.reshape(beam_indices.shape + (1,) * (x.ndim - 1)), axis=1)
-        return picked.reshape((-1,) + x.shape[1:])
+        return x.at[rows].get(mode="promise_in_bounds")
     return jax.tree.map(gather, tree)
 
 

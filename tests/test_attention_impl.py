@@ -358,3 +358,32 @@ def test_a_fallback_to_the_plain_path_is_reported(caplog):
         model.init(jax.random.PRNGKey(0), tokens)
     assert "attention: xla (attention_impl=chunked): chunked attention unavailable: " \
         "no attention window" in caplog.text
+
+
+def test_t5_on_an_accelerator_passes_the_bias_as_two_factors_with_the_same_values():
+    from t5x_like.models import t5
+    config = t5.T5Config(vocab_size=64, d_model=32, num_heads=4, head_dim=8, d_ff=64,
+                         num_encoder_layers=2, num_decoder_layers=2, attention_impl="xla")
+    model = t5.EncoderDecoder(config)
+    rng = np.random.default_rng(0)
+    inputs = jnp.asarray(rng.integers(1, 64, (2, 16)) * (np.arange(16) < [[16], [11]]))
+    targets = jnp.asarray(rng.integers(1, 64, (2, 6)))
+    decoder_inputs = jnp.pad(targets[:, :-1], ((0, 0), (1, 0)))
+    params = model.init(jax.random.PRNGKey(0), inputs, decoder_inputs, targets)
+
+    def loss(params):
+        logits = model.apply(params, inputs, decoder_inputs, targets)
+        return jnp.sum(jax.nn.log_softmax(logits) * jax.nn.one_hot(targets, 64))
+
+    position_bias = jnp.zeros((1, 4, 16, 16))
+    mask = attention.self_attention_mask(inputs > 0, position_bias=position_bias)
+    results = {}
+    for platform in ("cpu", "gpu"):
+        with attention.target_platform(platform):
+            handed = attention.for_every_layer(mask, config, deterministic=True)
+            results[platform] = jax.jit(jax.value_and_grad(loss))(params)
+        assert isinstance(handed, attention.SplitBias) == (platform == "gpu")
+    (value_cpu, grads_cpu), (value_gpu, grads_gpu) = results["cpu"], results["gpu"]
+    np.testing.assert_allclose(value_gpu, value_cpu, rtol=1e-6)
+    for got, want in zip(jax.tree.leaves(grads_gpu), jax.tree.leaves(grads_cpu)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -213,7 +213,7 @@ def for_every_layer(mask, config, deterministic: bool):
     """What a stack hands each of its layers: the mask itself, or, where the plain path
     will run, its dense bias built once (every layer would otherwise rebuild the same
     ``[batch, 1, q, k]`` array: on CPU that cost T5 v1.1-small a tenth of its train
-    step), as a ``SplitBias`` when a position bias is added. ``config`` is the family's (``attention_impl``, ``compute_dtype``,
+    step), as a ``SplitBias`` when a position bias is added on an accelerator. ``config`` is the family's (``attention_impl``, ``compute_dtype``,
     ``head_dim``, ``dropout_rate``). Dense biases pass unchanged; so do masks with
     global tokens, whose rows need the description."""
     if not isinstance(mask, AttentionMask) or mask.global_tokens is not None:
@@ -225,7 +225,9 @@ def for_every_layer(mask, config, deterministic: bool):
     if chosen != "xla":
         return mask
     _report(implementation, chosen, why)
-    if mask.position_bias is not None:
+    if mask.position_bias is not None and current_platform() != "cpu":
+        # On CPU the one summed array stays: it is small there (a few sequences per
+        # step) and the CPU train step was tuned with it.
         return SplitBias(dense_bias(mask.replace(position_bias=None)), mask.position_bias)
     return dense_bias(mask)
 
