@@ -241,9 +241,14 @@ class _Module:
         return total
 
     def instruction_bytes(self, instruction: Instruction) -> float:
+        """Bytes one execution of a top-level ``instruction`` reads and writes; loops,
+        conditionals and calls count nothing themselves (their bodies are walked). An
+        async pair counts its operands at ``-start`` and its result at ``-done``."""
         op = instruction.opcode
-        if op in _FREE or op in ("while", "conditional", "call") or op.endswith("-done"):
-            return 0.0 if not op.endswith("-done") else shape_bytes(instruction.type_text)
+        if op.endswith("-done"):
+            return float(shape_bytes(instruction.type_text))
+        if op in _FREE or op in ("while", "conditional", "call"):
+            return 0.0
         if op == "fusion":
             called = _CALLS.search(instruction.attributes)
             if called and called.group(2) in self.computations:

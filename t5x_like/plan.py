@@ -253,13 +253,13 @@ def format_report(r: dict) -> str:
         lines.append(f"roofline step time: {roof['step_s'] * 1e3:.1f} ms ({roof['bound']}-bound: "
                      f"compute {roof['compute_s'] * 1e3:.1f} ms, HBM {roof['memory_s'] * 1e3:.1f}"
                      f" ms), MFU at best {100 * roof['mfu']:.1f}%")
+    elif r["compiled_flops_per_device"] is not None:
+        lines.append("roofline: no peak FLOP/s or bandwidth for this device kind (see "
+                     "t5x_like.hardware.CHIPS)")
     if r.get("hbm_traffic_by_source"):
         lines.append("HBM traffic per device by source (forward/backward, module path):")
         lines += [f"  {row['bytes'] / 1e9:9.1f} GB  {100 * row['share']:5.1f}%  {row['source']}"
                   for row in r["hbm_traffic_by_source"]]
-    elif r["compiled_flops_per_device"] is not None:
-        lines.append("roofline: no peak FLOP/s or bandwidth for this device kind (see "
-                     "t5x_like.hardware.CHIPS)")
     return "\n".join(lines)
 
 

@@ -212,9 +212,10 @@ def choose_implementation(requested: str, mask: AttentionMask, *, platform: str,
 def for_every_layer(mask, config, deterministic: bool):
     """What a stack hands each of its layers: the mask itself, or, where the plain path
     will run, its dense bias built once (every layer would otherwise rebuild the same
-    ``[batch, 1, q, k]`` array: on CPU that cost T5 v1.1-small a tenth of its train
-    step), as a ``SplitBias`` when a position bias is added on an accelerator. ``config`` is the family's (``attention_impl``, ``compute_dtype``,
-    ``head_dim``, ``dropout_rate``). Dense biases pass unchanged; so do masks with
+    ``[batch, heads, q, k]`` array: on CPU that cost T5 v1.1-small a tenth of its train
+    step), as a ``SplitBias`` when a position bias is added on an accelerator.
+    ``config`` is the family's (``attention_impl``, ``compute_dtype``, ``head_dim``,
+    ``dropout_rate``). Dense biases pass unchanged; so do masks with
     global tokens, whose rows need the description."""
     if not isinstance(mask, AttentionMask) or mask.global_tokens is not None:
         return mask
