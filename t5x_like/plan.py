@@ -121,14 +121,19 @@ def plan(config, topology: str, num_slices: int = 1) -> dict:
         # XLA's cost analysis counts a loop body once: the layers' scan and the
         # microbatches' run many times. Reading the HLO, the bytes are weighted by trip
         # counts; FLOPs, whose per-op rules the text does not give, are scaled below.
-        traffic = hlo_traffic.analyze(compiled.as_text())
-        looped = config.optimizer.microbatches > 1 and any(traffic.loop_trip_counts)
+        hlo_text = compiled.as_text()
+        try:
+            traffic = hlo_traffic.analyze(hlo_text)
+        except (ValueError, KeyError, StopIteration) as e:  # HLO text this reader misreads
+            traffic, traffic_error = None, f"{type(e).__name__}: {e}"
+        looped = config.optimizer.microbatches > 1 and " while(" in hlo_text
         scale = config.optimizer.microbatches if looped else 1
         compiled_flops = float(cost.get("flops", 0.0)) * scale
         xla_bytes = float(cost.get("bytes accessed", 0.0))
-        once = traffic.loop_bodies_once_bytes
-        loop_factor = traffic.total_bytes / once if once else 1.0
-        bytes_accessed = xla_bytes * loop_factor
+        if traffic is not None and traffic.loop_bodies_once_bytes:
+            bytes_accessed = xla_bytes * traffic.total_bytes / traffic.loop_bodies_once_bytes
+        else:
+            bytes_accessed = xla_bytes * scale  # loop bodies once: an underestimate
     else:
         # libtpu refuses a program over HBM and says only how much its temporaries
         # need; the state and batch sizes follow from their shardings.
@@ -170,6 +175,9 @@ def plan(config, topology: str, num_slices: int = 1) -> dict:
         report["note"] = ("scanned layers: XLA counts one layer's loop body once; the roofline "
                           "uses model FLOPs per device, and bytes with each loop body counted "
                           "as many times as it runs")
+    if compiler_oom is None and traffic is None:
+        report["traffic_note"] = (f"the HLO traffic reader failed ({traffic_error}); bytes "
+                                  "count each loop body once, so HBM time is underestimated")
     if traffic is not None and traffic.total_bytes:
         report["hbm_traffic_by_source"] = [
             {"source": source, "share": moved / traffic.total_bytes,
@@ -248,6 +256,8 @@ def format_report(r: dict) -> str:
                      f"model FLOPs per step: {r['model_flops_per_step']:.3e}")
     if "note" in r:
         lines.append(f"note: {r['note']}")
+    if "traffic_note" in r:
+        lines.append(f"note: {r['traffic_note']}")
     if "roofline" in r:
         roof = r["roofline"]
         lines.append(f"roofline step time: {roof['step_s'] * 1e3:.1f} ms ({roof['bound']}-bound: "
