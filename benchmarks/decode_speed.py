@@ -66,6 +66,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5x_like import config_lib, decoding, models
+from t5x_like.models import structures
 from t5x_like.convert import hf_gpt2, hf_io, hf_t5
 
 ROWS = {
@@ -117,7 +118,7 @@ def hf_model_with_same_weights(config_name: str, model_config: dict, params, dev
 def ours_decode_fn(model, family: str, beams: int, new_tokens: int):
     """The jitted call ``infer`` makes for this row (``structures.*.predict_batch``), with
     EOS disabled; returns ``[batch, new_tokens]`` (the best beam for beam search)."""
-    alpha = 0.6  # structures.DECODE_DEFAULTS["alpha"], what infer's --alpha defaults to
+    alpha = structures.DECODE_DEFAULTS["alpha"]  # what infer's --alpha defaults to
     if family == "decoder":
         def run(params, prompts):
             lengths = jnp.full((prompts.shape[0],), prompts.shape[1], jnp.int32)

@@ -172,7 +172,6 @@ class Traffic:
     total_bytes: float
     loop_bodies_once_bytes: float  # each loop body counted once, as XLA's cost analysis does
     by_source: dict[str, float]  # source_of's "pass module/path" -> bytes
-    by_opcode: dict[str, float]
     loop_trip_counts: list[int]
 
 
@@ -273,7 +272,6 @@ def analyze(hlo_text: str) -> Traffic:
     if entry is None:
         raise ValueError("HLO text without an ENTRY computation")
     by_source_path: dict[str, float] = collections.defaultdict(float)
-    by_opcode: dict[str, float] = collections.defaultdict(float)
     trips: list[int] = []
     once = [0.0]
 
@@ -285,7 +283,6 @@ def analyze(hlo_text: str) -> Traffic:
             if moved:
                 once[0] += moved
                 by_source_path[source_of(instruction.op_name, instruction.opcode)] += moved * times
-                by_opcode[instruction.opcode] += moved * times
             if instruction.opcode == "while":
                 called = dict((k, v) for k, v in _CALLS.findall(instruction.attributes))
                 n = _trip_count(instruction, computations[called["condition"]], computations)
@@ -307,8 +304,7 @@ def analyze(hlo_text: str) -> Traffic:
                         walk(computations[name], times, depth + 1)
 
     walk(entry, 1)
-    return Traffic(sum(by_source_path.values()), once[0], dict(by_source_path), dict(by_opcode),
-                   trips)
+    return Traffic(sum(by_source_path.values()), once[0], dict(by_source_path), trips)
 
 
 def _computation_bytes(module: _Module, computation: Computation) -> float:

@@ -399,11 +399,12 @@ class MultiHeadAttention(nn.Module):
         key = constrain(key, ("batch", "kv_length", kv_axes[1], "kv"))
         value = constrain(value, ("batch", "kv_length", kv_axes[1], "kv"))
         mask = bias if isinstance(bias, attention.AttentionMask) else None
-        if mask is not None and (decode or prefix_kv is not None):
+        if decode or prefix_kv is not None:
             # The cache and the prefix work on rows and columns of a dense bias.
-            bias, mask = attention.dense_bias(mask), None
-        if isinstance(bias, attention.SplitBias) and (decode or prefix_kv is not None):
-            bias = bias.dense()
+            if mask is not None:
+                bias, mask = attention.dense_bias(mask), None
+            elif isinstance(bias, attention.SplitBias):
+                bias = bias.dense()
         if decode:
             key, value, bias = self._update_cache(key, value, bias)
         if prefix_kv is not None:
