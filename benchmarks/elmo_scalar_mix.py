@@ -37,7 +37,7 @@ def word_batches(examples, vocab, max_tokens: int):
                 break
             starts.append(len(ids))
             ids += pieces
-        for position, tag in zip(starts, example["tags"]):
+        for position, tag in zip(starts, example["tags"], strict=False):
             index.append((len(rows), position))
             tags.append(tag)
         rows.append(ids)

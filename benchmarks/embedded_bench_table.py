@@ -48,8 +48,8 @@ def majority(task, split: str, limit: int | None) -> dict[str, float]:
     out = {}
     post = lambda text, ex, is_target: task.postprocess(text, example=ex, is_target=is_target)  # noqa: E731
     for fn in task.metric_fns:
-        out.update(fn([post(t, ex, True) for t, ex in zip(targets, evaluated)],
-                      [post(p, ex, False) for p, ex in zip(predictions, evaluated)]))
+        out.update(fn([post(t, ex, True) for t, ex in zip(targets, evaluated, strict=False)],
+                      [post(p, ex, False) for p, ex in zip(predictions, evaluated, strict=False)]))
     return out
 
 

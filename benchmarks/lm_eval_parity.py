@@ -66,7 +66,8 @@ def restore(checkpoint: str):
     tokenizer), else the task's."""
     import jax
 
-    from t5x_like import config_lib, partitioning, trainer as trainer_lib
+    from t5x_like import config_lib, partitioning
+    from t5x_like import trainer as trainer_lib
     from t5x_like.evaluation import loading
 
     source = loading.resolve(checkpoint)
@@ -103,7 +104,7 @@ def score_ours(config, trainer, params, vocabulary, args, num_shots: int, width:
     examples = ev.examples(ev.tasks[0])
     requests = [few_shot.loglikelihood_request(vocabulary, record["inputs"],
                                                lm_eval_harness._text(option))
-                for record, ex in zip(result.records, examples) for option in ex["options"]]
+                for record, ex in zip(result.records, examples, strict=False) for option in ex["options"]]
     return lm_eval_harness.Scored(result.metrics["acc"], result.metrics["acc_norm"],
                                   [r["inputs"] for r in result.records],
                                   [r["option_scores"] for r in result.records], requests)
@@ -114,7 +115,8 @@ def score_ours(config, trainer, params, vocabulary, args, num_shots: int, width:
 def export_hf(config, params, vocabulary, folder: pathlib.Path) -> pathlib.Path:
     """The checkpoint as a Hugging Face folder with its tokenizer. ``convert export``
     reads params-only folders, not training workdirs, so the params are saved as one."""
-    from t5x_like.convert import __main__ as convert, pretrained
+    from t5x_like.convert import __main__ as convert
+    from t5x_like.convert import pretrained
 
     pretrained.save_pretrained(folder / "pretrained", config.model.to_dict(), params,
                                vocabulary=vocabulary)

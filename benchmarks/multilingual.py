@@ -27,8 +27,8 @@ import pathlib
 
 from t5x_like.data import MixtureRegistry, TaskRegistry, multilingual_tasks, vocabularies
 from t5x_like.data import preprocessors as pp
-from t5x_like.data.dataset_providers import Feature
 from t5x_like.data import tasks as builtin_tasks
+from t5x_like.data.dataset_providers import Feature
 
 LANGS = multilingual_tasks.LANGUAGES
 

@@ -97,7 +97,7 @@ def check_vocabulary(seqio, tf, docs):
           not decode_diff, f"{len(id_lists)} id lists, {len(decode_diff)} differ"
           + (f", e.g. {decode_diff[0][:12]}" if decode_diff else ""))
     ds = tf.data.Dataset.from_tensor_slices(docs).map(theirs.encode_tf)
-    mismatches = sum(list(a) != b for a, b in zip(ds.as_numpy_iterator(), ours.encode_batch(docs)))
+    mismatches = sum(list(a) != b for a, b in zip(ds.as_numpy_iterator(), ours.encode_batch(docs), strict=False))
     check("vocabulary: seqio's encode_tf == ours on the corpus", mismatches == 0,
           f"{len(docs)} documents, {mismatches} differ")
 
@@ -279,7 +279,7 @@ def check_span_corruption(seqio, tf, t5p, docs, num_examples: int):
               "merge back to the original",
               all(a[-1] == 1 and b[-1] == 1 and a[0] <= first_sentinel - 100
                   and merge_back(a, b, first_sentinel) == chunk.tolist()
-                  for (a, b), chunk in zip(outputs, chunks)))
+                  for (a, b), chunk in zip(outputs, chunks, strict=False)))
 
     stats = {}
     for label, outputs in (("t5", theirs[:num_examples]), ("ours", ours[:num_examples])):
@@ -353,7 +353,7 @@ def compare_rows(ours, theirs):
             problems.append(f"{name} dtype {dtypes[0]} vs {dtypes[1]}")
         bad = sum(not np.array_equal(np.asarray(a[name], np.float64),
                                      np.asarray(b[name], np.float64))
-                  for a, b in zip(ours, theirs))
+                  for a, b in zip(ours, theirs, strict=False))
         if bad:
             problems.append(f"{name} differs in {bad} rows")
     return problems
@@ -481,7 +481,7 @@ def fill(rows, key, segment_key):
 def check_packed_converters(seqio, tf, num_examples):
     rng = np.random.default_rng(1)
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def shift_fn():
         return tf.function(lambda t, s: seqio.utils.make_autoregressive_inputs(t, sequence_id=s))
 
@@ -591,7 +591,7 @@ def check_metrics(t5_metrics):
         ("spearman_corrcoef (ties)", metrics.spearman_corrcoef, t5_metrics.spearman_corrcoef,
          scores),
         ("sequence_accuracy", metrics.sequence_accuracy, t5_metrics.sequence_accuracy,
-         (docs, [d if i % 3 else h for i, (d, h) in enumerate(zip(docs, hypotheses))])),
+         (docs, [d if i % 3 else h for i, (d, h) in enumerate(zip(docs, hypotheses, strict=False))])),
         ("bleu (intl, one reference)", metrics.bleu, t5_metrics.bleu, (docs, hypotheses)),
         ("squad (EM and F1, max over answers)", metrics.squad, t5_metrics.squad,
          inputs["squad"]),
@@ -631,7 +631,7 @@ def glue_metric_inputs(task_name: str, rng):
     predictions = np.where(rng.random(n) < 0.7, labels, rng.integers(-1, len(b.labels), n))
     if b.short_name == "multirc":
         questions = np.sort(rng.integers(0, 30, n))
-        return ([{"value": int(t), "group": int(q)} for t, q in zip(labels, questions)],
+        return ([{"value": int(t), "group": int(q)} for t, q in zip(labels, questions, strict=False)],
                 [{"value": int(p)} for p in predictions])
     return labels.tolist(), predictions.tolist()
 
@@ -739,7 +739,7 @@ def check_glue_formats(tf):
             output_signature=_signature(tf, records[0]))
         theirs = list(tfds.as_numpy(preprocess(ds)))
         pairs = [((o["inputs"], o["targets"]),
-                  (t["inputs"].decode(), t["targets"].decode())) for o, t in zip(ours, theirs)]
+                  (t["inputs"].decode(), t["targets"].decode())) for o, t in zip(ours, theirs, strict=False)]
         differ = [p for p in pairs if p[0] != p[1]]
         check(f"GLUE format: {collection}/{config} inputs and targets == t5's preprocessor",
               len(ours) == len(theirs) and not differ,

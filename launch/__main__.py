@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from launch import gke, slurm, tpu_vm, training
 from launch.commands import LaunchFailed
-from t5x_like import user_errors
+from t5x_like import errors
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-@user_errors.command_line("launch")
+@errors.command_line("launch")
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     launcher_args, train_args = training.split_train_args(argv)

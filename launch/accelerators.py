@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from t5x_like.config_lib import UserError
+from t5x_like.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True)

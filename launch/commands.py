@@ -15,10 +15,11 @@ import re
 import shlex
 import subprocess
 import sys
-from typing import Sequence, TextIO
+from collections.abc import Sequence
+from typing import TextIO
 
 from t5x_like import platforms
-from t5x_like.config_lib import UserError
+from t5x_like.errors import UserError
 
 
 class LaunchFailed(Exception):

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from launch.training import REPO_ROOT
-from t5x_like.config_lib import UserError
+from t5x_like.errors import UserError
 
 
 def _git(*args: str) -> subprocess.CompletedProcess:

@@ -14,7 +14,7 @@ import shlex
 
 from launch import accelerators, training
 from launch.commands import Command, LaunchFailed, Runner, command
-from t5x_like.config_lib import UserError
+from t5x_like.errors import UserError
 
 DEFAULT_BASE_IMAGE = "python:3.11"   # the project needs Python 3.11+; xpk's default is older
 PRIORITIES = ["very-low", "low", "medium", "high", "very-high"]

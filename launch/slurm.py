@@ -19,7 +19,7 @@ import string
 
 from launch import training
 from launch.commands import LaunchFailed, Runner, command
-from t5x_like.config_lib import UserError
+from t5x_like.errors import UserError
 
 TEMPLATE = string.Template("""\
 #!/bin/bash

@@ -22,7 +22,7 @@ import time
 
 from launch import accelerators, gitinfo, remote, training
 from launch.commands import Command, LaunchFailed, Runner, command, report_failures
-from t5x_like.config_lib import UserError
+from t5x_like.errors import UserError
 
 MEANINGS = {
     "CREATING": "request received",

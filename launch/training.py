@@ -8,9 +8,9 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
-from t5x_like.config_lib import UserError
+from t5x_like.errors import UserError
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 

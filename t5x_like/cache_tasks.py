@@ -24,9 +24,9 @@ import logging
 import sys
 import time
 
-from t5x_like import storage, user_errors
-from t5x_like.config_lib import UserError
+from t5x_like import cli_flags, errors, storage
 from t5x_like.data import cache
+from t5x_like.errors import UserError
 
 
 class _DropApitoolsWarning(logging.Filter):
@@ -67,7 +67,7 @@ def _registry(modules):
     """Tasks and mixtures, with the user's modules imported (also in Beam workers)."""
     importlib.import_module("t5x_like.data")  # registers the built-in tasks
     from t5x_like.data import dataset_providers
-    user_errors.import_modules(modules)
+    cli_flags.import_modules(modules)
     return dataset_providers
 
 
@@ -190,7 +190,7 @@ def _pipeline_options(beam_args):
     return options
 
 
-@user_errors.command_line("cache_tasks")
+@errors.command_line("cache_tasks")
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m t5x_like.cache_tasks", description=__doc__, allow_abbrev=False,
@@ -199,7 +199,7 @@ def main(argv=None) -> int:
                         help="Comma-separated tasks or mixtures (a mixture: all its tasks).")
     parser.add_argument("--output_dir", required=True,
                         help="Cache directory (local or gs://, s3://); each task gets a folder.")
-    user_errors.add_module_flag(parser)
+    cli_flags.add_module_flag(parser)
     parser.add_argument("--splits", default="",
                         help="Comma-separated splits (default: every split of each task).")
     parser.add_argument("--examples_per_shard", type=int,
@@ -225,7 +225,7 @@ def main(argv=None) -> int:
         _leaf_tasks(td, name, names)
     if not names:
         raise UserError("--tasks is empty; name tasks or mixtures, e.g. --tasks=embedded_en_lm.")
-    user_errors.check_writable_folder(args.output_dir, "--output_dir")
+    cli_flags.check_writable_folder(args.output_dir, "--output_dir")
     wanted_splits = [s.strip() for s in args.splits.split(",") if s.strip()]
 
     units, fingerprints, skipped = [], {}, []

@@ -18,13 +18,13 @@ import dataclasses
 import json
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import orbax.checkpoint as ocp
 from etils import epath
 
 from t5x_like import storage
-from t5x_like.config_lib import UserError
+from t5x_like.errors import UserError
 
 MANIFEST = "manifest.t5x_like.json"
 ITEMS = ("state", "data", "config")

@@ -14,18 +14,12 @@ import inspect
 import math
 import pathlib
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import ml_collections
 
-
-class UserError(ValueError):
-    """A problem with what the user asked for (flags, files, tasks), with the fix in the
-    message; every command line prints it as one message and exits with status 2."""
-
-
-class ConfigError(UserError):
-    """A config problem, with the key and the fix in the message."""
+from t5x_like.errors import ConfigError
 
 
 def default_config() -> ml_collections.ConfigDict:

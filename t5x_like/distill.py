@@ -29,7 +29,7 @@ import jax
 import numpy as np
 
 from t5x_like.config_lib import DISTILLABLE_FAMILIES as DISTILLABLE
-from t5x_like.config_lib import ConfigError
+from t5x_like.errors import ConfigError, UserError
 
 
 def enabled(config) -> bool:
@@ -42,7 +42,6 @@ def enabled(config) -> bool:
 def teacher_model_config(config) -> tuple[dict, dict | None]:
     """``(teacher model config, its run's fingerprint or None)`` read from
     ``distill.teacher``, without loading parameters."""
-    from t5x_like.config_lib import UserError
     from t5x_like.evaluation import loading
     try:
         source = loading.resolve(config.distill.teacher)

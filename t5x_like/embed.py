@@ -39,8 +39,8 @@ import pathlib
 import sys
 import time
 
-from t5x_like import storage, user_errors
-from t5x_like.config_lib import UserError
+from t5x_like import cli_flags, errors, storage
+from t5x_like.errors import UserError
 
 LAYERS_HELP = "all, last, or a comma list of layer numbers (0 = embeddings, -1 = last)"
 
@@ -148,13 +148,13 @@ def check_output(path: str, overwrite: bool) -> None:
     if storage.is_remote(path):
         raise UserError(f"--output={path}: arrays are written as memory maps, which need a "
                         "local folder; write here, then copy the folder to the bucket.")
-    user_errors.check_writable_folder(path, "--output")
+    cli_flags.check_writable_folder(path, "--output")
     folder = storage.path(path)
     if folder.is_dir() and any(folder.iterdir()) and not overwrite:
         raise UserError(f"--output={path} is not empty; choose a new folder or pass --overwrite.")
 
 
-@user_errors.command_line("embed")
+@errors.command_line("embed")
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.batch_size < 1:

@@ -18,14 +18,14 @@ import os
 import sys
 import time
 
-from t5x_like import config_lib, storage, user_errors
-from t5x_like.config_lib import UserError
+from t5x_like import cli_flags, config_lib, errors, storage
+from t5x_like.errors import UserError
 
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m t5x_like.eval", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    user_errors.add_module_flag(parser)
+    cli_flags.add_module_flag(parser)
     parser.add_argument("--checkpoint", required=True)
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--mixture")
@@ -49,10 +49,7 @@ def parse_args(argv):
     parser.add_argument("--few_shot_seed", type=int, default=1234)
     add_vocabulary_flag(parser)
     add_decoding_flags(parser.add_argument_group("decoding (predict mode)"))
-    multi = parser.add_argument_group("multi-process runs")
-    multi.add_argument("--coordinator_address")
-    multi.add_argument("--num_processes", type=int)
-    multi.add_argument("--process_id", type=int)
+    cli_flags.add_multi_process_flags(parser)
     parser.add_argument("--quiet", action="store_true")
     rest, overrides = config_lib.split_overrides(argv)
     return parser.parse_args(rest), overrides
@@ -200,7 +197,8 @@ def format_table(step: int, results) -> str:
 def run(args, overrides) -> int:
     import jax
 
-    from t5x_like import partitioning, trainer as trainer_lib
+    from t5x_like import partitioning
+    from t5x_like import trainer as trainer_lib
     from t5x_like.data import get_task_or_mixture  # noqa: F401  (registers the built-in tasks)
     from t5x_like.evaluation import evaluator, loading
 
@@ -253,7 +251,8 @@ def run(args, overrides) -> int:
 def _setup(source, step, args, overrides, name):
     import jax
 
-    from t5x_like import partitioning, trainer as trainer_lib
+    from t5x_like import partitioning
+    from t5x_like import trainer as trainer_lib
     from t5x_like.evaluation import evaluator, loading
 
     config = loading.run_config(source, step, args.config, overrides)
@@ -280,27 +279,13 @@ def _setup(source, step, args, overrides, name):
     return config, trainer, build_evaluator(config, trainer, name, settings, lengths, asked)
 
 
-@user_errors.command_line("eval")
+@errors.command_line("eval")
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args, overrides = parse_args(argv)
-    user_errors.import_modules(args.module)
-    from t5x_like import partitioning
-    try:
-        settings = partitioning.distributed_settings(args.coordinator_address,
-                                                     args.num_processes, args.process_id)
-    except ValueError as e:
-        print(f"Multi-process setup error: {e}", file=sys.stderr)
-        return 2
-    partitioning.initialize_distributed(settings)
-    try:
-        return run(args, overrides)
-    except UserError as e:
-        print(f"Eval error: {e}", file=sys.stderr)
-        return 2
-    except FileNotFoundError as e:
-        print(f"Missing file: {e}", file=sys.stderr)
-        return 2
+    cli_flags.import_modules(args.module)
+    cli_flags.start_processes(args)
+    return run(args, overrides)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ not what MFU measures). Model FLOPs do not change with rematerialisation.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from t5x_like.models import structures
 

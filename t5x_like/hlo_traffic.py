@@ -55,7 +55,7 @@ def shape_bytes(type_text: str) -> int:
             minor_to_major = [int(d) for d in order.split(",") if d]
             tile_dims = [int(t) for t in tile.group(1).split(",")]
             if len(minor_to_major) == len(dims):
-                for size, dim in zip(reversed(tile_dims), minor_to_major):
+                for size, dim in zip(reversed(tile_dims), minor_to_major, strict=False):
                     dims[dim] = -(-dims[dim] // size) * size
         count = 1
         for d in dims:

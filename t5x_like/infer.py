@@ -16,15 +16,15 @@ import sys
 
 import numpy as np
 
-from t5x_like import config_lib, storage, user_errors
+from t5x_like import cli_flags, config_lib, errors, storage
 from t5x_like import eval as eval_lib
-from t5x_like.config_lib import UserError
+from t5x_like.errors import UserError
 
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m t5x_like.infer", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    user_errors.add_module_flag(parser)
+    cli_flags.add_module_flag(parser)
     parser.add_argument("--checkpoint", required=True)
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--task")
@@ -65,7 +65,8 @@ def read_inputs(path: str) -> list[str]:
 def run(args, overrides) -> int:
     import jax
 
-    from t5x_like import config_lib, partitioning, trainer as trainer_lib
+    from t5x_like import config_lib, partitioning
+    from t5x_like import trainer as trainer_lib
     from t5x_like.data import tasks as builtin
     from t5x_like.data.dataset_providers import with_vocabulary
     from t5x_like.evaluation import evaluator, loading
@@ -141,7 +142,7 @@ def run(args, overrides) -> int:
         out = storage.path(args.output_file)
         out.parent.mkdir(parents=True, exist_ok=True)
         lines = []
-        for index, (text, prediction) in enumerate(zip(inputs_text, predictions)):
+        for index, (text, prediction) in enumerate(zip(inputs_text, predictions, strict=False)):
             record = {"inputs": text, "prediction": prediction}
             if targets_text is not None:
                 record["targets"] = targets_text[index]
@@ -152,15 +153,11 @@ def run(args, overrides) -> int:
     return 0
 
 
-@user_errors.command_line("infer")
+@errors.command_line("infer")
 def main(argv=None) -> int:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
-    user_errors.import_modules(args.module)
-    try:
-        return run(args, overrides)
-    except UserError as e:
-        print(f"Infer error: {e}", file=sys.stderr)
-        return 2
+    cli_flags.import_modules(args.module)
+    return run(args, overrides)
 
 
 if __name__ == "__main__":

@@ -21,8 +21,7 @@ import sys
 import threading
 import time
 
-from t5x_like import partitioning
-from t5x_like import user_errors
+from t5x_like import errors, partitioning
 
 
 def free_port() -> int:
@@ -92,7 +91,7 @@ def launch(num_processes: int, devices_per_process: int, args: list[str],
     return next((code for code in codes if code != 0), 0)
 
 
-@user_errors.command_line("launch_local")
+@errors.command_line("launch_local")
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--" in argv:

@@ -10,7 +10,8 @@ import json
 import os
 import sys
 import time
-from typing import Mapping, TextIO
+from collections.abc import Mapping
+from typing import TextIO
 
 from tensorboardX import SummaryWriter
 

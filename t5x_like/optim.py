@@ -17,7 +17,8 @@ def learning_rate_schedule(cfg, num_train_steps: int) -> optax.Schedule:
     elif cfg.schedule == "rsqrt":
         # T5: lr = peak * sqrt(warmup / step) after warmup, continuous at the boundary.
         base = max(warmup, 1)
-        after = lambda count: peak * jnp.sqrt(base / (count + base))
+        def after(count):
+            return peak * jnp.sqrt(base / (count + base))
     elif cfg.schedule == "linear":
         after = optax.linear_schedule(peak, 0.0, decay_steps)
     elif cfg.schedule == "cosine":

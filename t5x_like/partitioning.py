@@ -14,12 +14,14 @@ import dataclasses
 import json
 import math
 import os
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import flax.linen as nn
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from t5x_like.errors import UserError
 
 MESH_AXES = ("dcn", "data", "fsdp", "tensor")
 BATCH_AXES = ("dcn", "data", "fsdp")
@@ -163,19 +165,19 @@ def distributed_settings(coordinator_address: str | None = None,
     if given:
         missing = sorted(set(explicit) - set(given))
         if missing:
-            raise ValueError(
+            raise UserError(
                 f"Multi-process settings are incomplete: got {sorted(given)}, missing {missing}. "
                 f"Pass all of --coordinator_address=HOST:PORT --num_processes=N --process_id=I "
                 f"(or {ENV_COORDINATOR}, {ENV_NUM_PROCESSES}, {ENV_PROCESS_ID}).")
         try:
             count, index = int(given["num_processes"]), int(given["process_id"])
         except ValueError:
-            raise ValueError(f"num_processes={given['num_processes']!r} and process_id="
+            raise UserError(f"num_processes={given['num_processes']!r} and process_id="
                              f"{given['process_id']!r} must be integers.") from None
         if count < 1 or not 0 <= index < count:
-            raise ValueError(f"process_id={index} must be in [0, num_processes={count}).")
+            raise UserError(f"process_id={index} must be in [0, num_processes={count}).")
         if ":" not in str(given["coordinator_address"]):
-            raise ValueError(f"coordinator_address={given['coordinator_address']!r} needs a port, "
+            raise UserError(f"coordinator_address={given['coordinator_address']!r} needs a port, "
                              "e.g. 10.0.0.1:8476 (process 0's host).")
         return DistributedSettings(str(given["coordinator_address"]), count, index)
     cluster = (detect_cluster or detected_cluster)()

@@ -25,8 +25,8 @@ import sys
 
 import numpy as np
 
-from t5x_like import storage, user_errors
-from t5x_like.config_lib import ConfigError, UserError
+from t5x_like import errors, storage
+from t5x_like.errors import ConfigError, UserError
 from t5x_like.models.peft import plain_dicts
 
 IDENTITY_KEY = "peft_base"
@@ -186,7 +186,7 @@ def merge(peft_path: str, out: str, base_path: str | None = None) -> dict:
     return {"step": step, "merged_kernels": count, "out": str(storage.path(out))}
 
 
-@user_errors.command_line("peft")
+@errors.command_line("peft")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m t5x_like.peft", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -21,8 +21,9 @@ import argparse
 import json
 import os
 import sys
-from t5x_like import user_errors
-from t5x_like.config_lib import UserError
+
+from t5x_like import errors
+from t5x_like.errors import UserError
 
 GiB = 1024**3
 # How many of the largest sources of HBM traffic a report names.
@@ -206,7 +207,7 @@ def _out_of_memory_temporaries(message: str) -> tuple[int, str] | None:
     if "RESOURCE_EXHAUSTED" not in message or not found:
         return None
     scale = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}[found.group(2)]
-    line = next(l for l in message.splitlines() if "RESOURCE_EXHAUSTED" in l)
+    line = next(text for text in message.splitlines() if "RESOURCE_EXHAUSTED" in text)
     return int(float(found.group(1)) * scale), line.strip()
 
 
@@ -273,7 +274,7 @@ def format_report(r: dict) -> str:
     return "\n".join(lines)
 
 
-@user_errors.command_line("plan")
+@errors.command_line("plan")
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     overrides = [a[len("--config."):] for a in argv if a.startswith("--config.")]
@@ -295,15 +296,11 @@ def main(argv: list[str] | None = None) -> int:
     # Several planners (or a planner beside a test) may load libtpu at once.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from t5x_like import config_lib
-    try:
-        parse_topology(args.topology)
-        config = config_lib.load_config_file(args.config)
-        config_lib.apply_overrides(config, overrides)
-        config_lib.validate(config)
-        report = plan(config, args.topology, args.num_slices)
-    except (config_lib.ConfigError, PlanError) as e:
-        print(f"plan: {e}", file=sys.stderr)
-        return 2
+    parse_topology(args.topology)
+    config = config_lib.load_config_file(args.config)
+    config_lib.apply_overrides(config, overrides)
+    config_lib.validate(config)
+    report = plan(config, args.topology, args.num_slices)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0
 

@@ -17,7 +17,7 @@ import importlib.util
 import os
 import pkgutil
 import sys
-from typing import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 # Set beside JAX_PLATFORMS when this module chose it: the choice is about this machine,
 # so commands that start work on other machines (sbatch copies the environment into the

@@ -13,8 +13,9 @@ import json
 import math
 import pathlib
 import sys
-from t5x_like import user_errors
-from t5x_like.config_lib import UserError
+
+from t5x_like import errors
+from t5x_like.errors import UserError
 
 PANELS = (("loss", ("loss", "eval_loss"), "nats per target token"),
           ("accuracy", ("accuracy", "eval_accuracy"), "target-token accuracy"))
@@ -53,7 +54,7 @@ def render(records: list[dict], out: str | pathlib.Path, title: str = "") -> pat
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(1, len(PANELS), figsize=(11, 4))
-    for axis, (name, keys, ylabel) in zip(axes, PANELS):
+    for axis, (name, keys, ylabel) in zip(axes, PANELS, strict=False):
         for key in keys:
             steps, values = series(records, key)
             if steps:
@@ -74,7 +75,7 @@ def render(records: list[dict], out: str | pathlib.Path, title: str = "") -> pat
     return out
 
 
-@user_errors.command_line("plot")
+@errors.command_line("plot")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m t5x_like.plot", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -82,11 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="PNG path (default: WORKDIR/curves.png).")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     out = args.out or str(pathlib.Path(args.workdir) / "curves.png")
-    try:
-        path = render(read_metrics(args.workdir), out, title=str(args.workdir))
-    except PlotError as e:
-        print(f"plot: {e}", file=sys.stderr)
-        return 2
+    path = render(read_metrics(args.workdir), out, title=str(args.workdir))
     print(f"wrote {path}")
     return 0
 

@@ -16,9 +16,9 @@ import hashlib
 import math
 import pathlib
 import statistics
-from typing import Iterable
+from collections.abc import Iterable
 
-from t5x_like.config_lib import ConfigError
+from t5x_like.errors import ConfigError
 
 
 def _as_plain(value):

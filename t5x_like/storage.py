@@ -27,6 +27,8 @@ import zlib
 
 from etils import epath
 
+from t5x_like.errors import UserError
+
 REMOTE_SCHEMES = ("gs://", "s3://")
 _FSSPEC_PACKAGE = {"gs://": "gcsfs", "s3://": "s3fs"}
 
@@ -216,7 +218,6 @@ def check_checkpoint_location(value, flag: str) -> None:
     """Orbax (0.12) writes checkpoint arrays to local paths and ``gs://`` only: an
     ``s3://`` path would fail at the first save with "Checkpoint path should be
     absolute". Refused up front instead."""
-    from t5x_like.config_lib import UserError
     if str(value).startswith("s3://"):
         raise UserError(
             f"{flag}={value}: orbax writes checkpoints to gs:// and local (or FUSE-mounted) "

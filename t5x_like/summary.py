@@ -16,8 +16,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from t5x_like import config_lib, models, optim, trainer
-from t5x_like import user_errors
+from t5x_like import config_lib, errors, models, optim, trainer
 
 
 def parameter_shapes(model_config, peft_settings=None) -> dict:
@@ -59,7 +58,7 @@ def format_table(rows: list[tuple[str, int]]) -> str:
     return "\n".join(lines)
 
 
-@user_errors.command_line("summary")
+@errors.command_line("summary")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m t5x_like.summary", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -70,14 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [o for o in overrides if not o.startswith("--config.")]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    try:
-        config = config_lib.load_config_file(args.config)
-        config_lib.apply_overrides(config, [o[len("--config."):] for o in overrides
-                                            if o.startswith("--config.")])
-        config_lib.validate(config)
-    except config_lib.ConfigError as e:
-        print(f"Config error: {e}", file=sys.stderr)
-        return 2
+    config = config_lib.load_config_file(args.config)
+    config_lib.apply_overrides(config, [o[len("--config."):] for o in overrides
+                                        if o.startswith("--config.")])
+    config_lib.validate(config)
     from t5x_like.models import peft
     settings = peft.PeftSettings.from_config(config.peft)
     shapes = parameter_shapes(config.model, settings)
@@ -88,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     total = sum(count for _, count in rows)
     mask = optim.trainable_mask(shapes, bitfit=config.peft.bitfit, added=settings.any)
     trainable = sum(int(np.prod(leaf.shape)) for leaf, trains in
-                    zip(jax.tree.leaves(shapes), jax.tree.leaves(mask)) if trains)
+                    zip(jax.tree.leaves(shapes), jax.tree.leaves(mask), strict=False) if trains)
     if config.model.family == "electra":
         print(electra_split(shapes))
     print(f"params: {total}  trainable: {trainable} ({100.0 * trainable / max(total, 1):.2f}%)")

@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-from t5x_like import user_errors
+from t5x_like import cli_flags, errors
 from t5x_like.data import vocabularies
 
 
@@ -88,7 +88,7 @@ def cmd_sample(td, name: str, n: int, lengths_text: str, length: int, split: str
                 print(f"{key}: {value.tolist()}")
 
 
-@user_errors.command_line("tasks")
+@errors.command_line("tasks")
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -99,9 +99,9 @@ def main(argv=None) -> None:
     parser.add_argument("--length", type=int, default=128, help="length of every feature")
     parser.add_argument("--split", default="train")
     parser.add_argument("--seed", type=int, default=0)
-    user_errors.add_module_flag(parser)
+    cli_flags.add_module_flag(parser)
     args = parser.parse_args(argv)
-    user_errors.import_modules(args.module)
+    cli_flags.import_modules(args.module)
     import t5x_like.data as td
     if args.command != "list" and not args.name:
         parser.error(f"{args.command} needs a task or mixture NAME (see `list`).")

@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 
-from t5x_like import config_lib, storage, user_errors
+from t5x_like import cli_flags, config_lib, errors, storage
 
 USAGE = ("python -m t5x_like.train --config=FILE --workdir=DIR [--config.KEY=VALUE ...]\n"
          "  e.g. python -m t5x_like.train --config=configs/quickstart.py --workdir=/tmp/t5x_like_run "
@@ -35,12 +35,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--workdir", required=True,
                         help="Output directory; an existing run there is resumed.")
     parser.add_argument("--quiet", action="store_true", help="No progress output.")
-    user_errors.add_module_flag(parser)
-    multi = parser.add_argument_group(
-        "multi-process runs (GPU clusters; Cloud TPU VMs, SLURM and MPI are detected)")
-    multi.add_argument("--coordinator_address", help="HOST:PORT of process 0.")
-    multi.add_argument("--num_processes", type=int, help="Processes in the run.")
-    multi.add_argument("--process_id", type=int, help="This process's index, from 0.")
+    cli_flags.add_module_flag(parser)
+    cli_flags.add_multi_process_flags(parser)
     rest, overrides = config_lib.split_overrides(argv)
     return parser.parse_args(rest), overrides
 
@@ -57,7 +53,7 @@ def load_and_validate(config_path: str, overrides: list[str]):
         try:
             get_task_or_mixture(name)
         except KeyError as e:
-            raise config_lib.ConfigError(
+            raise errors.ConfigError(
                 f"{key}: {e.args[0]} Register it with TaskRegistry.add in your module and load "
                 "it with --module=YOUR.MODULE.") from None
     return config
@@ -74,14 +70,14 @@ def resolve_head_labels(config) -> None:
         return
     provider = dp.get_task_or_mixture(config.task)
     if isinstance(provider, dp.Mixture):
-        raise config_lib.ConfigError(
+        raise errors.ConfigError(
             f"head.kind={head.kind!r} trains one head on one task's labels; task "
             f"{config.task!r} is a mixture. Fine-tune a head per task (--config.task=NAME).")
     if head.kind in ("classification", "token_classification") and not head.labels:
         try:
             head.labels = tuple(head_features.labels_from_task(provider, head.kind))
         except ValueError as e:
-            raise config_lib.ConfigError(str(e)) from None
+            raise errors.ConfigError(str(e)) from None
 
 
 def run_vocabulary(config):
@@ -96,11 +92,11 @@ def run_vocabulary(config):
             source = loading.resolve(config.init_from)
             step = source.steps()[-1] if source.steps() else 0
             vocabulary = loading.trained_vocabulary(source, source.saved_config(step))
-        except config_lib.UserError as e:
-            raise config_lib.ConfigError(f"vocabulary='checkpoint' with init_from="
+        except errors.UserError as e:
+            raise errors.ConfigError(f"vocabulary='checkpoint' with init_from="
                                          f"{config.init_from!r}: {e}") from None
         if vocabulary is None:
-            raise config_lib.ConfigError(
+            raise errors.ConfigError(
                 f"vocabulary='checkpoint': init_from={config.init_from!r} carries no tokenizer "
                 "(imported without one); re-import it from a folder with tokenizer.json or set "
                 "--config.vocabulary=PATH.")
@@ -108,7 +104,7 @@ def run_vocabulary(config):
     try:
         return hf_tokenizers.load(config.vocabulary)
     except (FileNotFoundError, ValueError) as e:
-        raise config_lib.ConfigError(f"vocabulary={config.vocabulary!r}: {e}") from None
+        raise errors.ConfigError(f"vocabulary={config.vocabulary!r}: {e}") from None
 
 
 def _keep_tokenizer(workdir, vocabulary) -> None:
@@ -143,18 +139,18 @@ def _check_task_steps(config, vocabulary) -> None:
         try:
             task.check("train", dict(config.task_feature_lengths))
         except ValueError as e:
-            raise config_lib.ConfigError(str(e)) from None
+            raise errors.ConfigError(str(e)) from None
 
 
 def _check_model_fits_vocabulary(config, vocabulary) -> None:
     vocab_size = vocabulary.vocab_size
     if vocab_size > config.model.vocab_size:
-        raise config_lib.ConfigError(
+        raise errors.ConfigError(
             f"Task {config.task!r} uses {vocab_size} token ids but model.vocab_size="
             f"{config.model.vocab_size}; set --config.model.vocab_size={vocab_size} or larger.")
     pad_id = getattr(vocabulary, "pad_id", 0)
     if pad_id is not None and config.model.get("pad_id", pad_id) != pad_id:
-        raise config_lib.ConfigError(
+        raise errors.ConfigError(
             f"model.pad_id={config.model.pad_id} but task {config.task!r} pads with id {pad_id}; "
             f"set --config.model.pad_id={pad_id} (a model must mask the padding its data uses).")
 
@@ -179,14 +175,14 @@ def _check_same_model(saved_config: dict, config, source: str) -> None:
     current = config.model.to_dict()
     try:  # keys a folder leaves out (an import, an older run) are at their defaults
         defaults = config_lib.model_defaults(saved_model.get("family")).to_dict()
-    except config_lib.ConfigError:
+    except errors.ConfigError:
         defaults = {}
     saved_model, current = {**defaults, **saved_model}, {**defaults, **current}
     details = [f"model.{k}: checkpoint {saved_model.get(k)!r} vs config {current.get(k)!r}"
                for k in sorted(set(saved_model) | set(current))
                if _normalise(saved_model.get(k)) != _normalise(current.get(k))]
     if details:
-        raise config_lib.ConfigError(
+        raise errors.ConfigError(
             f"{source} holds a different model ({', '.join(details)}). Set the model keys to "
             "the pretrained model's, e.g. use the config it was trained or converted with.")
 
@@ -219,13 +215,13 @@ def _restore_for_resume(checkpointer, config, trainer, fingerprint: dict, step: 
         else:
             state, data_state = peft.restore_state(checkpointer, step, trainer, saved, config,
                                                    where)
-    except config_lib.UserError:
+    except errors.UserError:
         raise  # a refusal (the PEFT base is gone or changed), not damage
     except Exception as e:  # noqa: BLE001
         model_changes = [k for k in changed if k.startswith(("model.", "head.", "peft."))]
         if model_changes:  # not damage: the allowed change does not fit the saved arrays
             from t5x_like.checkpointing import one_line
-            raise config_lib.ConfigError(
+            raise errors.ConfigError(
                 f"allow_resume_changes lets {', '.join(model_changes)} change, but the "
                 f"checkpoint's arrays do not fit the changed model ({one_line(e)}). Only "
                 "changes that keep every parameter's shape can resume; use a new --workdir "
@@ -268,7 +264,7 @@ def _pretrained_state(config, trainer):
     try:
         return trainer.state_from_params(params), identity
     except ValueError as e:
-        raise config_lib.ConfigError(f"init_from={config.init_from!r}: {e}") from None
+        raise errors.ConfigError(f"init_from={config.init_from!r}: {e}") from None
 
 
 def _print_on_chief(is_chief: bool):
@@ -291,8 +287,7 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     """
     import jax  # imported late: config mistakes are reported before JAX starts
 
-    from t5x_like import checkpointing, flops, hardware, metrics_writer, partitioning, peft
-    from t5x_like import distill, run_guard
+    from t5x_like import checkpointing, distill, flops, hardware, metrics_writer, partitioning, peft, run_guard
     from t5x_like import trainer as trainer_lib
     from t5x_like.data import get_task_or_mixture, pipeline
     from t5x_like.models import structures
@@ -355,7 +350,7 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     num_eval_batches = partitioning.min_over_processes(pipeline.count_batches(
         host_batches(eval_streams), limit=config.eval_batches))
     if num_eval_batches == 0:
-        raise config_lib.ConfigError(
+        raise errors.ConfigError(
             f"The validation split holds fewer than one batch of batch_size={config.batch_size} "
             f"({config.batch_size // num_streams} rows from each of {num_streams} input streams); "
             "lower batch_size.")
@@ -374,7 +369,7 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
             try:
                 train_iter.set_state(data_state)
             except ValueError as e:
-                raise config_lib.ConfigError(str(e)) from None
+                raise errors.ConfigError(str(e)) from None
         if changed:
             progress.message(f"Resuming with intended changes (allow_resume_changes): "
                              f"{', '.join(changed)}"
@@ -543,8 +538,8 @@ def _benchmark_evaluator(config, trainer, vocabulary=None):
     try:
         return eval_lib.build_evaluator(config, trainer, config.eval.mixture, settings, lengths,
                                         vocabulary)
-    except config_lib.UserError as e:
-        raise config_lib.ConfigError(f"eval.mixture={config.eval.mixture!r}: {e}") from None
+    except errors.UserError as e:
+        raise errors.ConfigError(f"eval.mixture={config.eval.mixture!r}: {e}") from None
 
 
 def _stop_diverged(checkpointer, step: int, reason: str, first_bad_step: int) -> str:
@@ -604,7 +599,7 @@ def _summary(workdir, latest, last_train, last_eval, config_path, config, overri
         f"  resolved config   {workdir / 'config.json'}",
         "  continue training (resumes from the checkpoint):",
         "    " + shlex.join(
-            [user_errors.this_python(), "-m", "t5x_like.train", f"--config={config_path}",
+            [cli_flags.this_python(), "-m", "t5x_like.train", f"--config={config_path}",
              f"--workdir={workdir}"] + [f"--module={m}" for m in modules]
             + [f"--config.{o}" for o in overrides if not o.startswith("num_train_steps=")]
             + [f"--config.num_train_steps={config.num_train_steps * 2}"]),
@@ -612,36 +607,19 @@ def _summary(workdir, latest, last_train, last_eval, config_path, config, overri
     return "\n".join(lines)
 
 
-@user_errors.command_line("train")
+@errors.command_line("train")
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args, overrides = parse_args(argv)
-    try:
-        user_errors.import_modules(args.module)
-        config = load_and_validate(args.config, overrides)
-        storage.check_checkpoint_location(args.workdir, "--workdir")
-        user_errors.check_writable_folder(args.workdir)
-    except config_lib.ConfigError as e:
-        print(f"Config error: {e}", file=sys.stderr)
-        return 2
-    from t5x_like import partitioning  # imports JAX: after the config is known to be good
-    try:
-        settings = partitioning.distributed_settings(args.coordinator_address,
-                                                     args.num_processes, args.process_id)
-    except ValueError as e:
-        print(f"Multi-process setup error: {e}", file=sys.stderr)
-        return 2
-    partitioning.initialize_distributed(settings)
+    cli_flags.import_modules(args.module)
+    config = load_and_validate(args.config, overrides)
+    storage.check_checkpoint_location(args.workdir, "--workdir")
+    cli_flags.check_writable_folder(args.workdir)
+    cli_flags.start_processes(args)
     try:
         run(config, args.workdir, config_path=args.config, quiet=args.quiet,
             overrides=overrides, modules=args.module)
-    except config_lib.ConfigError as e:
-        print(f"Config error: {e}", file=sys.stderr)
-        return 2
-    except FileNotFoundError as e:
-        print(f"Missing file: {e}", file=sys.stderr)
-        return 2
-    except FloatingPointError as e:
+    except FloatingPointError as e:  # not the user's mistake: the run's outcome, exit 1
         print(f"Training diverged: {e}", file=sys.stderr)
         return 1
     return 0

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import flax
 import flax.linen as nn
@@ -18,6 +19,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from t5x_like import models, optim, partitioning
+from t5x_like.errors import ConfigError
 from t5x_like.models import attention, layers, structures
 
 
@@ -83,7 +85,7 @@ def optimizer_state_shardings(abstract_opt_state, abstract_params, param_shardin
     by_path = {}
     for (path, leaf), sharding in zip(
             jax.tree_util.tree_flatten_with_path(abstract_params)[0],
-            jax.tree.leaves(param_shardings)):
+            jax.tree.leaves(param_shardings), strict=False):
         spec = tuple(sharding.spec) + (None,) * (leaf.ndim - len(sharding.spec))
         by_path[_path_tuple(path)] = (tuple(leaf.shape), spec)
 
@@ -206,7 +208,9 @@ class Trainer:
         metrics = dict(metrics, learning_rate=self.schedule(state.step), grad_norm=grad_norm)
         if self.skip_nonfinite_updates:
             finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
-            keep = lambda new, old: jnp.where(finite, new, old)
+            def keep(new, old):
+                return jnp.where(finite, new, old)
+
             params = jax.tree.map(keep, params, state.params)
             opt_state = jax.tree.map(keep, opt_state, state.opt_state)
             metrics["skipped_updates"] = 1.0 - finite.astype(jnp.float32)
@@ -351,7 +355,6 @@ def check_peft_fits(config, params) -> None:
     """PEFT settings the model cannot honour, refused naming what there is: a LoRA
     pattern that matches no kernel, a prompt longer than the learned positions leave
     room for, BitFit on a model without biases."""
-    from t5x_like.config_lib import ConfigError
     paths = [path for path, _ in flat_with_paths(params)]
     if config.peft.lora.rank and not any(p.endswith("/lora_a") for p in paths):
         kernels = [p for p in paths if p.endswith("/kernel")]

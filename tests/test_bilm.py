@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t5x_like import config_lib, summary
+from t5x_like import config_lib, errors, summary
 from t5x_like.models import bilm
 from t5x_like.objectives import bilm_loss
 
@@ -107,9 +107,9 @@ def test_validation_refuses_packing():
     config = config_lib.load_config_file("configs/pretrain/elmo_tiny.py")
     config_lib.validate(config)
     config.pack = True
-    with pytest.raises(config_lib.ConfigError, match="pack=False"):
+    with pytest.raises(errors.ConfigError, match="pack=False"):
         config_lib.validate(config)
     config.pack = False
     config.model.filter_counts = (1, 2)
-    with pytest.raises(config_lib.ConfigError, match="equal length"):
+    with pytest.raises(errors.ConfigError, match="equal length"):
         config_lib.validate(config)

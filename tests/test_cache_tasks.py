@@ -20,10 +20,10 @@ if importlib.util.find_spec("apache_beam") is None:  # imported quietly by cache
     pytest.skip("apache-beam is not installed (beam-requirements.txt)", allow_module_level=True)
 
 from t5x_like import cache_tasks  # noqa: E402
-from t5x_like.config_lib import UserError  # noqa: E402
 from t5x_like.data import cache, sources, tasks  # noqa: E402
 from t5x_like.data import preprocessors as pp  # noqa: E402
 from t5x_like.data.dataset_providers import Task, TaskRegistry, with_vocabulary  # noqa: E402
+from t5x_like.errors import UserError  # noqa: E402
 
 FILES_TASK, MEMORY_TASK = "cache_test_files", "cache_test_memory"
 LENGTHS = {"inputs": 32, "targets": 12}
@@ -80,7 +80,7 @@ def _examples(task, use_cached, n=None, **kwargs):
 
 def _assert_same(expected, actual):
     assert len(expected) == len(actual) and expected
-    for want, got in zip(expected, actual):
+    for want, got in zip(expected, actual, strict=False):
         assert list(want) == list(got)
         for key in want:
             np.testing.assert_array_equal(want[key], got[key])

@@ -15,7 +15,6 @@ import sys
 import time
 
 import pytest
-
 from storage_emulators import gcs_emulator, s3_emulator
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -122,9 +121,9 @@ def test_checkpoint_manifest_and_damage_check_work_in_a_bucket(gcs):
 
 
 def test_a_missing_bucket_is_refused_before_any_work(gcs):
-    from t5x_like import user_errors
-    with pytest.raises(user_errors.UserError, match="cannot write there"):
-        user_errors.check_writable_folder("gs://no-such-bucket/run")
+    from t5x_like import cli_flags, errors
+    with pytest.raises(errors.UserError, match="cannot write there"):
+        cli_flags.check_writable_folder("gs://no-such-bucket/run")
 
 
 def test_a_pretrained_folder_round_trips_through_a_bucket(gcs):
@@ -218,9 +217,9 @@ def test_train_sigterm_resume_and_eval_all_in_a_bucket(gcs):
 
 
 def test_a_bucket_path_without_its_client_library_names_the_extra(monkeypatch):
-    from t5x_like import storage, user_errors
+    from t5x_like import cli_flags, errors, storage
     monkeypatch.setitem(storage._FSSPEC_PACKAGE, "gs://", "no_such_gcs_client")
-    with pytest.raises(user_errors.UserError,
+    with pytest.raises(errors.UserError,
                        match=r"--workdir=gs://b/run: gs:// paths need the no_such_gcs_client "
                              r"package; install the 'cloud' extra"):
-        user_errors.check_writable_folder("gs://b/run")
+        cli_flags.check_writable_folder("gs://b/run")

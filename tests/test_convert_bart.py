@@ -10,11 +10,11 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from hf_helpers import tiny_hf_bart  # noqa: E402
+
 from t5x_like import decoding, models  # noqa: E402
 from t5x_like.convert import __main__ as convert_cli  # noqa: E402
 from t5x_like.convert import load_pretrained  # noqa: E402
-
-from hf_helpers import tiny_hf_bart  # noqa: E402
 
 PAD, START = 1, 2
 

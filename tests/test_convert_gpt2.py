@@ -7,11 +7,11 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from hf_helpers import export_import_export, tiny_hf_gpt2  # noqa: E402
+
 from t5x_like import models  # noqa: E402
 from t5x_like.convert import __main__ as convert_cli  # noqa: E402
 from t5x_like.convert import hf_io, load_pretrained  # noqa: E402
-
-from hf_helpers import export_import_export, tiny_hf_gpt2  # noqa: E402
 
 
 def right_padded_batch():

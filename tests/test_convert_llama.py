@@ -11,11 +11,11 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from hf_helpers import export_import_export, tiny_hf_llama, tiny_hf_mistral  # noqa: E402
+
 from t5x_like import decoding, models  # noqa: E402
 from t5x_like.convert import __main__ as convert_cli  # noqa: E402
 from t5x_like.convert import hf_io, load_pretrained  # noqa: E402
-
-from hf_helpers import export_import_export, tiny_hf_llama, tiny_hf_mistral  # noqa: E402
 
 
 def right_padded_batch(length=17):

@@ -4,7 +4,8 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import t5x_like.data as td
 from t5x_like.data import preprocessors as pp
@@ -77,7 +78,7 @@ def test_spanbert_replaces_whole_spans_the_same_way():
         sel = e["loss_weights"] > 0
         is_mask = e["inputs"] == VOCAB.mask_id
         edges = np.flatnonzero(np.diff(np.concatenate([[0], sel.astype(int), [0]])))
-        for begin, end in zip(edges[::2], edges[1::2]):
+        for begin, end in zip(edges[::2], edges[1::2], strict=False):
             assert is_mask[begin:end].all() or not is_mask[begin:end].any()
 
 

@@ -5,12 +5,12 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import t5x_like.data as td
-from t5x_like.data import pipeline
+from t5x_like.data import pipeline, tasks
 from t5x_like.data import preprocessors as pp
-from t5x_like.data import tasks
 from t5x_like.data.sources import SPLITS
 
 VOCAB = tasks.embedded_vocabulary()
@@ -184,7 +184,7 @@ def test_resume_from_saved_state_gives_identical_batches(case, stop, seed):
     resumed = iterator()
     resumed.set_state(state)
     assert resumed.step == stop
-    for a, b in zip(straight[stop:], take(resumed, 8 - stop)):
+    for a, b in zip(straight[stop:], take(resumed, 8 - stop), strict=False):
         assert a.keys() == b.keys()
         assert all(np.array_equal(a[k], b[k]) for k in a)
 
@@ -209,13 +209,13 @@ def test_worker_processes_are_deterministic_and_resume_exactly():
 
     straight = take(iterator(), 6)
     assert all(np.array_equal(a["decoder_target_tokens"], b["decoder_target_tokens"])
-               for a, b in zip(straight, take(iterator(), 6)))
+               for a, b in zip(straight, take(iterator(), 6), strict=False))
     interrupted = iterator()
     take(interrupted, 2)
     resumed = iterator()
     resumed.set_state(json.loads(json.dumps(interrupted.get_state())))
     assert all(np.array_equal(a["decoder_target_tokens"], b["decoder_target_tokens"])
-               for a, b in zip(straight[2:], take(resumed, 4)))
+               for a, b in zip(straight[2:], take(resumed, 4), strict=False))
 
 
 # -- bad input --------------------------------------------------------------------------------

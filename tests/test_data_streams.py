@@ -33,7 +33,7 @@ def assemble(iterators, steps):
 
 def assert_same_batches(a, b):
     assert len(a) == len(b)
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         assert x.keys() == y.keys()
         for key in x:
             np.testing.assert_array_equal(x[key], y[key], err_msg=key)

@@ -7,13 +7,16 @@ import ml_collections
 import numpy as np
 import pytest
 
-from t5x_like import decoding, models, partitioning, trainer as trainer_lib
+from t5x_like import decoding, models, partitioning
+from t5x_like import trainer as trainer_lib
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from hf_helpers import VARIANTS, padded_batch, tiny_hf_t5  # noqa: E402
-from t5x_like.convert import __main__ as convert_cli, load_pretrained  # noqa: E402
+
+from t5x_like.convert import __main__ as convert_cli  # noqa: E402
+from t5x_like.convert import load_pretrained  # noqa: E402
 
 MAX_DECODE = 9
 
@@ -79,7 +82,9 @@ def test_sampling_is_seeded_and_top_k_1_is_greedy(tmp_path):
 
 def test_filter_logits_top_k_and_top_p():
     logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]]))
-    kept = lambda out: (np.asarray(out) > np.finfo(np.float32).min).tolist()[0]
+    def kept(out):
+        return (np.asarray(out) > np.finfo(np.float32).min).tolist()[0]
+
     assert kept(decoding.filter_logits(logits, top_k=2)) == [True, True, False, False]
     assert kept(decoding.filter_logits(logits, top_p=0.7)) == [True, True, False, False]
     assert kept(decoding.filter_logits(logits, top_p=0.5)) == [True, False, False, False]
@@ -139,6 +144,7 @@ def test_sampling_without_an_rng_and_overlong_generation_are_refused(tmp_path):
         decoding.decode(model, params, jnp.ones((1, 4), jnp.int32), max_decode_length=3,
                         temperature=1.0)
     from hf_helpers import tiny_hf_gpt2
+
     from t5x_like.convert import __main__ as cli
     tiny_hf_gpt2().save_pretrained(tmp_path / "gpt2")
     cli.import_hf(str(tmp_path / "gpt2"), str(tmp_path / "gpt2_ours"))

@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
-
 from conftest import tiny_config
-from t5x_like import config_lib, distill, models, objectives, partitioning, train
+
+from t5x_like import config_lib, distill, errors, models, objectives, partitioning, train
 from t5x_like.models import structures
 
 SMALL = {"vocab_size": 8192, "d_model": 32, "num_heads": 2, "head_dim": 16, "d_ff": 64}
@@ -31,7 +31,7 @@ def test_layers_are_taken_evenly_spaced_as_distilbert_does():
     assert distill.evenly_spaced(12, 6) == [0, 2, 4, 7, 9, 11]
     assert distill.evenly_spaced(4, 2) == [0, 3]
     assert distill.evenly_spaced(3, 1) == [0]
-    with pytest.raises(config_lib.ConfigError, match="takes a subset"):
+    with pytest.raises(errors.ConfigError, match="takes a subset"):
         distill.evenly_spaced(2, 3)
 
 
@@ -141,11 +141,11 @@ def test_distillation_settings_are_checked():
     config = encoder_run_config()
     config.distill.teacher = "somewhere"
     config.distill.temperature = 0.0
-    with pytest.raises(config_lib.ConfigError, match="distill.temperature"):
+    with pytest.raises(errors.ConfigError, match="distill.temperature"):
         config_lib.validate(config)
     config.distill.temperature = 2.0
     config.init_from = "elsewhere"
-    with pytest.raises(config_lib.ConfigError, match="pick one"):
+    with pytest.raises(errors.ConfigError, match="pick one"):
         config_lib.validate(config)
 
 
@@ -165,7 +165,7 @@ def test_a_distilbert_student_starts_from_a_bert_teacher():
     wider = family_config("encoder", num_layers=2, d_model=48, head_dim=24)
     wider_shapes = jax.eval_shape(lambda: nn.unbox(structures.for_config(wider).model.init(
         jax.random.key(1), jnp.ones((1, 8), jnp.int32))["params"]))
-    with pytest.raises(config_lib.ConfigError, match="teacher's widths"):
+    with pytest.raises(errors.ConfigError, match="teacher's widths"):
         distill.student_from_teacher(teacher_params, wider_shapes)
 
 
@@ -212,17 +212,17 @@ def test_each_distillation_mistake_has_its_own_message(tmp_path):
     config = encoder_run_config()
     config.distill.teacher = "somewhere"
     config.head.kind = "classification"
-    with pytest.raises(config_lib.ConfigError, match="Distil first, then fine-tune"):
+    with pytest.raises(errors.ConfigError, match="Distil first, then fine-tune"):
         config_lib.validate(config)
     config.head.kind = ""
     config.peft.lora.rank = 4
-    with pytest.raises(config_lib.ConfigError, match="turn peft off"):
+    with pytest.raises(errors.ConfigError, match="turn peft off"):
         config_lib.validate(config)
     config.peft.lora.rank = 0
     decoder_teacher = config_lib.model_defaults("decoder").to_dict()
     decoder_teacher.update(SMALL)
-    with pytest.raises(config_lib.ConfigError, match="same batches"):
+    with pytest.raises(errors.ConfigError, match="same batches"):
         distill.check_teacher(config, decoder_teacher, None, None)
     wider = dict(config.model.to_dict(), d_model=64)
-    with pytest.raises(config_lib.ConfigError, match="cosine_weight=0"):
+    with pytest.raises(errors.ConfigError, match="cosine_weight=0"):
         distill.check_teacher(config, wider, None, None)

@@ -5,16 +5,16 @@ parity (random tiny models, no download)."""
 import json
 import types
 
-import jax
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from conftest import tiny_config
 from flax import traverse_util
 
-from conftest import tiny_config
-from t5x_like import config_lib, models, objectives, train
+from t5x_like import config_lib, errors, models, objectives, train
 from t5x_like.models import electra, structures
 
 TINY = dict(vocab_size=8192, d_model=32, num_heads=2, head_dim=16, d_ff=64, num_layers=2,
@@ -160,7 +160,7 @@ def test_electra_pretrains_through_train_and_its_discriminator_fine_tunes(tmp_pa
 def test_a_discriminator_without_generator_cannot_pretrain():
     config = electra_config()
     config.model.generator_d_model = 0
-    with pytest.raises(config_lib.ConfigError, match="cannot pretrain"):
+    with pytest.raises(errors.ConfigError, match="cannot pretrain"):
         config_lib.validate(config)
 
 
@@ -264,9 +264,9 @@ def test_a_discriminator_imported_alone_fine_tunes_but_does_not_pretrain(tmp_pat
 def test_bad_sampling_settings_are_named():
     config = electra_config()
     config.model.sampling_temperature = 0.0
-    with pytest.raises(config_lib.ConfigError, match="sampling_temperature"):
+    with pytest.raises(errors.ConfigError, match="sampling_temperature"):
         config_lib.validate(config)
     config.model.sampling_temperature = 1.0
     config.model.max_predictions_per_seq = -1
-    with pytest.raises(config_lib.ConfigError, match="max_predictions_per_seq"):
+    with pytest.raises(errors.ConfigError, match="max_predictions_per_seq"):
         config_lib.validate(config)

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from t5x_like import config_lib, embed, models
-from t5x_like.models import stacking
 from t5x_like.analysis import alignment, embedding_files, geometry, hidden_states, probes
 from t5x_like.data import tasks as builtin
 from t5x_like.data.vocabularies import ByteVocabulary
+from t5x_like.models import stacking
 
 SIZES = dict(vocab_size=8192, d_model=32, num_heads=2, head_dim=16, d_ff=64)
 FAMILY_SIZES = {"encoder": dict(num_layers=2, max_length=64, next_sentence_head=False),

@@ -6,17 +6,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import tiny_config
 
 import t5x_like.data as td
-from t5x_like import config_lib, decoding, partitioning
+from t5x_like import config_lib, decoding, errors, models, partitioning, train
 from t5x_like import eval as eval_cli
-from t5x_like import models, train
 from t5x_like import trainer as trainer_lib
 from t5x_like.data import preprocessors as pp
 from t5x_like.data import tasks
 from t5x_like.evaluation import evaluator, few_shot, metrics
-
-from conftest import tiny_config
 
 WORDS = ["apple", "river", "stone", "cloud", "green", "north", "table", "light"]
 
@@ -151,11 +149,11 @@ def test_decoder_k_shot_multiple_choice_reports_acc_and_acc_norm():
 
 
 def test_nonfinite_scores_and_tasks_without_metrics_are_user_errors():
-    with pytest.raises(config_lib.UserError, match="not finite"):
+    with pytest.raises(errors.UserError, match="not finite"):
         evaluator._check_finite("t", np.array([0.0, np.nan]))
-    with pytest.raises(config_lib.UserError, match="no metric_fns"):
+    with pytest.raises(errors.UserError, match="no metric_fns"):
         setup(tiny_config(), name="test_eval_no_metrics")
-    with pytest.raises(config_lib.UserError, match="Did you mean 'test_eval_rank'"):
+    with pytest.raises(errors.UserError, match="Did you mean 'test_eval_rank'"):
         evaluator.leaf_tasks("test_eval_rnak")
 
 
@@ -179,16 +177,16 @@ def test_eval_cli_resumes_without_duplicates_and_watches(tmp_path, monkeypatch, 
     args = [f"--checkpoint={workdir}", "--mixture=test_eval_mix", f"--output_dir={out}",
             "--max_decode_length=3", "--quiet"]
     assert eval_cli.main(args) == 0
-    lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [(l["step"], l["task"]) for l in lines] == [
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [(row["step"], row["task"]) for row in lines] == [
         (2, "test_eval_copy"), (2, "test_eval_rank"), (4, "test_eval_copy"), (4, "test_eval_rank")]
     assert (out / "predictions" / "test_eval_rank" / "step_4.jsonl").is_file()
     assert eval_cli.main(args) == 0  # nothing new: no line added
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 4
     # An interrupted evaluation of step 4 (its lines never written) is redone once.
-    (out / "metrics.jsonl").write_text("\n".join(json.dumps(l) for l in lines[:2]) + "\n")
+    (out / "metrics.jsonl").write_text("\n".join(json.dumps(row) for row in lines[:2]) + "\n")
     assert eval_cli.main(args) == 0
-    steps = [json.loads(l)["step"] for l in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == [2, 2, 4, 4]
     # --watch: a checkpoint written while it waits is evaluated, then it stops at the
     # run's last step.
@@ -200,14 +198,14 @@ def test_eval_cli_resumes_without_duplicates_and_watches(tmp_path, monkeypatch, 
             _train(workdir, 6)
     monkeypatch.setattr(eval_cli.time, "sleep", train_more)
     assert eval_cli.main(args + ["--watch", "--watch_interval_s=0", "--config.num_train_steps=6"]) == 0
-    steps = [json.loads(l)["step"] for l in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == [2, 2, 4, 4, 6, 6]
     # infer: a JSONL file of inputs -> one prediction per line, from the newest step.
     from t5x_like import infer
     (tmp_path / "in.jsonl").write_text('{"inputs": "copy apple"}\n{"inputs": "copy river"}\n')
     assert infer.main([f"--checkpoint={workdir}", f"--input_file={tmp_path / 'in.jsonl'}",
                        f"--output_file={tmp_path / 'out.jsonl'}", "--max_decode_length=3"]) == 0
-    predicted = [json.loads(l) for l in (tmp_path / "out.jsonl").read_text().splitlines()]
+    predicted = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert [p["inputs"] for p in predicted] == ["copy apple", "copy river"]
     assert all(isinstance(p["prediction"], str) for p in predicted)
     (tmp_path / "bad.jsonl").write_text('{"text": "no inputs"}\n')
@@ -237,10 +235,10 @@ def test_eval_refuses_lengths_the_model_cannot_take():
     config.model.max_length = 64
     config.task_feature_lengths = {"targets": 32}
     cloze = [td.get_task_or_mixture("embedded_austen_cloze")]
-    with pytest.raises(config_lib.UserError, match="has inputs, and this decoder's lengths"):
+    with pytest.raises(errors.UserError, match="has inputs, and this decoder's lengths"):
         eval_cli.check_lengths(config, {"targets": 32}, cloze)
     eval_cli.check_lengths(config, {"targets": 32}, cloze, few_shot=True)  # its own window
-    with pytest.raises(config_lib.UserError, match="need 80 positions.*max_length=64"):
+    with pytest.raises(errors.UserError, match="need 80 positions.*max_length=64"):
         eval_cli.check_lengths(config, {"inputs": 48, "targets": 32}, cloze)
     eval_cli.check_lengths(config, {"inputs": 32, "targets": 32}, cloze)
     config.model.position_embedding = "rotary"  # no learned positions to run out of

@@ -15,11 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-from t5x_like import checkpointing, config_lib, run_guard, train, user_errors
-from t5x_like.config_lib import UserError
-
 from conftest import tiny_config
+
+from t5x_like import checkpointing, cli_flags, errors, run_guard, train
+from t5x_like.errors import UserError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -250,7 +249,7 @@ def test_kill_9_during_async_saves_always_leaves_a_restorable_run(tmp_path):
         abstract = {"params": {"w": jax.ShapeDtypeStruct((1 << 19,), jnp.float32)},
                     "opt_state": {"count": jax.ShapeDtypeStruct((), jnp.int32)}}
         restored = checkpointer.restore_newest(
-            lambda step: checkpointer.restore(step, abstract))
+            lambda step, checkpointer=checkpointer, abstract=abstract: checkpointer.restore(step, abstract))
         checkpointer.close()
         assert restored is not None and restored.step >= 1, trial
         state, data, _ = restored.value
@@ -296,7 +295,7 @@ def test_a_resume_that_changes_the_fingerprint_is_refused_naming_the_key(
         trained_run, tmp_path, overrides, key):
     workdir = fresh_copy(trained_run, tmp_path)
     config = tiny_config(num_train_steps=12, checkpoint_every_steps=5, **overrides)
-    with pytest.raises(config_lib.ConfigError) as error:
+    with pytest.raises(errors.ConfigError) as error:
         train.run(config, str(workdir), quiet=True, devices=jax.devices()[:1])
     assert key in str(error.value) and "allow_resume_changes" in str(error.value)
     assert not (workdir / "damaged_checkpoints").exists()
@@ -390,7 +389,7 @@ def test_workdir_that_is_a_file_or_unwritable_exits_2(tmp_path, capsys, monkeypa
         code, err = cli(train.main, QUICK + [f"--workdir={locked}/run"], capsys)
         assert code == 2 and "cannot write" in err
     with pytest.raises(UserError, match="cannot write"):  # read-only even for root
-        user_errors.check_writable_folder("/proc/t5x_like_run")
+        cli_flags.check_writable_folder("/proc/t5x_like_run")
 
 
 def test_config_file_with_a_syntax_error_exits_2(tmp_path, capsys):
@@ -414,12 +413,12 @@ def test_module_flag_registers_tasks(tmp_path, capsys, monkeypatch):
     """))
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    user_errors.import_modules(["my_faults_tasks"])
+    cli_flags.import_modules(["my_faults_tasks"])
     config = train.load_and_validate(str(REPO / "configs/quickstart.py"),
                                      ["task=my_faults_task"])
     assert config.task == "my_faults_task"
     with pytest.raises(UserError, match="cannot import"):
-        user_errors.import_modules(["no_such_module_here"])
+        cli_flags.import_modules(["no_such_module_here"])
 
 
 def test_printed_continue_command_round_trips_through_the_shell(tmp_path, monkeypatch):
@@ -431,7 +430,7 @@ def test_printed_continue_command_round_trips_through_the_shell(tmp_path, monkey
     lines = text.splitlines()
     command = lines[lines.index("  continue training (resumes from the checkpoint):") + 1]
     argv = shlex.split(command)
-    assert argv[0] == user_errors.this_python()
+    assert argv[0] == cli_flags.this_python()
     assert argv[1:] == ["-m", "t5x_like.train", "--config=configs/my config.py",
                         f"--workdir={workdir}", "--module=my.tasks",
                         "--config.task=embedded_en_lm", "--config.optimizer.learning_rate=0.01",
@@ -440,7 +439,7 @@ def test_printed_continue_command_round_trips_through_the_shell(tmp_path, monkey
     assert shlex.split(board) == ["tensorboard", "--logdir", str(workdir / "tensorboard")]
     monkeypatch.chdir(REPO)
     monkeypatch.setattr(sys, "executable", str(REPO / ".venv" / "bin" / "python"))
-    assert user_errors.this_python() == ".venv/bin/python"
+    assert cli_flags.this_python() == ".venv/bin/python"
 
 
 # -- convert import of damaged Hugging Face folders --------------------------------

@@ -9,13 +9,13 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from hf_helpers import tiny_gpt2_with_tokenizer, tiny_hf_gpt2  # noqa: E402
+
 from t5x_like import eval as eval_cli  # noqa: E402
 from t5x_like.convert import __main__ as convert_cli  # noqa: E402
 from t5x_like.data import dataset_providers as dp  # noqa: E402
 from t5x_like.data import hf_tokenizers, tasks  # noqa: E402
 from t5x_like.evaluation import few_shot  # noqa: E402
-
-from hf_helpers import tiny_gpt2_with_tokenizer, tiny_hf_gpt2  # noqa: E402
 
 CLOZE = "embedded_austen_cloze"
 
@@ -47,7 +47,7 @@ def test_an_imported_tokenizer_is_kept_with_its_special_ids(gpt2):
     assert vocabulary.decode(vocabulary.encode("Emma smiled.") + [vocabulary.eos_id, 5]) == \
         "Emma smiled."
     with pytest.raises(ValueError, match="declares no mask token"):
-        vocabulary.mask_id
+        _ = vocabulary.mask_id
 
 
 def test_checkpoint_vocabulary_scores_equal_transformers(gpt2, tmp_path):
@@ -67,7 +67,7 @@ def test_checkpoint_vocabulary_scores_equal_transformers(gpt2, tmp_path):
         examples = dp.get_task_or_mixture(CLOZE).get_dataset(
             "test", {"targets": width}, shuffle=False, num_epochs=1)
         correct = []
-        for record, example in zip(records, examples):
+        for record, example in zip(records, examples, strict=False):
             options = [str(o, "utf-8") if isinstance(o, bytes) else str(o)
                        for o in example["options"]]
             theirs = [hf_loglikelihood(model, tokenizer, record["inputs"], o, width)
@@ -326,7 +326,7 @@ def test_a_t5_style_tokenizer_json_gives_sentinels_and_span_corruption(tmp_path)
     ours = list(dp.with_vocabulary(task, vocabulary).get_dataset("train", lengths, seed=3)
                 .__iter__().__next__().items())
     reference = list(task.get_dataset("train", lengths, seed=3).__iter__().__next__().items())
-    for (key, a), (_, b) in zip(ours, reference):
+    for (key, a), (_, b) in zip(ours, reference, strict=False):
         np.testing.assert_array_equal(a, b, err_msg=key)
 
 

@@ -227,6 +227,24 @@ def test_dry_run_matches_golden(golden, capsys, cloud):
     assert cloud.calls() == []  # a dry run runs nothing
 
 
+@pytest.mark.parametrize("golden", sorted(GOLDENS))
+def test_dry_run_needs_only_the_standard_library(golden):
+    """docs/launching.md: the launcher runs where the project is not installed. ``-S``
+    leaves site-packages (JAX, ml_collections, this project's install) off the path, so
+    any import beyond the standard library and the repository's own stdlib-only modules
+    fails here."""
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    parts = []
+    for argv in GOLDENS[golden]:
+        at = argv.index("--") if "--" in argv else len(argv)
+        done = subprocess.run([sys.executable, "-S", "-E", "-m", "launch", *argv[:at], "--dry_run",
+                               *argv[at:]], cwd=repo, capture_output=True, text=True, timeout=60,
+                              env={"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/")})
+        assert done.returncode == 0, done.stderr
+        parts.append(f"$ python -m launch {shlex.join(argv)}\n{done.stdout}")
+    assert "\n".join(parts) == (GOLDEN_DIR / golden).read_text()
+
+
 def test_dry_run_lines_are_exact_argv():
     argv = ("gcloud", "--command=set -eu; echo \"$HOME\" 'x'", "a b", "--zone=us-west4-a", "")
     assert tuple(shlex.split(Command(argv).render())) == argv
@@ -293,7 +311,7 @@ def test_setup_names_the_one_worker_ssh_fails_on(cloud, origin, capsys):
     assert "Connection timed out" in err
     assert "setup failed on worker 2 (1 of 4)" in err
     for worker in (0, 1, 3):
-        assert "worker %d: ok" % worker in err
+        assert f"worker {worker}: ok" in err
         checkout = cloud.home("t5-v5e", worker) / "t5x_like"
         assert (checkout / ".venv" / "bin" / "python").exists()
         head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"],

@@ -119,12 +119,12 @@ def test_rouge_is_the_mean_f_measure_of_rouge_score():
     keys = ("rouge1", "rouge2", "rougeLsum")
     scorer = rouge_scorer.RougeScorer(list(keys))
     scores = [scorer.score(t.replace(" . ", " .\n"), p.replace(" . ", " .\n"))
-              for t, p in zip(REFERENCES, HYPOTHESES)]
+              for t, p in zip(REFERENCES, HYPOTHESES, strict=False)]
     want = {k: 100 * float(np.mean([s[k].fmeasure for s in scores])) for k in keys}
     assert metrics.rouge(REFERENCES, HYPOTHESES) == pytest.approx(want)
     assert metrics.rouge(REFERENCES, HYPOTHESES, score_keys=("rougeL",)) == pytest.approx(
         {"rougeL": 100 * float(np.mean([rouge_scorer.RougeScorer(["rougeL"]).score(t, p)[
-            "rougeL"].fmeasure for t, p in zip(REFERENCES, HYPOTHESES)]))})
+            "rougeL"].fmeasure for t, p in zip(REFERENCES, HYPOTHESES, strict=False)]))})
     # rougeLsum reads sentences from lines: " . " starts a new one.
     two_sentences = metrics.rouge(["b c . a"], ["a . b c"], score_keys=("rougeL", "rougeLsum"))
     assert two_sentences["rougeLsum"] > two_sentences["rougeL"]

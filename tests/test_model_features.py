@@ -43,7 +43,7 @@ def test_scanned_layers_compute_what_the_loop_computes(remat_policy):
     grad_loop = jax.grad(functools_partial(loss, loop))(params)
     grad_scan = jax.grad(functools_partial(loss, scanned))(stacked)
     for a, b in zip(jax.tree.leaves(stacking.stack_layer_params(jax.device_get(grad_loop))),
-                    jax.tree.leaves(grad_scan)):
+                    jax.tree.leaves(grad_scan), strict=False):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
     assert jax.tree.structure(stacking.unstack_layer_params(stacked)) == jax.tree.structure(params)
 
@@ -269,7 +269,7 @@ def test_contract_gradient_is_dot_generals(x_shape, axes, kernel_shape):
         x, k, ((axes, tuple(range(len(axes)))), ((), ()))))
     with layers.gradient_boundaries(True):
         got = grads(lambda x, k: layers.contract(x, k, axes))
-    for a, b in zip(got, expected):
+    for a, b in zip(got, expected, strict=False):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 

@@ -142,7 +142,7 @@ def test_eval_of_two_processes_equals_one_process(tmp_path):
         return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     one, two = records(tmp_path / "one"), records(tmp_path / "two")
     assert len(one) == len(two) == 6  # one line per task, written once
-    for a, b in zip(one, two):
+    for a, b in zip(one, two, strict=False):
         assert a.keys() == b.keys() and a["task"] == b["task"]
         for key in a:
             if isinstance(a[key], float):

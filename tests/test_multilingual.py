@@ -8,8 +8,14 @@ import itertools
 import numpy as np
 import pytest
 
-from t5x_like.data import (EncDecFeatureConverter, InMemorySource, MixtureRegistry, TaskRegistry,
-                           multilingual_tasks, train_vocab)
+from t5x_like.data import (
+    EncDecFeatureConverter,
+    InMemorySource,
+    MixtureRegistry,
+    TaskRegistry,
+    multilingual_tasks,
+    train_vocab,
+)
 from t5x_like.data import preprocessors as pp
 from t5x_like.data.dataset_providers import Feature
 from t5x_like.data.vocabularies import ByteVocabulary

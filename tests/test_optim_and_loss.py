@@ -5,10 +5,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-from t5x_like import config_lib, objectives, optim, partitioning, trainer as trainer_lib
-
 from conftest import tiny_config
+
+from t5x_like import config_lib, errors, objectives, optim, partitioning
+from t5x_like import trainer as trainer_lib
 
 
 def test_weight_decay_skips_norm_scales_and_biases_by_name():
@@ -60,10 +60,10 @@ def test_k_microbatches_equal_one_batch_of_k_times_the_size():
     whole_params, whole = _two_steps(tiny_config(**settings), batch)
     micro_params, micro = _two_steps(tiny_config(**settings, **{"optimizer.microbatches": 2}),
                                      batch)
-    for a, b in zip(whole, micro):
+    for a, b in zip(whole, micro, strict=False):
         for key in ("loss", "accuracy", "grad_norm", "num_target_tokens"):
             np.testing.assert_allclose(a[key], b[key], rtol=2e-5, err_msg=key)
-    for a, b in zip(jax.tree.leaves(whole_params), jax.tree.leaves(micro_params)):
+    for a, b in zip(jax.tree.leaves(whole_params), jax.tree.leaves(micro_params), strict=False):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
@@ -72,10 +72,10 @@ def test_two_slices_over_dcn_train_like_one_slice():
     config = tiny_config(**{"optimizer.name": "adamw", "optimizer.learning_rate": 1e-3})
     one_params, one = _two_steps(config, batch)
     two_params, two = _two_steps(config, batch, {"dcn": 2, "data": 1, "fsdp": 4, "tensor": 1})
-    for a, b in zip(one, two):
+    for a, b in zip(one, two, strict=False):
         for key in ("loss", "accuracy", "grad_norm"):
             np.testing.assert_allclose(a[key], b[key], rtol=2e-5, err_msg=key)
-    for a, b in zip(jax.tree.leaves(one_params), jax.tree.leaves(two_params)):
+    for a, b in zip(jax.tree.leaves(one_params), jax.tree.leaves(two_params), strict=False):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
@@ -126,7 +126,7 @@ def test_skip_update_keeps_params_when_the_loss_is_not_finite():
     batch["decoder_loss_weights"] = batch["decoder_loss_weights"] * np.float32("nan")
     state, metrics = trainer.train_step(state, partitioning.global_batch(batch, mesh))
     assert float(metrics["skipped_updates"]) == 1.0 and int(state.step) == 1
-    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(jax.device_get(state.params))):
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(jax.device_get(state.params)), strict=False):
         np.testing.assert_array_equal(a, b)
 
 
@@ -141,13 +141,13 @@ def test_skip_update_keeps_params_when_the_loss_is_not_finite():
     ({"peak_flops_per_device": -1.0}, "must be >= 0"),
 ])
 def test_bad_engine_options_are_named(overrides, message):
-    with pytest.raises(config_lib.ConfigError, match=message):
+    with pytest.raises(errors.ConfigError, match=message):
         tiny_config(**overrides)
 
 
 def test_microbatches_must_divide_the_per_device_batch():
     config = tiny_config(**{"optimizer.microbatches": 4})
-    with pytest.raises(config_lib.ConfigError, match="multiple of 32"):
+    with pytest.raises(errors.ConfigError, match="multiple of 32"):
         config_lib.validate_for_devices(config, 8)
 
 
@@ -173,7 +173,7 @@ def test_next_sentence_loss_is_counted_once_over_microbatches():
 
     whole_params, whole = _two_steps(bert(), batch)
     micro_params, micro = _two_steps(bert(**{"optimizer.microbatches": 2}), batch)
-    for a, b in zip(whole, micro):
+    for a, b in zip(whole, micro, strict=False):
         np.testing.assert_allclose(a["grad_norm"], b["grad_norm"], rtol=2e-5)
-    for a, b in zip(jax.tree.leaves(whole_params), jax.tree.leaves(micro_params)):
+    for a, b in zip(jax.tree.leaves(whole_params), jax.tree.leaves(micro_params), strict=False):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)

@@ -2,10 +2,10 @@ import flax.linen as nn
 import jax
 import numpy as np
 import pytest
-
-from t5x_like import models, optim, partitioning, trainer as trainer_lib
-
 from conftest import tiny_config
+
+from t5x_like import errors, models, optim, partitioning
+from t5x_like import trainer as trainer_lib
 
 
 def build_trainer(config, mesh_shape):
@@ -26,7 +26,7 @@ def test_fsdp_shards_every_matrix_parameter():
     trainer = build_trainer(config, {"data": 2, "fsdp": 4, "tensor": 1})
     flat = jax.tree_util.tree_flatten_with_path(trainer.state_shardings.params)[0]
     shapes = jax.tree.leaves(trainer.abstract_state.params)
-    for (path, sharding), shape in zip(flat, shapes):
+    for (path, sharding), shape in zip(flat, shapes, strict=False):
         if len(shape.shape) >= 2 and "relpos" not in jax.tree_util.keystr(path):
             assert "fsdp" in jax.tree.leaves(tuple(sharding.spec)), jax.tree_util.keystr(path)
 
@@ -43,7 +43,7 @@ def test_adafactor_factored_statistics_keep_a_valid_sharding():
     config = tiny_config()
     trainer = build_trainer(config, {"data": 2, "fsdp": 4, "tensor": 1})
     for leaf, sharding in zip(jax.tree.leaves(trainer.abstract_state.opt_state),
-                              jax.tree.leaves(trainer.state_shardings.opt_state)):
+                              jax.tree.leaves(trainer.state_shardings.opt_state), strict=False):
         assert len(sharding.spec) <= len(leaf.shape)
         sharding.shard_shape(leaf.shape)  # raises if a sharded dim does not divide
 
@@ -76,7 +76,7 @@ def test_no_large_parameter_is_left_replicated_under_fsdp(config_name):
     boxed = trainer_lib.abstract_boxed_params(model, {})
     shardings = partitioning.logical_shardings(boxed, mesh, partitioning.axis_rules("fsdp"))
     leaves = jax.tree_util.tree_flatten_with_path(nn.unbox(boxed))[0]
-    for (path, leaf), sharding in zip(leaves, jax.tree.leaves(shardings)):
+    for (path, leaf), sharding in zip(leaves, jax.tree.leaves(shardings), strict=False):
         if np.prod(leaf.shape) > 1_000_000:
             assert not _is_replicated(sharding), jax.tree_util.keystr(path)
 
@@ -124,7 +124,7 @@ def test_forward_on_a_2x4_mesh_equals_one_device(family):
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
         sharded = jax.jit(lambda p, *xs: model.apply({"params": p}, *xs))(sharded_params,
                                                                            *sharded_inputs)
-    for a, b in zip(jax.tree.leaves(single), jax.tree.leaves(sharded)):
+    for a, b in zip(jax.tree.leaves(single), jax.tree.leaves(sharded), strict=False):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
 
 
@@ -187,5 +187,5 @@ def test_dcn_zero_follows_the_slices_found():
     assert config_lib.validate_for_devices(config, 8, num_slices=2) == {
         "dcn": 2, "data": 4, "fsdp": 1, "tensor": 1}
     config.mesh.dcn = 4
-    with pytest.raises(config_lib.ConfigError, match="span 2 slices but mesh.dcn=4"):
+    with pytest.raises(errors.ConfigError, match="span 2 slices but mesh.dcn=4"):
         config_lib.validate_for_devices(config, 8, num_slices=2)

@@ -11,10 +11,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-from t5x_like import config_lib, partitioning, trainer as trainer_lib
-
 from conftest import tiny_config
+
+from t5x_like import config_lib, errors, partitioning
+from t5x_like import trainer as trainer_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -71,7 +71,7 @@ def test_bitfit_trains_biases_only_and_keeps_no_state_for_frozen_params(optimize
     flat_before = jax.tree_util.tree_flatten_with_path(before)[0]
     after = jax.tree.leaves(state.params)
     biases = 0
-    for (path, old), new in zip(flat_before, after):
+    for (path, old), new in zip(flat_before, after, strict=False):
         if is_bias(path):
             biases += old.size
             assert not np.array_equal(old, new), path  # trained
@@ -97,7 +97,7 @@ def test_bitfit_is_the_same_on_a_2x4_mesh_as_on_one_device():
     _, _, state_mesh, _ = train_three_steps(sharded, jax.devices()[:8])
     # Adam's normalised steps (about lr = 1e-2 each) amplify float reassociation in tiny
     # gradients: agreement to 5e-5 is 0.2% of the 3 steps' movement.
-    for a, b in zip(jax.tree.leaves(state_one.params), jax.tree.leaves(state_mesh.params)):
+    for a, b in zip(jax.tree.leaves(state_one.params), jax.tree.leaves(state_mesh.params), strict=False):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=5e-5)
 
 
@@ -105,7 +105,7 @@ def test_bitfit_on_a_model_without_biases_is_refused():
     config = tiny_config(**{"peft.bitfit": True})  # T5 v1.1: no biases
     mesh = partitioning.make_mesh({"dcn": 1, "data": 1, "fsdp": 1, "tensor": 1},
                                   jax.devices()[:1])
-    with pytest.raises(config_lib.ConfigError, match="has none"):
+    with pytest.raises(errors.ConfigError, match="has none"):
         trainer_lib.build_trainer(config, mesh)
 
 
@@ -246,10 +246,10 @@ def test_prompt_tuning_is_an_encoder_input_in_front_of_the_sequence(family):
 
 
 def test_prompt_tuning_is_refused_where_it_does_not_apply():
-    with pytest.raises(config_lib.ConfigError, match="prefix tuning"):
+    with pytest.raises(errors.ConfigError, match="prefix tuning"):
         tiny_decoder(**PROMPT)
     config = family_config("encoder", **{"prompt.length": 20})
-    with pytest.raises(config_lib.ConfigError, match="max_length=32"):
+    with pytest.raises(errors.ConfigError, match="max_length=32"):
         trainer_lib.build_trainer(config, one_device_mesh())
 
 
@@ -294,7 +294,7 @@ def test_lora_trains_the_same_on_a_2x4_mesh_as_on_one_device():
     trainer, _, state_mesh, _ = train_three_steps(sharded, jax.devices()[:8])
     spec = trainer.state_shardings.params["layers_0"]["attention"]["query"]["lora_a"].spec
     assert "fsdp" in str(spec)  # sharded like the query kernel's embed dimension
-    for a, b in zip(jax.tree.leaves(state_one.params), jax.tree.leaves(state_mesh.params)):
+    for a, b in zip(jax.tree.leaves(state_one.params), jax.tree.leaves(state_mesh.params), strict=False):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=5e-5)
 
 
@@ -381,9 +381,9 @@ def test_tuned_decoding_follows_the_full_forward_pass(family, peft):
 
 def test_a_lora_pattern_that_matches_no_kernel_is_refused():
     config = tiny_decoder(**{**LORA, "lora.targets": "attention/qkv/kernel$"})
-    with pytest.raises(config_lib.ConfigError, match="matches none of the model's 12 kernels"):
+    with pytest.raises(errors.ConfigError, match="matches none of the model's 12 kernels"):
         trainer_lib.build_trainer(config, one_device_mesh())
-    with pytest.raises(config_lib.ConfigError, match="not a regular expression"):
+    with pytest.raises(errors.ConfigError, match="not a regular expression"):
         tiny_decoder(**{**LORA, "lora.targets": "(query"})
 
 
@@ -391,8 +391,8 @@ def test_a_lora_pattern_that_matches_no_kernel_is_refused():
 
 import json  # noqa: E402
 
-from t5x_like import train  # noqa: E402
 from t5x_like import eval as eval_cli  # noqa: E402
+from t5x_like import train  # noqa: E402
 
 
 def short_run(config, steps: int):
@@ -427,7 +427,7 @@ def test_a_peft_checkpoint_holds_what_trains_and_joins_only_its_own_base(tmp_pat
         np.testing.assert_array_equal(joined[key], value)
     peft_runs.check_base(saved["peft_base"], base, "the checkpoint", "the base")
     other = jax.tree.map(lambda x: x + 1e-7, base)  # one ulp-sized change is another base
-    with pytest.raises(config_lib.UserError, match="holds other params"):
+    with pytest.raises(errors.UserError, match="holds other params"):
         peft_runs.check_base(saved["peft_base"], other, "the checkpoint", "the base")
 
 
@@ -515,7 +515,7 @@ def test_a_peft_checkpoint_on_another_base_is_refused(tmp_path, capsys):
     assert code == 2 and "holds other params" in err, err
     # ... and so does a resume, without moving the checkpoint aside as damaged.
     config.num_train_steps = 6
-    with pytest.raises(config_lib.UserError, match="holds other params"):
+    with pytest.raises(errors.UserError, match="holds other params"):
         train.run(config, str(tmp_path / "lora"), quiet=True)
     assert (tmp_path / "lora" / "checkpoints" / "3").is_dir()
     assert not (tmp_path / "lora" / "damaged_checkpoints").exists()
@@ -539,7 +539,7 @@ def test_merge_folds_only_lora():
     peft_runs.check_foldable(lora, "run")
     for extra, named in ((dict(adapter_size=8), "adapters"), (dict(prefix_length=3), "prefixes"),
                          (dict(prompt_length=4), "a prompt")):
-        with pytest.raises(config_lib.UserError, match=f"trained {named}, which add computation"):
+        with pytest.raises(errors.UserError, match=f"trained {named}, which add computation"):
             peft_runs.check_foldable(peft_modules.PeftSettings(lora_rank=4, **extra), "run")
-    with pytest.raises(config_lib.UserError, match="has no LoRA to merge"):
+    with pytest.raises(errors.UserError, match="has no LoRA to merge"):
         peft_runs.check_foldable(peft_modules.PeftSettings(), "run")

@@ -7,10 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t5x_like import config_lib
+from t5x_like import config_lib, errors
 from t5x_like.data import bench_tasks, retrieval_tasks
 from t5x_like.objectives import rag as rag_objectives
-from t5x_like.retrieval import index as index_lib, search, text, towers, training
+from t5x_like.retrieval import index as index_lib
+from t5x_like.retrieval import search, text, towers, training
 
 
 def _data(n, q=7, d=12, seed=0):
@@ -48,7 +49,7 @@ def test_sharded_search_on_a_sub_mesh_and_approximate_path():
     # approx_max_k (TPU's path) runs anywhere; with recall_target 1.0 it finds them all.
     _, approx = search.ShardedIndex(docs, mesh=mesh, approximate=True,
                                     recall_target=1.0).search(queries, 6)
-    assert np.mean([len(set(a) & set(b)) / 6 for a, b in zip(approx, ids)]) >= 0.9
+    assert np.mean([len(set(a) & set(b)) / 6 for a, b in zip(approx, ids, strict=False)]) >= 0.9
 
 
 def test_faiss_backend_equals_brute_force():
@@ -72,7 +73,7 @@ def test_faiss_missing_names_the_extra(monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_faiss)
     from t5x_like.retrieval.faiss_backend import FaissIndex
-    with pytest.raises(config_lib.UserError, match=r"\[retrieval\]"):
+    with pytest.raises(errors.UserError, match=r"\[retrieval\]"):
         FaissIndex(np.zeros((2, 3), np.float32))
 
 
@@ -93,7 +94,7 @@ def test_index_is_written_per_shard_and_read_back(tmp_path):
     loaded = index_lib.load(tmp_path)
     np.testing.assert_array_equal(loaded.embeddings, docs)
     assert loaded.ids == ids and loaded.texts == texts and loaded.meta["retriever"] == "x"
-    with pytest.raises(config_lib.UserError, match="build-index"):
+    with pytest.raises(errors.UserError, match="build-index"):
         index_lib.load(tmp_path / "missing")
 
 

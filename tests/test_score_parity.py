@@ -7,13 +7,13 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from hf_helpers import padded_batch, tiny_hf_gpt2, tiny_hf_t5  # noqa: E402
+
 from t5x_like import config_lib  # noqa: E402
 from t5x_like.convert import __main__ as convert_cli  # noqa: E402
 from t5x_like.convert import load_pretrained  # noqa: E402
 from t5x_like.evaluation import few_shot  # noqa: E402
 from t5x_like.models import structures  # noqa: E402
-
-from hf_helpers import padded_batch, tiny_hf_gpt2, tiny_hf_t5  # noqa: E402
 
 
 def structure_for(folder):
@@ -70,5 +70,5 @@ def test_gpt2_lm_eval_scores_equal_transformers(tmp_path):
             log_probs = torch.log_softmax(hf_model(input_ids=tokens).logits.double(), -1)[0]
         n = len(continuation)
         positions = range(len(context) - 1, len(context) - 1 + n)
-        theirs.append(sum(float(log_probs[p, t]) for p, t in zip(positions, continuation)))
+        theirs.append(sum(float(log_probs[p, t]) for p, t in zip(positions, continuation, strict=False)))
     np.testing.assert_allclose(ours, theirs, rtol=1e-4)

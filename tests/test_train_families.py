@@ -4,9 +4,9 @@ a (2, 4) mesh, and its loss falls."""
 import json
 
 import pytest
-
 from conftest import tiny_config
-from t5x_like import config_lib, train
+
+from t5x_like import config_lib, errors, train
 
 SMALL = {"vocab_size": 8192, "d_model": 32, "num_heads": 2, "head_dim": 16, "d_ff": 64}
 FAMILIES = {
@@ -55,5 +55,5 @@ def test_each_family_trains_packed_on_a_sharded_mesh(tmp_path, name):
 def test_a_model_that_masks_another_pad_id_is_refused(tmp_path):
     config = family_config("bart_denoising")
     config.model.pad_id = 1  # BART's own vocabulary pads with 1; the embedded one with 0
-    with pytest.raises(config_lib.ConfigError, match="set --config.model.pad_id=0"):
+    with pytest.raises(errors.ConfigError, match="set --config.model.pad_id=0"):
         train.run(config, str(tmp_path), quiet=True)

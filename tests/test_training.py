@@ -7,10 +7,9 @@ import sys
 import jax
 import numpy as np
 import pytest
-
-from t5x_like import train
-
 from conftest import tiny_config
+
+from t5x_like import errors, train
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -83,14 +82,13 @@ def test_single_device_and_sharded_runs_agree(tmp_path):
 def test_a_different_model_in_the_workdir_is_refused(tmp_path):
     settings = {"num_train_steps": 2, "checkpoint_every_steps": 2, "eval_every_steps": 2}
     train.run(tiny_config(**settings), str(tmp_path), quiet=True)
-    from t5x_like import config_lib
-    with pytest.raises(config_lib.ConfigError, match="model.d_ff"):
+    with pytest.raises(errors.ConfigError, match="model.d_ff"):
         train.run(tiny_config(**dict(settings, num_train_steps=4), **{"model.d_ff": 128}),
                   str(tmp_path), quiet=True)
     # The input-stream count is part of the data order: a different one is refused too.
     saved = json.loads((tmp_path / "config.json").read_text())["data_streams"]
     assert saved == 8  # the default for a batch of 16, resolved and saved
-    with pytest.raises(config_lib.ConfigError, match="saved with 8 input streams.*"
+    with pytest.raises(errors.ConfigError, match="saved with 8 input streams.*"
                                                      "--config.data_streams=8"):
         train.run(tiny_config(**dict(settings, num_train_steps=4), data_streams=2),
                   str(tmp_path), quiet=True)
@@ -150,15 +148,13 @@ def test_sigterm_saves_a_checkpoint_and_exits_0(tmp_path):
 
 
 def test_model_vocabulary_smaller_than_the_task_is_refused_before_compiling(tmp_path):
-    from t5x_like import config_lib
-    with pytest.raises(config_lib.ConfigError, match="--config.model.vocab_size=8192 or larger"):
+    with pytest.raises(errors.ConfigError, match="--config.model.vocab_size=8192 or larger"):
         train.run(tiny_config(**{"model.vocab_size": 1000}), str(tmp_path), quiet=True)
     assert not (tmp_path / "checkpoints").exists()
 
 
 def test_batch_larger_than_the_validation_split_is_refused_before_compiling(tmp_path):
-    from t5x_like import config_lib
-    with pytest.raises(config_lib.ConfigError, match="fewer than one batch of batch_size=4096"):
+    with pytest.raises(errors.ConfigError, match="fewer than one batch of batch_size=4096"):
         train.run(tiny_config(batch_size=4096), str(tmp_path), quiet=True)
     assert not (tmp_path / "checkpoints").exists()
 

@@ -11,7 +11,7 @@ when it does not hold (the ids fed are then the word-by-word ones, so the spans 
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +56,7 @@ def words_fitting(spans: Sequence[tuple[int, int]], budget: int) -> int:
     """How many leading words fit in ``budget`` tokens: a text is cut between words,
     never inside one, so every kept word has all its subwords."""
     kept = 0
-    for start, end in spans:
+    for _start, end in spans:
         if end > budget:
             break
         kept += 1

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import json
 import pathlib
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
+
+from t5x_like.errors import MissingFile
 
 POOLINGS = ("mean", "first", "last")
 WORD_POOLINGS = ("first", "mean")
@@ -100,7 +102,7 @@ class Embeddings:
         self.folder = pathlib.Path(folder)
         meta = self.folder / "meta.json"
         if not meta.is_file():
-            raise FileNotFoundError(f"{folder} has no meta.json: not (or not completely) "
+            raise MissingFile(f"{folder} has no meta.json: not (or not completely) "
                                     "written by `python -m t5x_like.embed`.")
         self.meta = json.loads(meta.read_text())
         self.index = [json.loads(line) for line in

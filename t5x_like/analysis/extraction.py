@@ -4,7 +4,7 @@ batches through the model, pooling into the arrays of ``embedding_files``."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -91,7 +91,7 @@ def embed_to_folder(model, items: Sequence[TextInput], folder, *, layers: Sequen
     """Writes ``folder`` (the format of ``embedding_files``); returns its meta."""
     prepared = [prepare(model, item) for item in items]
     records, token_start, word_start = [], 0, 0
-    for item, p in zip(items, prepared):
+    for item, p in zip(items, prepared, strict=False):
         records.append(embedding_files.index_record(
             item.id, item.text, p.words, p.ids, _pieces(model, p),
             p.text_span, p.word_spans, token_start, word_start, p.truncated,

@@ -19,7 +19,7 @@ layer whose every vector points the same way is not thereby context-free.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -75,7 +75,7 @@ def occurrences_by_word(words: Sequence[str], contexts: Sequence[int],
                         min_contexts: int) -> dict[str, list[int]]:
     """Word form -> its first row in each context, for forms seen in enough contexts."""
     seen: dict[str, dict[int, int]] = defaultdict(dict)
-    for row, (word, context) in enumerate(zip(words, contexts)):
+    for row, (word, context) in enumerate(zip(words, contexts, strict=False)):
         seen[word].setdefault(int(context), row)
     return {w: list(rows.values()) for w, rows in seen.items() if len(rows) >= min_contexts}
 

@@ -18,11 +18,11 @@ import copy
 import dataclasses
 import functools
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
-from t5x_like.config_lib import UserError
+from t5x_like.errors import UserError
 
 # The names run_stack gives blocks (the per-layer loop, and ALBERT's shared block).
 _BLOCK_NAME = re.compile(r"layers_\d+|shared_layer")
@@ -58,6 +58,7 @@ class EmbeddingModel:
 
     def __post_init__(self):
         import jax
+
         from t5x_like import models
         from t5x_like.models import stacking, structures
 
@@ -141,7 +142,7 @@ def _all_layers(model, method, params, tokens):
     return jnp.stack([state.astype(jnp.float32) for state in states])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _jitted_all_layers():
     """One compiled function per (model config, method, shapes), shared by every
     EmbeddingModel: flax modules hash by their config."""
@@ -187,7 +188,9 @@ def load(checkpoint: str, *, step: int | None = None, random_init: bool = False,
 
 def _restored_params(source, step: int, config) -> dict:
     import jax
-    from t5x_like import config_lib, partitioning, trainer as trainer_lib
+
+    from t5x_like import config_lib, partitioning
+    from t5x_like import trainer as trainer_lib
 
     devices = jax.devices()
     mesh_shape = config_lib.validate_for_devices(config, len(devices), jax.process_count(),
@@ -199,6 +202,7 @@ def _restored_params(source, step: int, config) -> dict:
 def _fresh_params(config, seed: int) -> dict:
     import flax.linen as nn
     import jax
+
     from t5x_like import models
     from t5x_like.models import structures
 

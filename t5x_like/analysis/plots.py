@@ -7,7 +7,7 @@ block. Random-init controls share their model's colour, dashed.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -68,7 +68,7 @@ def panels(path, panel_curves: Mapping[str, Mapping[str, Sequence[float]]], *, t
     fig, axes = plt.subplots(1, len(panel_curves), figsize=size, dpi=DPI, sharey=sharey,
                              squeeze=False)
     colours: dict = {}
-    for ax, (panel, curves) in zip(axes[0], panel_curves.items()):
+    for ax, (panel, curves) in zip(axes[0], panel_curves.items(), strict=False):
         _draw(ax, curves, colours, hlines)
         ax.set_title(panel, fontsize=10)
         ax.set_xlabel("relative depth", fontsize=9)

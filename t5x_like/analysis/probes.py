@@ -11,7 +11,7 @@ frame the numbers: the majority tag, and each word form's most frequent training
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -19,11 +19,12 @@ import numpy as np
 def probe_accuracy(train_x: np.ndarray, train_y: Sequence, test_x: np.ndarray, test_y: Sequence,
                    *, seed: int = 0, max_iter: int = 300, C: float = 1.0) -> float:
     """Test accuracy of a logistic-regression probe trained on ``train_x``."""
+    import warnings
+
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
-    import warnings
 
     probe = make_pipeline(StandardScaler(),
                           LogisticRegression(C=C, max_iter=max_iter, random_state=seed))
@@ -51,7 +52,7 @@ def word_form_baseline(train_words: Sequence[str], train_y: Sequence, test_words
     """Each test word gets its form's most frequent training tag (unseen forms: the
     majority tag)."""
     by_form: dict[str, Counter] = defaultdict(Counter)
-    for word, tag in zip(train_words, train_y):
+    for word, tag in zip(train_words, train_y, strict=False):
         by_form[word][tag] += 1
     fallback = Counter(train_y).most_common(1)[0][0]
     guesses = [by_form[w].most_common(1)[0][0] if w in by_form else fallback for w in test_words]

@@ -7,11 +7,24 @@ import json
 import pathlib
 import sys
 
-from t5x_like.config_lib import UserError
-from t5x_like.convert import (hf_albert, hf_bart, hf_bert, hf_distilbert, hf_electra, hf_gpt2,
-                              hf_io, hf_llama, hf_longformer, hf_mbart, hf_roberta, hf_t5,
-                              hf_xlm_roberta, pretrained)
-from t5x_like import storage, user_errors
+from t5x_like import errors, storage
+from t5x_like.convert import (
+    hf_albert,
+    hf_bart,
+    hf_bert,
+    hf_distilbert,
+    hf_electra,
+    hf_gpt2,
+    hf_io,
+    hf_llama,
+    hf_longformer,
+    hf_mbart,
+    hf_roberta,
+    hf_t5,
+    hf_xlm_roberta,
+    pretrained,
+)
+from t5x_like.errors import UserError
 
 ARCHITECTURES = {"t5": hf_t5, "mt5": hf_t5, "gpt2": hf_gpt2, "bert": hf_bert,
                  "roberta": hf_roberta, "llama": hf_llama, "mistral": hf_llama, "albert": hf_albert,
@@ -20,14 +33,18 @@ ARCHITECTURES = {"t5": hf_t5, "mt5": hf_t5, "gpt2": hf_gpt2, "bert": hf_bert,
                  "longformer": hf_longformer}
 EXPORTERS = {"encoder_decoder": hf_t5, "decoder": hf_gpt2, "encoder": hf_bert,
              "electra": hf_electra}
+# What each exportable family becomes, for the refusal that lists them.
+EXPORTED_AS = {"encoder_decoder": "T5", "decoder": "GPT-2, or Llama/Mistral with rotary positions",
+               "encoder": "BERT or DistilBERT", "electra": "ELECTRA"}
 
 
 def exporter_for(model_config: dict):
     """The Hugging Face architecture a model config maps back to."""
     family = model_config.get("family")
     if family not in EXPORTERS:
-        raise ValueError(f"Cannot export model family {family!r} yet; exportable: "
-                         f"{sorted(EXPORTERS)}.")
+        exportable = "; ".join(f"{name} (as {EXPORTED_AS[name]})" for name in sorted(EXPORTERS))
+        raise UserError(f"A model of family {family!r} cannot be exported to Hugging Face yet; "
+                        f"exportable families: {exportable}.")
     if family == "decoder" and model_config.get("position_embedding") == "rotary":
         return hf_llama
     if (family == "encoder" and model_config.get("type_vocab_size") == 1
@@ -39,14 +56,17 @@ def exporter_for(model_config: dict):
 def import_hf(hf_dir: str, out: str, generator_dir: str | None = None) -> dict:
     hf_config = hf_io.read_config(hf_dir)
     model_type = hf_config.get("model_type")
+    if model_type not in ARCHITECTURES and model_type != "electra":
+        supported = ", ".join(sorted({*ARCHITECTURES, "electra"}))
+        what = (f"has model_type {model_type!r}, which" if model_type is not None
+                else "has no model_type entry, so it")
+        raise UserError(f"{hf_dir}/config.json {what} convert cannot import; supported "
+                        f"model_types: {supported}.")
     if generator_dir and model_type != "electra":
         raise UserError(f"--generator_dir is for ELECTRA's generator; {hf_dir} is a "
                         f"{model_type!r} model. Leave --generator_dir out.")
     if model_type == "electra":
         return _import_electra(hf_dir, out, generator_dir)
-    if model_type not in ARCHITECTURES:
-        raise ValueError(f"Cannot import model_type {model_type!r} yet; supported: "
-                         f"{sorted(ARCHITECTURES)}.")
     module = ARCHITECTURES[model_type]
     try:
         model_config = module.model_config_from_hf(hf_config)
@@ -54,10 +74,13 @@ def import_hf(hf_dir: str, out: str, generator_dir: str | None = None) -> dict:
         raise UserError(f"{hf_dir}/config.json has no {e.args[0]!r} entry, which a "
                         f"{model_type} config needs; re-save the model with save_pretrained.") \
             from None
+    pretrained.check_new_folder(out)  # before the weights are read
     weights = _TrackedWeights(hf_io.read_weights(hf_dir))
     try:
         params = module.params_from_hf(weights, model_config)
-    except (ValueError, IndexError, TypeError) as e:
+    except UserError as e:  # a tensor missing or left over
+        raise UserError(f"{hf_dir}: {e}") from None
+    except (ValueError, IndexError, TypeError) as e:  # a tensor that does not reshape
         raise UserError(_tensor_problem(hf_dir, weights, weights.last, str(e))) from None
     _check_param_shapes(hf_dir, params, model_config, weights)
     _check_tensor_shapes(hf_dir, module, params, model_config, weights)
@@ -71,7 +94,7 @@ def _import_electra(hf_dir: str, out: str, generator_dir: str | None) -> dict:
     hf_electra.check_folder(discriminator, hf_dir, "ElectraForPreTraining")
     generator = None
     if generator_dir:
-        generator = hf_io.read_config(generator_dir)
+        generator = hf_io.read_config(generator_dir, "--generator_dir")
         hf_electra.check_folder(generator, generator_dir, "ElectraForMaskedLM")
     else:
         print(f"convert: {hf_dir} imports without a generator (no --generator_dir): it "
@@ -81,17 +104,22 @@ def _import_electra(hf_dir: str, out: str, generator_dir: str | None) -> dict:
     except KeyError as e:
         raise UserError(f"An ELECTRA config.json has no {e.args[0]!r} entry; re-save the model "
                         "with save_pretrained.") from None
+    pretrained.check_new_folder(out)  # before the weights are read
     weights = _TrackedWeights(hf_io.read_weights(hf_dir))
     try:
         params = hf_electra.discriminator_from_hf(weights, model_config)
-    except (ValueError, IndexError, TypeError, KeyError) as e:
+    except UserError as e:
+        raise UserError(f"{hf_dir}: {e}") from None
+    except (ValueError, IndexError, TypeError) as e:
         raise UserError(_tensor_problem(hf_dir, weights, weights.last, str(e))) from None
     if generator_dir:
         generator_weights = _TrackedWeights(hf_io.read_weights(generator_dir))
         try:
             params["generator"] = hf_electra.generator_from_hf(generator_weights, model_config,
                                                                params["embeddings"])
-        except (ValueError, IndexError, TypeError, KeyError) as e:
+        except UserError as e:
+            raise UserError(f"{generator_dir}: {e}") from None
+        except (ValueError, IndexError, TypeError) as e:
             raise UserError(_tensor_problem(generator_dir, generator_weights,
                                             generator_weights.last, str(e))) from None
     _check_param_shapes(hf_dir, params, model_config, weights)
@@ -135,6 +163,8 @@ class _TrackedWeights(dict):
 
     def __getitem__(self, key):
         self.last = key
+        if key not in self:
+            raise hf_t5.missing_tensor(key)
         return super().__getitem__(key)
 
     def get(self, key, default=None):
@@ -218,7 +248,8 @@ def load_for_export(checkpoint: str):
     folder, or of a training run's newest step (or the step folder given)."""
     import jax
 
-    from t5x_like import partitioning, trainer as trainer_lib
+    from t5x_like import partitioning
+    from t5x_like import trainer as trainer_lib
     from t5x_like.evaluation import loading
 
     folder = storage.path(checkpoint)
@@ -226,12 +257,14 @@ def load_for_export(checkpoint: str):
     if not (folder / "model_config.json").is_file() and run_config.is_file():
         peft = json.loads(run_config.read_text()).get("peft") or {}
         if (peft.get("lora") or {}).get("rank"):
-            raise FileNotFoundError(
+            raise UserError(
                 f"{checkpoint} is a LoRA run's workdir, not a pretrained folder; fold its LoRA "
                 f"into the base first: python -m t5x_like.peft merge --peft={checkpoint} "
                 "--out=MERGED, then export MERGED.")
     source = loading.resolve(checkpoint)
     if source.kind == "pretrained":
+        # An unexportable family is refused before the weights load.
+        exporter_for(json.loads((source.path / "model_config.json").read_text()))
         model_config, params = pretrained.load_pretrained(source.path)
         return model_config, params, loading.trained_vocabulary(source, {})
     steps = source.steps()
@@ -246,6 +279,7 @@ def load_for_export(checkpoint: str):
         raise UserError(f"{checkpoint} is a fine-tuned head or PEFT run; Hugging Face export "
                         "writes the pretrained architectures only (merge LoRA with "
                         "`python -m t5x_like.peft merge` first).")
+    exporter_for(config.model.to_dict())  # before the weights are restored
     mesh = partitioning.make_mesh({"data": 1}, jax.devices()[:1])
     params = source.restore_params(step, trainer_lib.build_trainer(config, mesh))
     print(f"convert: exporting step {step} of {source.path.parent}", file=sys.stderr)
@@ -283,7 +317,7 @@ def export_hf(checkpoint: str, out: str, vocabulary: str = "checkpoint") -> dict
     return hf_config
 
 
-@user_errors.command_line("convert")
+@errors.command_line("convert")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m t5x_like.convert", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -302,18 +336,13 @@ def main(argv: list[str] | None = None) -> int:
                           "tokenizer/, the default), embedded (the 8k SentencePiece of the "
                           "built-in tasks), byte, a tokenizer folder/file, or none.")
     args = parser.parse_args(argv)
-    try:
-        if args.command == "import":
-            cfg = import_hf(args.hf_dir, args.out, args.generator_dir)
-            print(f"imported {args.hf_dir} -> {args.out} ({cfg['family']}, d_model "
-                  f"{cfg['d_model']})")
-        else:
-            export_hf(args.checkpoint, args.out, args.vocabulary)
-            print(f"exported {args.checkpoint} -> {args.out}")
-    except (FileNotFoundError, FileExistsError, KeyError) as e:
-        print(f"convert: {e.args[0] if isinstance(e, KeyError) and e.args else e}",
-              file=sys.stderr)
-        return 2
+    if args.command == "import":
+        cfg = import_hf(args.hf_dir, args.out, args.generator_dir)
+        print(f"imported {args.hf_dir} -> {args.out} ({cfg['family']}, d_model "
+              f"{cfg['d_model']})")
+    else:
+        export_hf(args.checkpoint, args.out, args.vocabulary)
+        print(f"exported {args.checkpoint} -> {args.out}")
     return 0
 
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from t5x_like.convert import hf_bert
 from t5x_like.convert.hf_t5 import TrackedWeights
+from t5x_like.errors import UserError
 
 _linear_in, _norm_in = hf_bert._linear_in, hf_bert._norm_in
 
@@ -20,10 +21,10 @@ def model_config_from_hf(hf: dict) -> dict:
     if hf.get("model_type") != "albert":
         raise ValueError(f"Expected model_type 'albert', got {hf.get('model_type')!r}.")
     if int(hf.get("num_hidden_groups", 1)) != 1 or int(hf.get("inner_group_num", 1)) != 1:
-        raise ValueError("Only ALBERT with one shared layer (num_hidden_groups=1, "
-                         "inner_group_num=1, as in every released ALBERT) is supported; got "
-                         f"num_hidden_groups={hf.get('num_hidden_groups')}, "
-                         f"inner_group_num={hf.get('inner_group_num')}.")
+        raise UserError("Only ALBERT with one shared layer (num_hidden_groups=1, "
+                        "inner_group_num=1, as in every released ALBERT) is supported; got "
+                        f"num_hidden_groups={hf.get('num_hidden_groups')}, "
+                        f"inner_group_num={hf.get('inner_group_num')}.")
     cfg = hf_bert.model_config_from_hf(dict(hf, hidden_act=hf.get("hidden_act", "gelu_new")),
                                        model_type="albert")
     cfg.update(embedding_dim=int(hf["embedding_size"]), share_layers=True)

@@ -11,6 +11,7 @@ import numpy as np
 from t5x_like.convert.hf_bert import _linear_in, _norm_in
 from t5x_like.convert.hf_gpt2 import _ACTIVATION
 from t5x_like.convert.hf_t5 import TrackedWeights
+from t5x_like.errors import UserError
 
 
 def model_config_from_hf(hf: dict) -> dict:
@@ -18,13 +19,18 @@ def model_config_from_hf(hf: dict) -> dict:
         raise ValueError(f"Expected model_type 'bart', got {hf.get('model_type')!r}.")
     act = hf.get("activation_function", "gelu")
     if act not in _ACTIVATION:
-        raise ValueError(f"Unsupported BART activation_function {act!r}.")
+        raise UserError(f"BART activation_function {act!r} does not convert; supported: "
+                        f"{', '.join(sorted(_ACTIVATION))}.")
     heads = int(hf["encoder_attention_heads"])
     if int(hf["decoder_attention_heads"]) != heads or hf["encoder_ffn_dim"] != hf["decoder_ffn_dim"]:
-        raise ValueError("Encoder and decoder with different head counts or MLP widths are "
-                         "not supported.")
+        raise UserError("BART with different encoder and decoder head counts or MLP widths "
+                        "does not convert: only BART whose encoder_attention_heads and "
+                        "encoder_ffn_dim equal decoder_attention_heads and decoder_ffn_dim is "
+                        "supported.")
     if hf.get("normalize_before") or hf.get("add_final_layer_norm"):
-        raise ValueError("Only BART's post-norm layout is supported (not mBART's pre-norm).")
+        raise UserError("Only BART's post-norm layout is supported (not mBART's pre-norm: "
+                        "normalize_before / add_final_layer_norm false); a pre-norm model with "
+                        "model_type 'mbart' imports as mBART.")
     d_model = int(hf["d_model"])
     return {
         "family": "bart",

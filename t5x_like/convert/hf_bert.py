@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from t5x_like.convert.hf_t5 import TrackedWeights
+from t5x_like.errors import UserError
 
 _ACTIVATION = {"gelu": "gelu_exact", "gelu_new": "gelu", "relu": "relu", "silu": "silu"}
 _ACTIVATION_BACK = {"gelu_exact": "gelu", "gelu": "gelu_new", "relu": "relu", "silu": "silu"}
@@ -30,9 +31,12 @@ def model_config_from_hf(hf: dict, model_type: str = "bert") -> dict:
         raise ValueError(f"Expected model_type {model_type!r}, got {hf.get('model_type')!r}.")
     act = hf.get("hidden_act", "gelu")
     if act not in _ACTIVATION:
-        raise ValueError(f"Unsupported BERT hidden_act {act!r}.")
+        raise UserError(f"{model_type} hidden_act {act!r} does not convert; supported: "
+                        f"{', '.join(sorted(_ACTIVATION))}.")
     if hf.get("position_embedding_type", "absolute") != "absolute":
-        raise ValueError("Only absolute position embeddings are supported for BERT.")
+        raise UserError(f"{model_type} with position_embedding_type "
+                        f"{hf.get('position_embedding_type')!r} does not convert: only absolute "
+                        "position embeddings are supported.")
     d_model, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
     return {
         "family": "encoder",
@@ -58,10 +62,10 @@ def hf_config_from_model_config(cfg: dict) -> dict:
     if (cfg.get("position_offset", 0) or not cfg.get("next_sentence_head", True)
             or cfg.get("embedding_dim") or cfg.get("share_layers")
             or cfg.get("span_boundary_head") or cfg.get("attention_window")):
-        raise ValueError("Only BERT-layout encoders export so far (RoBERTa-style position "
-                         "offsets, ALBERT's factorized or shared layers, the span-boundary "
-                         "head, local attention and models without the next-sentence head "
-                         "do not).")
+        raise UserError("Only BERT-layout encoders export so far (RoBERTa-style position "
+                        "offsets, ALBERT's factorized or shared layers, the span-boundary "
+                        "head, local attention and models without the next-sentence head "
+                        "do not).")
     return {
         "architectures": ["BertForPreTraining"], "model_type": "bert",
         "vocab_size": cfg["vocab_size"], "hidden_size": cfg["d_model"],

@@ -14,6 +14,7 @@ import numpy as np
 
 from t5x_like.convert import hf_bert
 from t5x_like.convert.hf_t5 import TrackedWeights
+from t5x_like.errors import UserError
 
 # A block's tensors below its prefix (hf_bert.BERT_LAYER's keys).
 _LAYER = {"query": "attention.q_lin", "key": "attention.k_lin", "value": "attention.v_lin",
@@ -26,7 +27,8 @@ def model_config_from_hf(hf: dict) -> dict:
         raise ValueError(f"Expected model_type 'distilbert', got {hf.get('model_type')!r}.")
     activation = hf.get("activation", "gelu")
     if activation not in ("gelu", "relu"):
-        raise ValueError(f"Unsupported DistilBERT activation {activation!r}.")
+        raise UserError(f"DistilBERT activation {activation!r} does not convert; supported: "
+                        "gelu, relu.")
     d_model, heads = int(hf["dim"]), int(hf["n_heads"])
     return {"family": "encoder", "vocab_size": int(hf["vocab_size"]), "d_model": d_model,
             "num_heads": heads, "head_dim": d_model // heads, "d_ff": int(hf["hidden_dim"]),
@@ -44,9 +46,9 @@ def hf_config_from_model_config(cfg: dict) -> dict:
             or cfg.get("share_layers") or cfg.get("span_boundary_head")
             or cfg.get("attention_window") or cfg["num_heads"] * cfg["head_dim"] != cfg["d_model"]
             or float(cfg.get("layer_norm_epsilon", 1e-12)) != 1e-12):
-        raise ValueError("Only DistilBERT-layout encoders export as DistilBERT: one token "
-                         "type, no next-sentence head, positions from 0, no factorized or "
-                         "shared layers, heads x head_dim = d_model, LayerNorm epsilon 1e-12.")
+        raise UserError("Only DistilBERT-layout encoders export as DistilBERT: one token "
+                        "type, no next-sentence head, positions from 0, no factorized or "
+                        "shared layers, heads x head_dim = d_model, LayerNorm epsilon 1e-12.")
     activation = tuple(cfg["mlp_activations"])[0]
     return {"architectures": ["DistilBertForMaskedLM"], "model_type": "distilbert",
             "vocab_size": cfg["vocab_size"], "dim": cfg["d_model"], "n_heads": cfg["num_heads"],

@@ -17,9 +17,9 @@ import sys
 import jax
 import numpy as np
 
-from t5x_like.config_lib import UserError
 from t5x_like.convert import hf_bert
 from t5x_like.convert.hf_t5 import TrackedWeights
+from t5x_like.errors import UserError
 
 _EMBEDDINGS = {"token_embedder": "word_embeddings", "position_embedder": "position_embeddings",
                "token_type_embedder": "token_type_embeddings"}
@@ -38,7 +38,9 @@ def check_folder(hf: dict, folder: str, architecture: str) -> None:
         raise UserError(f"{folder}: hidden_act {hf.get('hidden_act')!r}; ELECTRA converts with "
                         "'gelu' (its generator head is gelu whatever the config says).")
     if hf.get("position_embedding_type", "absolute") != "absolute":
-        raise UserError(f"{folder}: only absolute position embeddings convert.")
+        raise UserError(f"{folder}: position_embedding_type "
+                        f"{hf.get('position_embedding_type')!r} does not convert; only absolute "
+                        "position embeddings are supported.")
     architectures = hf.get("architectures") or [architecture]
     if architecture not in architectures:
         other = ("--generator_dir" if architecture == "ElectraForPreTraining" else "--hf_dir")
@@ -120,7 +122,7 @@ def generator_from_hf(weights: dict[str, np.ndarray], cfg: dict, embeddings: dic
     own = _embeddings_from_hf(g)
     differs = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
                   if np.shape(a) == np.shape(b) else float("inf")
-                  for a, b in zip(jax.tree.leaves(own), jax.tree.leaves(embeddings)))
+                  for a, b in zip(jax.tree.leaves(own), jax.tree.leaves(embeddings), strict=False))
     if differs > 0:
         print(f"convert: warning: the generator's embeddings differ from the discriminator's "
               f"(max |diff| {differs:.3g}); ELECTRA shares one set, the discriminator's is "
@@ -136,10 +138,12 @@ def hf_config_from_model_config(cfg: dict, which: str = "discriminator") -> dict
     d, heads, head_dim = (cfg[f"{prefix}d_model"], cfg[f"{prefix}num_heads"],
                           cfg[f"{prefix}head_dim"])
     if heads * head_dim != d:
-        raise ValueError(f"The {which} has {heads} heads of {head_dim} on a width of {d}; "
-                         "Hugging Face ELECTRA needs num_heads x head_dim = d_model.")
+        raise UserError(f"The {which} has {heads} heads of {head_dim} on a width of {d} and "
+                        "does not export: Hugging Face ELECTRA needs num_heads x head_dim = "
+                        "d_model.")
     if tuple(cfg.get("mlp_activations", ("gelu_exact",))) != ("gelu_exact",):
-        raise ValueError("Only ELECTRA with exact GELU exports (hidden_act 'gelu').")
+        raise UserError("Only ELECTRA with exact GELU (mlp_activations ('gelu_exact',)) "
+                        "exports, as hidden_act 'gelu'.")
     return {"architectures": ["ElectraForMaskedLM" if which == "generator"
                               else "ElectraForPreTraining"],
             "model_type": "electra", "vocab_size": cfg["vocab_size"],

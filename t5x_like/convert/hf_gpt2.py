@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from t5x_like.convert.hf_t5 import TrackedWeights
+from t5x_like.errors import UserError
 
 _ACTIVATION = {"gelu_new": "gelu", "gelu": "gelu_exact", "relu": "relu", "silu": "silu",
                "gelu_pytorch_tanh": "gelu"}
@@ -20,9 +21,17 @@ def model_config_from_hf(hf: dict) -> dict:
         raise ValueError(f"Expected a GPT-2 config (model_type gpt2), got {hf.get('model_type')!r}.")
     act = hf.get("activation_function", "gelu_new")
     if act not in _ACTIVATION:
-        raise ValueError(f"Unsupported GPT-2 activation_function {act!r}.")
-    if hf.get("scale_attn_by_inverse_layer_idx") or not hf.get("scale_attn_weights", True):
-        raise ValueError("Only GPT-2's standard attention scaling (1/sqrt(head_dim)) is supported.")
+        raise UserError(f"GPT-2 activation_function {act!r} does not convert; supported: "
+                        f"{', '.join(sorted(_ACTIVATION))}.")
+    if hf.get("scale_attn_by_inverse_layer_idx"):
+        raise UserError("GPT-2 with scale_attn_by_inverse_layer_idx=true (attention scaled by "
+                        "1/layer as well) does not convert: only GPT-2 without "
+                        "scale_attn_by_inverse_layer_idx, with the standard 1/sqrt(head_dim) "
+                        "scaling, is supported.")
+    if not hf.get("scale_attn_weights", True):
+        raise UserError("GPT-2 with scale_attn_weights=false (unscaled attention) does not "
+                        "convert: only GPT-2 with the standard 1/sqrt(head_dim) scaling "
+                        "(scale_attn_weights true) is supported.")
     d_model, heads = int(hf["n_embd"]), int(hf["n_head"])
     return {
         "family": "decoder",
@@ -47,9 +56,16 @@ def hf_config_from_model_config(cfg: dict) -> dict:
               if cfg.get(key, gpt2) != gpt2}
     if cfg.get("num_kv_heads") not in (None, 0, cfg["num_heads"]):
         modern["num_kv_heads"] = cfg["num_kv_heads"]
+    activations = tuple(cfg.get("mlp_activations", ("gelu",)))
+    if len(activations) != 1:
+        modern["mlp_activations"] = activations
+    if not cfg.get("use_bias", True):
+        modern["use_bias"] = False
     if modern:
-        raise ValueError(f"This decoder has no GPT-2 equivalent ({modern}); export it with "
-                         "rotary positions as Llama, or use GPT-2's settings.")
+        raise UserError(f"This decoder has no GPT-2 equivalent ({modern}); export it with "
+                        "rotary positions as Llama, or use GPT-2's settings (layernorm, biases, "
+                        "one ungated activation, tied embeddings, full attention, unscanned "
+                        "layers, as many kv heads as heads).")
     return {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
         "vocab_size": cfg["vocab_size"], "n_embd": cfg["d_model"], "n_head": cfg["num_heads"],

@@ -11,7 +11,12 @@ import pathlib
 
 import numpy as np
 
-from t5x_like.config_lib import UserError
+from t5x_like.errors import UserError
+
+
+class MissingFile(UserError, FileNotFoundError):
+    """A file or folder the user named is not there: a ``UserError`` (one line, exit 2)
+    that ``except FileNotFoundError`` also catches."""
 
 
 def _safetensors_numpy():
@@ -23,11 +28,14 @@ def _safetensors_numpy():
     return st_numpy
 
 
-def read_config(folder: str | pathlib.Path) -> dict:
+def read_config(folder: str | pathlib.Path, flag: str = "--hf_dir") -> dict:
     path = pathlib.Path(folder) / "config.json"
+    if not pathlib.Path(folder).is_dir():
+        raise MissingFile(f"{flag}={folder}: no such folder; point {flag} at a Hugging Face "
+                          "model folder (the one save_pretrained writes).")
     if not path.is_file():
-        raise FileNotFoundError(f"{folder} has no config.json; point --hf_dir at a Hugging Face "
-                                "model folder (the one save_pretrained writes).")
+        raise MissingFile(f"{folder} has no config.json; point {flag} at a Hugging Face "
+                          "model folder (the one save_pretrained writes).")
     config = _read_json(path)
     if not isinstance(config, dict):
         raise UserError(f"{path} holds a JSON {type(config).__name__}, not an object; a Hugging "
@@ -45,8 +53,8 @@ def _read_json(path: pathlib.Path):
 
 def _load_safetensors(path: pathlib.Path, st_numpy) -> dict[str, np.ndarray]:
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is listed in the folder's index but missing; copy the "
-                                "whole model folder.")
+        raise MissingFile(f"{path} is listed in the folder's index but missing; copy the "
+                          "whole model folder.")
     try:
         return st_numpy.load_file(str(path))
     except Exception as e:  # noqa: BLE001 - safetensors raises its own error type
@@ -73,8 +81,9 @@ def read_weights(folder: str | pathlib.Path) -> dict[str, np.ndarray]:
         pickles = sorted(p.name for p in folder.glob("*.bin"))
         hint = (f" It has {', '.join(pickles)}: pickle files can execute code when loaded, so "
                 "they are not read. Re-save the model with save_pretrained(..., "
-                "safe_serialization=True) in a trusted environment.") if pickles else ""
-        raise FileNotFoundError(f"No model.safetensors in {folder}.{hint}")
+                "safe_serialization=True) in a trusted environment.") if pickles else (
+            " Save the model there with save_pretrained, which writes safetensors.")
+        raise MissingFile(f"No model.safetensors in {folder}.{hint}")
     weights: dict[str, np.ndarray] = {}
     for name in files:
         for key, value in _load_safetensors(folder / name, st_numpy).items():

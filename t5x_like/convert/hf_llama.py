@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from t5x_like.convert.hf_t5 import TrackedWeights
+from t5x_like.errors import UserError
 
 _MODEL_TYPES = ("llama", "mistral")
 
@@ -17,8 +18,9 @@ _MODEL_TYPES = ("llama", "mistral")
 def _rope_theta(hf: dict) -> float:
     rope = hf.get("rope_parameters") or {}
     if rope.get("rope_type", "default") != "default" or hf.get("rope_scaling"):
-        raise ValueError(f"Only plain rotary positions are supported, got rope settings {rope} "
-                         f"/ rope_scaling {hf.get('rope_scaling')}.")
+        raise UserError(f"Only plain rotary positions are supported (rope_type 'default', no "
+                        f"rope_scaling), got rope settings {rope} / rope_scaling "
+                        f"{hf.get('rope_scaling')}; scaled or extended RoPE does not convert.")
     return float(rope.get("rope_theta", hf.get("rope_theta", 10_000.0)))
 
 
@@ -26,9 +28,12 @@ def model_config_from_hf(hf: dict) -> dict:
     if hf.get("model_type") not in _MODEL_TYPES:
         raise ValueError(f"Expected a Llama or Mistral config, got {hf.get('model_type')!r}.")
     if hf.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"Only SwiGLU (hidden_act 'silu') is supported, got {hf['hidden_act']!r}.")
-    if hf.get("attention_bias") or hf.get("mlp_bias"):
-        raise ValueError("Llama checkpoints with attention_bias or mlp_bias are not supported.")
+        raise UserError(f"Only SwiGLU (hidden_act 'silu') is supported, got {hf['hidden_act']!r}.")
+    biased = [key for key in ("attention_bias", "mlp_bias") if hf.get(key)]
+    if biased:
+        raise UserError(f"{hf['model_type'].capitalize()} with {' and '.join(biased)}=true does not "
+                        "convert: only Llama/Mistral without biases (attention_bias and mlp_bias "
+                        "false) is supported.")
     d_model, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
     return {
         "family": "decoder",
@@ -54,6 +59,16 @@ def model_config_from_hf(hf: dict) -> dict:
 
 
 def hf_config_from_model_config(cfg: dict) -> dict:
+    activations = tuple(cfg.get("mlp_activations", ("gelu",)))
+    unlike = {key: value for key, value, llama in (
+        ("norm", cfg.get("norm", "layernorm"), "rmsnorm"),
+        ("use_bias", cfg.get("use_bias", True), False),
+        ("mlp_activations", activations, ("silu", "linear")),
+        ("scan_layers", cfg.get("scan_layers", False), False)) if value != llama}
+    if unlike:
+        raise UserError(f"This rotary decoder has no Llama equivalent ({unlike}); Llama/Mistral "
+                        "export needs rmsnorm, no biases, SwiGLU (mlp_activations ('silu', "
+                        "'linear')) and unscanned layers.")
     mistral = bool(cfg.get("sliding_window"))
     out = {
         "architectures": ["MistralForCausalLM" if mistral else "LlamaForCausalLM"],

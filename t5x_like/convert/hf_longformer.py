@@ -13,6 +13,7 @@ import numpy as np
 
 from t5x_like.convert import hf_bert
 from t5x_like.convert.hf_t5 import TrackedWeights
+from t5x_like.errors import UserError
 
 NAMES = dict(hf_bert.ROBERTA_NAMES, prefix="longformer")
 
@@ -21,10 +22,13 @@ def model_config_from_hf(hf: dict) -> dict:
     windows = hf.get("attention_window", 512)
     windows = [windows] if isinstance(windows, int) else list(windows)
     if len(set(windows)) != 1:
-        raise ValueError(f"Longformer attention_window differs by layer ({windows}); this "
-                         "encoder has one window for every layer.")
+        raise UserError(f"Longformer attention_window differs by layer ({windows}) and does "
+                        "not convert: only Longformer with one window for every layer is "
+                        "supported.")
     if windows[0] % 2:
-        raise ValueError(f"Longformer attention_window={windows[0]} must be even.")
+        raise UserError(f"Longformer attention_window={windows[0]} does not convert: only an "
+                        "even attention_window (the same number of keys on each side) is "
+                        "supported.")
     cfg = hf_bert.model_config_from_hf(dict(hf, model_type="roberta"), model_type="roberta")
     pad = int(hf.get("pad_token_id", 1))
     cfg.update(pad_id=pad, position_offset=pad + 1, next_sentence_head=False,

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from t5x_like.errors import UserError
+
 # Hugging Face activation names -> ours.
 _ACTIVATION = {"relu": "relu", "gelu_new": "gelu", "gelu": "gelu_exact", "silu": "silu",
                "gelu_pytorch_tanh": "gelu"}
@@ -24,7 +26,8 @@ def model_config_from_hf(hf: dict) -> dict:
     gated = parts[0] == "gated"
     act = "gelu_new" if proj == "gated-gelu" else parts[-1]
     if act not in _ACTIVATION:
-        raise ValueError(f"Unsupported T5 feed_forward_proj {proj!r}.")
+        raise UserError(f"T5 feed_forward_proj {proj!r} does not convert; supported: "
+                        f"{', '.join(sorted(_ACTIVATION))}, each also as gated-<act>.")
     # v1.0 multiplies decoder outputs by d_model**-0.5 and projects with the shared
     # embedding; v1.1 and mT5 do neither (older configs say so via tie_word_embeddings).
     scaled = hf.get("scale_decoder_outputs", hf.get("tie_word_embeddings", True))
@@ -70,6 +73,15 @@ def hf_config_from_model_config(cfg: dict) -> dict:
     }
 
 
+def missing_tensor(key: str) -> UserError:
+    """The refusal for a tensor the config's model needs and the checkpoint lacks."""
+    return UserError(f"The checkpoint has no tensor {key!r}; its config.json describes another "
+                     "model than these weights, or the folder holds the bare model without the "
+                     "heads convert reads (save the pretraining model, e.g. BertForPreTraining, "
+                     "GPT2LMHeadModel). Copy config.json and weights from the same "
+                     "save_pretrained folder.")
+
+
 class TrackedWeights(dict):
     """Checkpoint tensors that remember which were read, so leftovers can be reported."""
 
@@ -79,8 +91,7 @@ class TrackedWeights(dict):
 
     def __getitem__(self, key):
         if key not in self:
-            raise KeyError(f"The checkpoint has no tensor {key!r}; does its config.json describe "
-                           "these weights?")
+            raise missing_tensor(key)
         self.used.add(key)
         return dict.__getitem__(self, key)
 
@@ -88,8 +99,9 @@ class TrackedWeights(dict):
         unused = sorted(k for k in set(self) - self.used - set(ignore)
                         if not k.endswith(tuple(ignore_suffixes)))
         if unused:
-            raise ValueError(f"{len(unused)} checkpoint tensors have no place in the model, e.g. "
-                             f"{unused[:3]}; the config.json does not match the weights.")
+            raise UserError(f"{len(unused)} checkpoint tensors have no place in the model, e.g. "
+                            f"{unused[:3]}; the config.json does not match the weights. Copy "
+                            "both from the same save_pretrained folder.")
 
 
 def _attention_in(hf_attn: dict, prefix: str, heads: int, head_dim: int) -> dict:

@@ -17,9 +17,20 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from t5x_like import storage
-
+from t5x_like.convert.hf_io import MissingFile
+from t5x_like.errors import UserError
 
 TOKENIZER_FOLDER = "tokenizer"
+
+
+def check_new_folder(folder: str | pathlib.Path) -> None:
+    """Refuses an ``--out`` that holds a checkpoint already (or a location checkpoints
+    cannot go to), before any work."""
+    storage.check_checkpoint_location(folder, "--out")
+    folder = storage.path(folder)
+    if (folder / "params").exists() or (folder / TOKENIZER_FOLDER).exists():
+        raise UserError(f"{folder} holds a checkpoint already; choose a new --out folder "
+                        "so nothing is overwritten.")
 
 
 def save_pretrained(folder: str | pathlib.Path, model_config: dict, params, *,
@@ -29,12 +40,9 @@ def save_pretrained(folder: str | pathlib.Path, model_config: dict, params, *,
     or the tokenizer files copied from the Hugging Face folder ``tokenizer_from``."""
     from t5x_like.data import hf_tokenizers
 
-    storage.check_checkpoint_location(folder, "--out")
+    check_new_folder(folder)
     folder = storage.path(folder)
     target = folder / "params"
-    if target.exists() or (folder / TOKENIZER_FOLDER).exists():
-        raise FileExistsError(f"{folder} holds a checkpoint already; choose a new --out folder "
-                              "so nothing is overwritten.")
     if storage.is_remote(folder):
         # Built on disk, then uploaded with model_config.json last (the same promise).
         with tempfile.TemporaryDirectory() as local:
@@ -65,8 +73,8 @@ def load_pretrained(folder) -> tuple[dict, dict]:
     folder = storage.path(folder)
     config_path = folder / "model_config.json"
     if not config_path.is_file():
-        raise FileNotFoundError(f"{folder} is not a t5x_like pretrained folder (no "
-                                "model_config.json); create one with `python -m t5x_like.convert import`.")
+        raise MissingFile(f"{folder} is not a t5x_like pretrained folder (no "
+                          "model_config.json); create one with `python -m t5x_like.convert import`.")
     model_config = json.loads(config_path.read_text())
     if "mlp_activations" in model_config:
         model_config["mlp_activations"] = tuple(model_config["mlp_activations"])

@@ -35,7 +35,7 @@ import hashlib
 import json
 import random
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 from t5x_like.data import embedded, sources
 from t5x_like.data import preprocessors as pp
@@ -182,7 +182,7 @@ def text_postprocess(text, example=None, is_target=False) -> str:
 
 # -- the tasks' examples ------------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def spam_examples(path: str) -> dict[str, list[dict]]:
     """The spam file's own splits (stratified 80/10/10); text whitespace-normalised."""
     splits = {split: [] for split in SPLITS}
@@ -216,7 +216,7 @@ def read_conllu(path: str) -> Iterable[tuple[str, list[str], list[str]]]:
             tags.append(columns[3])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def ud_pos_examples(paths: tuple[tuple[str, str], ...]) -> dict[str, list[dict]]:
     splits = {}
     for split, path in paths:
@@ -227,7 +227,7 @@ def ud_pos_examples(paths: tuple[tuple[str, str], ...]) -> dict[str, list[dict]]
     return {split: _shuffled("embedded_ud_pos", split, splits[split]) for split in SPLITS}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def bible_paraphrase_examples(kjv_path: str, web_path: str) -> dict[str, list[dict]]:
     """Each selected KJV verse appears once: with its own WEB verse (equivalent) or,
     alternating in a seeded order, with the WEB text of verse v-1 or v+1 of the same
@@ -277,7 +277,7 @@ def bible_paraphrase_examples(kjv_path: str, web_path: str) -> dict[str, list[di
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def bible_en_es_examples(web_path: str, spanish_path: str) -> dict[str, list[dict]]:
     """WEB -> RV1909 on the keys of the (every 4th verse) Spanish file that the WEB has."""
     web = _bible(web_path)
@@ -305,7 +305,7 @@ def udhr_paragraphs(text: str) -> list[str]:
     return [line for line in lines if len(line) >= UDHR_MIN_CHARS]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def udhr_langid_examples(path: str) -> dict[str, list[dict]]:
     """Eligible paragraph j of each translation: j % 9 == 1 validation, == 3 test, else
     train (every translation has at least 4, so every language is in every split).
@@ -416,7 +416,7 @@ def _cloze_example(context_words: list[str], answer: str, counts, pools, line: i
             "options": options, "label": label, "line": line}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def austen_cloze_examples(austen_path: str) -> dict[str, list[dict]]:
     """Validation/test: every cloze point of the Austen lines the pretraining corpus holds
     out (line i % 100 == 99; even hundreds validation, odd test); when a point has fewer

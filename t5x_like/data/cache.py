@@ -35,15 +35,15 @@ import json
 import os
 import re
 import tempfile
-from typing import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import msgpack
 import numpy as np
 
 from t5x_like import storage
-from t5x_like.config_lib import UserError
 from t5x_like.data import preprocessors as pp
 from t5x_like.data import sources
+from t5x_like.errors import UserError
 
 FORMAT_VERSION = 1
 INFO_FILE = "info.json"
@@ -690,7 +690,7 @@ class CachedSplit:
             files = sorted({shard["file_index"] for shard in shards})[shard_index::num_shards]
             mine = set(files)
             ranges = [np.arange(start, start + count, dtype=np.int64)
-                      for start, count, shard in zip(starts, counts, shards)
+                      for start, count, shard in zip(starts, counts, shards, strict=False)
                       if shard["file_index"] in mine]
             indices = np.concatenate(ranges) if ranges else np.zeros(0, np.int64)
             if not len(indices):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import grain
 import numpy as np

@@ -13,7 +13,7 @@ notebooks, on a plain iterable of examples or a single example (``__call__``).
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import grain
 import numpy as np

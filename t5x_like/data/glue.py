@@ -51,7 +51,7 @@ import collections
 import dataclasses
 import functools
 import re
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import grain
 import numpy as np
@@ -121,7 +121,7 @@ def stsb_target(label) -> str:
     """
     value = np.float32(label)
     rounded = np.round(value * np.float32(5)) / np.float32(5)
-    return "%.1f" % float(rounded)
+    return f"{float(rounded):.1f}"
 
 
 def stsb_text(example: Mapping) -> dict:
@@ -136,8 +136,8 @@ def _mark_span(text: str, span: str, index: int, mark: str) -> str:
     unlike T5 the span text is escaped, so it never acts as a pattern)."""
     if index < 0:
         return text
-    pattern = r"^((?:\S+\s){%d})(%s)" % (index, re.escape(span))
-    return re.sub(pattern, r"\g<1>%s \g<2> %s" % (mark, mark), text, count=1)
+    pattern = rf"^((?:\S+\s){{{index}}})({re.escape(span)})"
+    return re.sub(pattern, rf"\g<1>{mark} \g<2> {mark}", text, count=1)
 
 
 def wsc_text(example: Mapping) -> dict:

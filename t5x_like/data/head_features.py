@@ -18,7 +18,7 @@ decoder bodies read the tokens as they are, pooled at the last real token.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 

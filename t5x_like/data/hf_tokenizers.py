@@ -20,9 +20,11 @@ import json
 import pathlib
 import re
 import shutil
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
+
+from t5x_like.errors import MissingFile
 
 # Everything a Hugging Face folder may hold for its tokenizer (transformers' names).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -78,7 +80,7 @@ def load(folder, hf_config: dict | None = None):
         from t5x_like.data import vocabularies
         return vocabularies.SentencePieceVocabulary(str(path))
     if not path.is_dir():
-        raise FileNotFoundError(f"{folder}: no such tokenizer folder or file; give a folder "
+        raise MissingFile(f"{folder}: no such tokenizer folder or file; give a folder "
                                 "with tokenizer.json (or vocab.txt, vocab.json + merges.txt, "
                                 "spiece.model).")
     native = _read_json(path / NATIVE_FILE)
@@ -98,7 +100,7 @@ def load(folder, hf_config: dict | None = None):
         extra_ids = int(_read_json(path / "tokenizer_config.json").get("extra_ids", 100))
         return vocabularies.SentencePieceVocabulary(str(path / "spiece.model"), extra_ids)
     present = sorted(p.name for p in path.iterdir())
-    raise FileNotFoundError(
+    raise MissingFile(
         f"{folder} holds no tokenizer t5x_like can read (it has {present[:12]}); it needs "
         "tokenizer.json, vocab.json + merges.txt, vocab.txt or a T5 spiece.model. Re-save "
         "the tokenizer with transformers' save_pretrained, which writes tokenizer.json.")
@@ -255,7 +257,7 @@ class HfTokenizerVocabulary:
     def random_token_range(self) -> tuple[int, int]:
         """[low, high): the longest run of ids with no special token in it."""
         edges = [-1] + sorted(int(i) for i in self.special_ids) + [self.base_vocab_size]
-        low, high = max(zip(edges[:-1], edges[1:]), key=lambda pair: pair[1] - pair[0])
+        low, high = max(zip(edges[:-1], edges[1:], strict=False), key=lambda pair: pair[1] - pair[0])
         return low + 1, high
 
     @functools.cached_property
@@ -370,8 +372,7 @@ def sentencepiece_tokenizer(vocabulary):
     with a user-defined piece or a sentinel directly followed by a letter.
     """
     from sentencepiece import sentencepiece_model_pb2
-    from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers,
-                            pre_tokenizers)
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
     proto = sentencepiece_model_pb2.ModelProto.FromString(
         pathlib.Path(vocabulary.model_path).read_bytes())

@@ -52,13 +52,13 @@ def vocab_model_path() -> str:
     return embedded.path(VOCAB_MODEL)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def multilingual_vocabulary() -> vocabularies.SentencePieceVocabulary:
     return vocabularies.SentencePieceVocabulary(vocab_model_path(),
                                                 extra_ids=embedded.NUM_EXTRA_IDS)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _piece_ids(model_path: str) -> dict[str, int]:
     sp = spm.SentencePieceProcessor(model_file=model_path)
     return {piece: sp.piece_to_id(piece) for piece in LANGUAGE_TOKENS.values()}
@@ -94,7 +94,7 @@ def temperature_probabilities(sizes: dict[str, float], alpha: float) -> dict[str
     return train_vocab.temperature_probabilities(sizes, alpha)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _characters(task_name: str, split: str) -> int:
     return sum(len(example["text"]) for example in TaskRegistry.get(task_name).source.get(split))
 

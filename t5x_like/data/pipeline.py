@@ -14,7 +14,7 @@ exactly the batches an uninterrupted run would.
 from __future__ import annotations
 
 import itertools
-from typing import Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 import grain
 

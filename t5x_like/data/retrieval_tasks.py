@@ -26,14 +26,14 @@ TASK = "embedded_bible_web_to_kjv"
 SPLITS = bench.SPLITS
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def kjv_corpus(kjv_path: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """``(keys, texts)`` of every KJV verse in file order (``"Genesis 1:1"``, text)."""
     kjv = bench._bible(kjv_path)
     return tuple(bench.verse_key(k) for k in kjv), tuple(kjv.values())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def pairs(kjv_path: str, web_path: str) -> dict[str, list[dict]]:
     """Per split, in canonical order: ``{"query": WEB text, "target": KJV text, "key",
     "doc": index of the KJV verse in kjv_corpus}``."""

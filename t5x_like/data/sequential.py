@@ -25,8 +25,7 @@ import itertools
 import sys
 import threading
 import typing
-from collections.abc import Sequence
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import grain
 import numpy as np

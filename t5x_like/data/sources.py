@@ -17,9 +17,10 @@ import importlib.util
 import json
 import os
 import re
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from t5x_like import storage
+from t5x_like.errors import MissingFile
 
 # "Genesis 1:1<TAB>In the beginning ..." -> the verse text only.
 _VERSE_KEY = re.compile(r"^[^\t]*\d+:\d+\t")
@@ -56,7 +57,7 @@ class TextLineSource:
         for pattern in self.file_patterns:
             matched = storage.glob(pattern)
             if not matched:
-                raise FileNotFoundError(
+                raise MissingFile(
                     f"No file matches {pattern!r}. Check the path (relative paths are "
                     f"resolved from {os.getcwd()!r}) or run from the repository root.")
             paths.extend(matched)
@@ -374,7 +375,7 @@ class TfdsSource(Source):
             return _TfdsRecords(tfds.data_source(self.name, split=tfds_split,
                                                  data_dir=self.data_dir, download=False))
         except Exception as e:  # tfds raises several types for a missing dataset
-            raise FileNotFoundError(
+            raise MissingFile(
                 f"TFDS dataset {self.name!r} split {tfds_split!r} is not prepared as array_record "
                 f"in {self.data_dir or '~/tensorflow_datasets'} ({type(e).__name__}: "
                 f"{str(e).splitlines()[0] if str(e) else ''}). Prepare it with `tfds build "

@@ -14,7 +14,7 @@ that divides ``V``.
 from __future__ import annotations
 
 import json
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import grain
 import numpy as np
@@ -92,7 +92,7 @@ class HostBatchIterator:
         """``{"step", "num_streams", "streams": [state or None per stream]}``: only this
         process's streams are filled in."""
         states: list = [None] * self.num_streams
-        for v, iterator in zip(self.stream_indices, self._iterators):
+        for v, iterator in zip(self.stream_indices, self._iterators, strict=False):
             states[v] = _jsonable(iterator.get_state())
         return {"step": self.step, "num_streams": self.num_streams, "streams": states}
 
@@ -111,7 +111,7 @@ class HostBatchIterator:
             raise ValueError(f"The data state lacks streams {missing}: it holds one process's "
                              "streams only. Save pipeline.merge_states of every process's "
                              "get_state().")
-        for v, iterator in zip(self.stream_indices, self._iterators):
+        for v, iterator in zip(self.stream_indices, self._iterators, strict=False):
             iterator.set_state(state["streams"][v])
         self.step = int(state["step"])
 

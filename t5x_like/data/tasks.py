@@ -17,13 +17,13 @@ NOISE_DENSITY = 0.15
 MEAN_NOISE_SPAN_LENGTH = 3.0
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def embedded_vocabulary() -> vocabularies.SentencePieceVocabulary:
     return vocabularies.SentencePieceVocabulary(embedded.vocab_model_path(),
                                                 extra_ids=embedded.NUM_EXTRA_IDS)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def byte_vocabulary() -> vocabularies.ByteVocabulary:
     return vocabularies.ByteVocabulary()
 

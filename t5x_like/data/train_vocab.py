@@ -24,7 +24,7 @@ import hashlib
 import io
 import os
 import pathlib
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import sentencepiece as spm

@@ -8,10 +8,12 @@ pad=0, eos=1, unk=2 (T5), then bos, and the BERT pieces [MASK], [CLS], [SEP].
 from __future__ import annotations
 
 import functools
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import sentencepiece as spm
+
+from t5x_like.errors import MissingFile
 
 PAD_ID, EOS_ID, UNK_ID, BOS_ID = 0, 1, 2, 3
 MASK_PIECE, CLS_PIECE, SEP_PIECE = "[MASK]", "[CLS]", "[SEP]"
@@ -60,7 +62,7 @@ class SentencePieceVocabulary:
         try:
             self._sp = spm.SentencePieceProcessor(model_file=model_path)
         except (OSError, RuntimeError) as e:
-            raise FileNotFoundError(
+            raise MissingFile(
                 f"Cannot load SentencePiece model {model_path!r} ({e}). Rebuild it with "
                 "`python -m t5x_like.data.train_vocab` or point the config's "
                 "`vocab_path` at an existing .model file.") from e
@@ -256,7 +258,7 @@ class WordPieceVocabulary:
         try:
             self._tokenizer = BertWordPieceTokenizer(vocab_path, lowercase=lowercase)
         except Exception as e:
-            raise FileNotFoundError(f"Cannot load WordPiece vocab {vocab_path!r} ({e}); point at "
+            raise MissingFile(f"Cannot load WordPiece vocab {vocab_path!r} ({e}); point at "
                                     "a BERT vocab.txt (one token per line).") from e
         self._vocab = self._tokenizer.get_vocab()
         self._id_to_token = {i: t for t, i in self._vocab.items()}

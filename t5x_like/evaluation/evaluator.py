@@ -25,13 +25,14 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import numpy as np
 
 from t5x_like import partitioning
-from t5x_like.config_lib import UserError
+from t5x_like.errors import UserError
 from t5x_like.evaluation import few_shot
 
 MODES = ("auto", "predict", "rank", "score")
@@ -214,12 +215,12 @@ class Evaluator(ModelRunner):
         vocabulary = task.output_features["targets"].vocabulary
         targets_text = [_text(ex.get("targets_pretokenized", "")) for ex in examples]
         inputs_text = [_text(ex.get("inputs_pretokenized", "")) for ex in examples]
-        records = [{"inputs": i, "targets": t} for i, t in zip(inputs_text, targets_text)]
+        records = [{"inputs": i, "targets": t} for i, t in zip(inputs_text, targets_text, strict=False)]
         if mode == "score":
             rows = [converter.convert_example(ex, self.lengths) for ex in examples]
             scores = self.score_rows(params, rows)
             _check_finite(task.name, scores)
-            for record, score in zip(records, scores):
+            for record, score in zip(records, scores, strict=False):
                 record["score"] = float(score)
             metrics = {}
             for fn in task.score_metric_fns:
@@ -237,12 +238,12 @@ class Evaluator(ModelRunner):
                     for ex in examples]
             tokens = self.predict_rows(params, rows, length)
             predictions = [_decode(vocabulary, row) for row in tokens]
-        for record, prediction in zip(records, predictions):
+        for record, prediction in zip(records, predictions, strict=False):
             record["prediction"] = prediction
         targets = [task.postprocess(t, example=ex, is_target=True)
-                   for t, ex in zip(targets_text, examples)]
+                   for t, ex in zip(targets_text, examples, strict=False)]
         predicted = [task.postprocess(p, example=ex, is_target=False)
-                     for p, ex in zip(predictions, examples)]
+                     for p, ex in zip(predictions, examples, strict=False)]
         metrics = {}
         for fn in task.metric_fns:
             metrics.update(fn(targets, predicted))
@@ -295,7 +296,7 @@ class Evaluator(ModelRunner):
         scores = self.score_rows(params, rows)
         _check_finite(task.name, scores)
         correct, correct_norm, offset = [], [], 0
-        for record, choices in zip(records, choice_lists):
+        for record, choices in zip(records, choice_lists, strict=False):
             choice_scores = scores[offset:offset + len(choices)]
             offset += len(choices)
             best, best_norm = few_shot.choose(choice_scores, choices)

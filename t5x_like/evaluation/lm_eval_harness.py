@@ -130,10 +130,10 @@ def compare(theirs: Scored, ours: Scored) -> dict:
                          f"{len(theirs.requests)} requests, ours {len(ours.prompts)} / "
                          f"{len(ours.requests)}.")
     delta = max(float(np.max(np.abs(np.subtract(a, b))))
-                for a, b in zip(theirs.logliks, ours.logliks))
-    differing = [i for i, (a, b) in enumerate(zip(theirs.prompts, ours.prompts)) if a != b]
+                for a, b in zip(theirs.logliks, ours.logliks, strict=False))
+    differing = [i for i, (a, b) in enumerate(zip(theirs.prompts, ours.prompts, strict=False)) if a != b]
     token_differing = sum(tuple(map(list, a)) != tuple(map(list, b))
-                          for a, b in zip(theirs.requests, ours.requests))
+                          for a, b in zip(theirs.requests, ours.requests, strict=False))
     same = not differing and not token_differing
     row = {"lm-eval acc": theirs.acc, "ours acc": ours.acc, "lm-eval acc_norm": theirs.acc_norm,
            "ours acc_norm": ours.acc_norm, "max |Δ loglik|": delta,
@@ -154,7 +154,7 @@ def ours_from_predictions(predictions_file, vocabulary, records: list[dict]) -> 
     written = [json.loads(line) for line in
                pathlib.Path(predictions_file).read_text(encoding="utf-8").splitlines()]
     requests = [few_shot.loglikelihood_request(vocabulary, w["inputs"], option)
-                for w, record in zip(written, records) for option in record["options"]]
+                for w, record in zip(written, records, strict=False) for option in record["options"]]
     correct = [w["prediction"] == w["targets"] for w in written]
     correct_norm = [w["prediction_norm"] == w["targets"] for w in written]
     return Scored(float(np.mean(correct)), float(np.mean(correct_norm)),

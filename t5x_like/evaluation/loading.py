@@ -15,7 +15,7 @@ import ml_collections
 from etils import epath
 
 from t5x_like import config_lib, storage
-from t5x_like.config_lib import ConfigError, UserError
+from t5x_like.errors import ConfigError, UserError
 
 
 @dataclasses.dataclass(frozen=True)

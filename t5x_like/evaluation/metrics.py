@@ -13,7 +13,7 @@ import collections
 import itertools
 import re
 import string
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -109,7 +109,7 @@ def token_accuracy(targets, predictions) -> dict:
         target_tokens = target.split() if isinstance(target, str) else list(target)
         predicted = prediction.split() if isinstance(prediction, str) else list(prediction)
         total += len(target_tokens)
-        correct += sum(t == p for t, p in zip(target_tokens, predicted))
+        correct += sum(t == p for t, p in zip(target_tokens, predicted, strict=False))
     return {"token_accuracy": 100.0 * correct / max(total, 1)}
 
 

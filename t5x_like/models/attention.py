@@ -29,7 +29,7 @@ import contextlib
 import contextvars
 import functools
 import logging
-from typing import Iterator
+from collections.abc import Iterator
 
 import flax.linen as nn
 import flax.struct as struct
@@ -288,7 +288,7 @@ def _chunked_unsupported(mask, q_len, k_len, dropout) -> str:
     return ""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _report(requested: str, chosen: str, why: str) -> None:
     level = logging.WARNING if requested not in ("auto", chosen) else logging.INFO
     _log.log(level, "attention: %s (attention_impl=%s): %s", chosen, requested, why)

@@ -22,7 +22,7 @@ returns logits ``[batch, targets, vocab]`` in float32, like the T5 model.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import flax.linen as nn
 import jax

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Sequence
+from collections.abc import Sequence
 
 import flax.linen as nn
 import jax
@@ -122,7 +122,7 @@ class CharCNN(nn.Module):
         b, s, c, e = x.shape
         x = x.reshape(b * s, c, e)
         pooled = []
-        for width, count in zip(tuple(cfg.filter_widths), tuple(cfg.filter_counts)):
+        for width, count in zip(tuple(cfg.filter_widths), tuple(cfg.filter_counts), strict=False):
             kernel = _kernel(self, f"conv_{width}", (width, e, count), (None, None, "mlp"))
             bias = _bias(self, f"conv_{width}_bias", count, "mlp")
             y = jax.lax.conv_general_dilated(x, kernel.astype(x.dtype), (1,), "VALID",

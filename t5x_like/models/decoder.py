@@ -16,7 +16,7 @@ attends bidirectionally), the seqio feature names.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import flax.linen as nn
 import jax

@@ -23,7 +23,7 @@ tower is wider or narrower than the embeddings).
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import flax.linen as nn
 import jax

@@ -23,7 +23,7 @@ head ``rtd_logits [batch, length]`` and ``hidden`` only.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import flax.linen as nn
 import jax

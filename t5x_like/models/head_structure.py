@@ -11,13 +11,14 @@ the task's metrics compare with its targets.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from t5x_like import objectives
+from t5x_like.errors import ConfigError
 from t5x_like.models import heads, structures
 
 LOSSES = {"classification": objectives.classification_loss,
@@ -50,7 +51,6 @@ class HeadStructure(structures.Structure):
 
     # -- data -------------------------------------------------------------------------------
     def feature_converter(self, task_feature_lengths, pack=False, strict=True):
-        from t5x_like.config_lib import ConfigError
         from t5x_like.data.head_features import HeadFeatureConverter
         if pack:
             raise ConfigError("A fine-tuning head reads one example per row; set pack=False.")
@@ -117,10 +117,10 @@ class HeadStructure(structures.Structure):
         if self.kind == "classification":
             return [self.labels[int(i)] for i in predictions]
         if self.kind == "token_classification":
-            return [" ".join(self.labels[int(t)] for t, w in zip(tags, row["label_weights"])
-                             if w > 0) for tags, row in zip(predictions, rows)]
+            return [" ".join(self.labels[int(t)] for t, w in zip(tags, row["label_weights"], strict=False)
+                             if w > 0) for tags, row in zip(predictions, rows, strict=False)]
         texts = []
-        for (start, end), row in zip(predictions, rows):
+        for (start, end), row in zip(predictions, rows, strict=False):
             tokens = np.asarray(row["input_tokens"])[int(start):int(end) + 1]
             texts.append(self.vocabulary.decode([int(t) for t in tokens]))
         return texts

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-from typing import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import flax.linen as nn
 import jax

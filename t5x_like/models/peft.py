@@ -93,7 +93,7 @@ class PeftSettings:
         return self.lora or self.adapters or self.prefix or self.prompt
 
     @classmethod
-    def from_config(cls, peft) -> "PeftSettings":
+    def from_config(cls, peft) -> PeftSettings:
         if peft is None:
             return cls()
         lora, adapter = peft.get("lora") or {}, peft.get("adapter") or {}
@@ -120,7 +120,7 @@ def with_peft(model: nn.Module, settings: PeftSettings) -> nn.Module:
                   if f.init and f.name not in ("parent", "name")})
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _peft_class(base: type, settings: PeftSettings) -> type:
     """A subclass of ``base`` whose ``init``/``apply`` install the interceptor. A subclass
     keeps ``isinstance`` checks, field values and parameter paths as they were."""
@@ -369,7 +369,7 @@ def prompts_from_table(fresh: dict, base: dict) -> dict:
             out[key] = value
             continue
         # The table nearest the prompt in the tree (T5 shares one across encoder/decoder).
-        table = max(tables, key=lambda t: sum(1 for a, b in zip(t, key) if a == b))
+        table = max(tables, key=lambda t: sum(1 for a, b in zip(t, key, strict=False) if a == b))
         rows = np.asarray(base[table])
         out[key] = rows[prompt_init_ids(value.shape[0], rows.shape[0])].astype(value.dtype)
     return out

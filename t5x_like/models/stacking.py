@@ -12,7 +12,8 @@ which intermediates the backward pass may keep instead of recomputing.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import flax.linen as nn
 import jax

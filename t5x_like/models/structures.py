@@ -19,12 +19,11 @@ in ``STRUCTURES``; nothing else branches on family strings.
 from __future__ import annotations
 
 import functools
-from typing import Mapping
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 from flax import traverse_util
 
 from t5x_like import objectives
@@ -395,7 +394,7 @@ class BilmStructure(DecoderStructure):
         e, c, p = model["char_embed_dim"], model["max_chars"], model["projection_dim"]
         widths, counts = tuple(model["filter_widths"]), tuple(model["filter_counts"])
         n = sum(counts)
-        cnn = sum(2 * (c - w + 1) * w * e * k for w, k in zip(widths, counts))
+        cnn = sum(2 * (c - w + 1) * w * e * k for w, k in zip(widths, counts, strict=False))
         cnn += model["num_highway"] * 2 * n * 2 * n + 2 * n * p
         lstm = 2 * model["num_layers"] * (2 * (2 * p) * 4 * model["lstm_dim"]
                                           + 2 * model["lstm_dim"] * p)

@@ -8,7 +8,7 @@ the output projection is separate (v1.1) unless ``logits_via_embedding``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import flax.linen as nn
 import jax

@@ -12,11 +12,21 @@ are built. One module per family of losses:
 from t5x_like.objectives.bilm import bilm_loss
 from t5x_like.objectives.distillation import cosine_loss, soft_target_loss
 from t5x_like.objectives.electra import electra_loss
-from t5x_like.objectives.heads import (classification_loss, regression_loss,
-                                       span_extraction_loss, token_classification_loss)
+from t5x_like.objectives.heads import (
+                                       classification_loss,
+                                       regression_loss,
+                                       span_extraction_loss,
+                                       token_classification_loss,
+)
 from t5x_like.objectives.masked_lm import masked_lm_loss
-from t5x_like.objectives.token import (causal_lm_loss, cross_entropy_with_z_loss, dropout_rngs,
-                                       row_mean_objective, seq2seq_loss, token_objective)
+from t5x_like.objectives.token import (
+                                       causal_lm_loss,
+                                       cross_entropy_with_z_loss,
+                                       dropout_rngs,
+                                       row_mean_objective,
+                                       seq2seq_loss,
+                                       token_objective,
+)
 
 __all__ = ["bilm_loss", "causal_lm_loss", "classification_loss", "cosine_loss", "cross_entropy_with_z_loss",
            "dropout_rngs", "electra_loss", "masked_lm_loss", "regression_loss",

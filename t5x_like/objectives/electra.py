@@ -3,7 +3,7 @@ replaced-token detection."""
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp

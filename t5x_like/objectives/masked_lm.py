@@ -4,7 +4,7 @@ span-boundary losses."""
 from __future__ import annotations
 
 import functools
-from typing import Mapping
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp

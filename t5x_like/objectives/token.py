@@ -3,7 +3,7 @@ causal-LM objectives built on it."""
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp

@@ -15,6 +15,8 @@ import flax.serialization
 import jax
 import numpy as np
 
+from t5x_like.errors import UserError
+
 PARAMS_FILE = "params.msgpack"
 RUN_FILE = "run.json"
 
@@ -24,7 +26,6 @@ def pretrained(checkpoint: str, family_structure: str, flag: str):
     pretrained folder, checked to be the structure asked for; ``flag`` is the option
     that named it (error messages say which to fix)."""
     from t5x_like.analysis import hidden_states
-    from t5x_like.config_lib import UserError
 
     loaded = hidden_states.load(checkpoint, flag=flag)
     if loaded.structure != family_structure:
@@ -43,7 +44,6 @@ def save(workdir, params, run: dict) -> None:
 
 def load(workdir) -> tuple[dict, dict]:
     """``(params, run description)`` of a retrieval run."""
-    from t5x_like.config_lib import UserError
 
     folder = pathlib.Path(workdir)
     if not (folder / PARAMS_FILE).is_file():

@@ -19,7 +19,7 @@ import json
 import pathlib
 import sys
 
-from t5x_like import config_lib, user_errors
+from t5x_like import config_lib, errors
 
 SUBCOMMANDS = ("train-retriever", "build-index", "evaluate-retriever", "train-rag",
                "evaluate-rag")
@@ -60,7 +60,7 @@ def _config(path: str, overrides):
     return config
 
 
-@user_errors.command_line("retrieval")
+@errors.command_line("retrieval")
 def main(argv=None) -> int:
     args, overrides = parse(sys.argv[1:] if argv is None else list(argv))
     from t5x_like.retrieval import rag_run, retriever_run

@@ -12,9 +12,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
+
+from t5x_like.errors import UserError
 
 INDEX_FILE = "index.json"
 DOCS_FILE = "docs.jsonl"
@@ -49,7 +51,7 @@ def build(folder, ids: Sequence[str], texts: Sequence[str],
         np.save(folder / name, vectors)
         shards.append({"file": name, "start": start, "rows": int(vectors.shape[0])})
     with open(folder / DOCS_FILE, "w", encoding="utf-8") as f:
-        for doc_id, text in zip(ids, texts):
+        for doc_id, text in zip(ids, texts, strict=False):
             f.write(json.dumps({"id": doc_id, "text": text}, ensure_ascii=False) + "\n")
     info = {"num_docs": len(texts), "dim": dim, "shards": shards, **(meta or {})}
     (folder / INDEX_FILE).write_text(json.dumps(info, indent=2) + "\n")
@@ -59,7 +61,6 @@ def build(folder, ids: Sequence[str], texts: Sequence[str],
 def load(folder) -> Index:
     folder = pathlib.Path(folder)
     if not (folder / INDEX_FILE).is_file():
-        from t5x_like.config_lib import UserError
         raise UserError(f"{folder} holds no {INDEX_FILE}; build one with `python -m "
                         "t5x_like.retrieval build-index`.")
     meta = json.loads((folder / INDEX_FILE).read_text())

@@ -18,15 +18,16 @@ import numpy as np
 
 from t5x_like import models
 from t5x_like.data import retrieval_tasks
+from t5x_like.errors import ConfigError
 from t5x_like.evaluation import metrics as metric_fns
-from t5x_like.retrieval import checkpoints, index as index_lib, rag, retriever_run, text, training
+from t5x_like.retrieval import checkpoints, rag, retriever_run, text, training
+from t5x_like.retrieval import index as index_lib
 
 KINDS = ("closed_book", "sequence", "token")
 QUERY_PREFIX, PASSAGE_PREFIX = "kjv: ", "context: "
 
 
 def _check(config):
-    from t5x_like.config_lib import ConfigError
     if config.kind not in KINDS:
         raise ConfigError(f"kind={config.kind!r}; use one of {KINDS}.")
 
@@ -142,10 +143,10 @@ def evaluate(workdir: str, split: str = "test", max_examples: int = 300,
     references = [p["target"] for p in data.pairs]
     result.update(metric_fns.bleu(references, predictions))
     result["exact_match"] = 100.0 * float(np.mean([a == b for a, b in zip(predictions,
-                                                                         references)]))
+                                                                         references, strict=False)]))
     out = pathlib.Path(workdir)
     with open(out / f"predictions_{split}.jsonl", "w", encoding="utf-8") as f:
-        for pair, prediction in zip(data.pairs, predictions):
+        for pair, prediction in zip(data.pairs, predictions, strict=False):
             f.write(json.dumps({"key": pair["key"], "query": pair["query"],
                                 "target": pair["target"], "prediction": prediction},
                                ensure_ascii=False) + "\n")

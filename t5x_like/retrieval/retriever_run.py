@@ -16,7 +16,8 @@ import numpy as np
 
 from t5x_like.data import retrieval_tasks
 from t5x_like.objectives import rag as rag_objectives
-from t5x_like.retrieval import checkpoints, index as index_lib, search, text, towers, training
+from t5x_like.retrieval import checkpoints, search, text, towers, training
+from t5x_like.retrieval import index as index_lib
 
 
 def vocabulary():
@@ -45,7 +46,7 @@ def load_retriever(path: str, pooling="mean", normalize=True, query_length=96, d
     return towers.bi_encoder(run["model"], run["pooling"], run["normalize"]), params, run
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _encoder(model, method: str):
     return jax.jit(lambda params, tokens: model.apply({"params": params}, tokens, method=method))
 

@@ -17,7 +17,8 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 DEFAULT_AXIS = "docs"
 

@@ -6,7 +6,7 @@ framing for encoders); the T5 generator reads ``text EOS``. Id 0 pads.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import pathlib
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import jax
 import numpy as np
@@ -28,8 +28,9 @@ def optimizer(rates: dict[str, float], steps: int, warmup: int, weight_decay: fl
     """AdamW per top-level group of the params (``{"generator": 1e-3, ...}``)."""
     transforms = {group: optax.adamw(schedule(rate, steps, warmup), weight_decay=weight_decay)
                   for group, rate in rates.items()}
-    labels = lambda params: {group: jax.tree.map(lambda _: group, tree)  # noqa: E731
-                             for group, tree in params.items()}
+    def labels(params):
+        return {group: jax.tree.map(lambda _, group=group: group, tree) for group, tree in params.items()}
+
     return optax.chain(optax.clip_by_global_norm(clip), optax.multi_transform(transforms, labels))
 
 

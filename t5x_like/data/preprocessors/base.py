@@ -14,7 +14,8 @@ the deterministic steps before it can be run once, offline, by ``cache_tasks``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import grain
 import numpy as np

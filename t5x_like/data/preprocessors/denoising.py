@@ -19,8 +19,11 @@ import numpy as np
 
 from t5x_like.data.preprocessors.base import ExampleStep
 from t5x_like.data.preprocessors.span_corruption import (
-    noise_counts, noise_span_to_unique_sentinel, nonnoise_span_to_unique_sentinel,
-    random_spans_noise_mask)
+    noise_counts,
+    noise_span_to_unique_sentinel,
+    nonnoise_span_to_unique_sentinel,
+    random_spans_noise_mask,
+)
 from t5x_like.data.preprocessors.text import apply_eos
 
 VARIANTS = ("span_corruption", "iid_replace_spans", "iid_drop", "bert_style", "mass_style",

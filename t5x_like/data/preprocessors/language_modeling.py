@@ -8,7 +8,7 @@ other (each one ends with EOS when ``AppendEos`` runs first).
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import grain
 import numpy as np

@@ -1,34 +1,20 @@
-"""One error path for every command line: what the user caused (a ``UserError``:
-flags, files, tasks, checkpoints) is one message and exit status 2; a traceback
-means a bug in t5x_like.
+"""Flags and checks the command lines share: ``--module`` (the user's task modules),
+a writable output folder checked before any work, and the interpreter as the user
+would type it in a printed follow-up command. A library module, so that commands
+never import each other for them.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib
 import os
 import pathlib
 import sys
 import tempfile
-from typing import Callable, Sequence
+from collections.abc import Sequence
 
-from t5x_like.config_lib import UserError
-
-
-def command_line(prog: str) -> Callable:
-    """Wraps a ``main(argv) -> int``: a ``UserError`` escaping it prints ``prog: message``
-    and returns 2."""
-    def wrap(main: Callable) -> Callable:
-        @functools.wraps(main)
-        def wrapped(argv: Sequence[str] | None = None) -> int:
-            try:
-                return main(argv) or 0
-            except UserError as e:
-                print(f"{prog}: {e}", file=sys.stderr)
-                return 2
-        return wrapped
-    return wrap
+from t5x_like import storage
+from t5x_like.errors import UserError
 
 
 def add_module_flag(parser) -> None:
@@ -57,7 +43,6 @@ def check_writable_folder(path: str, flag: str = "--workdir") -> None:
     """Refuses a folder that is a file or that cannot be written, before any work: the
     first checkpoint is the wrong moment to find out. A bucket path is tried with a small
     object written and deleted (a missing bucket or missing credentials show here)."""
-    from t5x_like import storage
     if storage.is_remote(path):
         _check_writable_bucket_folder(path, flag)
         return
@@ -80,7 +65,6 @@ def check_writable_folder(path: str, flag: str = "--workdir") -> None:
 
 
 def _check_writable_bucket_folder(path: str, flag: str) -> None:
-    from t5x_like import storage
     try:
         probe = storage.path(path) / ".t5x_like_write_test"
         probe.write_text("")
@@ -103,3 +87,26 @@ def this_python() -> str:
         return str(relative) if str(relative).startswith(".") else f"./{relative}"
     except ValueError:
         return str(executable)
+
+
+def add_multi_process_flags(parser) -> None:
+    """``--coordinator_address``, ``--num_processes``, ``--process_id``: a multi-process
+    run's flags (GPU clusters; Cloud TPU VMs, SLURM and MPI are detected without them)."""
+    multi = parser.add_argument_group(
+        "multi-process runs (GPU clusters; Cloud TPU VMs, SLURM and MPI are detected)")
+    multi.add_argument("--coordinator_address", help="HOST:PORT of process 0.")
+    multi.add_argument("--num_processes", type=int, help="Processes in the run.")
+    multi.add_argument("--process_id", type=int, help="This process's index, from 0.")
+
+
+def start_processes(args) -> None:
+    """Joins this process to a multi-process run (``jax.distributed.initialize``) from the
+    flags of :func:`add_multi_process_flags`, or from the cluster's own variables; does
+    nothing for a single-process run. Called once the config is known to be good."""
+    from t5x_like import partitioning  # imports JAX: only after the cheap checks passed
+    try:
+        settings = partitioning.distributed_settings(args.coordinator_address,
+                                                     args.num_processes, args.process_id)
+    except UserError as e:
+        raise UserError(f"Multi-process setup error: {e}") from None
+    partitioning.initialize_distributed(settings)
