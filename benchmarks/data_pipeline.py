@@ -31,7 +31,8 @@ import time
 import numpy as np
 
 import t5x_like.data as td
-from t5x_like.data import pipeline, tasks
+from t5x_like.builtin_tasks import pretraining as tasks
+from t5x_like.data import pipeline
 
 INPUTS, TARGETS = 512, 114  # T5's pretraining lengths
 ROWS = {

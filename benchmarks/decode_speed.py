@@ -65,9 +65,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_like import config_lib, decoding, models
+from t5x_like import config_lib, decoding, models, structures
 from t5x_like.convert import hf_gpt2, hf_io, hf_t5
-from t5x_like.models import structures
 
 ROWS = {
     # name: (config file, beams)

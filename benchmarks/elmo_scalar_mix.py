@@ -21,9 +21,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from t5x_like import structures
 from t5x_like.analysis import hidden_states
-from t5x_like.data import bench_tasks
-from t5x_like.models import bilm, structures
+from t5x_like.builtin_tasks import bench as bench_tasks
+from t5x_like.models import bilm
 
 
 def word_batches(examples, vocab, max_tokens: int):
@@ -92,10 +93,10 @@ def train_tagger(train_x, train_y, test_x, test_y, num_tags, mix: bool, steps: i
 def load_params(checkpoint: str, random_init: bool):
     """The run config and its newest params (``hidden_states.load`` without its
     transformer-layer lookup); ``random_init``: fresh params of the same config."""
-    from t5x_like.evaluation import loading
-    source = loading.resolve(checkpoint)
+    from t5x_like import checkpoints, runs
+    source = checkpoints.resolve(checkpoint)
     step = source.steps()[-1]
-    config = loading.run_config(source, step, None, [])
+    config = runs.run_config(source, step, None, [])
     if random_init:
         return config, hidden_states._fresh_params(config, 0)  # noqa: SLF001
     return config, hidden_states._restored_params(source, step, config)  # noqa: SLF001
@@ -134,7 +135,7 @@ def main(argv=None) -> int:
                         help="also report an untrained biLM of the same shape")
     args = parser.parse_args(argv)
     splits = bench_tasks.ud_pos_examples(bench_tasks._ud_paths())  # noqa: SLF001
-    from t5x_like.data import tasks
+    from t5x_like.builtin_tasks import pretraining as tasks
     vocab = tasks.embedded_vocabulary()
     train = word_batches(splits["train"][:args.train_sentences], vocab, args.max_tokens)
     test = word_batches(splits["validation"][:args.test_sentences], vocab, args.max_tokens)

@@ -20,7 +20,8 @@ import itertools
 import json
 import pathlib
 
-from t5x_like.data import bench_tasks, get_task_or_mixture
+from t5x_like.builtin_tasks import bench as bench_tasks
+from t5x_like.data import get_task_or_mixture
 from t5x_like.data.preprocessors.text import as_text
 
 COLUMNS = [("T5", "t5"), ("GPT-2", "gpt2"), ("BERT", "bert")]

@@ -43,7 +43,7 @@ WORD_VECTORS = "mean"
 def corpus_sentences(count: int, seed: int = 0) -> list[str]:
     """Sentences of 8-40 words from the embedded corpus's validation documents (verse
     references dropped), a seeded sample."""
-    from t5x_like.data import tasks
+    from t5x_like.builtin_tasks import pretraining as tasks
     sentences = []
     for document in tasks.embedded_en_documents("validation"):
         body = document.split("\t")[-1]
@@ -56,7 +56,7 @@ def corpus_sentences(count: int, seed: int = 0) -> list[str]:
 
 def ud_sentences(split: str, count: int) -> list[dict]:
     """The embedded_ud_pos task's examples of ``split`` (its fixed order): words, tags."""
-    from t5x_like.data import bench_tasks
+    from t5x_like.builtin_tasks import bench as bench_tasks
     examples = bench_tasks.ud_pos_examples(bench_tasks._ud_paths())[split]
     return [{"words": ex["words"], "tags": ex["tags"]} for ex in examples[:count]]
 

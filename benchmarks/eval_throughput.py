@@ -30,8 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_like import config_lib
-from t5x_like.models import structures
+from t5x_like import config_lib, structures
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROWS = {"t5": "t5_1_1_small", "gpt2": "gpt2_small"}

@@ -66,16 +66,15 @@ def restore(checkpoint: str):
     tokenizer), else the task's."""
     import jax
 
-    from t5x_like import config_lib, partitioning
+    from t5x_like import checkpoints, config_lib, partitioning, runs
     from t5x_like import trainer as trainer_lib
-    from t5x_like.evaluation import loading
 
-    source = loading.resolve(checkpoint)
+    source = checkpoints.resolve(checkpoint)
     steps = source.steps()
     if not steps:
         sys.exit(f"{checkpoint} holds no complete checkpoint yet.")
     step = steps[-1]
-    config = loading.run_config(source, step, None, [])
+    config = runs.run_config(source, step, None, [])
     if config.model.family != "decoder":
         sys.exit(f"{checkpoint} is a {config.model.family} model; lm-eval parity needs a decoder.")
     devices = jax.devices()
@@ -83,20 +82,19 @@ def restore(checkpoint: str):
                                             partitioning.num_slices(devices))
     trainer = trainer_lib.build_trainer(config, partitioning.make_mesh(shape, devices))
     from t5x_like.data import get_task_or_mixture
-    vocabulary = (loading.trained_vocabulary(source, source.saved_config(step))
+    vocabulary = (runs.trained_vocabulary(source, source.saved_config(step))
                   or get_task_or_mixture(TASK).vocabulary)
     return step, config, trainer, source.restore_params(step, trainer), vocabulary
 
 
 def score_ours(config, trainer, params, vocabulary, args, num_shots: int, width: int):
     """Our ``Evaluator`` in lm_eval mode on the first ``--limit`` examples of the split."""
-    from t5x_like import eval as eval_cli
-    from t5x_like.evaluation import evaluator, few_shot, lm_eval_harness
+    from t5x_like.evaluation import evaluator, few_shot, lm_eval_harness, runner
 
     settings = evaluator.EvalSettings(split=args.split, max_examples=args.limit,
                                       batch_size=args.batch_size, num_shots=num_shots,
                                       few_shot_seed=args.seed)
-    ev = eval_cli.build_evaluator(config, trainer, TASK, settings, {"targets": width},
+    ev = runner.build_evaluator(config, trainer, TASK, settings, {"targets": width},
                                   vocabulary)
     (result,) = ev.evaluate(params)
     assert result.mode == "lm_eval", result.mode

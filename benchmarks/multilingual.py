@@ -11,7 +11,7 @@ language's share of the train split's characters) with the mixture's own rates
 and with the share of ``--draw`` examples drawn from it (masked-LM tasks).
 ``vocab`` tokenizes each language's validation text with the English 8k vocabulary,
 the multilingual one (α = 0.3) and, if given, one trained with α = 1
-(``python -m t5x_like.data.train_vocab --multilingual --alpha=1 --output=...``).
+(``python -m t5x_like.train_vocab --multilingual --alpha=1 --output=...``).
 ``results`` reads ``<runs>/<name>/eval/metrics.jsonl`` written by ``t5x_like.eval``
 for the runs named in docs/multilingual.md.
 """
@@ -25,9 +25,10 @@ import itertools
 import json
 import pathlib
 
-from t5x_like.data import MixtureRegistry, TaskRegistry, multilingual_tasks, vocabularies
+from t5x_like.builtin_tasks import multilingual as multilingual_tasks
+from t5x_like.builtin_tasks import pretraining as builtin_tasks
+from t5x_like.data import MixtureRegistry, TaskRegistry, vocabularies
 from t5x_like.data import preprocessors as pp
-from t5x_like.data import tasks as builtin_tasks
 from t5x_like.data.dataset_providers import Feature
 
 LANGS = multilingual_tasks.LANGUAGES
@@ -135,15 +136,14 @@ def retarget(run: str, language: str, out: str) -> None:
     id (``decoder_start_id``): ``train`` refuses an ``init_from`` whose model keys differ
     from the config's, and this key differs between pretraining (never decodes) and each
     translation direction. Parameters are unchanged."""
-    from t5x_like import partitioning
+    from t5x_like import checkpoints, partitioning, runs
     from t5x_like.convert import pretrained
-    from t5x_like.evaluation import loading
 
-    source = loading.resolve(run)
+    source = checkpoints.resolve(run)
     step = source.steps()[-1]
-    config = loading.run_config(source, step, None, [])
+    config = runs.run_config(source, step, None, [])
     mesh = partitioning.make_mesh({"data": 1})
-    params, _ = loading.base_params(run, config, mesh)
+    params, _ = checkpoints.base_params(run, config, mesh)
     model_config = dict(config.model.to_dict(),
                         decoder_start_id=multilingual_tasks.language_id(language))
     pretrained.save_pretrained(out, model_config, params,

@@ -23,6 +23,8 @@ import statistics
 import subprocess
 import sys
 
+from t5x_like.checkpoints import peft_state
+
 TASKS = {"spam": ("classification", "f1"), "bible_paraphrase": ("classification", "accuracy"),
          "ud_pos": ("token_classification", "token_accuracy")}
 METHODS = {
@@ -79,13 +81,13 @@ def run_all(runs: pathlib.Path, methods, tasks) -> None:
 def _trainer(runs: pathlib.Path, method: str, task: str):
     import jax
 
-    from t5x_like import config_lib, partitioning, train
+    from t5x_like import config_lib, partitioning
     from t5x_like import trainer as trainer_lib
     config = config_lib.load_config_file(CONFIG)
     config_lib.apply_overrides(config, [o[len("--config."):]
                                         for o in overrides(runs, method, task)])
     config.init_from = ""
-    train.resolve_head_labels(config)
+    runs.resolve_head_labels(config)
     mesh = partitioning.make_mesh({"data": 1}, jax.devices()[:1])
     return config, trainer_lib.build_trainer(config, mesh)
 
@@ -95,13 +97,12 @@ def sizes(runs: pathlib.Path, method: str, task: str) -> tuple[int, int, int]:
     import jax
     import numpy as np
 
-    from t5x_like import peft
     from t5x_like import trainer as trainer_lib
     _, trainer = _trainer(runs, method, task)
     params = trainer.abstract_state.params
     total = trainer_lib.param_count(params)
     trainable = (total if trainer.trainable is None else
-                 trainer_lib.param_count(peft.trainable_only(params, trainer.trainable) or {}))
+                 trainer_lib.param_count(peft_state.trainable_only(params, trainer.trainable) or {}))
     state_bytes = sum(int(np.prod(x.shape)) * x.dtype.itemsize
                       for x in jax.tree.leaves(trainer.abstract_state.opt_state))
     return total, trainable, state_bytes
@@ -115,7 +116,7 @@ def step_ms(runs: pathlib.Path, method: str, task: str, steps: int = 30) -> floa
     import jax
     import numpy as np
 
-    from t5x_like.models import structures
+    from t5x_like import structures
     config, trainer = _trainer(runs, method, task)
     structure = structures.for_config(config)
     rng = np.random.default_rng(0)

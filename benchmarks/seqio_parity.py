@@ -25,7 +25,7 @@ Checks, all on identical inputs:
   f1_score_with_invalid and mean_multiclass_f1 (with -1 predictions),
   matthews_corrcoef (T5's CoLA wrapper), pearson/spearman (ties), sequence accuracy,
   BLEU and SQuAD exactly; ROUGE within 0.5 (T5 reports an unseeded bootstrap median).
-* GLUE/SuperGLUE (``t5x_like.data.glue``): each task's metric set and postprocessor
+* GLUE/SuperGLUE (``t5x_like.builtin_tasks.glue``): each task's metric set and postprocessor
   against ``t5.data.glue_utils``'s, and our inputs/targets text against T5's
   TensorFlow preprocessors (glue, stsb, wsc, record) on the same records.
 
@@ -45,8 +45,8 @@ import numpy as np
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import t5x_like.data as td  # noqa: E402
+from t5x_like.builtin_tasks import pretraining as tasks  # noqa: E402
 from t5x_like.data import preprocessors as pp  # noqa: E402
-from t5x_like.data import tasks  # noqa: E402
 
 # seqio's converters return int32 loss weights; ours are float32 so that a
 # loss can weight positions fractionally. Values are compared exactly.
@@ -572,7 +572,7 @@ def metric_inputs(seed: int = 0) -> dict:
 
 
 def check_metrics(t5_metrics):
-    from t5x_like.evaluation import metrics
+    from t5x_like import metrics
     inputs = metric_inputs()
     binary, classes, scores = inputs["binary"], inputs["classes"], inputs["scores"]
     docs, hypotheses = inputs["text"]
@@ -610,7 +610,7 @@ def check_metrics(t5_metrics):
 
 def glue_metric_inputs(task_name: str, rng):
     """(targets, predictions) for a task's metrics, as its postprocessors produce them."""
-    from t5x_like.data import glue
+    from t5x_like.builtin_tasks import glue
     b = glue.BENCHMARKS[task_name]
     n = 120
     if b.short_name == "stsb":
@@ -642,7 +642,7 @@ def check_glue_metrics_and_postprocessors(t5_metrics, tf):
     import tensorflow_datasets as tfds
     from t5.data import glue_utils
 
-    from t5x_like.data import glue
+    from t5x_like.builtin_tasks import glue
     rng = np.random.default_rng(1)
     configs = {"glue": tfds.text.glue.Glue.builder_configs,
                "super_glue": tfds.text.super_glue.SuperGlue.builder_configs}
@@ -720,7 +720,7 @@ def check_glue_formats(tf):
     import tensorflow_datasets as tfds
     from t5.data import glue_utils
 
-    from t5x_like.data import glue
+    from t5x_like.builtin_tasks import glue
     configs = {"glue": tfds.text.glue.Glue.builder_configs,
                "super_glue": tfds.text.super_glue.SuperGlue.builder_configs}
     by_config = {(b.collection, b.config): b for b in glue.BENCHMARKS.values()}

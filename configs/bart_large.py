@@ -8,18 +8,11 @@
 import importlib.util
 import pathlib
 
-_spec = importlib.util.spec_from_file_location(
-    "_bart_base", pathlib.Path(__file__).with_name("bart_base.py"))
-_bart_base = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_bart_base)
+_spec = importlib.util.spec_from_file_location("_bases", pathlib.Path(__file__).resolve().parent / "_bases/__init__.py")
+bases = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bases)
+bart = bases.family("bart")
 
 
 def get_config():
-    config = _bart_base.get_config()
-    model = config.model
-    model.d_model = 1024
-    model.num_heads = 16
-    model.d_ff = 4096
-    model.num_encoder_layers = 12
-    model.num_decoder_layers = 12
-    return config
+    return bart.base(d_model=1024, num_heads=16, d_ff=4096, num_encoder_layers=12, num_decoder_layers=12)

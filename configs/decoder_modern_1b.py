@@ -7,36 +7,21 @@ layers with remat so the compile stays small and activations fit.
     python -m t5x_like.convert import --hf_dir=path/to/TinyLlama-1.1B --out=converted/tinyllama
 """
 
-from t5x_like import config_lib
+import importlib.util
+import pathlib
+
+_spec = importlib.util.spec_from_file_location("_bases", pathlib.Path(__file__).resolve().parent / "_bases/__init__.py")
+bases = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bases)
+gpt2 = bases.family("gpt2")
 
 
 def get_config():
-    config = config_lib.default_config()
-    config.model = config_lib.model_defaults("decoder")
-    model = config.model
-    model.vocab_size = 32000
-    model.d_model = 2048
-    model.num_heads = 32
-    model.num_kv_heads = 4
-    model.head_dim = 64
-    model.d_ff = 5632
-    model.num_layers = 22
-    model.max_length = 2048
-    model.mlp_activations = ("silu", "linear")
-    model.use_bias = False
-    model.norm = "rmsnorm"
-    model.layer_norm_epsilon = 1e-5
-    model.position_embedding = "rotary"
-    model.tie_embeddings = False
-    model.scan_layers = True
-    model.remat_policy = "dots_no_batch"
-    config.task = "embedded_en_lm"
-    config.task_feature_lengths = {"targets": 2048}
-    config.batch_size = 512
-    config.optimizer.name = "adamw"
-    config.optimizer.learning_rate = 4e-4
-    config.optimizer.schedule = "cosine"
-    config.optimizer.warmup_steps = 2000
-    config.optimizer.weight_decay = 0.1
-    config.optimizer.b2 = 0.95
+    config = gpt2.base(vocab_size=32000, d_model=2048, num_heads=32, num_kv_heads=4, d_ff=5632,
+                       num_layers=22, max_length=2048, mlp_activations=("silu", "linear"),
+                       use_bias=False, norm="rmsnorm", layer_norm_epsilon=1e-5,
+                       position_embedding="rotary", tie_embeddings=False, scan_layers=True,
+                       remat_policy="dots_no_batch")
+    config.optimizer.update(name="adamw", learning_rate=4e-4, schedule="cosine", warmup_steps=2000,
+                            weight_decay=0.1, b2=0.95)
     return config

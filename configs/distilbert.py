@@ -15,10 +15,10 @@ targets at T = 2, 2 x masked LM, 1 x hidden-state cosine (their recipe).
 import importlib.util
 import pathlib
 
-_spec = importlib.util.spec_from_file_location(
-    "_bert_base", pathlib.Path(__file__).resolve().parent / "bert_base.py")
-_bert_base = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_bert_base)
+_spec = importlib.util.spec_from_file_location("_bases", pathlib.Path(__file__).resolve().parent / "_bases/__init__.py")
+bases = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bases)
+_bert_base = bases.config_file("bert_base")
 
 
 def get_config():

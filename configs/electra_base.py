@@ -10,25 +10,20 @@ steps, 15% masked, λ = 50.
     python -m t5x_like.train --config=configs/electra_base.py --workdir=runs/electra_base
 """
 
-from t5x_like import config_lib
+import importlib.util
+import pathlib
+
+_spec = importlib.util.spec_from_file_location("_bases", pathlib.Path(__file__).resolve().parent / "_bases/__init__.py")
+bases = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bases)
+electra = bases.family("electra")
 
 
 def get_config():
-    config = config_lib.default_config()
-    config.model = config_lib.model_defaults("electra")
-    config.model.update(dict(
-        vocab_size=30522, d_model=768, num_heads=12, head_dim=64, d_ff=3072, num_layers=12,
-        embedding_dim=768, generator_d_model=256, generator_num_heads=4, generator_head_dim=64,
-        generator_d_ff=1024, generator_num_layers=12, discriminator_loss_weight=50.0,
-        max_predictions_per_seq=79,
-        max_length=512))
-    config.task = "embedded_en_electra"
+    config = electra.base(d_model=768, num_heads=12, d_ff=3072, embedding_dim=768, generator_d_model=256,
+                          generator_num_heads=4, generator_d_ff=1024, max_predictions_per_seq=79)
     config.task_feature_lengths = {"inputs": 512}
     config.batch_size = 256
     config.num_train_steps = 766_000
-    config.optimizer.name = "adamw"
     config.optimizer.learning_rate = 2e-4
-    config.optimizer.schedule = "linear"
-    config.optimizer.warmup_steps = 10_000
-    config.optimizer.weight_decay = 0.01
     return config

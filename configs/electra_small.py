@@ -12,25 +12,20 @@ AdamW at 5e-4 with 10k warmup steps and linear decay, 15% masked, λ = 50.
         --generator_dir=path/to/electra-small-generator --out=converted/electra_small
 """
 
-from t5x_like import config_lib
+import importlib.util
+import pathlib
+
+_spec = importlib.util.spec_from_file_location("_bases", pathlib.Path(__file__).resolve().parent / "_bases/__init__.py")
+bases = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bases)
+electra = bases.family("electra")
 
 
 def get_config():
-    config = config_lib.default_config()
-    config.model = config_lib.model_defaults("electra")
-    config.model.update(dict(
-        vocab_size=30522, d_model=256, num_heads=4, head_dim=64, d_ff=1024, num_layers=12,
-        embedding_dim=128, generator_d_model=64, generator_num_heads=1, generator_head_dim=64,
-        generator_d_ff=256, generator_num_layers=12, discriminator_loss_weight=50.0,
-        max_predictions_per_seq=19,
-        max_length=512))
-    config.task = "embedded_en_electra"
+    config = electra.base(d_model=256, num_heads=4, d_ff=1024, embedding_dim=128, generator_d_model=64,
+                          generator_num_heads=1, generator_d_ff=256, max_predictions_per_seq=19)
     config.task_feature_lengths = {"inputs": 128}
     config.batch_size = 128
     config.num_train_steps = 1_000_000
-    config.optimizer.name = "adamw"
     config.optimizer.learning_rate = 5e-4
-    config.optimizer.schedule = "linear"
-    config.optimizer.warmup_steps = 10_000
-    config.optimizer.weight_decay = 0.01
     return config

@@ -5,21 +5,14 @@
     python -m t5x_like.convert import --hf_dir=path/to/gpt2-large --out=converted/gpt2_large
 """
 
-from t5x_like import config_lib
+import importlib.util
+import pathlib
+
+_spec = importlib.util.spec_from_file_location("_bases", pathlib.Path(__file__).resolve().parent / "_bases/__init__.py")
+bases = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bases)
+gpt2 = bases.family("gpt2")
 
 
 def get_config():
-    config = config_lib.default_config()
-    config.model = config_lib.model_defaults("decoder")
-    model = config.model
-    model.vocab_size = 50257
-    model.d_model = 1280
-    model.num_heads = 20
-    model.head_dim = 64
-    model.d_ff = 5120
-    model.num_layers = 36
-    model.max_length = 1024
-    config.task = "embedded_en_lm"
-    config.task_feature_lengths = {"targets": 1024}
-    config.batch_size = 512
-    return config
+    return gpt2.base(d_model=1280, num_heads=20, d_ff=5120, num_layers=36)

@@ -11,10 +11,10 @@ length (``model.attention_impl="auto"`` computes the window in blocks).
 import importlib.util
 import pathlib
 
-_spec = importlib.util.spec_from_file_location(
-    "_roberta_base", pathlib.Path(__file__).with_name("roberta_base.py"))
-_roberta_base = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_roberta_base)
+_spec = importlib.util.spec_from_file_location("_bases", pathlib.Path(__file__).resolve().parent / "_bases/__init__.py")
+bases = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bases)
+_roberta_base = bases.config_file("roberta_base")
 
 
 def get_config():

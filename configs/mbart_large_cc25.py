@@ -12,34 +12,21 @@ Pretraining here runs the embedded multilingual mixture (``multilingual_mbart``)
 vocabulary (``--config.model.vocab_size=8192``); the 250,027 rows are the published model's.
 """
 
-from t5x_like import config_lib
+import importlib.util
+import pathlib
+
+_spec = importlib.util.spec_from_file_location("_bases", pathlib.Path(__file__).resolve().parent / "_bases/__init__.py")
+bases = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bases)
+bart = bases.family("bart")
 
 
 def get_config():
-    config = config_lib.default_config()
-    config.model = config_lib.model_defaults("bart")
-    model = config.model
-    model.vocab_size = 250027
-    model.d_model = 1024
-    model.num_heads = 16
-    model.head_dim = 64
-    model.d_ff = 4096
-    model.num_encoder_layers = 12
-    model.num_decoder_layers = 12
-    model.max_length = 1024
-    model.pre_norm = True
-    model.final_layer_norm = True
-    model.scale_embedding = True
-    model.decoder_start_from_targets = True
-    # The embedded vocabulary's ids (pad 0, eos 1); imported checkpoints carry mBART's (1, 2).
-    model.pad_id, model.eos_id, model.decoder_start_id = 0, 1, 0
+    # BART's ids of the embedded vocabulary (pad 0, eos 1); imported checkpoints carry mBART's (1, 2).
+    config = bart.base(vocab_size=250027, d_model=1024, num_heads=16, d_ff=4096,
+                       num_encoder_layers=12, num_decoder_layers=12, pre_norm=True,
+                       final_layer_norm=True, scale_embedding=True, decoder_start_from_targets=True)
     config.task = "multilingual_mbart"
-    config.task_feature_lengths = {"inputs": 512, "targets": 512}
     config.batch_size = 1024  # the paper: 128k tokens per batch
-    config.optimizer.name = "adamw"
-    config.optimizer.learning_rate = 3e-4
-    config.optimizer.schedule = "linear"
-    config.optimizer.warmup_steps = 10_000
-    config.optimizer.b2 = 0.98
-    config.optimizer.weight_decay = 0.01
+    config.optimizer.update(learning_rate=3e-4, b2=0.98)
     return config

@@ -6,32 +6,20 @@ vocabulary, positions counted after the padding index, no next-sentence head.
     python -m t5x_like.convert import --hf_dir=path/to/roberta-base --out=converted/roberta_base
 """
 
-from t5x_like import config_lib
+import importlib.util
+import pathlib
+
+_spec = importlib.util.spec_from_file_location("_bases", pathlib.Path(__file__).resolve().parent / "_bases/__init__.py")
+bases = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bases)
+bert = bases.family("bert")
 
 
 def get_config():
-    config = config_lib.default_config()
-    config.model = config_lib.model_defaults("encoder")
-    model = config.model
-    model.vocab_size = 50265
-    model.d_model = 768
-    model.num_heads = 12
-    model.head_dim = 64
-    model.d_ff = 3072
-    model.num_layers = 12
-    model.max_length = 514
-    model.type_vocab_size = 1
-    model.pad_id = 1
-    model.position_offset = 2
-    model.next_sentence_head = False
-    model.layer_norm_epsilon = 1e-5
-    config.task = "embedded_en_mlm"
+    config = bert.base(vocab_size=50265, d_model=768, num_heads=12, d_ff=3072, num_layers=12,
+                       max_length=514, type_vocab_size=1, pad_id=1, position_offset=2,
+                       next_sentence_head=False, layer_norm_epsilon=1e-5)
     config.task_feature_lengths = {"inputs": 512}
     config.batch_size = 8192
-    config.optimizer.name = "adamw"
-    config.optimizer.learning_rate = 6e-4
-    config.optimizer.schedule = "linear"
-    config.optimizer.warmup_steps = 24_000
-    config.optimizer.weight_decay = 0.01
-    config.optimizer.b2 = 0.98
+    config.optimizer.update(learning_rate=6e-4, warmup_steps=24_000, b2=0.98)
     return config

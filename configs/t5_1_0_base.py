@@ -4,18 +4,14 @@
     python -m t5x_like.train --config=configs/t5_1_0_base.py --workdir=runs/t5_1_0_base
 """
 
-from t5x_like import config_lib
+import importlib.util
+import pathlib
+
+_spec = importlib.util.spec_from_file_location("_bases", pathlib.Path(__file__).resolve().parent / "_bases/__init__.py")
+bases = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bases)
+t5 = bases.family("t5")
 
 
 def get_config():
-    config = config_lib.t5_pretraining_config()
-    model = config.model
-    model.d_model = 768
-    model.num_heads = 12
-    model.head_dim = 64
-    model.d_ff = 3072
-    model.num_encoder_layers = 12
-    model.num_decoder_layers = 12
-    model.mlp_activations = ("relu",)
-    model.logits_via_embedding = True
-    return config
+    return t5.base(d_model=768, num_heads=12, d_ff=3072, num_encoder_layers=12, num_decoder_layers=12, **t5.V1_0)

@@ -5,24 +5,18 @@
     python -m t5x_like.train --config=configs/t5_1_1_xxl.py --workdir=runs/t5_1_1_xxl
 """
 
-from t5x_like import config_lib
+import importlib.util
+import pathlib
+
+_spec = importlib.util.spec_from_file_location("_bases", pathlib.Path(__file__).resolve().parent / "_bases/__init__.py")
+bases = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bases)
+t5 = bases.family("t5")
 
 
 def get_config():
-    config = config_lib.t5_pretraining_config()
-    model = config.model
-    model.d_model = 4096
-    model.num_heads = 64
-    model.head_dim = 64
-    model.d_ff = 10240
-    model.num_encoder_layers = 24
-    model.num_decoder_layers = 24
-    # Activations in bfloat16, as T5X trains T5 v1.1 (parameters stay float32): half
-    # the HBM traffic of float32 activations, and the MXU's native input type.
-    model.dtype = "bfloat16"
-    # Too large to replicate: shard parameters and optimizer state over all chips.
-    config.mesh.data = 1
-    config.mesh.fsdp = -1
+    config = t5.base(d_model=4096, num_heads=64, d_ff=10240, num_encoder_layers=24, num_decoder_layers=24)
+    bases.shard_fully(config)  # as T5X trains T5 v1.1: activations in bfloat16
     config.mesh.tensor = 4
     config.partitioning.rules = "fsdp_tensor"
     return config

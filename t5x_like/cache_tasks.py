@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import importlib
 import json
 import logging
 import sys
@@ -65,7 +64,6 @@ OUR_FLAGS = ("--tasks", "--output_dir", "--module", "--splits", "--examples_per_
 
 def _registry(modules):
     """Tasks and mixtures, with the user's modules imported (also in Beam workers)."""
-    importlib.import_module("t5x_like.data")  # registers the built-in tasks
     from t5x_like.data import dataset_providers
     cli_flags.import_modules(modules)
     return dataset_providers

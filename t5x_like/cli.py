@@ -17,7 +17,7 @@ COMMANDS = {
     "infer": ("t5x_like.infer", "generate for a task's split or a JSONL file"),
     "summary": ("t5x_like.summary", "parameter table of a config's model"),
     "convert": ("t5x_like.convert.__main__", "import/export Hugging Face checkpoints"),
-    "vocab": ("t5x_like.data.train_vocab", "train the embedded SentencePiece vocabulary"),
+    "vocab": ("t5x_like.train_vocab", "train the embedded SentencePiece vocabulary"),
     "cache_tasks": ("t5x_like.cache_tasks", "preprocess tasks once with Apache Beam (a cache)"),
     "plot": ("t5x_like.plot", "loss and accuracy curves of a run as a PNG"),
     "embed": ("t5x_like.embed", "per-layer token, word and pooled vectors of texts as .npy"),

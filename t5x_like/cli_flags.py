@@ -26,8 +26,9 @@ def add_module_flag(parser) -> None:
 def import_modules(names: Sequence[str]) -> None:
     """``--module=PKG.MOD`` (repeatable): the user's modules that register tasks and
     mixtures, imported before any task is looked up (seqio's and T5X's
-    ``MIXTURE_OR_TASK_MODULE``). The current directory is importable, as with
-    ``python -m``."""
+    ``MIXTURE_OR_TASK_MODULE``). The built-in tasks register first, so a user's module
+    may build on them. The current directory is importable, as with ``python -m``."""
+    import t5x_like.builtin_tasks  # noqa: F401  (registers the built-in tasks and mixtures)
     if names and "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     for name in names:
@@ -110,3 +111,24 @@ def start_processes(args) -> None:
     except UserError as e:
         raise UserError(f"Multi-process setup error: {e}") from None
     partitioning.initialize_distributed(settings)
+
+
+def add_vocabulary_flag(parser) -> None:
+    parser.add_argument(
+        "--vocabulary", default="",
+        help="Re-tokenize every text task: 'checkpoint' (the tokenizer the checkpoint "
+             "carries, e.g. an imported GPT-2's) or a tokenizer folder / tokenizer.json / "
+             ".model path. Default: each task's own vocabulary, which must be the "
+             "checkpoint's.")
+
+
+def add_decoding_flags(group) -> None:
+    """The decoding flags ``eval`` and ``infer`` share (greedy, beam, sampling)."""
+    group.add_argument("--max_decode_length", type=int, default=0,
+                       help="0: the targets length.")
+    group.add_argument("--num_beams", type=int, default=1)
+    group.add_argument("--alpha", type=float, default=0.6, help="Beam length penalty.")
+    group.add_argument("--temperature", type=float, default=0.0, help="0: greedy.")
+    group.add_argument("--top_k", type=int, default=0)
+    group.add_argument("--top_p", type=float, default=1.0)
+    group.add_argument("--seed", type=int, default=0)

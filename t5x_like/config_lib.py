@@ -204,7 +204,6 @@ ENUMS = {
     "peft.adapter.activation": ("gelu", "gelu_exact", "relu", "silu"),
     "distill.student_init": ("teacher_layers", "fresh"),
 }
-DISTILLABLE_FAMILIES = ("encoder", "decoder", "encoder_decoder", "bart")
 POSITIVE_INTS = ("num_train_steps", "batch_size", "log_every_steps", "checkpoint_every_steps",
                  "eval_every_steps", "eval_batches", "keep_checkpoints", "optimizer.microbatches")
 
@@ -456,12 +455,14 @@ def validate(config: ml_collections.ConfigDict) -> None:
         if value is not _ABSENT and value not in allowed:
             raise ConfigError(f"Config key {path!r} is {value!r}; choose one of {allowed}."
                               f"{_suggest(str(value), allowed)}")
+    # Each structure's own part (encoder-decoders take no task head, ELECTRA's and the
+    # biLM's keys, ...): imports the models, so after the cheap checks above.
+    from t5x_like import structures
+    structures.validate_config(config)
     _validate_head(config)
     _validate_optimizer_numbers(config)
     _validate_divergence(config)
     _validate_peft(config)
-    _validate_electra(config)
-    _validate_bilm(config)
     _validate_distill(config)
     for name in config.allow_resume_changes:
         if not any(name == k or name.startswith(k + ".") for k in RESUME_CHANGE_KEYS):
@@ -545,13 +546,6 @@ def _validate_peft(config) -> None:
                               f"{1 if key == 'prefix.hidden' else 0} (0: off), e.g. "
                               f"--config.peft.{key}={example}.")
     if config.peft.prompt.length:
-        if config.model.family not in ("encoder", "encoder_decoder"):
-            raise ConfigError(
-                f"peft.prompt puts a soft prompt in front of the input of a BERT-style "
-                f"encoder or T5's encoder; it is not built for model.family="
-                f"{config.model.family!r}. Use prefix tuning, which works with cached "
-                "decoding: "
-                "--config.peft.prompt.length=0 --config.peft.prefix.length=10.")
         if config.pack:
             raise ConfigError("peft.prompt puts its prompt in front of each row, so rows "
                               "cannot be packed; set --config.pack=False.")
@@ -571,9 +565,6 @@ def _validate_distill(config) -> None:
             raise ConfigError(f"distill.{key}={value!r} must be a finite number "
                               f"{'> 0' if positive else '>= 0'} (Sanh et al.: temperature 2, "
                               "soft 5, hard 2, cosine 1).")
-    if config.model.family not in DISTILLABLE_FAMILIES:
-        raise ConfigError(f"distill works with model.family in {DISTILLABLE_FAMILIES}; "
-                          f"{config.model.family!r} is not one of them.")
     if config.init_from and d.student_init == "teacher_layers":
         raise ConfigError("distill.student_init='teacher_layers' starts the student from the "
                           f"teacher, and init_from={config.init_from!r} from elsewhere; pick "
@@ -588,47 +579,11 @@ def _validate_distill(config) -> None:
         raise ConfigError("distill trains the whole student; turn peft off for it.")
 
 
-def _validate_bilm(config) -> None:
-    if config.model.get("family") != "bilm":
-        return
-    from t5x_like.models.bilm_validation import validate_bilm
-    validate_bilm(config, ConfigError)
-
-
-def _validate_electra(config) -> None:
-    if config.model.get("family") != "electra":
-        return
-    _finite_at_least(config, "model.discriminator_loss_weight", 0.0, "50.0")
-    temperature = config.model.sampling_temperature
-    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature)
-            and temperature > 0):
-        raise ConfigError(f"model.sampling_temperature={temperature} must be a finite number "
-                          "> 0 (1.0 samples from the generator's own distribution).")
-    limit = config.model.max_predictions_per_seq
-    if not isinstance(limit, int) or limit < 0:
-        raise ConfigError(f"model.max_predictions_per_seq={limit!r} must be an integer >= 0 "
-                          "(0: sample every masked position), e.g. 19 for 15% of 128 tokens.")
-    if not config.model.generator_d_model and not config.head.kind:
-        raise ConfigError(
-            "model.generator_d_model=0: this ELECTRA is a discriminator without a generator, "
-            "which fine-tunes (set head.kind) but cannot pretrain. Give it a generator, e.g. "
-            "--config.model.generator_d_model=64 (a quarter of the discriminator's width), or "
-            "import one with convert import --generator_dir=...")
-
-
 def _validate_head(config) -> None:
+    """A task head's settings that hold for every body (each structure adds its own)."""
     head = config.get("head")
     if head is None or not head.kind:
         return
-    from t5x_like import models
-    if models.STRUCTURES.get(config.model.family) == "encoder_decoder":
-        raise ConfigError(f"head.kind={head.kind!r} needs an encoder or decoder body; "
-                          f"model.family={config.model.family!r} is an encoder-decoder, which "
-                          "fine-tunes text-to-text: set --config.head.kind=''.")
-    if (models.STRUCTURES.get(config.model.family) == "decoder" and head.pooling == "cls"
-            and head.kind in ("classification", "regression")):
-        raise ConfigError("A decoder's first token has seen nothing but itself; pool a "
-                          "decoder body at its last token: --config.head.pooling=last.")
     if config.pack:
         raise ConfigError("A fine-tuning head reads one example per row; set "
                           "--config.pack=False.")

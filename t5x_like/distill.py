@@ -28,7 +28,6 @@ import re
 import jax
 import numpy as np
 
-from t5x_like.config_lib import DISTILLABLE_FAMILIES as DISTILLABLE
 from t5x_like.errors import ConfigError, UserError
 
 
@@ -42,9 +41,9 @@ def enabled(config) -> bool:
 def teacher_model_config(config) -> tuple[dict, dict | None]:
     """``(teacher model config, its run's fingerprint or None)`` read from
     ``distill.teacher``, without loading parameters."""
-    from t5x_like.evaluation import loading
+    from t5x_like import checkpoints
     try:
-        source = loading.resolve(config.distill.teacher)
+        source = checkpoints.resolve(config.distill.teacher)
     except UserError as e:
         raise ConfigError(f"distill.teacher: {e}") from None
     steps = source.steps()
@@ -58,12 +57,12 @@ def teacher_model_config(config) -> tuple[dict, dict | None]:
 def check_teacher(config, teacher_model: dict, teacher_fingerprint: dict | None,
                   student_vocabulary) -> None:
     """One message for each teacher the student cannot learn from."""
-    from t5x_like import models
+    from t5x_like import models, structures
     from t5x_like.run_guard import vocabulary_identity
     teacher = config.distill.teacher
-    if teacher_model.get("family") not in DISTILLABLE:
+    if teacher_model.get("family") not in structures.distillable_families():
         raise ConfigError(f"distill.teacher={teacher!r} is a {teacher_model.get('family')!r} "
-                          f"model; teachers are one of {DISTILLABLE}.")
+                          f"model; teachers are one of {structures.distillable_families()}.")
     if models.structure(teacher_model["family"]) != models.structure(config.model.family):
         raise ConfigError(f"distill.teacher={teacher!r} is a {teacher_model['family']!r} model "
                           f"and the student a {config.model.family!r}; the two must read the "
@@ -96,14 +95,13 @@ def load_teacher(config, mesh, student_vocabulary):
     """``(teacher structure, host params)``, checked against the student."""
     import ml_collections
 
-    from t5x_like.evaluation import loading
-    from t5x_like.models import structures
+    from t5x_like import checkpoints, structures
     teacher_model, fingerprint = teacher_model_config(config)
     check_teacher(config, teacher_model, fingerprint, student_vocabulary)
     teacher_config = ml_collections.ConfigDict(config.to_dict())
     teacher_config.model = ml_collections.ConfigDict(teacher_model)
     teacher_config.init_from = config.distill.teacher
-    params, _ = loading.base_params(config.distill.teacher, teacher_config, mesh)
+    params, _ = checkpoints.base_params(config.distill.teacher, teacher_config, mesh)
     return structures.for_config(teacher_config), params
 
 

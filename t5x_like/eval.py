@@ -13,13 +13,13 @@ lm-evaluation-harness scores multiple choice (``acc``, ``acc_norm``).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 
-from t5x_like import cli_flags, config_lib, errors, storage
+from t5x_like import checkpoints, cli_flags, config_lib, errors, runs, storage
 from t5x_like.errors import UserError
+from t5x_like.evaluation import results as result_files
+from t5x_like.evaluation import runner
 
 
 def parse_args(argv):
@@ -47,151 +47,12 @@ def parse_args(argv):
     parser.add_argument("--num_shots", type=int, default=None,
                         help="Decoders: k-shot lm-evaluation-harness multiple choice.")
     parser.add_argument("--few_shot_seed", type=int, default=1234)
-    add_vocabulary_flag(parser)
-    add_decoding_flags(parser.add_argument_group("decoding (predict mode)"))
+    cli_flags.add_vocabulary_flag(parser)
+    cli_flags.add_decoding_flags(parser.add_argument_group("decoding (predict mode)"))
     cli_flags.add_multi_process_flags(parser)
     parser.add_argument("--quiet", action="store_true")
     rest, overrides = config_lib.split_overrides(argv)
     return parser.parse_args(rest), overrides
-
-
-def add_vocabulary_flag(parser) -> None:
-    parser.add_argument(
-        "--vocabulary", default="",
-        help="Re-tokenize every text task: 'checkpoint' (the tokenizer the checkpoint "
-             "carries, e.g. an imported GPT-2's) or a tokenizer folder / tokenizer.json / "
-             ".model path. Default: each task's own vocabulary, which must be the "
-             "checkpoint's.")
-
-
-def add_decoding_flags(group) -> None:
-    """The decoding flags ``eval`` and ``infer`` share (greedy, beam, sampling)."""
-    group.add_argument("--max_decode_length", type=int, default=0,
-                       help="0: the targets length.")
-    group.add_argument("--num_beams", type=int, default=1)
-    group.add_argument("--alpha", type=float, default=0.6, help="Beam length penalty.")
-    group.add_argument("--temperature", type=float, default=0.0, help="0: greedy.")
-    group.add_argument("--top_k", type=int, default=0)
-    group.add_argument("--top_p", type=float, default=1.0)
-    group.add_argument("--seed", type=int, default=0)
-
-
-def eval_lengths(config, args=None) -> dict[str, int]:
-    lengths = dict(config.task_feature_lengths)
-    if args is not None:
-        if args.inputs_length:
-            lengths["inputs"] = args.inputs_length
-        if args.targets_length:
-            lengths["targets"] = args.targets_length
-    return lengths
-
-
-def check_lengths(config, lengths: dict[str, int], tasks, few_shot: bool = False) -> None:
-    """Lengths the model cannot take, refused before anything is compiled: a decoder
-    trained without inputs asked to read a task's inputs (few-shot scoring reads them
-    as text in its own window), or more tokens than its learned positions."""
-    from t5x_like import models
-    structure = models.structure(config.model.family)
-    with_inputs = [t.name for t in tasks if "inputs" in t.output_features]
-    if structure == "decoder" and with_inputs and "inputs" not in lengths and not few_shot:
-        raise UserError(
-            f"Task {with_inputs[0]!r} has inputs, and this decoder's lengths "
-            f"{lengths} have none; give both, e.g. --inputs_length=128 --targets_length=32 "
-            f"(their sum at most model.max_length={config.model.get('max_length')}).")
-    limit = config.model.get("max_length")
-    if structure == "decoder" and config.model.get("position_embedding") == "rotary":
-        limit = None
-    total = (sum(lengths.values()) if structure == "decoder"
-             else lengths.get("inputs", 0) if structure == "encoder" else 0)
-    if limit and total > limit:
-        raise UserError(
-            f"Lengths {lengths} need {total} positions, but the model has "
-            f"max_length={limit} learned positions; lower --inputs_length/--targets_length "
-            f"so they sum to at most {limit}.")
-
-
-def build_evaluator(config, trainer, name: str, settings, lengths=None, vocabulary=None):
-    """The evaluator for a run config on the trainer's mesh (used by ``train`` too);
-    ``vocabulary`` re-tokenizes the tasks (a checkpoint's own tokenizer)."""
-    from t5x_like.evaluation import evaluator
-    from t5x_like.models import structures
-    return evaluator.Evaluator(structures.for_config(config), trainer.mesh, trainer.rules,
-                               trainer.state_shardings.params, name,
-                               lengths or dict(config.task_feature_lengths), settings,
-                               vocabulary=vocabulary)
-
-
-def done_steps(output_dir, task_names, split: str = "validation") -> set[int]:
-    """Steps whose every task already has a line for ``split`` in ``metrics.jsonl``."""
-    path = output_dir / "metrics.jsonl"
-    if not path.is_file():
-        return set()
-    seen: dict[int, set] = {}
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut by an interruption; its step is evaluated again
-        if record.get("split", "validation") != split:
-            continue
-        seen.setdefault(int(record["step"]), set()).add(record.get("task"))
-    return {step for step, tasks in seen.items() if set(task_names) <= tasks}
-
-
-class ResultWriter:
-    """``metrics.jsonl``, predictions and TensorBoard under ``output_dir`` (process 0 only)."""
-
-    def __init__(self, output_dir, enabled: bool):
-        self.output_dir = output_dir
-        self.enabled = enabled
-        self._tb = None
-        if enabled:
-            output_dir.mkdir(parents=True, exist_ok=True)
-            from tensorboardX import SummaryWriter
-            self._tb = SummaryWriter(logdir=os.fspath(output_dir / "tensorboard"))
-
-    def write(self, step: int, results, split: str = "validation") -> None:
-        if not self.enabled:
-            return
-        from t5x_like.evaluation import evaluator
-        for result in results:
-            folder = self.output_dir / "predictions" / result.task
-            folder.mkdir(parents=True, exist_ok=True)
-            storage.write_atomic(folder / f"step_{step}.jsonl", "".join(
-                json.dumps(record, ensure_ascii=False) + "\n" for record in result.records))
-            for key, value in result.metrics.items():
-                self._tb.add_scalar(f"{result.task}/{key}", float(value), global_step=step)
-        mean = evaluator.average(results)
-        if mean is not None and len(results) > 1:
-            self._tb.add_scalar("average", mean, global_step=step)
-        self._tb.flush()
-        # The step's lines go in one append, after its predictions: an interrupted step
-        # leaves no line and is evaluated again, never twice.
-        lines = "".join(json.dumps(dict(r, split=split)) + "\n"
-                        for r in evaluator.as_records(results, step))
-        log = storage.AppendLog(self.output_dir / "metrics.jsonl")
-        try:
-            log.append(lines)
-        finally:
-            log.close()
-
-    def close(self):
-        if self._tb is not None:
-            self._tb.close()
-
-
-def format_table(step: int, results) -> str:
-    from t5x_like.evaluation import evaluator
-    lines = [f"step {step}"]
-    width = max(len(r.task) for r in results)
-    for r in results:
-        values = ", ".join(f"{k} {v:.2f}" if abs(v) >= 1 else f"{k} {v:.4f}"
-                           for k, v in r.metrics.items())
-        lines.append(f"  {r.task:<{width}}  [{r.mode}]  {values}")
-    mean = evaluator.average(results)
-    if mean is not None and len(results) > 1:
-        lines.append(f"  {'average':<{width}}  {mean:.2f}")
-    return "\n".join(lines)
 
 
 def run(args, overrides) -> int:
@@ -199,10 +60,9 @@ def run(args, overrides) -> int:
 
     from t5x_like import partitioning
     from t5x_like import trainer as trainer_lib
-    from t5x_like.data import get_task_or_mixture  # noqa: F401  (registers the built-in tasks)
-    from t5x_like.evaluation import evaluator, loading
+    from t5x_like.evaluation import evaluator
 
-    source = loading.resolve(args.checkpoint)
+    source = checkpoints.resolve(args.checkpoint)
     output_dir = storage.path(args.output_dir)
     if source.kind == "run" and output_dir.is_relative_to(source.path):
         raise UserError(f"--output_dir={args.output_dir} is inside the checkpoints folder "
@@ -211,13 +71,13 @@ def run(args, overrides) -> int:
     name = args.mixture or args.task
     task_names = [t.name for t in evaluator.leaf_tasks(name)]
     is_chief = jax.process_index() == 0
-    writer = ResultWriter(output_dir, enabled=is_chief)
+    writer = result_files.ResultWriter(output_dir, enabled=is_chief)
     setup = None
     last_new = time.monotonic()
     try:
         while True:
             steps = source.steps()
-            todo = [s for s in steps if s not in done_steps(output_dir, task_names, args.split)]
+            todo = [s for s in steps if s not in result_files.done_steps(output_dir, task_names, args.split)]
             for step in todo:
                 if setup is None:
                     setup = _setup(source, step, args, overrides, name)
@@ -226,7 +86,7 @@ def run(args, overrides) -> int:
                 results = ev.evaluate(params)
                 writer.write(step, results, args.split)
                 if is_chief and not args.quiet:
-                    print(format_table(step, results), flush=True)
+                    print(result_files.format_table(step, results), flush=True)
                 last_new = time.monotonic()
             if not args.watch or source.kind == "pretrained" or source.only_step is not None:
                 break
@@ -253,21 +113,21 @@ def _setup(source, step, args, overrides, name):
 
     from t5x_like import partitioning
     from t5x_like import trainer as trainer_lib
-    from t5x_like.evaluation import evaluator, loading
+    from t5x_like.evaluation import evaluator
 
-    config = loading.run_config(source, step, args.config, overrides)
+    config = runs.run_config(source, step, args.config, overrides)
     saved = source.saved_config(step)
-    trained = loading.trained_vocabulary(source, saved)
-    asked = loading.resolve_vocabulary(args.vocabulary, source, trained)
+    trained = runs.trained_vocabulary(source, saved)
+    asked = runs.resolve_vocabulary(args.vocabulary, source, trained)
     for task in evaluator.leaf_tasks(name, asked):
-        loading.check_vocabulary(config, task, trained, asked)
+        runs.check_vocabulary(config, task, trained, asked)
     devices = jax.devices()
     mesh_shape = config_lib.validate_for_devices(config, len(devices), jax.process_count(),
                                                  partitioning.num_slices(devices))
     mesh = partitioning.make_mesh(mesh_shape, devices)
     trainer = trainer_lib.build_trainer(config, mesh)
-    lengths = eval_lengths(config, args)
-    check_lengths(config, lengths, evaluator.leaf_tasks(name),
+    lengths = runner.eval_lengths(config, args)
+    runner.check_lengths(config, lengths, evaluator.leaf_tasks(name),
                   few_shot=args.num_shots is not None)
     settings = evaluator.EvalSettings(
         split=args.split, max_examples=args.max_examples,
@@ -276,7 +136,7 @@ def _setup(source, step, args, overrides, name):
         alpha=args.alpha, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         seed=args.seed, mode=args.mode, num_shots=args.num_shots,
         few_shot_seed=args.few_shot_seed)
-    return config, trainer, build_evaluator(config, trainer, name, settings, lengths, asked)
+    return config, trainer, runner.build_evaluator(config, trainer, name, settings, lengths, asked)
 
 
 @errors.command_line("eval")

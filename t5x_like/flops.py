@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from t5x_like.models import structures
+from t5x_like import structures
 
 
 def forward_flops_per_sequence(model: Mapping, lengths: Mapping[str, int]) -> float:

@@ -16,8 +16,7 @@ import sys
 
 import numpy as np
 
-from t5x_like import cli_flags, config_lib, errors, storage
-from t5x_like import eval as eval_lib
+from t5x_like import checkpoints, cli_flags, config_lib, errors, runs, storage
 from t5x_like.errors import UserError
 
 
@@ -35,8 +34,8 @@ def parse_args(argv):
     parser.add_argument("--config")
     parser.add_argument("--batch_size", type=int, default=0)
     parser.add_argument("--inputs_length", type=int, default=0)
-    eval_lib.add_vocabulary_flag(parser)
-    eval_lib.add_decoding_flags(parser.add_argument_group("decoding"))
+    cli_flags.add_vocabulary_flag(parser)
+    cli_flags.add_decoding_flags(parser.add_argument_group("decoding"))
     rest, overrides = config_lib.split_overrides(argv)
     return parser.parse_args(rest), overrides
 
@@ -65,19 +64,18 @@ def read_inputs(path: str) -> list[str]:
 def run(args, overrides) -> int:
     import jax
 
-    from t5x_like import config_lib, partitioning
+    from t5x_like import config_lib, partitioning, structures
     from t5x_like import trainer as trainer_lib
-    from t5x_like.data import tasks as builtin
+    from t5x_like.builtin_tasks import pretraining as builtin
     from t5x_like.data.dataset_providers import with_vocabulary
-    from t5x_like.evaluation import evaluator, loading
-    from t5x_like.models import structures
+    from t5x_like.evaluation import evaluator
 
-    source = loading.resolve(args.checkpoint)
+    source = checkpoints.resolve(args.checkpoint)
     steps = source.steps()
     if not steps:
         raise UserError(f"{source.path} holds no complete checkpoint.")
     step = steps[-1]
-    config = loading.run_config(source, step, args.config, overrides)
+    config = runs.run_config(source, step, args.config, overrides)
     lengths = dict(config.task_feature_lengths)
     if args.inputs_length:
         lengths["inputs"] = args.inputs_length
@@ -90,11 +88,11 @@ def run(args, overrides) -> int:
         lengths["targets"] = max_decode_length  # the row is the prompt, then what is generated
 
     saved = source.saved_config(step)
-    trained = loading.trained_vocabulary(source, saved)
-    asked = loading.resolve_vocabulary(args.vocabulary, source, trained)
+    trained = runs.trained_vocabulary(source, saved)
+    asked = runs.resolve_vocabulary(args.vocabulary, source, trained)
     if args.task:
         task = with_vocabulary(evaluator.leaf_tasks(args.task)[0], asked)
-        loading.check_vocabulary(config, task, trained, asked)
+        runs.check_vocabulary(config, task, trained, asked)
         vocabulary = task.output_features["targets"].vocabulary
         examples = list(task.get_dataset(args.split, lengths, shuffle=False, num_epochs=1))
         if args.max_examples:
@@ -103,7 +101,7 @@ def run(args, overrides) -> int:
         targets_text = [str(ex.get("targets_pretokenized", "")) for ex in examples]
     else:  # free text: the tokenizer asked for, else the checkpoint's own
         vocabulary = asked or trained or builtin.embedded_vocabulary()
-        loading.check_fits(config, vocabulary, "--input_file")
+        runs.check_fits(config, vocabulary, "--input_file")
         inputs_text = read_inputs(args.input_file)[:args.max_examples or None]
         targets_text = None
         examples = []

@@ -69,11 +69,13 @@ def keep_libtpu_off_machines_without_tpus() -> None:
     jax = sys.modules.get("jax")
     if jax is None:
         return
+    # Read from sys.modules, not imported: this module stays importable without JAX
+    # (``launch/`` runs on the standard library alone), and JAX imports its bridge itself.
+    xla_bridge = sys.modules.get("jax._src.xla_bridge")
     try:
-        from jax._src import xla_bridge
         if not xla_bridge.backends_are_initialized() and not jax.config.jax_platforms:
             jax.config.update("jax_platforms", value)
-    except (ImportError, AttributeError):  # private API moved: the variable still helps children
+    except AttributeError:  # private API moved: the variable still helps children
         pass
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import collections
 import hashlib
 import math
-import pathlib
 import statistics
 from collections.abc import Iterable
 
@@ -30,23 +29,15 @@ def _as_plain(value):
     return value
 
 
-def _file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()[:16]
-
-
 def vocabulary_identity(vocabulary) -> dict:
-    """Kind, size and model-file hash: what makes two vocabularies the same ids."""
+    """Kind, size and model-file hash (from ``vocabularies.identity``): the part of the
+    vocabulary a run's fingerprint keeps, under the keys checkpoints were saved with."""
     from t5x_like.data import vocabularies
-    identity = {"vocabulary.kind": vocabularies.kind(vocabulary),
-                "vocabulary.size": int(vocabulary.vocab_size)}
-    path = vocabularies.model_file(vocabulary)
-    if path and pathlib.Path(path).is_file():
-        identity["vocabulary.file_sha256"] = _file_sha256(path)
-    return identity
+    found = vocabularies.identity(vocabulary)
+    kept = {"vocabulary.kind": found["kind"], "vocabulary.size": found["size"]}
+    if "file_sha256" in found:
+        kept["vocabulary.file_sha256"] = found["file_sha256"]
+    return kept
 
 
 def optimizer_state_digest(abstract_opt_state) -> str:

@@ -12,24 +12,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-import flax.linen as nn
 import jax
 import numpy as np
 
-from t5x_like import config_lib, errors, models, optim, trainer
-
-
-def parameter_shapes(model_config, peft_settings=None) -> dict:
-    from t5x_like.models import peft
-    model = peft.with_peft(models.build_model(model_config), peft_settings or peft.PeftSettings())
-    lengths = {"encoder_input_tokens": 8, "decoder_input_tokens": 8, "decoder_target_tokens": 8}
-    return nn.unbox(trainer.abstract_boxed_params(model, lengths))
-
-
-def flat_parameter_shapes(model_config) -> list[tuple[str, tuple[int, ...]]]:
-    """``("encoder/layers_0/.../kernel", shape)`` for every parameter of the model."""
-    return [(name, tuple(leaf.shape))
-            for name, leaf in trainer.flat_with_paths(parameter_shapes(model_config))]
+from t5x_like import config_lib, errors, optim, trainer
 
 
 def module_rows(shapes: dict, depth: int) -> list[tuple[str, int]]:
@@ -75,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     config_lib.validate(config)
     from t5x_like.models import peft
     settings = peft.PeftSettings.from_config(config.peft)
-    shapes = parameter_shapes(config.model, settings)
+    shapes = trainer.parameter_shapes(config.model, settings)
     if settings.any or config.peft.bitfit:
         trainer.check_peft_fits(config, shapes)
     rows = module_rows(shapes, args.depth)

@@ -13,13 +13,12 @@ import argparse
 import functools
 import json
 import math
-import pathlib
 import shlex
 import signal
 import sys
 import time
 
-from t5x_like import cli_flags, config_lib, errors, storage
+from t5x_like import cli_flags, config_lib, errors, runs, storage
 
 USAGE = ("python -m t5x_like.train --config=FILE --workdir=DIR [--config.KEY=VALUE ...]\n"
          "  e.g. python -m t5x_like.train --config=configs/quickstart.py --workdir=/tmp/t5x_like_run "
@@ -41,120 +40,6 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return parser.parse_args(rest), overrides
 
 
-def load_and_validate(config_path: str, overrides: list[str]):
-    config = config_lib.load_config_file(config_path)
-    config_lib.apply_overrides(config, overrides)
-    config_lib.validate(config)
-    from t5x_like.data import get_task_or_mixture  # registers the built-in tasks
-    for key in ("task", "eval.mixture"):
-        name = config.task if key == "task" else config.eval.mixture
-        if key == "eval.mixture" and not name:
-            continue
-        try:
-            get_task_or_mixture(name)
-        except KeyError as e:
-            raise errors.ConfigError(
-                f"{key}: {e.args[0]} Register it with TaskRegistry.add in your module and load "
-                "it with --module=YOUR.MODULE.") from None
-    return config
-
-
-def resolve_head_labels(config) -> None:
-    """``head.labels`` from the task when the config leaves them empty, so the saved run
-    config names the labels the head's outputs mean (eval and infer read them there)."""
-    from t5x_like.data import dataset_providers as dp
-    from t5x_like.data import head_features
-
-    head = config.get("head")
-    if head is None or not head.kind:
-        return
-    provider = dp.get_task_or_mixture(config.task)
-    if isinstance(provider, dp.Mixture):
-        raise errors.ConfigError(
-            f"head.kind={head.kind!r} trains one head on one task's labels; task "
-            f"{config.task!r} is a mixture. Fine-tune a head per task (--config.task=NAME).")
-    if head.kind in ("classification", "token_classification") and not head.labels:
-        try:
-            head.labels = tuple(head_features.labels_from_task(provider, head.kind))
-        except ValueError as e:
-            raise errors.ConfigError(str(e)) from None
-
-
-def run_vocabulary(config):
-    """``config.vocabulary`` resolved: None (each task's own), the tokenizer ``init_from``
-    carries (``checkpoint``), or the tokenizer at a path."""
-    if not config.get("vocabulary"):
-        return None
-    from t5x_like.data import hf_tokenizers
-    from t5x_like.evaluation import loading
-    if config.vocabulary == "checkpoint":
-        try:
-            source = loading.resolve(config.init_from)
-            step = source.steps()[-1] if source.steps() else 0
-            vocabulary = loading.trained_vocabulary(source, source.saved_config(step))
-        except errors.UserError as e:
-            raise errors.ConfigError(f"vocabulary='checkpoint' with init_from="
-                                         f"{config.init_from!r}: {e}") from None
-        if vocabulary is None:
-            raise errors.ConfigError(
-                f"vocabulary='checkpoint': init_from={config.init_from!r} carries no tokenizer "
-                "(imported without one); re-import it from a folder with tokenizer.json or set "
-                "--config.vocabulary=PATH.")
-        return vocabulary
-    try:
-        return hf_tokenizers.load(config.vocabulary)
-    except (FileNotFoundError, ValueError) as e:
-        raise errors.ConfigError(f"vocabulary={config.vocabulary!r}: {e}") from None
-
-
-def _keep_tokenizer(workdir, vocabulary) -> None:
-    """The tokenizer travels with the run (``eval --vocabulary=checkpoint`` reads this
-    copy): on disk written once, whole or not at all; in a bucket, where a folder cannot
-    be renamed into place, copied again on every start from a complete local folder."""
-    import shutil
-    import tempfile
-
-    from t5x_like.convert.pretrained import TOKENIZER_FOLDER
-    from t5x_like.data import hf_tokenizers
-    if storage.is_remote(workdir):
-        with tempfile.TemporaryDirectory() as local:
-            hf_tokenizers.write_tokenizer(vocabulary, pathlib.Path(local) / TOKENIZER_FOLDER)
-            storage.copy_tree(pathlib.Path(local) / TOKENIZER_FOLDER, workdir / TOKENIZER_FOLDER)
-        return
-    if (workdir / TOKENIZER_FOLDER).is_dir():
-        return
-    partial = workdir / (TOKENIZER_FOLDER + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    hf_tokenizers.write_tokenizer(vocabulary, partial)
-    partial.rename(workdir / TOKENIZER_FOLDER)
-
-
-def _check_task_steps(config, vocabulary) -> None:
-    """Every preprocessing step's own check (lengths, sentinels, a mask token) against
-    this run's lengths and vocabulary, before anything is built: one message, exit 2."""
-    from t5x_like.data import dataset_providers as dp
-    provider = dp.with_vocabulary(dp.get_task_or_mixture(config.task), vocabulary)
-    tasks = provider.tasks if isinstance(provider, dp.Mixture) else [provider]
-    for task in tasks:
-        try:
-            task.check("train", dict(config.task_feature_lengths))
-        except ValueError as e:
-            raise errors.ConfigError(str(e)) from None
-
-
-def _check_model_fits_vocabulary(config, vocabulary) -> None:
-    vocab_size = vocabulary.vocab_size
-    if vocab_size > config.model.vocab_size:
-        raise errors.ConfigError(
-            f"Task {config.task!r} uses {vocab_size} token ids but model.vocab_size="
-            f"{config.model.vocab_size}; set --config.model.vocab_size={vocab_size} or larger.")
-    pad_id = getattr(vocabulary, "pad_id", 0)
-    if pad_id is not None and config.model.get("pad_id", pad_id) != pad_id:
-        raise errors.ConfigError(
-            f"model.pad_id={config.model.pad_id} but task {config.task!r} pads with id {pad_id}; "
-            f"set --config.model.pad_id={pad_id} (a model must mask the padding its data uses).")
-
-
 class _PreemptionFlag:
     """Set by SIGTERM; the loop then saves a checkpoint and exits 0."""
 
@@ -169,33 +54,15 @@ class _PreemptionFlag:
         signal.signal(signal.SIGTERM, self._previous)
 
 
-def _check_same_model(saved_config: dict, config, source: str) -> None:
-    """Refuses a pretrained ``source`` (init_from, eval --config) of another model."""
-    saved_model = saved_config.get("model", {})
-    current = config.model.to_dict()
-    try:  # keys a folder leaves out (an import, an older run) are at their defaults
-        defaults = config_lib.model_defaults(saved_model.get("family")).to_dict()
-    except errors.ConfigError:
-        defaults = {}
-    saved_model, current = {**defaults, **saved_model}, {**defaults, **current}
-    details = [f"model.{k}: checkpoint {saved_model.get(k)!r} vs config {current.get(k)!r}"
-               for k in sorted(set(saved_model) | set(current))
-               if _normalise(saved_model.get(k)) != _normalise(current.get(k))]
-    if details:
-        raise errors.ConfigError(
-            f"{source} holds a different model ({', '.join(details)}). Set the model keys to "
-            "the pretrained model's, e.g. use the config it was trained or converted with.")
-
-
 def _restore_for_resume(checkpointer, config, trainer, fingerprint: dict, step: int):
     """One checkpoint step, checked against this run's fingerprint, restored onto the
     trainer: ``(saved config, state, data state or None, changed keys)``. Refusals are
     ``ConfigError``s (not damage); any other exception means the step is unreadable."""
     import jax
 
-    from t5x_like import peft, run_guard
+    from t5x_like import checkpoints, run_guard
     from t5x_like import trainer as trainer_lib
-    from t5x_like.evaluation import loading
+    from t5x_like.checkpoints import peft_state
 
     where = str(checkpointer.step_folder(step))
     saved = checkpointer.restore_config(step)
@@ -207,13 +74,13 @@ def _restore_for_resume(checkpointer, config, trainer, fingerprint: dict, step: 
         if any(key.startswith("optimizer.") for key in changed):
             # An intended optimizer change: the params and step carry over, the optimizer
             # state starts fresh (restored first in the layout it was saved in).
-            saved_config = loading.config_from_saved(saved)
+            saved_config = checkpoints.config_from_saved(saved)
             saved_trainer = trainer_lib.build_trainer(saved_config, trainer.mesh)
-            old, data_state = peft.restore_state(checkpointer, step, saved_trainer, saved,
+            old, data_state = peft_state.restore_state(checkpointer, step, saved_trainer, saved,
                                                  saved_config, where)
             state = trainer.state_from_params(jax.device_get(old.params)).replace(step=old.step)
         else:
-            state, data_state = peft.restore_state(checkpointer, step, trainer, saved, config,
+            state, data_state = peft_state.restore_state(checkpointer, step, trainer, saved, config,
                                                    where)
     except errors.UserError:
         raise  # a refusal (the PEFT base is gone or changed), not damage
@@ -241,22 +108,22 @@ def _pretrained_state(config, trainer):
     import jax
     from flax import traverse_util
 
-    from t5x_like import peft
-    from t5x_like.evaluation import loading
+    from t5x_like import checkpoints
+    from t5x_like.checkpoints import peft_state
     from t5x_like.models import peft as peft_modules
 
-    params, step = loading.base_params(config.init_from, config, trainer.mesh)
-    identity = (peft.base_identity(config.init_from, step, params)
-                if peft.saves_partial(config) else None)
+    params, step = checkpoints.base_params(config.init_from, config, trainer.mesh)
+    identity = (peft_state.base_identity(config.init_from, step, params)
+                if peft_state.saves_partial(config) else None)
     if "backbone" in trainer.abstract_state.params and "backbone" not in params:
         params = {"backbone": params}  # a pretrained body under a new head
-    expected = traverse_util.flatten_dict(peft.plain_dicts(trainer.abstract_state.params))
-    given = traverse_util.flatten_dict(peft.plain_dicts(params))
+    expected = traverse_util.flatten_dict(peft_modules.plain_dicts(trainer.abstract_state.params))
+    given = traverse_util.flatten_dict(peft_modules.plain_dicts(params))
     if config.model.family == "electra" and config.head.kind:  # the discriminator fine-tunes
         given = {key: value for key, value in given.items() if key[:2] != ("backbone", "generator")}
     missing = [key for key in expected if key not in given]
     if missing and all(key[0] == "head" or peft_modules.is_peft_param(key) for key in missing):
-        fresh = traverse_util.flatten_dict(peft.plain_dicts(jax.device_get(
+        fresh = traverse_util.flatten_dict(peft_modules.plain_dicts(jax.device_get(
             trainer.init_state(config.seed).params)))
         given.update(peft_modules.prompts_from_table({key: fresh[key] for key in missing},
                                                      given))
@@ -275,10 +142,6 @@ def _print_on_chief(is_chief: bool):
     return log
 
 
-def _normalise(value):
-    return list(value) if isinstance(value, tuple) else value
-
-
 def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
         devices=None, overrides: list[str] = (), modules: list[str] = ()) -> dict:
     """Trains to ``config.num_train_steps``; returns the last train and eval metrics.
@@ -287,12 +150,21 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     """
     import jax  # imported late: config mistakes are reported before JAX starts
 
-    from t5x_like import checkpointing, distill, flops, hardware, metrics_writer, partitioning, peft, run_guard
+    from t5x_like import (
+        checkpointing,
+        distill,
+        flops,
+        hardware,
+        metrics_writer,
+        partitioning,
+        run_guard,
+        structures,
+    )
     from t5x_like import trainer as trainer_lib
+    from t5x_like.checkpoints import peft_state
     from t5x_like.data import get_task_or_mixture, pipeline
-    from t5x_like.models import structures
 
-    resolve_head_labels(config)
+    runs.resolve_head_labels(config)
     process_index, process_count = jax.process_index(), jax.process_count()
     devices = jax.devices() if devices is None else list(devices)
     mesh_shape = config_lib.validate_for_devices(config, len(devices), process_count,
@@ -303,10 +175,10 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
 
     # Model, optimizer, mesh: built (shapes only, nothing compiled) before the checkpoint
     # is read, so a resume is checked against this run's fingerprint.
-    asked_vocabulary = run_vocabulary(config)
+    asked_vocabulary = runs.run_vocabulary(config)
     vocabulary = asked_vocabulary or get_task_or_mixture(config.task).vocabulary
-    _check_model_fits_vocabulary(config, vocabulary)
-    _check_task_steps(config, asked_vocabulary)
+    runs.check_model_fits_vocabulary(config, vocabulary)
+    runs.check_task_steps(config, asked_vocabulary)
     mesh = partitioning.make_mesh(mesh_shape, devices)
     trainer = trainer_lib.build_trainer(config, mesh)
     fingerprint = run_guard.fingerprint(config, vocabulary, trainer.abstract_state.opt_state)
@@ -358,13 +230,13 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     # State: resume or initialise.
     checkpointer = checkpointer or open_checkpointer()
     if asked_vocabulary is not None and is_chief:
-        _keep_tokenizer(workdir, asked_vocabulary)
+        runs.keep_tokenizer(workdir, asked_vocabulary)
     train_iter = host_batches(train_streams)
     # A PEFT run from a base on disk saves only what trains, and names the base it needs.
     peft_base = None
     if resumed is not None:
         _, state, data_state, changed = resumed.value
-        peft_base = saved_config.get(peft.IDENTITY_KEY)
+        peft_base = saved_config.get(peft_state.IDENTITY_KEY)
         if data_state is not None:
             try:
                 train_iter.set_state(data_state)
@@ -388,14 +260,14 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
         state = trainer.init_state(config.seed)
     del teacher_params  # placed on the devices by attach_teacher
     if peft_base:
-        run_config[peft.IDENTITY_KEY] = peft_base
+        run_config[peft_state.IDENTITY_KEY] = peft_base
     start_step = int(state.step)
     if is_chief:
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "config.json").write_text(json.dumps(run_config, indent=2, default=list))
         trains = ""
         if trainer.trainable is not None:
-            count = trainer_lib.param_count(peft.trainable_only(state.params, trainer.trainable))
+            count = trainer_lib.param_count(peft_state.trainable_only(state.params, trainer.trainable))
             trains = f" ({count:,} trainable)"
         progress.message(f"t5x_like: {trainer_lib.param_count(state.params):,} parameters{trains}, "
                          f"mesh {mesh_shape}, {len(devices)} {devices[0].platform} devices, "
@@ -430,10 +302,10 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     bench_every = config.eval.every_steps or config.eval_every_steps
 
     def evaluate_benchmark(params, step: int) -> dict:
-        from t5x_like import eval as eval_lib
         from t5x_like.evaluation import evaluator as evaluator_lib
+        from t5x_like.evaluation import results as result_files
         results = benchmark.evaluate(params)
-        progress.message(eval_lib.format_table(step, results))
+        progress.message(result_files.format_table(step, results))
         record = {f"bench/{r.task}/{k}": v for r in results for k, v in r.metrics.items()}
         mean = evaluator_lib.average(results)
         if mean is not None:
@@ -443,7 +315,7 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     def save(step: int, force: bool = False) -> None:
         # Each process holds its own streams' states; process 0 writes the merged one.
         data_state = pipeline.merge_states(partitioning.gather_json(train_iter.get_state()))
-        saved_state = peft.saved_view(state, trainer) if peft_base else state
+        saved_state = peft_state.saved_view(state, trainer) if peft_base else state
         checkpointer.save(step, saved_state, data_state, run_config, force=force)
 
     last_train, last_eval = {}, {}
@@ -528,15 +400,14 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
 def _benchmark_evaluator(config, trainer, vocabulary=None):
     """``config.eval``: the benchmark evaluator run inside training, on the run's mesh,
     its tasks in the run's vocabulary (``config.vocabulary``, resolved once by ``run``)."""
-    from t5x_like import eval as eval_lib
-    from t5x_like.evaluation import evaluator
+    from t5x_like.evaluation import evaluator, runner
     lengths = dict(config.task_feature_lengths)
     settings = evaluator.EvalSettings(
         split=config.eval.split, max_examples=config.eval.max_examples,
         batch_size=config.eval.batch_size or config.batch_size,
         max_decode_length=config.eval.max_decode_length, seed=config.seed)
     try:
-        return eval_lib.build_evaluator(config, trainer, config.eval.mixture, settings, lengths,
+        return runner.build_evaluator(config, trainer, config.eval.mixture, settings, lengths,
                                         vocabulary)
     except errors.UserError as e:
         raise errors.ConfigError(f"eval.mixture={config.eval.mixture!r}: {e}") from None
@@ -612,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args, overrides = parse_args(argv)
     cli_flags.import_modules(args.module)
-    config = load_and_validate(args.config, overrides)
+    config = runs.load_and_validate(args.config, overrides)
     storage.check_checkpoint_location(args.workdir, "--workdir")
     cli_flags.check_writable_folder(args.workdir)
     cli_flags.start_processes(args)

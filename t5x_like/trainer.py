@@ -18,9 +18,9 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from t5x_like import models, optim, partitioning
+from t5x_like import models, optim, partitioning, structures
 from t5x_like.errors import ConfigError
-from t5x_like.models import attention, layers, structures
+from t5x_like.models import attention, layers
 
 
 @flax.struct.dataclass
@@ -411,3 +411,17 @@ def param_count(params) -> int:
     return sum(int(x.size) for x in jax.tree.leaves(params))
 
 
+def parameter_shapes(model_config, peft_settings=None) -> dict:
+    """Every parameter's shape (``jax.ShapeDtypeStruct``) of ``config.model``'s model,
+    with ``peft_settings``' added modules: nothing is allocated."""
+    from t5x_like.models import peft
+    model = structures.structure_class(model_config["family"]).build_model(model_config)
+    model = peft.with_peft(model, peft_settings or peft.PeftSettings())
+    lengths = {"encoder_input_tokens": 8, "decoder_input_tokens": 8, "decoder_target_tokens": 8}
+    return nn.unbox(abstract_boxed_params(model, lengths))
+
+
+def flat_parameter_shapes(model_config) -> list[tuple[str, tuple[int, ...]]]:
+    """``("encoder/layers_0/.../kernel", shape)`` for every parameter of the model."""
+    return [(name, tuple(leaf.shape))
+            for name, leaf in flat_with_paths(parameter_shapes(model_config))]

@@ -5,9 +5,10 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import pytest  # noqa: E402
+import pytest
 
-from t5x_like import config_lib  # noqa: E402
+import t5x_like.builtin_tasks  # noqa: F401  (the built-in tasks, as every command registers them)
+from t5x_like import config_lib
 
 
 def tiny_config(**overrides):

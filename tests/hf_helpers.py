@@ -126,7 +126,7 @@ def bpe_tokenizer_on_corpus(vocab_size: int = 600, lines: int = 3000):
     offline on the embedded corpus, wrapped as a transformers tokenizer."""
     from tokenizers import ByteLevelBPETokenizer
 
-    from t5x_like.data import tasks
+    from t5x_like.builtin_tasks import pretraining as tasks
 
     texts = [line for doc in tasks.embedded_en_documents("train") for line in doc.split("\n")]
     bpe = ByteLevelBPETokenizer()

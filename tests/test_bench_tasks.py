@@ -1,4 +1,4 @@
-"""The embedded benchmark tasks (``t5x_like.data.bench_tasks``) and ``embedded_bench``."""
+"""The embedded benchmark tasks (``t5x_like.builtin_tasks.bench``) and ``embedded_bench``."""
 
 import collections
 import hashlib
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import t5x_like.data as td
-from t5x_like.data import bench_tasks as bt
+from t5x_like import metrics
+from t5x_like.builtin_tasks import bench as bt
 from t5x_like.data import embedded, sources
-from t5x_like.evaluation import metrics
 
 # The sizes data/README.md documents.
 SIZES = {

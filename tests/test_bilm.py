@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from t5x_like import config_lib, errors, summary
+from t5x_like import trainer as trainer_lib
 from t5x_like.models import bilm
 from t5x_like.objectives import bilm_loss
 
@@ -97,7 +98,7 @@ def test_scalar_mix():
 
 def test_elmo_original_size():
     config = config_lib.load_config_file("configs/elmo_original.py")
-    shapes = summary.parameter_shapes(config.model)
+    shapes = trainer_lib.parameter_shapes(config.model)
     rows = dict(summary.module_rows(shapes, 1))
     body = sum(n for name, n in rows.items() if not name.startswith("softmax"))
     assert abs(body - 93.6e6) / 93.6e6 < 0.02, body

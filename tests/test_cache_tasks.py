@@ -19,11 +19,12 @@ import pytest
 if importlib.util.find_spec("apache_beam") is None:  # imported quietly by cache_tasks
     pytest.skip("apache-beam is not installed (beam-requirements.txt)", allow_module_level=True)
 
-from t5x_like import cache_tasks  # noqa: E402
-from t5x_like.data import cache, sources, tasks  # noqa: E402
-from t5x_like.data import preprocessors as pp  # noqa: E402
-from t5x_like.data.dataset_providers import Task, TaskRegistry, with_vocabulary  # noqa: E402
-from t5x_like.errors import UserError  # noqa: E402
+from t5x_like import cache_tasks
+from t5x_like.builtin_tasks import pretraining as tasks
+from t5x_like.data import cache, sources
+from t5x_like.data import preprocessors as pp
+from t5x_like.data.dataset_providers import Task, TaskRegistry, with_vocabulary
+from t5x_like.errors import UserError
 
 FILES_TASK, MEMORY_TASK = "cache_test_files", "cache_test_memory"
 LENGTHS = {"inputs": 32, "targets": 12}
@@ -275,8 +276,7 @@ def test_cli_refuses_an_unwritable_output_dir(tmp_path, capsys):
 def test_a_cache_in_a_bucket_is_built_and_read_like_a_local_one(built, tmp_path, monkeypatch):
     """gs:// through the emulator: shards are written locally and copied up, and read from
     a local copy (ArrayRecord reads local files only)."""
-    pytest.importorskip("gcsfs")
-    pytest.importorskip("gcp_storage_emulator")
+    import gcp_storage_emulator  # noqa: F401  (installed by the dev extra: a missing one must fail, not skip)
     import gcsfs
     from storage_emulators import gcs_emulator
 

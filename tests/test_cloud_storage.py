@@ -14,17 +14,16 @@ import subprocess
 import sys
 import time
 
+import gcp_storage_emulator  # noqa: F401  (installed by the dev extra: a missing one must fail, not skip)
+import gcsfs
 import pytest
 from storage_emulators import gcs_emulator, s3_emulator
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-pytest.importorskip("gcsfs")
-pytest.importorskip("gcp_storage_emulator")
 
 
 def _forget_cached_filesystems():
     """fsspec keeps one filesystem per protocol; a new emulator has a new address."""
-    import gcsfs
     import s3fs
     gcsfs.GCSFileSystem.clear_instance_cache()
     s3fs.S3FileSystem.clear_instance_cache()
@@ -47,7 +46,7 @@ def gcs():
 
 @pytest.fixture(scope="module")
 def s3():
-    pytest.importorskip("moto")
+    import moto  # noqa: F401  (installed by the dev extra: a missing one must fail, not skip)
     yield from _clients_pointed_at(s3_emulator)
 
 

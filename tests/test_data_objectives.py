@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import t5x_like.data as td
+from t5x_like.builtin_tasks import pretraining as tasks
 from t5x_like.data import preprocessors as pp
-from t5x_like.data import tasks
 
 VOCAB = tasks.embedded_vocabulary()
 

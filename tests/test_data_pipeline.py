@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import t5x_like.data as td
-from t5x_like.data import pipeline, tasks
+from t5x_like.builtin_tasks import pretraining as tasks
+from t5x_like.data import pipeline
 from t5x_like.data import preprocessors as pp
 from t5x_like.data.sources import SPLITS
 

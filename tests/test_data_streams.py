@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import t5x_like.data as td
-from t5x_like.data import pipeline, streams, tasks
+from t5x_like.builtin_tasks import pretraining as tasks
+from t5x_like.data import pipeline, streams
 
 SPAN = functools.partial(pipeline.build_dataset, "embedded_en_span_corruption", "train",
                          {"inputs": 32, "targets": 8}, seed=3, shuffle=True, pack=True)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import t5x_like.data as td
+from t5x_like.builtin_tasks import pretraining as tasks
 from t5x_like.data import preprocessors as pp
-from t5x_like.data import tasks
 
 WORDPIECE_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ",", "the", "cat", "sat",
                     "on", "mat", "dog", "play", "##ing", "##s", "a"]

@@ -6,17 +6,13 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+import torch
+from hf_helpers import VARIANTS, padded_batch, tiny_hf_t5
 
 from t5x_like import decoding, models, partitioning
 from t5x_like import trainer as trainer_lib
-
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from hf_helpers import VARIANTS, padded_batch, tiny_hf_t5  # noqa: E402
-
-from t5x_like.convert import __main__ as convert_cli  # noqa: E402
-from t5x_like.convert import load_pretrained  # noqa: E402
+from t5x_like.convert import __main__ as convert_cli
+from t5x_like.convert import load_pretrained
 
 MAX_DECODE = 9
 

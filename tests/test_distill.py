@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 
-from t5x_like import config_lib, distill, errors, models, objectives, partitioning, train
-from t5x_like.models import structures
+from t5x_like import config_lib, distill, errors, models, objectives, partitioning, structures, train
 
 SMALL = {"vocab_size": 8192, "d_model": 32, "num_heads": 2, "head_dim": 16, "d_ff": 64}
 FAMILIES = {
@@ -110,11 +109,11 @@ def test_a_student_distils_from_a_frozen_sharded_teacher(tmp_path):
     assert any("soft_target_loss" in r for r in records)
     assert np.isfinite(result["eval"]["eval_loss"])
 
-    from t5x_like.evaluation import loading
+    from t5x_like import checkpoints
     mesh = partitioning.make_mesh({"data": 1}, jax.devices()[:1])
-    teacher_params, _ = loading.base_params(str(teacher_dir), encoder_run_config(num_layers=3),
+    teacher_params, _ = checkpoints.base_params(str(teacher_dir), encoder_run_config(num_layers=3),
                                             mesh)
-    student_params, _ = loading.base_params(str(tmp_path / "student"), config, mesh)
+    student_params, _ = checkpoints.base_params(str(tmp_path / "student"), config, mesh)
     # One student: a two-layer tree of the same parts, nothing of the teacher added.
     assert set(student_params) == set(teacher_params) - {"layers_2"}
     # Started from the teacher's layers 0 and 2, then trained: close to them, not equal.
@@ -172,8 +171,9 @@ def test_a_distilbert_student_starts_from_a_bert_teacher():
 # -- Hugging Face DistilBERT ------------------------------------------------------------------
 
 def test_imported_distilbert_matches_transformers_and_exports_back(tmp_path):
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    import torch
+    import transformers
+
     from t5x_like.convert import __main__ as convert_cli
     from t5x_like.convert import load_pretrained
     torch.manual_seed(0)

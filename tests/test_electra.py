@@ -11,11 +11,13 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+import torch
+import transformers
 from conftest import tiny_config
 from flax import traverse_util
 
-from t5x_like import config_lib, errors, models, objectives, train
-from t5x_like.models import electra, structures
+from t5x_like import config_lib, errors, models, objectives, runs, structures, train
+from t5x_like.models import electra
 
 TINY = dict(vocab_size=8192, d_model=32, num_heads=2, head_dim=16, d_ff=64, num_layers=2,
             embedding_dim=16, generator_d_model=16, generator_num_heads=1,
@@ -146,7 +148,7 @@ def test_electra_pretrains_through_train_and_its_discriminator_fine_tunes(tmp_pa
     finetune.head.kind, finetune.init_from = "classification", str(tmp_path / "pt")
     finetune.num_train_steps, finetune.eval_every_steps = 2, 2
     finetune.checkpoint_every_steps = 2
-    train.resolve_head_labels(finetune)
+    runs.resolve_head_labels(finetune)
     config_lib.validate(finetune)
     from t5x_like import partitioning
     from t5x_like import trainer as trainer_lib
@@ -166,8 +168,6 @@ def test_a_discriminator_without_generator_cannot_pretrain():
 
 # -- Hugging Face ------------------------------------------------------------------------
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
 
 
 def tiny_hf_pair():

@@ -10,7 +10,7 @@ import pytest
 
 from t5x_like import config_lib, embed, models
 from t5x_like.analysis import alignment, embedding_files, geometry, hidden_states, probes
-from t5x_like.data import tasks as builtin
+from t5x_like.builtin_tasks import pretraining as builtin
 from t5x_like.data.vocabularies import ByteVocabulary
 from t5x_like.models import stacking
 

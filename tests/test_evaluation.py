@@ -9,12 +9,12 @@ import pytest
 from conftest import tiny_config
 
 import t5x_like.data as td
-from t5x_like import config_lib, decoding, errors, models, partitioning, train
+from t5x_like import config_lib, decoding, errors, metrics, models, partitioning, train
 from t5x_like import eval as eval_cli
 from t5x_like import trainer as trainer_lib
+from t5x_like.builtin_tasks import pretraining as tasks
 from t5x_like.data import preprocessors as pp
-from t5x_like.data import tasks
-from t5x_like.evaluation import evaluator, few_shot, metrics
+from t5x_like.evaluation import evaluator, few_shot, runner
 
 WORDS = ["apple", "river", "stone", "cloud", "green", "north", "table", "light"]
 
@@ -49,7 +49,7 @@ def setup(config, name="test_eval_mix", **settings):
     mesh = partitioning.make_mesh({"dcn": 1, "data": 8, "fsdp": 1, "tensor": 1})
     trainer = trainer_lib.build_trainer(config, mesh)
     state = trainer.init_state(0)
-    ev = eval_cli.build_evaluator(config, trainer, name,
+    ev = runner.build_evaluator(config, trainer, name,
                                   evaluator.EvalSettings(batch_size=8, **settings))
     return ev, state.params
 
@@ -236,10 +236,10 @@ def test_eval_refuses_lengths_the_model_cannot_take():
     config.task_feature_lengths = {"targets": 32}
     cloze = [td.get_task_or_mixture("embedded_austen_cloze")]
     with pytest.raises(errors.UserError, match="has inputs, and this decoder's lengths"):
-        eval_cli.check_lengths(config, {"targets": 32}, cloze)
-    eval_cli.check_lengths(config, {"targets": 32}, cloze, few_shot=True)  # its own window
+        runner.check_lengths(config, {"targets": 32}, cloze)
+    runner.check_lengths(config, {"targets": 32}, cloze, few_shot=True)  # its own window
     with pytest.raises(errors.UserError, match="need 80 positions.*max_length=64"):
-        eval_cli.check_lengths(config, {"inputs": 48, "targets": 32}, cloze)
-    eval_cli.check_lengths(config, {"inputs": 32, "targets": 32}, cloze)
+        runner.check_lengths(config, {"inputs": 48, "targets": 32}, cloze)
+    runner.check_lengths(config, {"inputs": 32, "targets": 32}, cloze)
     config.model.position_embedding = "rotary"  # no learned positions to run out of
-    eval_cli.check_lengths(config, {"inputs": 48, "targets": 32}, cloze)
+    runner.check_lengths(config, {"inputs": 48, "targets": 32}, cloze)

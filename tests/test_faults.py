@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 
-from t5x_like import checkpointing, cli_flags, errors, run_guard, train
+from t5x_like import checkpointing, cli_flags, errors, run_guard, runs, train
 from t5x_like.errors import UserError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -414,7 +414,7 @@ def test_module_flag_registers_tasks(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     cli_flags.import_modules(["my_faults_tasks"])
-    config = train.load_and_validate(str(REPO / "configs/quickstart.py"),
+    config = runs.load_and_validate(str(REPO / "configs/quickstart.py"),
                                      ["task=my_faults_task"])
     assert config.task == "my_faults_task"
     with pytest.raises(UserError, match="cannot import"):
@@ -447,14 +447,15 @@ def test_printed_continue_command_round_trips_through_the_shell(tmp_path, monkey
 @pytest.fixture(scope="module")
 def hf_gpt2_folder(tmp_path_factory) -> pathlib.Path:
     """A tiny GPT-2 folder written by our exporter (no torch needed)."""
-    pytest.importorskip("safetensors")
-    from t5x_like import summary
+    import safetensors  # noqa: F401  (installed by the dev extra: a missing one must fail, not skip)
+
+    from t5x_like import trainer as trainer_lib
     from t5x_like.convert import hf_gpt2, hf_io
     model_config = {"family": "decoder", "vocab_size": 64, "d_model": 16, "num_heads": 2,
                     "head_dim": 8, "d_ff": 32, "num_layers": 1, "max_length": 32,
                     "mlp_activations": ("gelu",), "use_bias": True, "layer_norm_epsilon": 1e-5,
                     "dropout_rate": 0.0, "dtype": "float32"}
-    shapes = summary.parameter_shapes(model_config)
+    shapes = trainer_lib.parameter_shapes(model_config)
     rng = np.random.default_rng(0)
     params = jax.tree.map(lambda s: rng.normal(size=s.shape).astype(np.float32), shapes)
     folder = tmp_path_factory.mktemp("hf") / "gpt2"
@@ -524,11 +525,11 @@ def test_an_empty_data_file_names_the_file_not_the_shard_count(tmp_path):
 
 def test_eval_of_a_damaged_step_is_one_message(saved_run, tmp_path):
     """eval/infer open checkpoints read-only: a damaged step is named, never moved."""
-    from t5x_like.evaluation import loading
+    from t5x_like import checkpoints
     workdir = fresh_copy(saved_run, tmp_path)
     folder = workdir / "checkpoints" / "10"
     damage(folder / "data" / "metadata", "truncate", random.Random(2))
-    source = loading.resolve(str(workdir))
+    source = checkpoints.resolve(str(workdir))
     with pytest.raises(UserError, match=r"checkpoints/10 is damaged \(data/metadata is"):
         source.restore_params(10, trainer=None)  # refused before any array is read
     (folder / checkpointing.MANIFEST).unlink()

@@ -5,17 +5,16 @@ import json
 
 import numpy as np
 import pytest
+import torch
+import transformers
+from hf_helpers import tiny_gpt2_with_tokenizer, tiny_hf_gpt2
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from hf_helpers import tiny_gpt2_with_tokenizer, tiny_hf_gpt2  # noqa: E402
-
-from t5x_like import eval as eval_cli  # noqa: E402
-from t5x_like.convert import __main__ as convert_cli  # noqa: E402
-from t5x_like.data import dataset_providers as dp  # noqa: E402
-from t5x_like.data import hf_tokenizers, tasks  # noqa: E402
-from t5x_like.evaluation import few_shot  # noqa: E402
+from t5x_like import eval as eval_cli
+from t5x_like.builtin_tasks import pretraining as tasks
+from t5x_like.convert import __main__ as convert_cli
+from t5x_like.data import dataset_providers as dp
+from t5x_like.data import hf_tokenizers
+from t5x_like.evaluation import few_shot
 
 CLOZE = "embedded_austen_cloze"
 
@@ -254,7 +253,7 @@ def test_lm_eval_agrees_with_our_eval_on_an_imported_gpt2(gpt2, tmp_path):
     """The Hugging Face folder scored by lm-eval, its import by ``eval
     --vocabulary=checkpoint``: same prompts and request tokens, log-likelihoods within
     1e-4, identical acc and acc_norm."""
-    pytest.importorskip("lm_eval")
+    import lm_eval  # noqa: F401  (installed by the dev extra: a missing one must fail, not skip)
     root, model, _ = gpt2
     vocabulary = hf_tokenizers.load(root / "ours" / "tokenizer")
     rows = lm_eval_agreement(root / "hf", root / "ours", vocabulary, model.config.n_positions,
@@ -302,7 +301,7 @@ def test_convert_export_takes_a_run_and_writes_the_tokenizer_it_trained_with(dec
 def test_lm_eval_agrees_with_our_eval_on_our_exported_decoder(decoder_run, tmp_path):
     """Our decoder's run scored by ``eval``, its export (weights and tokenizer.json) by
     lm-eval."""
-    pytest.importorskip("lm_eval")
+    import lm_eval  # noqa: F401  (installed by the dev extra: a missing one must fail, not skip)
     rows = lm_eval_agreement(decoder_run / "hf", decoder_run / "run",
                              tasks.embedded_vocabulary(), 160, tmp_path)  # the run's length
     for row in rows:

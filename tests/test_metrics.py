@@ -1,17 +1,16 @@
-"""Every metric in ``evaluation.metrics`` equals the library it wraps, called directly
+"""Every metric in ``t5x_like.metrics`` equals the library it wraps, called directly
 (x100), on fixed inputs; T5's rules (invalid predictions, SQuAD normalisation) by hand."""
 
 import inspect
 
 import numpy as np
 import pytest
+import sacrebleu
+import sklearn.metrics as sklearn_metrics
+from rouge_score import rouge_scorer
+from scipy import stats
 
-sklearn_metrics = pytest.importorskip("sklearn.metrics")
-stats = pytest.importorskip("scipy.stats")
-sacrebleu = pytest.importorskip("sacrebleu")
-rouge_scorer = pytest.importorskip("rouge_score.rouge_scorer")
-
-from t5x_like.evaluation import metrics  # noqa: E402
+from t5x_like import metrics
 
 RNG = np.random.default_rng(0)
 BINARY_TARGETS = RNG.integers(0, 2, 60).tolist()

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from t5x_like import partitioning, train
+from t5x_like import partitioning, runs, train
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 NO_CLUSTER = lambda: None  # noqa: E731
@@ -109,7 +109,7 @@ def test_two_processes_of_four_devices_match_one_process_of_eight(tmp_path):
              for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, 7))  # one writer: no step logged twice
 
-    config = train.load_and_validate(str(REPO / "configs" / "quickstart.py"),
+    config = runs.load_and_validate(str(REPO / "configs" / "quickstart.py"),
                                      [a[len("--config."):] for a in TINY] + ["num_train_steps=6"])
     train.run(config, str(tmp_path / "one"), quiet=True)
     two, one = _losses(tmp_path / "two"), _losses(tmp_path / "one")
@@ -122,7 +122,7 @@ def test_two_processes_of_four_devices_match_one_process_of_eight(tmp_path):
 def test_eval_of_two_processes_equals_one_process(tmp_path):
     """eval on 2 processes x 4 devices (params sharded over both, every process
     building the same global batches) writes what one process of 8 devices writes."""
-    config = train.load_and_validate(str(REPO / "configs" / "quickstart.py"),
+    config = runs.load_and_validate(str(REPO / "configs" / "quickstart.py"),
                                      [a[len("--config."):] for a in TINY]
                                      + ["num_train_steps=2"])
     train.run(config, str(tmp_path / "run"), quiet=True)

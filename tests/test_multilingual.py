@@ -8,14 +8,9 @@ import itertools
 import numpy as np
 import pytest
 
-from t5x_like.data import (
-    EncDecFeatureConverter,
-    InMemorySource,
-    MixtureRegistry,
-    TaskRegistry,
-    multilingual_tasks,
-    train_vocab,
-)
+from t5x_like import train_vocab
+from t5x_like.builtin_tasks import multilingual as multilingual_tasks
+from t5x_like.data import EncDecFeatureConverter, InMemorySource, MixtureRegistry, TaskRegistry, dataset_providers
 from t5x_like.data import preprocessors as pp
 from t5x_like.data.dataset_providers import Feature
 from t5x_like.data.vocabularies import ByteVocabulary
@@ -34,7 +29,7 @@ def formula(sizes, alpha):
 @pytest.mark.parametrize("alpha", ALPHAS)
 def test_temperature_probabilities_equal_the_formula(alpha):
     sizes = {"en": 17_655_716, "es": 930_309, "ja": 351_288, "udhr": 1_326_136}
-    got = train_vocab.temperature_probabilities(sizes, alpha)
+    got = dataset_providers.temperature_probabilities(sizes, alpha)
     want = formula(sizes, alpha)
     assert got.keys() == want.keys()
     for name in sizes:
@@ -166,13 +161,14 @@ def test_published_sizes_equal_the_hugging_face_models():
     device (docs/multilingual.md); the papers round them to 270M and 610M."""
     import pathlib
 
-    from t5x_like import config_lib, summary
+    from t5x_like import config_lib
+    from t5x_like import trainer as trainer_lib
 
     configs = pathlib.Path(__file__).resolve().parents[1] / "configs"
     for name, count in (("xlmr_base", 278_295_186), ("mbart_large_cc25", 611_101_867)):
         config = config_lib.load_config_file(str(configs / f"{name}.py"))
         config_lib.validate(config)
-        shapes = summary.flat_parameter_shapes(config.model.to_dict())
+        shapes = trainer_lib.flat_parameter_shapes(config.model.to_dict())
         assert sum(int(np.prod(s)) for _, s in shapes) == count, name
 
 

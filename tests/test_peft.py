@@ -128,8 +128,8 @@ def test_summary_prints_the_trainable_fraction(override, expected):
 from flax import traverse_util  # noqa: E402
 
 from t5x_like import peft as peft_runs  # noqa: E402
+from t5x_like import structures  # noqa: E402
 from t5x_like.models import peft as peft_modules  # noqa: E402
-from t5x_like.models import structures  # noqa: E402
 
 LORA = {"lora.rank": 4, "lora.alpha": 8.0}
 ADAPTERS = {"adapter.size": 8}
@@ -473,14 +473,15 @@ def test_a_lora_run_saves_what_trains_resumes_evaluates_and_merges(tmp_path):
 
 def _exported_logits_equal_the_lora_model(tmp_path, config):
     """The merged folder exports to Hugging Face GPT-2 with the LoRA model's logits."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    import torch
+    import transformers
+
+    from t5x_like import checkpoints
     from t5x_like.convert.__main__ import export_hf
-    from t5x_like.evaluation import loading
     export_hf(str(tmp_path / "merged"), str(tmp_path / "hf"))
     hf = transformers.GPT2LMHeadModel.from_pretrained(str(tmp_path / "hf")).eval()
     trainer = trainer_lib.build_trainer(config, one_device_mesh())
-    source = loading.resolve(str(tmp_path / "lora"))
+    source = checkpoints.resolve(str(tmp_path / "lora"))
     params = jax.device_get(source.restore_params(source.steps()[-1], trainer))
     tokens = np.random.default_rng(0).integers(4, 8192, size=(2, 16))
     ours = structures.for_config(config).model.apply({"params": params}, tokens)

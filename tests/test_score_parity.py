@@ -2,18 +2,13 @@
 
 import ml_collections
 import numpy as np
-import pytest
+import torch
+from hf_helpers import padded_batch, tiny_hf_gpt2, tiny_hf_t5
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from hf_helpers import padded_batch, tiny_hf_gpt2, tiny_hf_t5  # noqa: E402
-
-from t5x_like import config_lib  # noqa: E402
-from t5x_like.convert import __main__ as convert_cli  # noqa: E402
-from t5x_like.convert import load_pretrained  # noqa: E402
-from t5x_like.evaluation import few_shot  # noqa: E402
-from t5x_like.models import structures  # noqa: E402
+from t5x_like import config_lib, structures
+from t5x_like.convert import __main__ as convert_cli
+from t5x_like.convert import load_pretrained
+from t5x_like.evaluation import few_shot
 
 
 def structure_for(folder):

@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from t5x_like.data import feature_converters, pipeline, preprocessors, tasks
+from t5x_like.builtin_tasks import pretraining as tasks
+from t5x_like.data import feature_converters, pipeline, preprocessors
 
 VOCAB_SIZE = 1000
 EOS = 1

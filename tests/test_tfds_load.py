@@ -10,13 +10,13 @@ import pickle
 import grain
 import numpy as np
 import pytest
+import tensorflow  # noqa: F401  (installed by the dev extra: a missing one must fail, not skip)
+import tensorflow_datasets as tfds
 
-pytest.importorskip("tensorflow")
-tfds = pytest.importorskip("tensorflow_datasets")
-
-import t5x_like.data as td  # noqa: E402
-from t5x_like.data import sequential, sources, tasks  # noqa: E402
-from t5x_like.data.dataset_providers import Task  # noqa: E402
+import t5x_like.data as td
+from t5x_like.builtin_tasks import pretraining as tasks
+from t5x_like.data import sequential, sources
+from t5x_like.data.dataset_providers import Task
 
 TRAIN, VALIDATION = 30, 7
 

@@ -3,11 +3,11 @@
 import itertools
 
 import pytest
+import tensorflow_datasets as tfds
 
-tfds = pytest.importorskip("tensorflow_datasets")
-
-import t5x_like.data as td  # noqa: E402
-from t5x_like.data import sources, tasks  # noqa: E402
+import t5x_like.data as td
+from t5x_like.builtin_tasks import pretraining as tasks
+from t5x_like.data import sources
 
 
 @pytest.fixture

@@ -1,6 +1,8 @@
 import hashlib
 
-from t5x_like.data import embedded, tasks, train_vocab, vocabularies
+from t5x_like import train_vocab
+from t5x_like.builtin_tasks import pretraining as tasks
+from t5x_like.data import embedded, vocabularies
 
 
 def test_special_ids_follow_t5_conventions():
@@ -65,7 +67,7 @@ def test_checked_in_vocabulary_is_reproduced_by_the_script(tmp_path):
 
 def test_missing_model_file_names_the_fix(tmp_path):
     import pytest
-    with pytest.raises(FileNotFoundError, match="python -m t5x_like.data.train_vocab"):
+    with pytest.raises(FileNotFoundError, match="python -m t5x_like.train_vocab"):
         vocabularies.SentencePieceVocabulary(str(tmp_path / "absent.model"))
 
 

@@ -20,7 +20,7 @@ comparison). ``es_en`` in configs/finetune/mbart_tiny_es_en.py.
 import importlib.util
 import pathlib
 
-from t5x_like.data import multilingual_tasks
+from t5x_like.builtin_tasks import multilingual as multilingual_tasks
 
 _spec = importlib.util.spec_from_file_location(
     "_mbart_tiny", pathlib.Path(__file__).resolve().parents[1] / "pretrain" / "mbart_tiny.py")

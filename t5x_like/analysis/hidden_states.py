@@ -59,8 +59,8 @@ class EmbeddingModel:
     def __post_init__(self):
         import jax
 
-        from t5x_like import models
-        from t5x_like.models import stacking, structures
+        from t5x_like import models, structures
+        from t5x_like.models import stacking
 
         self.config = _unrolled(self.config)
         self.structure = models.structure(self.config.model.family)
@@ -156,9 +156,9 @@ def load(checkpoint: str, *, step: int | None = None, random_init: bool = False,
     """The newest (or ``step``'s) params of a run or pretrained folder; ``random_init``:
     the same config with fresh params from ``seed`` (the untrained control). ``flag``:
     the option that named ``checkpoint``, for error messages."""
-    from t5x_like.evaluation import loading
+    from t5x_like import checkpoints, runs
 
-    source = loading.resolve(checkpoint, flag)
+    source = checkpoints.resolve(checkpoint, flag)
     steps = source.steps()
     if not steps:
         raise UserError(f"{flag}={checkpoint}: {source.path} holds no complete checkpoint.")
@@ -166,14 +166,14 @@ def load(checkpoint: str, *, step: int | None = None, random_init: bool = False,
         step = steps[-1]
     elif step not in steps:
         raise UserError(f"--step={step}: {checkpoint} has steps {steps}; pass one of them.")
-    config = loading.run_config(source, step, None, [])
+    config = runs.run_config(source, step, None, [])
     saved = source.saved_config(step)
-    trained = loading.trained_vocabulary(source, saved)
-    chosen = loading.resolve_vocabulary(vocabulary, source, trained) or trained
+    trained = runs.trained_vocabulary(source, saved)
+    chosen = runs.resolve_vocabulary(vocabulary, source, trained) or trained
     if chosen is None:
-        from t5x_like.data import tasks as builtin
+        from t5x_like.builtin_tasks import pretraining as builtin
         chosen = builtin.embedded_vocabulary()
-    loading.check_fits(config, chosen, f"--checkpoint={checkpoint}")
+    runs.check_fits(config, chosen, f"--checkpoint={checkpoint}")
     if random_init:
         params = _fresh_params(config, seed)
     elif source.kind == "pretrained":
@@ -203,8 +203,7 @@ def _fresh_params(config, seed: int) -> dict:
     import flax.linen as nn
     import jax
 
-    from t5x_like import models
-    from t5x_like.models import structures
+    from t5x_like import models, structures
 
     if (config.get("head") or {}).get("kind"):
         raise UserError("--random_init needs a pretraining checkpoint; this one has a "

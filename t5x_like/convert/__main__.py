@@ -24,6 +24,7 @@ from t5x_like.convert import (
     hf_xlm_roberta,
     pretrained,
 )
+from t5x_like.data import vocabularies
 from t5x_like.errors import UserError
 
 ARCHITECTURES = {"t5": hf_t5, "mt5": hf_t5, "gpt2": hf_gpt2, "bert": hf_bert,
@@ -58,10 +59,12 @@ def import_hf(hf_dir: str, out: str, generator_dir: str | None = None) -> dict:
     model_type = hf_config.get("model_type")
     if model_type not in ARCHITECTURES and model_type != "electra":
         supported = ", ".join(sorted({*ARCHITECTURES, "electra"}))
-        what = (f"has model_type {model_type!r}, which" if model_type is not None
-                else "has no model_type entry, so it")
-        raise UserError(f"{hf_dir}/config.json {what} convert cannot import; supported "
-                        f"model_types: {supported}.")
+        if model_type is None:
+            raise UserError(f"{hf_dir}/config.json has no model_type entry, which convert "
+                            f"needs (supported model_types: {supported}); re-save the model "
+                            "with save_pretrained, which writes it.")
+        raise UserError(f"{hf_dir}/config.json has model_type {model_type!r}, which convert "
+                        f"cannot import; supported model_types: {supported}.")
     if generator_dir and model_type != "electra":
         raise UserError(f"--generator_dir is for ELECTRA's generator; {hf_dir} is a "
                         f"{model_type!r} model. Leave --generator_dir out.")
@@ -74,6 +77,11 @@ def import_hf(hf_dir: str, out: str, generator_dir: str | None = None) -> dict:
         raise UserError(f"{hf_dir}/config.json has no {e.args[0]!r} entry, which a "
                         f"{model_type} config needs; re-save the model with save_pretrained.") \
             from None
+    except UserError:
+        raise  # a variant convert does not support, named at its source
+    except (TypeError, ValueError) as e:  # int(None), float("abc"): a malformed entry
+        raise UserError(f"{hf_dir}/config.json has an entry of the wrong type ({e}); re-save "
+                        "the model with save_pretrained.") from None
     pretrained.check_new_folder(out)  # before the weights are read
     weights = _TrackedWeights(hf_io.read_weights(hf_dir))
     try:
@@ -104,6 +112,11 @@ def _import_electra(hf_dir: str, out: str, generator_dir: str | None) -> dict:
     except KeyError as e:
         raise UserError(f"An ELECTRA config.json has no {e.args[0]!r} entry; re-save the model "
                         "with save_pretrained.") from None
+    except UserError:
+        raise  # the towers do not belong together, named at the source
+    except (TypeError, ValueError) as e:  # int(None), float("abc"): a malformed entry
+        raise UserError(f"An ELECTRA config.json has an entry of the wrong type ({e}); re-save "
+                        "the model with save_pretrained.") from None
     pretrained.check_new_folder(out)  # before the weights are read
     weights = _TrackedWeights(hf_io.read_weights(hf_dir))
     try:
@@ -131,7 +144,6 @@ def _save_imported(hf_dir: str, out: str, hf_config: dict, model_config: dict, p
     """The pretrained folder, with the Hugging Face tokenizer copied beside the weights
     (checked to fit the embedding table first, so a mismatch writes nothing)."""
     from t5x_like.data import hf_tokenizers
-    from t5x_like.evaluation import loading
 
     files = hf_tokenizers.tokenizer_files(hf_dir)
     if files:
@@ -142,7 +154,7 @@ def _save_imported(hf_dir: str, out: str, hf_config: dict, model_config: dict, p
         if vocabulary.vocab_size > model_config["vocab_size"]:
             raise UserError(
                 f"{hf_dir}: the tokenizer has {vocabulary.vocab_size} tokens "
-                f"({loading.vocabulary_fingerprint(vocabulary)}) but the model's embedding "
+                f"({vocabularies.describe(vocabulary)}) but the model's embedding "
                 f"table has {model_config['vocab_size']} rows; the tokenizer belongs to another "
                 "model. Copy the tokenizer files from the model's own folder.")
     else:
@@ -209,10 +221,10 @@ def _check_param_shapes(hf_dir, params, model_config: dict, weights) -> None:
     names the Hugging Face tensor it came from."""
     import numpy as np
 
-    from t5x_like import summary, trainer
+    from t5x_like import trainer as trainer_lib
 
-    expected = dict(summary.flat_parameter_shapes(model_config))
-    for name, leaf in trainer.flat_with_paths(params):
+    expected = dict(trainer_lib.flat_parameter_shapes(model_config))
+    for name, leaf in trainer_lib.flat_with_paths(params):
         want = expected.get(name)
         if want is None or tuple(np.shape(leaf)) == tuple(want):
             continue
@@ -227,7 +239,8 @@ def _check_param_shapes(hf_dir, params, model_config: dict, weights) -> None:
 def export_vocabulary(value: str, own=None):
     """The vocabulary an export writes: the checkpoint's own (``checkpoint``: ``own``),
     a built-in one (``embedded``, ``byte``), a tokenizer path, or ``none``."""
-    from t5x_like.data import hf_tokenizers, tasks
+    from t5x_like.builtin_tasks import pretraining as tasks
+    from t5x_like.data import hf_tokenizers
 
     if value == "none":
         return None
@@ -248,9 +261,8 @@ def load_for_export(checkpoint: str):
     folder, or of a training run's newest step (or the step folder given)."""
     import jax
 
-    from t5x_like import partitioning
+    from t5x_like import checkpoints, partitioning, runs
     from t5x_like import trainer as trainer_lib
-    from t5x_like.evaluation import loading
 
     folder = storage.path(checkpoint)
     run_config = folder / "config.json"
@@ -261,18 +273,18 @@ def load_for_export(checkpoint: str):
                 f"{checkpoint} is a LoRA run's workdir, not a pretrained folder; fold its LoRA "
                 f"into the base first: python -m t5x_like.peft merge --peft={checkpoint} "
                 "--out=MERGED, then export MERGED.")
-    source = loading.resolve(checkpoint)
+    source = checkpoints.resolve(checkpoint)
     if source.kind == "pretrained":
         # An unexportable family is refused before the weights load.
         exporter_for(json.loads((source.path / "model_config.json").read_text()))
         model_config, params = pretrained.load_pretrained(source.path)
-        return model_config, params, loading.trained_vocabulary(source, {})
+        return model_config, params, runs.trained_vocabulary(source, {})
     steps = source.steps()
     if not steps:
         raise UserError(f"{checkpoint} holds no complete checkpoint yet.")
     step = steps[-1]
     saved = source.saved_config(step)
-    config = loading.run_config(source, step, None, [])
+    config = runs.run_config(source, step, None, [])
     peft = config.peft
     if config.head.kind or peft.bitfit or peft.lora.rank or peft.adapter.size or \
             peft.prefix.length or peft.prompt.length:
@@ -284,7 +296,7 @@ def load_for_export(checkpoint: str):
     params = source.restore_params(step, trainer_lib.build_trainer(config, mesh))
     print(f"convert: exporting step {step} of {source.path.parent}", file=sys.stderr)
     return (config.model.to_dict(), jax.device_get(params),
-            loading.trained_vocabulary(source, saved))
+            runs.trained_vocabulary(source, saved))
 
 
 def export_hf(checkpoint: str, out: str, vocabulary: str = "checkpoint") -> dict:

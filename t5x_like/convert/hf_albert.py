@@ -23,8 +23,8 @@ def model_config_from_hf(hf: dict) -> dict:
     if int(hf.get("num_hidden_groups", 1)) != 1 or int(hf.get("inner_group_num", 1)) != 1:
         raise UserError("Only ALBERT with one shared layer (num_hidden_groups=1, "
                         "inner_group_num=1, as in every released ALBERT) is supported; got "
-                        f"num_hidden_groups={hf.get('num_hidden_groups')}, "
-                        f"inner_group_num={hf.get('inner_group_num')}.")
+                        f"num_hidden_groups={hf.get('num_hidden_groups', 1)}, "
+                        f"inner_group_num={hf.get('inner_group_num', 1)}.")
     cfg = hf_bert.model_config_from_hf(dict(hf, hidden_act=hf.get("hidden_act", "gelu_new")),
                                        model_type="albert")
     cfg.update(embedding_dim=int(hf["embedding_size"]), share_layers=True)

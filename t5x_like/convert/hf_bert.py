@@ -31,10 +31,10 @@ def model_config_from_hf(hf: dict, model_type: str = "bert") -> dict:
         raise ValueError(f"Expected model_type {model_type!r}, got {hf.get('model_type')!r}.")
     act = hf.get("hidden_act", "gelu")
     if act not in _ACTIVATION:
-        raise UserError(f"{model_type} hidden_act {act!r} does not convert; supported: "
-                        f"{', '.join(sorted(_ACTIVATION))}.")
+        raise UserError(f"model_type {model_type!r} with hidden_act {act!r} does not convert; "
+                        f"supported: {', '.join(sorted(_ACTIVATION))}.")
     if hf.get("position_embedding_type", "absolute") != "absolute":
-        raise UserError(f"{model_type} with position_embedding_type "
+        raise UserError(f"model_type {model_type!r} with position_embedding_type "
                         f"{hf.get('position_embedding_type')!r} does not convert: only absolute "
                         "position embeddings are supported.")
     d_model, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])

@@ -11,12 +11,7 @@ import pathlib
 
 import numpy as np
 
-from t5x_like.errors import UserError
-
-
-class MissingFile(UserError, FileNotFoundError):
-    """A file or folder the user named is not there: a ``UserError`` (one line, exit 2)
-    that ``except FileNotFoundError`` also catches."""
+from t5x_like.errors import MissingFile, UserError
 
 
 def _safetensors_numpy():

@@ -17,8 +17,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from t5x_like import storage
-from t5x_like.convert.hf_io import MissingFile
-from t5x_like.errors import UserError
+from t5x_like.errors import MissingFile, UserError
 
 TOKENIZER_FOLDER = "tokenizer"
 

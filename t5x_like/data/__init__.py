@@ -1,15 +1,11 @@
 """Data: vocabularies, sources, preprocessors, tasks, mixtures and the input streams.
 
-Importing this package registers the built-in tasks (``tasks``, ``tfds_tasks``, ``glue``).
+A library: importing it registers nothing (seqio's ``__init__`` registers nothing
+either). The built-in tasks and mixtures register with ``import
+t5x_like.builtin_tasks``; every command imports them before the user's ``--module``.
 """
 
-from t5x_like.data import bench_tasks as _bench_tasks  # noqa: F401
-from t5x_like.data import glue as _glue_tasks  # noqa: F401  (registers GLUE, SuperGLUE)
-from t5x_like.data import multilingual_tasks as _multilingual_tasks  # noqa: F401
 from t5x_like.data import preprocessors
-from t5x_like.data import retrieval_tasks as _retrieval_tasks  # noqa: F401
-from t5x_like.data import tasks as _builtin_tasks  # noqa: F401  (registers tasks)
-from t5x_like.data import tfds_tasks as _tfds_tasks  # noqa: F401  (registers TFDS tasks)
 from t5x_like.data.dataset_providers import (
     Feature,
     Mixture,

@@ -42,7 +42,7 @@ import numpy as np
 
 from t5x_like import storage
 from t5x_like.data import preprocessors as pp
-from t5x_like.data import sources
+from t5x_like.data import sources, vocabularies
 from t5x_like.errors import UserError
 
 FORMAT_VERSION = 1
@@ -161,41 +161,12 @@ def _sha256(data: bytes | str) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def _file_sha256(path: str) -> str:
-    return _sha256(storage.path(path).read_bytes())
-
-
 def _portable(text: str) -> str:
     """Paths inside the embedded data folder without the machine's prefix, so a cache built
     from a checkout elsewhere (a Beam worker's) has the same fingerprint."""
     from t5x_like.data import embedded
     prefix = str(embedded.data_dir()).rstrip("/") + "/"
     return "<data>/" + text[len(prefix):] if text.startswith(prefix) else text
-
-
-def vocabulary_identity(vocabulary) -> dict:
-    """Kind, size, model file name and content hash, and the constructor's plain settings
-    (``extra_ids``, ``lowercase``): what makes two vocabularies give the same ids."""
-    from t5x_like.data import vocabularies
-    real = vocabulary._factory() if hasattr(vocabulary, "_factory") else vocabulary
-    identity = {"kind": type(real).__name__, "size": int(real.vocab_size)}
-    model_path = vocabularies.model_file(real)
-    if model_path:
-        identity["file"] = storage.path(model_path).name
-        identity["file_sha256"] = _file_sha256(str(model_path))[:16]
-    digest = getattr(real, "content_sha256", None)
-    if digest:
-        identity["content_sha256"] = str(digest)[:16]
-    try:  # settings given to the constructor (not values it caches later, like mask_id)
-        settings = inspect.signature(type(real)).parameters
-    except (TypeError, ValueError):
-        settings = {}
-    state = vars(real) if hasattr(real, "__dict__") else {}
-    for key in sorted(settings):
-        value = state.get(key)
-        if isinstance(value, (bool, int, float, str)) and not key.endswith("path"):
-            identity[key] = value
-    return identity
 
 
 def _is_vocabulary(obj) -> bool:
@@ -225,7 +196,7 @@ def _function_identity(fn) -> dict:
 def describe(obj, depth: int = 0):
     """A JSON value that stays the same across processes and machines for equal
     configurations: dataclasses by class and fields, functions by name and source text,
-    vocabularies by ``vocabulary_identity``, no memory addresses."""
+    vocabularies by ``vocabularies.identity``, no memory addresses."""
     if depth > 12:
         return "<too deep>"
     nested = functools.partial(describe, depth=depth + 1)
@@ -257,7 +228,7 @@ def describe(obj, depth: int = 0):
     if inspect.isfunction(obj) or inspect.isbuiltin(obj) or inspect.ismethoddescriptor(obj):
         return _function_identity(obj)
     if _is_vocabulary(obj):
-        return {"vocabulary": vocabulary_identity(obj)}
+        return {"vocabulary": vocabularies.identity(obj)}
     kind = f"{type(obj).__module__}.{type(obj).__qualname__}"
     if dataclasses.is_dataclass(obj):
         return {"class": kind, "fields": {f.name: nested(getattr(obj, f.name))
@@ -280,7 +251,7 @@ def fingerprint_parts(task) -> dict:
         "source": describe(task.source),
         "steps": [describe(step) for step in steps_before_marker(task)],
         "output_features": {
-            name: {"vocabulary": vocabulary_identity(feature.vocabulary),
+            name: {"vocabulary": vocabularies.identity(feature.vocabulary),
                    "add_eos": feature.add_eos, "required": feature.required}
             for name, feature in task.output_features.items()},
     }

@@ -188,7 +188,8 @@ class TaskRegistry:
     def get(cls, name: str) -> Task:
         if name not in cls._tasks:
             hint = suggest(name, cls.names() + MixtureRegistry.names())
-            raise KeyError(f"No task named {name!r}.{hint} Registered tasks: {cls.names()}.")
+            raise KeyError(f"No task named {name!r}.{hint} Registered tasks: {cls.names()}."
+                           f"{_builtins_hint()}")
         return cls._tasks[name]
 
 
@@ -288,6 +289,19 @@ def rate_num_examples(task_name: str, maximum: int | None = None, scale: float =
     return rate
 
 
+def temperature_probabilities(sizes: Mapping[str, float], alpha: float) -> dict[str, float]:
+    """q_i = p_i^α / Σ_j p_j^α with p_i = size_i / Σ size (XLM-R, Conneau et al. 2020): the
+    rates of a temperature-sampled mixture and of the multilingual vocabulary's text."""
+    if alpha <= 0:
+        raise ValueError(f"alpha must be > 0, got {alpha}.")
+    total = float(sum(sizes.values()))
+    if total <= 0:
+        raise ValueError(f"The sources hold no text: {dict(sizes)}.")
+    powered = {name: (size / total) ** alpha for name, size in sizes.items()}
+    norm = sum(powered.values())
+    return {name: value / norm for name, value in powered.items()}
+
+
 def temperature_rates(task_names: Sequence[str], alpha: float) -> list[tuple[str, Rate]]:
     """XLM-R's sampling: q_i ∝ p_i^α with p_i the task's share of the examples.
 
@@ -350,7 +364,8 @@ class MixtureRegistry:
     def get(cls, name: str) -> Mixture:
         if name not in cls._mixtures:
             hint = suggest(name, cls.names() + TaskRegistry.names())
-            raise KeyError(f"No mixture named {name!r}.{hint} Registered mixtures: {cls.names()}.")
+            raise KeyError(f"No mixture named {name!r}.{hint} Registered mixtures: {cls.names()}."
+                           f"{_builtins_hint()}")
         return cls._mixtures[name]
 
 
@@ -361,4 +376,12 @@ def get_task_or_mixture(name: str) -> Task | Mixture:
         return TaskRegistry._tasks[name]
     hint = suggest(name, TaskRegistry.names() + MixtureRegistry.names())
     raise KeyError(f"No task or mixture named {name!r}.{hint} Registered: tasks "
-                   f"{TaskRegistry.names()}, mixtures {MixtureRegistry.names()}.")
+                   f"{TaskRegistry.names()}, mixtures {MixtureRegistry.names()}.{_builtins_hint()}")
+
+
+def _builtins_hint() -> str:
+    """Importing the data library registers nothing; an empty registry most likely means
+    the built-in tasks were never imported."""
+    if TaskRegistry.names() or MixtureRegistry.names():
+        return ""
+    return " (The built-in tasks register with `import t5x_like.builtin_tasks`.)"

@@ -8,11 +8,14 @@ pad=0, eos=1, unk=2 (T5), then bos, and the BERT pieces [MASK], [CLS], [SEP].
 from __future__ import annotations
 
 import functools
+import hashlib
+import inspect
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 import sentencepiece as spm
 
+from t5x_like import storage
 from t5x_like.errors import MissingFile
 
 PAD_ID, EOS_ID, UNK_ID, BOS_ID = 0, 1, 2, 3
@@ -30,6 +33,44 @@ def kind(vocabulary) -> str:
 def model_file(vocabulary) -> str | None:
     """The file a vocabulary was loaded from (SentencePiece model or WordPiece list)."""
     return getattr(vocabulary, "model_path", None) or getattr(vocabulary, "vocab_path", None)
+
+
+def identity(vocabulary) -> dict:
+    """What makes two vocabularies give the same ids: kind, size, model file name and
+    content hash, a Hugging Face tokenizer's content hash, and the constructor's plain
+    settings (``extra_ids``, ``lowercase``). The one identity: the preprocessing cache's
+    fingerprint, a run's resume fingerprint and the messages that name a vocabulary
+    (:func:`describe`) all read it."""
+    real = vocabulary._factory() if hasattr(vocabulary, "_factory") else vocabulary
+    found = {"kind": type(real).__name__, "size": int(real.vocab_size)}
+    model_path = model_file(real)
+    if model_path:
+        found["file"] = storage.path(model_path).name
+        found["file_sha256"] = hashlib.sha256(storage.path(model_path).read_bytes()).hexdigest()[:16]
+    digest = getattr(real, "content_sha256", None)
+    if digest:
+        found["content_sha256"] = str(digest)[:16]
+    try:  # settings given to the constructor (not values it caches later, like mask_id)
+        settings = inspect.signature(type(real)).parameters
+    except (TypeError, ValueError):
+        settings = {}
+    state = vars(real) if hasattr(real, "__dict__") else {}
+    for key in sorted(settings):
+        value = state.get(key)
+        if isinstance(value, (bool, int, float, str)) and not key.endswith("path"):
+            found[key] = value
+    return found
+
+
+def describe(vocabulary) -> str:
+    """A vocabulary as messages name it: ``SentencePieceVocabulary(8192 embedded_en_8k.model)``,
+    with the first digits of a Hugging Face tokenizer's content hash."""
+    model_path = model_file(vocabulary)
+    where = f" {storage.path(model_path).name}" if model_path else ""
+    digest = getattr(vocabulary, "content_sha256", None)
+    if digest:
+        where += f" sha256:{digest[:12]}"
+    return f"{kind(vocabulary)}({vocabulary.vocab_size}{where})"
 
 
 def _with_sentinel_pieces(sp: spm.SentencePieceProcessor,
@@ -64,7 +105,7 @@ class SentencePieceVocabulary:
         except (OSError, RuntimeError) as e:
             raise MissingFile(
                 f"Cannot load SentencePiece model {model_path!r} ({e}). Rebuild it with "
-                "`python -m t5x_like.data.train_vocab` or point the config's "
+                "`python -m t5x_like.train_vocab` or point the config's "
                 "`vocab_path` at an existing .model file.") from e
         expected = {"pad": (self._sp.pad_id(), PAD_ID), "eos": (self._sp.eos_id(), EOS_ID),
                     "unk": (self._sp.unk_id(), UNK_ID)}
@@ -73,10 +114,14 @@ class SentencePieceVocabulary:
                 raise ValueError(
                     f"SentencePiece model {model_path!r} has {name}_id={got}, but t5x_like "
                     f"needs {name}_id={want} (T5 convention). Retrain it with "
-                    "`python -m t5x_like.data.train_vocab`.")
+                    "`python -m t5x_like.train_vocab`.")
         self._base_vocab_size = self._sp.get_piece_size()
         if extra_ids:
             self._sp = _with_sentinel_pieces(self._sp, extra_ids)
+
+    def pieces(self) -> tuple[str, ...]:
+        """Every id's piece text, in id order (ELMo's char CNN reads their characters)."""
+        return tuple(self._sp.id_to_piece(i) for i in range(self._sp.get_piece_size()))
 
     # -- sizes and special ids ------------------------------------------------
     @property
@@ -111,7 +156,7 @@ class SentencePieceVocabulary:
         piece_id = self._sp.piece_to_id(piece)
         if piece_id == self.unk_id:
             raise ValueError(f"{self.model_path!r} has no {piece} piece; retrain it with "
-                             "`python -m t5x_like.data.train_vocab`.")
+                             "`python -m t5x_like.train_vocab`.")
         return piece_id
 
     def sentinel_id(self, index: int) -> int:

@@ -161,7 +161,7 @@ class Evaluator(ModelRunner):
                 raise UserError(
                     f"Task {task.name!r} has no metric_fns or score_metric_fns, so there is "
                     "nothing to report. Register it with metric_fns=[...] (see "
-                    "t5x_like.evaluation.metrics) or evaluate a benchmark task such as "
+                    "t5x_like.metrics) or evaluate a benchmark task such as "
                     "embedded_bench.")
         if structure.name == "head" and len(self.tasks) > 1:
             raise UserError(f"A fine-tuned head predicts one task's labels; {name!r} has "

@@ -81,14 +81,13 @@ def _bias(module, name, size, axis, value=0.0):
 
 
 @functools.lru_cache(maxsize=4)
-def embedded_char_table(vocab_size: int, max_chars: int) -> np.ndarray:
-    """``[vocab_size, max_chars]`` char ids of the embedded SentencePiece pieces."""
-    from t5x_like.data import tasks
-    vocab = tasks.embedded_vocabulary()
-    sp = vocab._sp  # noqa: SLF001 - the pieces themselves
+@functools.lru_cache(maxsize=4)
+def char_table(pieces: tuple[str, ...], vocab_size: int, max_chars: int) -> np.ndarray:
+    """``[vocab_size, max_chars]`` char ids of a vocabulary's pieces (ids past the
+    pieces, such as sentinels, read as ``<extra_i>``)."""
     table = np.zeros((vocab_size, max_chars), np.int32)
     for i in range(vocab_size):
-        piece = sp.id_to_piece(i) if i < sp.get_piece_size() else f"<extra_{i}>"
+        piece = pieces[i] if i < len(pieces) else f"<extra_{i}>"
         table[i] = _piece_chars(piece, max_chars)
     return table
 
@@ -178,12 +177,21 @@ class LSTMPCell(nn.RNNCellBase):
 
 
 class Bilm(nn.Module):
+    """``char_pieces``: the vocabulary's pieces whose characters the char CNN reads, given
+    by whoever builds the model (its structure reads them from the vocabulary that
+    ``char_vocabulary`` names); the model never looks a vocabulary up itself."""
+
     config: BilmConfig
+    char_pieces: tuple[str, ...] = ()
 
     def chars(self, tokens):
         cfg = self.config
-        if cfg.char_vocabulary == "embedded":
-            table = jnp.asarray(embedded_char_table(cfg.vocab_size, cfg.max_chars))
+        if cfg.char_vocabulary:
+            if not self.char_pieces:
+                raise ValueError(f"model.char_vocabulary={cfg.char_vocabulary!r} needs the "
+                                 "vocabulary's pieces: build the model through its structure "
+                                 "(t5x_like.structures.for_config).")
+            table = jnp.asarray(char_table(self.char_pieces, cfg.vocab_size, cfg.max_chars))
             return jnp.take(table, tokens, axis=0)
         return id_chars(tokens, cfg.max_chars)
 

@@ -16,10 +16,10 @@ import pathlib
 import jax
 import numpy as np
 
+from t5x_like import metrics as metric_fns
 from t5x_like import models
-from t5x_like.data import retrieval_tasks
+from t5x_like.builtin_tasks import retrieval as retrieval_tasks
 from t5x_like.errors import ConfigError
-from t5x_like.evaluation import metrics as metric_fns
 from t5x_like.retrieval import checkpoints, rag, retriever_run, text, training
 from t5x_like.retrieval import index as index_lib
 

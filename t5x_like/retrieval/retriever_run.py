@@ -14,14 +14,14 @@ import pathlib
 import jax
 import numpy as np
 
-from t5x_like.data import retrieval_tasks
+from t5x_like.builtin_tasks import retrieval as retrieval_tasks
 from t5x_like.objectives import rag as rag_objectives
 from t5x_like.retrieval import checkpoints, search, text, towers, training
 from t5x_like.retrieval import index as index_lib
 
 
 def vocabulary():
-    from t5x_like.data import tasks
+    from t5x_like.builtin_tasks import pretraining as tasks
     return tasks.embedded_vocabulary()
 
 

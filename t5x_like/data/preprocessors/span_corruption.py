@@ -10,6 +10,7 @@ import dataclasses
 
 import numpy as np
 
+from t5x_like.data import vocabularies
 from t5x_like.data.preprocessors.base import ExampleStep
 
 
@@ -166,10 +167,9 @@ def require_sentinels(ctx, objective: str) -> None:
     """One message for a vocabulary without sentinels (GPT-2's or BERT's tokenizer)."""
     vocabulary = ctx.vocabulary("inputs")
     if not vocabulary.extra_ids:
-        from t5x_like.evaluation.loading import vocabulary_fingerprint
         raise ValueError(
             f"Task {ctx.task_name!r}: {objective} replaces spans by sentinel tokens "
-            f"<extra_id_N>, and the vocabulary {vocabulary_fingerprint(vocabulary)} has none. "
+            f"<extra_id_N>, and the vocabulary {vocabularies.describe(vocabulary)} has none. "
             "Use a vocabulary with sentinels (a T5 tokenizer, or the built-in SentencePiece "
             "one), or an objective without them (causal LM, masked LM).")
 

@@ -1,9 +1,7 @@
-"""What ``eval`` and ``infer`` load: checkpoints of a run, one step, or a pretrained folder.
-
-``--checkpoint`` may be a training workdir (every complete step, oldest first), one
-step folder (``<workdir>/checkpoints/<step>``) or a params-only pretrained folder
-(``model_config.json`` + ``params/``, from ``convert import``). Checkpoints are
-opened read-only: evaluation never writes into, cleans or rotates them.
+"""Where a checkpoint's params are and how they are read: a run's workdir (every complete
+step, oldest first), one step folder (``<workdir>/checkpoints/<step>``) or a params-only
+pretrained folder (``model_config.json`` + ``params/``, from ``convert import``).
+Checkpoints are opened read-only: readers never write into, clean or rotate them.
 """
 
 from __future__ import annotations
@@ -15,6 +13,7 @@ import ml_collections
 from etils import epath
 
 from t5x_like import config_lib, storage
+from t5x_like.checkpoints import peft_state
 from t5x_like.errors import ConfigError, UserError
 
 
@@ -59,7 +58,7 @@ class Source:
                 return trainer.place_params(params)
             except ValueError as e:
                 raise UserError(f"{self.path}: {e}") from None
-        from t5x_like import checkpointing, peft
+        from t5x_like import checkpointing
         folder = self.path / str(step)
         problem = checkpointing.manifest_problem(folder)
         if problem is not None:
@@ -68,7 +67,7 @@ class Source:
         saved = self.saved_config(step)
         checkpointer = self.open_checkpointer()
         try:
-            state, _ = peft.restore_state(checkpointer, step, trainer, saved,
+            state, _ = restore_state(checkpointer, step, trainer, saved,
                                           config_from_saved(saved), where=str(folder))
         except UserError:
             raise
@@ -89,7 +88,6 @@ def base_params(init_from: str, config, mesh, step: int | None = None) -> tuple[
 
     from t5x_like import trainer as trainer_lib
     from t5x_like.convert import pretrained
-    from t5x_like.train import _check_same_model
 
     try:
         source = resolve(init_from)
@@ -100,7 +98,7 @@ def base_params(init_from: str, config, mesh, step: int | None = None) -> tuple[
             "`python -m t5x_like.convert import` or at a run's workdir.") from None
     if source.kind == "pretrained":
         model_config, params = pretrained.load_pretrained(source.path)
-        _check_same_model({"model": model_config}, config, source=f"init_from={init_from!r}")
+        check_same_model({"model": model_config}, config, source=f"init_from={init_from!r}")
         return params, None
     steps = source.steps()
     if not steps:
@@ -111,8 +109,9 @@ def base_params(init_from: str, config, mesh, step: int | None = None) -> tuple[
         raise UserError(f"init_from={init_from!r} no longer holds step {step} (it has "
                         f"{steps}); restore that step or use the base it was trained on.")
     saved = source.saved_config(step)
-    _check_same_model(saved, config, source=f"init_from={init_from!r}")
-    saved_config = run_config(source, step, None, [])
+    check_same_model(saved, config, source=f"init_from={init_from!r}")
+    saved_config = config_from_saved(saved)
+    config_lib.validate(saved_config)
     params = source.restore_params(step, trainer_lib.build_trainer(saved_config, mesh))
     return jax.device_get(params), step
 
@@ -137,38 +136,6 @@ def resolve(path: str, flag: str = "--checkpoint") -> Source:
                     "model_config.json).")
 
 
-def run_config(source: Source, step: int, config_path: str | None, overrides) -> ml_collections.ConfigDict:
-    """The config to build the model with: ``--config`` (checked against what the
-    checkpoint holds), else the config saved with the checkpoint."""
-    saved = source.saved_config(step)
-    if config_path:
-        config = config_lib.load_config_file(config_path)
-        config_lib.apply_overrides(config, overrides)
-        config_lib.validate(config)
-        from t5x_like.train import _check_same_model
-        _check_same_model(saved, config, source=str(source.path))
-        from t5x_like.train import resolve_head_labels
-        resolve_head_labels(config)
-        return config
-    config = config_lib.default_config()
-    if source.kind == "pretrained":
-        config.model = config_lib.model_defaults(saved["model"]["family"])
-        config.model.update({k: v for k, v in saved["model"].items() if k in config.model})
-        from t5x_like import models
-        width = config.model.get("max_length") or 0
-        if (models.structure(config.model.family) == "decoder" and width
-                and sum(config.task_feature_lengths.values()) > width):
-            # The default lengths do not fit a small decoder's learned positions: a
-            # prompt of 3/4 of them and a continuation of the rest (--inputs_length and
-            # --targets_length change it; k-shot scoring reads their sum).
-            config.task_feature_lengths = {"inputs": width - width // 4, "targets": width // 4}
-    else:
-        config = config_from_saved(saved)
-    config_lib.apply_overrides(config, overrides)
-    config_lib.validate(config)
-    return config
-
-
 def config_from_saved(saved: dict) -> ml_collections.ConfigDict:
     """The config a run's checkpoint was saved with, keys added since taken from the
     defaults (the run fingerprint and a PEFT run's base identity saved beside it are
@@ -191,83 +158,71 @@ def _fill_defaults(saved: dict, defaults: dict) -> dict:
     return out
 
 
-def trained_vocabulary(source: Source, saved: dict):
-    """The vocabulary a checkpoint was trained with, when known: the tokenizer a
-    pretrained folder carries (``convert import``), the tokenizer a run fine-tuned with
-    (copied into its workdir), else the vocabulary of the task the run trained on."""
-    from t5x_like.convert.pretrained import TOKENIZER_FOLDER
-    from t5x_like.data import hf_tokenizers
-    folder = source.path if source.kind == "pretrained" else source.path.parent
-    if (folder / TOKENIZER_FOLDER).is_dir():
-        try:
-            return hf_tokenizers.load(folder / TOKENIZER_FOLDER)
-        except (FileNotFoundError, ValueError) as e:
-            raise UserError(f"The tokenizer saved with the checkpoint does not load ({e}); "
-                            "restore the folder's tokenizer files from where the model came "
-                            "from.") from None
-    trained_on = saved.get("task")
-    if not trained_on:
-        return None
-    from t5x_like.data import dataset_providers as dp
-    try:
-        return dp.get_task_or_mixture(trained_on).vocabulary
-    except KeyError:
-        return None  # a task from a module not imported here: nothing to compare with
+def load_base(identity: dict, config, mesh, where: str, path: str | None = None):
+    """The base params a PEFT checkpoint names, as host arrays, checked against its digest.
+    ``path``: where the base is now, if it moved (default: the path recorded)."""
+    path = path or identity["path"]
+    if not storage.path(path).exists():
+        raise UserError(f"{where} holds only the parameters a PEFT run trained; its base "
+                        f"{path} is gone. Put the base back at that path, or merge it where it "
+                        "is with `python -m t5x_like.peft merge --base=NEW_PATH ...`.")
+    params, _ = base_params(path, config, mesh, step=identity.get("step"))
+    check_base(identity, params, where, path)
+    return params
 
 
-def resolve_vocabulary(value: str | None, source: Source, trained):
-    """``--vocabulary``: None/"" (each task's own), ``checkpoint`` (``trained``, the
-    tokenizer the checkpoint carries) or a path (a tokenizer folder, ``tokenizer.json``
-    or ``.model``)."""
-    if not value:
-        return None
-    from t5x_like.data import hf_tokenizers
-    if value == "checkpoint":
-        vocabulary = trained
-        if vocabulary is None:
-            raise UserError(
-                f"--vocabulary=checkpoint: {source.path} carries no tokenizer (no tokenizer/ "
-                "folder and no training task to take one from). Re-import the model from a "
-                "Hugging Face folder that has tokenizer.json, or pass --vocabulary=PATH to one.")
-        return vocabulary
-    try:
-        return hf_tokenizers.load(value)
-    except (FileNotFoundError, ValueError) as e:
-        raise UserError(f"--vocabulary={value}: {e}") from None
+def check_base(identity: dict, params, where: str, path: str) -> None:
+    found = peft_state.params_digest(params)
+    if found != identity["digest"]:
+        step = f" step {identity['step']}" if identity.get("step") is not None else ""
+        raise UserError(f"{where} was trained on the base {identity['path']}{step} (params "
+                        f"digest {identity['digest'][:12]}), but {path} holds other params "
+                        f"(digest {found[:12]}). Load it with the base it was trained on.")
 
 
-def check_vocabulary(config, task, trained, asked=None) -> None:
-    """Refuses a task whose vocabulary does not fit the model, or is not the one the
-    checkpoint was trained with (``trained``) unless the user asked for it (``asked``)."""
-    vocabulary = task.vocabulary
-    check_fits(config, vocabulary, f"Task {task.name!r}")
-    if trained is None or asked is not None:
-        return
-    if vocabulary_fingerprint(trained) != vocabulary_fingerprint(vocabulary):
-        raise UserError(
-            f"Task {task.name!r} tokenizes with {vocabulary_fingerprint(vocabulary)}, but the "
-            f"checkpoint was trained with {vocabulary_fingerprint(trained)}. Pass "
-            "--vocabulary=checkpoint to re-tokenize the task with the checkpoint's own "
-            "tokenizer, or evaluate tasks that share its vocabulary.")
+def join(saved_params, base_params, trainer):
+    """Full host params: the base's, under ``backbone`` when the model has a head, with the
+    saved trainable leaves over them; placed on the trainer's mesh."""
+    import jax
+    from flax import traverse_util
+    if "backbone" in trainer.abstract_state.params and "backbone" not in base_params:
+        base_params = {"backbone": base_params}
+    flat = traverse_util.flatten_dict(peft_state.plain_dicts(base_params))
+    flat.update(traverse_util.flatten_dict(peft_state.plain_dicts(jax.device_get(saved_params))))
+    return trainer.place_params(traverse_util.unflatten_dict(flat))
 
 
-def check_fits(config, vocabulary, what: str) -> None:
-    """Refuses a vocabulary with more ids than the model's embedding table has rows."""
-    size = vocabulary.vocab_size
-    if size > config.model.vocab_size:
-        raise UserError(f"{what} tokenizes with {vocabulary_fingerprint(vocabulary)}, {size} "
-                        "token ids, but the checkpoint's embedding table has vocab_size="
-                        f"{config.model.vocab_size} rows: the tokenizer is not the model's. Use "
-                        "the tokenizer the model was trained with (--vocabulary=checkpoint).")
+def restore_state(checkpointer, step: int, trainer, saved: dict, config, where: str,
+                  base_path: str | None = None):
+    """``(state, data_state)`` of a checkpoint step on ``trainer``: restored whole, or, for a
+    PEFT checkpoint, its trainable part joined with the base it names (found at
+    ``base_path`` if given)."""
+    identity = saved.get(peft_state.IDENTITY_KEY)
+    if not identity:
+        state, data_state, _ = checkpointer.restore(step, trainer.abstract_state)
+        return state, data_state
+    view, data_state, _ = checkpointer.restore(step, peft_state.abstract_saved_state(trainer))
+    base = load_base(identity, config, trainer.mesh, where, base_path)
+    return view.replace(params=join(view.params, base, trainer)), data_state
 
 
-def vocabulary_fingerprint(vocabulary) -> str:
-    """What identifies a vocabulary: its class, size and model file (and the content
-    hash of a Hugging Face tokenizer, whose file is always tokenizer.json)."""
-    from t5x_like.data import vocabularies
-    model_path = vocabularies.model_file(vocabulary)
-    where = f" {storage.path(model_path).name}" if model_path else ""
-    digest = getattr(vocabulary, "content_sha256", None)
-    if digest:
-        where += f" sha256:{digest[:12]}"
-    return f"{vocabularies.kind(vocabulary)}({vocabulary.vocab_size}{where})"
+def check_same_model(saved_config: dict, config, source: str) -> None:
+    """Refuses a pretrained ``source`` (init_from, eval --config) of another model."""
+    saved_model = saved_config.get("model", {})
+    current = config.model.to_dict()
+    try:  # keys a folder leaves out (an import, an older run) are at their defaults
+        defaults = config_lib.model_defaults(saved_model.get("family")).to_dict()
+    except ConfigError:
+        defaults = {}
+    saved_model, current = {**defaults, **saved_model}, {**defaults, **current}
+    details = [f"model.{k}: checkpoint {saved_model.get(k)!r} vs config {current.get(k)!r}"
+               for k in sorted(set(saved_model) | set(current))
+               if _normalise(saved_model.get(k)) != _normalise(current.get(k))]
+    if details:
+        raise ConfigError(
+            f"{source} holds a different model ({', '.join(details)}). Set the model keys to "
+            "the pretrained model's, e.g. use the config it was trained or converted with.")
+
+
+def _normalise(value):
+    return list(value) if isinstance(value, tuple) else value

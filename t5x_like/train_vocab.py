@@ -1,7 +1,7 @@
 """Trains the embedded SentencePiece vocabularies, deterministically.
 
-    python -m t5x_like.data.train_vocab            # rewrites data/vocab/embedded_en_8k.model
-    python -m t5x_like.data.train_vocab --multilingual   # data/vocab/multilingual_8k.model
+    python -m t5x_like.train_vocab            # rewrites data/vocab/embedded_en_8k.model
+    python -m t5x_like.train_vocab --multilingual   # data/vocab/multilingual_8k.model
 
 Only the ``train`` split is read, so held-out text never shapes the tokenizer.
 One thread, no sampling inside SentencePiece and no shuffling make two runs
@@ -29,7 +29,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import sentencepiece as spm
 
-from t5x_like.data import embedded, multilingual_tasks, sources, vocabularies
+from t5x_like.builtin_tasks import multilingual as multilingual_tasks
+from t5x_like.data import dataset_providers, embedded, sources, vocabularies
 
 MULTILINGUAL_MODEL = multilingual_tasks.VOCAB_MODEL
 MULTILINGUAL_ALPHA = 0.3
@@ -67,18 +68,6 @@ def train_sentencepiece(documents: list[str], vocab_size: int, model_type: str =
 
 # -- temperature sampling over sources ------------------------------------------------------
 
-def temperature_probabilities(sizes: Mapping[str, float], alpha: float) -> dict[str, float]:
-    """q_i = p_i^α / Σ_j p_j^α with p_i = size_i / Σ size (XLM-R, Conneau et al. 2020)."""
-    if alpha <= 0:
-        raise ValueError(f"alpha must be > 0, got {alpha}.")
-    total = float(sum(sizes.values()))
-    if total <= 0:
-        raise ValueError(f"The sources hold no text: {dict(sizes)}.")
-    powered = {name: (size / total) ** alpha for name, size in sizes.items()}
-    norm = sum(powered.values())
-    return {name: value / norm for name, value in powered.items()}
-
-
 def _source_seed(name: str, seed: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "little")
 
@@ -89,8 +78,8 @@ def temperature_sample(texts: Mapping[str, Sequence[str]], alpha: float, budget_
     (its lines in a seeded order, cycled when it must repeat). Returns the lines
     (sources in name order) and per source: chars, p, q, sampled chars and repeats."""
     sizes = {name: sum(len(line) for line in lines) for name, lines in texts.items()}
-    shares = temperature_probabilities(sizes, 1.0)
-    rates = temperature_probabilities(sizes, alpha)
+    shares = dataset_providers.temperature_probabilities(sizes, 1.0)
+    rates = dataset_providers.temperature_probabilities(sizes, alpha)
     out: list[str] = []
     report: dict[str, dict] = {}
     for name in sorted(texts):

@@ -9,7 +9,7 @@ for a production vocabulary such as T5's 32k model.
 
 from __future__ import annotations
 
-from t5x_like.data import tasks
+from t5x_like.builtin_tasks import pretraining as tasks
 from t5x_like.data.dataset_providers import MixtureRegistry, TaskRegistry
 from t5x_like.data.sources import TfdsSource
 

@@ -56,13 +56,13 @@ from collections.abc import Callable, Mapping, Sequence
 import grain
 import numpy as np
 
+from t5x_like import metrics
+from t5x_like.builtin_tasks import pretraining as tasks
 from t5x_like.data import preprocessors as pp
-from t5x_like.data import tasks
 from t5x_like.data.dataset_providers import MixtureRegistry, TaskRegistry, rate_num_examples
 from t5x_like.data.preprocessors.base import ExampleStep, StreamStep
 from t5x_like.data.preprocessors.text import as_text
 from t5x_like.data.sources import TfdsSource
-from t5x_like.evaluation import metrics
 
 GLUE_VERSION = "2.0.0"
 SUPER_GLUE_VERSION = "1.0.2"

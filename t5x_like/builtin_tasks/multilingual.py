@@ -22,7 +22,7 @@ name                              what
 Languages L: ``en`` (the English corpus), ``es`` and ``ja`` (the Bibles in ``data/multi``)
 and ``udhr`` (every UDHR translation: about 400 languages, one shared language id
 ``xx_XX``). The vocabulary is ``data/vocab/multilingual_8k.model``
-(``python -m t5x_like.data.train_vocab --multilingual``).
+(``python -m t5x_like.train_vocab --multilingual``).
 """
 
 from __future__ import annotations
@@ -33,12 +33,13 @@ import functools
 import numpy as np
 import sentencepiece as spm
 
-from t5x_like.data import bench_tasks, embedded, sources, vocabularies
+from t5x_like import metrics
+from t5x_like.builtin_tasks import bench as bench_tasks
+from t5x_like.builtin_tasks.pretraining import CACHE, TEXT_TO_TARGETS, _LazyVocabulary, english_source, features
+from t5x_like.data import embedded, sources, vocabularies
 from t5x_like.data import preprocessors as pp
-from t5x_like.data.dataset_providers import MixtureRegistry, TaskRegistry
+from t5x_like.data.dataset_providers import MixtureRegistry, TaskRegistry, temperature_probabilities
 from t5x_like.data.preprocessors.text import check_minimum_length
-from t5x_like.data.tasks import CACHE, TEXT_TO_TARGETS, _LazyVocabulary, english_source, features
-from t5x_like.evaluation import metrics
 
 LANGUAGES = ("en", "es", "ja", "udhr")
 XLMR_ALPHA = 0.3
@@ -70,7 +71,7 @@ def language_id(language: str, model_path: str | None = None) -> int:
     piece_id = _piece_ids(model_path or vocab_model_path())[piece]
     if piece_id == vocabularies.UNK_ID:
         raise ValueError(f"{model_path or vocab_model_path()} has no {piece} piece; retrain it "
-                         "with `python -m t5x_like.data.train_vocab --multilingual`.")
+                         "with `python -m t5x_like.train_vocab --multilingual`.")
     return piece_id
 
 
@@ -87,12 +88,6 @@ def language_source(language: str) -> sources.Source:
 
 
 # -- sampling rates ---------------------------------------------------------------------------
-
-def temperature_probabilities(sizes: dict[str, float], alpha: float) -> dict[str, float]:
-    """q_i = p_i^α / Σ_j p_j^α, p_i = size_i / Σ size."""
-    from t5x_like.data import train_vocab  # a command module: not imported with the registry
-    return train_vocab.temperature_probabilities(sizes, alpha)
-
 
 @functools.cache
 def _characters(task_name: str, split: str) -> int:

@@ -37,12 +37,12 @@ import random
 import re
 from collections.abc import Iterable
 
+from t5x_like import metrics
+from t5x_like.builtin_tasks.pretraining import features
 from t5x_like.data import embedded, sources
 from t5x_like.data import preprocessors as pp
 from t5x_like.data.dataset_providers import MixtureRegistry, TaskRegistry, rate_num_examples
 from t5x_like.data.preprocessors.text import as_text
-from t5x_like.data.tasks import features
-from t5x_like.evaluation import metrics
 
 SPLITS = ("train", "validation", "test")
 SPAM_LABELS = ("ham", "spam")  # index = the label (spam = 1, the positive class of f1)

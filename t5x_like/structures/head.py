@@ -19,7 +19,8 @@ import numpy as np
 
 from t5x_like import objectives
 from t5x_like.errors import ConfigError
-from t5x_like.models import heads, structures
+from t5x_like.models import heads
+from t5x_like.structures.base import Structure
 
 LOSSES = {"classification": objectives.classification_loss,
           "regression": objectives.regression_loss,
@@ -27,10 +28,10 @@ LOSSES = {"classification": objectives.classification_loss,
           "span_extraction": objectives.span_extraction_loss}
 
 
-class HeadStructure(structures.Structure):
+class HeadStructure(Structure):
     name = "head"
 
-    def __init__(self, body: structures.Structure, head_config, labels: Sequence[str],
+    def __init__(self, body: Structure, head_config, labels: Sequence[str],
                  vocabulary):
         kind = head_config["kind"]
         self.kind = kind

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import functools
 
-from t5x_like.data import bench_tasks as bench
+from t5x_like import metrics
+from t5x_like.builtin_tasks import bench
+from t5x_like.builtin_tasks.pretraining import features
 from t5x_like.data import embedded
 from t5x_like.data.dataset_providers import TaskRegistry
-from t5x_like.data.tasks import features
-from t5x_like.evaluation import metrics
 
 TASK = "embedded_bible_web_to_kjv"
 SPLITS = bench.SPLITS

@@ -1,0 +1,117 @@
+"""What every structure offers, and the arithmetic they share (log-likelihoods, token losses,
+per-layer matmul counts)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+from flax import traverse_util
+
+# Keys of ``predict_batch`` beyond the batch: the decoding flags of ``infer`` and ``eval``.
+DECODE_DEFAULTS = {"max_decode_length": 64, "num_beams": 1, "alpha": 0.6, "temperature": 0.0,
+                   "top_k": 0, "top_p": 1.0}
+
+
+def _target_log_likelihood(logits, targets, weights) -> jax.Array:
+    """Sum over positions of ``log p(target)`` where ``weights`` > 0: ``[batch]``."""
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    token = jnp.take_along_axis(log_probs, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    return (token * weights).sum(axis=-1)
+
+
+def _final_hidden(state) -> jax.Array:
+    """The states a family ``sow``s as ``final_hidden`` before its vocabulary projection."""
+    found = [value for key, value in traverse_util.flatten_dict(state["intermediates"]).items()
+             if key[-1] == "final_hidden"]
+    return found[0][0]
+
+
+def _token_loss_fn(objective, loss_config):
+    """The train/eval loss of a token-level objective (``seq2seq_loss``, ``causal_lm_loss``)
+    with the config's label smoothing and z-loss; dropout runs exactly when given an rng."""
+    options = {"label_smoothing": float(loss_config.label_smoothing),
+               "z_loss": float(loss_config.z_loss)}
+
+    def loss_fn(model, params, batch, rng, normalizer=None, num_sequences=None):
+        return objective(model, params, batch, rng, deterministic=rng is None,
+                         normalizer=normalizer, **options)
+    return loss_fn
+
+
+def _layer_matmuls(d: int, heads: int, head_dim: int, d_ff: int, activations, attention_mats=4,
+                   kv_heads: int | None = None):
+    """Multiply-adds per token of one layer's projections (attention and MLP). With
+    grouped-query attention the key and value projections have ``kv_heads`` heads."""
+    kv_heads = kv_heads or heads
+    attention = (attention_mats - 2) * d * heads * head_dim + 2 * d * kv_heads * head_dim
+    return attention + (len(tuple(activations)) + 1) * d * d_ff
+
+
+class Structure:
+    """Base: shared plumbing; subclasses say what differs."""
+
+    name = ""
+    #: the batch feature holding the loss weights, and the one holding the targets.
+    weights_feature = "decoder_loss_weights"
+    targets_feature = "decoder_target_tokens"
+
+    def __init__(self, model):
+        self.model = model
+
+    #: whether distillation (``distill.py``) is built for this structure's families
+    distillable = True
+
+    @classmethod
+    def validate_config(cls, config) -> None:
+        """This structure's part of config validation, called by ``config_lib.validate``
+        after the generic checks (keys, types, enums); a ``ConfigError`` names the key."""
+
+    @classmethod
+    def build_model(cls, model_config: Mapping):
+        """The family's Flax module for ``config.model`` (what it needs from outside the
+        config, such as a vocabulary's pieces, is given here)."""
+        from t5x_like import models
+        return models.build_model(model_config)
+
+    # -- data -------------------------------------------------------------------------------
+    def feature_converter(self, task_feature_lengths: Mapping[str, int], pack: bool = False):
+        raise NotImplementedError
+
+    def model_feature_lengths(self, task_feature_lengths: Mapping[str, int]) -> dict[str, int]:
+        raise NotImplementedError
+
+    def abstract_batch(self, task_feature_lengths, batch_size: int, sharding=None) -> dict:
+        """Shapes and dtypes of one global batch, for ahead-of-time compilation."""
+        lengths = self.model_feature_lengths(task_feature_lengths)
+        batch = {name: jax.ShapeDtypeStruct((batch_size, n), jnp.int32, sharding=sharding)
+                 for name, n in lengths.items()}
+        batch[self.weights_feature] = jax.ShapeDtypeStruct(
+            (batch_size, lengths[self.targets_feature]), jnp.float32, sharding=sharding)
+        return batch
+
+    # -- objectives -------------------------------------------------------------------------
+    def loss_fn(self, loss_config):
+        raise NotImplementedError
+
+    def logits(self, params, batch) -> jax.Array:
+        return self.forward(self.model, params, batch)["logits"]
+
+    def forward(self, model, params, batch, rng=None, deterministic: bool = True) -> dict:
+        """What distillation compares (``distill.py``): ``logits``, the final ``hidden``
+        states, the objective's ``targets`` and ``weights``, and the ``positions``
+        ``[batch, length]`` whose distributions and states the student matches."""
+        raise NotImplementedError
+
+    def score_batch(self, params, batch) -> jax.Array:
+        """Per-example summed log-likelihood of the targets (``[batch]``, float32)."""
+        return _target_log_likelihood(self.logits(params, batch), batch[self.targets_feature],
+                                      batch[self.weights_feature])
+
+    def predict_batch(self, params, batch, *, rng=None, **decode) -> jax.Array:
+        raise NotImplementedError
+
+    def forward_flops_per_sequence(self, model_config: Mapping, lengths: Mapping[str, int]
+                                   ) -> float:
+        raise NotImplementedError

@@ -1,0 +1,101 @@
+"""ELMo's biLM: causal-LM batches read forwards and backwards."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+
+import jax.numpy as jnp
+
+from t5x_like import objectives
+from t5x_like.errors import ConfigError
+from t5x_like.objectives import bilm as bilm_objective
+from t5x_like.structures.base import _target_log_likelihood, _token_loss_fn
+from t5x_like.structures.decoder import DecoderStructure
+
+
+class BilmStructure(DecoderStructure):
+    """ELMo's biLM: causal-LM batches (``DecoderFeatureConverter``, unpacked), read as one
+    token sequence (``decoder_target_tokens``); the objective is the mean of the forward
+    and backward LM cross-entropies (``objectives.bilm_loss``). Scoring sums the forward
+    LM's log-likelihood. A biLM does not generate."""
+
+    name = "bilm"
+    distillable = False
+
+    @classmethod
+    def validate_config(cls, config) -> None:
+        if config.pack:
+            raise ConfigError("model.family='bilm' reads unpacked, right-padded rows (its backward LSTM "
+                        "reverses each row within its length, and packed segments would leak "
+                        "state across examples); set --config.pack=False.")
+        if "inputs" in config.task_feature_lengths:
+            raise ConfigError("model.family='bilm' is a language model over one sequence; give it a "
+                        "task with 'targets' only (e.g. --config.task=embedded_en_lm), not "
+                        "inputs and targets.")
+        if config.get("head") is not None and config.head.kind:
+            raise ConfigError("model.family='bilm' has no fine-tuning heads; use its features "
+                        "(benchmarks/elmo_scalar_mix.py) and set --config.head.kind=''.")
+        model = config.model
+        if len(model.filter_widths) != len(model.filter_counts) or not model.filter_widths:
+            raise ConfigError(f"model.filter_widths={tuple(model.filter_widths)} and model.filter_counts="
+                        f"{tuple(model.filter_counts)} must be non-empty and of equal length (one "
+                        "count per convolution width).")
+        if max(model.filter_widths) > model.max_chars:
+            raise ConfigError(f"model.max_chars={model.max_chars} is shorter than the widest filter "
+                        f"({max(model.filter_widths)}); raise max_chars.")
+        if model.char_vocabulary not in ("embedded", ""):
+            raise ConfigError(f"model.char_vocabulary={model.char_vocabulary!r}: use 'embedded' (the "
+                        "embedded SentencePiece pieces) or '' (characters from the ids' bytes).")
+        for key in ("lstm_dim", "projection_dim", "num_layers", "max_chars", "char_embed_dim"):
+            if model[key] <= 0:
+                raise ConfigError(f"model.{key}={model[key]} must be positive.")
+
+    @classmethod
+    def build_model(cls, model_config: Mapping):
+        """The model, with the pieces of the vocabulary ``char_vocabulary`` names
+        (``embedded``: the embedded corpus's SentencePiece) for its char CNN."""
+        model = super().build_model(model_config)
+        if model_config.get("char_vocabulary") == "embedded":
+            model = model.clone(char_pieces=_embedded_pieces())
+        return model
+
+    def loss_fn(self, loss_config):
+        return _token_loss_fn(objectives.bilm_loss, loss_config)
+
+    def forward(self, model, params, batch, rng=None, deterministic=True):
+        tokens = batch["decoder_target_tokens"]
+        out = model.apply({"params": params}, tokens, deterministic=deterministic,
+                          rngs=objectives.dropout_rngs(rng, deterministic), return_layers=True)
+        fwd_t, fwd_w, _, _ = bilm_objective.lm_targets(tokens, model.config.pad_id)
+        return {"logits": out["forward_logits"], "hidden": out["layers"][-1],
+                "targets": fwd_t, "weights": fwd_w,
+                "positions": (tokens != model.config.pad_id).astype(jnp.float32)}
+
+    def score_batch(self, params, batch):
+        out = self.forward(self.model, params, batch)
+        return _target_log_likelihood(out["logits"], out["targets"], out["weights"])
+
+    def predict_batch(self, params, batch, *, rng=None, **decode):
+        raise ValueError("A bidirectional LM (model.family='bilm') does not generate text; "
+                         "evaluate it with --mode=score, or use its features (ELMo).")
+
+    def forward_flops_per_sequence(self, model, lengths):
+        """Matmul FLOPs per sequence: char CNN, both directions' LSTMPs, the softmax
+        for both directions."""
+        s = lengths.get("inputs", 0) + lengths["targets"]
+        e, c, p = model["char_embed_dim"], model["max_chars"], model["projection_dim"]
+        widths, counts = tuple(model["filter_widths"]), tuple(model["filter_counts"])
+        n = sum(counts)
+        cnn = sum(2 * (c - w + 1) * w * e * k for w, k in zip(widths, counts, strict=False))
+        cnn += model["num_highway"] * 2 * n * 2 * n + 2 * n * p
+        lstm = 2 * model["num_layers"] * (2 * (2 * p) * 4 * model["lstm_dim"]
+                                          + 2 * model["lstm_dim"] * p)
+        return s * (cnn + lstm + 2 * 2 * p * model["vocab_size"])
+
+
+@functools.cache
+def _embedded_pieces() -> tuple[str, ...]:
+    from t5x_like.data import embedded, vocabularies
+    return vocabularies.SentencePieceVocabulary(
+        embedded.vocab_model_path(), extra_ids=embedded.NUM_EXTRA_IDS).pieces()

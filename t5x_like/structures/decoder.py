@@ -1,0 +1,93 @@
+"""Decoder-only language models: causal or prefix LM batches, generation from a prompt."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from t5x_like import objectives
+from t5x_like.errors import ConfigError
+from t5x_like.structures.base import DECODE_DEFAULTS, Structure, _final_hidden, _layer_matmuls, _token_loss_fn
+
+
+class DecoderStructure(Structure):
+    """GPT-style decoders: one sequence, causal LM; with ``inputs`` a prefix LM whose
+    loss covers the targets only (``prefix_attention``: ``bidirectional`` as seqio's
+    prefix LM, or ``causal`` as GPT fine-tuning and lm-evaluation-harness condition)."""
+
+    name = "decoder"
+
+    @classmethod
+    def validate_config(cls, config) -> None:
+        head = config.get("head")
+        if (head is not None and head.kind in ("classification", "regression")
+                and head.pooling == "cls"):
+            raise ConfigError("A decoder's first token has seen nothing but itself; pool a "
+                              "decoder body at its last token: --config.head.pooling=last.")
+
+    def __init__(self, model, prefix_attention: str = "bidirectional"):
+        super().__init__(model)
+        if prefix_attention not in ("bidirectional", "causal"):
+            raise ValueError(f"prefix_attention={prefix_attention!r}; use 'bidirectional' "
+                             "or 'causal'.")
+        self.prefix_attention = prefix_attention
+
+    def feature_converter(self, task_feature_lengths, pack=False):
+        from t5x_like.data import feature_converters
+        return feature_converters.DecoderFeatureConverter(
+            pack=pack, prefix_lm="inputs" in task_feature_lengths,
+            bidirectional_prefix=self.prefix_attention == "bidirectional")
+
+    def model_feature_lengths(self, task_feature_lengths):
+        lengths = dict(task_feature_lengths)
+        length = lengths.get("inputs", 0) + lengths["targets"]
+        return {"decoder_input_tokens": length, "decoder_target_tokens": length}
+
+    def loss_fn(self, loss_config):
+        return _token_loss_fn(objectives.causal_lm_loss, loss_config)
+
+    def forward(self, model, params, batch, rng=None, deterministic=True):
+        logits, state = model.apply(
+            {"params": params}, batch["decoder_input_tokens"],
+            decoder_segment_ids=batch.get("decoder_segment_ids"),
+            decoder_positions=batch.get("decoder_positions"),
+            decoder_causal_attention=batch.get("decoder_causal_attention"),
+            deterministic=deterministic, rngs=objectives.dropout_rngs(rng, deterministic),
+            mutable=["intermediates"])
+        weights = batch["decoder_loss_weights"]
+        return {"logits": logits, "hidden": _final_hidden(state),
+                "targets": batch["decoder_target_tokens"], "weights": weights,
+                "positions": (weights > 0).astype(jnp.float32)}
+
+    def predict_batch(self, params, batch, *, rng=None, **decode):
+        """Continues each row's prompt: the tokens before its first target position
+        (``decoder_loss_weights``), left-aligned rows of any prompt length."""
+        from t5x_like import decoding
+        options = {**DECODE_DEFAULTS, **decode}
+        prompts, prompt_lengths = prompts_from_batch(batch)
+        return decoding.generate_padded(
+            self.model, params, prompts, prompt_lengths,
+            max_new_tokens=options["max_decode_length"], rng=rng,
+            temperature=options["temperature"], top_k=options["top_k"], top_p=options["top_p"],
+            num_beams=options["num_beams"], alpha=options["alpha"],
+            eos_id=getattr(self.model.config, "eos_id", decoding.EOS_ID))
+
+    def forward_flops_per_sequence(self, model, lengths):
+        d, h, dh, f, v = (model["d_model"], model["num_heads"], model["head_dim"],
+                          model["d_ff"], model["vocab_size"])
+        s = lengths.get("inputs", 0) + lengths["targets"]
+        layers = model["num_layers"]
+        matmuls = _layer_matmuls(d, h, dh, f, model["mlp_activations"],
+                                 kv_heads=model.get("num_kv_heads") or h)
+        return 2 * s * layers * matmuls + 4 * layers * s * s * h * dh + 2 * s * d * v
+
+
+def prompts_from_batch(batch) -> tuple[jax.Array, jax.Array]:
+    """``(tokens, lengths)``: each row's prompt is its decoder input tokens up to the first
+    position whose output is a target (``decoder_loss_weights`` > 0): the start token and
+    the inputs for a prefix LM, the start token alone for a causal LM."""
+    weights = batch["decoder_loss_weights"]
+    first_target = jnp.argmax(weights > 0, axis=-1)
+    has_target = weights.sum(axis=-1) > 0
+    nonpad = (batch["decoder_target_tokens"] != 0).sum(axis=-1)
+    return batch["decoder_input_tokens"], jnp.where(has_target, first_target, nonpad) + 1

@@ -1,0 +1,78 @@
+"""BERT-style encoders: masked-LM batches, scoring by the masked positions."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from t5x_like import objectives
+from t5x_like.structures.base import Structure, _layer_matmuls
+
+
+class EncoderStructure(Structure):
+    """BERT-style encoders: masked LM; scoring sums the log-likelihood of the original
+    tokens at the masked positions. They do not generate: fine-tune a head to predict."""
+
+    name = "encoder"
+    weights_feature = "encoder_loss_weights"
+    targets_feature = "encoder_target_tokens"
+
+    def feature_converter(self, task_feature_lengths, pack=False):
+        from t5x_like.data import feature_converters
+        config = getattr(self.model, "config", None)  # Longformer's global tokens
+        return feature_converters.EncoderFeatureConverter(
+            pack=pack, global_attention=bool(getattr(config, "global_attention", False)))
+
+    def model_feature_lengths(self, task_feature_lengths):
+        length = dict(task_feature_lengths)["inputs"]
+        return {"encoder_input_tokens": length, "encoder_target_tokens": length}
+
+    def loss_fn(self, loss_config):
+        label_smoothing = float(loss_config.label_smoothing)  # BERT's objective has no z-loss
+
+        def loss_fn(model, params, batch, rng, normalizer=None, num_sequences=None):
+            return objectives.masked_lm_loss(model, params, batch, rng, deterministic=rng is None,
+                                             label_smoothing=label_smoothing,
+                                             normalizer=normalizer, num_sequences=num_sequences)
+        return loss_fn
+
+    def forward(self, model, params, batch, rng=None, deterministic=True):
+        out = model.apply(
+            {"params": params}, batch["encoder_input_tokens"],
+            token_type_ids=batch.get("encoder_token_type_ids"),
+            segment_ids=batch.get("encoder_segment_ids"),
+            positions=batch.get("encoder_positions"),
+            span_mask=batch["encoder_loss_weights"] > 0,
+            global_attention_mask=batch.get("encoder_global_attention_mask"),
+            deterministic=deterministic,
+            rngs=objectives.dropout_rngs(rng, deterministic))
+        real = batch["encoder_input_tokens"] != model.config.pad_id
+        return {"logits": out["mlm_logits"], "hidden": out["hidden"],
+                "targets": batch["encoder_target_tokens"],
+                "weights": batch["encoder_loss_weights"], "positions": real.astype(jnp.float32)}
+
+    def predict_batch(self, params, batch, *, rng=None, **decode):
+        raise ValueError("A masked-LM encoder does not generate text; evaluate it with "
+                         "--mode=score, or fine-tune a head (models.heads) for labels.")
+
+    def forward_flops_per_sequence(self, model, lengths):
+        return _encoder_flops(model, lengths["inputs"], model.get("embedding_dim") or 0)
+
+
+def _encoder_flops(model, s: int, embedding_dim: int, head: str = "mlm") -> float:
+    """A BERT encoder over ``s`` tokens: its layers, the projection from factorized
+    embeddings (``embedding_dim`` > 0, ALBERT and ELECTRA), and its output head: the
+    masked-LM transform and tied vocabulary projection, or ELECTRA's replaced-token
+    head (a ``d x d`` layer and one logit)."""
+    d, h, dh, f, v = (model["d_model"], model["num_heads"], model["head_dim"], model["d_ff"],
+                      model["vocab_size"])
+    layers = model["num_layers"]
+    e = embedding_dim or d
+    projection = 2 * s * e * d if embedding_dim else 0
+    # Local attention (Longformer) scores each token against 2 w - 1 keys, not s.
+    window = model.get("attention_window") or 0
+    keys = min(s, 2 * window - 1) if window else s
+    body = (2 * s * layers * _layer_matmuls(d, h, dh, f, model["mlp_activations"])
+            + 4 * layers * s * keys * h * dh + projection)
+    if head == "replaced_token":
+        return body + 2 * s * d * d + 2 * s * d
+    return body + 2 * s * d * e + 2 * s * e * v

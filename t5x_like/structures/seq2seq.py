@@ -1,0 +1,75 @@
+"""T5 and BART: inputs -> encoder, targets -> decoder."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from t5x_like import objectives
+from t5x_like.errors import ConfigError
+from t5x_like.structures.base import DECODE_DEFAULTS, Structure, _final_hidden, _layer_matmuls, _token_loss_fn
+
+
+class EncoderDecoderStructure(Structure):
+    """T5 and BART: inputs -> encoder, targets -> decoder (teacher-forced)."""
+
+    name = "encoder_decoder"
+
+    @classmethod
+    def validate_config(cls, config) -> None:
+        head = config.get("head")
+        if head is not None and head.kind:
+            raise ConfigError(f"head.kind={head.kind!r} needs an encoder or decoder body; "
+                              f"model.family={config.model.family!r} is an encoder-decoder, which "
+                              "fine-tunes text-to-text: set --config.head.kind=''.")
+
+    def feature_converter(self, task_feature_lengths, pack=False):
+        from t5x_like.data import feature_converters
+        return feature_converters.EncDecFeatureConverter(pack=pack)
+
+    def model_feature_lengths(self, task_feature_lengths):
+        lengths = dict(task_feature_lengths)
+        return {"encoder_input_tokens": lengths["inputs"],
+                "decoder_input_tokens": lengths["targets"],
+                "decoder_target_tokens": lengths["targets"]}
+
+    def loss_fn(self, loss_config):
+        return _token_loss_fn(objectives.seq2seq_loss, loss_config)
+
+    def forward(self, model, params, batch, rng=None, deterministic=True):
+        logits, state = model.apply(
+            {"params": params}, batch["encoder_input_tokens"], batch["decoder_input_tokens"],
+            batch["decoder_target_tokens"], encoder_segment_ids=batch.get("encoder_segment_ids"),
+            decoder_segment_ids=batch.get("decoder_segment_ids"),
+            encoder_positions=batch.get("encoder_positions"),
+            decoder_positions=batch.get("decoder_positions"), deterministic=deterministic,
+            rngs=objectives.dropout_rngs(rng, deterministic), mutable=["intermediates"])
+        weights = batch["decoder_loss_weights"]
+        return {"logits": logits, "hidden": _final_hidden(state),
+                "targets": batch["decoder_target_tokens"], "weights": weights,
+                "positions": (weights > 0).astype(jnp.float32)}
+
+    def predict_batch(self, params, batch, *, rng=None, **decode):
+        from t5x_like import decoding
+        options = {**DECODE_DEFAULTS, **decode}
+        tokens = batch["encoder_input_tokens"]
+        if options["num_beams"] > 1:
+            sequences, _ = decoding.beam_decode(
+                self.model, params, tokens, max_decode_length=options["max_decode_length"],
+                num_beams=options["num_beams"], alpha=options["alpha"])
+            return sequences[:, 0]
+        return decoding.decode(self.model, params, tokens,
+                               max_decode_length=options["max_decode_length"], rng=rng,
+                               temperature=options["temperature"], top_k=options["top_k"],
+                               top_p=options["top_p"])
+
+    def forward_flops_per_sequence(self, model, lengths):
+        d, h, dh, f, v = (model["d_model"], model["num_heads"], model["head_dim"],
+                          model["d_ff"], model["vocab_size"])
+        act, attn = model["mlp_activations"], h * dh
+        si, st = lengths["inputs"], lengths["targets"]
+        le, ld = model["num_encoder_layers"], model["num_decoder_layers"]
+        encoder = 2 * si * le * _layer_matmuls(d, h, dh, f, act) + 4 * le * si * si * attn
+        decoder = (2 * st * ld * _layer_matmuls(d, h, dh, f, act, attention_mats=6)
+                   + 2 * si * ld * 2 * d * attn
+                   + 4 * ld * (st * st + st * si) * attn + 2 * st * d * v)
+        return encoder + decoder
