@@ -97,6 +97,18 @@ def default_config() -> ml_collections.ConfigDict:
         batch_size=0,                  # 0: batch_size
         max_decode_length=0,           # 0: task_feature_lengths.targets
     ))
+    _add_fine_tuning_sections(c)
+
+    # Device mesh; -1 takes the remaining devices. Axis rules name the sharding strategy.
+    # dcn: data parallelism across TPU slices (multi-slice); 0 = the number of slices
+    # the devices span, which is 1 off multi-slice TPU, so one config runs anywhere.
+    c.mesh = ml_collections.ConfigDict(dict(dcn=0, data=-1, fsdp=1, tensor=1))
+    c.partitioning = ml_collections.ConfigDict(dict(rules="fsdp"))
+    return c
+
+
+def _add_fine_tuning_sections(c: ml_collections.ConfigDict) -> None:
+    """``head``, ``peft`` and ``distill``: what fine-tuning adds to a pretraining config."""
     # Fine-tuning with a task head (models.heads) on an encoder or decoder body instead of
     # its pretraining objective: the body loads from init_from, the head starts fresh.
     c.head = ml_collections.ConfigDict(dict(
@@ -144,13 +156,6 @@ def default_config() -> ml_collections.ConfigDict:
         student_init="teacher_layers",  # teacher_layers (evenly spaced, DistilBERT) | fresh
     ))
 
-    # Device mesh; -1 takes the remaining devices. Axis rules name the sharding strategy.
-    # dcn: data parallelism across TPU slices (multi-slice); 0 = the number of slices
-    # the devices span, which is 1 off multi-slice TPU, so one config runs anywhere.
-    c.mesh = ml_collections.ConfigDict(dict(dcn=0, data=-1, fsdp=1, tensor=1))
-    c.partitioning = ml_collections.ConfigDict(dict(rules="fsdp"))
-    return c
-
 
 def model_defaults(family: str) -> ml_collections.ConfigDict:
     """The ``model`` section for ``family`` with every key at its default.
@@ -189,7 +194,6 @@ ENUMS = {
     "optimizer.schedule": ("constant", "rsqrt", "linear", "cosine"),
     "partitioning.rules": ("data_parallel", "fsdp", "fsdp_tensor"),
     "model.dtype": ("float32", "bfloat16"),
-    "model.family": ("encoder_decoder", "bart", "decoder", "encoder", "electra", "bilm"),
     "model.remat_policy": ("none", "full", "dots", "dots_no_batch"),
     "model.attention_impl": ("auto", "xla", "flash", "chunked"),
     "model.norm": ("layernorm", "rmsnorm"),
@@ -359,13 +363,6 @@ def _type_ok(value: Any, expected: Any) -> bool:
     return isinstance(value, type(expected))
 
 
-FAMILY_EXAMPLES = {"encoder_decoder": "configs/quickstart.py", "bart": "configs/bart_base.py",
-                   "decoder": "configs/pretrain/gpt2_tiny.py",
-                   "encoder": "configs/pretrain/bert_tiny.py",
-                   "electra": "configs/pretrain/electra_tiny.py",
-                   "bilm": "configs/pretrain/elmo_tiny.py"}
-
-
 def _check_against_schema(config, schema, prefix: str = "", context: str = " in the config") \
         -> None:
     for key in config.keys():
@@ -383,7 +380,8 @@ def _check_against_schema(config, schema, prefix: str = "", context: str = " in 
             if key == "model" and not prefix:
                 family = value.get("family", "encoder_decoder")
                 expected = model_defaults(family)
-                example = FAMILY_EXAMPLES.get(family)
+                from t5x_like import structures
+                example = structures.EXAMPLE_CONFIGS.get(family)
                 sub_context = (
                     f": model.family={family!r} has no such key. The model section holds "
                     "another family's keys; if you changed model.family on the command line, "

@@ -8,6 +8,7 @@ with sharded parameters.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import flax.linen as nn
 import jax
@@ -59,20 +60,27 @@ def special_ids(model: nn.Module) -> tuple[int, int, int]:
 
 def decode(model: nn.Module, params, encoder_input_tokens: jax.Array, *, max_decode_length: int,
            rng: jax.Array | None = None, temperature: float = 0.0, top_k: int = 0,
-           top_p: float = 1.0, eos_id: int | None = None) -> jax.Array:
+           top_p: float = 1.0, eos_id: int | None = None, copies: int = 1,
+           combine: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
     """Generated ids ``[batch, max_decode_length]``; after EOS a row is padded.
 
     ``temperature == 0`` is greedy; otherwise tokens are sampled from
     ``softmax(logits / temperature)`` restricted by ``top_k`` / ``top_p``, with the
     randomness of step ``i`` derived from ``fold_in(rng, i)``.
+
+    ``copies``: each output row reads ``copies`` consecutive input rows (RAG-token: one
+    per retrieved passage), all fed the row's tokens; ``combine`` turns their next-token
+    logits ``[batch, copies, vocab]`` into the row's scores ``[batch, vocab]`` (default:
+    the first copy's logits).
     """
     if temperature > 0 and rng is None:
         raise ValueError("Sampling (temperature > 0) needs an rng key.")
     start_id, default_eos, pad_id = special_ids(model)
     eos_id = default_eos if eos_id is None else eos_id
-    batch, encoder_length = encoder_input_tokens.shape
+    rows, encoder_length = encoder_input_tokens.shape
+    batch = rows // copies
     encoded = model.apply({"params": params}, encoder_input_tokens, method=model.encode)
-    cache = init_cache(model, batch, encoder_length, max_decode_length)
+    cache = init_cache(model, rows, encoder_length, max_decode_length)
     rng = jax.random.key(0) if rng is None else rng
 
     def choose(logits, step):
@@ -88,9 +96,12 @@ def decode(model: nn.Module, params, encoder_input_tokens: jax.Array, *, max_dec
     def body(carry):
         step, token, cache, output, done = carry
         logits, variables = model.apply(
-            {"params": params, "cache": cache}, encoded, encoder_input_tokens, token[:, None],
-            max_decode_length, method=model.decode, mutable=["cache"])
-        next_token = jnp.where(done, pad_id, choose(logits[:, 0], step))
+            {"params": params, "cache": cache}, encoded, encoder_input_tokens,
+            jnp.repeat(token, copies)[:, None], max_decode_length, method=model.decode,
+            mutable=["cache"])
+        per_copy = logits[:, 0].reshape(batch, copies, -1)
+        scores = combine(per_copy) if combine is not None else per_copy[:, 0]
+        next_token = jnp.where(done, pad_id, choose(scores, step))
         output = jax.lax.dynamic_update_slice(output, next_token[:, None], (0, step))
         return step + 1, next_token, variables["cache"], output, done | (next_token == eos_id)
 

@@ -57,13 +57,14 @@ def teacher_model_config(config) -> tuple[dict, dict | None]:
 def check_teacher(config, teacher_model: dict, teacher_fingerprint: dict | None,
                   student_vocabulary) -> None:
     """One message for each teacher the student cannot learn from."""
-    from t5x_like import models, structures
+    from t5x_like import structures
     from t5x_like.run_guard import vocabulary_identity
     teacher = config.distill.teacher
     if teacher_model.get("family") not in structures.distillable_families():
         raise ConfigError(f"distill.teacher={teacher!r} is a {teacher_model.get('family')!r} "
                           f"model; teachers are one of {structures.distillable_families()}.")
-    if models.structure(teacher_model["family"]) != models.structure(config.model.family):
+    if (structures.structure_class(teacher_model["family"]).name
+            != structures.structure_class(config.model.family).name):
         raise ConfigError(f"distill.teacher={teacher!r} is a {teacher_model['family']!r} model "
                           f"and the student a {config.model.family!r}; the two must read the "
                           "same batches (both encoders, both decoders or both encoder-decoders).")

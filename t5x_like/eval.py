@@ -109,9 +109,7 @@ def run(args, overrides) -> int:
 
 
 def _setup(source, step, args, overrides, name):
-    import jax
 
-    from t5x_like import partitioning
     from t5x_like import trainer as trainer_lib
     from t5x_like.evaluation import evaluator
 
@@ -121,11 +119,7 @@ def _setup(source, step, args, overrides, name):
     asked = runs.resolve_vocabulary(args.vocabulary, source, trained)
     for task in evaluator.leaf_tasks(name, asked):
         runs.check_vocabulary(config, task, trained, asked)
-    devices = jax.devices()
-    mesh_shape = config_lib.validate_for_devices(config, len(devices), jax.process_count(),
-                                                 partitioning.num_slices(devices))
-    mesh = partitioning.make_mesh(mesh_shape, devices)
-    trainer = trainer_lib.build_trainer(config, mesh)
+    _, trainer = trainer_lib.build_on_devices(config)
     lengths = runner.eval_lengths(config, args)
     runner.check_lengths(config, lengths, evaluator.leaf_tasks(name),
                   few_shot=args.num_shots is not None)

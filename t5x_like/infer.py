@@ -64,7 +64,7 @@ def read_inputs(path: str) -> list[str]:
 def run(args, overrides) -> int:
     import jax
 
-    from t5x_like import config_lib, partitioning, structures
+    from t5x_like import structures
     from t5x_like import trainer as trainer_lib
     from t5x_like.builtin_tasks import pretraining as builtin
     from t5x_like.data.dataset_providers import with_vocabulary
@@ -83,8 +83,7 @@ def run(args, overrides) -> int:
         raise UserError("The checkpoint's task has no inputs length; pass --inputs_length=N.")
     max_decode_length = args.max_decode_length or lengths.get("targets", 64)
     lengths.setdefault("targets", max_decode_length)
-    from t5x_like import models
-    if models.structure(config.model.family) == "decoder":
+    if structures.structure_class(config.model.family).generates_after_prompt:
         lengths["targets"] = max_decode_length  # the row is the prompt, then what is generated
 
     saved = source.saved_config(step)
@@ -109,18 +108,14 @@ def run(args, overrides) -> int:
             tokens = list(vocabulary.encode(text))[:lengths["inputs"] - 1] + [vocabulary.eos_id]
             examples.append({"inputs": np.asarray(tokens, np.int32), "inputs_pretokenized": text})
 
-    devices = jax.devices()
-    mesh_shape = config_lib.validate_for_devices(config, len(devices), jax.process_count(),
-                                                 partitioning.num_slices(devices))
-    mesh = partitioning.make_mesh(mesh_shape, devices)
-    trainer = trainer_lib.build_trainer(config, mesh)
+    _, trainer = trainer_lib.build_on_devices(config)
     params = source.restore_params(step, trainer)
     settings = evaluator.EvalSettings(
         batch_size=args.batch_size or config.batch_size, max_decode_length=max_decode_length,
         num_beams=args.num_beams, alpha=args.alpha, temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     structure = structures.for_config(config)
-    runner = evaluator.ModelRunner(structure, mesh, trainer.rules,
+    runner = evaluator.ModelRunner(structure, trainer.mesh, trainer.rules,
                                    trainer.state_shardings.params, lengths, settings)
     if structure.name == "head":  # a fine-tuned head: label, value, tag or span text
         converter = structure.feature_converter(lengths, strict=False)

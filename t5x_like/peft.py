@@ -23,7 +23,6 @@ import json
 import sys
 
 from t5x_like import errors, storage
-from t5x_like.checkpoints import peft_state
 from t5x_like.errors import ConfigError, UserError
 from t5x_like.models.peft import plain_dicts
 
@@ -46,10 +45,9 @@ def check_foldable(settings, peft_path: str) -> None:
 def merge(peft_path: str, out: str, base_path: str | None = None) -> dict:
     """Folds a PEFT run's LoRA into its base and writes a pretrained folder; returns a
     summary (step, how many kernels merged)."""
-    import jax
     from flax import traverse_util
 
-    from t5x_like import checkpoints, partitioning, runs
+    from t5x_like import checkpoints, runs
     from t5x_like.convert import pretrained
     from t5x_like.models import peft as peft_modules
 
@@ -65,16 +63,9 @@ def merge(peft_path: str, out: str, base_path: str | None = None) -> dict:
     config = checkpoints.config_from_saved(saved)
     settings = peft_modules.PeftSettings.from_config(config.peft)
     check_foldable(settings, peft_path)
-    mesh = partitioning.make_mesh({"data": 1}, jax.devices()[:1])
-    from t5x_like import trainer as trainer_lib
-    trainer = trainer_lib.build_trainer(config, mesh)
-    checkpointer = source.open_checkpointer()
-    try:  # a run without init_from saved its whole model; else its base is joined back
-        state, _ = peft_state.restore_state(checkpointer, step, trainer, saved, config,
-                                 f"--peft={peft_path}", base_path)
-    finally:
-        checkpointer.close()
-    params = jax.device_get(state.params)
+    # A run without init_from saved its whole model; else its base is joined back.
+    params = checkpoints.load_params(source, step, config, base_path=base_path,
+                                     where=f"--peft={peft_path}")
     merged = peft_modules.merge_lora(params, settings)
     count = sum(1 for key in traverse_util.flatten_dict(plain_dicts(params))
                 if key[-1] == "lora_a")

@@ -93,14 +93,11 @@ def per_device_bytes(abstract_tree) -> list[tuple[str, int]]:
 def plan(config, topology: str, num_slices: int = 1) -> dict:
     """Compiles ``config``'s train step for ``topology`` (``num_slices`` of them joined
     over DCN); returns the report as a dict."""
-    from t5x_like import config_lib, flops, hardware, hlo_traffic, partitioning
+    from t5x_like import flops, hardware, hlo_traffic
     from t5x_like import trainer as trainer_lib
 
     devices = topology_devices(topology, num_slices)
-    mesh_shape = config_lib.validate_for_devices(config, len(devices),
-                                                 num_slices=partitioning.num_slices(devices))
-    mesh = partitioning.make_mesh(mesh_shape, devices)
-    trainer = trainer_lib.build_trainer(config, mesh)
+    mesh_shape, trainer = trainer_lib.build_on_devices(config, devices, process_count=1)
     batch = trainer_lib.abstract_batch(config.model.family, config.task_feature_lengths,
                                        config.batch_size, trainer.batch_sharding)
     lowered = trainer.lower_train_step(trainer.abstract_state, batch)

@@ -119,11 +119,10 @@ def check_task_steps(config, vocabulary) -> None:
 
 
 def check_model_fits_vocabulary(config, vocabulary) -> None:
-    vocab_size = vocabulary.vocab_size
-    if vocab_size > config.model.vocab_size:
-        raise ConfigError(
-            f"Task {config.task!r} uses {vocab_size} token ids but model.vocab_size="
-            f"{config.model.vocab_size}; set --config.model.vocab_size={vocab_size} or larger.")
+    from t5x_like.data import vocabularies
+    vocabularies.check_fits(vocabulary, config.model.vocab_size, f"Task {config.task!r}",
+                            f"set --config.model.vocab_size={vocabulary.vocab_size} or larger.",
+                            error=ConfigError)
     pad_id = getattr(vocabulary, "pad_id", 0)
     if pad_id is not None and config.model.get("pad_id", pad_id) != pad_id:
         raise ConfigError(
@@ -193,12 +192,10 @@ def check_vocabulary(config, task, trained, asked=None) -> None:
 
 def check_fits(config, vocabulary, what: str) -> None:
     """Refuses a vocabulary with more ids than the model's embedding table has rows."""
-    size = vocabulary.vocab_size
-    if size > config.model.vocab_size:
-        raise UserError(f"{what} tokenizes with {_describe(vocabulary)}, {size} "
-                        "token ids, but the checkpoint's embedding table has vocab_size="
-                        f"{config.model.vocab_size} rows: the tokenizer is not the model's. Use "
-                        "the tokenizer the model was trained with (--vocabulary=checkpoint).")
+    from t5x_like.data import vocabularies
+    vocabularies.check_fits(vocabulary, config.model.vocab_size, what,
+                            "the tokenizer is not the model's. Use the tokenizer the model was "
+                            "trained with (--vocabulary=checkpoint).")
 
 
 def _describe(vocabulary) -> str:
@@ -221,14 +218,10 @@ def run_config(source: Source, step: int, config_path: str | None, overrides) ->
     if source.kind == "pretrained":
         config.model = config_lib.model_defaults(saved["model"]["family"])
         config.model.update({k: v for k, v in saved["model"].items() if k in config.model})
-        from t5x_like import models
-        width = config.model.get("max_length") or 0
-        if (models.structure(config.model.family) == "decoder" and width
-                and sum(config.task_feature_lengths.values()) > width):
-            # The default lengths do not fit a small decoder's learned positions: a
-            # prompt of 3/4 of them and a continuation of the rest (--inputs_length and
-            # --targets_length change it; k-shot scoring reads their sum).
-            config.task_feature_lengths = {"inputs": width - width // 4, "targets": width // 4}
+        from t5x_like import structures
+        fitted = structures.structure_class(config.model.family).pretrained_lengths(config)
+        if fitted is not None:
+            config.task_feature_lengths = fitted
     else:
         config = config_from_saved(saved)
     config_lib.apply_overrides(config, overrides)

@@ -15,7 +15,7 @@ import sys
 import jax
 import numpy as np
 
-from t5x_like import config_lib, errors, optim, trainer
+from t5x_like import config_lib, errors, optim, structures, trainer
 
 
 def module_rows(shapes: dict, depth: int) -> list[tuple[str, int]]:
@@ -26,15 +26,6 @@ def module_rows(shapes: dict, depth: int) -> list[tuple[str, int]]:
         name = "/".join(keys[:depth]) if len(keys) > depth else "/".join(keys[:-1]) or keys[0]
         totals[name] = totals.get(name, 0) + int(np.prod(leaf.shape))
     return list(totals.items())
-
-
-def electra_split(shapes: dict) -> str:
-    """ELECTRA's towers counted as the paper and Hugging Face count them: the
-    discriminator with the shared embeddings (what fine-tunes), the generator's own."""
-    count = trainer.param_count
-    discriminator = count(shapes["discriminator"]) + count(shapes["embeddings"])
-    return (f"discriminator: {discriminator} (with the shared embeddings)  "
-            f"generator: {count(shapes.get('generator', {}))} (its own tower and head)")
 
 
 def format_table(rows: list[tuple[str, int]]) -> str:
@@ -70,8 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     mask = optim.trainable_mask(shapes, bitfit=config.peft.bitfit, added=settings.any)
     trainable = sum(int(np.prod(leaf.shape)) for leaf, trains in
                     zip(jax.tree.leaves(shapes), jax.tree.leaves(mask), strict=False) if trains)
-    if config.model.family == "electra":
-        print(electra_split(shapes))
+    split = structures.structure_class(config.model.family).parameter_split(shapes)
+    if split:
+        print(split)
     print(f"params: {total}  trainable: {trainable} ({100.0 * trainable / max(total, 1):.2f}%)")
     return 0
 

@@ -10,6 +10,7 @@ config under ``--workdir``, and resumes from the newest checkpoint found there.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import math
@@ -17,6 +18,7 @@ import shlex
 import signal
 import sys
 import time
+from typing import Any
 
 from t5x_like import cli_flags, config_lib, errors, runs, storage
 
@@ -62,7 +64,6 @@ def _restore_for_resume(checkpointer, config, trainer, fingerprint: dict, step: 
 
     from t5x_like import checkpoints, run_guard
     from t5x_like import trainer as trainer_lib
-    from t5x_like.checkpoints import peft_state
 
     where = str(checkpointer.step_folder(step))
     saved = checkpointer.restore_config(step)
@@ -76,11 +77,11 @@ def _restore_for_resume(checkpointer, config, trainer, fingerprint: dict, step: 
             # state starts fresh (restored first in the layout it was saved in).
             saved_config = checkpoints.config_from_saved(saved)
             saved_trainer = trainer_lib.build_trainer(saved_config, trainer.mesh)
-            old, data_state = peft_state.restore_state(checkpointer, step, saved_trainer, saved,
+            old, data_state = checkpoints.restore_state(checkpointer, step, saved_trainer, saved,
                                                  saved_config, where)
             state = trainer.state_from_params(jax.device_get(old.params)).replace(step=old.step)
         else:
-            state, data_state = peft_state.restore_state(checkpointer, step, trainer, saved, config,
+            state, data_state = checkpoints.restore_state(checkpointer, step, trainer, saved, config,
                                                    where)
     except errors.UserError:
         raise  # a refusal (the PEFT base is gone or changed), not damage
@@ -108,7 +109,7 @@ def _pretrained_state(config, trainer):
     import jax
     from flax import traverse_util
 
-    from t5x_like import checkpoints
+    from t5x_like import checkpoints, structures
     from t5x_like.checkpoints import peft_state
     from t5x_like.models import peft as peft_modules
 
@@ -119,8 +120,8 @@ def _pretrained_state(config, trainer):
         params = {"backbone": params}  # a pretrained body under a new head
     expected = traverse_util.flatten_dict(peft_modules.plain_dicts(trainer.abstract_state.params))
     given = traverse_util.flatten_dict(peft_modules.plain_dicts(params))
-    if config.model.family == "electra" and config.head.kind:  # the discriminator fine-tunes
-        given = {key: value for key, value in given.items() if key[:2] != ("backbone", "generator")}
+    if config.head.kind:
+        given = structures.structure_class(config.model.family).body_params_for_head(given)
     missing = [key for key in expected if key not in given]
     if missing and all(key[0] == "head" or peft_modules.is_peft_param(key) for key in missing):
         fresh = traverse_util.flatten_dict(peft_modules.plain_dicts(jax.device_get(
@@ -146,145 +147,326 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
         devices=None, overrides: list[str] = (), modules: list[str] = ()) -> dict:
     """Trains to ``config.num_train_steps``; returns the last train and eval metrics.
 
-    ``devices`` defaults to all devices; tests pass a subset to compare meshes.
+    Set-up (``_set_up``: every check, then the model, checkpoints, data and state), then
+    the loop: a step, then whichever hooks are due (``_Hooks``: logging with the
+    divergence checks and evaluations, checkpoints, preemption). ``devices`` defaults to
+    all devices; tests pass a subset to compare meshes.
     """
     import jax  # imported late: config mistakes are reported before JAX starts
 
-    from t5x_like import (
-        checkpointing,
-        distill,
-        flops,
-        hardware,
-        metrics_writer,
-        partitioning,
-        run_guard,
-        structures,
-    )
+    from t5x_like import partitioning
+
+    r = _set_up(config, workdir, quiet, devices)
+    hooks = _Hooks(r)
+    step, pending, preempted = hooks.start_step, [], False
+    try:
+        while step < config.num_train_steps:
+            batch = partitioning.global_batch(next(r.train_iter), r.mesh)
+            r.state, metrics = r.trainer.train_step(r.state, batch)
+            step += 1
+            pending.append(metrics)
+            hooks.interval_steps += 1
+            do_eval, do_checkpoint, do_bench = hooks.due(step)
+            preempted = hooks.preemption_agreed(step, do_checkpoint)
+            do_log = (step % config.log_every_steps == 0 or step == hooks.start_step + 1
+                      or do_eval or do_bench or preempted)
+            if do_log or do_checkpoint:
+                hooks.log(step, jax.device_get(pending), do_eval, do_bench)
+                pending = []
+            if do_checkpoint or preempted:
+                hooks.checkpoint(step, force=preempted)
+            if preempted:
+                r.progress.message(f"SIGTERM received: saved a checkpoint at step {step}, "
+                                   "exiting.")
+                break
+    finally:
+        hooks.close()
+    if r.is_chief and not quiet:
+        print(_summary(r.workdir, r.checkpointer.latest_step(), hooks.last_train,
+                       hooks.last_eval, config_path, config, overrides, modules), flush=True)
+    return {"train": hooks.last_train, "eval": hooks.last_eval, "step": step}
+
+
+@dataclasses.dataclass
+class _Run:
+    """What the loop works on, built and checked by ``_set_up`` before the first step."""
+
+    config: Any
+    workdir: Any
+    devices: list
+    mesh_shape: dict
+    mesh: Any
+    trainer: Any
+    structure: Any
+    progress: Any
+    process_index: int
+    process_count: int
+    asked_vocabulary: Any
+    run_config: dict
+    num_streams: int
+    train_streams: Any
+    eval_streams: Any
+    checkpointer: Any = None
+    num_eval_batches: int = 0
+    train_iter: Any = None
+    state: Any = None
+    peft_base: dict | None = None  # a PEFT run from a base on disk saves only what trains
+
+    @property
+    def is_chief(self) -> bool:
+        return self.process_index == 0
+
+    def host_batches(self, streams):
+        """This process's rows of each global batch, from its V/P of the V input streams
+        (t5x_like/data/streams.py), so batches depend on V only."""
+        from t5x_like.data import pipeline
+        return pipeline.HostBatchIterator(streams, self.config.batch_size, self.num_streams,
+                                          self.process_count, self.process_index)
+
+
+def _set_up(config, workdir, quiet: bool, devices) -> _Run:
+    """Every check before anything trains, then the model, optimizer and mesh (shapes only,
+    nothing compiled) before the checkpoint is read, so a resume is checked against this
+    run's fingerprint; then the checkpoints, the input streams and the state."""
+    import jax
+
+    from t5x_like import metrics_writer, partitioning, run_guard, structures
     from t5x_like import trainer as trainer_lib
-    from t5x_like.checkpoints import peft_state
     from t5x_like.data import get_task_or_mixture, pipeline
 
     runs.resolve_head_labels(config)
     process_index, process_count = jax.process_index(), jax.process_count()
     devices = jax.devices() if devices is None else list(devices)
-    mesh_shape = config_lib.validate_for_devices(config, len(devices), process_count,
-                                                 partitioning.num_slices(devices))
-    is_chief = process_index == 0
     workdir = storage.path(workdir)
-    progress = metrics_writer.Progress(config.num_train_steps, enabled=is_chief and not quiet)
-
-    # Model, optimizer, mesh: built (shapes only, nothing compiled) before the checkpoint
-    # is read, so a resume is checked against this run's fingerprint.
+    progress = metrics_writer.Progress(config.num_train_steps,
+                                       enabled=process_index == 0 and not quiet)
     asked_vocabulary = runs.run_vocabulary(config)
     vocabulary = asked_vocabulary or get_task_or_mixture(config.task).vocabulary
     runs.check_model_fits_vocabulary(config, vocabulary)
     runs.check_task_steps(config, asked_vocabulary)
-    mesh = partitioning.make_mesh(mesh_shape, devices)
-    trainer = trainer_lib.build_trainer(config, mesh)
+    mesh_shape, trainer = trainer_lib.build_on_devices(config, devices, process_count)
+    mesh = trainer.mesh
     fingerprint = run_guard.fingerprint(config, vocabulary, trainer.abstract_state.opt_state)
-    teacher_params = None
-    if distill.enabled(config):  # the teacher is checked before any checkpoint is touched
-        teacher, teacher_params = distill.load_teacher(config, mesh, vocabulary)
-        trainer.attach_teacher(teacher.model, teacher_params, distill.make_loss_fn(
-            structures.for_config(config), teacher, config.loss, config.distill))
-
-    # Checkpoints: resume from the newest step that restores; damaged newer steps are
-    # moved aside. The folder is created only once the config has passed every check.
-    def open_checkpointer():
-        return checkpointing.Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints,
-                                          keep_every=config.keep_checkpoints_every_steps,
-                                          log=_print_on_chief(is_chief))
-
-    checkpointer = open_checkpointer() if (workdir / "checkpoints").is_dir() else None
-    resumed = checkpointer.restore_newest(functools.partial(
-        _restore_for_resume, checkpointer, config, trainer, fingerprint)) if checkpointer else None
+    teacher_params = _attach_teacher(config, trainer, mesh, vocabulary)
+    checkpointer, resumed = _resume_point(config, workdir, trainer, fingerprint,
+                                          process_index == 0)
     saved_config = resumed.value[0] if resumed else None
     num_streams = config_lib.resolve_data_streams(config, process_count, saved_config)
-    # Saved with every checkpoint: the resolved stream count and the fingerprint.
-    run_config = dict(config.to_dict(), data_streams=num_streams, fingerprint=fingerprint)
-
-    # Data: V input streams; this process runs its V/P of them, which fill exactly its
-    # rows of each global batch (t5x_like/data/streams.py), so batches depend on V only.
     lengths = dict(config.task_feature_lengths)
     structure = structures.for_config(config)
     data_options = {"feature_converter": structure.feature_converter(lengths, pack=config.pack),
                     "seed": config.seed, "vocabulary": asked_vocabulary}
-    train_streams = functools.partial(pipeline.build_dataset, config.task, "train", lengths,
-                                      shuffle=True, **data_options)
-    eval_streams = functools.partial(pipeline.build_dataset, config.task, "validation", lengths,
-                                     shuffle=False, repeat=False, **data_options)
-
-    def host_batches(streams):
-        return pipeline.HostBatchIterator(streams, config.batch_size, num_streams, process_count,
-                                          process_index)
-
+    r = _Run(config, workdir, devices, mesh_shape, mesh, trainer, structure, progress,
+             process_index, process_count, asked_vocabulary,
+             # saved with every checkpoint: the resolved stream count and the fingerprint
+             run_config=dict(config.to_dict(), data_streams=num_streams, fingerprint=fingerprint),
+             num_streams=num_streams,
+             train_streams=functools.partial(pipeline.build_dataset, config.task, "train",
+                                             lengths, shuffle=True, **data_options),
+             eval_streams=functools.partial(pipeline.build_dataset, config.task, "validation",
+                                            lengths, shuffle=False, repeat=False,
+                                            **data_options))
     # Every process must run the same number of eval steps: the fewest any process has.
-    num_eval_batches = partitioning.min_over_processes(pipeline.count_batches(
-        host_batches(eval_streams), limit=config.eval_batches))
-    if num_eval_batches == 0:
+    r.num_eval_batches = partitioning.min_over_processes(pipeline.count_batches(
+        r.host_batches(r.eval_streams), limit=config.eval_batches))
+    if r.num_eval_batches == 0:
         raise errors.ConfigError(
             f"The validation split holds fewer than one batch of batch_size={config.batch_size} "
             f"({config.batch_size // num_streams} rows from each of {num_streams} input streams); "
             "lower batch_size.")
-
-    # State: resume or initialise.
-    checkpointer = checkpointer or open_checkpointer()
-    if asked_vocabulary is not None and is_chief:
+    # The checkpoint folder is created only once the config has passed every check.
+    r.checkpointer = checkpointer or _open_checkpointer(config, workdir, r.is_chief)
+    if asked_vocabulary is not None and r.is_chief:
         runs.keep_tokenizer(workdir, asked_vocabulary)
-    train_iter = host_batches(train_streams)
-    # A PEFT run from a base on disk saves only what trains, and names the base it needs.
-    peft_base = None
+    r.train_iter = r.host_batches(r.train_streams)
+    _initial_state(r, resumed, saved_config, teacher_params)
+    _announce(r)
+    return r
+
+
+def _attach_teacher(config, trainer, mesh, vocabulary):
+    """Distillation's teacher, checked before any checkpoint is touched and placed in the
+    train step; its host params (for the student's start), or None without a teacher."""
+    from t5x_like import distill, structures
+    if not distill.enabled(config):
+        return None
+    teacher, teacher_params = distill.load_teacher(config, mesh, vocabulary)
+    trainer.attach_teacher(teacher.model, teacher_params, distill.make_loss_fn(
+        structures.for_config(config), teacher, config.loss, config.distill))
+    return teacher_params
+
+
+def _open_checkpointer(config, workdir, is_chief: bool):
+    from t5x_like import checkpointing
+    return checkpointing.Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints,
+                                      keep_every=config.keep_checkpoints_every_steps,
+                                      log=_print_on_chief(is_chief))
+
+
+def _resume_point(config, workdir, trainer, fingerprint: dict, is_chief: bool):
+    """``(checkpointer or None, the newest step that restores or None)``: damaged newer
+    steps are moved aside."""
+    if not (workdir / "checkpoints").is_dir():
+        return None, None
+    checkpointer = _open_checkpointer(config, workdir, is_chief)
+    return checkpointer, checkpointer.restore_newest(functools.partial(
+        _restore_for_resume, checkpointer, config, trainer, fingerprint))
+
+
+def _initial_state(r: _Run, resumed, saved_config, teacher_params) -> None:
+    """The state the loop starts from: resumed, fine-tuned from ``init_from``, a
+    distillation student from its teacher's layers, or a fresh init."""
+    from t5x_like import distill
+    from t5x_like.checkpoints import peft_state
+
+    config, trainer, progress = r.config, r.trainer, r.progress
     if resumed is not None:
-        _, state, data_state, changed = resumed.value
-        peft_base = saved_config.get(peft_state.IDENTITY_KEY)
+        _, r.state, data_state, changed = resumed.value
+        r.peft_base = saved_config.get(peft_state.IDENTITY_KEY)
         if data_state is not None:
             try:
-                train_iter.set_state(data_state)
+                r.train_iter.set_state(data_state)
             except ValueError as e:
                 raise errors.ConfigError(str(e)) from None
         if changed:
             progress.message(f"Resuming with intended changes (allow_resume_changes): "
                              f"{', '.join(changed)}"
                              + ("; the input stream starts over" if data_state is None else ""))
-        progress.message(f"Resumed from {checkpointer.step_folder(resumed.step)} at step "
+        progress.message(f"Resumed from {r.checkpointer.step_folder(resumed.step)} at step "
                          f"{resumed.step}.")
     elif config.init_from:
-        state, peft_base = _pretrained_state(config, trainer)
+        r.state, r.peft_base = _pretrained_state(config, trainer)
         progress.message(f"Initialised params from {config.init_from} (optimizer state fresh).")
     elif teacher_params is not None and config.distill.student_init == "teacher_layers":
-        state = trainer.state_from_params(distill.student_from_teacher(
+        r.state = trainer.state_from_params(distill.student_from_teacher(
             teacher_params, trainer.abstract_state.params))
         progress.message(f"Student initialised from the teacher {config.distill.teacher} "
                          "(evenly spaced layers).")
     else:
-        state = trainer.init_state(config.seed)
-    del teacher_params  # placed on the devices by attach_teacher
-    if peft_base:
-        run_config[peft_state.IDENTITY_KEY] = peft_base
-    start_step = int(state.step)
-    if is_chief:
-        workdir.mkdir(parents=True, exist_ok=True)
-        (workdir / "config.json").write_text(json.dumps(run_config, indent=2, default=list))
-        trains = ""
-        if trainer.trainable is not None:
-            count = trainer_lib.param_count(peft_state.trainable_only(state.params, trainer.trainable))
-            trains = f" ({count:,} trainable)"
-        progress.message(f"t5x_like: {trainer_lib.param_count(state.params):,} parameters{trains}, "
-                         f"mesh {mesh_shape}, {len(devices)} {devices[0].platform} devices, "
-                         f"steps {start_step} -> {config.num_train_steps}, workdir {workdir}")
+        r.state = trainer.init_state(config.seed)
+    if r.peft_base:
+        r.run_config[peft_state.IDENTITY_KEY] = r.peft_base
 
-    writer = metrics_writer.MetricsWriter(workdir, enabled=is_chief)
-    preemption = _PreemptionFlag()
-    tokens_per_step = config.batch_size * sum(lengths.values())
-    flops_per_step = 3.0 * structure.forward_flops_per_sequence(
-        config.model.to_dict(), lengths) * config.batch_size
-    peak = hardware.peak_flops(devices[0].device_kind, config.peak_flops_per_device)
 
-    def evaluate(params) -> dict:
-        eval_iter = host_batches(eval_streams)
+def _announce(r: _Run) -> None:
+    """The resolved config in the workdir, and one line on what will run."""
+    from t5x_like import trainer as trainer_lib
+    from t5x_like.checkpoints import peft_state
+    if not r.is_chief:
+        return
+    r.workdir.mkdir(parents=True, exist_ok=True)
+    (r.workdir / "config.json").write_text(json.dumps(r.run_config, indent=2, default=list))
+    trains = ""
+    if r.trainer.trainable is not None:
+        count = trainer_lib.param_count(peft_state.trainable_only(r.state.params,
+                                                                  r.trainer.trainable))
+        trains = f" ({count:,} trainable)"
+    r.progress.message(
+        f"t5x_like: {trainer_lib.param_count(r.state.params):,} parameters{trains}, "
+        f"mesh {r.mesh_shape}, {len(r.devices)} {r.devices[0].platform} devices, "
+        f"steps {int(r.state.step)} -> {r.config.num_train_steps}, workdir {r.workdir}")
+
+
+class _Hooks:
+    """What the loop does besides stepping, each when it is due: logging (interval means,
+    throughput, MFU) with the NaN and divergence checks, held-out and benchmark
+    evaluation, checkpoints, and agreeing on a SIGTERM across processes."""
+
+    def __init__(self, r: _Run):
+        from t5x_like import hardware, metrics_writer, run_guard
+        config = r.config
+        self.r = r
+        self.writer = metrics_writer.MetricsWriter(r.workdir, enabled=r.is_chief)
+        self.preemption = _PreemptionFlag()
+        lengths = dict(config.task_feature_lengths)
+        self.tokens_per_step = config.batch_size * sum(lengths.values())
+        self.flops_per_step = 3.0 * r.structure.forward_flops_per_sequence(
+            config.model.to_dict(), lengths) * config.batch_size
+        self.peak = hardware.peak_flops(r.devices[0].device_kind, config.peak_flops_per_device)
+        self.divergence = run_guard.DivergenceMonitor(
+            config.divergence.zero_grad_steps, config.divergence.loss_spike_factor,
+            config.divergence.median_window, config.model.vocab_size)
+        self.benchmark = (_benchmark_evaluator(config, r.trainer, r.asked_vocabulary)
+                          if config.eval.mixture else None)
+        self.bench_every = config.eval.every_steps or config.eval_every_steps
+        self.start_step = int(r.state.step)
+        self.last_train, self.last_eval = {}, {}
+        self.interval_start, self.interval_steps = time.monotonic(), 0
+
+    def due(self, step: int) -> tuple[bool, bool, bool]:
+        """``(held-out evaluation, checkpoint, benchmark)`` due at ``step``."""
+        config = self.r.config
+        is_last = step == config.num_train_steps
+        return (step % config.eval_every_steps == 0 or is_last,
+                step % config.checkpoint_every_steps == 0 or is_last,
+                self.benchmark is not None and (step % self.bench_every == 0 or is_last))
+
+    def preemption_agreed(self, step: int, do_checkpoint: bool) -> bool:
+        """One process alone may get SIGTERM: processes agree at log and checkpoint steps
+        (a cheap all-gather), so they save and stop at the same step."""
+        from t5x_like import partitioning
+        if self.r.process_count == 1:
+            return self.preemption.requested
+        if step % self.r.config.log_every_steps == 0 or do_checkpoint:
+            return partitioning.any_process(self.preemption.requested)
+        return False
+
+    def log(self, step: int, fetched: list[dict], do_eval: bool, do_bench: bool) -> None:
+        from t5x_like import flops
+        elapsed = time.monotonic() - self.interval_start
+        record = _interval_record(fetched)
+        record["tokens_per_sec"] = self.tokens_per_step * self.interval_steps / max(elapsed, 1e-9)
+        record["steps_per_sec"] = self.interval_steps / max(elapsed, 1e-9)
+        if self.peak:
+            record["mfu"] = flops.mfu(self.flops_per_step, record["steps_per_sec"],
+                                      len(self.r.devices), self.peak)
+        self.check_stable(step, fetched)
+        params = self.r.state.params
+        if do_eval:
+            self.last_eval = self.evaluate(params)
+            record.update(self.last_eval)
+        if do_bench:
+            record.update(self.evaluate_benchmark(params, step))
+        self.last_train = record
+        progress = self.r.progress
+        if step == self.start_step + 1:
+            progress.message(f"first step (compilation included) took {elapsed:.1f} s")
+        self.writer.write(step, record)
+        progress.update(step, record)
+        if do_eval:
+            progress.message(f"step {step}: held-out loss {self.last_eval['eval_loss']:.4f}, "
+                             f"accuracy {self.last_eval['eval_accuracy']:.3f}")
+        self.interval_start, self.interval_steps = time.monotonic(), 0
+
+    def check_stable(self, step: int, fetched: list[dict]) -> None:
+        """Stops on a NaN/Inf loss or gradient (unless such steps are skipped) and on the
+        divergence rules, before anything of those steps is saved."""
+        from t5x_like import run_guard
+        checkpointer = self.r.checkpointer
+        bad = _first_nonfinite_step(fetched, step)
+        if bad is not None and self.r.config.on_nonfinite_loss == "stop":
+            raise FloatingPointError(
+                f"Train loss or gradient is NaN/Inf at step {bad}; stopping without saving. "
+                f"{_where_the_next_run_starts(checkpointer)} "
+                "Lower optimizer.learning_rate or enable optimizer.grad_clip_norm, or set "
+                "--config.on_nonfinite_loss=skip_update to skip such steps.")
+        first = step - len(fetched) + 1
+        for offset, m in enumerate(fetched):
+            found = self.divergence.check(first + offset, float(m["loss"]), float(m["grad_norm"]))
+            if found is not None:
+                raise run_guard.Diverged(_stop_diverged(checkpointer, step, *found))
+
+    def evaluate(self, params) -> dict:
+        """Held-out loss and accuracy (and the objective's other sums) over the validation
+        batches every process agreed on."""
+        import jax
+
+        from t5x_like import partitioning
+        eval_iter = self.r.host_batches(self.r.eval_streams)
         totals = None
-        for _ in range(num_eval_batches):
-            out = trainer.eval_step(params, partitioning.global_batch(next(eval_iter), mesh))
+        for _ in range(self.r.num_eval_batches):
+            batch = partitioning.global_batch(next(eval_iter), self.r.mesh)
+            out = self.r.trainer.eval_step(params, batch)
             totals = out if totals is None else jax.tree.map(lambda a, b: a + b, totals, out)
         totals = jax.device_get(totals)
         tokens = max(float(totals["num_target_tokens"]), 1.0)
@@ -294,107 +476,32 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
         return {"eval_loss": float(totals["loss_sum"]) / tokens,
                 "eval_accuracy": float(totals["correct_sum"]) / tokens, **others}
 
-    divergence = run_guard.DivergenceMonitor(
-        config.divergence.zero_grad_steps, config.divergence.loss_spike_factor,
-        config.divergence.median_window, config.model.vocab_size)
-    benchmark = (_benchmark_evaluator(config, trainer, asked_vocabulary) if config.eval.mixture
-                 else None)
-    bench_every = config.eval.every_steps or config.eval_every_steps
-
-    def evaluate_benchmark(params, step: int) -> dict:
+    def evaluate_benchmark(self, params, step: int) -> dict:
         from t5x_like.evaluation import evaluator as evaluator_lib
         from t5x_like.evaluation import results as result_files
-        results = benchmark.evaluate(params)
-        progress.message(result_files.format_table(step, results))
-        record = {f"bench/{r.task}/{k}": v for r in results for k, v in r.metrics.items()}
+        results = self.benchmark.evaluate(params)
+        self.r.progress.message(result_files.format_table(step, results))
+        record = {f"bench/{res.task}/{k}": v for res in results for k, v in res.metrics.items()}
         mean = evaluator_lib.average(results)
         if mean is not None:
             record["bench/average"] = mean
         return record
 
-    def save(step: int, force: bool = False) -> None:
-        # Each process holds its own streams' states; process 0 writes the merged one.
-        data_state = pipeline.merge_states(partitioning.gather_json(train_iter.get_state()))
-        saved_state = peft_state.saved_view(state, trainer) if peft_base else state
-        checkpointer.save(step, saved_state, data_state, run_config, force=force)
+    def checkpoint(self, step: int, force: bool = False) -> None:
+        """Each process holds its own streams' states; process 0 writes the merged one."""
+        from t5x_like import partitioning
+        from t5x_like.checkpoints import peft_state
+        from t5x_like.data import pipeline
+        r = self.r
+        data_state = pipeline.merge_states(partitioning.gather_json(r.train_iter.get_state()))
+        saved_state = peft_state.saved_view(r.state, r.trainer) if r.peft_base else r.state
+        r.checkpointer.save(step, saved_state, data_state, r.run_config, force=force)
 
-    last_train, last_eval = {}, {}
-    pending: list[dict] = []
-    interval_start, interval_steps = time.monotonic(), 0
-    step = start_step
-    preempted = False
-    try:
-        while step < config.num_train_steps:
-            batch = partitioning.global_batch(next(train_iter), mesh)
-            state, metrics = trainer.train_step(state, batch)
-            step += 1
-            pending.append(metrics)
-            interval_steps += 1
-            is_last = step == config.num_train_steps
-            do_eval = step % config.eval_every_steps == 0 or is_last
-            do_checkpoint = step % config.checkpoint_every_steps == 0 or is_last
-            # One process alone may get SIGTERM: processes agree at log and checkpoint
-            # steps (a cheap all-gather), so they save and stop at the same step.
-            if process_count == 1:
-                preempted = preemption.requested
-            elif step % config.log_every_steps == 0 or do_checkpoint:
-                preempted = partitioning.any_process(preemption.requested)
-            do_bench = config.eval.mixture and (step % bench_every == 0 or is_last)
-            do_log = (step % config.log_every_steps == 0 or step == start_step + 1 or do_eval
-                      or do_bench or preempted)
-            if do_log or do_checkpoint:
-                fetched = jax.device_get(pending)
-                pending = []
-                elapsed = time.monotonic() - interval_start
-                record = _interval_record(fetched)
-                record["tokens_per_sec"] = tokens_per_step * interval_steps / max(elapsed, 1e-9)
-                record["steps_per_sec"] = interval_steps / max(elapsed, 1e-9)
-                if peak:
-                    record["mfu"] = flops.mfu(flops_per_step, record["steps_per_sec"],
-                                              len(devices), peak)
-                bad = _first_nonfinite_step(fetched, step)
-                if bad is not None and config.on_nonfinite_loss == "stop":
-                    raise FloatingPointError(
-                        f"Train loss or gradient is NaN/Inf at step {bad}; stopping without saving. "
-                        f"{_where_the_next_run_starts(checkpointer)} "
-                        "Lower optimizer.learning_rate or enable optimizer.grad_clip_norm, or set "
-                        "--config.on_nonfinite_loss=skip_update to skip such steps.")
-                first = step - len(fetched) + 1
-                for offset, m in enumerate(fetched):
-                    found = divergence.check(first + offset, float(m["loss"]),
-                                             float(m["grad_norm"]))
-                    if found is not None:
-                        raise run_guard.Diverged(_stop_diverged(checkpointer, step, *found))
-                if do_eval:
-                    last_eval = evaluate(state.params)
-                    record.update(last_eval)
-                if benchmark is not None and (step % bench_every == 0 or is_last):
-                    record.update(evaluate_benchmark(state.params, step))
-                last_train = record
-                if step == start_step + 1:
-                    progress.message(f"first step (compilation included) took {elapsed:.1f} s")
-                writer.write(step, record)
-                progress.update(step, record)
-                if do_eval:
-                    progress.message(f"step {step}: held-out loss {last_eval['eval_loss']:.4f}, "
-                                     f"accuracy {last_eval['eval_accuracy']:.3f}")
-                interval_start, interval_steps = time.monotonic(), 0
-            if do_checkpoint or preempted:
-                save(step, force=preempted)
-            if preempted:
-                progress.message(f"SIGTERM received: saved a checkpoint at step {step}, exiting.")
-                break
-    finally:
-        checkpointer.close()
-        writer.close()
-        progress.close()
-        preemption.restore()
-
-    if is_chief and not quiet:
-        latest = checkpointer.latest_step()
-        print(_summary(workdir, latest, last_train, last_eval, config_path, config, overrides,
-                       modules), flush=True)
-    return {"train": last_train, "eval": last_eval, "step": step}
+    def close(self) -> None:
+        self.r.checkpointer.close()
+        self.writer.close()
+        self.r.progress.close()
+        self.preemption.restore()
 
 
 def _benchmark_evaluator(config, trainer, vocabulary=None):

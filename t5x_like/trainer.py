@@ -330,6 +330,19 @@ def trainable_for(config):
     return functools.partial(optim.trainable_mask, bitfit=bool(peft.bitfit), added=added)
 
 
+def build_on_devices(config, devices=None, process_count: int | None = None
+                     ) -> tuple[dict, Trainer]:
+    """``(mesh shape, trainer)``: the config's mesh over ``devices`` (default: every device
+    of the run), checked against them, and the trainer on it. The one set-up of ``train``,
+    ``eval``, ``infer`` and ``plan``."""
+    from t5x_like import config_lib
+    devices = jax.devices() if devices is None else list(devices)
+    process_count = jax.process_count() if process_count is None else process_count
+    mesh_shape = config_lib.validate_for_devices(config, len(devices), process_count,
+                                                 partitioning.num_slices(devices))
+    return mesh_shape, build_trainer(config, partitioning.make_mesh(mesh_shape, devices))
+
+
 def build_trainer(config, mesh) -> Trainer:
     """The Trainer a run config describes: the structure's model and objective, the
     optimizer and rules on ``mesh``."""
@@ -365,9 +378,11 @@ def check_peft_fits(config, params) -> None:
                           "(`python -m t5x_like.summary --depth=9` lists the paths).")
     prompt = config.peft.get("prompt")
     limit = config.model.get("max_length")
-    if prompt is not None and prompt.length and config.model.family == "encoder" and limit:
+    if prompt is not None and prompt.length and limit:
         inputs = int(dict(config.task_feature_lengths).get("inputs", 0))
-        if inputs + prompt.length > limit:
+        needed = structures.structure_class(config.model.family).positions_needed(
+            config, {"inputs": inputs + prompt.length})
+        if needed > limit:
             raise ConfigError(
                 f"peft.prompt.length={prompt.length} more positions after "
                 f"task_feature_lengths.inputs={inputs} pass the model's "

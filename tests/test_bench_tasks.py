@@ -70,7 +70,8 @@ def test_splits_have_the_documented_sizes_and_share_no_inputs(name):
 
 SUBPROCESS = """
 import os
-import t5x_like.data as td  # imported with T5X_LIKE_DATA_DIR pointing nowhere: reads no file
+import t5x_like.builtin_tasks  # registered with T5X_LIKE_DATA_DIR pointing nowhere: reads no file
+import t5x_like.data as td
 try:
     td.TaskRegistry.get("embedded_spam").source.get("train")
 except FileNotFoundError:

@@ -29,7 +29,8 @@ def take(name, split="validation", n=4, lengths=LENGTHS, **kwargs):
 
 
 def test_registering_reads_no_tfds():
-    code = ("import sys, t5x_like.data as td; assert 'glue_cola_v002' in td.TaskRegistry.names(); "
+    code = ("import sys, t5x_like.builtin_tasks, t5x_like.data as td; "
+            "assert 'glue_cola_v002' in td.TaskRegistry.names(); "
             "assert 'tensorflow_datasets' not in sys.modules, 'TFDS imported at registration'")
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -127,8 +127,9 @@ def test_summary_prints_the_trainable_fraction(override, expected):
 
 from flax import traverse_util  # noqa: E402
 
+from t5x_like import checkpoints, structures  # noqa: E402
 from t5x_like import peft as peft_runs  # noqa: E402
-from t5x_like import structures  # noqa: E402
+from t5x_like.checkpoints import peft_state  # noqa: E402
 from t5x_like.models import peft as peft_modules  # noqa: E402
 
 LORA = {"lora.rank": 4, "lora.alpha": 8.0}
@@ -139,7 +140,7 @@ PROMPT = {"prompt.length": 4}
 
 
 def flat(tree) -> dict:
-    return traverse_util.flatten_dict(peft_runs.plain_dicts(jax.device_get(tree)), sep="/")
+    return traverse_util.flatten_dict(peft_modules.plain_dicts(jax.device_get(tree)), sep="/")
 
 
 def one_device_mesh():
@@ -410,25 +411,25 @@ def test_a_peft_checkpoint_holds_what_trains_and_joins_only_its_own_base(tmp_pat
     full = flat(state.params)
     base = {k: v for k, v in full.items() if not peft_modules.is_peft_param(tuple(k.split("/")))}
     base = traverse_util.unflatten_dict(base, sep="/")
-    view = peft_runs.saved_view(state, trainer)
+    view = peft_state.saved_view(state, trainer)
     assert set(flat(view.params)) == {k for k in full
                                       if peft_modules.is_peft_param(tuple(k.split("/")))}
-    identity = peft_runs.base_identity(str(tmp_path / "base"), None, base)
+    identity = peft_state.base_identity(str(tmp_path / "base"), None, base)
     checkpointer = checkpointing.Checkpointer(tmp_path / "checkpoints", keep=1, async_save=False)
     checkpointer.save(1, view, {}, {"peft_base": identity})
     checkpointer.close()
     reader = checkpointing.Checkpointer(tmp_path / "checkpoints", keep=1, async_save=False,
                                         read_only=True)
-    restored, _, saved = reader.restore(1, peft_runs.abstract_saved_state(trainer))
+    restored, _, saved = reader.restore(1, peft_state.abstract_saved_state(trainer))
     reader.close()
-    joined = flat(peft_runs.join(restored.params, base, trainer))
+    joined = flat(checkpoints.join(restored.params, base, trainer))
     assert joined.keys() == full.keys()
     for key, value in full.items():
         np.testing.assert_array_equal(joined[key], value)
-    peft_runs.check_base(saved["peft_base"], base, "the checkpoint", "the base")
+    checkpoints.check_base(saved["peft_base"], base, "the checkpoint", "the base")
     other = jax.tree.map(lambda x: x + 1e-7, base)  # one ulp-sized change is another base
     with pytest.raises(errors.UserError, match="holds other params"):
-        peft_runs.check_base(saved["peft_base"], other, "the checkpoint", "the base")
+        checkpoints.check_base(saved["peft_base"], other, "the checkpoint", "the base")
 
 
 EVAL_CLOZE = ["--task=embedded_austen_cloze", "--max_examples=8", "--batch_size=8",

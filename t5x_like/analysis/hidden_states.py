@@ -30,20 +30,6 @@ _BLOCK_NAME = re.compile(r"layers_\d+|shared_layer")
 DEFAULT_MAX_LENGTH = 512
 
 
-def special_tokens(structure: str, vocabulary) -> tuple[list[int], list[int]]:
-    """``(prefix, suffix)`` ids around each text, the framing the families pretrain on:
-    BERT ``[CLS] text [SEP]``; T5/BART encoders ``text EOS``; decoders ``EOS text`` (EOS
-    ends every document of the LM stream, so a text after it reads as a document start)."""
-    if structure == "encoder":
-        try:
-            return [int(vocabulary.cls_id)], [int(vocabulary.sep_id)]
-        except (ValueError, AttributeError):
-            return [], [int(vocabulary.eos_id)]
-    if structure == "decoder":
-        return ([int(vocabulary.eos_id)] if vocabulary.eos_id is not None else []), []
-    return [], [int(vocabulary.eos_id)]
-
-
 @dataclasses.dataclass
 class EmbeddingModel:
     """A network, its params and vocabulary, ready to return the hidden states of chosen
@@ -59,14 +45,14 @@ class EmbeddingModel:
     def __post_init__(self):
         import jax
 
-        from t5x_like import models, structures
+        from t5x_like import structures
         from t5x_like.models import stacking
 
         self.config = _unrolled(self.config)
-        self.structure = models.structure(self.config.model.family)
+        self._structure = structures.structure_class(self.config.model.family)
         self.model = structures.for_config(self.config).model
         self.params = stacking.unstack_layer_params(self.params)
-        self._method = _stack_method(self.config)
+        self._method, self.stack = self._structure.hidden_stack(self.config)
         probe = jax.eval_shape(functools.partial(_all_layers, self.model, self._method),
                                self.params, np.ones((1, 4), np.int32))
         self.num_layers = probe.shape[0] - 1
@@ -76,20 +62,13 @@ class EmbeddingModel:
                             f"{self.config.model.family} model, so there are no layers to read.")
 
     @property
-    def stack(self) -> str:
-        """Which stack the layers come from, in words."""
-        family = self.config.model.family
-        return {"encoder_decoder": "encoder (T5)", "bart": "encoder (BART)",
-                "electra": "discriminator (ELECTRA)"}.get(family, self.structure)
-
-    @property
     def max_length(self) -> int:
         """Tokens one input may have: the learned positions, or DEFAULT_MAX_LENGTH."""
         return int(self.config.model.get("max_length") or DEFAULT_MAX_LENGTH)
 
     @functools.cached_property
     def framing(self) -> tuple[list[int], list[int]]:
-        return special_tokens(self.structure, self.vocabulary)
+        return self._structure.text_framing(self.vocabulary)
 
     def hidden_states(self, tokens: np.ndarray, layers: Sequence[int]) -> np.ndarray:
         """``[len(layers), batch, length, d_model]`` float32."""
@@ -107,16 +86,6 @@ def _unrolled(config):
     if "remat_policy" in config.model:
         config.model.remat_policy = "none"
     return config
-
-
-def _stack_method(config) -> str | None:
-    """The model method whose run goes through the stack the layers come from."""
-    family = config.model.family
-    if family in ("encoder_decoder", "bart"):
-        return "encode"
-    if family == "electra" and not (config.get("head") or {}).get("kind"):
-        return "discriminate"
-    return None
 
 
 def _all_layers(model, method, params, tokens):
@@ -176,27 +145,11 @@ def load(checkpoint: str, *, step: int | None = None, random_init: bool = False,
     runs.check_fits(config, chosen, f"--checkpoint={checkpoint}")
     if random_init:
         params = _fresh_params(config, seed)
-    elif source.kind == "pretrained":
-        from t5x_like.convert import pretrained
-        params = pretrained.load_pretrained(source.path)[1]
     else:
-        params = _restored_params(source, step, config)
+        params = checkpoints.load_params(source, step, config)
     return EmbeddingModel(config, params, chosen, checkpoint=str(checkpoint),
                           step=None if source.kind == "pretrained" else step,
                           random_init=random_init)
-
-
-def _restored_params(source, step: int, config) -> dict:
-    import jax
-
-    from t5x_like import config_lib, partitioning
-    from t5x_like import trainer as trainer_lib
-
-    devices = jax.devices()
-    mesh_shape = config_lib.validate_for_devices(config, len(devices), jax.process_count(),
-                                                 partitioning.num_slices(devices))
-    trainer = trainer_lib.build_trainer(config, partitioning.make_mesh(mesh_shape, devices))
-    return jax.device_get(source.restore_params(step, trainer))
 
 
 def _fresh_params(config, seed: int) -> dict:

@@ -7,6 +7,17 @@ embedding analyses and retrieval.
 ``peft_state`` (which imports the models) is imported by name where it is needed.
 """
 
-from t5x_like.checkpoints.source import Source, base_params, check_same_model, config_from_saved, resolve
+from t5x_like.checkpoints.source import (
+    Source,
+    base_params,
+    check_base,
+    check_same_model,
+    config_from_saved,
+    join,
+    load_params,
+    resolve,
+    restore_state,
+)
 
-__all__ = ["Source", "base_params", "check_same_model", "config_from_saved", "resolve"]
+__all__ = ["Source", "base_params", "check_base", "check_same_model", "config_from_saved", "join",
+           "load_params", "resolve", "restore_state"]

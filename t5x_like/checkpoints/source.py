@@ -49,8 +49,10 @@ class Source:
         finally:
             checkpointer.close()
 
-    def restore_params(self, step: int, trainer):
-        """Params of ``step`` on the trainer's mesh and shardings."""
+    def restore_params(self, step: int, trainer, base_path: str | None = None,
+                       where: str | None = None):
+        """Params of ``step`` on the trainer's mesh and shardings (a PEFT step joined with
+        its base, found at ``base_path`` if it moved; ``where`` names the step in errors)."""
         if self.kind == "pretrained":
             from t5x_like.convert import pretrained
             _, params = pretrained.load_pretrained(self.path)
@@ -68,7 +70,8 @@ class Source:
         checkpointer = self.open_checkpointer()
         try:
             state, _ = restore_state(checkpointer, step, trainer, saved,
-                                          config_from_saved(saved), where=str(folder))
+                                     config_from_saved(saved), where=where or str(folder),
+                                     base_path=base_path)
         except UserError:
             raise
         except Exception as e:  # noqa: BLE001 - a read failure is the checkpoint's, not ours
@@ -80,13 +83,30 @@ class Source:
         return state.params
 
 
+def load_params(source: Source, step: int, config, mesh=None, base_path: str | None = None,
+                where: str | None = None) -> dict:
+    """Host params of ``source``'s ``step``: the one way every reader of checkpoints
+    (``init_from``, a distillation teacher, ``convert export``, ``peft merge``, the
+    embedding analyses) loads them. A pretrained folder's arrays as saved; a run's step
+    restored onto a trainer for ``config`` (the config the step was saved with) on
+    ``mesh`` (default: this process's first device), a PEFT step joined with its base."""
+    import jax
+
+    from t5x_like import partitioning
+    from t5x_like import trainer as trainer_lib
+    from t5x_like.convert import pretrained
+
+    if source.kind == "pretrained":
+        return pretrained.load_pretrained(source.path)[1]
+    mesh = mesh if mesh is not None else partitioning.make_mesh({"data": 1}, jax.devices()[:1])
+    trainer = trainer_lib.build_trainer(config, mesh)
+    return jax.device_get(source.restore_params(step, trainer, base_path, where))
+
+
 def base_params(init_from: str, config, mesh, step: int | None = None) -> tuple[dict, int | None]:
     """``(host params, step)`` of what fine-tuning starts from: a params-only folder
     (``convert import``; step None), or a run's workdir or step folder (its newest
     step, or ``step``), checked to hold ``config``'s model."""
-    import jax
-
-    from t5x_like import trainer as trainer_lib
     from t5x_like.convert import pretrained
 
     try:
@@ -112,8 +132,7 @@ def base_params(init_from: str, config, mesh, step: int | None = None) -> tuple[
     check_same_model(saved, config, source=f"init_from={init_from!r}")
     saved_config = config_from_saved(saved)
     config_lib.validate(saved_config)
-    params = source.restore_params(step, trainer_lib.build_trainer(saved_config, mesh))
-    return jax.device_get(params), step
+    return load_params(source, step, saved_config, mesh), step
 
 
 def resolve(path: str, flag: str = "--checkpoint") -> Source:

@@ -151,12 +151,10 @@ def _save_imported(hf_dir: str, out: str, hf_config: dict, model_config: dict, p
             vocabulary = hf_tokenizers.load(hf_dir, hf_config)
         except (FileNotFoundError, ValueError) as e:
             raise UserError(f"{hf_dir}: the tokenizer does not load ({e}).") from None
-        if vocabulary.vocab_size > model_config["vocab_size"]:
-            raise UserError(
-                f"{hf_dir}: the tokenizer has {vocabulary.vocab_size} tokens "
-                f"({vocabularies.describe(vocabulary)}) but the model's embedding "
-                f"table has {model_config['vocab_size']} rows; the tokenizer belongs to another "
-                "model. Copy the tokenizer files from the model's own folder.")
+        vocabularies.check_fits(vocabulary, model_config["vocab_size"],
+                                f"{hf_dir}: the tokenizer",
+                                "the tokenizer belongs to another model. Copy the tokenizer "
+                                "files from the model's own folder.")
     else:
         print(f"convert: warning: {hf_dir} has no tokenizer files ({', '.join(hf_tokenizers.TOKENIZER_FILES[:3])}, "
               "...); the model imports without one, so text tasks cannot use "
@@ -259,10 +257,7 @@ def export_vocabulary(value: str, own=None):
 def load_for_export(checkpoint: str):
     """``(model_config, host params, the checkpoint's vocabulary or None)`` of a pretrained
     folder, or of a training run's newest step (or the step folder given)."""
-    import jax
-
-    from t5x_like import checkpoints, partitioning, runs
-    from t5x_like import trainer as trainer_lib
+    from t5x_like import checkpoints, runs
 
     folder = storage.path(checkpoint)
     run_config = folder / "config.json"
@@ -292,11 +287,9 @@ def load_for_export(checkpoint: str):
                         "writes the pretrained architectures only (merge LoRA with "
                         "`python -m t5x_like.peft merge` first).")
     exporter_for(config.model.to_dict())  # before the weights are restored
-    mesh = partitioning.make_mesh({"data": 1}, jax.devices()[:1])
-    params = source.restore_params(step, trainer_lib.build_trainer(config, mesh))
+    params = checkpoints.load_params(source, step, config)
     print(f"convert: exporting step {step} of {source.path.parent}", file=sys.stderr)
-    return (config.model.to_dict(), jax.device_get(params),
-            runs.trained_vocabulary(source, saved))
+    return config.model.to_dict(), params, runs.trained_vocabulary(source, saved)
 
 
 def export_hf(checkpoint: str, out: str, vocabulary: str = "checkpoint") -> dict:

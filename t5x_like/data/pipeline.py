@@ -56,31 +56,15 @@ def _mark_absl_flags_parsed() -> None:
         flags.FLAGS.mark_as_parsed()
 
 
-def converter_for(structure: str, task_feature_lengths: Mapping[str, int], *, pack: bool = False
-                  ) -> feature_converters.FeatureConverter:
-    """The feature converter for a model structure (``encoder_decoder``, ``decoder``,
-    ``encoder``); a decoder given ``inputs`` and ``targets`` lengths is a prefix LM."""
-    if structure == "encoder_decoder":
-        return feature_converters.EncDecFeatureConverter(pack=pack)
-    if structure == "decoder":
-        return feature_converters.DecoderFeatureConverter(
-            pack=pack, prefix_lm="inputs" in task_feature_lengths)
-    if structure == "encoder":
-        return feature_converters.EncoderFeatureConverter(pack=pack)
-    raise ValueError(f"Unknown model structure {structure!r}; choose encoder_decoder, decoder "
-                     "or encoder.")
-
-
 def build_dataset(task_name: str, split: str, task_feature_lengths: Mapping[str, int], *,
                   seed: int, shuffle: bool, repeat: bool = True, shard_index: int = 0,
-                  num_shards: int = 1, structure: str = "encoder_decoder",
-                  pack: bool = False,
+                  num_shards: int = 1, pack: bool = False,
                   feature_converter: feature_converters.FeatureConverter | None = None,
                   vocabulary=None) -> grain.IterDataset:
     """The trainer's stream ``shard_index`` of ``num_shards``: that shard of a task or
-    mixture, converted to the features of a model of ``structure`` (or by
-    ``feature_converter``, the model structure's own), padded or packed."""
-    converter = feature_converter or converter_for(structure, task_feature_lengths, pack=pack)
+    mixture, converted by ``feature_converter`` (the model structure's own, which the
+    data side never chooses; by default an encoder-decoder's), padded or packed."""
+    converter = feature_converter or feature_converters.EncDecFeatureConverter(pack=pack)
     return get_dataset(task_name, task_feature_lengths, split, converter,
                        shuffle=shuffle, seed=seed, shard_index=shard_index,
                        num_shards=num_shards, num_epochs=None if repeat else 1,

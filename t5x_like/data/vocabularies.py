@@ -16,7 +16,7 @@ import numpy as np
 import sentencepiece as spm
 
 from t5x_like import storage
-from t5x_like.errors import MissingFile
+from t5x_like.errors import MissingFile, UserError
 
 PAD_ID, EOS_ID, UNK_ID, BOS_ID = 0, 1, 2, 3
 MASK_PIECE, CLS_PIECE, SEP_PIECE = "[MASK]", "[CLS]", "[SEP]"
@@ -71,6 +71,16 @@ def describe(vocabulary) -> str:
     if digest:
         where += f" sha256:{digest[:12]}"
     return f"{kind(vocabulary)}({vocabulary.vocab_size}{where})"
+
+
+def check_fits(vocabulary, rows: int, what: str, fix: str, error: type = UserError) -> None:
+    """Refuses a vocabulary with more ids than an embedding table of ``rows`` rows: the one
+    check behind training (``model.vocab_size``), evaluation and inference
+    (``--vocabulary``) and ``convert import`` (a tokenizer beside the weights)."""
+    size = vocabulary.vocab_size
+    if size > rows:
+        raise error(f"{what} uses {size} token ids ({describe(vocabulary)}) but the model's "
+                    f"embedding table has {rows} rows; {fix}")
 
 
 def _with_sentinel_pieces(sp: spm.SentencePieceProcessor,

@@ -192,7 +192,7 @@ class Evaluator(ModelRunner):
         if self.structure.name == "head":
             return "head"
         has_options = bool(task.label_options) or "options" in examples[0]
-        if s.num_shots is not None and has_options and self.structure.name == "decoder":
+        if s.num_shots is not None and has_options and self.structure.scores_choices_as_lm_eval:
             return "lm_eval"
         if s.mode != "auto":
             if s.mode == "rank" and not has_options:

@@ -1,4 +1,6 @@
-"""Model families. ``build_model(config.model)`` picks one by ``family``."""
+"""Model families: each family's config dataclass and Flax module (``FAMILIES``);
+``build_model(config.model)`` builds one. Which structure a family has (its batches,
+loss, scoring, decoding) is the structure registry's (``t5x_like.structures``)."""
 
 from __future__ import annotations
 
@@ -19,20 +21,6 @@ FAMILIES = {
     "electra": (ElectraConfig, Electra),
     "bilm": (BilmConfig, Bilm),
 }
-# What each family's model consumes and produces, hence its objective and features:
-# "encoder_decoder" (seq2seq), "decoder" (causal or prefix LM), "encoder" (masked LM;
-# ELECTRA reads the same batches and adds replaced-token detection).
-STRUCTURES = {"encoder_decoder": "encoder_decoder", "bart": "encoder_decoder",
-              "decoder": "decoder", "encoder": "encoder", "electra": "encoder",
-              "bilm": "decoder"}  # bilm: causal-LM batches, its own objective
-
-
-def structure(family: str) -> str:
-    if family not in STRUCTURES:
-        raise ValueError(f"Unknown model.family {family!r}; available: {sorted(FAMILIES)}.")
-    return STRUCTURES[family]
-
-
 def family_config_fields(family: str) -> dict:
     """Default value of every model key for ``family`` (the schema of ``config.model``)."""
     if family not in FAMILIES:
@@ -56,19 +44,11 @@ def build_model(model_config):
 
 
 def example_inputs(model, lengths: dict | None = None, batch_size: int = 1) -> tuple:
-    """Positional inputs that ``model.init`` needs, as int32 ones (shapes only matter)."""
+    """Positional inputs that ``model.init`` needs, as int32 ones (shapes only matter):
+    one per feature the model's class names in ``init_features``, at its length in
+    ``lengths`` (8 where absent)."""
     import jax.numpy as jnp
 
     lengths = lengths or {}
-    if "input_tokens" in lengths:  # a fine-tuning head (models.heads.WithHead)
-        return (jnp.ones((batch_size, lengths["input_tokens"]), jnp.int32),)
-    if isinstance(model, Bilm):
-        return (jnp.ones((batch_size, lengths.get("decoder_target_tokens", 8)), jnp.int32),)
-    if isinstance(model, DecoderOnly):
-        return (jnp.ones((batch_size, lengths.get("decoder_input_tokens", 8)), jnp.int32),)
-    if isinstance(model, (EncoderOnly, Electra)):
-        return (jnp.ones((batch_size, lengths.get("encoder_input_tokens", 8)), jnp.int32),)
-    encoder = lengths.get("encoder_input_tokens", 8)
-    decoder = lengths.get("decoder_input_tokens", 8)
-    return (jnp.ones((batch_size, encoder), jnp.int32), jnp.ones((batch_size, decoder), jnp.int32),
-            jnp.ones((batch_size, decoder), jnp.int32))
+    return tuple(jnp.ones((batch_size, lengths.get(name, 8)), jnp.int32)
+                 for name in type(model).init_features)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import ClassVar
 
 import flax.linen as nn
 import jax
@@ -128,6 +129,10 @@ class BartDecoderLayer(nn.Module):
 
 
 class BartEncoderDecoder(nn.Module):
+    #: the batch features ``__call__`` takes first, in order (``models.example_inputs``)
+    init_features: ClassVar[tuple[str, ...]] = ("encoder_input_tokens", "decoder_input_tokens",
+                                                "decoder_target_tokens")
+
     config: BartConfig
 
     def setup(self):

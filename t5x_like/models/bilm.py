@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Sequence
+from typing import ClassVar
 
 import flax.linen as nn
 import jax
@@ -180,6 +181,9 @@ class Bilm(nn.Module):
     """``char_pieces``: the vocabulary's pieces whose characters the char CNN reads, given
     by whoever builds the model (its structure reads them from the vocabulary that
     ``char_vocabulary`` names); the model never looks a vocabulary up itself."""
+
+    #: the batch features ``__call__`` takes first, in order (``models.example_inputs``)
+    init_features: ClassVar[tuple[str, ...]] = ("decoder_target_tokens",)
 
     config: BilmConfig
     char_pieces: tuple[str, ...] = ()

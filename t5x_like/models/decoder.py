@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import ClassVar
 
 import flax.linen as nn
 import jax
@@ -91,7 +92,16 @@ class DecoderBlock(nn.Module):
 
 
 class DecoderOnly(nn.Module):
+    #: the batch features ``__call__`` takes first, in order (``models.example_inputs``)
+    init_features: ClassVar[tuple[str, ...]] = ("decoder_input_tokens",)
+
     config: DecoderConfig
+
+    def head_features(self, input_tokens, token_type_ids=None, deterministic: bool = True):
+        """What a task head reads: the final-normed hidden states (no pooled vector)."""
+        if token_type_ids is not None:
+            raise ValueError("Decoder backbones have no token types; pass token_type_ids=None.")
+        return self(input_tokens, deterministic=deterministic, return_hidden=True), None
 
     @nn.compact
     def __call__(self, decoder_input_tokens, decoder_segment_ids=None, decoder_positions=None,

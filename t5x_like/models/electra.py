@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import ClassVar
 
 import flax.linen as nn
 import jax
@@ -117,6 +118,9 @@ def sample_masked(rng, logits: jax.Array, masked: jax.Array, max_predictions: in
 
 
 class Electra(nn.Module):
+    #: the batch features ``__call__`` takes first, in order (``models.example_inputs``)
+    init_features: ClassVar[tuple[str, ...]] = ("encoder_input_tokens",)
+
     config: ElectraConfig
 
     def setup(self):
@@ -156,6 +160,11 @@ class Electra(nn.Module):
         out = self.discriminator(corrupted, **common)
         return {"mlm_logits": logits, "corrupted_tokens": corrupted,
                 "rtd_logits": out["rtd_logits"], "hidden": out["hidden"]}
+
+    def head_features(self, input_tokens, token_type_ids=None, deterministic: bool = True):
+        """What a task head reads: the discriminator fine-tunes (Clark et al.)."""
+        out = self.discriminate(input_tokens, token_type_ids, deterministic=deterministic)
+        return out["hidden"], None
 
     def discriminate(self, input_tokens, token_type_ids=None, input_mask=None, segment_ids=None,
                      positions=None, deterministic: bool = True) -> dict:

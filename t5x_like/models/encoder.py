@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import ClassVar
 
 import flax.linen as nn
 import jax
@@ -131,12 +132,20 @@ OUTPUT_HEADS = ("mlm", "replaced_token")
 
 
 class EncoderOnly(nn.Module):
+    #: the batch features ``__call__`` takes first, in order (``models.example_inputs``)
+    init_features: ClassVar[tuple[str, ...]] = ("encoder_input_tokens",)
+
     config: EncoderConfig
     # A SharedEmbeddings owned by a parent module (ELECTRA); None: this model's own tables.
     embeddings: nn.Module | None = None
     # "mlm": the tied masked-LM head; "replaced_token": ELECTRA's discriminator head, a
     # GELU dense layer and one logit per token ("is this token replaced?").
     output_head: str = "mlm"
+
+    def head_features(self, input_tokens, token_type_ids=None, deterministic: bool = True):
+        """What a task head reads: the final hidden states and the pooled [CLS] vector."""
+        out = self(input_tokens, token_type_ids, deterministic=deterministic)
+        return out["hidden"], out.get("pooled")
 
     @nn.compact
     def __call__(self, input_tokens, token_type_ids=None, input_mask=None, segment_ids=None,

@@ -22,15 +22,13 @@ the usual choice for decoders, whose last token has seen the whole sequence) or
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from t5x_like.models import layers
-from t5x_like.models.decoder import DecoderOnly
-from t5x_like.models.electra import Electra
-from t5x_like.models.encoder import EncoderOnly
 from t5x_like.models.layers import constrain
 
 HEAD_KINDS = ("classification", "token_classification", "span_extraction")
@@ -54,6 +52,9 @@ class HeadConfig:
 
 
 class WithHead(nn.Module):
+    #: the batch features ``__call__`` takes first, in order (``models.example_inputs``)
+    init_features: ClassVar[tuple[str, ...]] = ("input_tokens",)
+
     backbone: nn.Module
     head: HeadConfig
 
@@ -78,19 +79,14 @@ class WithHead(nn.Module):
         return {"start_logits": logits[..., 0], "end_logits": logits[..., 1]}
 
     def _backbone(self, input_tokens, token_type_ids, deterministic):
-        if isinstance(self.backbone, Electra):  # the discriminator fine-tunes (Clark et al.)
-            out = self.backbone.discriminate(input_tokens, token_type_ids,
-                                             deterministic=deterministic)
-            return out["hidden"], None
-        if isinstance(self.backbone, EncoderOnly):
-            out = self.backbone(input_tokens, token_type_ids, deterministic=deterministic)
-            return out["hidden"], out.get("pooled")
-        if isinstance(self.backbone, DecoderOnly):
-            if token_type_ids is not None:
-                raise ValueError("Decoder backbones have no token types; pass token_type_ids=None.")
-            return self.backbone(input_tokens, deterministic=deterministic, return_hidden=True), None
-        raise TypeError(f"Task heads need an EncoderOnly or DecoderOnly backbone, got "
-                        f"{type(self.backbone).__name__}; fine-tune encoder-decoders text-to-text.")
+        """``(hidden [batch, length, d], pooled or None)``: what the backbone gives a head
+        (each body class says, in its ``head_features``)."""
+        if not hasattr(self.backbone, "head_features"):
+            raise TypeError(f"Task heads need an encoder or decoder backbone, got "
+                            f"{type(self.backbone).__name__}; fine-tune encoder-decoders "
+                            "text-to-text.")
+        return self.backbone.head_features(input_tokens, token_type_ids,
+                                           deterministic=deterministic)
 
     def _pool(self, hidden, pooled, valid) -> jax.Array:
         pooling = self.head.pooling

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import ClassVar
 
 import flax.linen as nn
 import jax
@@ -171,6 +172,10 @@ class Decoder(nn.Module):
 
 class EncoderDecoder(nn.Module):
     """``__call__(batch features) -> logits [batch, targets, vocab]`` in float32."""
+
+    #: the batch features ``__call__`` takes first, in order (``models.example_inputs``)
+    init_features: ClassVar[tuple[str, ...]] = ("encoder_input_tokens", "decoder_input_tokens",
+                                                "decoder_target_tokens")
 
     config: T5Config
 

@@ -96,31 +96,14 @@ def closed_book_loss_fn(generator, params, batch):
 
 def rag_token_greedy(generator, params, inputs, doc_logp, max_length: int, eos_id: int = 1):
     """``[B, max_length]``: greedy RAG-token decoding over ``inputs [B*K, L]``; at each
-    step ``argmax_y sum_k p(z_k|x) p(y|x, z_k, y<t)``, fed back to all k rows."""
-    batch, k = doc_logp.shape
-    start_id, _, pad_id = decoding.special_ids(generator)
-    encoded = generator.apply({"params": params}, inputs, method=generator.encode)
-    cache = decoding.init_cache(generator, batch * k, inputs.shape[1], max_length)
+    step ``argmax_y sum_k p(z_k|x) p(y|x, z_k, y<t)``, fed back to all k rows
+    (``decoding.decode`` with one output row per k input rows)."""
+    def marginal(logits):  # [B, K, vocab] -> log sum_k p(z_k|x) p(y|x, z_k, y<t)
+        logp = jax.nn.log_softmax(logits.astype(jnp.float32))
+        return jax.nn.logsumexp(doc_logp[:, :, None] + logp, axis=1)
 
-    def cond(carry):
-        step, _, _, _, done = carry
-        return (step < max_length) & ~jnp.all(done)
-
-    def body(carry):
-        step, token, cache, output, done = carry
-        logits, variables = generator.apply(
-            {"params": params, "cache": cache}, encoded, inputs, jnp.repeat(token, k)[:, None],
-            max_length, method=generator.decode, mutable=["cache"])
-        logp = jax.nn.log_softmax(logits[:, 0].astype(jnp.float32)).reshape(batch, k, -1)
-        marginal = jax.nn.logsumexp(doc_logp[:, :, None] + logp, axis=1)
-        next_token = jnp.where(done, pad_id, jnp.argmax(marginal, -1).astype(jnp.int32))
-        output = jax.lax.dynamic_update_slice(output, next_token[:, None], (0, step))
-        return step + 1, next_token, variables["cache"], output, done | (next_token == eos_id)
-
-    start = jnp.full((batch,), start_id, jnp.int32)
-    output = jnp.full((batch, max_length), pad_id, jnp.int32)
-    done = jnp.zeros((batch,), bool)
-    return jax.lax.while_loop(cond, body, (jnp.array(0), start, cache, output, done))[3]
+    return decoding.decode(generator, params, inputs, max_decode_length=max_length,
+                           eos_id=eos_id, copies=doc_logp.shape[1], combine=marginal)
 
 
 def rag_sequence_thorough(spec: RagSpec, params, inputs, doc_logp, max_length: int):

@@ -26,8 +26,8 @@ def tokenize(vocabulary, texts: Sequence[str], length: int, prefix: Sequence[int
 
 
 def encoder_framing(vocabulary) -> tuple[list[int], list[int]]:
-    from t5x_like.analysis.hidden_states import special_tokens
-    return special_tokens("encoder", vocabulary)
+    from t5x_like.structures import EncoderStructure
+    return EncoderStructure.text_framing(vocabulary)
 
 
 def tower_tokens(vocabulary, texts: Sequence[str], length: int) -> np.ndarray:

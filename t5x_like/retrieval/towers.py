@@ -14,7 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from t5x_like import models
+from t5x_like import models, structures
 
 POOLINGS = ("mean", "cls")
 
@@ -81,7 +81,7 @@ def model_items(model_config) -> tuple:
 
 def bi_encoder(model_config, pooling: str = "mean", normalize: bool = False) -> BiEncoder:
     family = dict(model_config)["family"]
-    if models.structure(family) != "encoder" or family == "electra":
+    if not structures.structure_class(family).embeds_text:
         raise ValueError(f"The retriever's towers are encoders (model.family 'encoder'); "
                          f"got {family!r}.")
     return BiEncoder(model_items(model_config), pooling, normalize)

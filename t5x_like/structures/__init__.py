@@ -12,8 +12,8 @@ T5X's ``EncoderDecoderModel`` / ``DecoderOnlyModel`` idea. A structure owns:
   ``decoding.py`` (greedy, sampling or beam search);
 - ``forward_flops_per_sequence(lengths)``: model FLOPs for MFU (``flops.py``).
 
-Adding a family means adding it to ``models.FAMILIES`` and naming its structure
-in ``STRUCTURES``; nothing else branches on family strings.
+Adding a family means its model module (``models.FAMILIES``), its structure, and one
+line in ``FAMILY_STRUCTURES``; nothing else branches on family strings.
 """
 
 from __future__ import annotations
@@ -30,25 +30,34 @@ from t5x_like.structures.electra import ElectraStructure
 from t5x_like.structures.encoder import EncoderStructure
 from t5x_like.structures.seq2seq import EncoderDecoderStructure
 
-STRUCTURE_CLASSES = {"encoder_decoder": EncoderDecoderStructure, "decoder": DecoderStructure,
-                     "encoder": EncoderStructure}
-
-
-# Families whose objective differs from their structure's (their batches do not).
-FAMILY_STRUCTURE_CLASSES = {"electra": ElectraStructure, "bilm": BilmStructure}
-
-
 __all__ = ["DECODE_DEFAULTS", "BilmStructure", "DecoderStructure", "ElectraStructure",
-           "EncoderDecoderStructure", "EncoderStructure", "Structure", "distillable_families",
+           "EncoderDecoderStructure", "EncoderStructure", "EXAMPLE_CONFIGS", "FAMILY_STRUCTURES",
+           "Structure", "distillable_families",
            "for_config", "structure_class", "validate_config"]
 
+# The one registry from a config's model.family to its structure. A new family adds its
+# model module (models.FAMILIES: config dataclass and Flax module), its structure, and a
+# line here.
+FAMILY_STRUCTURES: dict[str, type[Structure]] = {
+    "encoder_decoder": EncoderDecoderStructure,
+    "bart": EncoderDecoderStructure,
+    "decoder": DecoderStructure,
+    "encoder": EncoderStructure,
+    "electra": ElectraStructure,
+    "bilm": BilmStructure,
+}
 # Families whose encoder takes a soft prompt (peft.prompt) in front of its input.
 SOFT_PROMPT_FAMILIES = ("encoder", "encoder_decoder")
+# A config that starts each family, named when a model key belongs to another family.
+EXAMPLE_CONFIGS = {"encoder_decoder": "configs/quickstart.py", "bart": "configs/bart_base.py",
+                   "decoder": "configs/pretrain/gpt2_tiny.py",
+                   "encoder": "configs/pretrain/bert_tiny.py",
+                   "electra": "configs/pretrain/electra_tiny.py",
+                   "bilm": "configs/pretrain/elmo_tiny.py"}
 
 
 def distillable_families() -> tuple[str, ...]:
-    from t5x_like import models
-    return tuple(sorted(f for f in models.FAMILIES if structure_class(f).distillable))
+    return tuple(sorted(f for f, cls in FAMILY_STRUCTURES.items() if cls.distillable))
 
 
 def validate_config(config) -> None:
@@ -69,8 +78,9 @@ def validate_config(config) -> None:
 
 
 def structure_class(family: str) -> type[Structure]:
-    from t5x_like import models
-    return FAMILY_STRUCTURE_CLASSES.get(family) or STRUCTURE_CLASSES[models.structure(family)]
+    if family not in FAMILY_STRUCTURES:
+        raise ConfigError(f"Unknown model.family {family!r}; available: {sorted(FAMILY_STRUCTURES)}.")
+    return FAMILY_STRUCTURES[family]
 
 
 @functools.lru_cache(maxsize=32)

@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 from flax import traverse_util
 
+from t5x_like.errors import UserError
+
 # Keys of ``predict_batch`` beyond the batch: the decoding flags of ``infer`` and ``eval``.
 DECODE_DEFAULTS = {"max_decode_length": 64, "num_beams": 1, "alpha": 0.6, "temperature": 0.0,
                    "top_k": 0, "top_p": 1.0}
@@ -62,6 +64,62 @@ class Structure:
 
     #: whether distillation (``distill.py``) is built for this structure's families
     distillable = True
+    #: whether k-shot multiple choice is scored as lm-evaluation-harness scores it
+    #: (a causal LM's log-likelihood of each choice after the context)
+    scores_choices_as_lm_eval = False
+    #: whether a row is a prompt followed by what is generated, so that the targets length
+    #: is the number of tokens to generate (decoders)
+    generates_after_prompt = False
+    #: whether a retrieval tower can be this structure's network (BERT-style encoders)
+    embeds_text = False
+
+    @classmethod
+    def pretrained_lengths(cls, config) -> dict[str, int] | None:
+        """Task lengths for a pretrained folder's model when the default lengths do not
+        fit it (``None``: the defaults do)."""
+        return None
+
+    @classmethod
+    def parameter_split(cls, shapes) -> str | None:
+        """A line ``summary`` adds below the totals, where a family counts its parameters
+        in parts (ELECTRA's two towers)."""
+        return None
+
+    @classmethod
+    def body_params_for_head(cls, flat_params: dict) -> dict:
+        """Of a pretrained checkpoint's params (flattened paths under ``backbone``), those a
+        fine-tuning head's body starts from."""
+        return flat_params
+
+    @classmethod
+    def text_framing(cls, vocabulary) -> tuple[list[int], list[int]]:
+        """``(prefix, suffix)`` ids around a text, as the structure pretrains on texts:
+        here (T5's and BART's encoders) ``text EOS``."""
+        return [], [int(vocabulary.eos_id)]
+
+    @classmethod
+    def hidden_stack(cls, config) -> tuple[str | None, str]:
+        """``(model method, words)``: the stack whose layers the embedding analyses read
+        (``None``: the model's ``__call__``)."""
+        return None, cls.name
+
+    @classmethod
+    def positions_needed(cls, config, lengths: Mapping[str, int]) -> int:
+        """Learned positions one row of ``lengths`` takes (0: no learned-position limit
+        applies, as for T5's relative positions)."""
+        return 0
+
+    @classmethod
+    def check_eval_lengths(cls, config, lengths: Mapping[str, int], tasks,
+                           few_shot: bool = False) -> None:
+        """Refuses evaluation lengths the model cannot take, before anything compiles."""
+        limit = config.model.get("max_length")
+        total = cls.positions_needed(config, lengths)
+        if limit and total > limit:
+            raise UserError(
+                f"Lengths {dict(lengths)} need {total} positions, but the model has "
+                f"max_length={limit} learned positions; lower --inputs_length/--targets_length "
+                f"so they sum to at most {limit}.")
 
     @classmethod
     def validate_config(cls, config) -> None:

@@ -22,6 +22,7 @@ class BilmStructure(DecoderStructure):
 
     name = "bilm"
     distillable = False
+    scores_choices_as_lm_eval = False
 
     @classmethod
     def validate_config(cls, config) -> None:

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from t5x_like import objectives
-from t5x_like.errors import ConfigError
+from t5x_like.errors import ConfigError, UserError
 from t5x_like.structures.base import DECODE_DEFAULTS, Structure, _final_hidden, _layer_matmuls, _token_loss_fn
 
 
@@ -16,6 +16,42 @@ class DecoderStructure(Structure):
     prefix LM, or ``causal`` as GPT fine-tuning and lm-evaluation-harness condition)."""
 
     name = "decoder"
+    scores_choices_as_lm_eval = True
+    generates_after_prompt = True
+
+    @classmethod
+    def pretrained_lengths(cls, config):
+        """The default lengths do not fit a small decoder's learned positions: a prompt of
+        3/4 of them and a continuation of the rest (--inputs_length and --targets_length
+        change it; k-shot scoring reads their sum)."""
+        width = config.model.get("max_length") or 0
+        if width and sum(config.task_feature_lengths.values()) > width:
+            return {"inputs": width - width // 4, "targets": width // 4}
+        return None
+
+    @classmethod
+    def text_framing(cls, vocabulary):
+        """``EOS text``: EOS ends every document of the LM stream, so a text after it reads
+        as a document's start."""
+        return ([int(vocabulary.eos_id)] if vocabulary.eos_id is not None else []), []
+
+    @classmethod
+    def positions_needed(cls, config, lengths):
+        if config.model.get("position_embedding") == "rotary":
+            return 0  # rotary positions have no learned limit
+        return sum(lengths.values())
+
+    @classmethod
+    def check_eval_lengths(cls, config, lengths, tasks, few_shot=False):
+        """A decoder trained without inputs cannot read a task's inputs (few-shot scoring
+        reads them as text in its own window); all tokens share its positions."""
+        with_inputs = [t.name for t in tasks if "inputs" in t.output_features]
+        if with_inputs and "inputs" not in lengths and not few_shot:
+            raise UserError(
+                f"Task {with_inputs[0]!r} has inputs, and this decoder's lengths "
+                f"{lengths} have none; give both, e.g. --inputs_length=128 --targets_length=32 "
+                f"(their sum at most model.max_length={config.model.get('max_length')}).")
+        super().check_eval_lengths(config, lengths, tasks, few_shot)
 
     @classmethod
     def validate_config(cls, config) -> None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 
+import jax
+import numpy as np
+
 from t5x_like import objectives
 from t5x_like.errors import ConfigError
 from t5x_like.structures.encoder import EncoderStructure, _encoder_flops
@@ -15,6 +18,28 @@ class ElectraStructure(EncoderStructure):
     head; fine-tuning heads read the discriminator."""
 
     distillable = False
+    embeds_text = False  # its towers share embeddings; a retriever takes a plain encoder
+
+    @classmethod
+    def parameter_split(cls, shapes) -> str:
+        """ELECTRA's towers counted as the paper and Hugging Face count them: the
+        discriminator with the shared embeddings (what fine-tunes), the generator's own."""
+        def count(tree) -> int:
+            return sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(tree))
+        discriminator = count(shapes["discriminator"]) + count(shapes["embeddings"])
+        return (f"discriminator: {discriminator} (with the shared embeddings)  "
+                f"generator: {count(shapes.get('generator', {}))} (its own tower and head)")
+
+    @classmethod
+    def body_params_for_head(cls, flat_params):
+        """The discriminator fine-tunes (Clark et al.): the generator stays behind."""
+        return {key: value for key, value in flat_params.items()
+                if key[:2] != ("backbone", "generator")}
+
+    @classmethod
+    def hidden_stack(cls, config):
+        with_head = bool((config.get("head") or {}).get("kind"))
+        return (None if with_head else "discriminate"), "discriminator (ELECTRA)"
 
     @classmethod
     def validate_config(cls, config) -> None:

@@ -13,6 +13,19 @@ class EncoderStructure(Structure):
     tokens at the masked positions. They do not generate: fine-tune a head to predict."""
 
     name = "encoder"
+    embeds_text = True
+
+    @classmethod
+    def positions_needed(cls, config, lengths):
+        return lengths.get("inputs", 0)
+
+    @classmethod
+    def text_framing(cls, vocabulary):
+        """BERT's ``[CLS] text [SEP]``; ``text EOS`` for a vocabulary without them."""
+        try:
+            return [int(vocabulary.cls_id)], [int(vocabulary.sep_id)]
+        except (ValueError, AttributeError):
+            return [], [int(vocabulary.eos_id)]
     weights_feature = "encoder_loss_weights"
     targets_feature = "encoder_target_tokens"
 

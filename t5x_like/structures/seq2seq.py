@@ -15,6 +15,10 @@ class EncoderDecoderStructure(Structure):
     name = "encoder_decoder"
 
     @classmethod
+    def hidden_stack(cls, config):
+        return "encode", f"encoder ({'BART' if config.model.family == 'bart' else 'T5'})"
+
+    @classmethod
     def validate_config(cls, config) -> None:
         head = config.get("head")
         if head is not None and head.kind:
