@@ -99,7 +99,7 @@ def load_params(checkpoint: str, random_init: bool):
     config = runs.run_config(source, step, None, [])
     if random_init:
         return config, hidden_states._fresh_params(config, 0)  # noqa: SLF001
-    return config, hidden_states._restored_params(source, step, config)  # noqa: SLF001
+    return config, checkpoints.load_params(source, step, config)
 
 
 def run(checkpoint, random_init, args, data):

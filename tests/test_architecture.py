@@ -4,12 +4,14 @@ family decisions kept in the structure registry. Each check reads the code as it
 each fails on the first new violation."""
 
 import ast
+import os
 import pathlib
 import re
 import subprocess
 import sys
 
 import grimp
+import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = ("t5x_like", "launch")
@@ -192,3 +194,32 @@ def test_family_decisions_live_in_the_structure_registry():
         sites += [f"{relative}:{line} {text}" for line, text in
                   family_dispatch_sites(path.read_text())]
     assert len(sites) <= 3, "\n".join(sites)
+
+
+def test_ci_fails_on_a_skipped_test(tmp_path):
+    """tests/conftest.py turns a skip into a failure when CI is set (a broken install
+    must not pass quietly), and leaves local runs alone."""
+    (tmp_path / "conftest.py").write_text((REPO / "tests" / "conftest.py").read_text())
+    (tmp_path / "test_skipping.py").write_text(
+        "import pytest\n\ndef test_needs_something():\n    pytest.skip('not installed')\n")
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)]
+    base = {k: v for k, v in os.environ.items() if k != "CI"}
+    base["PYTHONPATH"] = os.pathsep.join([str(REPO), base.get("PYTHONPATH", "")])
+    in_ci = subprocess.run(command, cwd=tmp_path, env={**base, "CI": "true"},
+                           capture_output=True, text=True, timeout=300)
+    assert in_ci.returncode == 1, in_ci.stdout
+    assert "test_skipping.py::test_needs_something: Skipped: not installed" in in_ci.stdout
+    local = subprocess.run(command, cwd=tmp_path, env=base, capture_output=True, text=True,
+                           timeout=300)
+    assert local.returncode == 0, local.stdout
+
+
+@pytest.mark.parametrize("command", ["train", "eval", "infer", "plan", "plot"])
+def test_a_command_imports_no_jax_before_its_config_is_checked(command):
+    """Config mistakes are reported before JAX starts: importing a command module stays
+    light (what needs JAX is imported inside the functions that run after the checks)."""
+    code = f"import sys, t5x_like.{command}; print('jax' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"

@@ -5,6 +5,7 @@ import hashlib
 import itertools
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -16,6 +17,8 @@ import t5x_like.data as td
 from t5x_like import metrics
 from t5x_like.builtin_tasks import bench as bt
 from t5x_like.data import embedded, sources
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 # The sizes data/README.md documents.
 SIZES = {
@@ -202,3 +205,52 @@ def test_mixture_yields_tokenized_examples():
     cloze = next(iter(td.get_dataset("embedded_austen_cloze", {"inputs": 128, "targets": 8},
                                      split="test", shuffle=False)))
     assert cloze["options"][cloze["label"]] == cloze["targets_pretokenized"]
+
+
+def _disjoint_sizes(inputs_by_split: dict[str, list[str]]) -> dict[str, int]:
+    """data/README.md's rule, written out: test keeps all; validation drops what test has;
+    train drops what either has (by whitespace-normalised input text)."""
+    seen, sizes = set(), {}
+    for split in ("test", "validation", "train"):
+        kept = [text for text in inputs_by_split[split] if text not in seen]
+        seen.update(kept)
+        sizes[split] = len(kept)
+    return sizes
+
+
+def test_spam_and_ud_sizes_and_labels_are_counted_from_the_raw_files():
+    """SIZES (the documented sizes) against the raw files, read here with gzip and json or
+    by counting CoNLL-U sentences, not through the task code."""
+    import gzip
+
+    records = [json.loads(line) for line in gzip.open(REPO / "data/labeled/spam_2k.jsonl.gz", "rt",
+                                                      encoding="utf-8", newline="\n")]
+    by_split = {split: [" ".join(r["text"].split()) for r in records if r["split"] == split]
+                for split in bt.SPLITS}
+    assert _disjoint_sizes(by_split) == SIZES["embedded_spam"]
+    test_and_validation = set(by_split["test"]) | set(by_split["validation"])
+    train_labels = collections.Counter(
+        r["label"] for r in records
+        if r["split"] == "train" and " ".join(r["text"].split()) not in test_and_validation)
+    assert train_labels == {"ham": 3286, "spam": 1437}
+    ud = {}
+    for split, name in (("train", "train"), ("validation", "dev"), ("test", "test")):
+        with gzip.open(REPO / f"data/labeled/ud_en_ewt/en_ewt-ud-{name}.conllu.gz", "rt",
+                       encoding="utf-8") as f:
+            sentences, words = [], []
+            for line in f:
+                line = line.rstrip("\n")
+                if not line:
+                    if words:
+                        sentences.append(" ".join(words))
+                    words = []
+                elif not line.startswith("#"):
+                    index, form = line.split("\t")[:2]
+                    if "-" not in index and "." not in index:  # no ranges, no empty nodes
+                        words.append(form)
+            if words:
+                sentences.append(" ".join(words))
+        ud[split] = sentences
+    assert {split: len(s) for split, s in ud.items()} == {"train": 12544, "validation": 2001,
+                                                          "test": 2077}  # the UD release's
+    assert _disjoint_sizes(ud) == SIZES["embedded_ud_pos"]

@@ -7,17 +7,14 @@ resumed iterator gives exactly the uncached examples.
 """
 
 import dataclasses
-import importlib.util
 import itertools
 import json
 import pathlib
 import pickle
 
+import apache_beam  # noqa: F401  (beam-requirements.txt installs it: missing fails, not skips)
 import numpy as np
 import pytest
-
-if importlib.util.find_spec("apache_beam") is None:  # imported quietly by cache_tasks
-    pytest.skip("apache-beam is not installed (beam-requirements.txt)", allow_module_level=True)
 
 from t5x_like import cache_tasks
 from t5x_like.builtin_tasks import pretraining as tasks

@@ -4,16 +4,13 @@ Hugging Face transformers, randomly initialised (no download)."""
 import ml_collections
 import numpy as np
 import pytest
+import torch
+from hf_helpers import tiny_hf_albert
+from test_convert_bert import padded_pairs, relative_error
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from hf_helpers import tiny_hf_albert  # noqa: E402
-from test_convert_bert import padded_pairs, relative_error  # noqa: E402
-
-from t5x_like import models  # noqa: E402
-from t5x_like.convert import __main__ as convert_cli  # noqa: E402
-from t5x_like.convert import load_pretrained  # noqa: E402
+from t5x_like import models
+from t5x_like.convert import __main__ as convert_cli
+from t5x_like.convert import load_pretrained
 
 
 def test_imported_albert_matches_transformers_mlm_and_sentence_order_logits(tmp_path):

@@ -6,15 +6,12 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
+import torch
+from hf_helpers import tiny_hf_bart
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from hf_helpers import tiny_hf_bart  # noqa: E402
-
-from t5x_like import decoding, models  # noqa: E402
-from t5x_like.convert import __main__ as convert_cli  # noqa: E402
-from t5x_like.convert import load_pretrained  # noqa: E402
+from t5x_like import decoding, models
+from t5x_like.convert import __main__ as convert_cli
+from t5x_like.convert import load_pretrained
 
 PAD, START = 1, 2
 

@@ -7,15 +7,13 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
+import torch
+import transformers
+from hf_helpers import export_import_export, tiny_hf_llama, tiny_hf_mistral
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from hf_helpers import export_import_export, tiny_hf_llama, tiny_hf_mistral  # noqa: E402
-
-from t5x_like import decoding, models  # noqa: E402
-from t5x_like.convert import __main__ as convert_cli  # noqa: E402
-from t5x_like.convert import hf_io, load_pretrained  # noqa: E402
+from t5x_like import decoding, models
+from t5x_like.convert import __main__ as convert_cli
+from t5x_like.convert import hf_io, load_pretrained
 
 
 def right_padded_batch(length=17):

@@ -4,13 +4,12 @@ local attention plus global tokens through their own projections."""
 import ml_collections
 import numpy as np
 import pytest
+import torch
+import transformers
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from t5x_like import models  # noqa: E402
-from t5x_like.convert import __main__ as convert_cli  # noqa: E402
-from t5x_like.convert import hf_longformer, load_pretrained  # noqa: E402
+from t5x_like import models
+from t5x_like.convert import __main__ as convert_cli
+from t5x_like.convert import hf_longformer, load_pretrained
 
 LENGTH = 24
 

@@ -7,13 +7,12 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
+import torch
+import transformers
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from t5x_like import decoding, models  # noqa: E402
-from t5x_like.convert import __main__ as convert_cli  # noqa: E402
-from t5x_like.convert import load_pretrained  # noqa: E402
+from t5x_like import decoding, models
+from t5x_like.convert import __main__ as convert_cli
+from t5x_like.convert import load_pretrained
 
 PAD, EOS = 1, 2
 LANG = 97  # a language-id token at the top of the tiny vocabulary, as mBART's are

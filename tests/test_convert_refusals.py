@@ -14,8 +14,6 @@ import pathlib
 import subprocess
 import sys
 
-import pytest
-
 from t5x_like.convert import __main__ as convert_cli
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -89,7 +87,7 @@ def test_an_existing_out_is_refused_before_the_weights_are_read(tmp_path, capsys
 
 
 def test_a_checkpoint_without_a_tensor_is_refused_naming_it(tmp_path, capsys):
-    st_numpy = pytest.importorskip("safetensors.numpy")
+    import safetensors.numpy as st_numpy
     hf = hf_folder(tmp_path, TINY_GPT2)
     st_numpy.save_file({}, str(hf / "model.safetensors"), metadata={"format": "pt"})
     line = refusal(capsys, "import", f"--hf_dir={hf}", f"--out={tmp_path / 'ours'}")

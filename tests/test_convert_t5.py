@@ -5,15 +5,13 @@ import json
 import ml_collections
 import numpy as np
 import pytest
+import torch
+import transformers
+from hf_helpers import VARIANTS, export_import_export, padded_batch, tiny_hf_t5
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from hf_helpers import VARIANTS, export_import_export, padded_batch, tiny_hf_t5  # noqa: E402
-
-from t5x_like import models  # noqa: E402
-from t5x_like.convert import __main__ as convert_cli  # noqa: E402
-from t5x_like.convert import hf_io, load_pretrained  # noqa: E402
+from t5x_like import models
+from t5x_like.convert import __main__ as convert_cli
+from t5x_like.convert import hf_io, load_pretrained
 
 
 def hf_logits(hf_model, encoder, decoder_inputs, targets):

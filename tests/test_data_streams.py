@@ -69,7 +69,8 @@ def logged_task():
 
 def logged_streams(name):
     return functools.partial(pipeline.build_dataset, name, "train", {"targets": 4}, seed=0,
-                             shuffle=True, structure="decoder")
+                             shuffle=True,
+                             feature_converter=td.DecoderFeatureConverter())
 
 
 @pytest.mark.parametrize("process_count", [2, 4])

@@ -116,9 +116,20 @@ def test_the_flop_count_is_both_towers():
                                         "mlp_activations": ("gelu_exact",)})
     electra_flops = structures.ElectraStructure(None).forward_flops_per_sequence(
         config.to_dict(), {"inputs": 32})
-    generator_alone = dict(config.to_dict(), generator_d_model=0)
-    assert electra_flops > structures.ElectraStructure(None).forward_flops_per_sequence(
-        generator_alone, {"inputs": 32})
+    discriminator_alone = structures.ElectraStructure(None).forward_flops_per_sequence(
+        dict(config.to_dict(), generator_d_model=0), {"inputs": 32})
+
+    # Written out (2 FLOPs per multiply-add, PaLM-style) at TINY's sizes over 32 tokens.
+    def tower(d, heads, head_dim, d_ff, layers, head_flops):
+        s, inner = 32, heads * head_dim
+        matmuls = 4 * d * inner + 2 * d * d_ff      # attention projections; GELU MLP in, out
+        projection = 2 * s * 16 * d if d != 16 else 0  # the shared 16-wide embeddings to d
+        return (2 * s * layers * matmuls + 4 * layers * s * s * inner  # scores, weighted sum
+                + projection + head_flops)
+    discriminator = tower(32, 2, 16, 64, 2, 2 * 32 * 32 * 32 + 2 * 32 * 32)  # dense, 1 logit
+    generator = tower(16, 1, 16, 32, 2, 2 * 32 * 16 * 16 + 2 * 32 * 16 * 8192)  # MLM, tied
+    assert discriminator_alone == discriminator
+    assert electra_flops == discriminator + generator
 
 
 def electra_config(**overrides):

@@ -45,6 +45,23 @@ def test_mc4_is_a_temperature_mixture_of_byte_tasks(mock_tfds):
         assert example["inputs"].max() < td.ByteVocabulary().vocab_size
 
 
+def test_mc4_samples_languages_by_the_temperature_formula(monkeypatch):
+    """Languages of unequal sizes (the mock gives every language the same count, where any
+    alpha gives equal rates): q_i = p_i^0.3 / sum_j p_j^0.3 (mT5 and XLM-R, alpha 0.3),
+    written out here rather than taken from the registry's code."""
+    mixture = td.MixtureRegistry.get("mc4_span_corruption")
+    names = [name for name, _ in mixture.components]
+    sizes = {name: 1000 * (i + 1) ** 3 for i, name in enumerate(names)}  # 1000 .. 9.26M
+    monkeypatch.setattr(td.Task, "num_input_examples", lambda task, split: sizes[task.name])
+    total = sum(sizes.values())
+    powered = {name: (size / total) ** 0.3 for name, size in sizes.items()}
+    expected = {name: value / sum(powered.values()) for name, value in powered.items()}
+    got = mixture.leaf_rates("validation")  # a split no other test has sized
+    assert got == pytest.approx(expected, rel=1e-9)
+    proportional = sizes[names[-1]] / total
+    assert got[names[-1]] < 0.5 * proportional  # the largest language is damped
+
+
 def test_unprepared_tfds_dataset_says_how_to_prepare_it(tmp_path):
     source = sources.TfdsSource("c4/en:3.1.0", data_dir=str(tmp_path),
                                 builder_module="tensorflow_datasets.text.c4")

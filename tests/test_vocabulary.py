@@ -83,3 +83,19 @@ def test_model_with_other_special_ids_is_refused(tmp_path):
     path.write_bytes(model.getvalue())
     with pytest.raises(ValueError, match="needs pad_id=0 \\(T5 convention\\)"):
         vocabularies.SentencePieceVocabulary(str(path))
+
+
+def test_ids_are_sentencepieces_own_below_the_sentinels():
+    """The ids of ordinary text are what SentencePiece itself gives for the model file
+    (read here with sentencepiece directly, not through t5x_like), and the 100 sentinels
+    take the top ids, <extra_id_0> first (seqio's convention)."""
+    import sentencepiece as spm
+
+    processor = spm.SentencePieceProcessor(model_file=embedded.vocab_model_path())
+    vocab = tasks.embedded_vocabulary()
+    for text in ("It is a truth universally acknowledged.", "In the beginning God created",
+                 "Ay, marry, is't: but to my mind", "1811 ☃ naïve"):
+        assert vocab.encode(text) == processor.encode(text)
+        assert vocab.decode(processor.encode(text)) == processor.decode(processor.encode(text))
+    assert processor.get_piece_size() == vocab.base_vocab_size == 8092
+    assert [vocab.sentinel_id(n) for n in (0, 1, 99)] == [8191, 8190, 8092]

@@ -18,7 +18,7 @@ sharing the model's positions; encoder-decoders read 256 input and 64 target tok
 import json
 import pathlib
 
-from t5x_like import config_lib, models
+from t5x_like import config_lib, structures
 
 
 def get_config(folder: str):
@@ -30,7 +30,7 @@ def get_config(folder: str):
     config.init_from = str(folder)
     config.vocabulary = "checkpoint"
     config.task = "embedded_bench"
-    if models.structure(model["family"]) == "decoder":
+    if structures.structure_class(model["family"]).generates_after_prompt:  # decoders
         width = min(model.get("max_length") or 512, 512)
         config.task_feature_lengths = {"inputs": width * 3 // 4, "targets": width // 4}
         config.prefix_attention = "causal"

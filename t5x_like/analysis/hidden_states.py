@@ -50,6 +50,7 @@ class EmbeddingModel:
 
         self.config = _unrolled(self.config)
         self._structure = structures.structure_class(self.config.model.family)
+        self.structure = self._structure.name  # e.g. "encoder", "encoder_decoder"
         self.model = structures.for_config(self.config).model
         self.params = stacking.unstack_layer_params(self.params)
         self._method, self.stack = self._structure.hidden_stack(self.config)

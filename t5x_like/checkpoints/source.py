@@ -204,10 +204,12 @@ def join(saved_params, base_params, trainer):
     saved trainable leaves over them; placed on the trainer's mesh."""
     import jax
     from flax import traverse_util
+
+    from t5x_like.models.peft import plain_dicts  # imports Flax: only when joining
     if "backbone" in trainer.abstract_state.params and "backbone" not in base_params:
         base_params = {"backbone": base_params}
-    flat = traverse_util.flatten_dict(peft_state.plain_dicts(base_params))
-    flat.update(traverse_util.flatten_dict(peft_state.plain_dicts(jax.device_get(saved_params))))
+    flat = traverse_util.flatten_dict(plain_dicts(base_params))
+    flat.update(traverse_util.flatten_dict(plain_dicts(jax.device_get(saved_params))))
     return trainer.place_params(traverse_util.unflatten_dict(flat))
 
 

@@ -79,7 +79,7 @@ def check_fits(vocabulary, rows: int, what: str, fix: str, error: type = UserErr
     (``--vocabulary``) and ``convert import`` (a tokenizer beside the weights)."""
     size = vocabulary.vocab_size
     if size > rows:
-        raise error(f"{what} uses {size} token ids ({describe(vocabulary)}) but the model's "
+        raise error(f"{what} has {size} tokens ({describe(vocabulary)}) but the model's "
                     f"embedding table has {rows} rows; {fix}")
 
 
