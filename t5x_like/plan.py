@@ -93,13 +93,13 @@ def per_device_bytes(abstract_tree) -> list[tuple[str, int]]:
 def plan(config, topology: str, num_slices: int = 1) -> dict:
     """Compiles ``config``'s train step for ``topology`` (``num_slices`` of them joined
     over DCN); returns the report as a dict."""
-    from t5x_like import flops, hardware, hlo_traffic
+    from t5x_like import flops, hardware, hlo_traffic, structures
     from t5x_like import trainer as trainer_lib
 
     devices = topology_devices(topology, num_slices)
     mesh_shape, trainer = trainer_lib.build_on_devices(config, devices, process_count=1)
-    batch = trainer_lib.abstract_batch(config.model.family, config.task_feature_lengths,
-                                       config.batch_size, trainer.batch_sharding)
+    batch = structures.for_config(config).abstract_batch(
+        config.task_feature_lengths, config.batch_size, trainer.batch_sharding)
     lowered = trainer.lower_train_step(trainer.abstract_state, batch)
     state_rows = per_device_bytes(trainer.abstract_state)
     compiler_oom = None

@@ -33,29 +33,6 @@ class TrainState:
 LossFn = Callable[..., tuple[jax.Array, dict]]
 
 
-def _structure(family: str):
-    return structures.structure_class(family)(None)
-
-
-def make_loss_fn(family: str, loss_config) -> LossFn:
-    """``(model, params, batch, rng, normalizer=None, num_sequences=None) -> (objective,
-    metrics)`` for ``family`` (its structure's objective; see ``models.structures``).
-
-    Dropout is on exactly when an rng is given (training); evaluation passes none.
-    """
-    return _structure(family).loss_fn(loss_config)
-
-
-def model_feature_lengths(family: str, task_feature_lengths) -> dict[str, int]:
-    """Model input lengths from the task's ``inputs``/``targets`` lengths."""
-    return _structure(family).model_feature_lengths(task_feature_lengths)
-
-
-def abstract_batch(family: str, task_feature_lengths, batch_size: int, sharding=None) -> dict:
-    """Shapes and dtypes of one global training batch, for ahead-of-time compilation."""
-    return _structure(family).abstract_batch(task_feature_lengths, batch_size, sharding)
-
-
 def loss_weights(batch) -> jax.Array:
     """The batch's loss-weight feature (``decoder_loss_weights`` or ``encoder_loss_weights``)."""
     keys = [k for k in batch if k.endswith("_loss_weights")]

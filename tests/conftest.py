@@ -45,6 +45,18 @@ def tiny():
     return tiny_config
 
 
+def structure_loss(family, model, z_loss: float = 1e-4, label_smoothing: float = 0.0):
+    """``family``'s training loss on ``model``, as train and eval compute it: its structure
+    calls the model, its pure objective scores the outputs. ``(params, batch, rng=None,
+    **normalizers) -> (objective, metrics)``."""
+    import ml_collections
+
+    from t5x_like import structures
+    loss_fn = structures.structure_class(family)(model).loss_fn(
+        ml_collections.ConfigDict({"z_loss": z_loss, "label_smoothing": label_smoothing}))
+    return lambda params, batch, rng=None, **kw: loss_fn(model, params, batch, rng, **kw)
+
+
 # A skipped test passes quietly: in CI (CI=true) it fails the run instead, unless it is
 # listed here with the reason it cannot run on CI's machine. Every package the tests need
 # is installed by the README's test command, so nothing is listed today.

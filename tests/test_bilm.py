@@ -5,11 +5,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import structure_loss
 
 from t5x_like import config_lib, errors, summary
 from t5x_like import trainer as trainer_lib
 from t5x_like.models import bilm
-from t5x_like.objectives import bilm_loss
 
 TINY = bilm.BilmConfig(vocab_size=64, char_vocabulary="", max_chars=8, char_embed_dim=4,
                        filter_widths=(1, 2, 3), filter_counts=(4, 4, 8), num_highway=1,
@@ -76,7 +76,7 @@ def test_loss_falls(tiny):
     @jax.jit
     def step(params, state):
         (loss, metrics), grads = jax.value_and_grad(
-            lambda p: bilm_loss(model, p, batch), has_aux=True)(params)
+            lambda p: structure_loss("bilm", model, z_loss=0.0)(p, batch), has_aux=True)(params)
         updates, state = opt.update(grads, state)
         return optax.apply_updates(params, updates), state, loss, metrics
 

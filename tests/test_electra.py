@@ -100,7 +100,10 @@ def test_a_token_is_labelled_replaced_exactly_where_the_sample_differs_from_the_
     batch = {"encoder_input_tokens": jnp.asarray([[2, 4, 4, 4, 3, 0]]),
              "encoder_target_tokens": jnp.asarray(original),
              "encoder_loss_weights": jnp.asarray(weights)}
-    _, metrics = objectives.electra_loss(_Fixed(corrupted, logits), {}, batch)
+    fixed = _Fixed(corrupted, logits)
+    _, metrics = objectives.electra_objective(
+        fixed.out, batch, pad_id=fixed.config.pad_id,
+        discriminator_loss_weight=fixed.config.discriminator_loss_weight)
     labels = np.array([0, 1, 0, 1, 0], np.float32)   # real tokens only
     x = logits[0, :5]
     expected_bce = np.mean(np.log1p(np.exp(x)) - labels * x)

@@ -5,8 +5,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from t5x_like import config_lib, flops, hardware, models
-from t5x_like import trainer as trainer_lib
+from t5x_like import config_lib, flops, hardware, models, structures
 
 CASES = [
     ("decoder", dict(num_layers=2, max_length=128), {"targets": 128}),
@@ -21,13 +20,14 @@ def test_formula_is_within_5_percent_of_the_compiled_gradient(family, extra, len
     cfg = config_lib.model_defaults(family)
     cfg.update(dict(vocab_size=512, d_model=256, num_heads=4, head_dim=64, d_ff=1024, **extra))
     model = models.build_model(cfg)
-    feature_lengths = trainer_lib.model_feature_lengths(family, lengths)
+    structure = structures.structure_class(family)(model)
+    feature_lengths = structure.model_feature_lengths(lengths)
     params = nn.unbox(model.init(jax.random.key(0),
                                  *models.example_inputs(model, feature_lengths))["params"])
     batch = {k: jnp.ones((2, n), jnp.int32) for k, n in feature_lengths.items()}
     weights = "encoder_loss_weights" if family == "encoder" else "decoder_loss_weights"
     batch[weights] = jnp.ones(batch[next(k for k in batch if k.endswith("target_tokens"))].shape)
-    loss = trainer_lib.make_loss_fn(family, config_lib.default_config().loss)
+    loss = structure.loss_fn(config_lib.default_config().loss)
     grad = jax.jit(jax.grad(lambda p: loss(model, p, batch, None)[0]))
     cost = grad.lower(params).compile().cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost

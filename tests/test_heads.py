@@ -78,7 +78,8 @@ def test_span_extraction_masks_padding_and_its_loss_trains():
     batch = {"input_tokens": tokens, "start_positions": jnp.array([1, 2, 0]),
              "end_positions": jnp.array([3, 4, 2])}
     loss, grads = jax.value_and_grad(
-        lambda p: objectives.span_extraction_loss(model, p, batch)[0])(params)
+        lambda p: objectives.span_extraction_loss(model.apply({"params": p}, tokens), batch)[0])(
+        params)
     assert abs(float(loss) - np.log([10, 6, 3]).mean()) < 0.5  # near uniform at init
     assert float(jnp.abs(grads["head"]["kernel"]).sum()) > 0
 
@@ -87,27 +88,29 @@ def test_classification_regression_and_tagging_losses():
     tokens = padded_tokens()
     cls = heads.WithHead(bert(), heads.HeadConfig(num_labels=3, dropout_rate=0.0))
     params = init(cls, tokens)
-    loss, metrics = objectives.classification_loss(cls, params, {"input_tokens": tokens,
-                                                                 "labels": jnp.array([0, 1, 2])})
     logits = cls.apply({"params": params}, tokens)
+    loss, metrics = objectives.classification_loss(logits, {"input_tokens": tokens,
+                                                            "labels": jnp.array([0, 1, 2])})
     expected = -jax.nn.log_softmax(logits)[jnp.arange(3), jnp.array([0, 1, 2])].mean()
     np.testing.assert_allclose(loss, expected, rtol=1e-6)
 
     reg = heads.WithHead(bert(), heads.HeadConfig(num_labels=1, dropout_rate=0.0))
     reg_params = init(reg, tokens)
     labels = jnp.array([0.5, 2.0, -1.0])
-    loss, _ = objectives.regression_loss(reg, reg_params, {"input_tokens": tokens, "labels": labels})
-    predictions = reg.apply({"params": reg_params}, tokens)[:, 0]
+    outputs = reg.apply({"params": reg_params}, tokens)
+    loss, _ = objectives.regression_loss(outputs, {"input_tokens": tokens, "labels": labels})
+    predictions = outputs[:, 0]
     np.testing.assert_allclose(loss, jnp.mean((predictions - labels) ** 2), rtol=1e-6)
 
     tagger = heads.WithHead(bert(), heads.HeadConfig(kind="token_classification", num_labels=5))
     tag_params = init(tagger, tokens)
     weights = (tokens > 0).astype(jnp.float32)
     batch = {"input_tokens": tokens, "labels": jnp.zeros_like(tokens), "label_weights": weights}
-    loss, _ = objectives.token_classification_loss(tagger, tag_params, batch)
+    tags = tagger.apply({"params": tag_params}, tokens)
+    loss, _ = objectives.token_classification_loss(tags, batch)
     changed = dict(batch, labels=jnp.where(weights > 0, 0, 4))  # only weightless labels change
-    np.testing.assert_allclose(loss, objectives.token_classification_loss(
-        tagger, tag_params, changed)[0], rtol=1e-6)
+    np.testing.assert_allclose(loss, objectives.token_classification_loss(tags, changed)[0],
+                               rtol=1e-6)
 
 
 def test_bad_head_settings_are_named():

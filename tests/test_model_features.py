@@ -130,7 +130,7 @@ def test_span_boundaries_are_the_tokens_around_each_span():
 
 
 def test_span_boundary_head_adds_its_loss_to_masked_lm():
-    from t5x_like import objectives
+    from conftest import structure_loss
 
     model = tiny_encoder(span_boundary_head=True, next_sentence_head=False)
     x = tokens((2, 12))
@@ -139,7 +139,7 @@ def test_span_boundary_head_adds_its_loss_to_masked_lm():
     weights = np.zeros((2, 12), np.float32)
     weights[:, 3:6] = 1
     batch = {"encoder_input_tokens": x, "encoder_target_tokens": x, "encoder_loss_weights": weights}
-    loss, metrics = objectives.masked_lm_loss(model, params, batch)
+    loss, metrics = structure_loss("encoder", model)(params, batch)
     np.testing.assert_allclose(loss, metrics["mlm_loss"] + metrics["sbo_loss"], rtol=1e-6)
     assert abs(float(metrics["sbo_loss"]) - np.log(64)) < 1.5
 

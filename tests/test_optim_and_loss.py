@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import structure_loss, tiny_config
 
 from t5x_like import config_lib, errors, objectives, optim, partitioning
 from t5x_like import trainer as trainer_lib
@@ -110,8 +110,9 @@ def test_constant_normalizer_divides_the_summed_loss():
     batch = {k: jnp.asarray(v) for k, v in _random_batch(4).items()}
     inputs = trainer_lib.models.example_inputs(model, {})
     params = nn.unbox(model.init(jax.random.key(0), *inputs)["params"])
-    per_token, metrics = objectives.seq2seq_loss(model, params, batch, z_loss=0.0)
-    constant, _ = objectives.seq2seq_loss(model, params, batch, z_loss=0.0, normalizer=1000.0)
+    loss = structure_loss("encoder_decoder", model, z_loss=0.0)
+    per_token, metrics = loss(params, batch)
+    constant, _ = loss(params, batch, normalizer=1000.0)
     np.testing.assert_allclose(constant * 1000.0, per_token * metrics["num_target_tokens"],
                                rtol=1e-5)
 

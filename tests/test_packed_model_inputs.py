@@ -7,22 +7,23 @@ import flax.linen as nn
 import jax
 import numpy as np
 import pytest
+from conftest import structure_loss
 
 import t5x_like.data as td
-from t5x_like import config_lib, models, objectives
+from t5x_like import config_lib, models
 
 TINY = dict(vocab_size=8192, d_model=16, num_heads=2, head_dim=8, d_ff=32)
 CASES = {
-    # family: (task, converter, lengths, loss)
+    # family: (task, converter, lengths, the structure whose loss it trains with)
     "encoder_decoder": ("embedded_en_span_corruption", td.EncDecFeatureConverter,
-                        {"inputs": 64, "targets": 16}, objectives.seq2seq_loss),
+                        {"inputs": 64, "targets": 16}, "encoder_decoder"),
     "bart": ("embedded_en_bart", td.EncDecFeatureConverter, {"inputs": 32, "targets": 32},
-             objectives.seq2seq_loss),
+             "encoder_decoder"),
     "decoder": ("embedded_en_prefix_lm",
                 functools.partial(td.DecoderFeatureConverter, prefix_lm=True),
-                {"inputs": 32, "targets": 32}, objectives.causal_lm_loss),
+                {"inputs": 32, "targets": 32}, "decoder"),
     "encoder": ("embedded_en_span_mlm", td.EncoderFeatureConverter, {"inputs": 64},
-                objectives.masked_lm_loss),
+                "encoder"),
 }
 
 
@@ -53,14 +54,15 @@ def packed_row(task, converter, lengths):
 @pytest.mark.parametrize("family", [pytest.param(f, marks=pytest.mark.slow) if f == "bart" else f
                                     for f in sorted(CASES)])  # BART: ~30 s, in -m slow
 def test_packed_rows_give_each_example_its_unpacked_loss(family):
-    task, converter, lengths, loss_fn = CASES[family]
+    task, converter, lengths, structure = CASES[family]
     model = tiny_model(family)
     packed = packed_row(task, converter, lengths)
     assert packed.get("decoder_segment_ids", packed.get("encoder_segment_ids")).max() >= 2
     batch = {k: v[None] for k, v in packed.items()}
     inputs = models.example_inputs(model, {}, batch_size=1)
     params = nn.unbox(model.init(jax.random.key(0), *inputs)["params"])
-    _, packed_metrics = loss_fn(model, params, batch)
+    loss_fn = structure_loss(structure, model)
+    _, packed_metrics = loss_fn(params, batch)
 
     # Unpack: cut each segment out into a row of its own, then average the token losses.
     segments_key = "decoder_segment_ids" if "decoder_segment_ids" in packed else "encoder_segment_ids"
@@ -74,7 +76,7 @@ def test_packed_rows_give_each_example_its_unpacked_loss(family):
             keep = packed.get(side, packed[segments_key]) == segment
             row[key] = np.where(keep, value, 0)[keep][None] if keep.any() else None
         row = {k: v for k, v in row.items() if v is not None}
-        _, metrics = loss_fn(model, params, row)
+        _, metrics = loss_fn(params, row)
         weight = float(metrics["num_target_tokens"])
         total += float(metrics.get("mlm_loss", metrics["loss"])) * weight
         tokens += weight

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 
-from t5x_like import errors, flops, models, optim, partitioning
+from t5x_like import errors, flops, models, optim, partitioning, structures
 from t5x_like import trainer as trainer_lib
 
 
@@ -129,14 +129,14 @@ def test_forward_on_a_2x4_mesh_equals_one_device(family):
 
 
 def test_train_step_compiles_ahead_of_time_with_a_flop_count():
-    from t5x_like import objectives
 
     config = tiny_config()
     model = models.build_model(config.model)
     optimizer, schedule = optim.make_optimizer(config.optimizer, config.num_train_steps)
     mesh = partitioning.make_mesh({"data": 2, "fsdp": 4, "tensor": 1})
     lengths = {"encoder_input_tokens": 32, "decoder_input_tokens": 8, "decoder_target_tokens": 8}
-    trainer = trainer_lib.Trainer(model, objectives.seq2seq_loss, optimizer, schedule, mesh,
+    trainer = trainer_lib.Trainer(model, structures.EncoderDecoderStructure(model).loss_fn(
+                                      config.loss), optimizer, schedule, mesh,
                                   partitioning.axis_rules("fsdp"), lengths)
     batch = {name: jax.ShapeDtypeStruct((16, n), np.int32, sharding=trainer.batch_sharding)
              for name, n in lengths.items()}

@@ -37,8 +37,8 @@ def tiny_decoder(bitfit: bool = False, optimizer: str = "adamw", **peft):
 
 
 def random_batch(trainer, config, seed=0):
-    structure_batch = trainer_lib.abstract_batch(config.model.family,
-                                                 config.task_feature_lengths, config.batch_size)
+    structure_batch = structures.for_config(config).abstract_batch(config.task_feature_lengths,
+                                                                   config.batch_size)
     rng = np.random.default_rng(seed)
     batch = {}
     for name, spec in structure_batch.items():

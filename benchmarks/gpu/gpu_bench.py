@@ -137,14 +137,13 @@ def ours_train(ms, row: str, batch: dict, steps: int, dtype: str) -> dict:
     import jax
     import optax
 
-    from t5x_like import config_lib, models, objectives, partitioning
+    from t5x_like import config_lib, models, partitioning, structures
     from t5x_like import trainer as trainer_lib
     config = config_lib.load_config_file(os.path.join(ms.REPO, "configs", f"{ms.ROWS[row][0]}.py"))
     config.model.dtype = dtype
     model = models.build_model(config.model)
-    loss_fn = {"bert": lambda m, p, b, r: objectives.masked_lm_loss(m, p, b, r),
-               "t5": lambda m, p, b, r: objectives.seq2seq_loss(m, p, b, r, z_loss=0.0),
-               "gpt2": lambda m, p, b, r: objectives.causal_lm_loss(m, p, b, r, z_loss=0.0)}[row]
+    config.loss.z_loss = 0.0  # as the PyTorch side computes it
+    loss_fn = structures.structure_class(config.model.family)(model).loss_fn(config.loss)
     schedule = optax.constant_schedule(1e-4)
     mesh = partitioning.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1])
     lengths = {k: v.shape[1] for k, v in batch.items() if v.ndim == 2}

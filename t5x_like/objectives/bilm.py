@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from t5x_like.objectives.token import dropout_rngs, token_objective
+from t5x_like.objectives.token import token_objective
 
 
 def lm_targets(tokens, pad_id: int = 0):
@@ -20,14 +20,11 @@ def lm_targets(tokens, pad_id: int = 0):
     return fwd_t, fwd_w, bwd_t, bwd_w
 
 
-def bilm_loss(model, params, batch, rng=None, *, deterministic=True, z_loss=0.0,
-              label_smoothing=0.0, normalizer=None):
-    """The mean of the forward and backward LM cross-entropies over the real tokens of
-    ``decoder_target_tokens``."""
-    tokens = batch["decoder_target_tokens"]
-    out = model.apply({"params": params}, tokens, deterministic=deterministic,
-                      rngs=dropout_rngs(rng, deterministic))
-    fwd_t, fwd_w, bwd_t, bwd_w = lm_targets(tokens, model.config.pad_id)
+def bilm_objective(out, tokens, *, pad_id: int = 0, z_loss=0.0, label_smoothing=0.0,
+                   normalizer=None):
+    """The mean of the forward and backward LM cross-entropies (``out``'s
+    ``forward_logits`` and ``backward_logits``) over the real tokens of ``tokens``."""
+    fwd_t, fwd_w, bwd_t, bwd_w = lm_targets(tokens, pad_id)
     options = dict(z_loss=z_loss, label_smoothing=label_smoothing, normalizer=normalizer)
     f_obj, f_metrics = token_objective(out["forward_logits"], fwd_t, fwd_w, **options)
     b_obj, b_metrics = token_objective(out["backward_logits"], bwd_t, bwd_w, **options)

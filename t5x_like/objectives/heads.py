@@ -1,23 +1,16 @@
-"""Fine-tuning heads' losses (``models.heads.WithHead``). Batches carry ``input_tokens``
-(and optionally ``token_type_ids``) plus the labels each loss names."""
+"""Fine-tuning heads' losses, pure functions of the head's outputs (``models.heads.WithHead``,
+called by the head's structure) and the batch's labels."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
-from t5x_like.objectives.token import cross_entropy_with_z_loss, dropout_rngs
+from t5x_like.objectives.token import cross_entropy_with_z_loss
 
 
-def _apply_head(model, params, batch, rng, deterministic):
-    rngs = dropout_rngs(rng, deterministic)
-    return model.apply({"params": params}, batch["input_tokens"], batch.get("token_type_ids"),
-                       deterministic=deterministic, rngs=rngs)
-
-
-def classification_loss(model, params, batch, rng=None, *, deterministic: bool = True):
+def classification_loss(logits, batch):
     """Cross entropy of ``labels [batch]`` (class ids), averaged over the batch."""
-    logits = _apply_head(model, params, batch, rng, deterministic)
     labels = batch["labels"].astype(jnp.int32)
     log_probs = jax.nn.log_softmax(logits)
     loss = -jnp.take_along_axis(log_probs, labels[:, None], axis=-1).mean()
@@ -25,17 +18,16 @@ def classification_loss(model, params, batch, rng=None, *, deterministic: bool =
     return loss, {"loss": loss, "accuracy": accuracy}
 
 
-def regression_loss(model, params, batch, rng=None, *, deterministic: bool = True):
+def regression_loss(logits, batch):
     """Mean squared error of a one-label head against float ``labels [batch]`` (STS-B)."""
-    predictions = _apply_head(model, params, batch, rng, deterministic)[:, 0]
+    predictions = logits[:, 0]
     loss = jnp.mean(jnp.square(predictions - batch["labels"].astype(jnp.float32)))
     return loss, {"loss": loss}
 
 
-def token_classification_loss(model, params, batch, rng=None, *, deterministic: bool = True):
+def token_classification_loss(logits, batch):
     """Cross entropy per token of ``labels [batch, length]`` where ``label_weights`` > 0
     (padding and word-piece continuations get weight 0)."""
-    logits = _apply_head(model, params, batch, rng, deterministic)
     weights = batch["label_weights"]
     ce_sum, _, correct = cross_entropy_with_z_loss(logits, batch["labels"].astype(jnp.int32),
                                                    weights)
@@ -43,10 +35,9 @@ def token_classification_loss(model, params, batch, rng=None, *, deterministic: 
     return ce_sum / num, {"loss": ce_sum / num, "accuracy": correct / num}
 
 
-def span_extraction_loss(model, params, batch, rng=None, *, deterministic: bool = True):
+def span_extraction_loss(out, batch):
     """Mean of the start and end cross entropies over ``start_positions``/``end_positions``
     (the answer's first and last token), as in BERT's SQuAD fine-tuning."""
-    out = _apply_head(model, params, batch, rng, deterministic)
     losses, exact = [], []
     for side in ("start", "end"):
         logits = out[f"{side}_logits"]

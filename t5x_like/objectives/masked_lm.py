@@ -9,28 +9,21 @@ from collections.abc import Mapping
 import jax
 import jax.numpy as jnp
 
-from t5x_like.objectives.token import dropout_rngs, token_objective
+from t5x_like.objectives.token import token_objective
 
 
-def masked_lm_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array | None = None,
-                   *, deterministic: bool = True, label_smoothing: float = 0.0,
-                   normalizer=None, num_sequences=None):
-    """BERT's objective: masked-LM cross entropy over selected positions, plus next-sentence
-    (ALBERT: sentence-order) cross entropy when the batch has ``next_sentence_labels``,
-    plus SpanBERT's span-boundary loss when the model has that head.
+def masked_lm_objective(out: Mapping[str, jax.Array], batch: Mapping[str, jax.Array], *,
+                        label_smoothing: float = 0.0, normalizer=None, num_sequences=None):
+    """BERT's objective from the encoder's outputs ``out`` (``mlm_logits``, and
+    ``sbo_logits`` / ``nsp_logits`` when the model has those heads): masked-LM cross
+    entropy over selected positions, plus next-sentence (ALBERT: sentence-order) cross
+    entropy when the batch has ``next_sentence_labels``, plus SpanBERT's span-boundary
+    loss when the model has that head.
 
     ``num_sequences`` divides the summed next-sentence objective (``None``: this
     batch's rows); a microbatch passes the whole batch's rows, as ``normalizer``
     does for tokens, so k microbatches add up to the whole batch's objective.
     """
-    rngs = dropout_rngs(rng, deterministic)
-    out = model.apply({"params": params}, batch["encoder_input_tokens"],
-                      token_type_ids=batch.get("encoder_token_type_ids"),
-                      segment_ids=batch.get("encoder_segment_ids"),
-                      positions=batch.get("encoder_positions"),
-                      span_mask=batch["encoder_loss_weights"] > 0,
-                      global_attention_mask=batch.get("encoder_global_attention_mask"),
-                      deterministic=deterministic, rngs=rngs)
     token_loss = functools.partial(token_objective, targets=batch["encoder_target_tokens"],
                                    weights=batch["encoder_loss_weights"], z_loss=0.0,
                                    label_smoothing=label_smoothing, normalizer=normalizer)

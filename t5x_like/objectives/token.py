@@ -1,9 +1,8 @@
-"""Token-level cross entropy (with T5's z-loss and label smoothing) and the seq2seq and
-causal-LM objectives built on it."""
+"""Token-level cross entropy (with T5's z-loss and label smoothing): the objective of
+seq2seq and causal-LM training, a pure function of logits, targets and weights (the
+structure computes the logits)."""
 
 from __future__ import annotations
-
-from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -47,11 +46,6 @@ def _token_losses(logits, targets, weights, z_loss: float, label_smoothing: floa
             (smoothed * weights).sum())
 
 
-def dropout_rngs(rng, deterministic: bool):
-    """Dropout randomness for ``model.apply``: only when training with an rng."""
-    return {"dropout": rng} if (rng is not None and not deterministic) else None
-
-
 def token_objective(logits, targets, weights, *, z_loss: float, label_smoothing: float,
                      normalizer):
     """Objective and per-token metrics shared by the token-level losses.
@@ -76,40 +70,3 @@ def row_mean_objective(values, positions, num_sequences=None):
     row_means = (values * positions).sum(axis=-1) / jnp.maximum(positions.sum(axis=-1), 1.0)
     rows = row_means.shape[0] if num_sequences is None else num_sequences
     return row_means.sum() / rows, row_means.mean()
-
-
-def seq2seq_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array | None = None,
-                 *, z_loss: float = 1e-4, deterministic: bool = True, label_smoothing: float = 0.0,
-                 normalizer=None):
-    """Span-corruption / seq2seq loss, normalised by the number of real target tokens
-    (or by ``normalizer``, see :func:`token_objective`).
-
-    ``loss`` in the metrics is the cross entropy in nats per target token (what is
-    logged and compared across runs); the optimised objective adds the z-loss and
-    label smoothing.
-    """
-    rngs = dropout_rngs(rng, deterministic)
-    logits = model.apply({"params": params}, batch["encoder_input_tokens"],
-                         batch["decoder_input_tokens"], batch["decoder_target_tokens"],
-                         encoder_segment_ids=batch.get("encoder_segment_ids"),
-                         decoder_segment_ids=batch.get("decoder_segment_ids"),
-                         encoder_positions=batch.get("encoder_positions"),
-                         decoder_positions=batch.get("decoder_positions"),
-                         deterministic=deterministic, rngs=rngs)
-    return token_objective(logits, batch["decoder_target_tokens"], batch["decoder_loss_weights"],
-                            z_loss=z_loss, label_smoothing=label_smoothing, normalizer=normalizer)
-
-
-def causal_lm_loss(model, params, batch: Mapping[str, jax.Array], rng: jax.Array | None = None,
-                   *, z_loss: float = 1e-4, deterministic: bool = True,
-                   label_smoothing: float = 0.0, normalizer=None):
-    """Next-token loss for decoder-only models over ``decoder_loss_weights`` positions
-    (prefix LM: the same loss, with ``decoder_causal_attention`` marking the prefix)."""
-    rngs = dropout_rngs(rng, deterministic)
-    logits = model.apply({"params": params}, batch["decoder_input_tokens"],
-                         decoder_segment_ids=batch.get("decoder_segment_ids"),
-                         decoder_positions=batch.get("decoder_positions"),
-                         decoder_causal_attention=batch.get("decoder_causal_attention"),
-                         deterministic=deterministic, rngs=rngs)
-    return token_objective(logits, batch["decoder_target_tokens"], batch["decoder_loss_weights"],
-                            z_loss=z_loss, label_smoothing=label_smoothing, normalizer=normalizer)

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 from flax import traverse_util
 
+from t5x_like import objectives
 from t5x_like.errors import UserError
 
 # Keys of ``predict_batch`` beyond the batch: the decoding flags of ``infer`` and ``eval``.
@@ -30,15 +31,23 @@ def _final_hidden(state) -> jax.Array:
     return found[0][0]
 
 
-def _token_loss_fn(objective, loss_config):
-    """The train/eval loss of a token-level objective (``seq2seq_loss``, ``causal_lm_loss``)
-    with the config's label smoothing and z-loss; dropout runs exactly when given an rng."""
+def dropout_rngs(rng, deterministic: bool):
+    """Dropout randomness for ``model.apply``: only when training with an rng."""
+    return {"dropout": rng} if (rng is not None and not deterministic) else None
+
+
+def _token_loss_fn(structure, loss_config):
+    """The train/eval loss of a token-level structure (seq2seq, decoder): its model's
+    logits (``apply_model``) through ``objectives.token_objective`` with the config's
+    label smoothing and z-loss; dropout runs exactly when given an rng."""
     options = {"label_smoothing": float(loss_config.label_smoothing),
                "z_loss": float(loss_config.z_loss)}
 
     def loss_fn(model, params, batch, rng, normalizer=None, num_sequences=None):
-        return objective(model, params, batch, rng, deterministic=rng is None,
-                         normalizer=normalizer, **options)
+        logits = structure.apply_model(model, params, batch, rng, deterministic=rng is None)
+        return objectives.token_objective(logits, batch[structure.targets_feature],
+                                          batch[structure.weights_feature],
+                                          normalizer=normalizer, **options)
     return loss_fn
 
 
@@ -59,9 +68,6 @@ class Structure:
     weights_feature = "decoder_loss_weights"
     targets_feature = "decoder_target_tokens"
 
-    def __init__(self, model):
-        self.model = model
-
     #: whether distillation (``distill.py``) is built for this structure's families
     distillable = True
     #: whether k-shot multiple choice is scored as lm-evaluation-harness scores it
@@ -72,6 +78,9 @@ class Structure:
     generates_after_prompt = False
     #: whether a retrieval tower can be this structure's network (BERT-style encoders)
     embeds_text = False
+
+    def __init__(self, model):
+        self.model = model
 
     @classmethod
     def pretrained_lengths(cls, config) -> dict[str, int] | None:
@@ -150,7 +159,16 @@ class Structure:
         return batch
 
     # -- objectives -------------------------------------------------------------------------
+    def apply_model(self, model, params, batch, rng=None, deterministic: bool = True):
+        """The one place the family's model is called with its own signature, on a
+        training batch: the outputs its objective reads (logits, or a dict of heads).
+        ``model`` is this structure's (PEFT-wrapped in training) or a teacher's."""
+        raise NotImplementedError
+
     def loss_fn(self, loss_config):
+        """``(model, params, batch, rng, normalizer=None, num_sequences=None) ->
+        (objective, metrics)``: ``apply_model``'s outputs through the family's pure
+        objective (``objectives/``)."""
         raise NotImplementedError
 
     def logits(self, params, batch) -> jax.Array:

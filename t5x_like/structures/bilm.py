@@ -10,14 +10,14 @@ import jax.numpy as jnp
 from t5x_like import objectives
 from t5x_like.errors import ConfigError
 from t5x_like.objectives import bilm as bilm_objective
-from t5x_like.structures.base import _target_log_likelihood, _token_loss_fn
+from t5x_like.structures.base import _target_log_likelihood, dropout_rngs
 from t5x_like.structures.decoder import DecoderStructure
 
 
 class BilmStructure(DecoderStructure):
     """ELMo's biLM: causal-LM batches (``DecoderFeatureConverter``, unpacked), read as one
     token sequence (``decoder_target_tokens``); the objective is the mean of the forward
-    and backward LM cross-entropies (``objectives.bilm_loss``). Scoring sums the forward
+    and backward LM cross-entropies (``objectives.bilm_objective``). Scoring sums the forward
     LM's log-likelihood. A biLM does not generate."""
 
     name = "bilm"
@@ -61,13 +61,26 @@ class BilmStructure(DecoderStructure):
             model = model.clone(char_pieces=_embedded_pieces())
         return model
 
+    def apply_model(self, model, params, batch, rng=None, deterministic=True, **options):
+        """``forward_logits`` and ``backward_logits`` over ``decoder_target_tokens``."""
+        return model.apply({"params": params}, batch["decoder_target_tokens"],
+                           deterministic=deterministic, rngs=dropout_rngs(rng, deterministic),
+                           **options)
+
     def loss_fn(self, loss_config):
-        return _token_loss_fn(objectives.bilm_loss, loss_config)
+        options = {"label_smoothing": float(loss_config.label_smoothing),
+                   "z_loss": float(loss_config.z_loss)}
+
+        def loss_fn(model, params, batch, rng, normalizer=None, num_sequences=None):
+            out = self.apply_model(model, params, batch, rng, deterministic=rng is None)
+            return objectives.bilm_objective(out, batch["decoder_target_tokens"],
+                                             pad_id=model.config.pad_id, normalizer=normalizer,
+                                             **options)
+        return loss_fn
 
     def forward(self, model, params, batch, rng=None, deterministic=True):
         tokens = batch["decoder_target_tokens"]
-        out = model.apply({"params": params}, tokens, deterministic=deterministic,
-                          rngs=objectives.dropout_rngs(rng, deterministic), return_layers=True)
+        out = self.apply_model(model, params, batch, rng, deterministic, return_layers=True)
         fwd_t, fwd_w, _, _ = bilm_objective.lm_targets(tokens, model.config.pad_id)
         return {"logits": out["forward_logits"], "hidden": out["layers"][-1],
                 "targets": fwd_t, "weights": fwd_w,

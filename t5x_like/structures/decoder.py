@@ -5,9 +5,15 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from t5x_like import objectives
 from t5x_like.errors import ConfigError, UserError
-from t5x_like.structures.base import DECODE_DEFAULTS, Structure, _final_hidden, _layer_matmuls, _token_loss_fn
+from t5x_like.structures.base import (
+    DECODE_DEFAULTS,
+    Structure,
+    _final_hidden,
+    _layer_matmuls,
+    _token_loss_fn,
+    dropout_rngs,
+)
 
 
 class DecoderStructure(Structure):
@@ -79,17 +85,23 @@ class DecoderStructure(Structure):
         length = lengths.get("inputs", 0) + lengths["targets"]
         return {"decoder_input_tokens": length, "decoder_target_tokens": length}
 
+    def apply_model(self, model, params, batch, rng=None, deterministic=True, **options):
+        """Next-token logits ``[batch, length, vocab]`` (prefix LM: the same, with
+        ``decoder_causal_attention`` marking the prefix; ``options`` go to
+        ``model.apply``, e.g. ``mutable``)."""
+        return model.apply({"params": params}, batch["decoder_input_tokens"],
+                           decoder_segment_ids=batch.get("decoder_segment_ids"),
+                           decoder_positions=batch.get("decoder_positions"),
+                           decoder_causal_attention=batch.get("decoder_causal_attention"),
+                           deterministic=deterministic, rngs=dropout_rngs(rng, deterministic),
+                           **options)
+
     def loss_fn(self, loss_config):
-        return _token_loss_fn(objectives.causal_lm_loss, loss_config)
+        return _token_loss_fn(self, loss_config)
 
     def forward(self, model, params, batch, rng=None, deterministic=True):
-        logits, state = model.apply(
-            {"params": params}, batch["decoder_input_tokens"],
-            decoder_segment_ids=batch.get("decoder_segment_ids"),
-            decoder_positions=batch.get("decoder_positions"),
-            decoder_causal_attention=batch.get("decoder_causal_attention"),
-            deterministic=deterministic, rngs=objectives.dropout_rngs(rng, deterministic),
-            mutable=["intermediates"])
+        logits, state = self.apply_model(model, params, batch, rng, deterministic,
+                                         mutable=["intermediates"])
         weights = batch["decoder_loss_weights"]
         return {"logits": logits, "hidden": _final_hidden(state),
                 "targets": batch["decoder_target_tokens"], "weights": weights,

@@ -9,12 +9,13 @@ import numpy as np
 
 from t5x_like import objectives
 from t5x_like.errors import ConfigError
+from t5x_like.structures.base import dropout_rngs
 from t5x_like.structures.encoder import EncoderStructure, _encoder_flops
 
 
 class ElectraStructure(EncoderStructure):
     """ELECTRA: masked-LM batches (as BERT's); the objective adds replaced-token
-    detection (``objectives.electra_loss``). Scoring uses the generator's masked-LM
+    detection (``objectives.electra_objective``). Scoring uses the generator's masked-LM
     head; fine-tuning heads read the discriminator."""
 
     distillable = False
@@ -64,13 +65,30 @@ class ElectraStructure(EncoderStructure):
                 "--config.model.generator_d_model=64 (a quarter of the discriminator's width), or "
                 "import one with convert import --generator_dir=...")
 
+    def apply_model(self, model, params, batch, rng=None, deterministic=True):
+        """Both towers: the generator's ``mlm_logits``, the ``corrupted_tokens`` sampled
+        from it, the discriminator's ``rtd_logits``. Training samples from the step's
+        rng; evaluation (no rng) from a fixed key, so it is repeatable."""
+        dropout_rng, sample_rng = (jax.random.split(rng) if rng is not None
+                                   else (None, jax.random.key(0)))
+        rngs = dict(dropout_rngs(dropout_rng, deterministic) or {}, sample=sample_rng)
+        return model.apply({"params": params}, batch["encoder_input_tokens"],
+                           token_type_ids=batch.get("encoder_token_type_ids"),
+                           segment_ids=batch.get("encoder_segment_ids"),
+                           positions=batch.get("encoder_positions"),
+                           masked_positions=batch["encoder_loss_weights"] > 0,
+                           deterministic=deterministic, rngs=rngs)
+
     def loss_fn(self, loss_config):
         label_smoothing = float(loss_config.label_smoothing)
 
         def loss_fn(model, params, batch, rng, normalizer=None, num_sequences=None):
-            return objectives.electra_loss(model, params, batch, rng, deterministic=rng is None,
-                                           label_smoothing=label_smoothing,
-                                           normalizer=normalizer, num_sequences=num_sequences)
+            out = self.apply_model(model, params, batch, rng, deterministic=rng is None)
+            return objectives.electra_objective(
+                out, batch, pad_id=model.config.pad_id,
+                discriminator_loss_weight=float(model.config.discriminator_loss_weight),
+                label_smoothing=label_smoothing, normalizer=normalizer,
+                num_sequences=num_sequences)
         return loss_fn
 
     def logits(self, params, batch):

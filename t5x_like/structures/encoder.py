@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from t5x_like import objectives
-from t5x_like.structures.base import Structure, _layer_matmuls
+from t5x_like.structures.base import Structure, _layer_matmuls, dropout_rngs
 
 
 class EncoderStructure(Structure):
@@ -39,25 +39,30 @@ class EncoderStructure(Structure):
         length = dict(task_feature_lengths)["inputs"]
         return {"encoder_input_tokens": length, "encoder_target_tokens": length}
 
-    def loss_fn(self, loss_config):
-        label_smoothing = float(loss_config.label_smoothing)  # BERT's objective has no z-loss
-
-        def loss_fn(model, params, batch, rng, normalizer=None, num_sequences=None):
-            return objectives.masked_lm_loss(model, params, batch, rng, deterministic=rng is None,
-                                             label_smoothing=label_smoothing,
-                                             normalizer=normalizer, num_sequences=num_sequences)
-        return loss_fn
-
-    def forward(self, model, params, batch, rng=None, deterministic=True):
-        out = model.apply(
+    def apply_model(self, model, params, batch, rng=None, deterministic=True):
+        """The encoder's outputs: ``mlm_logits``, ``hidden``, and ``sbo_logits`` /
+        ``nsp_logits`` when the model has those heads."""
+        return model.apply(
             {"params": params}, batch["encoder_input_tokens"],
             token_type_ids=batch.get("encoder_token_type_ids"),
             segment_ids=batch.get("encoder_segment_ids"),
             positions=batch.get("encoder_positions"),
             span_mask=batch["encoder_loss_weights"] > 0,
             global_attention_mask=batch.get("encoder_global_attention_mask"),
-            deterministic=deterministic,
-            rngs=objectives.dropout_rngs(rng, deterministic))
+            deterministic=deterministic, rngs=dropout_rngs(rng, deterministic))
+
+    def loss_fn(self, loss_config):
+        label_smoothing = float(loss_config.label_smoothing)  # BERT's objective has no z-loss
+
+        def loss_fn(model, params, batch, rng, normalizer=None, num_sequences=None):
+            out = self.apply_model(model, params, batch, rng, deterministic=rng is None)
+            return objectives.masked_lm_objective(out, batch, label_smoothing=label_smoothing,
+                                                  normalizer=normalizer,
+                                                  num_sequences=num_sequences)
+        return loss_fn
+
+    def forward(self, model, params, batch, rng=None, deterministic=True):
+        out = self.apply_model(model, params, batch, rng, deterministic)
         real = batch["encoder_input_tokens"] != model.config.pad_id
         return {"logits": out["mlm_logits"], "hidden": out["hidden"],
                 "targets": batch["encoder_target_tokens"],

@@ -20,7 +20,7 @@ import numpy as np
 from t5x_like import objectives
 from t5x_like.errors import ConfigError
 from t5x_like.models import heads
-from t5x_like.structures.base import Structure
+from t5x_like.structures.base import Structure, dropout_rngs
 
 LOSSES = {"classification": objectives.classification_loss,
           "regression": objectives.regression_loss,
@@ -74,7 +74,8 @@ class HeadStructure(Structure):
         def loss_fn(model, params, batch, rng, normalizer=None, num_sequences=None):
             # The head losses are means over the batch (or its tagged tokens); gradient
             # accumulation is refused for heads in config validation.
-            loss, metrics = head_loss(model, params, batch, rng, deterministic=rng is None)
+            loss, metrics = head_loss(self.apply_model(model, params, batch, rng,
+                                                       deterministic=rng is None), batch)
             if "label_weights" in batch:
                 count = batch["label_weights"].sum()
             else:
@@ -84,9 +85,13 @@ class HeadStructure(Structure):
             return loss, metrics
         return loss_fn
 
+    def apply_model(self, model, params, batch, rng=None, deterministic=True):
+        """The head's outputs: logits per label, per token, or span start and end."""
+        return model.apply({"params": params}, batch["input_tokens"], batch.get("token_type_ids"),
+                           deterministic=deterministic, rngs=dropout_rngs(rng, deterministic))
+
     def logits(self, params, batch):
-        return self.model.apply({"params": params}, batch["input_tokens"],
-                                batch.get("token_type_ids"))
+        return self.apply_model(self.model, params, batch)
 
     def score_batch(self, params, batch):
         raise ValueError("A head model predicts labels; it has no target log-likelihood to "

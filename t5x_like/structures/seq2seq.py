@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from t5x_like import objectives
 from t5x_like.errors import ConfigError
-from t5x_like.structures.base import DECODE_DEFAULTS, Structure, _final_hidden, _layer_matmuls, _token_loss_fn
+from t5x_like.structures.base import (
+    DECODE_DEFAULTS,
+    Structure,
+    _final_hidden,
+    _layer_matmuls,
+    _token_loss_fn,
+    dropout_rngs,
+)
 
 
 class EncoderDecoderStructure(Structure):
@@ -36,17 +42,24 @@ class EncoderDecoderStructure(Structure):
                 "decoder_input_tokens": lengths["targets"],
                 "decoder_target_tokens": lengths["targets"]}
 
+    def apply_model(self, model, params, batch, rng=None, deterministic=True, **options):
+        """Teacher-forced logits ``[batch, targets, vocab]`` (``options`` go to
+        ``model.apply``, e.g. ``mutable``)."""
+        return model.apply({"params": params}, batch["encoder_input_tokens"],
+                           batch["decoder_input_tokens"], batch["decoder_target_tokens"],
+                           encoder_segment_ids=batch.get("encoder_segment_ids"),
+                           decoder_segment_ids=batch.get("decoder_segment_ids"),
+                           encoder_positions=batch.get("encoder_positions"),
+                           decoder_positions=batch.get("decoder_positions"),
+                           deterministic=deterministic, rngs=dropout_rngs(rng, deterministic),
+                           **options)
+
     def loss_fn(self, loss_config):
-        return _token_loss_fn(objectives.seq2seq_loss, loss_config)
+        return _token_loss_fn(self, loss_config)
 
     def forward(self, model, params, batch, rng=None, deterministic=True):
-        logits, state = model.apply(
-            {"params": params}, batch["encoder_input_tokens"], batch["decoder_input_tokens"],
-            batch["decoder_target_tokens"], encoder_segment_ids=batch.get("encoder_segment_ids"),
-            decoder_segment_ids=batch.get("decoder_segment_ids"),
-            encoder_positions=batch.get("encoder_positions"),
-            decoder_positions=batch.get("decoder_positions"), deterministic=deterministic,
-            rngs=objectives.dropout_rngs(rng, deterministic), mutable=["intermediates"])
+        logits, state = self.apply_model(model, params, batch, rng, deterministic,
+                                         mutable=["intermediates"])
         weights = batch["decoder_loss_weights"]
         return {"logits": logits, "hidden": _final_hidden(state),
                 "targets": batch["decoder_target_tokens"], "weights": weights,
