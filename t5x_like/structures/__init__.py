@@ -4,16 +4,21 @@ T5X's ``EncoderDecoderModel`` / ``DecoderOnlyModel`` idea. A structure owns:
 
 - ``feature_converter(lengths, pack)`` and ``model_feature_lengths(lengths)``: how
   task features become the model's batch;
-- ``loss_fn(loss_config)``: the training objective ``(model, params, batch, rng,
-  normalizer=None, num_sequences=None) -> (objective, metrics)``;
+- ``apply_model(model, params, batch, rng)``: the one call of the family's model with
+  its own signature, and ``loss_fn(loss_config)``: those outputs through the family's
+  pure objective (``objectives/``), ``(model, params, batch, rng, normalizer=None,
+  num_sequences=None) -> (objective, metrics)``;
 - ``score_batch(params, batch)``: per-example summed log-likelihood of the targets
   given the inputs, over the positions the loss weights mark (``[batch]``);
 - ``predict_batch(params, batch, ...)``: generated token ids through
   ``decoding.py`` (greedy, sampling or beam search);
-- ``forward_flops_per_sequence(lengths)``: model FLOPs for MFU (``flops.py``).
+- ``forward_flops_per_sequence(lengths)``: model FLOPs for MFU (``flops.py``);
+- its part of config validation, evaluation length limits, text framing, and the
+  other questions the code once asked family names (``base.Structure``).
 
-Adding a family means its model module (``models.FAMILIES``), its structure, and one
-line in ``FAMILY_STRUCTURES``; nothing else branches on family strings.
+Adding a family means its model module (registered in ``models.FAMILIES``), its
+structure, and one line in ``FAMILY_STRUCTURES``; nothing else branches on family
+names (``tests/test_architecture.py`` counts the places that do).
 """
 
 from __future__ import annotations
