@@ -31,7 +31,9 @@ def text_infilling(tokens: np.ndarray, rng: np.random.Generator, rate: float, ma
     """Spans with Poisson(λ) lengths, covering ``rate`` of the tokens, each become one [MASK].
 
     A 0-length span inserts a [MASK] (the model must learn that nothing is missing).
-    Spans start at random positions and do not overlap.
+    Spans start at random positions and neither overlap nor touch; a span drawn over
+    0-length insertions absorbs them (its one [MASK] stands for both), so insertions
+    never crowd out the removals the rate asks for (a 2-token text loses its 1 token).
     """
     n = tokens.size
     budget = int(round(n * rate))
@@ -42,9 +44,11 @@ def text_infilling(tokens: np.ndarray, rng: np.random.Generator, rate: float, ma
         attempts += 1
         length = min(int(rng.poisson(poisson_lambda)), budget - covered)
         start = int(rng.integers(n + 1 - length)) if n >= length else 0
-        if replaced[max(start - 1, 0):start + length + 1].any() or \
-                mask_at[start:start + length + 1].any():
-            continue
+        if replaced[max(start - 1, 0):start + length + 1].any():
+            continue  # it would overlap or touch a removed span
+        if length == 0 and mask_at[start]:
+            continue  # one insertion per place
+        mask_at[start:start + length + 1] = False  # insertions it covers or ends at
         replaced[start:start + length] = True
         mask_at[start] = True
         covered += length
