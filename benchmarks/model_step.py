@@ -100,9 +100,9 @@ def t5x_like_step(row: str, batch: dict, steps: int, dtype: str) -> tuple[float,
     return min(times), flops
 
 
-def torch_step(row: str, batch: dict, steps: int, dtype: str, device: str) -> float:
-    import contextlib
-
+def torch_model_and_inputs(row: str, batch: dict, device: str):
+    """The transformers model of ``row`` (seeded, dropout off) and ``batch`` as its
+    inputs on ``device``: what the PyTorch side of every train-step table runs."""
     import torch
     import transformers
 
@@ -133,6 +133,15 @@ def torch_step(row: str, batch: dict, steps: int, dtype: str, device: str) -> fl
                                  batch["decoder_target_tokens"][:, -1:]], axis=1)
         inputs = dict(input_ids=tokens, labels=tokens)  # shifted inside the model
     inputs = {k: torch.tensor(v, dtype=torch.long, device=device) for k, v in inputs.items()}
+    return model, inputs
+
+
+def torch_step(row: str, batch: dict, steps: int, dtype: str, device: str) -> float:
+    import contextlib
+
+    import torch
+
+    model, inputs = torch_model_and_inputs(row, batch, device)
     model.to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     autocast = (torch.autocast(device, dtype=torch.bfloat16) if dtype == "bfloat16"

@@ -1,13 +1,7 @@
-"""Parameter-efficient runs on disk: checkpoints that hold only what trains, the base they
-need, and the command that folds LoRA into the base.
+"""``peft merge``: fold a parameter-efficient run's LoRA into its base.
 
-A run with ``config.peft`` (LoRA, adapters, BitFit) and ``init_from`` saves, at every
-checkpoint, only its trainable parameters (and their optimizer state) plus the base's
-identity under ``peft_base`` in the saved config: the ``init_from`` path, the step
-read from it (a run's workdir moves on) and a SHA-256 digest of the base's params.
-Resume, ``eval`` and ``infer`` read the base back from that path and refuse one whose
-digest differs. Without ``init_from`` the base is a random init found nowhere else, so
-the whole model is saved as usual.
+A PEFT run's checkpoints hold only what trains and name their base
+(``checkpoints/peft_state.py`` says how); merging joins them again:
 
     python -m t5x_like.peft merge --peft=WORKDIR_OR_STEP --out=FOLDER [--base=PATH]
 

@@ -175,39 +175,8 @@ def torch_train(ms, row: str, batch: dict, steps: int, dtype: str, device: str,
     """model_step.torch_step, keeping every step time; ``compile_``: torch.compile the
     model and use fused AdamW."""
     import torch
-    import transformers
 
-    from t5x_like import config_lib
-    torch.manual_seed(0)
-    config = config_lib.load_config_file(
-        os.path.join(ms.REPO, "configs", f"{ms.ROWS[row][0]}.py")).model
-    if row == "bert":
-        model = transformers.BertForPreTraining(transformers.BertConfig(
-            vocab_size=config.vocab_size, hidden_size=config.d_model,
-            num_attention_heads=config.num_heads, num_hidden_layers=config.num_layers,
-            intermediate_size=config.d_ff, hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0))
-        import numpy as np
-        labels = np.where(batch["encoder_loss_weights"] > 0, batch["encoder_target_tokens"], -100)
-        inputs = dict(input_ids=batch["encoder_input_tokens"], labels=labels,
-                      next_sentence_label=batch["next_sentence_labels"])
-    elif row == "t5":
-        model = transformers.T5ForConditionalGeneration(transformers.T5Config(
-            vocab_size=config.vocab_size, d_model=config.d_model, d_kv=config.head_dim,
-            d_ff=config.d_ff, num_layers=config.num_encoder_layers, num_heads=config.num_heads,
-            feed_forward_proj="gated-gelu", tie_word_embeddings=False, dropout_rate=0.0))
-        inputs = dict(input_ids=batch["encoder_input_tokens"],
-                      decoder_input_ids=batch["decoder_input_tokens"],
-                      labels=batch["decoder_target_tokens"])
-    else:
-        import numpy as np
-        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
-            vocab_size=config.vocab_size, n_embd=config.d_model, n_head=config.num_heads,
-            n_layer=config.num_layers, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
-        tokens = np.concatenate([batch["decoder_input_tokens"],
-                                 batch["decoder_target_tokens"][:, -1:]], axis=1)
-        inputs = dict(input_ids=tokens, labels=tokens)
-    inputs = {k: torch.tensor(v, dtype=torch.long, device=device) for k, v in inputs.items()}
+    model, inputs = ms.torch_model_and_inputs(row, batch, device)
     model.to(device).train()
     attn = getattr(model.config, "_attn_implementation", None)
     if compile_:
@@ -253,17 +222,24 @@ def free_torch_memory(on_gpu: bool) -> None:
         torch.cuda.empty_cache()
 
 
-def stage_train(ms, args, on_gpu: bool, peak: float, measured: float) -> None:
+def row_setup(ms, row: str, multiplier: int) -> tuple:
+    """``(config name, batch size, lengths, batch, tokens per step, model FLOPs per step)``
+    of a ``model_step.py`` row at ``multiplier`` times its batch."""
     from t5x_like import config_lib, flops
+    config_name, batch_size, lengths = ms.ROWS[row]
+    batch_size *= multiplier
+    model_config = config_lib.load_config_file(
+        os.path.join(ms.REPO, "configs", f"{config_name}.py")).model
+    batch = ms.make_batch(row, batch_size, lengths, model_config.vocab_size)
+    return (config_name, batch_size, lengths, batch, batch_size * sum(lengths.values()),
+            flops.train_flops_per_step(model_config, lengths, batch_size))
+
+
+def stage_train(ms, args, on_gpu: bool, peak: float, measured: float) -> None:
     device = "cuda" if on_gpu else "cpu"
     for row in args.train_rows.split(","):
-        config_name, batch_size, lengths = ms.ROWS[row]
-        batch_size *= args.batch_multiplier
-        model_config = config_lib.load_config_file(
-            os.path.join(ms.REPO, "configs", f"{config_name}.py")).model
-        batch = ms.make_batch(row, batch_size, lengths, model_config.vocab_size)
-        tokens = batch_size * sum(lengths.values())
-        model_flops = flops.train_flops_per_step(model_config, lengths, batch_size)
+        config_name, batch_size, lengths, batch, tokens, model_flops = row_setup(
+            ms, row, args.batch_multiplier)
         entry = {"row": row, "config": config_name, "batch": batch_size, "lengths": lengths,
                  "tokens_per_step": tokens, "model_flops_per_step": model_flops,
                  "dtype": args.dtype}
@@ -345,14 +321,8 @@ def stage_compile(ms, args, on_gpu: bool, peak: float) -> None:
         if time.perf_counter() - T0 > args.budget_s:
             log(f"compile {row}: skipped (budget)")
             continue
-        config_name, batch_size, lengths = ms.ROWS[row]
-        batch_size *= args.batch_multiplier
-        from t5x_like import config_lib, flops
-        model_config = config_lib.load_config_file(
-            os.path.join(ms.REPO, "configs", f"{config_name}.py")).model
-        batch = ms.make_batch(row, batch_size, lengths, model_config.vocab_size)
-        tokens = batch_size * sum(lengths.values())
-        model_flops = flops.train_flops_per_step(model_config, lengths, batch_size)
+        config_name, batch_size, lengths, batch, tokens, model_flops = row_setup(
+            ms, row, args.batch_multiplier)
         try:
             r = torch_train(ms, row, batch, args.steps, args.dtype, device, compile_=True)
             free_torch_memory(on_gpu)

@@ -177,8 +177,17 @@ class Structure:
     def forward(self, model, params, batch, rng=None, deterministic: bool = True) -> dict:
         """What distillation compares (``distill.py``): ``logits``, the final ``hidden``
         states, the objective's ``targets`` and ``weights``, and the ``positions``
-        ``[batch, length]`` whose distributions and states the student matches."""
-        raise NotImplementedError
+        ``[batch, length]`` whose distributions and states the student matches.
+
+        Here, for the token structures (seq2seq and decoder): ``apply_model``'s logits
+        and the ``final_hidden`` states the model sows, over the positions the loss
+        weights mark."""
+        logits, state = self.apply_model(model, params, batch, rng, deterministic,
+                                         mutable=["intermediates"])
+        weights = batch[self.weights_feature]
+        return {"logits": logits, "hidden": _final_hidden(state),
+                "targets": batch[self.targets_feature], "weights": weights,
+                "positions": (weights > 0).astype(jnp.float32)}
 
     def score_batch(self, params, batch) -> jax.Array:
         """Per-example summed log-likelihood of the targets (``[batch]``, float32)."""

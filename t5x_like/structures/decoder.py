@@ -9,7 +9,6 @@ from t5x_like.errors import ConfigError, UserError
 from t5x_like.structures.base import (
     DECODE_DEFAULTS,
     Structure,
-    _final_hidden,
     _layer_matmuls,
     _token_loss_fn,
     dropout_rngs,
@@ -98,14 +97,6 @@ class DecoderStructure(Structure):
 
     def loss_fn(self, loss_config):
         return _token_loss_fn(self, loss_config)
-
-    def forward(self, model, params, batch, rng=None, deterministic=True):
-        logits, state = self.apply_model(model, params, batch, rng, deterministic,
-                                         mutable=["intermediates"])
-        weights = batch["decoder_loss_weights"]
-        return {"logits": logits, "hidden": _final_hidden(state),
-                "targets": batch["decoder_target_tokens"], "weights": weights,
-                "positions": (weights > 0).astype(jnp.float32)}
 
     def predict_batch(self, params, batch, *, rng=None, **decode):
         """Continues each row's prompt: the tokens before its first target position

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import jax.numpy as jnp
-
 from t5x_like.errors import ConfigError
 from t5x_like.structures.base import (
     DECODE_DEFAULTS,
     Structure,
-    _final_hidden,
     _layer_matmuls,
     _token_loss_fn,
     dropout_rngs,
@@ -56,14 +53,6 @@ class EncoderDecoderStructure(Structure):
 
     def loss_fn(self, loss_config):
         return _token_loss_fn(self, loss_config)
-
-    def forward(self, model, params, batch, rng=None, deterministic=True):
-        logits, state = self.apply_model(model, params, batch, rng, deterministic,
-                                         mutable=["intermediates"])
-        weights = batch["decoder_loss_weights"]
-        return {"logits": logits, "hidden": _final_hidden(state),
-                "targets": batch["decoder_target_tokens"], "weights": weights,
-                "positions": (weights > 0).astype(jnp.float32)}
 
     def predict_batch(self, params, batch, *, rng=None, **decode):
         from t5x_like import decoding
