@@ -30,7 +30,7 @@ def default_config() -> ml_collections.ConfigDict:
     c.batch_size = 32                  # global, over all hosts and devices
     c.log_every_steps = 10
     c.checkpoint_every_steps = 200
-    c.eval_every_steps = 200
+    c.eval_every_steps = 200           # 0: no held-out evaluation while training
     c.eval_batches = 8                 # held-out batches per evaluation
     c.keep_checkpoints = 3             # the newest K checkpoints are kept...
     c.keep_checkpoints_every_steps = 0 # ...plus every M-th step for good (0: none)
@@ -209,7 +209,7 @@ ENUMS = {
     "distill.student_init": ("teacher_layers", "fresh"),
 }
 POSITIVE_INTS = ("num_train_steps", "batch_size", "log_every_steps", "checkpoint_every_steps",
-                 "eval_every_steps", "eval_batches", "keep_checkpoints", "optimizer.microbatches")
+                 "eval_batches", "keep_checkpoints", "optimizer.microbatches")
 
 
 def load_config_file(path: str) -> ml_collections.ConfigDict:
@@ -417,6 +417,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ConfigError("vocabulary='checkpoint' takes the tokenizer of the checkpoint the run "
                           "starts from, and init_from is empty; set --config.init_from=FOLDER or "
                           "give the tokenizer's path.")
+    if config.eval_every_steps < 0:
+        raise ConfigError(f"eval_every_steps={config.eval_every_steps}; use a positive interval "
+                          "or 0 (no held-out evaluation during training).")
     if config.keep_checkpoints_every_steps < 0:
         raise ConfigError(f"keep_checkpoints_every_steps={config.keep_checkpoints_every_steps}: "
                           "use 0 (keep only the newest keep_checkpoints) or a positive period.")

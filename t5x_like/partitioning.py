@@ -238,9 +238,9 @@ def gather_json(value) -> list:
             for i, n in enumerate(lengths)]
 
 
-def min_over_processes(value: int) -> int:
-    """The smallest ``value`` any process has; the same on every process."""
-    return int(np.min(_from_every_process(np.array([value], np.int32))))
+def max_over_processes(value: int) -> int:
+    """The largest ``value`` any process has; the same on every process."""
+    return int(np.max(_from_every_process(np.array([value], np.int32))))
 
 
 def any_process(flag: bool) -> bool:

@@ -207,7 +207,8 @@ class _Run:
     train_streams: Any
     eval_streams: Any
     checkpointer: Any = None
-    num_eval_batches: int = 0
+    num_eval_batches: int = 0  # 0: no held-out evaluation
+    eval_padding: dict | None = None
     train_iter: Any = None
     state: Any = None
     peft_base: dict | None = None  # a PEFT run from a base on disk saves only what trains
@@ -216,12 +217,13 @@ class _Run:
     def is_chief(self) -> bool:
         return self.process_index == 0
 
-    def host_batches(self, streams):
+    def host_batches(self, streams, padding=None):
         """This process's rows of each global batch, from its V/P of the V input streams
-        (t5x_like/data/streams.py), so batches depend on V only."""
+        (t5x_like/data/streams.py), so batches depend on V only; with ``padding``, a
+        one-pass read whose short batches are padded."""
         from t5x_like.data import pipeline
         return pipeline.HostBatchIterator(streams, self.config.batch_size, self.num_streams,
-                                          self.process_count, self.process_index)
+                                          self.process_count, self.process_index, padding)
 
 
 def _set_up(config, workdir, quiet: bool, devices) -> _Run:
@@ -230,7 +232,7 @@ def _set_up(config, workdir, quiet: bool, devices) -> _Run:
     run's fingerprint; then the checkpoints, the input streams and the state."""
     import jax
 
-    from t5x_like import metrics_writer, partitioning, run_guard, structures
+    from t5x_like import metrics_writer, run_guard, structures
     from t5x_like import trainer as trainer_lib
     from t5x_like.data import get_task_or_mixture, pipeline
 
@@ -266,14 +268,7 @@ def _set_up(config, workdir, quiet: bool, devices) -> _Run:
              eval_streams=functools.partial(pipeline.build_dataset, config.task, "validation",
                                             lengths, shuffle=False, repeat=False,
                                             **data_options))
-    # Every process must run the same number of eval steps: the fewest any process has.
-    r.num_eval_batches = partitioning.min_over_processes(pipeline.count_batches(
-        r.host_batches(r.eval_streams), limit=config.eval_batches))
-    if r.num_eval_batches == 0:
-        raise errors.ConfigError(
-            f"The validation split holds fewer than one batch of batch_size={config.batch_size} "
-            f"({config.batch_size // num_streams} rows from each of {num_streams} input streams); "
-            "lower batch_size.")
+    _plan_held_out(r)
     # The checkpoint folder is created only once the config has passed every check.
     r.checkpointer = checkpointer or _open_checkpointer(config, workdir, r.is_chief)
     if asked_vocabulary is not None and r.is_chief:
@@ -282,6 +277,29 @@ def _set_up(config, workdir, quiet: bool, devices) -> _Run:
     _initial_state(r, resumed, saved_config, teacher_params)
     _announce(r)
     return r
+
+
+def _plan_held_out(r: _Run) -> None:
+    """Held-out evaluation reads the validation split once, every example, its last
+    batch filled with padding rows (weighed 0); every process runs the same number of
+    batches, the most any process has. Off, said once, with ``eval_every_steps=0`` or
+    when a task has no validation examples."""
+    import numpy as np
+
+    from t5x_like import partitioning
+    from t5x_like.data import dataset_providers, get_task_or_mixture, pipeline
+    config = r.config
+    if config.eval_every_steps == 0:
+        r.progress.message("Held-out evaluation is off (eval_every_steps=0).")
+        return
+    missing = dataset_providers.missing_validation(get_task_or_mixture(config.task))
+    if missing:
+        r.progress.message(f"Held-out evaluation is off: {'; '.join(missing)}.")
+        return
+    first_row = next(iter(r.eval_streams(shard_index=0, num_shards=r.num_streams)))
+    r.eval_padding = {key: np.zeros_like(value) for key, value in first_row.items()}
+    r.num_eval_batches = partitioning.max_over_processes(pipeline.count_batches(
+        r.host_batches(r.eval_streams, r.eval_padding), limit=config.eval_batches))
 
 
 def _attach_teacher(config, trainer, mesh, vocabulary):
@@ -388,7 +406,7 @@ class _Hooks:
             config.divergence.median_window, config.model.vocab_size)
         self.benchmark = (_benchmark_evaluator(config, r.trainer, r.asked_vocabulary)
                           if config.eval.mixture else None)
-        self.bench_every = config.eval.every_steps or config.eval_every_steps
+        self.bench_every = config.eval.every_steps or config.eval_every_steps  # 0: at the end
         self.start_step = int(r.state.step)
         self.last_train, self.last_eval = {}, {}
         self.interval_start, self.interval_steps = time.monotonic(), 0
@@ -397,9 +415,10 @@ class _Hooks:
         """``(held-out evaluation, checkpoint, benchmark)`` due at ``step``."""
         config = self.r.config
         is_last = step == config.num_train_steps
-        return (step % config.eval_every_steps == 0 or is_last,
+        return (self.r.num_eval_batches > 0 and (step % config.eval_every_steps == 0 or is_last),
                 step % config.checkpoint_every_steps == 0 or is_last,
-                self.benchmark is not None and (step % self.bench_every == 0 or is_last))
+                self.benchmark is not None and (is_last or (
+                    self.bench_every > 0 and step % self.bench_every == 0)))
 
     def preemption_agreed(self, step: int, do_checkpoint: bool) -> bool:
         """One process alone may get SIGTERM: processes agree at log and checkpoint steps
@@ -462,10 +481,12 @@ class _Hooks:
         import jax
 
         from t5x_like import partitioning
-        eval_iter = self.r.host_batches(self.r.eval_streams)
+        eval_iter = self.r.host_batches(self.r.eval_streams, self.r.eval_padding)
         totals = None
         for _ in range(self.r.num_eval_batches):
-            batch = partitioning.global_batch(next(eval_iter), self.r.mesh)
+            local = next(eval_iter, None)  # None: this process's streams have ended
+            batch = partitioning.global_batch(
+                eval_iter.padding_batch() if local is None else local, self.r.mesh)
             out = self.r.trainer.eval_step(params, batch)
             totals = out if totals is None else jax.tree.map(lambda a, b: a + b, totals, out)
         totals = jax.device_get(totals)

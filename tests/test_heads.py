@@ -78,7 +78,8 @@ def test_span_extraction_masks_padding_and_its_loss_trains():
     batch = {"input_tokens": tokens, "start_positions": jnp.array([1, 2, 0]),
              "end_positions": jnp.array([3, 4, 2])}
     loss, grads = jax.value_and_grad(
-        lambda p: objectives.span_extraction_loss(model.apply({"params": p}, tokens), batch)[0])(
+        lambda p: objectives.span_extraction_loss(model.apply({"params": p}, tokens), batch,
+                                                  jnp.ones(3))[0])(
         params)
     assert abs(float(loss) - np.log([10, 6, 3]).mean()) < 0.5  # near uniform at init
     assert float(jnp.abs(grads["head"]["kernel"]).sum()) > 0
@@ -89,16 +90,21 @@ def test_classification_regression_and_tagging_losses():
     cls = heads.WithHead(bert(), heads.HeadConfig(num_labels=3, dropout_rate=0.0))
     params = init(cls, tokens)
     logits = cls.apply({"params": params}, tokens)
-    loss, metrics = objectives.classification_loss(logits, {"input_tokens": tokens,
-                                                            "labels": jnp.array([0, 1, 2])})
+    batch = {"input_tokens": tokens, "labels": jnp.array([0, 1, 2])}
+    loss, metrics = objectives.classification_loss(logits, batch, jnp.ones(3))
     expected = -jax.nn.log_softmax(logits)[jnp.arange(3), jnp.array([0, 1, 2])].mean()
     np.testing.assert_allclose(loss, expected, rtol=1e-6)
+    # A row weighed 0 (evaluation's padding) is left out of the mean.
+    loss, _ = objectives.classification_loss(logits, batch, jnp.array([1.0, 1.0, 0.0]))
+    np.testing.assert_allclose(
+        loss, -jax.nn.log_softmax(logits)[jnp.arange(2), jnp.array([0, 1])].mean(), rtol=1e-6)
 
     reg = heads.WithHead(bert(), heads.HeadConfig(num_labels=1, dropout_rate=0.0))
     reg_params = init(reg, tokens)
     labels = jnp.array([0.5, 2.0, -1.0])
     outputs = reg.apply({"params": reg_params}, tokens)
-    loss, _ = objectives.regression_loss(outputs, {"input_tokens": tokens, "labels": labels})
+    loss, _ = objectives.regression_loss(outputs, {"input_tokens": tokens, "labels": labels},
+                                         jnp.ones(3))
     predictions = outputs[:, 0]
     np.testing.assert_allclose(loss, jnp.mean((predictions - labels) ** 2), rtol=1e-6)
 

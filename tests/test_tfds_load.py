@@ -157,8 +157,7 @@ def test_reader_choice_errors(data_dir, monkeypatch):
 
 
 def test_bad_tfrecord_reads_are_named(data_dir, monkeypatch):
-    with pytest.raises(ValueError, match="has 30 examples, fewer than num_shards=31"):
-        source(data_dir).shard("train", 30, 31)
+    assert len(source(data_dir).shard("train", 30, 31)) == 0  # fewer examples than shards
     with pytest.raises(ValueError, match="shuffle window must be at least 1"):
         source(data_dir, shuffle_window=0).get("train")
     with pytest.raises(ValueError, match="has no split 'test'"):

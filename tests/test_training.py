@@ -153,12 +153,6 @@ def test_model_vocabulary_smaller_than_the_task_is_refused_before_compiling(tmp_
     assert not (tmp_path / "checkpoints").exists()
 
 
-def test_batch_larger_than_the_validation_split_is_refused_before_compiling(tmp_path):
-    with pytest.raises(errors.ConfigError, match="fewer than one batch of batch_size=4096"):
-        train.run(tiny_config(batch_size=4096), str(tmp_path), quiet=True)
-    assert not (tmp_path / "checkpoints").exists()
-
-
 @pytest.mark.slow
 def test_kill_9_at_random_moments_always_resumes_from_the_newest_complete_checkpoint(tmp_path):
     """SIGKILL gives no chance to save: the restart must find the newest checkpoint

@@ -672,10 +672,6 @@ class CachedSplit:
                     f"hold no {self.split!r} examples; use fewer shards (in training: a smaller "
                     "data_streams) or fewer, larger files.")
         else:
-            if total < num_shards:
-                raise ValueError(f"split {self.split!r} has {total} examples, fewer than "
-                                 f"num_shards={num_shards}; use fewer shards (in training: a "
-                                 "smaller data_streams).")
             indices = np.arange(shard_index, total, num_shards, dtype=np.int64)
         stored = [shard for shard in shards if shard["records"]]
         return CachedRecords([os.path.join(self.folder, shard["file"]) for shard in stored],

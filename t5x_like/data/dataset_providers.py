@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 from collections.abc import Callable, Mapping, Sequence
 
 import grain
@@ -91,6 +92,13 @@ class Task:
     def num_input_examples(self, split: str) -> int:
         return self.source.num_examples(split)
 
+    def missing_validation(self) -> str | None:
+        """Why this task has no held-out examples, with how to give it some; ``None`` when
+        its validation split has examples (training's held-out loss reads them)."""
+        if "validation" in self.splits and self.num_input_examples("validation") > 0:
+            return None
+        return f"task {self.name!r} has no validation examples ({self.source.validation_hint()})"
+
     def context(self, split: str, task_feature_lengths: Mapping[str, int],
                 records: Sequence[dict] | None = None) -> pp.Context:
         """``records``: the shard being read (steps that draw other documents use it)."""
@@ -122,9 +130,14 @@ class Task:
         if not 0 <= shard_index < num_shards:
             raise ValueError(f"shard_index={shard_index} is not in [0, num_shards={num_shards}).")
         cached = cache_lib.lookup(self, split, use_cached)  # None: read the source
+        read = cached.shard if cached is not None else functools.partial(self.source.shard, split)
         try:
-            records = (cached.shard(shard_index, num_shards) if cached is not None
-                       else self.source.shard(split, shard_index, num_shards))
+            records = read(shard_index, num_shards)
+            if len(records) == 0 and num_epochs is None:
+                # Fewer examples than shards: a one-pass read leaves this shard empty, but a
+                # repeating stream (training) needs examples, so it repeats one of them.
+                total = len(read(0, 1))
+                records = read(shard_index % total, total)
         except ValueError as e:
             raise ValueError(f"Task {self.name!r}: {e}") from None
         ctx = self.context(split, task_feature_lengths, records if cached is None else
@@ -263,6 +276,12 @@ class Mixture:
                 num_shards=num_shards, use_cached=use_cached)
             for i, task in enumerate(sorted(rates))]
         return grain.IterDataset.mix(datasets, [rates[t] for t in sorted(rates)])
+
+
+def missing_validation(provider: Task | Mixture) -> list[str]:
+    """Why each task of a task or mixture has no held-out examples (empty: all have)."""
+    tasks = provider.tasks if isinstance(provider, Mixture) else [provider]
+    return [why for why in (task.missing_validation() for task in tasks) if why]
 
 
 def with_vocabulary(provider, vocabulary):

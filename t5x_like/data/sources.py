@@ -29,8 +29,16 @@ SPLITS = ("train", "validation")
 
 
 def _is_validation_line(line_index: int, holdout_every: int) -> bool:
-    """Every ``holdout_every``-th line is held out; stable across runs and hosts."""
-    return line_index % holdout_every == holdout_every - 1
+    """Every ``holdout_every``-th line is held out; stable across runs and hosts.
+    ``holdout_every=0`` holds nothing out (the source has no validation split)."""
+    return holdout_every > 0 and line_index % holdout_every == holdout_every - 1
+
+
+def _check_holdout(source) -> None:
+    if not isinstance(source.holdout_every, int) or source.holdout_every < 0:
+        raise ValueError(f"{type(source).__name__} holdout_every={source.holdout_every!r}; use "
+                         "a positive N (every N-th record is validation) or 0 (no validation "
+                         "split).")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +107,10 @@ class Source:
 
     splits: tuple[str, ...] = SPLITS
 
+    def validation_hint(self) -> str:
+        """How to give this source held-out examples (said when it has none)."""
+        return "give the task's source a 'validation' split"
+
     def get(self, split: str) -> Sequence[dict]:
         if split not in self.splits:
             raise ValueError(f"Unknown split {split!r}; this source has splits {self.splits}.")
@@ -111,15 +123,14 @@ class Source:
         return len(self.get(split))
 
     def shard(self, split: str, shard_index: int, num_shards: int) -> Sequence[dict]:
-        """Shard ``shard_index`` of ``num_shards``: every ``num_shards``-th example."""
+        """Shard ``shard_index`` of ``num_shards``: every ``num_shards``-th example. A split
+        of fewer examples than shards leaves the last shards empty (a one-pass read, such as
+        an evaluation, reads each example once; ``Task.get_dataset`` gives a repeating
+        stream an example to repeat)."""
         records = self.get(split)
         if not records:
             files = self.files() if hasattr(self, "files") else ()
             raise ValueError(_empty_split(split, files))
-        if len(records) < num_shards:
-            raise ValueError(f"split {split!r} has {len(records)} examples, fewer than "
-                             f"num_shards={num_shards}; use fewer shards (in training: a smaller "
-                             "data_streams).")
         return Strided(records, shard_index, num_shards)
 
 
@@ -161,6 +172,21 @@ class FileSource(Source):
     def files(self) -> list[str]:
         return TextLineSource(self.file_patterns).files()
 
+    @property
+    def splits(self):
+        return SPLITS if self.holdout_every else ("train",)
+
+    def validation_hint(self) -> str:
+        kind = type(self).__name__
+        if not self.holdout_every:
+            return (f"its {kind} has holdout_every=0; set holdout_every=N to hold out every "
+                    "N-th record")
+        files = self.files()
+        return (f"its {kind} holds out every {self.holdout_every}th record, and "
+                f"{files[0] if len(files) == 1 else f'its {len(files)} files'} "
+                f"{'has' if len(files) == 1 else 'have'} {self.num_examples('train')}; a smaller "
+                f"holdout_every holds some out, e.g. {kind}([...], holdout_every=5)")
+
     def load(self, split):
         return self.load_files(split, tuple(self.files()))
 
@@ -197,6 +223,7 @@ class TextFilesSource(FileSource):
 
     def __post_init__(self):
         object.__setattr__(self, "file_patterns", _as_tuple(self.file_patterns))
+        _check_holdout(self)
 
     def load_files(self, split, paths):
         docs = []
@@ -211,13 +238,15 @@ class TextFilesSource(FileSource):
 @dataclasses.dataclass(frozen=True)
 class JsonlSource(FileSource):
     """One JSON object per line (``.jsonl`` or ``.jsonl.gz``); every ``holdout_every``-th
-    record is ``validation``. Records that are not objects are a clear error."""
+    record is ``validation`` (``holdout_every=0``: no validation split). A line that is
+    not a JSON object is an error naming its file and line."""
 
     file_patterns: Sequence[str]
     holdout_every: int = 100
 
     def __post_init__(self):
         object.__setattr__(self, "file_patterns", _as_tuple(self.file_patterns))
+        _check_holdout(self)
 
     def load_files(self, split, paths):
         records = []
@@ -226,10 +255,15 @@ class JsonlSource(FileSource):
                 if not line.strip() or _is_validation_line(index, self.holdout_every) != (
                         split == "validation"):
                     continue
-                record = json.loads(line)
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{index + 1}: not valid JSON ({e.msg} at column "
+                                     f"{e.colno}); JsonlSource needs one JSON object per "
+                                     "line.") from None
                 if not isinstance(record, dict):
-                    raise ValueError(f"{path}:{index + 1} is not a JSON object; JsonlSource needs "
-                                     "one object per line.")
+                    raise ValueError(f"{path}:{index + 1}: a JSON {type(record).__name__}, not "
+                                     "an object; JsonlSource needs one object per line.")
                 records.append(record)
         return records
 
@@ -357,11 +391,7 @@ class TfdsSource(Source):
         records = sequential.SequentialRecords(segments, self.shuffle_window)
         if len(records) == 0 and sum(n for _, n in pieces) == 0:
             raise ValueError(_empty_split(split))
-        if len(records) == 0:
-            raise ValueError(f"split {split!r} has {sum(n for _, n in pieces)} examples, fewer "
-                             f"than num_shards={num_shards}; use fewer shards (in training: a "
-                             "smaller data_streams).")
-        return records
+        return records  # empty when the split has fewer examples than shards
 
     def _import_builder_module(self):
         if self.builder_module:

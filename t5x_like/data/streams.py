@@ -60,7 +60,12 @@ class HostBatchIterator:
     """
 
     def __init__(self, streams: StreamFactory | grain.IterDataset, global_batch_size: int,
-                 num_streams: int = 1, process_count: int = 1, process_index: int = 0):
+                 num_streams: int = 1, process_count: int = 1, process_index: int = 0,
+                 padding: Mapping[str, np.ndarray] | None = None):
+        """``padding`` (one row of zeros per feature) is for finite streams read once, such
+        as evaluation's: every example is read, a stream's short last batch (or a stream
+        that has ended while others go on) is filled with padding rows, which every loss
+        weighs 0, and the iterator ends when all this process's streams have."""
         check_layout(global_batch_size, num_streams, process_count)
         if isinstance(streams, grain.IterDataset):
             if num_streams != 1:
@@ -72,9 +77,10 @@ class HostBatchIterator:
         self.stream_indices = process_streams(num_streams, process_count, process_index)
         self.rows_per_stream = global_batch_size // num_streams
         self.local_batch_size = self.rows_per_stream * len(self.stream_indices)
+        self.padding = None if padding is None else dict(padding)
         self._iterators = [
             iter(streams(shard_index=v, num_shards=num_streams).batch(
-                self.rows_per_stream, drop_remainder=True, batch_fn=list))
+                self.rows_per_stream, drop_remainder=padding is None, batch_fn=list))
             for v in self.stream_indices]
         self.step = 0
 
@@ -82,11 +88,31 @@ class HostBatchIterator:
         return self
 
     def __next__(self) -> dict[str, np.ndarray]:
+        if self.padding is not None:
+            return self._next_padded()
         rows = []
         for iterator in self._iterators:
             rows.extend(next(iterator))
         self.step += 1
         return {key: np.stack([row[key] for row in rows]) for key in rows[0]}
+
+    def _next_padded(self) -> dict[str, np.ndarray]:
+        rows, real = [], 0
+        for iterator in self._iterators:
+            stream_rows = next(iterator, [])
+            real += len(stream_rows)
+            rows.extend(list(stream_rows) + [self.padding] * (self.rows_per_stream
+                                                                - len(stream_rows)))
+        if not real:
+            raise StopIteration
+        self.step += 1
+        return {key: np.stack([np.asarray(row[key]) for row in rows]) for key in self.padding}
+
+    def padding_batch(self) -> dict[str, np.ndarray]:
+        """This process's rows of a batch of padding only: what a process whose streams
+        have ended feeds while other processes still evaluate."""
+        return {key: np.stack([np.asarray(value)] * self.local_batch_size)
+                for key, value in self.padding.items()}
 
     def get_state(self) -> dict:
         """``{"step", "num_streams", "streams": [state or None per stream]}``: only this

@@ -66,7 +66,11 @@ def token_objective(logits, targets, weights, *, z_loss: float, label_smoothing:
 def row_mean_objective(values, positions, num_sequences=None):
     """``(objective, mean)`` of a per-position term ``[batch, length]``: each row's mean
     over its ``positions``; the objective sums them over ``num_sequences`` rows (None:
-    this batch's), so microbatches add up to the whole batch; ``mean`` is for logs."""
-    row_means = (values * positions).sum(axis=-1) / jnp.maximum(positions.sum(axis=-1), 1.0)
-    rows = row_means.shape[0] if num_sequences is None else num_sequences
-    return row_means.sum() / rows, row_means.mean()
+    this batch's rows that have positions; a row of padding only, as evaluation's last
+    batch holds, is no sequence), so microbatches add up to the whole batch; ``mean`` is
+    for logs."""
+    counts = positions.sum(axis=-1)
+    row_means = (values * positions).sum(axis=-1) / jnp.maximum(counts, 1.0)
+    sequences = jnp.maximum((counts > 0).sum(), 1.0)
+    rows = sequences if num_sequences is None else num_sequences
+    return row_means.sum() / rows, row_means.sum() / sequences

@@ -72,14 +72,17 @@ class HeadStructure(Structure):
         head_loss = LOSSES[self.kind]
 
         def loss_fn(model, params, batch, rng, normalizer=None, num_sequences=None):
-            # The head losses are means over the batch (or its tagged tokens); gradient
-            # accumulation is refused for heads in config validation.
+            # The head losses are means over the examples (or their tagged tokens); gradient
+            # accumulation is refused for heads in config validation. A row of padding
+            # only (evaluation's last batch) is no example.
+            row_weights = (batch["input_tokens"] != 0).any(axis=-1).astype(jnp.float32)
             loss, metrics = head_loss(self.apply_model(model, params, batch, rng,
-                                                       deterministic=rng is None), batch)
+                                                       deterministic=rng is None), batch,
+                                      row_weights)
             if "label_weights" in batch:
                 count = batch["label_weights"].sum()
             else:
-                count = jnp.asarray(batch["input_tokens"].shape[0], jnp.float32)
+                count = row_weights.sum()
             metrics = dict(metrics, num_target_tokens=count)
             metrics.setdefault("accuracy", jnp.zeros((), jnp.float32))
             return loss, metrics
