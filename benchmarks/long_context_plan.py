@@ -7,7 +7,7 @@ roofline step time with the plain attention path against the fused or chunked on
     python benchmarks/long_context_plan.py --remat_rows     # only the rows with remat="full"
 
 Each row compiles the real train step with ``t5x_like.plan`` (libtpu's compiler via
-``jax.experimental.topologies``; no TPU needed, ``pip install 't5x_like[tpu]'``).
+``jax.experimental.topologies``; no TPU needed, ``pip install -c constraints.txt -e ".[tpu]"``).
 decoder_modern_1b runs in bfloat16 with parameters and optimizer state sharded over
 every chip (fsdp), one sequence per chip; ``flash`` is the Pallas splash kernel.
 Longformer base (window 512, CLS global) runs one sequence per chip on v5e:4x4;

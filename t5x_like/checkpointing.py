@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import sys
 import time
 from collections.abc import Callable
@@ -123,6 +124,23 @@ def _silence_late_callbacks_of_failed_reads() -> None:
     sys.unraisablehook = hook
 
 
+class _ReadOnlyNotices(logging.Filter):
+    """Orbax warns twice per read-only manager ("read_only=True, setting
+    save_interval_steps=0", "Given directory is read only"): that is what evaluation
+    asks for, so those two lines are dropped; every other warning still shows."""
+
+    NOTICES = ("CheckpointManagerOptions.read_only=True", "Given directory is read only")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.NOTICES)
+
+
+def _drop_read_only_notices() -> None:
+    logger = logging.getLogger("absl")
+    if not any(isinstance(f, _ReadOnlyNotices) for f in logger.filters):
+        logger.addFilter(_ReadOnlyNotices())
+
+
 class Checkpointer:
     def __init__(self, directory: str | epath.Path, keep: int, async_save: bool = True,
                  keep_every: int = 0, read_only: bool = False, log: Callable[[str], None] = None):
@@ -139,6 +157,8 @@ class Checkpointer:
         self._is_primary = jax.process_index() == 0
         self._multi_process = jax.process_count() > 1
         self._verified: set[int] = set()
+        if read_only:
+            _drop_read_only_notices()
         options = ocp.CheckpointManagerOptions(max_to_keep=None,  # rotation: see _rotate
                                                create=not read_only,
                                                # A save cut off by kill -9 leaves a

@@ -16,6 +16,8 @@ COMMANDS = {
     "eval": ("t5x_like.eval", "evaluate checkpoints on a benchmark task or mixture"),
     "infer": ("t5x_like.infer", "generate for a task's split or a JSONL file"),
     "summary": ("t5x_like.summary", "parameter table of a config's model"),
+    "tasks": ("t5x_like.tasks", "list, show and sample registered tasks and mixtures"),
+    "peft": ("t5x_like.peft", "fold LoRA into the base weights (peft merge)"),
     "convert": ("t5x_like.convert.__main__", "import/export Hugging Face checkpoints"),
     "vocab": ("t5x_like.train_vocab", "train the embedded SentencePiece vocabulary"),
     "cache_tasks": ("t5x_like.cache_tasks", "preprocess tasks once with Apache Beam (a cache)"),

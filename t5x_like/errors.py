@@ -28,6 +28,13 @@ class MissingFile(UserError, FileNotFoundError):
     does not exist. Still a ``FileNotFoundError`` for code that catches that."""
 
 
+def install_hint(extra: str = "") -> str:
+    """The one way every message spells an install: the README's line, from the
+    repository root, with the tested versions of ``constraints.txt``."""
+    target = f'".[{extra}]"' if extra else "."
+    return f"pip install -c constraints.txt -e {target}"
+
+
 def command_line(prog: str) -> Callable:
     """Wraps a ``main(argv) -> int``: a ``UserError`` escaping it prints ``prog: message``
     and returns 2. Every command is wrapped once, here; none prints its own error."""

@@ -69,15 +69,23 @@ def run(args, overrides) -> int:
                         f"{source.path}; evaluation never writes there. Use e.g. "
                         f"{source.path.parent / 'eval'}.")
     name = args.mixture or args.task
+    evaluator.check_metrics_installed(evaluator.leaf_tasks(name))
     task_names = [t.name for t in evaluator.leaf_tasks(name)]
     is_chief = jax.process_index() == 0
     writer = result_files.ResultWriter(output_dir, enabled=is_chief)
     setup = None
     last_new = time.monotonic()
+    say = (lambda line: print(line, flush=True)) if is_chief and not args.quiet else (
+        lambda line: None)
+    told: set[int] = set()
     try:
         while True:
             steps = source.steps()
-            todo = [s for s in steps if s not in result_files.done_steps(output_dir, task_names, args.split)]
+            done = result_files.done_steps(output_dir, task_names, args.split)
+            todo = [s for s in steps if s not in done]
+            _say_skipped([s for s in steps if s in done and s not in told], output_dir,
+                         args.split, say)
+            told.update(steps)
             for step in todo:
                 if setup is None:
                     setup = _setup(source, step, args, overrides, name)
@@ -101,11 +109,17 @@ def run(args, overrides) -> int:
                             "pass --watch to wait for one.")
     finally:
         writer.close()
-    if is_chief and not args.quiet:
-        print(f"metrics: {output_dir / 'metrics.jsonl'}\npredictions: "
-              f"{output_dir / 'predictions'}", flush=True)
+    say(f"metrics: {output_dir / 'metrics.jsonl'}\npredictions: {output_dir / 'predictions'}")
     del partitioning, trainer_lib
     return 0
+
+
+def _say_skipped(steps: list[int], output_dir, split: str, say) -> None:
+    """Steps are evaluated once per output folder: say which were skipped and why."""
+    if steps:
+        say(f"step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps))}: already "
+            f"evaluated on {split!r} in {output_dir / 'metrics.jsonl'}, skipped (another "
+            "--output_dir evaluates again)")
 
 
 def _setup(source, step, args, overrides, name):

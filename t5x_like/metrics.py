@@ -4,7 +4,7 @@ Thin wrappers over maintained libraries (scikit-learn, scipy, sacrebleu,
 rouge-score), with the names and the 0-100 scale of ``t5.evaluation.metrics``
 so numbers compare with T5's papers and seqio runs. Score metrics
 (``fn(targets, scores)``) follow at the end. The libraries are imported on
-first use: they come with the ``eval`` extra (``pip install 't5x_like[eval]'``).
+first use; the project's base install brings them.
 """
 
 from __future__ import annotations
@@ -17,7 +17,14 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from t5x_like.errors import install_hint
+
 MetricFn = Callable[[Sequence, Sequence], dict]
+
+
+PACKAGES = {"sklearn": "scikit-learn", "scipy": "scipy", "sacrebleu": "sacrebleu",
+            "rouge_score": "rouge-score"}
+INSTALL = install_hint()
 
 
 def _need(module: str):
@@ -25,14 +32,35 @@ def _need(module: str):
     try:
         return importlib.import_module(module)
     except ImportError:
-        package = {"sklearn": "scikit-learn", "rouge_score": "rouge-score"}.get(
-            module.split(".")[0], module.split(".")[0])
-        raise ImportError(f"This metric needs {package}; install the eval extra: "
-                          "pip install -c constraints.txt -e '.[eval]'.") from None
+        package = PACKAGES.get(module.split(".")[0], module.split(".")[0])
+        raise ImportError(f"This metric needs {package}, which the project's install brings: "
+                          f"{INSTALL}") from None
+
+
+def _requires(*modules: str):
+    """Marks a metric with the modules it imports, so evaluation can check them before
+    any model work (``missing_packages``)."""
+    def mark(fn):
+        fn.requires = modules
+        return fn
+    return mark
+
+
+def missing_packages(metric_fns) -> list[str]:
+    """The pip packages ``metric_fns`` need that are not installed (by ``_requires``)."""
+    import importlib.util
+    missing = []
+    for fn in metric_fns:
+        for module in getattr(fn, "requires", ()):
+            package = PACKAGES.get(module, module)
+            if importlib.util.find_spec(module) is None and package not in missing:
+                missing.append(package)
+    return missing
 
 
 # -- classification ----------------------------------------------------------------------------
 
+@_requires("sklearn")
 def accuracy(targets, predictions) -> dict:
     metrics = _need("sklearn.metrics")
     return {"accuracy": 100.0 * metrics.accuracy_score(list(targets), list(predictions))}
@@ -50,6 +78,7 @@ def _binary_with_invalid(targets, predictions):
     return targets, predictions
 
 
+@_requires("sklearn")
 def f1_score_with_invalid(targets, predictions) -> dict:
     """Binary F1 of class 1; predictions outside {0, 1} are counted as wrong (T5)."""
     metrics = _need("sklearn.metrics")
@@ -60,6 +89,7 @@ def f1_score_with_invalid(targets, predictions) -> dict:
 def mean_multiclass_f1(num_classes: int) -> MetricFn:
     """Macro F1 over ``num_classes`` labels (T5's ``mean_{n}class_f1``); labels are ints."""
 
+    @_requires("sklearn")
     def metric_fn(targets, predictions) -> dict:
         metrics = _need("sklearn.metrics")
         return {f"mean_{num_classes}class_f1": 100.0 * metrics.f1_score(
@@ -69,6 +99,7 @@ def mean_multiclass_f1(num_classes: int) -> MetricFn:
     return metric_fn
 
 
+@_requires("sklearn")
 def macro_f1(targets, predictions) -> dict:
     """Macro F1 over the labels that occur in the targets (any hashable labels)."""
     metrics = _need("sklearn.metrics")
@@ -77,18 +108,21 @@ def macro_f1(targets, predictions) -> dict:
                                                  average="macro", zero_division=0.0)}
 
 
+@_requires("sklearn")
 def matthews_corrcoef(targets, predictions) -> dict:
     metrics = _need("sklearn.metrics")
     return {"matthews_corrcoef": 100.0 * metrics.matthews_corrcoef(list(targets),
                                                                    list(predictions))}
 
 
+@_requires("scipy")
 def pearson_corrcoef(targets, predictions) -> dict:
     stats = _need("scipy.stats")
     return {"pearson_corrcoef": 100.0 * float(stats.pearsonr(
         np.asarray(targets, float), np.asarray(predictions, float))[0])}
 
 
+@_requires("scipy")
 def spearman_corrcoef(targets, predictions) -> dict:
     stats = _need("scipy.stats")
     return {"spearman_corrcoef": 100.0 * float(stats.spearmanr(
@@ -123,6 +157,7 @@ def _reference_streams(targets) -> list[list]:
     return [list(r) for r in itertools.zip_longest(*targets, fillvalue=None)]
 
 
+@_requires("sacrebleu")
 def bleu(targets, predictions, tokenize: str = "intl") -> dict:
     """Corpus BLEU with sacrebleu, T5's settings (``intl`` tokenizer, exp smoothing)."""
     sacrebleu = _need("sacrebleu")
@@ -132,12 +167,14 @@ def bleu(targets, predictions, tokenize: str = "intl") -> dict:
     return {"bleu": float(result.score)}
 
 
+@_requires("sacrebleu")
 def chrf(targets, predictions) -> dict:
     sacrebleu = _need("sacrebleu")
     return {"chrf": float(sacrebleu.corpus_chrf(list(predictions),
                                                 _reference_streams(targets)).score)}
 
 
+@_requires("rouge_score")
 def rouge(targets, predictions, score_keys=("rouge1", "rouge2", "rougeLsum")) -> dict:
     """F-measures averaged over examples (rougeLsum splits on newlines), as T5's ``rouge``.
 

@@ -5,7 +5,7 @@
 
 Compiles the real train step (same Trainer, shardings and donation as
 ``train.py``) for a TPU topology through libtpu's compiler via
-``jax.experimental.topologies`` (``pip install 't5x_like[tpu]'``; no TPU
+``jax.experimental.topologies`` (``pip install -c constraints.txt -e ".[tpu]"``; no TPU
 needed), or for N fake CPU devices with ``cpu:N``. Reports per-device memory
 (arguments, outputs, temporaries), whether it fits the chip's HBM (naming the
 largest consumers when it does not), the compiled FLOPs per step, and a
@@ -67,14 +67,17 @@ def topology_devices(text: str, num_slices: int = 1) -> list:
                             "devices; run the planner in a fresh process.")
         return devices[:spec]
     from jax.experimental import topologies
+
+    from t5x_like import platforms
     try:
-        return list(topologies.get_topology_desc(platform="tpu", topology_name=spec,
-                                                 num_slices=num_slices).devices)
+        with platforms.without_stderr_lines(platforms.LIBTPU_NO_CHIP_NOTICE):
+            return list(topologies.get_topology_desc(platform="tpu", topology_name=spec,
+                                                     num_slices=num_slices).devices)
     except Exception as e:  # noqa: BLE001 - the compiler's errors vary by cause
         import importlib.util
         if importlib.util.find_spec("libtpu") is None:
             raise PlanError(f"Cannot compile for {spec}: libtpu is not installed. TPU topologies "
-                            "need it: pip install 't5x_like[tpu]' (works without a TPU).") from e
+                            f"need it: {errors.install_hint('tpu')} (works without a TPU).") from e
         raise PlanError(f"Cannot compile for {spec}: {str(e).splitlines()[0]}") from e
 
 

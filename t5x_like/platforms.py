@@ -88,3 +88,38 @@ def environment_for_other_machines(environ: Mapping[str, str]) -> dict[str, str]
     if chosen is not None and env.get("JAX_PLATFORMS") == chosen:
         del env["JAX_PLATFORMS"]
     return env
+
+
+# libtpu's start-up notice when it compiles for a topology on a machine without TPU chips
+# (``plan --topology=v5p:...``): it reads like an error, and there is no chip to name.
+LIBTPU_NO_CHIP_NOTICE = "could not determine TPU accelerator type"
+
+
+class without_stderr_lines:  # noqa: N801 - used as a context manager, like contextlib's
+    """Runs a block with file descriptor 2 caught in a temporary file, then writes back
+    every line that contains none of ``fragments``: C++ libraries (libtpu) write to the
+    descriptor directly, past Python's ``sys.stderr``."""
+
+    def __init__(self, *fragments: str):
+        self.fragments = fragments
+
+    def __enter__(self):
+        import tempfile
+        sys.stderr.flush()
+        self._caught = tempfile.TemporaryFile()
+        self._saved = os.dup(2)
+        os.dup2(self._caught.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc):
+        sys.stderr.flush()
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+        self._caught.seek(0)
+        kept = [line for line in self._caught.read().decode("utf-8", "replace").splitlines(True)
+                if not any(fragment in line for fragment in self.fragments)]
+        self._caught.close()
+        if kept:
+            sys.stderr.write("".join(kept))
+            sys.stderr.flush()
+        return False

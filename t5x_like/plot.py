@@ -2,7 +2,7 @@
 
     python -m t5x_like.plot --workdir=/tmp/t5x_like_quickstart [--out=curves.png]
 
-Needs matplotlib (``pip install 't5x_like[plot]'``); TensorBoard reads the same
+Needs matplotlib (``pip install -c constraints.txt -e ".[plot]"``); TensorBoard reads the same
 run interactively (``tensorboard --logdir WORKDIR/tensorboard``).
 """
 
@@ -48,8 +48,8 @@ def render(records: list[dict], out: str | pathlib.Path, title: str = "") -> pat
     try:
         import matplotlib
     except ImportError:
-        raise PlotError("python -m t5x_like.plot needs matplotlib: pip install "
-                        "'t5x_like[plot]' (or pip install matplotlib).") from None
+        raise PlotError("python -m t5x_like.plot needs matplotlib: "
+                        f"{errors.install_hint('plot')}") from None
     matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt
 

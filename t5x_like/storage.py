@@ -27,7 +27,7 @@ import zlib
 
 from etils import epath
 
-from t5x_like.errors import UserError
+from t5x_like.errors import UserError, install_hint
 
 REMOTE_SCHEMES = ("gs://", "s3://")
 _FSSPEC_PACKAGE = {"gs://": "gcsfs", "s3://": "s3fs"}
@@ -50,8 +50,8 @@ def path(value) -> epath.Path:
         scheme = text[:5]
         package = _FSSPEC_PACKAGE[scheme]
         if importlib.util.find_spec(package) is None:
-            raise ValueError(f"{text}: {scheme} paths need the {package} package; install the "
-                             f"'cloud' extra (pip install -c constraints.txt -e \".[cloud]\").")
+            raise ValueError(f"{text}: {scheme} paths need the {package} package: "
+                             f"{install_hint('cloud')}")
         return epath.Path(text)
     return epath.Path(os.path.abspath(os.path.expanduser(text)))
 

@@ -25,7 +25,7 @@ def _parse_lengths(text: str, default: int, features) -> dict[str, int]:
     for item in filter(None, (text or "").split(",")):
         key, _, value = item.partition("=")
         if not value.isdigit():
-            raise SystemExit(f"--lengths: {item!r} is not NAME=INT (e.g. inputs=64,targets=16).")
+            raise errors.UserError(f"--lengths: {item!r} is not NAME=INT (e.g. inputs=64,targets=16).")
         lengths[key.strip()] = int(value)
     return lengths
 
@@ -90,7 +90,7 @@ def cmd_sample(td, name: str, n: int, lengths_text: str, length: int, split: str
 
 @errors.command_line("tasks")
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m t5x_like.tasks", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=("list", "show", "sample"))
     parser.add_argument("name", nargs="?")
@@ -112,9 +112,10 @@ def main(argv=None) -> None:
             cmd_show(td, args.name)
         else:
             cmd_sample(td, args.name, args.n, args.lengths, args.length, args.split, args.seed)
-    except (KeyError, ValueError, FileNotFoundError) as e:
-        print(f"error: {e.args[0] if e.args else e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    except errors.UserError:
+        raise
+    except (KeyError, ValueError, FileNotFoundError) as e:  # a task's data or name
+        raise errors.UserError(str(e.args[0] if e.args else e)) from None
 
 
 if __name__ == "__main__":

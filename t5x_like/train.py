@@ -246,6 +246,9 @@ def _set_up(config, workdir, quiet: bool, devices) -> _Run:
     vocabulary = asked_vocabulary or get_task_or_mixture(config.task).vocabulary
     runs.check_model_fits_vocabulary(config, vocabulary)
     runs.check_task_steps(config, asked_vocabulary)
+    if config.eval.mixture:
+        from t5x_like.evaluation import evaluator
+        evaluator.check_metrics_installed(evaluator.leaf_tasks(config.eval.mixture))
     mesh_shape, trainer = trainer_lib.build_on_devices(config, devices, process_count)
     mesh = trainer.mesh
     fingerprint = run_guard.fingerprint(config, vocabulary, trainer.abstract_state.opt_state)
@@ -593,8 +596,7 @@ def _summary(workdir, latest, last_train, last_eval, config_path, config, overri
     lines += [
         f"  checkpoint        {workdir / 'checkpoints' / str(latest)}",
         f"  metrics           {workdir / 'metrics.jsonl'}",
-        "  TensorBoard       " + shlex.join(["tensorboard", "--logdir",
-                                              str(workdir / "tensorboard")]),
+        "  TensorBoard       " + tensorboard_command(workdir / "tensorboard"),
         f"  resolved config   {workdir / 'config.json'}",
         "  continue training (resumes from the checkpoint):",
         "    " + shlex.join(
@@ -604,6 +606,17 @@ def _summary(workdir, latest, last_train, last_eval, config_path, config, overri
             + [f"--config.num_train_steps={config.num_train_steps * 2}"]),
     ]
     return "\n".join(lines)
+
+
+def tensorboard_command(logdir) -> str:
+    """A line that serves ``logdir`` from this Python, with the install in front when the
+    ``tensorboard`` extra is missing (train writes the events with tensorboardX alone)."""
+    import importlib.util
+    python = cli_flags.this_python()
+    serve = shlex.join([python, "-m", "tensorboard.main", "--logdir", str(logdir)])
+    if importlib.util.find_spec("tensorboard") is not None:
+        return serve
+    return f"{python} -m {errors.install_hint('tensorboard')} && {serve}"
 
 
 @errors.command_line("train")

@@ -123,7 +123,8 @@ def test_no_function_is_longer_than_120_lines():
 
 
 def test_no_command_returns_2_by_hand():
-    """A user's mistake is a UserError; errors.command_line prints it and returns 2."""
+    """A user's mistake is a UserError; errors.command_line prints it and returns 2. No
+    command returns 2 or raises SystemExit itself (a second, quieter error path)."""
     found = []
     for path in _sources():
         if path == REPO / "t5x_like" / "errors.py":
@@ -132,6 +133,9 @@ def test_no_command_returns_2_by_hand():
             if (isinstance(node, ast.Return) and isinstance(node.value, ast.Constant)
                     and node.value.value == 2):
                 found.append(f"{path.relative_to(REPO)}:{node.lineno}")
+            if (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call)
+                    and getattr(node.exc.func, "id", None) == "SystemExit"):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno} raise SystemExit")
     assert not found, found
 
 

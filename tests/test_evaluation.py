@@ -101,8 +101,9 @@ def test_evaluator_modes_and_predictions(family):
     results = {r.task: r for r in ev.evaluate(params)}
     rank = results["test_eval_rank"]
     assert rank.mode == "rank"
-    for record in rank.records:
-        assert record["prediction"] == ["no", "yes"][int(np.argmax(record["option_scores"]))]
+    for record in rank.records:  # each score beside the option it belongs to
+        assert record["options"] == ["no", "yes"]
+        assert record["prediction"] == record["options"][int(np.argmax(record["option_scores"]))]
     expected = 100 * np.mean([r["prediction"] == r["targets"] for r in rank.records])
     assert rank.metrics == {"accuracy": pytest.approx(expected)}
     copy = results["test_eval_copy"]
@@ -181,8 +182,12 @@ def test_eval_cli_resumes_without_duplicates_and_watches(tmp_path, monkeypatch, 
     assert [(row["step"], row["task"]) for row in lines] == [
         (2, "test_eval_copy"), (2, "test_eval_rank"), (4, "test_eval_copy"), (4, "test_eval_rank")]
     assert (out / "predictions" / "test_eval_rank" / "step_4.jsonl").is_file()
-    assert eval_cli.main(args) == 0  # nothing new: no line added
+    capsys.readouterr()
+    # Nothing new: no line added, and it says why each step was skipped.
+    assert eval_cli.main([a for a in args if a != "--quiet"]) == 0
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 4
+    assert (f"steps 2, 4: already evaluated on 'validation' in {out / 'metrics.jsonl'}, "
+            "skipped") in capsys.readouterr().out
     # An interrupted evaluation of step 4 (its lines never written) is redone once.
     (out / "metrics.jsonl").write_text("\n".join(json.dumps(row) for row in lines[:2]) + "\n")
     assert eval_cli.main(args) == 0
@@ -243,3 +248,18 @@ def test_eval_refuses_lengths_the_model_cannot_take():
     runner.check_lengths(config, {"inputs": 32, "targets": 32}, cloze)
     config.model.position_embedding = "rotary"  # no learned positions to run out of
     runner.check_lengths(config, {"inputs": 48, "targets": 32}, cloze)
+
+
+def test_eval_names_a_missing_metric_library_before_any_model_work(tmp_path, monkeypatch,
+                                                                     capsys):
+    import importlib.util
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name: None if name == "sacrebleu" else real(name))
+    assert eval_cli.main([f"--checkpoint={tmp_path / 'run'}", "--mixture=embedded_bench",
+                          f"--output_dir={tmp_path / 'eval'}"]) == 2
+    err = capsys.readouterr().err
+    assert "The metrics of task 'embedded_bible_en_es' need sacrebleu" in err
+    assert 'pip install -c constraints.txt -e .' in err and "Traceback" not in err
+    assert not (tmp_path / "eval").exists()  # nothing written

@@ -29,7 +29,7 @@ HYPOTHESES = ["the cat is on the mat .", "the quick brown fox jumped over a lazy
 TESTED = {"accuracy", "f1_score_with_invalid", "mean_multiclass_f1", "macro_f1",
           "matthews_corrcoef", "pearson_corrcoef", "spearman_corrcoef", "sequence_accuracy",
           "token_accuracy", "bleu", "chrf", "rouge", "normalize_squad", "squad",
-          "mean_log_likelihood"}
+          "mean_log_likelihood", "missing_packages"}
 
 
 def test_every_public_metric_is_tested_here():
@@ -152,3 +152,14 @@ def test_mean_log_likelihood():
     assert metrics.mean_log_likelihood([None] * 3, [-1.0, -2.0, -6.0]) == pytest.approx(
         {"mean_log_likelihood": -3.0})
     assert metrics.mean_log_likelihood([], []) == {"mean_log_likelihood": 0.0}
+
+
+def test_missing_packages_names_what_a_metric_imports(monkeypatch):
+    import importlib.util
+    fns = [metrics.accuracy, metrics.bleu, metrics.rouge, metrics.mean_multiclass_f1(3),
+           metrics.sequence_accuracy]
+    assert metrics.missing_packages(fns) == []  # the base install brings them
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name: None if name in ("sklearn", "rouge_score") else real(name))
+    assert metrics.missing_packages(fns) == ["scikit-learn", "rouge-score"]

@@ -61,3 +61,24 @@ def test_progress_shows_accuracy_and_mfu_when_known():
     progress = metrics_writer.Progress(100, stream=stream)
     progress.update(10, {"loss": 3.25, "accuracy": 0.125, "tokens_per_sec": 1.0, "mfu": 0.4321})
     assert "acc 0.125" in stream.getvalue() and "MFU 43.2%" in stream.getvalue()
+
+
+def test_the_tensorboard_line_train_prints_serves_its_events(tmp_path, monkeypatch):
+    import shlex
+    import subprocess
+
+    from t5x_like import train
+    writer = metrics_writer.MetricsWriter(tmp_path)
+    writer.write(1, {"loss": 2.5})
+    writer.close()
+    line = train.tensorboard_command(tmp_path / "tensorboard")
+    assert "-m tensorboard.main --logdir" in line
+    # --inspect reads the events and lists their tags without starting a server.
+    out = subprocess.run(shlex.split(line) + ["--inspect"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "scalars" in out.stdout and "   loss" in out.stdout
+    # Without the tensorboard package the line starts with the install that brings it.
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    assert train.tensorboard_command(tmp_path).split(" && ")[0].endswith(
+        'pip install -c constraints.txt -e ".[tensorboard]"')

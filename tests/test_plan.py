@@ -20,7 +20,7 @@ TINY = ["--config.model.d_model=32", "--config.model.d_ff=64", "--config.model.n
         "--config.model.num_decoder_layers=1", "--config.task_feature_lengths.inputs=32",
         "--config.task_feature_lengths.targets=8", "--config.batch_size=16"]
 # The dev extra installs libtpu (jax[tpu]): without it these tests fail, never skip.
-assert importlib.util.find_spec("libtpu"), "libtpu is not installed (pip install 't5x_like[tpu]')"
+assert importlib.util.find_spec("libtpu"), 'libtpu is missing: pip install -c constraints.txt -e ".[tpu]"'
 
 
 def run_plan(*args, check=True):
@@ -65,9 +65,12 @@ def test_batch_that_does_not_divide_the_topology_is_a_config_error():
 
 
 def test_tpu_plan_fits_a_small_model_and_gives_a_roofline():
-    out = run_plan(f"--config={QUICKSTART}", "--topology=v5e:2x2", *TINY).stdout
+    result = run_plan(f"--config={QUICKSTART}", "--topology=v5e:2x2", *TINY)
+    out = result.stdout
     assert "4 x TPU v5 lite" in out and "fits: FITS in 16.00 GiB" in out
     assert "roofline step time" in out and "MFU at best" in out
+    # libtpu's notice that it found no chip reads like an error on a machine without one.
+    assert "could not determine TPU accelerator type" not in result.stderr, result.stderr
 
 
 def test_multi_slice_plan_puts_the_dcn_axis_across_slices():

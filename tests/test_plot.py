@@ -35,4 +35,4 @@ def test_missing_metrics_name_the_file_and_the_fix(tmp_path, capsys):
 def test_missing_matplotlib_names_the_extra(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import now raises ImportError
     assert plot.main([f"--workdir={write_run(tmp_path)}"]) == 2
-    assert "pip install 't5x_like[plot]'" in capsys.readouterr().err
+    assert 'pip install -c constraints.txt -e ".[plot]"' in capsys.readouterr().err

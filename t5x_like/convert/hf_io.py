@@ -18,8 +18,9 @@ def _safetensors_numpy():
     try:
         from safetensors import numpy as st_numpy
     except ImportError as e:
+        from t5x_like.errors import install_hint
         raise ImportError("Checkpoint conversion needs the safetensors package: "
-                          "pip install -c constraints.txt -e '.[hf]'") from e
+                          f"{install_hint('hf')}") from e
     return st_numpy
 
 

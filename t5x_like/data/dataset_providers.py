@@ -92,6 +92,12 @@ class Task:
     def num_input_examples(self, split: str) -> int:
         return self.source.num_examples(split)
 
+    def record_without(self, split: str, fields: Sequence[str]) -> str | None:
+        """Where this task's first raw record lacking one of ``fields`` is (messages)."""
+        if split not in self.splits:
+            return None
+        return self.source.record_without(split, fields)
+
     def missing_validation(self) -> str | None:
         """Why this task has no held-out examples, with how to give it some; ``None`` when
         its validation split has examples (training's held-out loss reads them)."""

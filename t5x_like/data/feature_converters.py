@@ -18,6 +18,16 @@ from collections.abc import Mapping
 import grain
 import numpy as np
 
+from t5x_like.errors import UserError
+
+
+class MissingFeatures(UserError, KeyError):
+    """An example reached the feature converter without a feature the model needs: the
+    task's data or preprocessors, not ours (``pipeline`` names the record)."""
+
+    def __str__(self):  # KeyError would print the message in quotes
+        return str(self.args[0]) if self.args else ""
+
 
 def pad_or_trim(tokens, length: int, dtype=np.int32) -> np.ndarray:
     out = np.zeros(length, dtype=dtype)
@@ -73,7 +83,7 @@ class FeatureConverter:
         """The example's packable features, trimmed to their lengths (1-D numpy arrays)."""
         missing = [f for f in self.REQUIRED if f not in example]
         if missing:
-            raise KeyError(f"{type(self).__name__} needs task features {list(self.REQUIRED)}; the "
+            raise MissingFeatures(f"{type(self).__name__} needs task features {list(self.REQUIRED)}; the "
                            f"example lacks {missing} (it has {sorted(example)}). Check the task's "
                            "preprocessors or pick the converter for the model family.")
         return {f: np.asarray(example[f]).reshape(-1)[:lengths[f]]

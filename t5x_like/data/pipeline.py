@@ -42,11 +42,41 @@ def get_dataset(name: str, task_feature_lengths: Mapping[str, int], split: str =
     ds = provider.get_dataset(split, lengths, seed=seed, shuffle=shuffle, num_epochs=num_epochs,
                               shard_index=shard_index, num_shards=num_shards)
     if feature_converter is not None:
+        required = getattr(feature_converter, "REQUIRED", ())
+        if required:  # a stateless map: the iterator state (checkpoints) is unchanged
+            ds = ds.map(_RequireFeatures(name, split, tuple(required),
+                                         type(feature_converter).__name__))
         ds = feature_converter.apply(ds, lengths)
     if num_workers > 0:
         _mark_absl_flags_parsed()
         ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers))
     return ds
+
+
+class _RequireFeatures:
+    """Passes examples that hold the converter's features; otherwise stops with the raw
+    record that lacks one (file and line for a JSONL source)."""
+
+    def __init__(self, name: str, split: str, required: tuple[str, ...], converter: str):
+        self.name, self.split, self.required, self.converter = name, split, required, converter
+
+    def __call__(self, example):
+        missing = [f for f in self.required if f not in example]
+        if missing:
+            raise feature_converters.MissingFeatures(self._message(example, missing))
+        return example
+
+    def _message(self, example, missing) -> str:
+        provider = get_task_or_mixture(self.name)
+        tasks = provider.tasks if hasattr(provider, "components") else [provider]
+        where = next(filter(None, (task.record_without(self.split, missing) for task in tasks)),
+                     None)
+        found = (f": {where}" if where else
+                 f" (it has {', '.join(map(repr, sorted(example)))}); check the task's "
+                 "preprocessors")
+        return (f"{self.name!r}: a {self.split!r} example lacks {', '.join(map(repr, missing))}, "
+                f"which {self.converter} needs{found}. Every record needs "
+                f"{', '.join(map(repr, self.required))}.")
 
 
 def _mark_absl_flags_parsed() -> None:

@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 
 from t5x_like import storage
-from t5x_like.errors import MissingFile
+from t5x_like.errors import MissingFile, install_hint
 
 # "Genesis 1:1<TAB>In the beginning ..." -> the verse text only.
 _VERSE_KEY = re.compile(r"^[^\t]*\d+:\d+\t")
@@ -110,6 +110,23 @@ class Source:
     def validation_hint(self) -> str:
         """How to give this source held-out examples (said when it has none)."""
         return "give the task's source a 'validation' split"
+
+    def origin(self, split: str, index: int) -> str:
+        """Where record ``index`` of ``split`` comes from, for messages."""
+        return f"record {index} of the {split!r} split"
+
+    def record_without(self, split: str, fields: Sequence[str]) -> str | None:
+        """Where the first record lacking one of ``fields`` is, and what it has; only
+        fields that other records have count (a field the preprocessors make is no
+        record's). For error messages: it reads the whole split."""
+        records = self.get(split)
+        present = {f for record in records for f in fields if f in record}
+        for index, record in enumerate(records):
+            lacking = [f for f in fields if f in present and f not in record]
+            if lacking:
+                return (f"{self.origin(split, index)} has no {', '.join(map(repr, lacking))} "
+                        f"(its fields: {', '.join(map(repr, record)) or 'none'})")
+        return None
 
     def get(self, split: str) -> Sequence[dict]:
         if split not in self.splits:
@@ -267,6 +284,19 @@ class JsonlSource(FileSource):
                 records.append(record)
         return records
 
+    def origin(self, split, index):
+        """``path:line`` of record ``index`` of ``split``."""
+        seen = 0
+        for path in self.files():
+            for line_index, line in enumerate(_read_lines(path)):
+                if not line.strip() or _is_validation_line(line_index, self.holdout_every) != (
+                        split == "validation"):
+                    continue
+                if seen == index:
+                    return f"{path}:{line_index + 1}"
+                seen += 1
+        return super().origin(split, index)
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class InMemorySource(Source):
@@ -411,7 +441,7 @@ class TfdsSource(Source):
                 f"{str(e).splitlines()[0] if str(e) else ''}). Prepare it with `tfds build "
                 f"{self.name.split(':')[0]} --file_format=array_record` or set the task's "
                 "data_dir; a TFRecord copy is read through tfds.load once TensorFlow is "
-                "installed (pip install 't5x_like[tf]').") from e
+                f"installed ({install_hint('tf')}).") from e
 
     def _builder(self):
         import tensorflow_datasets as tfds
@@ -427,8 +457,7 @@ class TfdsSource(Source):
         has_tensorflow = importlib.util.find_spec("tensorflow") is not None
         if self.reader == "tfrecord" and not has_tensorflow:
             raise ModuleNotFoundError(f"TfdsSource({self.name!r}, reader='tfrecord') reads with "
-                                      "tfds.load, which needs TensorFlow: pip install "
-                                      "'t5x_like[tf]'.")
+                                      f"tfds.load, which needs TensorFlow: {install_hint('tf')}.")
         try:
             info = self._builder().info
         except Exception:  # not prepared, or no such builder: data_source says which
@@ -442,7 +471,7 @@ class TfdsSource(Source):
         if not has_tensorflow:
             raise ModuleNotFoundError(
                 f"TFDS dataset {self.name!r} is prepared as TFRecord, which only TensorFlow "
-                "reads: pip install 't5x_like[tf]' (tfds.load), or rebuild it with `tfds "
+                f"reads: {install_hint('tf')} (tfds.load), or rebuild it with `tfds "
                 f"build {self.name.split(':')[0]} --file_format=array_record`.")
         return info
 

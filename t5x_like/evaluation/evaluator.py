@@ -75,6 +75,16 @@ def leaf_tasks(name: str, vocabulary=None) -> list:
     return sorted((dp.with_vocabulary(t, vocabulary) for t in tasks), key=lambda t: t.name)
 
 
+def check_metrics_installed(tasks) -> None:
+    """Before any model work: every package the tasks' metrics import is installed."""
+    from t5x_like import metrics
+    for task in tasks:
+        missing = metrics.missing_packages(task.metric_fns + task.score_metric_fns)
+        if missing:
+            raise UserError(f"The metrics of task {task.name!r} need {', '.join(missing)}, which is "
+                            f"not installed; install the project again: {metrics.INSTALL}")
+
+
 def _text(value) -> str:
     from t5x_like.data.preprocessors.text import as_text
     return as_text(value)
@@ -274,7 +284,8 @@ class Evaluator(ModelRunner):
             option_scores = scores[offset:offset + len(options)]
             offset += len(options)
             predictions.append(options[int(np.argmax(option_scores))])
-            records[index]["option_scores"] = [float(x) for x in option_scores]
+            records[index].update(options=options,
+                                  option_scores=[float(x) for x in option_scores])
         return predictions
 
     def _lm_eval(self, params, task, examples) -> TaskResult:
@@ -301,7 +312,7 @@ class Evaluator(ModelRunner):
             offset += len(choices)
             best, best_norm = few_shot.choose(choice_scores, choices)
             record.update(prediction=choices[best], prediction_norm=choices[best_norm],
-                          option_scores=[float(x) for x in choice_scores])
+                          options=choices, option_scores=[float(x) for x in choice_scores])
             correct.append(choices[best] == record["targets"])
             correct_norm.append(choices[best_norm] == record["targets"])
         metrics = {"acc": float(np.mean(correct)), "acc_norm": float(np.mean(correct_norm))}

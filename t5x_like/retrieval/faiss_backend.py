@@ -1,6 +1,6 @@
 """faiss as an optional backend, for indexes too large to keep on the devices.
 
-The ``retrieval`` extra installs it (``pip install -e ".[retrieval]"``). Inner
+The ``retrieval`` extra installs it (``pip install -c constraints.txt -e ".[retrieval]"``). Inner
 product throughout, the metric the bi-encoder is trained for; ``factory`` is a
 faiss index-factory string (``"Flat"`` exact, ``"IVF1024,Flat"`` and the like
 approximate).
@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from t5x_like.errors import UserError
+from t5x_like.errors import UserError, install_hint
 
 
 def _faiss():
     try:
         import faiss
     except ImportError:
-        raise UserError("The faiss backend needs faiss: pip install -c constraints.txt -e "
-                        '".[retrieval]" (or pass --backend=jax).') from None
+        raise UserError(f"The faiss backend needs faiss: {install_hint('retrieval')} (or pass "
+                        "--backend=jax).") from None
     return faiss
 
 

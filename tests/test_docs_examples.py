@@ -1,0 +1,115 @@
+"""The docs' examples are code: the small-task example of docs/data_and_tasks.md runs as
+printed, every command the README and docs/ show answers --help without a traceback,
+and every command of the README's table is also a ``t5xl`` subcommand."""
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from concurrent import futures
+from pathlib import Path
+
+import pytest
+
+from t5x_like import cli
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def _env(**extra):
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    return dict(env, **extra)
+
+
+def _fenced_blocks(text: str, language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
+
+
+def _shell_lines(block: str) -> list[str]:
+    """One command per line, with backslash continuations joined."""
+    return [line.strip() for line in block.replace("\\\n", " ").splitlines()
+            if line.strip() and not line.strip().startswith("#")]
+
+
+def _run(argv, **kwargs):
+    return subprocess.run(argv, capture_output=True, text=True, cwd=REPO, **kwargs)
+
+
+@pytest.mark.slow
+def test_the_small_task_example_runs_as_printed(tmp_path):
+    """Registering a task from a user module, `tasks show`, training 20 steps and `eval`,
+    with the page's own code: only `.venv/bin/python` becomes this interpreter and
+    `runs/` a temporary folder."""
+    page = (REPO / "docs" / "data_and_tasks.md").read_text()
+    module = next(b for b in _fenced_blocks(page, "python") if b.startswith("# my_tasks.py"))
+    (tmp_path / "my_tasks.py").write_text(module)
+    section = page[page.index("# my_tasks.py"):]
+    commands = _shell_lines(_fenced_blocks(section, "sh")[0])
+    assert [shlex.split(c)[2] for c in commands] == [
+        "t5x_like.tasks", "t5x_like.tasks", "t5x_like.train", "t5x_like.eval"]
+    env = _env(PYTHONPATH=str(tmp_path))
+    outputs = []
+    for command in commands:
+        argv = [sys.executable if word == ".venv/bin/python" else
+                word.replace("runs/", f"{tmp_path}/runs/") for word in shlex.split(command)]
+        result = _run(argv, env=env, timeout=600)
+        assert result.returncode == 0, (command, result.stderr[-3000:])
+        assert "Traceback" not in result.stderr, (command, result.stderr[-3000:])
+        # Evaluation opens checkpoints read-only without orbax's warnings about it.
+        assert "WARNING:absl" not in result.stderr, (command, result.stderr[-3000:])
+        outputs.append(result.stdout + result.stderr)
+    show, sample, trained, evaluated = outputs
+    assert "my_authors" in show and "examples: train 32, validation 8" in show
+    assert sample.count("--- example") == 2
+    assert "held-out loss" in trained and "Held-out evaluation is off" not in trained
+    lines = [json.loads(line) for line in
+             (tmp_path / "runs" / "my_authors_eval" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["task"], r["step"]) for r in lines] == [("my_authors", 20)]
+    assert set(lines[0]["metrics"]) >= {"accuracy", "macro_f1"}
+    predictions = [json.loads(line) for line in (
+        tmp_path / "runs" / "my_authors_eval" / "predictions" / "my_authors" /
+        "step_20.jsonl").read_text().splitlines()]
+    assert len(predictions) == 8  # every held-out record, once
+    assert all(p["options"] == ["austen", "shakespeare"] and len(p["option_scores"]) == 2
+               for p in predictions)
+
+
+def _documented_commands() -> list[list[str]]:
+    """``[module, subcommand?]`` of every ``python -m ...`` the README and docs/ show."""
+    found = set()
+    pattern = re.compile(r"python3? -m ((?:t5x_like(?:\.\w+)+)|launch)(?: ([a-z_]+)\b)?")
+    for page in DOCS:
+        for module, sub in pattern.findall(page.read_text()):
+            found.add((module, sub))
+    return [[m, s] if s else [m] for m, s in sorted(found)]
+
+
+def test_the_docs_show_the_commands_this_test_checks():
+    modules = {c[0] for c in _documented_commands()}
+    assert {"t5x_like.train", "t5x_like.eval", "t5x_like.infer", "t5x_like.plan", "launch",
+            "t5x_like.convert", "t5x_like.tasks", "t5x_like.peft"} <= modules
+
+
+@pytest.mark.slow
+def test_every_documented_command_answers_help_without_a_traceback():
+    def help_of(command):
+        return command, _run([sys.executable, "-m", *command, "--help"], env=_env(),
+                             timeout=300)
+    with futures.ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(help_of, _documented_commands()))
+    for command, result in results:
+        assert result.returncode == 0, (command, result.stderr[-2000:])
+        assert "Traceback" not in result.stderr, (command, result.stderr[-2000:])
+        assert "usage:" in result.stdout, (command, result.stdout[-500:])
+
+
+def test_every_command_of_the_readme_table_is_a_t5xl_command():
+    readme = (REPO / "README.md").read_text()
+    table = readme[readme.index("## Commands"):readme.index("## Layout")]
+    names = {cell.split()[0] for row in table.splitlines() if row.startswith("| `")
+             for cell in re.findall(r"`([^`]+)`", row.split("|")[1])
+             if not cell.startswith("python")}
+    assert names and names <= set(cli.COMMANDS), names - set(cli.COMMANDS)
