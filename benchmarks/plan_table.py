@@ -3,8 +3,9 @@ compiles a config's real train step for a TPU topology with ``t5x_like.plan`` (l
 compiler, no TPU needed: ``pip install -c constraints.txt -e ".[tpu]"``) and prints
 memory per chip, the verdict and how long the compile took on this machine.
 
-    python benchmarks/plan_table.py              # every row (t5_1_1_xxl unrolled needs ~20 GB)
+    python benchmarks/plan_table.py              # every row (about 4 minutes on 2 cores)
     python benchmarks/plan_table.py --skip_xxl   # the rows that compile in a minute or two
+    python benchmarks/plan_table.py --only=t5_1_1_xxl
 
 Paste the table into the page with the commit it ran on (``git rev-parse --short HEAD``).
 """
@@ -59,7 +60,8 @@ def format_row(config_name, topology, num_slices, what, result) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip_xxl", action="store_true",
-                        help="leave out t5_1_1_xxl unrolled (long compile, ~20 GB of host memory)")
+                        help="leave out t5_1_1_xxl unrolled (the longest compile)")
+    parser.add_argument("--only", help="only the rows of this config")
     args = parser.parse_args(argv)
     # As `python -m t5x_like.plan` sets them: this machine is no TPU VM.
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
@@ -70,7 +72,8 @@ def main(argv=None) -> int:
     print(f"measured at commit {commit or 'unknown'}\n")
     print("| config | topology | per chip | verdict | compile |\n| --- | --- | --- | --- | --- |")
     for config_name, topology, num_slices, overrides, what in ROWS:
-        if args.skip_xxl and config_name == "t5_1_1_xxl":
+        if (args.skip_xxl and config_name == "t5_1_1_xxl") or args.only not in (None,
+                                                                                config_name):
             continue
         result = plan_row(config_name, topology, num_slices, overrides)
         print(format_row(config_name, topology, num_slices, what, result), flush=True)

@@ -68,7 +68,7 @@ def test_the_small_task_example_runs_as_printed(tmp_path):
     lines = [json.loads(line) for line in
              (tmp_path / "runs" / "my_authors_eval" / "metrics.jsonl").read_text().splitlines()]
     assert [(r["task"], r["step"]) for r in lines] == [("my_authors", 20)]
-    assert set(lines[0]["metrics"]) >= {"accuracy", "macro_f1"}
+    assert set(lines[0]) >= {"accuracy", "macro_f1"}
     predictions = [json.loads(line) for line in (
         tmp_path / "runs" / "my_authors_eval" / "predictions" / "my_authors" /
         "step_20.jsonl").read_text().splitlines()]
@@ -80,7 +80,7 @@ def test_the_small_task_example_runs_as_printed(tmp_path):
 def _documented_commands() -> list[list[str]]:
     """``[module, subcommand?]`` of every ``python -m ...`` the README and docs/ show."""
     found = set()
-    pattern = re.compile(r"python3? -m ((?:t5x_like(?:\.\w+)+)|launch)(?: ([a-z_]+)\b)?")
+    pattern = re.compile(r"python3? -m ((?:t5x_like(?:\.\w+)+)|launch)(?: ([a-z_][a-z_-]*))?")
     for page in DOCS:
         for module, sub in pattern.findall(page.read_text()):
             found.add((module, sub))
