@@ -220,5 +220,5 @@ def test_a_bucket_path_without_its_client_library_names_the_extra(monkeypatch):
     monkeypatch.setitem(storage._FSSPEC_PACKAGE, "gs://", "no_such_gcs_client")
     with pytest.raises(errors.UserError,
                        match=r"--workdir=gs://b/run: gs:// paths need the no_such_gcs_client "
-                             r"package; install the 'cloud' extra"):
+                             r'package: pip install -c constraints.txt -e "\.\[cloud\]"'):
         cli_flags.check_writable_folder("gs://b/run")

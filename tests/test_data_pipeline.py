@@ -293,3 +293,25 @@ def test_tokenize_leaves_pretokenized_features_alone(registered):
     out = list(td.get_dataset("pretokenized", {"targets": 8}, num_epochs=1, shuffle=False))
     assert out[0]["targets"].tolist() == [5, 6, 7]
     assert out[1]["targets"].tolist() == VOCAB.encode("hello")
+
+
+def test_bad_jsonl_records_are_named_by_file_and_line(tmp_path):
+    from t5x_like.data import feature_converters
+    bad_json = tmp_path / "bad.jsonl"
+    bad_json.write_text('{"inputs": "a", "targets": "b"}\n{"inputs": "c", targets: 1}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: not valid JSON \(Expecting property"):
+        td.JsonlSource([str(bad_json)], holdout_every=0).get("train")
+    lacking = tmp_path / "lacking.jsonl"
+    lacking.write_text('{"inputs": "a", "targets": "b"}\n\n{"inputs": "c"}\n')
+    td.TaskRegistry.remove("lacking_jsonl")
+    td.TaskRegistry.add("lacking_jsonl", source=td.JsonlSource([str(lacking)], holdout_every=0),
+                        preprocessors=[pp.Tokenize(), pp.AppendEos()],
+                        output_features=tasks.features("inputs", "targets"))
+    try:
+        ds = td.build_dataset("lacking_jsonl", "train", {"inputs": 8, "targets": 8}, seed=0,
+                              shuffle=False, repeat=False)
+        with pytest.raises(feature_converters.MissingFeatures,
+                           match=r"lacking.jsonl:3 has no 'targets' \(its fields: 'inputs'\)"):
+            list(ds)
+    finally:
+        td.TaskRegistry.remove("lacking_jsonl")

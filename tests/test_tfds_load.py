@@ -152,7 +152,7 @@ def test_reader_choice_errors(data_dir, monkeypatch):
     with pytest.raises(FileNotFoundError, match="array_record"):
         source(data_dir, reader="array_record").get("train")
     monkeypatch.setattr(sources.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ModuleNotFoundError, match=r"t5x_like\[tf\]"):
+    with pytest.raises(ModuleNotFoundError, match=r'-e "\.\[tf\]"'):
         source(data_dir).get("train")
 
 
@@ -167,5 +167,5 @@ def test_bad_tfrecord_reads_are_named(data_dir, monkeypatch):
     with pytest.raises(RuntimeError, match="ended 1 examples early.*re-prepare"):
         stream(sequential.SequentialRecords([short]), 3)
     monkeypatch.setattr(sources.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ModuleNotFoundError, match=r"reader='tfrecord'.*t5x_like\[tf\]"):
+    with pytest.raises(ModuleNotFoundError, match=r"reader='tfrecord'.*-e \"\.\[tf\]\""):
         source(data_dir, reader="tfrecord").get("train")
