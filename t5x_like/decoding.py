@@ -33,6 +33,25 @@ def init_cache(model: nn.Module, batch_size: int, encoder_length: int, max_decod
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), nn.unbox(shapes))
 
 
+CROSS_CACHE = ("cross_key", "cross_value")
+
+
+def fill_cross_cache(model: nn.Module, params, cache, encoded: jax.Array,
+                     encoder_input_tokens: jax.Array, max_decode_length: int):
+    """``cache`` with every layer's cross-attention keys and values of ``encoded``, so the
+    steps read them (``cached_cross=True``) instead of projecting the whole encoder
+    output again at every step. One step on the start token computes them; everything
+    else of the cache stays as it was (the self-attention cache is still empty)."""
+    start = jnp.full((encoded.shape[0], 1), special_ids(model)[0], jnp.int32)
+    _, variables = model.apply({"params": params, "cache": cache}, encoded,
+                               encoder_input_tokens, start, max_decode_length,
+                               method=model.decode, mutable=["cache"])
+
+    def keep(path, old, new):
+        return new if getattr(path[-1], "key", None) in CROSS_CACHE else old
+    return jax.tree_util.tree_map_with_path(keep, cache, variables["cache"])
+
+
 def filter_logits(logits: jax.Array, top_k: int = 0, top_p: float = 1.0) -> jax.Array:
     """Masks all but the ``top_k`` largest logits and the smallest set with mass >= ``top_p``."""
     neg = jnp.finfo(logits.dtype).min
@@ -80,7 +99,9 @@ def decode(model: nn.Module, params, encoder_input_tokens: jax.Array, *, max_dec
     rows, encoder_length = encoder_input_tokens.shape
     batch = rows // copies
     encoded = model.apply({"params": params}, encoder_input_tokens, method=model.encode)
-    cache = init_cache(model, rows, encoder_length, max_decode_length)
+    cache = fill_cross_cache(model, params, init_cache(model, rows, encoder_length,
+                                                       max_decode_length),
+                             encoded, encoder_input_tokens, max_decode_length)
     rng = jax.random.key(0) if rng is None else rng
 
     def choose(logits, step):
@@ -97,8 +118,8 @@ def decode(model: nn.Module, params, encoder_input_tokens: jax.Array, *, max_dec
         step, token, cache, output, done = carry
         logits, variables = model.apply(
             {"params": params, "cache": cache}, encoded, encoder_input_tokens,
-            jnp.repeat(token, copies)[:, None], max_decode_length, method=model.decode,
-            mutable=["cache"])
+            jnp.repeat(token, copies)[:, None], max_decode_length, cached_cross=True,
+            method=model.decode, mutable=["cache"])
         per_copy = logits[:, 0].reshape(batch, copies, -1)
         scores = combine(per_copy) if combine is not None else per_copy[:, 0]
         next_token = jnp.where(done, pad_id, choose(scores, step))
@@ -122,18 +143,24 @@ def length_penalty(length: jax.Array, alpha: float) -> jax.Array:
 
 
 def _gather_beams(tree, beam_indices: jax.Array, batch: int, old_beams: int):
-    """Picks beams ``beam_indices [batch, new_beams]`` from arrays shaped ``[batch*old_beams, ...]``.
+    """Picks beams ``beam_indices [batch, new_beams]`` from arrays shaped ``[batch*old_beams, ...]``
+    (``[layers, batch*old_beams, ...]`` under a scanned stack's ``layers``).
 
     One row gather per array, its indices promised in bounds: ``take_along_axis``
     over a ``[batch, beams, ...]`` view also masked every element of the cache for
-    out-of-range indices, a second pass over the whole cache at every step."""
+    out-of-range indices, a second pass over the whole cache at every step. The
+    cross-attention cache is the same for every beam of an example: not gathered."""
     rows = (jnp.arange(batch)[:, None] * old_beams + beam_indices).reshape(-1)
 
-    def gather(x):
-        if x.ndim == 0 or x.shape[0] != batch * old_beams:
+    def gather(path, x):
+        names = [getattr(p, "key", None) for p in path]
+        axis = 1 if "layers" in names else 0
+        if (names and names[-1] in CROSS_CACHE) or x.ndim <= axis or (
+                x.shape[axis] != batch * old_beams):
             return x  # e.g. the cache index, shared by every beam
-        return x.at[rows].get(mode="promise_in_bounds")
-    return jax.tree.map(gather, tree)
+        return jnp.moveaxis(jnp.moveaxis(x, axis, 0).at[rows].get(mode="promise_in_bounds"),
+                            0, axis)
+    return jax.tree_util.tree_map_with_path(gather, tree)
 
 
 def beam_search(step_fn, cache, *, batch_size: int, num_beams: int, max_decode_length: int,
@@ -220,12 +247,14 @@ def beam_decode(model: nn.Module, params, encoder_input_tokens: jax.Array, *,
     # Every beam carries its own copy of the encoder outputs and cache rows.
     encoded = jnp.repeat(encoded, num_beams, axis=0)
     encoder_tokens = jnp.repeat(encoder_input_tokens, num_beams, axis=0)
-    cache = init_cache(model, batch * num_beams, encoder_length, max_decode_length)
+    cache = fill_cross_cache(model, params, init_cache(model, batch * num_beams, encoder_length,
+                                                       max_decode_length),
+                             encoded, encoder_tokens, max_decode_length)
 
     def step_fn(tokens, cache):
         logits, variables = model.apply(
             {"params": params, "cache": cache}, encoded, encoder_tokens, tokens[:, None],
-            max_decode_length, method=model.decode, mutable=["cache"])
+            max_decode_length, cached_cross=True, method=model.decode, mutable=["cache"])
         return logits[:, 0], variables["cache"]
 
     return beam_search(step_fn, cache, batch_size=batch, num_beams=num_beams,

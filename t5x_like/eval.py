@@ -123,11 +123,16 @@ def _say_skipped(steps: list[int], output_dir, split: str, say) -> None:
 
 
 def _setup(source, step, args, overrides, name):
+    import jax
 
+    from t5x_like import structures
     from t5x_like import trainer as trainer_lib
     from t5x_like.evaluation import evaluator
 
     config = runs.run_config(source, step, args.config, overrides)
+    line = structures.structure_class(config.model.family).evaluation_line(config)
+    if line and jax.process_index() == 0 and not args.quiet:
+        print(line, flush=True)
     saved = source.saved_config(step)
     trained = runs.trained_vocabulary(source, saved)
     asked = runs.resolve_vocabulary(args.vocabulary, source, trained)

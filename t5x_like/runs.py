@@ -214,16 +214,18 @@ def run_config(source: Source, step: int, config_path: str | None, overrides) ->
         check_same_model(saved, config, source=str(source.path))
         resolve_head_labels(config)
         return config
+    from t5x_like import structures
     config = config_lib.default_config()
     if source.kind == "pretrained":
         config.model = config_lib.model_defaults(saved["model"]["family"])
         config.model.update({k: v for k, v in saved["model"].items() if k in config.model})
-        from t5x_like import structures
         fitted = structures.structure_class(config.model.family).pretrained_lengths(config)
         if fitted is not None:
             config.task_feature_lengths = fitted
     else:
         config = config_from_saved(saved)
+    structures.structure_class(config.model.family).evaluate_as_trained(
+        config, saved, imported=source.kind == "pretrained")
     config_lib.apply_overrides(config, overrides)
     config_lib.validate(config)
     return config

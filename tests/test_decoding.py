@@ -148,3 +148,51 @@ def test_sampling_without_an_rng_and_overlong_generation_are_refused(tmp_path):
     gpt = models.build_model(ml_collections.ConfigDict(gpt_config))
     with pytest.raises(ValueError, match="exceeds the model's max_length 40"):
         decoding.generate(gpt, gpt_params, jnp.ones((1, 30), jnp.int32), max_new_tokens=20)
+
+
+def _scanned(tmp_path, variant="v1_1"):
+    """The converted model unrolled and scanned, with the same weights."""
+    from t5x_like.models import stacking
+    _, model, params = converted(tmp_path, variant)
+    config = ml_collections.ConfigDict(load_pretrained(tmp_path / "ours")[0])
+    config.scan_layers = True
+    return model, params, models.build_model(config), stacking.stack_layer_params(params)
+
+
+def test_scanned_decoding_equals_unrolled_greedy_and_beam(tmp_path):
+    """Both stacks read their cross-attention keys and values from the cache; a scanned
+    cache has its beams on axis 1 (under ``layers``) and must follow them too."""
+    model, params, scanned, scanned_params = _scanned(tmp_path)
+    encoder = jnp.asarray(padded_batch()[0])
+    np.testing.assert_array_equal(
+        decoding.decode(scanned, scanned_params, encoder, max_decode_length=MAX_DECODE),
+        decoding.decode(model, params, encoder, max_decode_length=MAX_DECODE))
+    beams = [decoding.beam_decode(m, p, encoder, max_decode_length=MAX_DECODE, num_beams=3)
+             for m, p in ((model, params), (scanned, scanned_params))]
+    np.testing.assert_array_equal(beams[0][0], beams[1][0])
+    np.testing.assert_allclose(beams[0][1], beams[1][1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_decode_steps_project_the_encoder_output_once(tmp_path, scan):
+    """A step that reads the cross-attention cache does no keys/values projection of the
+    encoder output: its FLOPs are lower by exactly that projection (2 matrices, every
+    decoder layer), counted by XLA for the compiled step."""
+    model, params, scanned, scanned_params = _scanned(tmp_path)
+    model, params = (scanned, scanned_params) if scan else (model, params)
+    encoder = jnp.asarray(padded_batch()[0])
+    batch, length = encoder.shape
+    encoded = model.apply({"params": params}, encoder, method=model.encode)
+    cache = decoding.init_cache(model, batch, length, MAX_DECODE)
+    token = jnp.zeros((batch, 1), jnp.int32)
+
+    def step_flops(cached):
+        step = jax.jit(lambda p, c, e: model.apply(
+            {"params": p, "cache": c}, e, encoder, token, MAX_DECODE, cached_cross=cached,
+            method=model.decode, mutable=["cache"]))
+        return step.lower(params, cache, encoded).compile().cost_analysis()["flops"]
+    cfg = model.config
+    projection = 2 * (2 * batch * length * cfg.d_model * cfg.num_heads * cfg.head_dim)
+    layers = 1 if scan else cfg.num_decoder_layers  # XLA counts a scanned body once
+    saved = step_flops(False) - step_flops(True)
+    assert saved == pytest.approx(layers * projection, rel=0.05), (saved, layers * projection)

@@ -386,3 +386,63 @@ def test_export_with_a_vocabulary_that_does_not_load_is_refused(gpt2, tmp_path, 
     err = capsys.readouterr().err
     assert code == 2 and "--vocabulary=" in err and "no such tokenizer folder" in err
     assert not (tmp_path / "hf").exists()
+
+
+def hf_option_loglikelihood(model, tokens: list[int], option: list[int]) -> float:
+    """transformers' summed log-probability of ``option`` after ``tokens``."""
+    row = tokens + option
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([row[:-1]])).logits.double()
+    log_probs = torch.log_softmax(logits, -1)[0]
+    return sum(float(log_probs[len(tokens) - 1 + i, t]) for i, t in enumerate(option))
+
+
+def test_rank_scores_of_an_imported_gpt2_are_its_causal_log_likelihoods(gpt2, tmp_path, capsys):
+    """Rank mode (options scored as targets, no --num_shots) on an imported GPT-2 with its
+    own BPE: each option's score is transformers' log-probability of the option's tokens
+    and EOS after <|endoftext|> and the prompt, read causally as GPT-2 was trained."""
+    root, model, tokenizer = gpt2
+    out = tmp_path / "rank"
+    assert eval_cli.main([f"--checkpoint={root / 'ours'}", f"--task={CLOZE}", "--split=test",
+                          "--max_examples=4", "--mode=rank", "--vocabulary=checkpoint",
+                          f"--output_dir={out}"]) == 0
+    assert "prompts read with causal attention, rows start with id " \
+        f"{tokenizer.bos_token_id}" in capsys.readouterr().out
+    records = [json.loads(line) for line in
+               (out / "predictions" / CLOZE / "step_0.jsonl").read_text().splitlines()]
+    eos = tokenizer.eos_token_id
+    # The task's inputs end with EOS (AppendEos); the prompt is cut to its 3/4 of the
+    # 160 positions, so the rows compared are those whose prompt fits whole.
+    prompts = [[tokenizer.bos_token_id] + tokenizer.encode(r["inputs"], add_special_tokens=False)
+               + [eos] for r in records]
+    whole = [(r, p) for r, p in zip(records, prompts, strict=True) if len(p) - 1 <= 120]
+    assert len(records) == 4 and len(whole) >= 2
+    for record, prompt in whole:
+        theirs = [hf_option_loglikelihood(model, prompt, tokenizer.encode(
+            option, add_special_tokens=False) + [eos]) for option in record["options"]]
+        np.testing.assert_allclose(record["option_scores"], theirs, rtol=1e-4, atol=1e-4)
+
+
+def test_rank_scores_of_our_causal_run_equal_its_export(decoder_run, tmp_path, capsys):
+    """The same for a decoder this framework pretrained without inputs, on the built-in
+    SentencePiece vocabulary: scored causally from its start id 0, equal to its export."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(decoder_run / "hf").eval()
+    config = json.loads((decoder_run / "hf" / "config.json").read_text())
+    assert config["decoder_start_token_id"] == 0
+    vocabulary = tasks.embedded_vocabulary()
+    out = tmp_path / "rank"
+    assert eval_cli.main([f"--checkpoint={decoder_run / 'run'}", f"--task={CLOZE}",
+                          "--split=test", "--max_examples=3", "--mode=rank",
+                          "--inputs_length=216", "--targets_length=32",
+                          f"--output_dir={out}"]) == 0
+    assert "prompts read with causal attention, rows start with id 0" in capsys.readouterr().out
+    records = [json.loads(line) for line in
+               (out / "predictions" / CLOZE / "step_3.jsonl").read_text().splitlines()]
+    eos = vocabulary.eos_id
+    prompts = [[0] + list(vocabulary.encode(r["inputs"])) + [eos] for r in records]
+    whole = [(r, p) for r, p in zip(records, prompts, strict=True) if len(p) - 1 <= 216]
+    assert len(whole) >= 2
+    for record, prompt in whole:
+        theirs = [hf_option_loglikelihood(model, prompt, list(vocabulary.encode(option)) + [eos])
+                  for option in record["options"]]
+        np.testing.assert_allclose(record["option_scores"], theirs, rtol=1e-4, atol=1e-4)

@@ -47,7 +47,16 @@ def model_config_from_hf(hf: dict) -> dict:
         "layer_norm_epsilon": float(hf.get("layer_norm_epsilon", 1e-5)),
         "dropout_rate": 0.0,
         "dtype": "float32",
+        "bos_id": start_id(hf),
     }
+
+
+def start_id(hf: dict) -> int:
+    """The id a causal LM's sequences start with: ``decoder_start_token_id`` where our
+    export wrote it (this framework's runs start with 0), else the BOS (GPT-2's
+    <|endoftext|>, Llama's <s>), which is what the model read first in pretraining."""
+    value = hf.get("decoder_start_token_id")
+    return int(value if value is not None else hf.get("bos_token_id") or 0)
 
 
 def hf_config_from_model_config(cfg: dict) -> dict:
@@ -75,6 +84,7 @@ def hf_config_from_model_config(cfg: dict) -> dict:
         "attn_pdrop": 0.0, "tie_word_embeddings": True,
         # GPT-2's <|endoftext|> is the last id (50256 in the released vocabulary).
         "bos_token_id": cfg["vocab_size"] - 1, "eos_token_id": cfg["vocab_size"] - 1,
+        "decoder_start_token_id": cfg.get("bos_id", 0),  # what the model's sequences start with
     }
 
 

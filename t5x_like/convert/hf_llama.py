@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from t5x_like.convert import hf_gpt2
 from t5x_like.convert.hf_t5 import TrackedWeights
 from t5x_like.errors import UserError
 
@@ -55,6 +56,7 @@ def model_config_from_hf(hf: dict) -> dict:
         "sliding_window": int(hf.get("sliding_window") or 0) if hf["model_type"] == "mistral" else 0,
         "dropout_rate": 0.0,
         "dtype": "float32",
+        "bos_id": hf_gpt2.start_id(hf),
     }
 
 
@@ -81,6 +83,7 @@ def hf_config_from_model_config(cfg: dict) -> dict:
         "max_position_embeddings": cfg["max_length"], "rms_norm_eps": cfg["layer_norm_epsilon"],
         "rope_parameters": {"rope_theta": cfg["rotary_max_wavelength"], "rope_type": "default"},
         "tie_word_embeddings": cfg["tie_embeddings"], "attention_bias": False, "mlp_bias": False,
+        "decoder_start_token_id": cfg.get("bos_id", 0),  # what the model's sequences start with
     }
     if mistral:
         out["sliding_window"] = cfg["sliding_window"]

@@ -36,12 +36,14 @@ def pad_or_trim(tokens, length: int, dtype=np.int32) -> np.ndarray:
     return out
 
 
-def shift_right_per_segment(targets: np.ndarray, segment_ids: np.ndarray | None) -> np.ndarray:
-    """Decoder inputs: targets shifted right by one, with 0 at the start of every segment."""
-    shifted = np.concatenate([[0], targets[:-1]]).astype(np.int32)
+def shift_right_per_segment(targets: np.ndarray, segment_ids: np.ndarray | None,
+                            start_id: int = 0) -> np.ndarray:
+    """Decoder inputs: targets shifted right by one, with ``start_id`` at the start of
+    every segment (0 where padding starts)."""
+    shifted = np.concatenate([[start_id], targets[:-1]]).astype(np.int32)
     if segment_ids is not None:
         starts = np.concatenate([[True], segment_ids[1:] != segment_ids[:-1]])
-        shifted = np.where(starts, 0, shifted)
+        shifted = np.where(starts, np.where(segment_ids > 0, start_id, 0), shifted)
     return shifted
 
 
@@ -253,7 +255,9 @@ class DecoderFeatureConverter(FeatureConverter):
     decoder input of the targets is the last input token), as in seqio; the loss is on
     the targets only unless ``loss_on_targets_only=False``. ``bidirectional_prefix=False``
     leaves out ``decoder_causal_attention``: the prefix is read causally, as GPT
-    fine-tuning and lm-evaluation-harness condition on a prompt.
+    fine-tuning and lm-evaluation-harness condition on a prompt. ``start_id`` is the
+    first decoder input of every sequence (the model's ``bos_id``: 0 for the runs of
+    this framework, the tokenizer's BOS for an imported causal LM).
 
     Examples that carry ``inputs`` while ``prefix_lm=False`` are refused: silently
     dropping the inputs would train a language model on the targets alone.
@@ -263,8 +267,10 @@ class DecoderFeatureConverter(FeatureConverter):
 
     def __init__(self, pack: bool = False, num_packing_bins: int = 64,
                  packing_algorithm: str = "best_fit", prefix_lm: bool = False,
-                 loss_on_targets_only: bool = True, bidirectional_prefix: bool = True):
+                 loss_on_targets_only: bool = True, bidirectional_prefix: bool = True,
+                 start_id: int = 0):
         super().__init__(pack, num_packing_bins, packing_algorithm)
+        self.start_id = int(start_id)
         self.prefix_lm = prefix_lm
         self.loss_on_targets_only = loss_on_targets_only
         self.bidirectional_prefix = bidirectional_prefix
@@ -312,7 +318,8 @@ class DecoderFeatureConverter(FeatureConverter):
         positions = row["targets_positions"] if packed else np.arange(targets.size)
         nonpad = row["targets_segment_ids"] > 0
         out = {"decoder_target_tokens": targets,
-               "decoder_input_tokens": shift_right_per_segment(targets, segments),
+               "decoder_input_tokens": shift_right_per_segment(targets, segments,
+                                                               self.start_id),
                "decoder_loss_weights": nonpad.astype(np.float32)}
         if self.prefix_lm:
             width = row["inputs_width"]

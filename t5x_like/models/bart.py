@@ -100,7 +100,8 @@ class BartDecoderLayer(nn.Module):
     scanned: bool = False
 
     @nn.compact
-    def __call__(self, y, encoded, self_bias, cross_bias, deterministic, decode=False):
+    def __call__(self, y, encoded, self_bias, cross_bias, deterministic, decode=False,
+                 cross_cache=""):
         cfg = self.config
         dtype = cfg.compute_dtype
         dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
@@ -115,13 +116,15 @@ class BartDecoderLayer(nn.Module):
             h = attention_layer("self_attention")(h, h, self_bias, deterministic, decode)
             y = y + dropout(h, deterministic=deterministic)
             h = norm("cross_attention_norm")(y)
-            h = attention_layer("encoder_decoder_attention")(h, encoded, cross_bias, deterministic)
+            h = attention_layer("encoder_decoder_attention")(h, encoded, cross_bias, deterministic,
+                                                             cross_cache=cross_cache)
             y = y + dropout(h, deterministic=deterministic)
             y = y + dropout(mlp(norm("mlp_norm")(y), deterministic), deterministic=deterministic)
         else:
             h = attention_layer("self_attention")(y, y, self_bias, deterministic, decode)
             y = norm("self_attention_norm")(y + dropout(h, deterministic=deterministic))
-            h = attention_layer("encoder_decoder_attention")(y, encoded, cross_bias, deterministic)
+            h = attention_layer("encoder_decoder_attention")(y, encoded, cross_bias, deterministic,
+                                                             cross_cache=cross_cache)
             y = norm("cross_attention_norm")(y + dropout(h, deterministic=deterministic))
             y = norm("mlp_norm")(y + dropout(mlp(y, deterministic), deterministic=deterministic))
         y = constrain(y, ("batch", "length", "embed"))
@@ -177,21 +180,21 @@ class BartEncoderDecoder(nn.Module):
         return self.encoder_final_norm(x) if self.config.final_layer_norm else x
 
     def decode(self, encoded, encoder_input_tokens, decoder_input_tokens, max_decode_length: int,
-               deterministic: bool = True) -> jax.Array:
+               deterministic: bool = True, cached_cross: bool = False) -> jax.Array:
         """One decoding step over the cache (or, at cache initialisation, the full length);
-        the cache counts the positions."""
+        the cache counts the positions; ``cached_cross`` as in ``t5.EncoderDecoder.decode``."""
         positions = self.decode_position(decoder_input_tokens)
         cross_mask = attention.cross_attention_mask(jnp.ones(decoder_input_tokens.shape, bool),
                                                     encoder_input_tokens != self.config.pad_id)
         self_bias = attention.cache_bias(max_decode_length)
         return self._decode(encoded, decoder_input_tokens, positions, self_bias, cross_mask,
-                            deterministic, True)
+                            deterministic, True, "read" if cached_cross else "fill")
 
     def _decode(self, encoded, decoder_input_tokens, positions, self_bias, cross_bias,
-                deterministic, decode):
+                deterministic, decode, cross_cache=""):
         y = self._embed(decoder_input_tokens, positions, self.decoder_positions,
                         self.decoder_embedding_norm, deterministic)
-        y = self.decoder(y, encoded, self_bias, cross_bias, deterministic, decode)
+        y = self.decoder(y, encoded, self_bias, cross_bias, deterministic, decode, cross_cache)
         if self.config.final_layer_norm:
             y = self.decoder_final_norm(y)
         self.sow("intermediates", "final_hidden", y)  # distillation's cosine loss reads it
@@ -270,13 +273,14 @@ class BartStack(nn.Module):
     is_decoder: bool
 
     @nn.compact
-    def __call__(self, x, encoded, self_bias, cross_bias, deterministic, decode=False):
+    def __call__(self, x, encoded, self_bias, cross_bias, deterministic, decode=False,
+                 cross_cache=""):
         cfg = self.config
         if self.is_decoder:
             return stacking.run_stack(BartDecoderLayer, cfg, cfg.num_decoder_layers, x, encoded,
-                                      self_bias, cross_bias, deterministic, decode,
+                                      self_bias, cross_bias, deterministic, decode, cross_cache,
                                       scan=cfg.scan_layers, remat_policy=cfg.remat_policy,
-                                      static_argnums=(3, 4))
+                                      static_argnums=(3, 4, 5))
         # BART's encoder block is BERT's post-norm block (same fields on the config).
         block = PreNormEncoderLayer if cfg.pre_norm else EncoderBlock
         return stacking.run_stack(block, cfg, cfg.num_encoder_layers, x, self_bias,

@@ -50,6 +50,10 @@ class DecoderConfig:
     dtype: str = "float32"
     scan_layers: bool = False
     remat_policy: str = "none"
+    # The first input of every sequence: 0 for the runs of this framework (targets shifted
+    # right, as seqio); an imported causal LM keeps its tokenizer's BOS (GPT-2's
+    # <|endoftext|>), which is what it read first in pretraining.
+    bos_id: int = 0
 
     def __post_init__(self):
         if self.position_embedding not in ("learned", "rotary"):

@@ -355,7 +355,8 @@ class MultiHeadAttention(nn.Module):
                  deterministic: bool = True, decode: bool = False,
                  query_positions: jax.Array | None = None,
                  key_positions: jax.Array | None = None,
-                 prefix_kv: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
+                 prefix_kv: tuple[jax.Array, jax.Array] | None = None,
+                 cross_cache: str = "") -> jax.Array:
         """``decode=True``: autoregressive self-attention over a key/value cache.
 
         The first call (at ``init``) sees the full decode length and only creates the
@@ -370,6 +371,10 @@ class MultiHeadAttention(nn.Module):
         ``bias``: an ``attention.AttentionMask`` (computed by ``attention_impl``), a
         dense additive ``[batch, 1 or heads, q, k]`` array or ``attention.SplitBias``,
         or None.
+        ``cross_cache`` (cross-attention while decoding): the encoder output's keys and
+        values do not change from step to step, so ``"fill"`` projects ``inputs_kv`` and
+        keeps the result in the cache (``cross_key``, ``cross_value``) and ``"read"``
+        uses the kept ones without projecting again; ``""`` projects on every call.
         """
         embed = inputs_q.shape[-1]
         kv_heads = self.num_kv_heads or self.num_heads
@@ -387,9 +392,19 @@ class MultiHeadAttention(nn.Module):
         query = DenseGeneral((self.num_heads, self.head_dim), ("embed", "heads", "kv"),
                              kernel_init=query_init, use_bias=self.use_bias, dtype=self.dtype,
                              name="query")(inputs_q)
-        key, value = (DenseGeneral((kv_heads, self.head_dim), kv_axes, kernel_init=base_init,
-                                   use_bias=self.use_bias, dtype=self.dtype, name=name)(inputs_kv)
-                      for name in ("key", "value"))
+        if cross_cache == "read":
+            key, value = (self.get_variable("cache", name) for name in ("cross_key",
+                                                                       "cross_value"))
+        else:
+            key, value = (DenseGeneral((kv_heads, self.head_dim), kv_axes,
+                                       kernel_init=base_init, use_bias=self.use_bias,
+                                       dtype=self.dtype, name=name)(inputs_kv)
+                          for name in ("key", "value"))
+        if cross_cache == "fill":
+            self.put_variable("cache", "cross_key", key)
+            self.put_variable("cache", "cross_value", value)
+        elif cross_cache not in ("", "read"):
+            raise ValueError(f"cross_cache={cross_cache!r}; use '', 'fill' or 'read'.")
         if self.rotary:
             query = apply_rotary(query, _default_positions(query_positions, inputs_q),
                                  self.rotary_max_wavelength)

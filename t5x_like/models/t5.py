@@ -71,7 +71,8 @@ class DecoderLayer(nn.Module):
     scanned: bool = False
 
     @nn.compact
-    def __call__(self, x, encoded, self_bias, cross_bias, deterministic, decode=False):
+    def __call__(self, x, encoded, self_bias, cross_bias, deterministic, decode=False,
+                 cross_cache=""):
         cfg = self.config
         dtype = cfg.compute_dtype
         dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
@@ -85,7 +86,8 @@ class DecoderLayer(nn.Module):
         h = layers.MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dtype,
                                       attention_impl=cfg.attention_impl,
                                       name="encoder_decoder_attention")(
-                                          h, encoded, cross_bias, deterministic)
+                                          h, encoded, cross_bias, deterministic,
+                                          cross_cache=cross_cache)
         x = layers.gradient_boundary(x + dropout(h, deterministic=deterministic))
         h = layers.RMSNorm(cfg.layer_norm_epsilon, dtype=dtype, name="pre_mlp_norm")(x)
         h = layers.Mlp(cfg.d_ff, tuple(cfg.mlp_activations), cfg.dropout_rate, dtype,
@@ -127,11 +129,13 @@ class Decoder(nn.Module):
     @nn.compact
     def __call__(self, encoded, encoder_input_tokens, decoder_input_tokens,
                  decoder_target_tokens, deterministic, decode=False, max_decode_length=None,
-                 encoder_segment_ids=None, decoder_segment_ids=None):
+                 encoder_segment_ids=None, decoder_segment_ids=None, cached_cross=False):
         """Training: full sequences. ``decode``: one position per call over a cache of
         ``max_decode_length`` positions (targets are unknown then, so only the causal
-        mask and the encoder padding apply). Packed rows: a decoder token sees only
-        its own segment, in the decoder and in the encoder."""
+        mask and the encoder padding apply); the encoder output's cross-attention keys
+        and values are projected into the cache, or with ``cached_cross`` read from it
+        (``encoded`` is then unused). Packed rows: a decoder token sees only its own
+        segment, in the decoder and in the encoder."""
         cfg = self.config
         length = (max_decode_length or decoder_input_tokens.shape[1]) if decode else (
             decoder_input_tokens.shape[1])
@@ -156,9 +160,11 @@ class Decoder(nn.Module):
         y = self.embedder(decoder_input_tokens)
         y = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(y, deterministic=deterministic)
         y = constrain(y, ("batch", "length", "embed"))
+        cross_cache = ("read" if cached_cross else "fill") if decode else ""
         y = stacking.run_stack(DecoderLayer, cfg, cfg.num_decoder_layers, y, encoded, self_bias,
-                               cross_bias, deterministic, decode, scan=cfg.scan_layers,
-                               remat_policy=cfg.remat_policy, static_argnums=(3, 4))
+                               cross_bias, deterministic, decode, cross_cache,
+                               scan=cfg.scan_layers, remat_policy=cfg.remat_policy,
+                               static_argnums=(3, 4, 5))
         y = layers.RMSNorm(cfg.layer_norm_epsilon, dtype=cfg.compute_dtype, name="final_norm")(y)
         self.sow("intermediates", "final_hidden", y)  # distillation's cosine loss reads it
         y = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(y, deterministic=deterministic)
@@ -189,11 +195,14 @@ class EncoderDecoder(nn.Module):
         return self.encoder(encoder_input_tokens, deterministic)
 
     def decode(self, encoded, encoder_input_tokens, decoder_input_tokens,
-               max_decode_length: int, deterministic: bool = True) -> jax.Array:
-        """One decoding step (or, at cache initialisation, the full length) with the cache."""
+               max_decode_length: int, deterministic: bool = True,
+               cached_cross: bool = False) -> jax.Array:
+        """One decoding step (or, at cache initialisation, the full length) with the cache;
+        ``cached_cross``: the cross-attention keys and values are the cache's
+        (``decoding.fill_cross_cache``)."""
         return self.decoder(encoded, encoder_input_tokens, decoder_input_tokens,
                             decoder_input_tokens, deterministic, decode=True,
-                            max_decode_length=max_decode_length)
+                            max_decode_length=max_decode_length, cached_cross=cached_cross)
 
     def __call__(self, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens,
                  encoder_segment_ids=None, decoder_segment_ids=None, encoder_positions=None,

@@ -89,6 +89,16 @@ class Structure:
         return None
 
     @classmethod
+    def evaluate_as_trained(cls, config, saved: dict, imported: bool) -> None:
+        """Sets on ``config`` what evaluating a checkpoint needs from how it was trained
+        (``saved``: the run's config, or an imported folder's ``{"model": ...}``)."""
+
+    @classmethod
+    def evaluation_line(cls, config) -> str | None:
+        """What ``eval`` says about how this model reads its rows (None: nothing)."""
+        return None
+
+    @classmethod
     def parameter_split(cls, shapes) -> str | None:
         """A line ``summary`` adds below the totals, where a family counts its parameters
         in parts (ELECTRA's two towers)."""

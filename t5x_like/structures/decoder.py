@@ -66,6 +66,22 @@ class DecoderStructure(Structure):
             raise ConfigError("A decoder's first token has seen nothing but itself; pool a "
                               "decoder body at its last token: --config.head.pooling=last.")
 
+    @classmethod
+    def evaluate_as_trained(cls, config, saved, imported):
+        """Scores are log-likelihoods under the attention the checkpoint was trained with:
+        causal for an imported causal LM and for a run trained without inputs (or with
+        a causal prefix), bidirectional only where the run trained a bidirectional
+        prefix."""
+        trained_prefix = (not imported and "inputs" in saved.get("task_feature_lengths", {})
+                          and saved.get("prefix_attention", "bidirectional") == "bidirectional")
+        config.prefix_attention = "bidirectional" if trained_prefix else "causal"
+
+    @classmethod
+    def evaluation_line(cls, config):
+        start = config.model.get("bos_id", 0)
+        return (f"decoder: prompts read with {config.prefix_attention} attention, rows start "
+                f"with id {start}")
+
     def __init__(self, model, prefix_attention: str = "bidirectional"):
         super().__init__(model)
         if prefix_attention not in ("bidirectional", "causal"):
@@ -77,7 +93,8 @@ class DecoderStructure(Structure):
         from t5x_like.data import feature_converters
         return feature_converters.DecoderFeatureConverter(
             pack=pack, prefix_lm="inputs" in task_feature_lengths,
-            bidirectional_prefix=self.prefix_attention == "bidirectional")
+            bidirectional_prefix=self.prefix_attention == "bidirectional",
+            start_id=getattr(self.model.config, "bos_id", 0))
 
     def model_feature_lengths(self, task_feature_lengths):
         lengths = dict(task_feature_lengths)
