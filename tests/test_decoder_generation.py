@@ -51,9 +51,17 @@ def test_beam_of_one_is_greedy_and_scores_are_log_probabilities(settings):
 def test_scanned_decoder_generates_what_the_loop_generates():
     model, params, prompt = model_and_params(MODERN)
     scanned = decoder.DecoderOnly(decoder.DecoderConfig(**MODERN, scan_layers=True))
+    scanned_params = stacking.stack_layer_params(params)
     np.testing.assert_array_equal(
-        decoding.generate(scanned, stacking.stack_layer_params(params), prompt, max_new_tokens=6),
+        decoding.generate(scanned, scanned_params, prompt, max_new_tokens=6),
         decoding.generate(model, params, prompt, max_new_tokens=6))
+    # Beam search: a scanned cache holds its rows on axis 1, under the layers axis, and
+    # they must follow their beams as the loop's do.
+    loop, stacked = (decoding.beam_generate(m, p, prompt, max_new_tokens=6, num_beams=3,
+                                            alpha=0.0, eos_id=-1)
+                     for m, p in ((model, params), (scanned, scanned_params)))
+    np.testing.assert_array_equal(stacked[0], loop[0])
+    np.testing.assert_allclose(stacked[1], loop[1], rtol=1e-5, atol=1e-5)
 
 
 def test_beam_generation_past_max_length_is_refused():
