@@ -119,7 +119,7 @@ def test_a_task_without_validation_examples_trains_with_held_out_evaluation_off(
     assert result["step"] == 4 and result["eval"] == {}
     said = capsys.readouterr().err
     assert said.count("Held-out evaluation is off") == 1
-    assert "holds out every 100th record" in said and "holdout_every=5" in said
+    assert "holds out one record in 100" in said and "holdout_every=5" in said
 
 
 def test_a_tiny_validation_split_is_evaluated_whole_with_the_default_streams(

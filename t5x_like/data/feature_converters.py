@@ -85,9 +85,10 @@ class FeatureConverter:
         """The example's packable features, trimmed to their lengths (1-D numpy arrays)."""
         missing = [f for f in self.REQUIRED if f not in example]
         if missing:
-            raise MissingFeatures(f"{type(self).__name__} needs task features {list(self.REQUIRED)}; the "
-                           f"example lacks {missing} (it has {sorted(example)}). Check the task's "
-                           "preprocessors or pick the converter for the model family.")
+            raise MissingFeatures(
+                f"{type(self).__name__} needs task features {list(self.REQUIRED)}; the example "
+                f"lacks {missing} (it has {sorted(example)}). Check the task's preprocessors or "
+                "pick the converter for the model family.")
         return {f: np.asarray(example[f]).reshape(-1)[:lengths[f]]
                 for f in self.PACKED_FEATURES if f in example}
 

@@ -199,7 +199,7 @@ class FileSource(Source):
             return (f"its {kind} has holdout_every=0; set holdout_every=N to hold out every "
                     "N-th record")
         files = self.files()
-        return (f"its {kind} holds out every {self.holdout_every}th record, and "
+        return (f"its {kind} holds out one record in {self.holdout_every}, and "
                 f"{files[0] if len(files) == 1 else f'its {len(files)} files'} "
                 f"{'has' if len(files) == 1 else 'have'} {self.num_examples('train')}; a smaller "
                 f"holdout_every holds some out, e.g. {kind}([...], holdout_every=5)")
