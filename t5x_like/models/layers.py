@@ -392,17 +392,20 @@ class MultiHeadAttention(nn.Module):
         query = DenseGeneral((self.num_heads, self.head_dim), ("embed", "heads", "kv"),
                              kernel_init=query_init, use_bias=self.use_bias, dtype=self.dtype,
                              name="query")(inputs_q)
+        # Kept in the layouts the attention's two dot products read them in (keys
+        # [batch, heads, length, kv], values [batch, heads, kv, length]): stored as
+        # [batch, length, heads, kv], XLA would transpose the whole cache at every step.
         if cross_cache == "read":
-            key, value = (self.get_variable("cache", name) for name in ("cross_key",
-                                                                       "cross_value"))
+            key = jnp.transpose(self.get_variable("cache", "cross_key"), (0, 2, 1, 3))
+            value = jnp.transpose(self.get_variable("cache", "cross_value"), (0, 3, 1, 2))
         else:
             key, value = (DenseGeneral((kv_heads, self.head_dim), kv_axes,
                                        kernel_init=base_init, use_bias=self.use_bias,
                                        dtype=self.dtype, name=name)(inputs_kv)
                           for name in ("key", "value"))
         if cross_cache == "fill":
-            self.put_variable("cache", "cross_key", key)
-            self.put_variable("cache", "cross_value", value)
+            self.put_variable("cache", "cross_key", jnp.transpose(key, (0, 2, 1, 3)))
+            self.put_variable("cache", "cross_value", jnp.transpose(value, (0, 2, 3, 1)))
         elif cross_cache not in ("", "read"):
             raise ValueError(f"cross_cache={cross_cache!r}; use '', 'fill' or 'read'.")
         if self.rotary:
@@ -459,9 +462,15 @@ class MultiHeadAttention(nn.Module):
         return jnp.where(mask.global_tokens[:, :, None, None], rows, out)
 
     def _update_cache(self, key, value, bias):
+        """Keys are kept as ``[batch, heads, length, kv]`` and values as ``[batch, heads,
+        kv, length]``, the layouts the two dot products read: a ``[batch, length, ...]``
+        cache made XLA transpose all of it at every step."""
         initialized = self.has_variable("cache", "cached_key")
-        cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
-        cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
+        key_layout, value_layout = (0, 2, 1, 3), (0, 2, 3, 1)
+        cached_key = self.variable("cache", "cached_key", jnp.zeros,
+                                   _permuted(key.shape, key_layout), key.dtype)
+        cached_value = self.variable("cache", "cached_value", jnp.zeros,
+                                     _permuted(value.shape, value_layout), value.dtype)
         cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
         if not initialized:
             return key, value, bias
@@ -469,13 +478,19 @@ class MultiHeadAttention(nn.Module):
         # at the cache index and see the cache through their rows of the full bias.
         step_length = key.shape[1]
         index = cache_index.value
-        cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key, (0, index, 0, 0))
-        cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value,
-                                                          (0, index, 0, 0))
+        cached_key.value = jax.lax.dynamic_update_slice(
+            cached_key.value, jnp.transpose(key, key_layout), (0, 0, index, 0))
+        cached_value.value = jax.lax.dynamic_update_slice(
+            cached_value.value, jnp.transpose(value, value_layout), (0, 0, 0, index))
         cache_index.value = index + step_length
         if bias is not None:
             bias = jax.lax.dynamic_slice_in_dim(bias, index, step_length, axis=-2)
-        return cached_key.value, cached_value.value, bias
+        return (jnp.transpose(cached_key.value, (0, 2, 1, 3)),
+                jnp.transpose(cached_value.value, (0, 3, 1, 2)), bias)
+
+
+def _permuted(shape, axes) -> tuple[int, ...]:
+    return tuple(shape[axis] for axis in axes)
 
 
 def _prepend(prefix_kv, key, value, bias):
