@@ -263,3 +263,28 @@ def test_eval_names_a_missing_metric_library_before_any_model_work(tmp_path, mon
     assert "The metrics of task 'embedded_bible_en_es' need sacrebleu" in err
     assert 'pip install -c constraints.txt -e .' in err and "Traceback" not in err
     assert not (tmp_path / "eval").exists()  # nothing written
+
+
+@pytest.mark.parametrize("family", ["encoder_decoder", "decoder"])
+def test_evaluation_on_a_sharded_mesh_equals_one_device(family):
+    """Scores (rank and score modes) and greedy predictions of the evaluator on a
+    (data 2, fsdp 4) mesh, parameters sharded, equal those on one device."""
+    config = decoder_config() if family == "decoder" else tiny_config()
+    config.task_feature_lengths = {"inputs": 16, "targets": 8}
+    results, host = [], None
+    for shape, devices in (({"dcn": 1, "data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1]),
+                           ({"dcn": 1, "data": 2, "fsdp": 4, "tensor": 1}, jax.devices())):
+        trainer = trainer_lib.build_trainer(config, partitioning.make_mesh(shape, devices))
+        if host is None:  # the same weights on both meshes
+            host = jax.device_get(trainer.init_state(0).params)
+        ev = runner.build_evaluator(config, trainer, "test_eval_mix", evaluator.EvalSettings(
+            batch_size=8, max_decode_length=4))
+        results.append({r.task: r for r in ev.evaluate(trainer.place_params(host))})
+    one, sharded = results
+    for task in one:
+        assert one[task].metrics == pytest.approx(sharded[task].metrics, rel=1e-5)
+        for a, b in zip(one[task].records, sharded[task].records, strict=True):
+            assert a.get("prediction") == b.get("prediction")
+            if "option_scores" in a:
+                np.testing.assert_allclose(a["option_scores"], b["option_scores"], rtol=1e-5,
+                                           atol=1e-5)
