@@ -69,8 +69,9 @@ def run(args, overrides) -> int:
                         f"{source.path}; evaluation never writes there. Use e.g. "
                         f"{source.path.parent / 'eval'}.")
     name = args.mixture or args.task
-    evaluator.check_metrics_installed(evaluator.leaf_tasks(name))
-    task_names = [t.name for t in evaluator.leaf_tasks(name)]
+    tasks = evaluator.leaf_tasks(name)
+    evaluator.check_metrics_installed(tasks)
+    task_names = [t.name for t in tasks]
     is_chief = jax.process_index() == 0
     writer = result_files.ResultWriter(output_dir, enabled=is_chief)
     setup = None

@@ -12,11 +12,13 @@ libtpu when asked, whatever ``JAX_PLATFORMS`` says.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import importlib.util
 import os
 import pkgutil
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Mapping
 
 # Set beside JAX_PLATFORMS when this module chose it: the choice is about this machine,
@@ -95,31 +97,24 @@ def environment_for_other_machines(environ: Mapping[str, str]) -> dict[str, str]
 LIBTPU_NO_CHIP_NOTICE = "could not determine TPU accelerator type"
 
 
-class without_stderr_lines:  # noqa: N801 - used as a context manager, like contextlib's
+@contextlib.contextmanager
+def without_stderr_lines(*fragments: str):
     """Runs a block with file descriptor 2 caught in a temporary file, then writes back
     every line that contains none of ``fragments``: C++ libraries (libtpu) write to the
     descriptor directly, past Python's ``sys.stderr``."""
-
-    def __init__(self, *fragments: str):
-        self.fragments = fragments
-
-    def __enter__(self):
-        import tempfile
-        sys.stderr.flush()
-        self._caught = tempfile.TemporaryFile()
-        self._saved = os.dup(2)
-        os.dup2(self._caught.fileno(), 2)
-        return self
-
-    def __exit__(self, *exc):
-        sys.stderr.flush()
-        os.dup2(self._saved, 2)
-        os.close(self._saved)
-        self._caught.seek(0)
-        kept = [line for line in self._caught.read().decode("utf-8", "replace").splitlines(True)
-                if not any(fragment in line for fragment in self.fragments)]
-        self._caught.close()
-        if kept:
-            sys.stderr.write("".join(kept))
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
             sys.stderr.flush()
-        return False
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            kept = [line for line in caught.read().decode("utf-8", "replace").splitlines(True)
+                    if not any(fragment in line for fragment in fragments)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()

@@ -110,8 +110,7 @@ def check_task_steps(config, vocabulary) -> None:
     this run's lengths and vocabulary, before anything is built: one message, exit 2."""
     from t5x_like.data import dataset_providers as dp
     provider = dp.with_vocabulary(dp.get_task_or_mixture(config.task), vocabulary)
-    tasks = provider.tasks if isinstance(provider, dp.Mixture) else [provider]
-    for task in tasks:
+    for task in provider.tasks:
         try:
             task.check("train", dict(config.task_feature_lengths))
         except ValueError as e:

@@ -84,6 +84,11 @@ class Task:
         return tuple(self.source.splits)
 
     @property
+    def tasks(self) -> list[Task]:
+        """The leaf tasks: this one (a ``Mixture`` answers with its tasks)."""
+        return [self]
+
+    @property
     def vocabulary(self):
         """The vocabulary of ``targets`` (or the first feature): what decoding uses."""
         feature = self.output_features.get("targets") or next(iter(self.output_features.values()))
@@ -286,8 +291,7 @@ class Mixture:
 
 def missing_validation(provider: Task | Mixture) -> list[str]:
     """Why each task of a task or mixture has no held-out examples (empty: all have)."""
-    tasks = provider.tasks if isinstance(provider, Mixture) else [provider]
-    return [why for why in (task.missing_validation() for task in tasks) if why]
+    return [why for why in (task.missing_validation() for task in provider.tasks) if why]
 
 
 def with_vocabulary(provider, vocabulary):

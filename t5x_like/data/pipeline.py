@@ -67,8 +67,7 @@ class _RequireFeatures:
         return example
 
     def _message(self, example, missing) -> str:
-        provider = get_task_or_mixture(self.name)
-        tasks = provider.tasks if hasattr(provider, "components") else [provider]
+        tasks = get_task_or_mixture(self.name).tasks
         where = next(filter(None, (task.record_without(self.split, missing) for task in tasks)),
                      None)
         found = (f": {where}" if where else

@@ -34,13 +34,6 @@ def _is_validation_line(line_index: int, holdout_every: int) -> bool:
     return holdout_every > 0 and line_index % holdout_every == holdout_every - 1
 
 
-def _check_holdout(source) -> None:
-    if not isinstance(source.holdout_every, int) or source.holdout_every < 0:
-        raise ValueError(f"{type(source).__name__} holdout_every={source.holdout_every!r}; use "
-                         "a positive N (every N-th record is validation) or 0 (no validation "
-                         "split).")
-
-
 @dataclasses.dataclass(frozen=True)
 class TextLineSource:
     """Documents are lines of UTF-8 text files (plain or ``.gz``), read in path order.
@@ -186,6 +179,13 @@ class FileSource(Source):
     with enough files); with fewer it falls back to record sharding. Subclasses have
     ``file_patterns`` and read one file list in ``load_files``."""
 
+    def __post_init__(self):
+        object.__setattr__(self, "file_patterns", _as_tuple(self.file_patterns))
+        if not isinstance(self.holdout_every, int) or self.holdout_every < 0:
+            raise ValueError(f"{type(self).__name__} holdout_every={self.holdout_every!r}; use "
+                             "a positive N (every N-th record is validation) or 0 (no "
+                             "validation split).")
+
     def files(self) -> list[str]:
         return TextLineSource(self.file_patterns).files()
 
@@ -238,10 +238,6 @@ class TextFilesSource(FileSource):
     strip_verse_keys: bool = True
     lines_per_document: int = 1
 
-    def __post_init__(self):
-        object.__setattr__(self, "file_patterns", _as_tuple(self.file_patterns))
-        _check_holdout(self)
-
     def load_files(self, split, paths):
         docs = []
         for path in paths:
@@ -261,40 +257,34 @@ class JsonlSource(FileSource):
     file_patterns: Sequence[str]
     holdout_every: int = 100
 
-    def __post_init__(self):
-        object.__setattr__(self, "file_patterns", _as_tuple(self.file_patterns))
-        _check_holdout(self)
+    def _split_lines(self, split, paths):
+        """``(path, line index, line)`` of each non-empty line of ``split``, in order."""
+        for path in paths:
+            for index, line in enumerate(_read_lines(path)):
+                if line.strip() and _is_validation_line(index, self.holdout_every) == (
+                        split == "validation"):
+                    yield path, index, line
 
     def load_files(self, split, paths):
         records = []
-        for path in paths:
-            for index, line in enumerate(_read_lines(path)):
-                if not line.strip() or _is_validation_line(index, self.holdout_every) != (
-                        split == "validation"):
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{index + 1}: not valid JSON ({e.msg} at column "
-                                     f"{e.colno}); JsonlSource needs one JSON object per "
-                                     "line.") from None
-                if not isinstance(record, dict):
-                    raise ValueError(f"{path}:{index + 1}: a JSON {type(record).__name__}, not "
-                                     "an object; JsonlSource needs one object per line.")
-                records.append(record)
+        for path, index, line in self._split_lines(split, paths):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{index + 1}: not valid JSON ({e.msg} at column "
+                                 f"{e.colno}); JsonlSource needs one JSON object per "
+                                 "line.") from None
+            if not isinstance(record, dict):
+                raise ValueError(f"{path}:{index + 1}: a JSON {type(record).__name__}, not "
+                                 "an object; JsonlSource needs one object per line.")
+            records.append(record)
         return records
 
     def origin(self, split, index):
         """``path:line`` of record ``index`` of ``split``."""
-        seen = 0
-        for path in self.files():
-            for line_index, line in enumerate(_read_lines(path)):
-                if not line.strip() or _is_validation_line(line_index, self.holdout_every) != (
-                        split == "validation"):
-                    continue
-                if seen == index:
-                    return f"{path}:{line_index + 1}"
-                seen += 1
+        for seen, (path, line_index, _) in enumerate(self._split_lines(split, self.files())):
+            if seen == index:
+                return f"{path}:{line_index + 1}"
         return super().origin(split, index)
 
 

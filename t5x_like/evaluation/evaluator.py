@@ -71,8 +71,8 @@ def leaf_tasks(name: str, vocabulary=None) -> list:
         provider = dp.get_task_or_mixture(name)
     except KeyError as e:
         raise UserError(e.args[0]) from None
-    tasks = provider.tasks if isinstance(provider, dp.Mixture) else [provider]
-    return sorted((dp.with_vocabulary(t, vocabulary) for t in tasks), key=lambda t: t.name)
+    return sorted((dp.with_vocabulary(t, vocabulary) for t in provider.tasks),
+                  key=lambda t: t.name)
 
 
 def check_metrics_installed(tasks) -> None:
