@@ -10,6 +10,7 @@ first use; the project's base install brings them.
 from __future__ import annotations
 
 import collections
+import importlib.util
 import itertools
 import re
 import string
@@ -28,7 +29,6 @@ INSTALL = install_hint()
 
 
 def _need(module: str):
-    import importlib
     try:
         return importlib.import_module(module)
     except ImportError:
@@ -48,7 +48,6 @@ def _requires(*modules: str):
 
 def missing_packages(metric_fns) -> list[str]:
     """The pip packages ``metric_fns`` need that are not installed (by ``_requires``)."""
-    import importlib.util
     missing = []
     for fn in metric_fns:
         for module in getattr(fn, "requires", ()):

@@ -22,7 +22,7 @@ import json
 import os
 import sys
 
-from t5x_like import errors
+from t5x_like import errors, platforms
 from t5x_like.errors import UserError
 
 GiB = 1024**3
@@ -67,8 +67,6 @@ def topology_devices(text: str, num_slices: int = 1) -> list:
                             "devices; run the planner in a fresh process.")
         return devices[:spec]
     from jax.experimental import topologies
-
-    from t5x_like import platforms
     try:
         with platforms.without_stderr_lines(platforms.LIBTPU_NO_CHIP_NOTICE):
             return list(topologies.get_topology_desc(platform="tpu", topology_name=spec,

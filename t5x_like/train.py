@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import importlib.util
 import json
 import math
 import shlex
@@ -611,7 +612,6 @@ def _summary(workdir, latest, last_train, last_eval, config_path, config, overri
 def tensorboard_command(logdir) -> str:
     """A line that serves ``logdir`` from this Python, with the install in front when the
     ``tensorboard`` extra is missing (train writes the events with tensorboardX alone)."""
-    import importlib.util
     python = cli_flags.this_python()
     serve = shlex.join([python, "-m", "tensorboard.main", "--logdir", str(logdir)])
     if importlib.util.find_spec("tensorboard") is not None:

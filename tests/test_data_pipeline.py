@@ -297,9 +297,16 @@ def test_tokenize_leaves_pretokenized_features_alone(registered):
 
 def test_bad_jsonl_records_are_named_by_file_and_line(tmp_path):
     from t5x_like.data import feature_converters
+    with pytest.raises(ValueError, match=r"JsonlSource holdout_every=-1; use a positive N"):
+        td.JsonlSource([str(tmp_path / "any.jsonl")], holdout_every=-1)
+    with pytest.raises(ValueError, match=r"TextFilesSource holdout_every=2.5"):
+        td.TextFilesSource([str(tmp_path / "any.txt")], holdout_every=2.5)
     bad_json = tmp_path / "bad.jsonl"
     bad_json.write_text('{"inputs": "a", "targets": "b"}\n{"inputs": "c", targets: 1}\n')
     with pytest.raises(ValueError, match=r"bad.jsonl:2: not valid JSON \(Expecting property"):
+        td.JsonlSource([str(bad_json)], holdout_every=0).get("train")
+    bad_json.write_text('{"inputs": "a", "targets": "b"}\n\n[1, 2]\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:3: a JSON list, not an object"):
         td.JsonlSource([str(bad_json)], holdout_every=0).get("train")
     lacking = tmp_path / "lacking.jsonl"
     lacking.write_text('{"inputs": "a", "targets": "b"}\n\n{"inputs": "c"}\n')

@@ -139,6 +139,7 @@ def test_skip_update_keeps_params_when_the_loss_is_not_finite():
     ({"on_nonfinite_loss": "ignore"}, "'on_nonfinite_loss' is 'ignore'; choose one of"),
     ({"keep_checkpoints_every_steps": 25}, "not a multiple of checkpoint_every_steps=15"),
     ({"keep_checkpoints_every_steps": -1}, "use 0"),
+    ({"eval_every_steps": -1}, r"eval_every_steps=-1; use a positive interval or 0 \(no held-out"),
     ({"peak_flops_per_device": -1.0}, "must be >= 0"),
 ])
 def test_bad_engine_options_are_named(overrides, message):

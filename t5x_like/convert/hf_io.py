@@ -11,14 +11,13 @@ import pathlib
 
 import numpy as np
 
-from t5x_like.errors import MissingFile, UserError
+from t5x_like.errors import MissingFile, UserError, install_hint
 
 
 def _safetensors_numpy():
     try:
         from safetensors import numpy as st_numpy
     except ImportError as e:
-        from t5x_like.errors import install_hint
         raise ImportError("Checkpoint conversion needs the safetensors package: "
                           f"{install_hint('hf')}") from e
     return st_numpy

@@ -31,7 +31,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from t5x_like import partitioning
+from t5x_like import metrics, partitioning
 from t5x_like.errors import UserError
 from t5x_like.evaluation import few_shot
 
@@ -77,7 +77,6 @@ def leaf_tasks(name: str, vocabulary=None) -> list:
 
 def check_metrics_installed(tasks) -> None:
     """Before any model work: every package the tasks' metrics import is installed."""
-    from t5x_like import metrics
     for task in tasks:
         missing = metrics.missing_packages(task.metric_fns + task.score_metric_fns)
         if missing:
