@@ -14,6 +14,7 @@ import sys
 COMMANDS = {
     "train": ("t5x_like.train", "pretrain, fine-tune or continue a run"),
     "eval": ("t5x_like.eval", "evaluate checkpoints on a benchmark task or mixture"),
+    "harness": ("t5x_like.harness", "run lm-evaluation-harness tasks on a decoder checkpoint"),
     "infer": ("t5x_like.infer", "generate for a task's split or a JSONL file"),
     "summary": ("t5x_like.summary", "parameter table of a config's model"),
     "tasks": ("t5x_like.tasks", "list, show and sample registered tasks and mixtures"),

@@ -96,6 +96,14 @@ def default_config() -> ml_collections.ConfigDict:
         split="validation",
         batch_size=0,                  # 0: batch_size
         max_decode_length=0,           # 0: task_feature_lengths.targets
+        # lm-evaluation-harness tasks run on the training params at the same steps as the
+        # mixture (decoders; the lm_eval extra): comma-separated task, group or tag names
+        # of its catalogue or of the YAML files under harness_include_path.
+        harness_tasks="",
+        harness_include_path="",
+        harness_num_fewshot=-1,        # -1: each task's own
+        harness_limit=0,               # examples per task; 0 = all
+        harness_max_gen_toks=256,      # new tokens for generation tasks without their own
     ))
     _add_fine_tuning_sections(c)
 
@@ -444,7 +452,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
             f"{config.data_streams} equal parts; use a batch_size that is a multiple of "
             f"{config.data_streams} or a data_streams that divides {config.batch_size}.")
     for key in ("eval.every_steps", "eval.max_examples", "eval.batch_size",
-                "eval.max_decode_length"):
+                "eval.max_decode_length", "eval.harness_limit", "eval.harness_max_gen_toks"):
         if _lookup(config, key) is not _ABSENT and _lookup(config, key) < 0:
             raise ConfigError(f"Config key {key!r} must be >= 0 (0 picks the default), got "
                               f"{_lookup(config, key)}.")

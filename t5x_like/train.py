@@ -213,6 +213,7 @@ class _Run:
     train_iter: Any = None
     state: Any = None
     peft_base: dict | None = None  # a PEFT run from a base on disk saves only what trains
+    harness_tasks: list | None = None  # lm-eval's loaded tasks (config.eval.harness_tasks)
 
     @property
     def is_chief(self) -> bool:
@@ -250,6 +251,7 @@ def _set_up(config, workdir, quiet: bool, devices) -> _Run:
     if config.eval.mixture:
         from t5x_like.evaluation import evaluator
         evaluator.check_metrics_installed(evaluator.leaf_tasks(config.eval.mixture))
+    harness = _harness_tasks(config)
     mesh_shape, trainer = trainer_lib.build_on_devices(config, devices, process_count)
     mesh = trainer.mesh
     fingerprint = run_guard.fingerprint(config, vocabulary, trainer.abstract_state.opt_state)
@@ -272,6 +274,7 @@ def _set_up(config, workdir, quiet: bool, devices) -> _Run:
              eval_streams=functools.partial(pipeline.build_dataset, config.task, "validation",
                                             lengths, shuffle=False, repeat=False,
                                             **data_options))
+    r.harness_tasks = harness
     _plan_held_out(r)
     # The checkpoint folder is created only once the config has passed every check.
     r.checkpointer = checkpointer or _open_checkpointer(config, workdir, r.is_chief)
@@ -410,6 +413,7 @@ class _Hooks:
             config.divergence.median_window, config.model.vocab_size)
         self.benchmark = (_benchmark_evaluator(config, r.trainer, r.asked_vocabulary)
                           if config.eval.mixture else None)
+        self.harness = _harness_model(r) if r.harness_tasks else None
         self.bench_every = config.eval.every_steps or config.eval_every_steps  # 0: at the end
         self.start_step = int(r.state.step)
         self.last_train, self.last_eval = {}, {}
@@ -421,7 +425,7 @@ class _Hooks:
         is_last = step == config.num_train_steps
         return (self.r.num_eval_batches > 0 and (step % config.eval_every_steps == 0 or is_last),
                 step % config.checkpoint_every_steps == 0 or is_last,
-                self.benchmark is not None and (is_last or (
+                (self.benchmark is not None or self.harness is not None) and (is_last or (
                     self.bench_every > 0 and step % self.bench_every == 0)))
 
     def preemption_agreed(self, step: int, do_checkpoint: bool) -> bool:
@@ -448,8 +452,10 @@ class _Hooks:
         if do_eval:
             self.last_eval = self.evaluate(params)
             record.update(self.last_eval)
-        if do_bench:
+        if do_bench and self.benchmark is not None:
             record.update(self.evaluate_benchmark(params, step))
+        if do_bench and self.harness is not None:
+            record.update(self.evaluate_harness(params, step))
         self.last_train = record
         progress = self.r.progress
         if step == self.start_step + 1:
@@ -512,6 +518,20 @@ class _Hooks:
             record["bench/average"] = mean
         return record
 
+    def evaluate_harness(self, params, step: int) -> dict:
+        """lm-evaluation-harness tasks on the training params (Levanter's in-loop harness):
+        ``harness/<task>/<metric>`` in the metrics file, lm-eval's table on the console."""
+        from t5x_like.evaluation import harness_tasks
+        config = self.r.config
+        self.harness.loaded.params = params
+        fewshot = config.eval.harness_num_fewshot
+        out = harness_tasks.evaluate(self.harness, self.r.harness_tasks,
+                                     num_fewshot=None if fewshot < 0 else fewshot,
+                                     limit=config.eval.harness_limit)
+        self.r.progress.message(f"step {step}: lm-evaluation-harness\n"
+                                f"{harness_tasks.format_table(out)}")
+        return harness_tasks.scalars(out)
+
     def checkpoint(self, step: int, force: bool = False) -> None:
         """Each process holds its own streams' states; process 0 writes the merged one."""
         from t5x_like import partitioning
@@ -543,6 +563,36 @@ def _benchmark_evaluator(config, trainer, vocabulary=None):
                                         vocabulary)
     except errors.UserError as e:
         raise errors.ConfigError(f"eval.mixture={config.eval.mixture!r}: {e}") from None
+
+
+def _harness_tasks(config) -> list | None:
+    """``config.eval.harness_tasks`` found and their datasets loaded, before anything
+    compiles (a decoder only: the harness scores language models)."""
+    if not config.eval.harness_tasks:
+        return None
+    from t5x_like import structures
+    from t5x_like.evaluation import harness_tasks
+    if not structures.structure_class(config.model.family).scores_choices_as_lm_eval:
+        raise errors.ConfigError(
+            f"eval.harness_tasks runs lm-evaluation-harness on decoder language models; this "
+            f"run trains a {config.model.family!r} model. Use eval.mixture for its tasks.")
+    harness_tasks.check_installed("eval.harness_tasks")
+    names = harness_tasks.task_names(config.eval.harness_tasks, "--config.eval.harness_tasks")
+    return harness_tasks.load(names, config.eval.harness_include_path)
+
+
+def _harness_model(r: _Run):
+    """The harness's ``t5x_like`` model over the run's mesh and vocabulary; its params
+    are the training params of the step being evaluated."""
+    from t5x_like.data import get_task_or_mixture
+    from t5x_like.evaluation import harness_model
+    config = r.config
+    vocabulary = r.asked_vocabulary or get_task_or_mixture(config.task).vocabulary
+    window = config.model.get("max_length") or sum(config.task_feature_lengths.values())
+    loaded = harness_model.from_params(config, r.trainer, None, vocabulary, window,
+                                       config.eval.batch_size, config.seed, "training")
+    return harness_model.T5xLikeLM(loaded=loaded,
+                                   max_gen_toks=config.eval.harness_max_gen_toks)
 
 
 def _stop_diverged(checkpointer, step: int, reason: str, first_bad_step: int) -> str:

@@ -77,6 +77,34 @@ def test_the_small_task_example_runs_as_printed(tmp_path):
                for p in predictions)
 
 
+@pytest.mark.slow
+def test_the_harness_example_runs_as_printed(tmp_path):
+    """docs/evaluation.md's lm-evaluation-harness example: training a small decoder, the
+    harness command on data/lm_eval's tagged suite, and the page's Python block through
+    lm-eval's own simple_evaluate (only `runs/` becomes a temporary folder)."""
+    page = (REPO / "docs" / "evaluation.md").read_text()
+    section = page[page.index("## lm-evaluation-harness on our checkpoints"):]
+    section = section[:section.index("\n## ", 1)]
+    commands = _shell_lines(_fenced_blocks(section, "sh")[0])
+    assert [shlex.split(c)[2] for c in commands] == ["t5x_like.train", "t5x_like.harness"]
+    for command in commands:
+        argv = [sys.executable if word == ".venv/bin/python" else
+                word.replace("runs/", f"{tmp_path}/runs/") for word in shlex.split(command)]
+        result = _run(argv, env=_env(), timeout=900)
+        assert result.returncode == 0, (command, result.stderr[-3000:])
+        assert "Traceback" not in result.stderr, (command, result.stderr[-3000:])
+    assert "austen_cloze_generate" in result.stdout and "bits_per_byte" in result.stdout
+    results = json.loads((tmp_path / "runs" / "gpt2_harness_eval" / "results.json")
+                         .read_text())["results"]
+    assert set(results) == {"austen_cloze", "austen_cloze_generate", "austen_perplexity"}
+    assert 0 < results["austen_perplexity"]["byte_perplexity,none"] < 256
+    code = _fenced_blocks(section, "python")[0].replace("runs/", f"{tmp_path}/runs/")
+    result = _run([sys.executable, "-c", code], env=_env(), timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    printed = eval(result.stdout.strip().splitlines()[-1], {"np": __import__("numpy")})
+    assert printed["acc,none"] == pytest.approx(results["austen_cloze"]["acc,none"])
+
+
 def _documented_commands() -> list[list[str]]:
     """``[module, subcommand?]`` of every ``python -m ...`` the README and docs/ show."""
     found = set()

@@ -113,6 +113,9 @@ class ModelRunner:
         self._score = jax.jit(structure.score_batch,
                               in_shardings=(param_shardings, self.batch_sharding),
                               out_shardings=self._replicated)
+        self._continuation = jax.jit(structure.continuation_scores,
+                                     in_shardings=(param_shardings, self.batch_sharding),
+                                     out_shardings=self._replicated)
         self._predict = {}
 
     # -- running the model ------------------------------------------------------------------
@@ -135,10 +138,29 @@ class ModelRunner:
             out.append(np.asarray(jax.device_get(scores))[:len(chunk)])
         return np.concatenate(out) if out else np.zeros((0,), np.float32)
 
-    def predict_rows(self, params, rows: Sequence[dict], max_decode_length: int) -> np.ndarray:
+    def continuation_rows(self, params, rows: Sequence[dict]) -> tuple[np.ndarray, np.ndarray]:
+        """``(summed log-likelihoods, is_greedy)`` of each row's weighted targets (the
+        lm-evaluation-harness backend's ``loglikelihood``)."""
+        scores, greedy = [], []
+        size = self.settings.batch_size
+        for start in range(0, len(rows), size):
+            chunk = list(rows[start:start + size])
+            with self.context():
+                out = jax.device_get(self._continuation(params, self._global(chunk)))
+            scores.append(np.asarray(out[0])[:len(chunk)])
+            greedy.append(np.asarray(out[1])[:len(chunk)])
+        if not scores:
+            return np.zeros((0,), np.float32), np.zeros((0,), bool)
+        return np.concatenate(scores), np.concatenate(greedy)
+
+    def predict_rows(self, params, rows: Sequence[dict], max_decode_length: int,
+                     **decode) -> np.ndarray:
+        """Generated tokens ``[rows, max_decode_length]``; ``decode`` overrides the
+        settings' decoding options (e.g. ``temperature``)."""
         s = self.settings
         options = dict(max_decode_length=max_decode_length, num_beams=s.num_beams, alpha=s.alpha,
                        temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
+        options.update(decode)
         key = tuple(sorted(options.items()))
         if key not in self._predict:
             def predict(params, batch, rng):

@@ -104,6 +104,19 @@ def request_row(context_tokens: Sequence[int], continuation_tokens: Sequence[int
     return row
 
 
+def prompt_row(prompt_tokens: Sequence[int], width: int) -> dict[str, np.ndarray]:
+    """A decoder batch row whose generation continues ``prompt_tokens`` (at most
+    ``width``): a decoder's prompt is its input tokens up to the first weighted
+    position, so the one weight sits on the prompt's last token (the target there is
+    what is generated; the row holds a placeholder)."""
+    length = len(prompt_tokens)
+    if not 0 < length <= width:
+        raise ValueError(f"A prompt of {length} tokens does not fit width {width}.")
+    row = request_row(prompt_tokens, [0], width + 1)  # inputs: the whole prompt
+    row = {k: v[:width] for k, v in row.items()}
+    return row
+
+
 def choose(scores: Sequence[float], choices: Sequence[str]) -> tuple[int, int]:
     """``(acc choice, acc_norm choice)``: argmax of the sums and of sums per character."""
     scores = np.asarray(scores, np.float64)

@@ -204,6 +204,15 @@ class Structure:
         return _target_log_likelihood(self.logits(params, batch), batch[self.targets_feature],
                                       batch[self.weights_feature])
 
+    def continuation_scores(self, params, batch) -> tuple[jax.Array, jax.Array]:
+        """lm-evaluation-harness's ``loglikelihood``: per example the summed
+        log-probability of the weighted targets, and whether every one of them is the
+        most likely token (``is_greedy``)."""
+        logits = self.logits(params, batch)
+        targets, weights = batch[self.targets_feature], batch[self.weights_feature]
+        greedy = (jnp.argmax(logits, axis=-1) == targets) | (weights == 0)
+        return _target_log_likelihood(logits, targets, weights), jnp.all(greedy, axis=-1)
+
     def predict_batch(self, params, batch, *, rng=None, **decode) -> jax.Array:
         raise NotImplementedError
 

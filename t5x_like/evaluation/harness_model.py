@@ -1,0 +1,260 @@
+"""lm-evaluation-harness on our checkpoints: the harness's ``t5x_like`` model.
+
+Importing this module registers the model with lm-eval, so
+
+    import t5x_like.evaluation.harness_model
+    lm_eval.simple_evaluate(model="t5x_like", model_args="checkpoint=runs/gpt/checkpoints/500",
+                            tasks=["lambada_openai"])
+
+scores one of our checkpoints (a run's workdir or step folder, or a ``convert import``
+folder) with the harness's own task catalogue, without exporting to Hugging Face
+first. ``python -m t5x_like.harness`` is the command around it, and ``train`` runs it
+at ``eval.every_steps`` when ``config.eval.harness_tasks`` names tasks.
+
+The requests are answered as lm-eval's Hugging Face backend (``HFLM``, no BOS added)
+answers them, over our model on the mesh of the checkpoint's config:
+
+- ``loglikelihood``: lm-eval's own encoding of ``(context, continuation)`` (trailing
+  spaces move onto the continuation; an empty context becomes the prefix token, EOS),
+  rows cut from the left to ``max_length`` tokens, and ``is_greedy``;
+- ``loglikelihood_rolling``: lm-eval's disjoint rolling windows of ``max_length``;
+- ``generate_until``: the context cut from the left to ``max_length - max_gen_toks``,
+  greedy (or sampled with ``do_sample``) decoding, the text cut at the first stop
+  sequence (EOS's text among them).
+
+Requests are sorted by length and batched in widths of powers of two, so short
+requests do not pay for the model's whole window and few programs compile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from lm_eval import utils as lm_utils
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import register_model
+from lm_eval.models.utils import (
+    handle_stop_sequences,
+    normalize_gen_kwargs,
+    postprocess_generated_text,
+)
+
+from t5x_like import checkpoints, cli_flags, runs, structures
+from t5x_like.errors import UserError
+from t5x_like.evaluation import evaluator, few_shot
+
+NAME = "t5x_like"
+MIN_WIDTH = 16
+
+
+@dataclasses.dataclass
+class LoadedModel:
+    """What answers requests: the model runner on its mesh, its params, the tokenizer
+    and the window (``max_length``) rows are cut to."""
+    runner: evaluator.ModelRunner
+    params: Any
+    vocabulary: Any
+    max_length: int
+    description: str = ""
+
+
+def load(checkpoint: str, *, step: int | None = None, vocabulary: str = "checkpoint",
+         batch_size: int = 0, max_length: int = 0, seed: int = 0, module: str = "",
+         overrides: Sequence[str] = ()) -> LoadedModel:
+    """A decoder checkpoint on the mesh its config names, with its own tokenizer (or
+    ``vocabulary``: a tokenizer path), refused with a ``UserError`` before any
+    compilation when it cannot answer the harness. The built-in tasks (and ``module``'s)
+    are registered first: a run's tokenizer may be its training task's."""
+    from t5x_like import trainer as trainer_lib
+
+    cli_flags.import_modules([module] if module else [])
+
+    source = checkpoints.resolve(checkpoint)
+    steps = source.steps()
+    if not steps:
+        raise UserError(f"{source.path} holds no complete checkpoint; train first or name one "
+                        "that does.")
+    if step is not None and step not in steps:
+        raise UserError(f"step={step}: {source.path} holds steps {steps}; pick one of those.")
+    step = steps[-1] if step is None else step
+    config = runs.run_config(source, step, None, list(overrides))
+    if not structures.structure_class(config.model.family).scores_choices_as_lm_eval:
+        raise UserError(
+            f"lm-evaluation-harness runs decoder language models here; {checkpoint} is a "
+            f"{config.model.family!r} model. Evaluate it with `t5xl eval` on a task or mixture.")
+    trained = runs.trained_vocabulary(source, source.saved_config(step))
+    tokenizer = runs.resolve_vocabulary(vocabulary or "checkpoint", source, trained)
+    runs.check_fits(config, tokenizer, "lm-eval's requests")
+    window = max_length or config.model.get("max_length") or sum(
+        config.task_feature_lengths.values())
+    _, trainer = trainer_lib.build_on_devices(config)
+    params = source.restore_params(step, trainer)
+    return from_params(config, trainer, params, tokenizer, window, batch_size, seed,
+                       f"{source.path} step {step}")
+
+
+def from_params(config, trainer, params, vocabulary, max_length: int, batch_size: int = 0,
+                seed: int = 0, description: str = "") -> LoadedModel:
+    """A model already on ``trainer``'s mesh (training's own params, between steps);
+    ``seed`` seeds sampling (``do_sample``)."""
+    settings = evaluator.EvalSettings(batch_size=batch_size or config.batch_size, seed=seed)
+    runner = evaluator.ModelRunner(structures.for_config(config), trainer.mesh, trainer.rules,
+                                   trainer.state_shardings.params,
+                                   dict(config.task_feature_lengths), settings)
+    return LoadedModel(runner, params, vocabulary, int(max_length), description)
+
+
+def bucket(length: int, limit: int) -> int:
+    """The row width for ``length`` tokens: a power of two (at least ``MIN_WIDTH``), at
+    most ``limit``."""
+    width = MIN_WIDTH
+    while width < length:
+        width *= 2
+    return min(width, limit)
+
+
+@register_model(NAME)
+class T5xLikeLM(TemplateLM):
+    """lm-eval's model for a t5x_like decoder checkpoint (``model_args``:
+    ``checkpoint=PATH`` and optionally ``step``, ``vocabulary`` (a tokenizer path;
+    default the checkpoint's own), ``max_length``, ``max_gen_toks``, ``batch_size``,
+    ``seed``, ``module`` (a module registering the task a run trained on))."""
+
+    backend = "causal"
+
+    def __init__(self, checkpoint: str = "", step: int | None = None,
+                 vocabulary: str = "checkpoint", max_length: int = 0, max_gen_toks: int = 256,
+                 batch_size: int | str | None = None, seed: int = 0, module: str = "",
+                 loaded: LoadedModel | None = None, **ignored):
+        super().__init__()
+        if loaded is None:
+            if not checkpoint:
+                raise UserError("model_args needs checkpoint=PATH (a run's workdir, a step "
+                                "folder, or a `convert import` folder).")
+            size = 0 if batch_size in (None, "auto") else int(str(batch_size).split(":")[0])
+            loaded = load(checkpoint, step=None if step is None else int(step),
+                          vocabulary=vocabulary, batch_size=size, max_length=int(max_length),
+                          seed=int(seed), module=module)
+        self.loaded = loaded
+        self.vocabulary = loaded.vocabulary
+        self._max_length = loaded.max_length
+        self.max_gen_toks = int(max_gen_toks)
+
+    # -- what lm-eval reads of a model ------------------------------------------------------
+    @property
+    def eot_token_id(self) -> int:
+        return int(self.vocabulary.eos_id)
+
+    @property
+    def max_length(self) -> int:
+        return self._max_length
+
+    @property
+    def tokenizer_name(self) -> str:
+        return str(getattr(self.vocabulary, "model_path", type(self.vocabulary).__name__))
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs
+                   ) -> list[int]:
+        return [int(t) for t in self.vocabulary.encode(string)]
+
+    def tok_decode(self, tokens: Sequence[int]) -> str:
+        return self.vocabulary.decode([int(t) for t in tokens])
+
+    # -- scoring ----------------------------------------------------------------------------
+    def _score(self, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+        """``(log-likelihood, is_greedy)`` of each ``(context, continuation)``, longest
+        first, in widths of powers of two."""
+        loaded = self.loaded
+        order = sorted(range(len(pairs)), key=lambda i: -len(pairs[i][0]) - len(pairs[i][1]))
+        size = loaded.runner.settings.batch_size
+        out: list[tuple[float, bool]] = [(0.0, False)] * len(pairs)
+        for start in range(0, len(order), size):
+            chunk = order[start:start + size]
+            longest = max(len(pairs[i][0]) + len(pairs[i][1]) - 1 for i in chunk)
+            width = bucket(longest, self.max_length)
+            rows = [few_shot.request_row(*pairs[i], width) for i in chunk]
+            scores, greedy = loaded.runner.continuation_rows(loaded.params, rows)
+            for i, score, is_greedy in zip(chunk, scores, greedy, strict=True):
+                out[i] = (float(score), bool(is_greedy))
+        return out
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs):
+        for (_, continuation), _, continuation_tokens in requests:
+            if len(continuation_tokens) > self.max_length:
+                raise UserError(f"A continuation of {len(continuation_tokens)} tokens does not "
+                                f"fit max_length={self.max_length}; raise max_length in "
+                                f"model_args (continuation {continuation[:40]!r}).")
+        results = self._score([(list(c), list(k)) for _, c, k in requests])
+        for (pair, _, _), result in zip(requests, results, strict=True):
+            self.cache_hook.add_partial("loglikelihood", pair, result)
+        return results
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        """Each text's whole log-likelihood over lm-eval's disjoint rolling windows."""
+        windows, owners = [], []
+        for index, (text,) in enumerate(req.args for req in requests):
+            for window in map(lm_utils.make_disjoint_window, lm_utils.get_rolling_token_windows(
+                    token_list=self.tok_encode(text), prefix_token=self.prefix_token_id,
+                    max_seq_len=self.max_length, context_len=1)):
+                windows.append(window)
+                owners.append(index)
+        totals = [0.0] * len(requests)
+        for owner, (score, _) in zip(owners, self._score(windows), strict=True):
+            totals[owner] += score
+        for req, total in zip(requests, totals, strict=True):
+            self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
+        return totals
+
+    # -- generation -------------------------------------------------------------------------
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        """Requests grouped by their generation options, each group decoded in batches."""
+        groups: dict[str, list[int]] = {}
+        for index, req in enumerate(requests):
+            groups.setdefault(json.dumps(req.args[1], sort_keys=True, default=str), []).append(
+                index)
+        out = [""] * len(requests)
+        for indices in groups.values():
+            texts = self._generate([requests[i].args[0] for i in indices],
+                                   requests[indices[0]].args[1])
+            for i, text in zip(indices, texts, strict=True):
+                out[i] = text
+                self.cache_hook.add_partial("generate_until", requests[i].args, text)
+        return out
+
+    def _generate(self, contexts: list[str], gen_kwargs: dict) -> list[str]:
+        kwargs = normalize_gen_kwargs(gen_kwargs, self.max_gen_toks)
+        until = handle_stop_sequences(kwargs.pop("until", None),
+                                      eos=self.tok_decode([self.eot_token_id]) or None)
+        new_tokens = int(kwargs.pop("max_gen_toks"))
+        room = self.max_length - new_tokens
+        if room <= 0:
+            raise UserError(f"max_gen_toks={new_tokens} leaves no room for a prompt in "
+                            f"max_length={self.max_length}; lower max_gen_toks.")
+        decode = {"temperature": float(kwargs.get("temperature") or 0.0)
+                  if kwargs.get("do_sample") else 0.0}
+        if decode["temperature"] and kwargs.get("top_p") is not None:
+            decode["top_p"] = float(kwargs["top_p"])
+        if decode["temperature"] and kwargs.get("top_k") is not None:
+            decode["top_k"] = int(kwargs["top_k"])
+        prompts = [self.tok_encode(c)[-room:] or [self.prefix_token_id] for c in contexts]
+        order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+        runner, size = self.loaded.runner, self.loaded.runner.settings.batch_size
+        texts = [""] * len(prompts)
+        for start in range(0, len(order), size):
+            chunk = order[start:start + size]
+            width = bucket(max(len(prompts[i]) for i in chunk), room)
+            rows = [few_shot.prompt_row(prompts[i], width) for i in chunk]
+            tokens = runner.predict_rows(self.loaded.params, rows, new_tokens, num_beams=1,
+                                         **decode)
+            for i, row in zip(chunk, tokens, strict=True):
+                texts[i] = postprocess_generated_text(self.tok_decode(self._until_eos(row)),
+                                                      stop=until, think_end_token=None)
+        return texts
+
+    def _until_eos(self, tokens) -> list[int]:
+        ids = np.asarray(tokens).tolist()
+        return ids[:ids.index(self.eot_token_id)] if self.eot_token_id in ids else ids
