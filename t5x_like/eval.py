@@ -110,6 +110,9 @@ def run(args, overrides) -> int:
                             "pass --watch to wait for one.")
     finally:
         writer.close()
+    if setup is not None and jax.process_count() > 1 and not args.quiet:
+        print(f"process {jax.process_index()} of {jax.process_count()}: converted "
+              f"{setup[2].rows_made} model rows (the rows its devices hold)", flush=True)
     say(f"metrics: {output_dir / 'metrics.jsonl'}\npredictions: {output_dir / 'predictions'}")
     del partitioning, trainer_lib
     return 0

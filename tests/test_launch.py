@@ -133,11 +133,12 @@ with open(root / "calls.jsonl", "a") as calls:
 """
 
 # The workers' uv: `uv venv` makes a python that records its argv and environment, then
-# sleeps (the training process); `uv pip install` does nothing.
+# sleeps (the training process; its environment is written before its argv, which
+# appears whole, so a test that sees the argv reads both); `uv pip install` does nothing.
 FAKE_UV = """#!/bin/sh
 if [ "$1" = venv ]; then
   mkdir -p .venv/bin
-  printf '#!/bin/sh\\nprintf "%%s\\\\n" "$@" > "$HOME/train_argv"\\nenv > "$HOME/train_env"\\nexec sleep 60\\n' > .venv/bin/python
+  printf '#!/bin/sh\\nenv > "$HOME/train_env"\\nprintf "%%s\\\\n" "$@" > "$HOME/argv.tmp"\\nmv "$HOME/argv.tmp" "$HOME/train_argv"\\nexec sleep 60\\n' > .venv/bin/python
   chmod +x .venv/bin/python
 fi
 """

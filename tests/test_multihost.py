@@ -4,6 +4,7 @@ over loopback against one process with the same 8 devices."""
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -120,8 +121,9 @@ def test_two_processes_of_four_devices_match_one_process_of_eight(tmp_path):
 
 @pytest.mark.slow
 def test_eval_of_two_processes_equals_one_process(tmp_path):
-    """eval on 2 processes x 4 devices (params sharded over both, every process
-    building the same global batches) writes what one process of 8 devices writes."""
+    """eval on 2 processes x 4 devices (params sharded over both, each process
+    converting only the rows its devices hold) writes what one process of 8 devices
+    writes: metrics, greedy predictions, and every score of rank classification."""
     config = runs.load_and_validate(str(REPO / "configs" / "quickstart.py"),
                                      [a[len("--config."):] for a in TINY]
                                      + ["num_train_steps=2"])
@@ -132,9 +134,14 @@ def test_eval_of_two_processes_equals_one_process(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "t5x_like.launch_local", "--num_processes=2",
          "--devices_per_process=4", "--timeout_s=240", "--module=t5x_like.eval", "--",
-         *eval_args, f"--output_dir={tmp_path / 'two'}"],
+         *[a for a in eval_args if a != "--quiet"], f"--output_dir={tmp_path / 'two'}"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
+    made = dict(map(int, pair) for pair in re.findall(
+        r"process (\d) of 2: converted (\d+) model rows", result.stdout + result.stderr))
+    # The batch is split over both processes' devices: each converts about half of the
+    # rows (plus each batch's first row, which gives the arrays their shapes).
+    assert set(made) == {0, 1} and all(n < 0.6 * sum(made.values()) for n in made.values())
     from t5x_like import eval as eval_cli
     assert eval_cli.main([*eval_args, f"--output_dir={tmp_path / 'one'}"]) == 0
 
@@ -152,6 +159,12 @@ def test_eval_of_two_processes_equals_one_process(tmp_path):
         ours = [json.loads(line) for line in path.read_text().splitlines()]
         theirs = [json.loads(line) for line in mirror.read_text().splitlines()]
         assert [r.get("prediction") for r in ours] == [r.get("prediction") for r in theirs]
+        for a, b in zip(ours, theirs, strict=True):
+            np.testing.assert_allclose(b.get("option_scores", b.get("score", 0.0)),
+                                       a.get("option_scores", a.get("score", 0.0)), rtol=1e-5)
+    assert any("option_scores" in json.loads(line) for path in
+               (tmp_path / "one" / "predictions").rglob("*.jsonl")
+               for line in path.read_text().splitlines())
 
 
 @pytest.mark.slow

@@ -15,9 +15,11 @@ Each task of a mixture is evaluated in the mode its metadata asks for:
   or answer spans as text (``models.head_structure``), then ``metric_fns``.
 
 The model runs on the training mesh and rules: params keep their shardings and each
-batch is a global array. Every process builds the same batches from the same
-examples, so a multi-process evaluation computes exactly what one process does;
-only process 0 writes.
+batch is a global array. Every process reads the same examples (their texts are what
+the metrics compare, as in seqio), but converts into model rows only the rows its own
+devices hold (``LazyRows``); the outputs are replicated, so a multi-process
+evaluation computes exactly what one process does. The metric functions run once, on
+process 0, which alone writes.
 """
 
 from __future__ import annotations
@@ -117,38 +119,54 @@ class ModelRunner:
                                      in_shardings=(param_shardings, self.batch_sharding),
                                      out_shardings=self._replicated)
         self._predict = {}
+        self.rows_made = 0  # rows this process converted (its share, multi-process)
 
     # -- running the model ------------------------------------------------------------------
-    def _global(self, rows: list[dict]) -> dict:
-        """Stacks rows (padded to the batch size with copies of row 0) into global arrays."""
+    def _global(self, rows: Sequence[dict], start: int) -> tuple[dict, int]:
+        """The batch of ``rows[start:start + batch_size]`` as global arrays (padded with
+        copies of its first row), and how many rows are real. A process makes only the
+        rows its devices hold (``make_array_from_callback`` asks for those slices), so
+        with ``LazyRows`` each process of a multi-process evaluation converts its share."""
         size = self.settings.batch_size
-        rows = rows + [rows[0]] * (size - len(rows))
-        batch = {k: np.stack([r[k] for r in rows]) for k in rows[0]}
-        return {k: jax.make_array_from_callback(v.shape, self.batch_sharding,
-                                                lambda index, v=v: v[index])
-                for k, v in batch.items()}
+        count = min(size, len(rows) - start)
+        made: dict[int, dict] = {}
+
+        def row(j: int) -> dict:
+            i = start + (j if j < count else 0)
+            if i not in made:
+                made[i] = rows[i]
+            return made[i]
+
+        def array(key: str, shape: tuple, dtype):
+            def piece(index):
+                stacked = np.stack([row(j)[key] for j in range(size)[index[0]]]).astype(dtype)
+                return stacked[(slice(None),) + tuple(index[1:])]
+            return jax.make_array_from_callback((size, *shape), self.batch_sharding, piece)
+
+        first = row(0)
+        batch = {k: array(k, np.shape(v), np.asarray(v).dtype) for k, v in first.items()}
+        self.rows_made += len(made)
+        return batch, count
 
     def score_rows(self, params, rows: Sequence[dict]) -> np.ndarray:
         out = []
-        size = self.settings.batch_size
-        for start in range(0, len(rows), size):
-            chunk = list(rows[start:start + size])
+        for start in range(0, len(rows), self.settings.batch_size):
+            batch, count = self._global(rows, start)
             with self.context():
-                scores = self._score(params, self._global(chunk))
-            out.append(np.asarray(jax.device_get(scores))[:len(chunk)])
+                scores = self._score(params, batch)
+            out.append(np.asarray(jax.device_get(scores))[:count])
         return np.concatenate(out) if out else np.zeros((0,), np.float32)
 
     def continuation_rows(self, params, rows: Sequence[dict]) -> tuple[np.ndarray, np.ndarray]:
         """``(summed log-likelihoods, is_greedy)`` of each row's weighted targets (the
         lm-evaluation-harness backend's ``loglikelihood``)."""
         scores, greedy = [], []
-        size = self.settings.batch_size
-        for start in range(0, len(rows), size):
-            chunk = list(rows[start:start + size])
+        for start in range(0, len(rows), self.settings.batch_size):
+            batch, count = self._global(rows, start)
             with self.context():
-                out = jax.device_get(self._continuation(params, self._global(chunk)))
-            scores.append(np.asarray(out[0])[:len(chunk)])
-            greedy.append(np.asarray(out[1])[:len(chunk)])
+                out = jax.device_get(self._continuation(params, batch))
+            scores.append(np.asarray(out[0])[:count])
+            greedy.append(np.asarray(out[1])[:count])
         if not scores:
             return np.zeros((0,), np.float32), np.zeros((0,), bool)
         return np.concatenate(scores), np.concatenate(greedy)
@@ -170,12 +188,30 @@ class ModelRunner:
                 out_shardings=self._replicated)
         out = []
         for index, start in enumerate(range(0, len(rows), s.batch_size)):
-            chunk = list(rows[start:start + s.batch_size])
             rng = jax.random.fold_in(jax.random.key(s.seed), index)
+            batch, count = self._global(rows, start)
             with self.context():
-                tokens = self._predict[key](params, self._global(chunk), rng)
-            out.append(np.asarray(jax.device_get(tokens))[:len(chunk)])
+                tokens = self._predict[key](params, batch, rng)
+            out.append(np.asarray(jax.device_get(tokens))[:count])
         return np.concatenate(out) if out else np.zeros((0, max_decode_length), np.int32)
+
+
+class LazyRows(Sequence):
+    """Rows made when asked for (``make(i)``): the runner asks only for the rows this
+    process's devices hold, so feature conversion is shared out between processes."""
+
+    def __init__(self, count: int, make):
+        self._count, self._make = count, make
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self._make(i) for i in range(self._count)[index]]
+        if not -self._count <= index < self._count:
+            raise IndexError(index)
+        return self._make(index % self._count)
 
 
 class Evaluator(ModelRunner):
@@ -199,6 +235,9 @@ class Evaluator(ModelRunner):
                             f"{len(self.tasks)} tasks. Evaluate the task it was trained on "
                             "(--task=NAME).")
         super().__init__(structure, mesh, rules, param_shardings, task_feature_lengths, settings)
+        # Every process gets every output (they are replicated); the metric functions,
+        # which may be costly (BLEU, ROUGE), run once, on the process that writes.
+        self.computes_metrics = jax.process_index() == 0
 
     # -- examples -------------------------------------------------------------------------
     def examples(self, task) -> list[dict]:
@@ -248,13 +287,12 @@ class Evaluator(ModelRunner):
         inputs_text = [_text(ex.get("inputs_pretokenized", "")) for ex in examples]
         records = [{"inputs": i, "targets": t} for i, t in zip(inputs_text, targets_text, strict=False)]
         if mode == "score":
-            rows = [converter.convert_example(ex, self.lengths) for ex in examples]
-            scores = self.score_rows(params, rows)
+            scores = self.score_rows(params, self._rows(converter, examples))
             _check_finite(task.name, scores)
             for record, score in zip(records, scores, strict=False):
                 record["score"] = float(score)
             metrics = {}
-            for fn in task.score_metric_fns:
+            for fn in task.score_metric_fns if self.computes_metrics else ():
                 metrics.update(fn(targets_text, scores.tolist()))
             return TaskResult(task.name, mode, metrics, records)
         if mode == "rank":
@@ -265,9 +303,8 @@ class Evaluator(ModelRunner):
             predictions = self.structure.label_texts(self.predict_rows(params, rows, 0), rows)
         else:
             length = self.settings.max_decode_length or self.lengths["targets"]
-            rows = [converter.convert_example(_with_eos_target(ex, vocabulary), self.lengths)
-                    for ex in examples]
-            tokens = self.predict_rows(params, rows, length)
+            prompts = [_with_eos_target(ex, vocabulary) for ex in examples]
+            tokens = self.predict_rows(params, self._rows(converter, prompts), length)
             predictions = [_decode(vocabulary, row) for row in tokens]
         for record, prediction in zip(records, predictions, strict=False):
             record["prediction"] = prediction
@@ -276,29 +313,30 @@ class Evaluator(ModelRunner):
         predicted = [task.postprocess(p, example=ex, is_target=False)
                      for p, ex in zip(predictions, examples, strict=False)]
         metrics = {}
-        for fn in task.metric_fns:
+        for fn in task.metric_fns if self.computes_metrics else ():
             metrics.update(fn(targets, predicted))
         if task.score_metric_fns and mode != "head":
-            rows = [converter.convert_example(ex, self.lengths) for ex in examples]
-            scores = self.score_rows(params, rows)
+            scores = self.score_rows(params, self._rows(converter, examples))
             _check_finite(task.name, scores)
-            for fn in task.score_metric_fns:
+            for fn in task.score_metric_fns if self.computes_metrics else ():
                 metrics.update(fn(targets_text, scores.tolist()))
         return TaskResult(task.name, mode, metrics, records)
 
     def _rank(self, params, task, examples, converter, vocabulary, records) -> list[str]:
-        rows, owners, option_lists = [], [], []
+        pairs, option_lists = [], []
         length = self.lengths["targets"]
-        for index, ex in enumerate(examples):
+        for ex in examples:
             options = [_text(o) for o in ex["options"]] if "options" in ex else list(
                 task.label_options)
             option_lists.append(options)
-            for option in options:
-                tokens = list(vocabulary.encode(option))[:length - 1] + [vocabulary.eos_id]
-                rows.append(converter.convert_example(
-                    dict(ex, targets=np.asarray(tokens, np.int32)), self.lengths))
-                owners.append(index)
-        scores = self.score_rows(params, rows)
+            pairs += [(ex, option) for option in options]
+
+        def option_row(i: int) -> dict:
+            ex, option = pairs[i]
+            tokens = list(vocabulary.encode(option))[:length - 1] + [vocabulary.eos_id]
+            return converter.convert_example(dict(ex, targets=np.asarray(tokens, np.int32)),
+                                             self.lengths)
+        scores = self.score_rows(params, LazyRows(len(pairs), option_row))
         _check_finite(task.name, scores)
         predictions, offset = [], 0
         for index, options in enumerate(option_lists):
@@ -315,17 +353,19 @@ class Evaluator(ModelRunner):
         sampler = few_shot.FewShotSampler(self._demonstrations(task), self.settings.num_shots,
                                           self.settings.few_shot_seed)
         width = sum(self.lengths.values())
-        rows, choice_lists, records = [], [], []
+        requests, choice_lists, records = [], [], []
         for ex in examples:
             context = sampler.prompt(_text(ex["inputs_pretokenized"]))
             choices = ([_text(o) for o in ex["options"]] if "options" in ex
                        else list(task.label_options))
             choice_lists.append(choices)
-            for choice in choices:
-                rows.append(few_shot.request_row(
-                    *few_shot.loglikelihood_request(vocabulary, context, choice), width))
+            requests += [(context, choice) for choice in choices]
             records.append({"inputs": context, "targets": _text(ex["targets_pretokenized"])})
-        scores = self.score_rows(params, rows)
+
+        def request_row(i: int) -> dict:
+            return few_shot.request_row(
+                *few_shot.loglikelihood_request(vocabulary, *requests[i]), width)
+        scores = self.score_rows(params, LazyRows(len(requests), request_row))
         _check_finite(task.name, scores)
         correct, correct_norm, offset = [], [], 0
         for record, choices in zip(records, choice_lists, strict=False):
@@ -348,6 +388,10 @@ class Evaluator(ModelRunner):
         ds = task.get_dataset("train", self.lengths, shuffle=False, num_epochs=1)
         return [few_shot.Demonstration(_text(ex["inputs_pretokenized"]),
                                        _text(ex["targets_pretokenized"])) for ex in ds]
+
+    def _rows(self, converter, examples: Sequence[dict]) -> LazyRows:
+        return LazyRows(len(examples),
+                        lambda i: converter.convert_example(examples[i], self.lengths))
 
     def evaluate(self, params) -> list[TaskResult]:
         return [self.evaluate_task(params, task) for task in self.tasks]
