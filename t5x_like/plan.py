@@ -2,6 +2,7 @@
 
     python -m t5x_like.plan --config=configs/t5_1_1_xl.py --topology=v5p:4x4x4
     python -m t5x_like.plan --config=configs/quickstart.py --topology=cpu:8 --json
+    python -m t5x_like.plan --config=configs/t5_1_1_xl.py --topology=v5p:4x4x4 --decode
 
 Compiles the real train step (same Trainer, shardings and donation as
 ``train.py``) for a TPU topology through libtpu's compiler via
@@ -12,7 +13,8 @@ largest consumers when it does not), the compiled FLOPs per step, and a
 roofline step time and MFU: ``max(FLOPs / peak, bytes accessed / HBM bandwidth)``
 per device, an optimistic bound that ignores communication, with the sources
 (forward or backward, module path) that move the most HBM bytes
-(``t5x_like.hlo_traffic``).
+(``t5x_like.hlo_traffic``). ``--decode`` plans one generation step instead: memory,
+FLOPs and HBM bytes per token, and the roofline's tokens/s.
 """
 
 from __future__ import annotations
@@ -198,6 +200,123 @@ def plan(config, topology: str, num_slices: int = 1) -> dict:
     return report
 
 
+def plan_decode(config, topology: str, num_slices: int = 1) -> dict:
+    """Compiles one generation step of ``config``'s model for ``topology``: a token for
+    each of ``batch_size`` rows over a cache of ``task_feature_lengths``
+    (``Structure.decode_step``; an encoder-decoder's cross-attention keys and values
+    come from the cache). Layers are unrolled, so XLA counts every layer's FLOPs; params
+    keep the training shardings, the cache and inputs are split over the batch axes.
+    Reports memory per device, FLOPs, HBM bytes, and a roofline time per step and
+    tokens/s (``batch_size / step time``)."""
+    import math
+
+    import jax
+    import ml_collections
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from t5x_like import hardware, hlo_traffic, partitioning, structures
+    from t5x_like import trainer as trainer_lib
+
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.model.scan_layers = False
+    devices = topology_devices(topology, num_slices)
+    mesh_shape, trainer = trainer_lib.build_on_devices(config, devices, process_count=1)
+    step, cache, inputs = structures.for_config(config).decode_step(
+        config.batch_size, config.task_feature_lengths)
+    mesh = trainer.mesh
+    batch_axes = tuple(a for a in partitioning.BATCH_AXES if a in mesh.shape)
+    split = math.prod(mesh.shape[a] for a in batch_axes)
+
+    def sharding(x):
+        spec = (PartitionSpec(batch_axes) if x.ndim and x.shape[0] % split == 0
+                else PartitionSpec())
+        return NamedSharding(mesh, spec)
+    cache_shardings = jax.tree.map(sharding, cache)
+    jitted = jax.jit(step, in_shardings=(trainer.state_shardings.params, cache_shardings,
+                                         *map(sharding, inputs)),
+                     out_shardings=(None, cache_shardings), donate_argnums=1)
+    with trainer_lib._MeshAndRules(mesh, trainer.rules):
+        compiled = jitted.lower(trainer.abstract_state.params, cache, *inputs).compile()
+    memory = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    flops = float(cost.get("flops", 0.0))
+    xla_bytes = float(cost.get("bytes accessed", 0.0))
+    try:
+        traffic = hlo_traffic.analyze(compiled.as_text())
+    except (ValueError, KeyError, StopIteration):  # HLO text this reader misreads
+        traffic = None
+    hbm_bytes = (xla_bytes * traffic.total_bytes / traffic.loop_bodies_once_bytes
+                 if traffic is not None and traffic.loop_bodies_once_bytes else xla_bytes)
+    state_rows = per_device_bytes(trainer.abstract_state)
+    kind = devices[0].device_kind
+    chip = hardware.chip_for(kind)
+    peak = hardware.peak_flops(kind, config.peak_flops_per_device)
+    total = (memory.argument_size_in_bytes + memory.output_size_in_bytes
+             - memory.alias_size_in_bytes + memory.temp_size_in_bytes
+             + memory.generated_code_size_in_bytes)
+    report = {
+        "config_model": config.model.family, "topology": topology, "num_slices": num_slices,
+        "device_kind": kind, "num_devices": len(devices), "mesh": mesh_shape,
+        "rules": config.partitioning.rules, "batch_size": config.batch_size,
+        "lengths": dict(config.task_feature_lengths),
+        "memory_per_device": {
+            "params": sum(b for p, b in state_rows if p.startswith("params/")),
+            "cache": sum(b for _, b in per_device_bytes(jax.tree.map(
+                lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                cache, cache_shardings))),
+            "arguments": memory.argument_size_in_bytes,
+            "temporaries": memory.temp_size_in_bytes, "total": total},
+        "hbm_per_device": chip.hbm_bytes if chip else None,
+        "fits": total <= chip.hbm_bytes if chip else None,
+        "flops_per_device": flops, "bytes_accessed_per_device": hbm_bytes,
+    }
+    if traffic is not None and traffic.total_bytes:
+        report["hbm_traffic_by_source"] = [
+            {"source": source, "share": moved / traffic.total_bytes,
+             "bytes": hbm_bytes * moved / traffic.total_bytes}
+            for source, moved in hlo_traffic.by_source(traffic)[:TRAFFIC_ROWS]]
+    if peak and chip:
+        compute_s, memory_s = flops / peak, hbm_bytes / chip.hbm_bandwidth
+        step_s = max(compute_s, memory_s)
+        report["roofline"] = {"compute_s": compute_s, "memory_s": memory_s, "step_s": step_s,
+                              "bound": "compute" if compute_s >= memory_s else "memory",
+                              "tokens_per_s": config.batch_size / step_s}
+    return report
+
+
+def format_decode_report(r: dict) -> str:
+    m = r["memory_per_device"]
+    lines = [f"plan --decode: {r['config_model']} on {r['topology']} ({r['num_devices']} x "
+             f"{r['device_kind']}), mesh {r['mesh']}, rules {r['rules']}, batch "
+             f"{r['batch_size']}, cache of {r['lengths']}",
+             f"memory per device: the step's arguments {_gib(m['arguments']).strip()} (the "
+             f"params it reads, cache {_gib(m['cache']).strip()}, inputs; all params held: "
+             f"{_gib(m['params']).strip()}), temporaries {_gib(m['temporaries']).strip()}, "
+             f"total {_gib(m['total']).strip()}"]
+    if r["hbm_per_device"] is not None:
+        lines.append(f"fits: {'FITS' if r['fits'] else 'DOES NOT FIT'} in "
+                     f"{_gib(r['hbm_per_device']).strip()} HBM per device")
+    lines.append(f"per decode step and device: {r['flops_per_device']:.3e} FLOPs, "
+                 f"{r['bytes_accessed_per_device'] / 1e9:.2f} GB of HBM traffic")
+    if "roofline" in r:
+        roof = r["roofline"]
+        lines.append(f"roofline step time: {roof['step_s'] * 1e3:.2f} ms ({roof['bound']}-bound:"
+                     f" compute {roof['compute_s'] * 1e3:.2f} ms, HBM "
+                     f"{roof['memory_s'] * 1e3:.2f} ms), at best {roof['tokens_per_s']:,.0f} "
+                     "tokens/s for the slice")
+    lines += _traffic_lines(r)
+    return "\n".join(lines)
+
+
+def _traffic_lines(r: dict) -> list[str]:
+    if not r.get("hbm_traffic_by_source"):
+        return []
+    return (["HBM traffic per device by source (forward/backward, module path):"]
+            + [f"  {row['bytes'] / 1e9:9.1f} GB  {100 * row['share']:5.1f}%  {row['source']}"
+               for row in r["hbm_traffic_by_source"]])
+
+
 def _out_of_memory_temporaries(message: str) -> tuple[int, str] | None:
     """(bytes, message) from libtpu's "HLO temporaries (144.01G) exceeds available HBM"."""
     import re
@@ -265,10 +384,7 @@ def format_report(r: dict) -> str:
     elif r["compiled_flops_per_device"] is not None:
         lines.append("roofline: no peak FLOP/s or bandwidth for this device kind (see "
                      "t5x_like.hardware.CHIPS)")
-    if r.get("hbm_traffic_by_source"):
-        lines.append("HBM traffic per device by source (forward/backward, module path):")
-        lines += [f"  {row['bytes'] / 1e9:9.1f} GB  {100 * row['share']:5.1f}%  {row['source']}"
-                  for row in r["hbm_traffic_by_source"]]
+    lines += _traffic_lines(r)
     return "\n".join(lines)
 
 
@@ -285,6 +401,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num_slices", type=int, default=1,
                         help="Slices of --topology joined over the data-center network "
                              "(multi-slice); the mesh's dcn axis spans them.")
+    parser.add_argument("--decode", action="store_true",
+                        help="Plan one generation step (a token per row over the cache of "
+                             "task_feature_lengths) instead of the train step.")
     parser.add_argument("--json", action="store_true", help="Print the report as JSON.")
     args = parser.parse_args(rest)
     # libtpu asks a metadata server about TPU workers unless told this is no TPU VM.
@@ -298,8 +417,10 @@ def main(argv: list[str] | None = None) -> int:
     config = config_lib.load_config_file(args.config)
     config_lib.apply_overrides(config, overrides)
     config_lib.validate(config)
-    report = plan(config, args.topology, args.num_slices)
-    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    planner, formatter = ((plan_decode, format_decode_report) if args.decode
+                          else (plan, format_report))
+    report = planner(config, args.topology, args.num_slices)
+    print(json.dumps(report, indent=2) if args.json else formatter(report))
     return 0
 
 

@@ -136,3 +136,37 @@ def test_bad_slice_counts_are_named(topology, slices):
     with pytest.raises(plan.PlanError, match=rf"--num_slices={slices}: give a positive number "
                                              r"of TPU slices"):
         plan.topology_devices(topology, slices)
+
+
+def test_decode_plan_counts_one_token_with_the_cross_attention_cache():
+    """``--decode``: one token per row over the cache; the encoder output's keys and
+    values come from the cache, so the step's FLOPs are the decoder's per token (the
+    formula below), not the encoder length times the projections."""
+    report = json.loads(run_plan(f"--config={QUICKSTART}", "--topology=cpu:8", "--decode",
+                                 "--json", *TINY).stdout)
+    from t5x_like import config_lib
+    v = config_lib.load_config_file(QUICKSTART).model.vocab_size
+    b, d, h, dh, f = 16, 32, 2, 16, 64  # TINY
+    si, st, layers = 32, 8, 1
+    # T5 v1.1's gated-GELU MLP has three d x f matrices; self-attention four and the
+    # cross-attention two (query, output) d x h*dh matrices per layer.
+    per_token = layers * (6 * d * h * dh + 3 * d * f) + d * v
+    attention = 2 * layers * (st + si) * h * dh
+    expected = 2 * b * (per_token + attention)
+    assert 0.8 < report["flops_per_device"] * 8 / expected < 1.3, report["flops_per_device"]
+    memory = report["memory_per_device"]
+    assert memory["cache"] > 0 and memory["total"] >= memory["arguments"] > memory["cache"]
+
+
+def test_decode_plan_of_a_decoder_on_tpu_gives_tokens_per_second():
+    out = run_plan(f"--config={REPO / 'configs' / 'pretrain' / 'gpt2_tiny.py'}",
+                   "--topology=v5e:2x2", "--decode", "--config.batch_size=8").stdout
+    assert "plan --decode: decoder on v5e:2x2" in out and "FITS" in out
+    assert "memory-bound" in out and "tokens/s for the slice" in out
+
+
+def test_decode_plan_of_an_encoder_is_refused():
+    result = run_plan(f"--config={REPO / 'configs' / 'pretrain' / 'bert_tiny.py'}",
+                      "--topology=cpu:8", "--decode", check=False)
+    assert result.returncode == 2 and "does not generate text" in result.stderr
+    assert "Traceback" not in result.stderr

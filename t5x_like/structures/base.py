@@ -216,6 +216,13 @@ class Structure:
     def predict_batch(self, params, batch, *, rng=None, **decode) -> jax.Array:
         raise NotImplementedError
 
+    def decode_step(self, batch_size: int, lengths: Mapping[str, int]):
+        """One token of generation over a filled cache, for ``plan --decode``:
+        ``(step, cache, inputs)``, where ``step(params, cache, *inputs)`` returns the
+        logits and the new cache, and ``cache`` and ``inputs`` are abstract shapes."""
+        raise UserError(f"A {self.name} model does not generate text, so it has no decode "
+                        "step to plan; plan its training step (leave out --decode).")
+
     def forward_flops_per_sequence(self, model_config: Mapping, lengths: Mapping[str, int]
                                    ) -> float:
         raise NotImplementedError

@@ -128,6 +128,22 @@ class DecoderStructure(Structure):
             num_beams=options["num_beams"], alpha=options["alpha"],
             eos_id=getattr(self.model.config, "eos_id", decoding.EOS_ID))
 
+    def decode_step(self, batch_size, lengths):
+        """A step of ``decoding.generate_padded``: one token per row, its position, and
+        the mask of the cache's real positions."""
+        from t5x_like import decoding
+        model, total = self.model, sum(lengths.values())
+        cache = jax.eval_shape(lambda: decoding.init_decoder_cache(model, batch_size, total))
+        token = jax.ShapeDtypeStruct((batch_size, 1), jnp.int32)
+        valid = jax.ShapeDtypeStruct((batch_size, total), jnp.int32)
+
+        def step(params, cache, token, position, valid):
+            logits, variables = model.apply(
+                {"params": params, "cache": cache}, token, decode=True, max_decode_length=total,
+                decoder_positions=position, decoder_segment_ids=valid, mutable=["cache"])
+            return logits, variables["cache"]
+        return step, cache, (token, token, valid)
+
     def forward_flops_per_sequence(self, model, lengths):
         d, h, dh, f, v = (model["d_model"], model["num_heads"], model["head_dim"],
                           model["d_ff"], model["vocab_size"])

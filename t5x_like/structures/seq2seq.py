@@ -68,6 +68,27 @@ class EncoderDecoderStructure(Structure):
                                temperature=options["temperature"], top_k=options["top_k"],
                                top_p=options["top_p"])
 
+    def decode_step(self, batch_size, lengths):
+        """A decoder step reading the cross-attention keys and values from the cache
+        (filled once per decode: ``decoding.fill_cross_cache``)."""
+        import jax
+        import jax.numpy as jnp
+
+        from t5x_like import decoding
+        model, inputs, targets = self.model, lengths["inputs"], lengths["targets"]
+        cache = jax.eval_shape(lambda: decoding.init_cache(model, batch_size, inputs, targets))
+        encoded = jax.ShapeDtypeStruct((batch_size, inputs, model.config.d_model),
+                                       model.config.compute_dtype)
+        tokens = jax.ShapeDtypeStruct((batch_size, inputs), jnp.int32)
+        token = jax.ShapeDtypeStruct((batch_size, 1), jnp.int32)
+
+        def step(params, cache, encoded, encoder_tokens, token):
+            logits, variables = model.apply(
+                {"params": params, "cache": cache}, encoded, encoder_tokens, token, targets,
+                cached_cross=True, method=model.decode, mutable=["cache"])
+            return logits, variables["cache"]
+        return step, cache, (encoded, tokens, token)
+
     def forward_flops_per_sequence(self, model, lengths):
         d, h, dh, f, v = (model["d_model"], model["num_heads"], model["head_dim"],
                           model["d_ff"], model["vocab_size"])
