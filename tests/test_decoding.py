@@ -1,4 +1,5 @@
 import functools
+import re
 
 import flax.linen as nn
 import jax
@@ -196,3 +197,34 @@ def test_decode_steps_project_the_encoder_output_once(tmp_path, scan):
     layers = 1 if scan else cfg.num_decoder_layers  # XLA counts a scanned body once
     saved = step_flops(False) - step_flops(True)
     assert saved == pytest.approx(layers * projection, rel=0.05), (saved, layers * projection)
+
+
+def _while_body_text(hlo: str) -> str:
+    """The decoding loop's body and every computation it calls, from compiled HLO text."""
+    computations = dict(re.findall(r"\n(?:ENTRY )?%([\w.\-]+) [^\n]*\{\n(.*?)\n\}", hlo, re.S))
+    body = re.search(r" while\([^\n]*body=%([\w.\-]+)", hlo).group(1)
+    seen, todo = set(), [body]
+    while todo:
+        name = todo.pop()
+        if name not in seen and name in computations:
+            seen.add(name)
+            todo += re.findall(r"(?:calls|to_apply|body|condition)=%([\w.\-]+)",
+                               computations[name])
+    return "\n".join(computations[n] for n in seen)
+
+
+def test_the_decoding_loop_reads_the_cross_cache_without_copying_it(tmp_path):
+    """The cross-attention keys and values enter the loop in the layout the steps read:
+    no step transposes the encoder-sized projection again (XLA did, two copies per
+    layer and step, until fill_cross_cache put a barrier after the fill)."""
+    model, params, _, _ = _scanned(tmp_path)
+    encoder = jnp.asarray(padded_batch()[0])
+    batch, length = encoder.shape
+    cfg = model.config
+    hlo = jax.jit(lambda p, e: decoding.decode(model, p, e, max_decode_length=MAX_DECODE)).lower(
+        params, encoder).compile().as_text()
+    projection = f"f32[{batch},{length},{cfg.num_heads},{cfg.head_dim}]"
+    assert projection in hlo  # the fill, before the loop
+    body = _while_body_text(hlo)
+    assert projection not in body, [line.strip()[:160] for line in body.splitlines()
+                                    if projection in line][:3]
