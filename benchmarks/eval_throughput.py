@@ -84,7 +84,7 @@ def ours(row: str, batch: dict, repeats: int) -> tuple[float, float]:
     config = load_config(row)
     structure = structures.for_config(config)
     from t5x_like import models
-    lengths = {k: v.shape[1] for k, v in batch.items() if k.endswith("input_tokens")}
+    lengths = {k: v.shape[1] for k, v in batch.items() if k.endswith("_tokens")}
     params = jax.jit(lambda: structure.model.init(
         jax.random.key(0), *models.example_inputs(structure.model, lengths))["params"])()
     import flax.linen as nn

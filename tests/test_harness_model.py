@@ -196,3 +196,12 @@ def test_training_runs_harness_tasks_at_its_evaluation_steps(setup, tmp_path, ca
         results["t5xl_cloze"]["acc_norm,none"])
     assert at[2]["harness/t5xl_perplexity/bits_per_byte"] == pytest.approx(
         results["t5xl_perplexity"]["bits_per_byte,none"], rel=1e-5)
+
+
+def test_request_widths_hold_the_row_with_at_most_a_third_padding():
+    widths = set()
+    for length in range(1, 3000):
+        width = harness_model.bucket(length, 2048)
+        widths.add(width)
+        assert width == 2048 if length > 2048 else length <= width <= max(16, 1.5 * length)
+    assert len(widths) <= 16  # a 2048-token window compiles at most this many programs

@@ -22,8 +22,9 @@ answers them, over our model on the mesh of the checkpoint's config:
   greedy (or sampled with ``do_sample``) decoding, the text cut at the first stop
   sequence (EOS's text among them).
 
-Requests are sorted by length and batched in widths of powers of two, so short
-requests do not pay for the model's whole window and few programs compile.
+Requests are sorted by length and batched in a few widths (powers of two and 1.5 times
+them), so short requests do not pay for the model's whole window and few programs
+compile.
 """
 
 from __future__ import annotations
@@ -109,11 +110,12 @@ def from_params(config, trainer, params, vocabulary, max_length: int, batch_size
 
 
 def bucket(length: int, limit: int) -> int:
-    """The row width for ``length`` tokens: a power of two (at least ``MIN_WIDTH``), at
-    most ``limit``."""
+    """The row width for ``length`` tokens: the smallest of 16, 24, 32, 48, 64, 96, ...
+    (powers of two and 1.5 times them) that holds it, at most ``limit``: rows are at
+    most a third padding, and a window of N tokens compiles about 2 log2(N) programs."""
     width = MIN_WIDTH
     while width < length:
-        width *= 2
+        width = width * 3 // 2 if width & (width - 1) == 0 else width * 4 // 3
     return min(width, limit)
 
 
@@ -167,7 +169,7 @@ class T5xLikeLM(TemplateLM):
     # -- scoring ----------------------------------------------------------------------------
     def _score(self, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
         """``(log-likelihood, is_greedy)`` of each ``(context, continuation)``, longest
-        first, in widths of powers of two."""
+        first, each batch in the bucket width of its longest row."""
         loaded = self.loaded
         order = sorted(range(len(pairs)), key=lambda i: -len(pairs[i][0]) - len(pairs[i][1]))
         size = loaded.runner.settings.batch_size
