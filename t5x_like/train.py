@@ -570,12 +570,8 @@ def _harness_tasks(config) -> list | None:
     compiles (a decoder only: the harness scores language models)."""
     if not config.eval.harness_tasks:
         return None
-    from t5x_like import structures
     from t5x_like.evaluation import harness_tasks
-    if not structures.structure_class(config.model.family).scores_choices_as_lm_eval:
-        raise errors.ConfigError(
-            f"eval.harness_tasks runs lm-evaluation-harness on decoder language models; this "
-            f"run trains a {config.model.family!r} model. Use eval.mixture for its tasks.")
+    harness_tasks.check_decoder(config, "eval.harness_tasks", "Use eval.mixture for its tasks.")
     harness_tasks.check_installed("eval.harness_tasks")
     names = harness_tasks.task_names(config.eval.harness_tasks, "--config.eval.harness_tasks")
     return harness_tasks.load(names, config.eval.harness_include_path)

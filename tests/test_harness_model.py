@@ -160,7 +160,7 @@ def test_the_harness_command_refuses_before_reading_the_model(setup, tmp_path, c
                              f"--out={tmp_path / 't5'}"]) == 0
     assert harness_cli.main([f"--checkpoint={tmp_path / 't5'}", "--tasks=t5xl_cloze",
                              *common]) == 2
-    assert "runs decoder language models" in capsys.readouterr().err
+    assert "runs lm-evaluation-harness on decoder language models" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -205,3 +205,12 @@ def test_request_widths_hold_the_row_with_at_most_a_third_padding():
         widths.add(width)
         assert width == 2048 if length > 2048 else length <= width <= max(16, 1.5 * length)
     assert len(widths) <= 16  # a 2048-token window compiles at most this many programs
+
+
+def test_training_an_encoder_decoder_with_harness_tasks_is_refused(tmp_path, capsys):
+    from t5x_like import train
+    assert train.main(["--config=configs/quickstart.py", f"--workdir={tmp_path / 'run'}",
+                       "--config.eval.harness_tasks=austen_cloze"]) == 2
+    err = capsys.readouterr().err
+    assert "on decoder language models" in err and "eval.mixture" in err
+    assert not (tmp_path / "run" / "checkpoints").exists()

@@ -46,7 +46,7 @@ from lm_eval.models.utils import (
 
 from t5x_like import checkpoints, cli_flags, runs, structures
 from t5x_like.errors import UserError
-from t5x_like.evaluation import evaluator, few_shot
+from t5x_like.evaluation import evaluator, few_shot, harness_tasks
 
 NAME = "t5x_like"
 MIN_WIDTH = 16
@@ -64,8 +64,8 @@ class LoadedModel:
 
 
 def load(checkpoint: str, *, step: int | None = None, vocabulary: str = "checkpoint",
-         batch_size: int = 0, max_length: int = 0, seed: int = 0, module: str = "",
-         overrides: Sequence[str] = ()) -> LoadedModel:
+         batch_size: int = 0, max_length: int = 0, seed: int = 0, module: str = ""
+         ) -> LoadedModel:
     """A decoder checkpoint on the mesh its config names, with its own tokenizer (or
     ``vocabulary``: a tokenizer path), refused with a ``UserError`` before any
     compilation when it cannot answer the harness. The built-in tasks (and ``module``'s)
@@ -82,11 +82,9 @@ def load(checkpoint: str, *, step: int | None = None, vocabulary: str = "checkpo
     if step is not None and step not in steps:
         raise UserError(f"step={step}: {source.path} holds steps {steps}; pick one of those.")
     step = steps[-1] if step is None else step
-    config = runs.run_config(source, step, None, list(overrides))
-    if not structures.structure_class(config.model.family).scores_choices_as_lm_eval:
-        raise UserError(
-            f"lm-evaluation-harness runs decoder language models here; {checkpoint} is a "
-            f"{config.model.family!r} model. Evaluate it with `t5xl eval` on a task or mixture.")
+    config = runs.run_config(source, step, None, [])
+    harness_tasks.check_decoder(config, checkpoint,
+                                "Evaluate it with `t5xl eval` on a task or mixture.")
     trained = runs.trained_vocabulary(source, source.saved_config(step))
     tokenizer = runs.resolve_vocabulary(vocabulary or "checkpoint", source, trained)
     runs.check_fits(config, tokenizer, "lm-eval's requests")

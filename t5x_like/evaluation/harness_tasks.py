@@ -20,6 +20,15 @@ def check_installed(what: str = "The harness command") -> None:
                         f"{errors.install_hint('lm_eval')}")
 
 
+def check_decoder(config, what: str, instead: str) -> None:
+    """The harness scores language models: a family whose structure does not score
+    choices as lm-eval does (encoders, encoder-decoders here) is refused."""
+    from t5x_like import structures
+    if not structures.structure_class(config.model.family).scores_choices_as_lm_eval:
+        raise UserError(f"{what} runs lm-evaluation-harness on decoder language models; this "
+                        f"is a {config.model.family!r} model. {instead}")
+
+
 def task_names(value: str, flag: str = "--tasks") -> list[str]:
     names = [n.strip() for n in value.split(",") if n.strip()]
     if not names:
