@@ -385,9 +385,11 @@ def generate_padded(model: nn.Module, params, prompt_tokens: jax.Array, prompt_l
         return variables["cache"]
 
     if num_beams > 1:
-        rows = jnp.repeat(prompts, num_beams, axis=0)
+        # One prefill per prompt, its cache then copied to the prompt's beams (a prefill
+        # of every beam's row computed the same prompt num_beams times).
         beam_pad = jnp.repeat(pad, num_beams)
-        cache = prefill(rows, init_decoder_cache(model, batch * num_beams, total), beam_pad)
+        cache = _gather_beams(prefill(prompts, init_decoder_cache(model, batch, total), pad),
+                              jnp.zeros((batch, num_beams), jnp.int32), batch, 1)
 
         def step_fn(tokens, cache):
             return feed(tokens, cache, beam_pad, _cache_position(cache))
