@@ -96,7 +96,7 @@ def per_device_bytes(abstract_tree) -> list[tuple[str, int]]:
 def plan(config, topology: str, num_slices: int = 1) -> dict:
     """Compiles ``config``'s train step for ``topology`` (``num_slices`` of them joined
     over DCN); returns the report as a dict."""
-    from t5x_like import flops, hardware, hlo_traffic, structures
+    from t5x_like import flops, hardware, structures
     from t5x_like import trainer as trainer_lib
 
     devices = topology_devices(topology, num_slices)
@@ -117,20 +117,14 @@ def plan(config, topology: str, num_slices: int = 1) -> dict:
         arguments, outputs = memory.argument_size_in_bytes, memory.output_size_in_bytes
         aliased, temporaries = memory.alias_size_in_bytes, memory.temp_size_in_bytes
         code = memory.generated_code_size_in_bytes
-        cost = compiled.cost_analysis()
-        cost = cost[0] if isinstance(cost, list) else cost
         # XLA's cost analysis counts a loop body once: the layers' scan and the
         # microbatches' run many times. Reading the HLO, the bytes are weighted by trip
         # counts; FLOPs, whose per-op rules the text does not give, are scaled below.
         hlo_text = compiled.as_text()
-        try:
-            traffic = hlo_traffic.analyze(hlo_text)
-        except (ValueError, KeyError, StopIteration) as e:  # HLO text this reader misreads
-            traffic, traffic_error = None, f"{type(e).__name__}: {e}"
+        xla_flops, xla_bytes, traffic, traffic_error = _costs(compiled, hlo_text)
         looped = config.optimizer.microbatches > 1 and " while(" in hlo_text
         scale = config.optimizer.microbatches if looped else 1
-        compiled_flops = float(cost.get("flops", 0.0)) * scale
-        xla_bytes = float(cost.get("bytes accessed", 0.0))
+        compiled_flops = xla_flops * scale
         if traffic is not None and traffic.loop_bodies_once_bytes:
             bytes_accessed = xla_bytes * traffic.total_bytes / traffic.loop_bodies_once_bytes
         else:
@@ -179,18 +173,10 @@ def plan(config, topology: str, num_slices: int = 1) -> dict:
     if compiler_oom is None and traffic is None:
         report["traffic_note"] = (f"the HLO traffic reader failed ({traffic_error}); bytes "
                                   "count each loop body once, so HBM time is underestimated")
-    if traffic is not None and traffic.total_bytes:
-        report["hbm_traffic_by_source"] = [
-            {"source": source, "share": moved / traffic.total_bytes,
-             "bytes": bytes_accessed * moved / traffic.total_bytes}
-            for source, moved in hlo_traffic.by_source(traffic)[:TRAFFIC_ROWS]]
+    report.update(_traffic_by_source(traffic, bytes_accessed))
     if peak and chip and roofline_flops is not None:
-        compute_s = roofline_flops / peak
-        memory_s = roofline_bytes / chip.hbm_bandwidth
-        step_s = max(compute_s, memory_s)
-        report["roofline"] = {"compute_s": compute_s, "memory_s": memory_s, "step_s": step_s,
-                              "bound": "compute" if compute_s >= memory_s else "memory",
-                              "mfu": model_flops / (len(devices) * peak * step_s)}
+        roof = _roofline(roofline_flops, roofline_bytes, peak, chip)
+        report["roofline"] = dict(roof, mfu=model_flops / (len(devices) * peak * roof["step_s"]))
     consumers = [("temporaries (activations, gradients, collectives' buffers)", temporaries),
                  ("params (all)", params_bytes), ("optimizer state (all)", opt_bytes)]
     consumers.sort(key=lambda row: -row[1])
@@ -214,7 +200,7 @@ def plan_decode(config, topology: str, num_slices: int = 1) -> dict:
     import ml_collections
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from t5x_like import hardware, hlo_traffic, partitioning, structures
+    from t5x_like import hardware, partitioning, structures
     from t5x_like import trainer as trainer_lib
 
     config = ml_collections.ConfigDict(config.to_dict())
@@ -238,14 +224,7 @@ def plan_decode(config, topology: str, num_slices: int = 1) -> dict:
     with trainer_lib._MeshAndRules(mesh, trainer.rules):
         compiled = jitted.lower(trainer.abstract_state.params, cache, *inputs).compile()
     memory = compiled.memory_analysis()
-    cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, list) else cost
-    flops = float(cost.get("flops", 0.0))
-    xla_bytes = float(cost.get("bytes accessed", 0.0))
-    try:
-        traffic = hlo_traffic.analyze(compiled.as_text())
-    except (ValueError, KeyError, StopIteration):  # HLO text this reader misreads
-        traffic = None
+    flops, xla_bytes, traffic, _ = _costs(compiled, compiled.as_text())
     hbm_bytes = (xla_bytes * traffic.total_bytes / traffic.loop_bodies_once_bytes
                  if traffic is not None and traffic.loop_bodies_once_bytes else xla_bytes)
     state_rows = per_device_bytes(trainer.abstract_state)
@@ -271,18 +250,44 @@ def plan_decode(config, topology: str, num_slices: int = 1) -> dict:
         "fits": total <= chip.hbm_bytes if chip else None,
         "flops_per_device": flops, "bytes_accessed_per_device": hbm_bytes,
     }
-    if traffic is not None and traffic.total_bytes:
-        report["hbm_traffic_by_source"] = [
-            {"source": source, "share": moved / traffic.total_bytes,
-             "bytes": hbm_bytes * moved / traffic.total_bytes}
-            for source, moved in hlo_traffic.by_source(traffic)[:TRAFFIC_ROWS]]
+    report.update(_traffic_by_source(traffic, hbm_bytes))
     if peak and chip:
-        compute_s, memory_s = flops / peak, hbm_bytes / chip.hbm_bandwidth
-        step_s = max(compute_s, memory_s)
-        report["roofline"] = {"compute_s": compute_s, "memory_s": memory_s, "step_s": step_s,
-                              "bound": "compute" if compute_s >= memory_s else "memory",
-                              "tokens_per_s": config.batch_size / step_s}
+        roof = _roofline(flops, hbm_bytes, peak, chip)
+        report["roofline"] = dict(roof, tokens_per_s=config.batch_size / roof["step_s"])
     return report
+
+
+def _costs(compiled, hlo_text: str):
+    """``(FLOPs, bytes accessed, traffic, traffic_error)`` of a compiled program: XLA's
+    counts (loop bodies once) and the HLO reader's traffic (None when it misreads)."""
+    from t5x_like import hlo_traffic
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    try:
+        traffic, error = hlo_traffic.analyze(hlo_text), None
+    except (ValueError, KeyError, StopIteration) as e:  # HLO text this reader misreads
+        traffic, error = None, f"{type(e).__name__}: {e}"
+    return (float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0)), traffic,
+            error)
+
+
+def _traffic_by_source(traffic, bytes_accessed) -> dict:
+    """``{"hbm_traffic_by_source": rows}``: the sources moving the most bytes, each with
+    its share of ``bytes_accessed``; empty without a traffic reading."""
+    if traffic is None or not traffic.total_bytes:
+        return {}
+    from t5x_like import hlo_traffic
+    return {"hbm_traffic_by_source": [
+        {"source": source, "share": moved / traffic.total_bytes,
+         "bytes": bytes_accessed * moved / traffic.total_bytes}
+        for source, moved in hlo_traffic.by_source(traffic)[:TRAFFIC_ROWS]]}
+
+
+def _roofline(flops: float, bytes_accessed: float, peak: float, chip) -> dict:
+    """The step time bound ``max(FLOPs / peak, bytes / HBM bandwidth)`` and which bounds it."""
+    compute_s, memory_s = flops / peak, bytes_accessed / chip.hbm_bandwidth
+    return {"compute_s": compute_s, "memory_s": memory_s, "step_s": max(compute_s, memory_s),
+            "bound": "compute" if compute_s >= memory_s else "memory"}
 
 
 def format_decode_report(r: dict) -> str:
