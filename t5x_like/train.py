@@ -584,8 +584,7 @@ def _harness_model(r: _Run):
     from t5x_like.evaluation import harness_model
     config = r.config
     vocabulary = r.asked_vocabulary or get_task_or_mixture(config.task).vocabulary
-    window = config.model.get("max_length") or sum(config.task_feature_lengths.values())
-    loaded = harness_model.from_params(config, r.trainer, None, vocabulary, window,
+    loaded = harness_model.from_params(config, r.trainer, None, vocabulary, 0,
                                        config.eval.batch_size, config.seed, "training")
     return harness_model.T5xLikeLM(loaded=loaded,
                                    max_gen_toks=config.eval.harness_max_gen_toks)

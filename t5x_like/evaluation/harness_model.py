@@ -88,23 +88,24 @@ def load(checkpoint: str, *, step: int | None = None, vocabulary: str = "checkpo
     trained = runs.trained_vocabulary(source, source.saved_config(step))
     tokenizer = runs.resolve_vocabulary(vocabulary or "checkpoint", source, trained)
     runs.check_fits(config, tokenizer, "lm-eval's requests")
-    window = max_length or config.model.get("max_length") or sum(
-        config.task_feature_lengths.values())
     _, trainer = trainer_lib.build_on_devices(config)
     params = source.restore_params(step, trainer)
-    return from_params(config, trainer, params, tokenizer, window, batch_size, seed,
+    return from_params(config, trainer, params, tokenizer, max_length, batch_size, seed,
                        f"{source.path} step {step}")
 
 
-def from_params(config, trainer, params, vocabulary, max_length: int, batch_size: int = 0,
+def from_params(config, trainer, params, vocabulary, max_length: int = 0, batch_size: int = 0,
                 seed: int = 0, description: str = "") -> LoadedModel:
     """A model already on ``trainer``'s mesh (training's own params, between steps);
-    ``seed`` seeds sampling (``do_sample``)."""
+    ``max_length`` 0 is the model's positions (else its task lengths' sum); ``seed``
+    seeds sampling (``do_sample``)."""
+    window = max_length or config.model.get("max_length") or sum(
+        config.task_feature_lengths.values())
     settings = evaluator.EvalSettings(batch_size=batch_size or config.batch_size, seed=seed)
     runner = evaluator.ModelRunner(structures.for_config(config), trainer.mesh, trainer.rules,
                                    trainer.state_shardings.params,
                                    dict(config.task_feature_lengths), settings)
-    return LoadedModel(runner, params, vocabulary, int(max_length), description)
+    return LoadedModel(runner, params, vocabulary, int(window), description)
 
 
 def bucket(length: int, limit: int) -> int:
@@ -164,18 +165,23 @@ class T5xLikeLM(TemplateLM):
     def tok_decode(self, tokens: Sequence[int]) -> str:
         return self.vocabulary.decode([int(t) for t in tokens])
 
-    # -- scoring ----------------------------------------------------------------------------
-    def _score(self, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
-        """``(log-likelihood, is_greedy)`` of each ``(context, continuation)``, longest
-        first, each batch in the bucket width of its longest row."""
-        loaded = self.loaded
-        order = sorted(range(len(pairs)), key=lambda i: -len(pairs[i][0]) - len(pairs[i][1]))
-        size = loaded.runner.settings.batch_size
-        out: list[tuple[float, bool]] = [(0.0, False)] * len(pairs)
+    # -- batching ---------------------------------------------------------------------------
+    def _batches(self, lengths: list[int], limit: int):
+        """``(indices, width)`` per batch: the requests longest first, each batch in the
+        bucket width of its longest (at most ``limit``)."""
+        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+        size = self.loaded.runner.settings.batch_size
         for start in range(0, len(order), size):
             chunk = order[start:start + size]
-            longest = max(len(pairs[i][0]) + len(pairs[i][1]) - 1 for i in chunk)
-            width = bucket(longest, self.max_length)
+            yield chunk, bucket(max(lengths[i] for i in chunk), limit)
+
+    # -- scoring ----------------------------------------------------------------------------
+    def _score(self, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+        """``(log-likelihood, is_greedy)`` of each ``(context, continuation)``."""
+        loaded = self.loaded
+        out: list[tuple[float, bool]] = [(0.0, False)] * len(pairs)
+        inputs = [len(context) + len(continuation) - 1 for context, continuation in pairs]
+        for chunk, width in self._batches(inputs, self.max_length):
             rows = [few_shot.request_row(*pairs[i], width) for i in chunk]
             scores, greedy = loaded.runner.continuation_rows(loaded.params, rows)
             for i, score, is_greedy in zip(chunk, scores, greedy, strict=True):
@@ -241,15 +247,11 @@ class T5xLikeLM(TemplateLM):
         if decode["temperature"] and kwargs.get("top_k") is not None:
             decode["top_k"] = int(kwargs["top_k"])
         prompts = [self.tok_encode(c)[-room:] or [self.prefix_token_id] for c in contexts]
-        order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
-        runner, size = self.loaded.runner, self.loaded.runner.settings.batch_size
         texts = [""] * len(prompts)
-        for start in range(0, len(order), size):
-            chunk = order[start:start + size]
-            width = bucket(max(len(prompts[i]) for i in chunk), room)
+        for chunk, width in self._batches([len(p) for p in prompts], room):
             rows = [few_shot.prompt_row(prompts[i], width) for i in chunk]
-            tokens = runner.predict_rows(self.loaded.params, rows, new_tokens, num_beams=1,
-                                         **decode)
+            tokens = self.loaded.runner.predict_rows(self.loaded.params, rows, new_tokens,
+                                                     num_beams=1, **decode)
             for i, row in zip(chunk, tokens, strict=True):
                 texts[i] = postprocess_generated_text(self.tok_decode(self._until_eos(row)),
                                                       stop=until, think_end_token=None)

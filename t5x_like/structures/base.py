@@ -17,16 +17,24 @@ DECODE_DEFAULTS = {"max_decode_length": 64, "num_beams": 1, "alpha": 0.6, "tempe
                    "top_k": 0, "top_p": 1.0}
 
 
+def _target_logits(logits, targets) -> tuple[jax.Array, jax.Array]:
+    """``(logits in float32, each position's target logit)``."""
+    logits = logits.astype(jnp.float32)
+    return logits, jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32),
+                                       axis=-1)[..., 0]
+
+
 def _target_log_likelihood(logits, targets, weights) -> jax.Array:
     """Sum over positions of ``log p(target)`` where ``weights`` > 0: ``[batch]``.
 
     The target's logit minus the log-sum-exp over the vocabulary, the two reductions
     XLA fuses into one pass over the logits: a whole ``log_softmax`` was written out and
     read back, which cost GPT-2's scoring 40% of its forward pass on CPU."""
-    logits = logits.astype(jnp.float32)
-    target = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
-    token = target - jax.nn.logsumexp(logits, axis=-1)
-    return (token * weights).sum(axis=-1)
+    return _summed_log_likelihood(*_target_logits(logits, targets), weights)
+
+
+def _summed_log_likelihood(logits, target, weights) -> jax.Array:
+    return ((target - jax.nn.logsumexp(logits, axis=-1)) * weights).sum(axis=-1)
 
 
 def _final_hidden(state) -> jax.Array:
@@ -213,15 +221,13 @@ class Structure:
         """lm-evaluation-harness's ``loglikelihood``: per example the summed
         log-probability of the weighted targets, and whether every one of them is the
         most likely token (``is_greedy``)."""
-        logits = self.logits(params, batch).astype(jnp.float32)
         targets, weights = batch[self.targets_feature], batch[self.weights_feature]
-        target = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32),
-                                     axis=-1)[..., 0]
+        logits, target = _target_logits(self.logits(params, batch), targets)
         # The target is the argmax where no logit exceeds it (an exact tie, which argmax
         # breaks by index, is the one case that reads differently); a max costs nothing
         # beside the log-sum-exp, where an argmax was another pass over the logits.
         greedy = (target >= jnp.max(logits, axis=-1)) | (weights == 0)
-        return _target_log_likelihood(logits, targets, weights), jnp.all(greedy, axis=-1)
+        return _summed_log_likelihood(logits, target, weights), jnp.all(greedy, axis=-1)
 
     def predict_batch(self, params, batch, *, rng=None, **decode) -> jax.Array:
         raise NotImplementedError
