@@ -1,6 +1,6 @@
 """Decode speed: t5x_like's ``infer`` decoding versus transformers' ``generate``, same weights.
 
-    .venv/bin/python benchmarks/decode_speed.py [--repeats 3] [--batch 8] [--new_tokens 64]
+    .venv/bin/python benchmarks/decode_speed.py [--repeats 5] [--batch 8] [--new_tokens 64]
         [--prompt_length N] [--rows gpt2_greedy,gpt2_beam,t5_greedy,t5_beam]
         [--dtype float32] [--torch_threads 0]
 
@@ -34,10 +34,10 @@ asserting). For beam rows it compares the best beams; with no EOS every hypothes
 has the same length, so both searches rank by total log-probability and should agree
 too, but they are not the same algorithm in general.
 
-Times are the fastest of ``--repeats`` timed calls per side, after one warm-up call
-(which includes JAX's compile), which trims, but cannot remove, the effect of other
-load on the machine. Wall time includes the prompt prefill / encoder pass. Needs the ``hf``
-extra (torch, transformers, safetensors).
+Times are the median of ``--repeats`` timed calls per side, after one warm-up call
+(which includes JAX's compile); the two sides' calls alternate, so load that comes and
+goes falls on both, which trims, but cannot remove, its effect. Wall time includes the
+prompt prefill / encoder pass. Needs the ``hf`` extra (torch, transformers, safetensors).
 
 Caveats: run it on an otherwise idle machine. With other processes competing for the
 cores, PyTorch's OpenMP threads lose far more than XLA's (every small op is a parallel
@@ -57,6 +57,7 @@ import argparse
 import contextlib
 import functools
 import os
+import statistics
 import tempfile
 import time
 
@@ -136,31 +137,33 @@ def ours_decode_fn(model, family: str, beams: int, new_tokens: int):
     return jax.jit(run)
 
 
-def time_best(fn, repeats: int) -> tuple[float, np.ndarray]:
-    """Warm-up call (compile, caches), then the fastest of ``repeats`` timed calls; also
-    returns the last output."""
-    out = fn()
-    times = []
+def time_alternating(fns, repeats: int) -> list[tuple[float, np.ndarray]]:
+    """A warm-up call of each (compile, caches), then ``repeats`` rounds calling each in
+    turn; per function the median of its timed calls and its last output. Alternating
+    puts both sides under the same passing load, and the median is not the one quiet
+    moment a minimum is."""
+    outs = [fn() for fn in fns]
+    times = [[] for _ in fns]
     for _ in range(repeats):
-        start = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - start)
-    return min(times), out
+        for index, fn in enumerate(fns):
+            start = time.perf_counter()
+            outs[index] = fn()
+            times[index].append(time.perf_counter() - start)
+    return [(statistics.median(t), out) for t, out in zip(times, outs, strict=True)]
 
 
-def ours(model_config, params, tokens: np.ndarray, beams: int, new_tokens: int,
-         repeats: int) -> tuple[float, np.ndarray]:
+def our_runner(model_config, params, tokens: np.ndarray, beams: int, new_tokens: int):
+    """The timed call of our side: ``() -> [batch, new_tokens]`` (numpy)."""
     model = models.build_model(model_config)
     decode_fn = ours_decode_fn(model, model_config["family"], beams, new_tokens)
     device_params = jax.device_put(params)
     device_tokens = jax.device_put(jnp.asarray(tokens, jnp.int32))
-    seconds, out = time_best(
-        lambda: jax.block_until_ready(decode_fn(device_params, device_tokens)), repeats)
-    return seconds, np.asarray(out)
+    return lambda: np.asarray(jax.block_until_ready(decode_fn(device_params, device_tokens)))
 
 
-def theirs(hf_model, family: str, tokens: np.ndarray, beams: int, new_tokens: int,
-           repeats: int, dtype: str, device: str) -> tuple[float, np.ndarray]:
+def their_runner(hf_model, family: str, tokens: np.ndarray, beams: int, new_tokens: int,
+                 dtype: str, device: str):
+    """The timed call of transformers' side: ``() -> [batch, new_tokens]`` (numpy)."""
     import torch
 
     input_ids = torch.tensor(tokens, dtype=torch.long, device=device)
@@ -172,18 +175,33 @@ def theirs(hf_model, family: str, tokens: np.ndarray, beams: int, new_tokens: in
             out = hf_model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
                                     max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                                     do_sample=False, num_beams=beams, use_cache=True)
-        return out.cpu().numpy()  # waits for CUDA too
+        out = out.cpu().numpy()  # waits for CUDA too
+        # GPT-2 returns prompt + new tokens; T5 the decoder start token + new tokens.
+        return out[:, tokens.shape[1]:] if family == "decoder" else out[:, 1:]
+    return run
 
-    seconds, out = time_best(run, repeats)
-    # GPT-2 returns prompt + new tokens; T5 the decoder start token + new tokens.
-    return seconds, out[:, tokens.shape[1]:] if family == "decoder" else out[:, 1:]
+
+def ours(model_config, params, tokens: np.ndarray, beams: int, new_tokens: int,
+         repeats: int) -> tuple[float, np.ndarray]:
+    """Median seconds and output of our side alone (``gpu/gpu_bench.py``)."""
+    (result,) = time_alternating([our_runner(model_config, params, tokens, beams, new_tokens)],
+                                 repeats)
+    return result
+
+
+def theirs(hf_model, family: str, tokens: np.ndarray, beams: int, new_tokens: int,
+           repeats: int, dtype: str, device: str) -> tuple[float, np.ndarray]:
+    """Median seconds and output of transformers' side alone (``gpu/gpu_bench.py``)."""
+    (result,) = time_alternating(
+        [their_runner(hf_model, family, tokens, beams, new_tokens, dtype, device)], repeats)
+    return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default=",".join(ROWS))
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--new_tokens", type=int, default=64)
     parser.add_argument("--prompt_length", type=int, default=0,
@@ -209,7 +227,7 @@ def main() -> None:
     torch_on = (f"on {torch.cuda.get_device_name()}" if on_gpu
                 else f"threads {torch.get_num_threads()}")
     print(f"{jax.devices()[0].device_kind}, {os.cpu_count()} cores, {args.dtype}; torch "
-          f"{torch_on}; best of {args.repeats} after 1 warm-up\n")
+          f"{torch_on}; median of {args.repeats} alternating calls after 1 warm-up\n")
     header = (f"{'model':<14} {'decoding':<8} {'batch':>5} {'prompt':>6} {'new':>4} "
               f"{'t5x_like tok/s':>15} {'HF tok/s':>9} {'ratio':>6} {'same tokens':>11}")
     print(header)
@@ -233,10 +251,10 @@ def main() -> None:
         tokens = rng.integers(5, model_config.vocab_size,
                               size=(args.batch, length)).astype(np.int32)
 
-        our_seconds, our_tokens = ours(model_config, params, tokens, beams, args.new_tokens,
-                                       args.repeats)
-        hf_seconds, hf_tokens = theirs(hf_model, family, tokens, beams, args.new_tokens,
-                                       args.repeats, args.dtype, device)
+        (our_seconds, our_tokens), (hf_seconds, hf_tokens) = time_alternating(
+            [our_runner(model_config, params, tokens, beams, args.new_tokens),
+             their_runner(hf_model, family, tokens, beams, args.new_tokens, args.dtype, device)],
+            args.repeats)
         for name, out in (("t5x_like", our_tokens), ("transformers", hf_tokens)):
             if out.shape != (args.batch, args.new_tokens):
                 raise RuntimeError(f"{row}: {name} returned {out.shape}, expected "

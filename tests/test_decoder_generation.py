@@ -31,7 +31,11 @@ def sequence_log_prob(model, params, prompt, continuation):
     return picked[:, prompt.shape[1] - 1:].sum(axis=1)
 
 
-@pytest.mark.parametrize("settings", [GPT, MODERN], ids=["gpt2", "modern"])
+# The beam search sees only the cache slots on a beam's path, within the window.
+WINDOWED = dict(MODERN, sliding_window=3)
+
+
+@pytest.mark.parametrize("settings", [GPT, MODERN, WINDOWED], ids=["gpt2", "modern", "window"])
 def test_beam_of_one_is_greedy_and_scores_are_log_probabilities(settings):
     model, params, prompt = model_and_params(settings)
     greedy = decoding.generate(model, params, prompt, max_new_tokens=6)

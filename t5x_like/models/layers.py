@@ -362,7 +362,7 @@ class MultiHeadAttention(nn.Module):
         The first call (at ``init``) sees the full decode length and only creates the
         cache. Later calls take the next position (or several, to prefill a prompt);
         ``bias`` is then the full ``[.., max_length, max_length]`` bias and the rows
-        from the current index are used.
+        from the current index are used, or already those rows (``[.., step, max_length]``).
         With ``rotary``, ``query_positions``/``key_positions`` (``[batch, length]``)
         say where each token sits (default: 0, 1, 2, ...).
         ``prefix_kv``: learned keys and values ``[prefix, kv_heads, head_dim]`` that every
@@ -483,7 +483,8 @@ class MultiHeadAttention(nn.Module):
         cached_value.value = jax.lax.dynamic_update_slice(
             cached_value.value, jnp.transpose(value, value_layout), (0, 0, 0, index))
         cache_index.value = index + step_length
-        if bias is not None:
+        if bias is not None and bias.shape[-2] != step_length:
+            # The full bias: these tokens' rows (a bias of step_length rows already is).
             bias = jax.lax.dynamic_slice_in_dim(bias, index, step_length, axis=-2)
         return (jnp.transpose(cached_key.value, (0, 2, 1, 3)),
                 jnp.transpose(cached_value.value, (0, 3, 1, 2)), bias)
