@@ -14,7 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from t5x_like.models import attention
+from t5x_like import traced_platform
 
 EOS_ID = 1
 PAD_ID = 0
@@ -60,17 +60,26 @@ def fill_cross_cache(model: nn.Module, params, cache, encoded: jax.Array,
         jax.tree_util.tree_map_with_path(keep, cache, variables["cache"]))
 
 
-def _loop_params(params):
-    """``(carried, restore)``: on CPU, the dense layers' 2-D kernels transposed once before
-    a decoding loop, and ``restore(carried)``, the parameters as the model reads them.
+# From this many rows per step (batch x beams) decoding loops on CPU read the dense
+# kernels transposed (``_loop_params``).
+TRANSPOSED_KERNELS_MIN_ROWS = 4
 
-    At decoding's few rows XLA:CPU's matmul reads a ``[in, out]`` kernel at about half
-    the speed of the same kernel laid out ``[out, in]`` (T5-small's ``[512, 32128]``
-    output layer at 8 rows: 5.9 ms against 3.8, GPT-2's ``[768, 3072]`` MLP at 32 rows:
-    1.5 against 0.8; PyTorch's ``Linear`` keeps ``[out, in]``). Inside the loop the
-    transpose back folds into each matmul; the barrier keeps XLA from folding the two
-    transposes away. Other platforms choose their own layouts: parameters unchanged."""
-    if attention.current_platform() != "cpu":
+
+def _loop_params(params, rows: int):
+    """``(carried, restore)``: on CPU, the dense layers' 2-D kernels transposed once before
+    a decoding loop whose steps compute ``rows`` rows, and ``restore(carried)``, the
+    parameters as the model reads them.
+
+    At a few rows XLA:CPU's matmul reads a ``[in, out]`` kernel at about half the speed
+    of the same kernel laid out ``[out, in]`` (T5-small's ``[512, 32128]`` output layer
+    at 8 rows: 5.9 ms against 3.8; GPT-2's ``[768, 3072]`` MLP at 32 rows: 1.5 against
+    0.8; PyTorch's ``Linear`` keeps ``[out, in]``). Inside the loop the transpose back
+    folds into each matmul; the barrier keeps XLA from folding the two transposes away.
+    Below ``TRANSPOSED_KERNELS_MIN_ROWS`` rows XLA:CPU takes a matrix-vector path that
+    wants ``[in, out]`` and copied every kernel back at every step (GPT-2 small at batch
+    1: four times slower), and other platforms choose their own layouts: parameters
+    unchanged there."""
+    if rows < TRANSPOSED_KERNELS_MIN_ROWS or traced_platform.current_platform() != "cpu":
         return params, lambda carried: carried
 
     def flip(path, x):
@@ -132,7 +141,7 @@ def decode(model: nn.Module, params, encoder_input_tokens: jax.Array, *, max_dec
                                                        max_decode_length),
                              encoded, encoder_input_tokens, max_decode_length)
     rng = jax.random.key(0) if rng is None else rng
-    carried_params, restore = _loop_params(params)
+    carried_params, restore = _loop_params(params, rows)
 
     def choose(logits, step):
         if temperature <= 0:
@@ -286,7 +295,7 @@ def beam_decode(model: nn.Module, params, encoder_input_tokens: jax.Array, *,
     cache = fill_cross_cache(model, params, init_cache(model, batch * num_beams, encoder_length,
                                                        max_decode_length),
                              encoded, encoder_tokens, max_decode_length)
-    carried_params, restore = _loop_params(params)
+    carried_params, restore = _loop_params(params, batch * num_beams)
 
     def step_fn(tokens, cache):
         logits, variables = model.apply(
@@ -396,7 +405,7 @@ def _prompt_beam_search(model: nn.Module, params, prompts: jax.Array, pad: jax.A
                                       (batch, k, start))
     own_slot = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32)[None, :, None], (batch, k, 1))
 
-    carried_params, restore = _loop_params(params)
+    carried_params, restore = _loop_params(params, batch * k)
 
     def step_fn(tokens, state):
         cache, ancestry, t = state
@@ -405,12 +414,11 @@ def _prompt_beam_search(model: nn.Module, params, prompts: jax.Array, pad: jax.A
         visible = jnp.concatenate([prompt_visible, on_path], axis=-1)
         if window:
             visible &= start + t - key_index < window
-        bias = jnp.where(visible, 0.0, attention.NEG_INF)[:, None]  # [batch, 1, beams, cache]
         positions = jnp.broadcast_to((start + t - pad)[:, None], (batch, k))
         logits, variables = model.apply(
             {"params": restore(carried_params), "cache": cache}, tokens.reshape(batch, k),
             decode=True,
-            max_decode_length=cache_length, decoder_positions=positions, decode_bias=bias,
+            max_decode_length=cache_length, decoder_positions=positions, decode_visible=visible,
             mutable=["cache"])
         return logits.reshape(batch * k, -1), (variables["cache"], ancestry, t + 1)
 
@@ -463,7 +471,7 @@ def generate_padded(model: nn.Module, params, prompt_tokens: jax.Array, prompt_l
         return sequences[:, 0]
 
     cache = _prefill(model, params, prompts, pad, total)
-    carried_params, restore = _loop_params(params)
+    carried_params, restore = _loop_params(params, batch)
     output = jnp.full((batch, max_new_tokens), pad_id, jnp.int32)
 
     def body(t, carry):

@@ -18,9 +18,9 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from t5x_like import models, optim, partitioning, structures
+from t5x_like import models, optim, partitioning, structures, traced_platform
 from t5x_like.errors import ConfigError
-from t5x_like.models import attention, layers
+from t5x_like.models import layers
 
 
 @flax.struct.dataclass
@@ -213,7 +213,7 @@ class Trainer:
 
     def _abstract_boxed_params(self, model):
         """``abstract_boxed_params`` traced for this mesh's platform (its attention kernels)."""
-        with attention.target_platform(self.mesh.devices.flat[0].platform):
+        with traced_platform.target_platform(self.mesh.devices.flat[0].platform):
             return abstract_boxed_params(model, self.model_feature_lengths)
 
     # -- entry points ---------------------------------------------------------
@@ -374,7 +374,7 @@ def check_peft_fits(config, params) -> None:
 class _MeshAndRules:
     """``jax.set_mesh``, flax logical axis rules and the mesh platform's choices of
     gradient boundaries (``layers.gradient_boundary``) and attention kernels
-    (``attention.target_platform``), entered together."""
+    (``traced_platform.target_platform``), entered together."""
 
     def __init__(self, mesh, rules):
         self._mesh, self._rules = mesh, rules
@@ -386,7 +386,7 @@ class _MeshAndRules:
         self._stack.enter_context(nn.logical_axis_rules(self._rules))
         platform = self._mesh.devices.flat[0].platform
         self._stack.enter_context(layers.gradient_boundaries(platform == "cpu"))
-        self._stack.enter_context(attention.target_platform(platform))
+        self._stack.enter_context(traced_platform.target_platform(platform))
 
     def __exit__(self, *exc):
         self._stack.__exit__(*exc)

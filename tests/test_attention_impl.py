@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
+from t5x_like import traced_platform
 from t5x_like.models import attention, encoder
 
 BATCH, LENGTH, HEADS, KV_HEADS, HEAD_DIM = 2, 40, 4, 2, 8
@@ -379,7 +380,7 @@ def test_t5_on_an_accelerator_passes_the_bias_as_two_factors_with_the_same_value
     mask = attention.self_attention_mask(inputs > 0, position_bias=position_bias)
     results = {}
     for platform in ("cpu", "gpu"):
-        with attention.target_platform(platform):
+        with traced_platform.target_platform(platform):
             handed = attention.for_every_layer(mask, config, deterministic=True)
             results[platform] = jax.jit(jax.value_and_grad(loss))(params)
         assert isinstance(handed, attention.SplitBias) == (platform == "gpu")

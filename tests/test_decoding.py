@@ -10,11 +10,10 @@ import pytest
 import torch
 from hf_helpers import VARIANTS, padded_batch, tiny_hf_t5
 
-from t5x_like import decoding, models, partitioning
+from t5x_like import decoding, models, partitioning, traced_platform
 from t5x_like import trainer as trainer_lib
 from t5x_like.convert import __main__ as convert_cli
 from t5x_like.convert import load_pretrained
-from t5x_like.models import attention
 
 MAX_DECODE = 9
 
@@ -234,19 +233,24 @@ def test_the_decoding_loop_reads_the_cross_cache_without_copying_it(tmp_path):
 def test_decoding_loops_read_dense_kernels_transposed_once_on_cpu(tmp_path):
     """On CPU the 2-D dense kernels enter the loop as ``[out, in]`` (XLA:CPU's matmul reads
     that layout about twice as fast at decoding's few rows): transposed once before the
-    loop, never inside it; other platforms keep the parameters as they are."""
+    loop, never inside it; other platforms, and steps of one to three rows, keep the
+    parameters as they are."""
     model, params = converted(tmp_path, "v1_1")[1:]
-    carried, restore = decoding._loop_params(params)
+    rows = decoding.TRANSPOSED_KERNELS_MIN_ROWS
+    carried, restore = decoding._loop_params(params, rows)
     for (path, kernel), moved in zip(jax.tree_util.tree_flatten_with_path(params)[0],
                                      jax.tree.leaves(carried), strict=True):
         name = jax.tree_util.keystr(path)
         expected = kernel.T if kernel.ndim == 2 and name.endswith("['kernel']") else kernel
         np.testing.assert_array_equal(moved, expected, err_msg=name)
     jax.tree.map(np.testing.assert_array_equal, restore(carried), params)
-    with attention.target_platform("tpu"):
-        assert decoding._loop_params(params)[0] is params
+    with traced_platform.target_platform("tpu"):
+        assert decoding._loop_params(params, rows)[0] is params
+    # Fewer rows: XLA:CPU's matrix-vector path wants the kernels as they are.
+    assert decoding._loop_params(params, rows - 1)[0] is params
 
     encoder = jnp.asarray(padded_batch()[0])
+    encoder = jnp.tile(encoder, (-(-rows // encoder.shape[0]), 1))
     hlo = jax.jit(lambda p, e: decoding.decode(model, p, e, max_decode_length=MAX_DECODE)).lower(
         params, encoder).compile().as_text()
     body = _while_body_text(hlo)

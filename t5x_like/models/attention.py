@@ -25,17 +25,16 @@ Implementations (``model.attention_impl``):
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
 import logging
-from collections.abc import Iterator
 
 import flax.linen as nn
 import flax.struct as struct
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from t5x_like import traced_platform
 
 NEG_INF = -1e10
 IMPLEMENTATIONS = ("auto", "xla", "flash", "chunked")
@@ -154,25 +153,6 @@ def dense_bias(mask: AttentionMask, dtype=jnp.float32) -> jax.Array:
     return bias
 
 
-_TARGET_PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "attention_target_platform", default=None)
-
-
-@contextlib.contextmanager
-def target_platform(platform: str | None) -> Iterator[None]:
-    """The platform the traced program runs on (``cpu``, ``gpu``, ``tpu``); the trainer
-    sets it from its mesh, so a TPU plan compiled on a CPU machine picks TPU kernels."""
-    token = _TARGET_PLATFORM.set(platform)
-    try:
-        yield
-    finally:
-        _TARGET_PLATFORM.reset(token)
-
-
-def current_platform() -> str:
-    return _TARGET_PLATFORM.get() or jax.default_backend()
-
-
 def choose_implementation(requested: str, mask: AttentionMask, *, platform: str, dtype,
                           head_dim: int, dropout: bool = False) -> tuple[str, str]:
     """``(implementation, why)`` for a request; a request the mask or platform cannot
@@ -221,12 +201,12 @@ def for_every_layer(mask, config, deterministic: bool):
         return mask
     implementation = config.attention_impl
     chosen, why = choose_implementation(
-        implementation, mask, platform=current_platform(), dtype=config.compute_dtype,
+        implementation, mask, platform=traced_platform.current_platform(), dtype=config.compute_dtype,
         head_dim=config.head_dim, dropout=config.dropout_rate > 0 and not deterministic)
     if chosen != "xla":
         return mask
     _report(implementation, chosen, why)
-    if mask.position_bias is not None and current_platform() != "cpu":
+    if mask.position_bias is not None and traced_platform.current_platform() != "cpu":
         # On CPU the one summed array stays: it is small there (a few sequences per
         # step) and the CPU train step was tuned with it.
         return SplitBias(dense_bias(mask.replace(position_bias=None)), mask.position_bias)
@@ -299,7 +279,7 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, mask: AttentionMa
            dropout=None, platform: str | None = None, interpret: bool = False) -> jax.Array:
     """``query [b, q, heads, d]`` over ``key``/``value`` ``[b, k, kv_heads, d]`` ->
     ``[b, q, heads, d]``. ``dropout`` (a function of the weights) keeps the plain path."""
-    platform = platform or current_platform()
+    platform = platform or traced_platform.current_platform()
     chosen, why = choose_implementation(implementation, mask, platform=platform, dtype=dtype,
                                         head_dim=query.shape[-1], dropout=dropout is not None)
     _report(implementation, chosen, why)

@@ -111,11 +111,11 @@ class DecoderOnly(nn.Module):
     def __call__(self, decoder_input_tokens, decoder_segment_ids=None, decoder_positions=None,
                  decoder_causal_attention=None, deterministic: bool = True, decode: bool = False,
                  max_decode_length: int | None = None, return_hidden: bool = False,
-                 decode_bias: jax.Array | None = None) -> jax.Array:
+                 decode_visible: jax.Array | None = None) -> jax.Array:
         """``decode``: the next position (or a prompt's several, a prefill) over a cache of
         ``max_decode_length``; ``decoder_positions`` then say where the tokens sit.
-        ``decode_bias`` (``[batch, 1, length, max_decode_length]``): the fed tokens' own
-        rows of the attention bias, for a caller that lays out the cache itself (beam
+        ``decode_visible`` (``[batch, length, max_decode_length]``, bool): which cache
+        positions each fed token sees, for a caller that lays out the cache itself (beam
         search with one copy of each prompt, ``decoding.generate_padded``); without it
         the tokens see the cache causally, padding masked by ``decoder_segment_ids``.
         ``return_hidden``: the final-normed hidden states instead of logits (for heads)."""
@@ -123,8 +123,8 @@ class DecoderOnly(nn.Module):
         batch, length = decoder_input_tokens.shape
         if decoder_positions is None:
             decoder_positions = jnp.broadcast_to(jnp.arange(length), (batch, length))
-        if decode and decode_bias is not None:
-            bias = decode_bias
+        if decode and decode_visible is not None:
+            bias = jnp.where(decode_visible, 0.0, attention.NEG_INF)[:, None]
         elif decode:
             cache_length = max_decode_length or length
             # Left-padded prompts (decoding.generate_padded): segment ids over the whole
