@@ -25,6 +25,7 @@ COMMANDS = {
     "plot": ("t5x_like.plot", "loss and accuracy curves of a run as a PNG"),
     "embed": ("t5x_like.embed", "per-layer token, word and pooled vectors of texts as .npy"),
     "retrieval": ("t5x_like.retrieval.cli", "dense retriever, index, search, RAG training/eval"),
+    "scaling": ("t5x_like.scaling.cli", "fit scaling laws to runs; compute-optimal N, D for a budget"),
     "plan": ("t5x_like.plan", "compile for a TPU topology: memory, fits-HBM, FLOPs, roofline"),
     "launch_local": ("t5x_like.launch_local", "rehearse a multi-host run on one machine"),
     "launch": ("launch.__main__", "run on Cloud TPU VMs, GKE (xpk) or SLURM; --dry_run prints"),

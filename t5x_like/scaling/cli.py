@@ -1,0 +1,167 @@
+"""``python -m t5x_like.scaling <subcommand>`` (also ``t5xl scaling``): scaling laws.
+
+    fit   --results=FILE --output_dir=DIR [--bootstrap=200] [--at_flops=C]
+          Hoffmann et al.'s approaches 2 (IsoFLOP parabolas) and 3 (the parametric law)
+          on runs with params, tokens, loss (CSV or JSONL); prints the coefficients with
+          95% bootstrap intervals and writes fit.json, isoflop.png, frontier.png and
+          residuals.png into DIR.
+    plan  --law=besiroglu2024|hoffmann2022|E,A,B,alpha,beta|DIR/fit.json --flops=C
+          The compute-optimal parameters and tokens for a budget by a law, tokens per
+          parameter and the predicted loss, beside every published preset.
+
+Method and measured numbers: docs/scaling.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+
+from t5x_like import errors
+from t5x_like.errors import UserError
+from t5x_like.scaling import fit as fitting
+from t5x_like.scaling import laws, plots
+
+CHINCHILLA_TOKENS_PER_PARAM = 20  # Hoffmann et al.'s rule of thumb (approaches 1 and 2)
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser(prog="python -m t5x_like.scaling", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("fit", help="fit approaches 2 and 3 to runs' results")
+    p.add_argument("--results", required=True, help="CSV or JSONL: params, tokens, loss "
+                   "[, flops, budget] per run")
+    p.add_argument("--output_dir", required=True, help="where fit.json and the PNGs go")
+    p.add_argument("--bootstrap", type=int, default=200, help="resamples for the intervals")
+    p.add_argument("--at_flops", type=float, default=0.0,
+                   help="budget whose optimum is reported with intervals (default: the "
+                        "largest budget in the results)")
+    p.add_argument("--seed", type=int, default=0)
+    p = sub.add_parser("plan", help="compute-optimal N and D for a budget")
+    p.add_argument("--law", default="besiroglu2024",
+                   help=f"one of {sorted(laws.PRESETS)}, E,A,B,alpha,beta, or a fit.json")
+    p.add_argument("--flops", type=float, required=True, help="training compute budget")
+    return parser.parse_args(argv)
+
+
+def _count(x: float) -> str:
+    """1.23e10 -> '12.3B' (parameters, tokens)."""
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if x >= scale:
+            return f"{x / scale:.3g}{suffix}"
+    return f"{x:.3g}"
+
+
+def _span(values) -> str:
+    return f"[{values[0]:.4g}, {values[1]:.4g}]"
+
+
+def run_fit(args) -> dict:
+    if args.bootstrap < 0:
+        raise UserError(f"--bootstrap={args.bootstrap}: give 0 (no intervals) or more.")
+    runs = fitting.read_runs(args.results)
+    output_dir = pathlib.Path(args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    at_flops = args.at_flops or float(runs.budget.max())
+    report: dict = {"results": str(args.results), "runs": len(runs), "at_flops": at_flops}
+
+    print(f"{len(runs)} runs in {len(set(runs.budget.tolist()))} budgets from {args.results}\n")
+    try:
+        isoflop = fitting.fit_isoflop(runs)
+    except UserError as e:
+        isoflop = None
+        report["approach2"] = {"not_fitted": str(e)}
+        print(f"approach 2: not fitted: {e}\n")
+    if isoflop is not None:
+        print("approach 2 (IsoFLOP parabolas in ln N):")
+        print(f"  {'budget FLOPs':>12} {'runs':>4} {'N_opt':>8} {'D_opt':>8} {'D/N':>7} "
+              f"{'min loss':>8}")
+        for p in isoflop.budgets:
+            if "N_opt" in p:
+                note = "" if p["inside"] else "  (minimum outside the sizes run)"
+                print(f"  {p['flops']:>12.3g} {p['runs']:>4} {_count(p['N_opt']):>8} "
+                      f"{_count(p['D_opt']):>8} {p['D_opt'] / p['N_opt']:>7.1f} "
+                      f"{p['loss']:>8.4f}{note}")
+            else:
+                print(f"  {p['flops']:>12.3g} {p['runs']:>4} left out: {p['left_out']}")
+        entry = {"a": isoflop.a, "b": isoflop.b, "log_kn": isoflop.log_kn,
+                 "log_kd": isoflop.log_kd, "budgets": isoflop.budgets}
+        n, d = isoflop.optimum(at_flops)
+        entry["optimum"] = {"N": n, "D": d, "tokens_per_param": d / n}
+        if args.bootstrap:
+            entry["intervals"] = fitting.bootstrap_isoflop(runs, at_flops,
+                                                           samples=args.bootstrap, seed=args.seed)
+        report["approach2"] = entry
+        spans = entry.get("intervals", {})
+        print(f"  a = {isoflop.a:.3f} {_span(spans['a']) if spans else ''}   "
+              f"b = {isoflop.b:.3f} {_span(spans['b']) if spans else ''}\n")
+
+    law, objective = fitting.fit_parametric(runs)
+    entry = {"law": law.to_dict(), "huber_objective": objective, "a": law.a, "b": law.b}
+    n, d = law.optimum(at_flops)
+    entry["optimum"] = {"N": n, "D": d, "tokens_per_param": d / n,
+                        "loss": law.loss(n, d)}
+    if args.bootstrap:
+        entry["intervals"] = fitting.bootstrap_parametric(runs, law, at_flops,
+                                                          samples=args.bootstrap, seed=args.seed)
+    report["approach3"] = entry
+    spans = entry.get("intervals", {})
+    print(f"approach 3 (L = E + A/N^alpha + B/D^beta, Huber {fitting.HUBER_DELTA:g} on ln L, "
+          f"L-BFGS):")
+    for name in ("E", "A", "B", "alpha", "beta", "a", "b"):
+        value = getattr(law, name)
+        print(f"  {name:<5} = {value:<10.4g} {_span(spans[name]) if spans else ''}")
+
+    print(f"\nthe optimum at {at_flops:.3g} FLOPs:")
+    for name, key in (("approach 2", "approach2"), ("approach 3", "approach3")):
+        optimum = report[key].get("optimum")
+        if optimum:
+            spans = report[key].get("intervals", {})
+            detail = (f"  (N {_span(spans['N_opt'])}, D {_span(spans['D_opt'])})"
+                      if spans else "")
+            print(f"  {name}: N {_count(optimum['N'])}, D {_count(optimum['D'])}, "
+                  f"{optimum['tokens_per_param']:.1f} tokens per parameter{detail}")
+    print(f"  Chinchilla: about {CHINCHILLA_TOKENS_PER_PARAM} tokens per parameter")
+
+    written = plots.write_plots(runs, isoflop, law, output_dir)
+    (output_dir / "fit.json").write_text(json.dumps(report, indent=1) + "\n")
+    print(f"\nwrote {output_dir / 'fit.json'}, " + ", ".join(p.name for p in written))
+    return report
+
+
+def run_plan(args) -> dict:
+    law = laws.parse_law(args.law)
+    if not (math.isfinite(args.flops) and args.flops > 0):
+        raise UserError(f"--flops={args.flops}: give a positive compute budget, e.g. 5.76e23.")
+    n, d = law.optimum(args.flops)
+    print(f"law: {law.source or args.law}  (E {law.E:.4g}, A {law.A:.4g}, B {law.B:.4g}, "
+          f"alpha {law.alpha:.4g}, beta {law.beta:.4g}; N ∝ C^{law.a:.3f}, D ∝ C^{law.b:.3f})")
+    print(f"budget: {args.flops:.3g} FLOPs (C = 6 N D)\n")
+    print(f"compute-optimal parameters N: {_count(n)} ({n:.4g})")
+    print(f"compute-optimal tokens D:     {_count(d)} ({d:.4g})")
+    print(f"tokens per parameter:         {d / n:.1f}")
+    print(f"predicted loss:               {law.loss(n, d):.4f} nats per token\n")
+    print("every preset at this budget:")
+    for name, preset in laws.PRESETS.items():
+        pn, pd = preset.optimum(args.flops)
+        print(f"  {name:<14} N {_count(pn):>7}  D {_count(pd):>7}  {pd / pn:>6.1f} tokens/param  "
+              f"loss {preset.loss(pn, pd):.4f}")
+    kaplan = laws.KAPLAN_2020
+    print(f"  Kaplan et al. 2020 (separate laws, exponents only compare): L(N) = (N_c/N)^"
+          f"{kaplan.alpha_N}, L(D) = (D_c/D)^{kaplan.alpha_D}; at this N and D: "
+          f"{kaplan.loss_of_params(n):.3f}, {kaplan.loss_of_tokens(d):.3f}")
+    return {"law": law.to_dict(), "flops": args.flops, "N": n, "D": d,
+            "tokens_per_param": d / n, "loss": law.loss(n, d)}
+
+
+@errors.command_line("scaling")
+def main(argv=None) -> int:
+    args = parse(argv)
+    if args.command == "fit":
+        run_fit(args)
+    else:
+        run_plan(args)
+    return 0

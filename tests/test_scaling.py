@@ -1,0 +1,132 @@
+"""Scaling laws: fits recover known laws, the closed-form optimum is the law's minimum,
+and bad inputs are refused with exit 2."""
+
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.optimize
+
+from t5x_like import cli
+from t5x_like.scaling import cli as scaling_cli
+from t5x_like.scaling import fit, laws
+
+TRUE = laws.Law(E=1.8, A=400.0, B=2000.0, alpha=0.35, beta=0.37)
+
+
+def isoflop_runs(law=TRUE, budgets=(1e17, 1e18, 1e19, 1e20), sizes=9, noise=0.0, seed=0):
+    """An IsoFLOP grid around each budget's optimum (sizes spread 1/8x to 8x), loss from
+    ``law`` times log-normal noise."""
+    rng = np.random.default_rng(seed)
+    params, tokens = [], []
+    for c in budgets:
+        n_opt, _ = law.optimum(c)
+        for n in n_opt * np.geomspace(1 / 8, 8, sizes):
+            params.append(n)
+            tokens.append(c / (6 * n))
+    params, tokens = np.array(params), np.array(tokens)
+    loss = np.array([law.loss(n, d) for n, d in zip(params, tokens, strict=True)])
+    return fit.runs_from_columns(params, tokens, loss * np.exp(noise * rng.standard_normal(len(loss))))
+
+
+def test_closed_form_optimum_is_the_laws_minimum_on_the_budget():
+    law = laws.PRESETS["besiroglu2024"]
+    c = 5.76e23  # Gopher's budget
+    n, d = law.optimum(c)
+    assert 6 * n * d == pytest.approx(c)
+    along = lambda log_n: law.loss(math.exp(log_n), c / (6 * math.exp(log_n)))  # noqa: E731
+    numeric = scipy.optimize.minimize_scalar(along, bounds=(math.log(1e9), math.log(1e13)),
+                                             method="bounded", options={"xatol": 1e-10})
+    assert math.log(n) == pytest.approx(numeric.x, abs=1e-5)
+    # By hand: G = (alpha A / (beta B))^(1/(alpha+beta)), N = G (C/6)^(beta/(alpha+beta)).
+    g = (0.3478 * 482.01 / (0.3658 * 2085.43)) ** (1 / (0.3478 + 0.3658))
+    assert n == pytest.approx(g * (c / 6) ** (0.3658 / (0.3478 + 0.3658)), rel=1e-12)
+    # Chinchilla trained 70B parameters on 1.4T tokens at this budget.
+    assert n == pytest.approx(70e9, rel=0.1) and d == pytest.approx(1.4e12, rel=0.1)
+
+
+def test_approach_3_recovers_a_noisy_law_within_its_intervals():
+    runs = isoflop_runs(noise=0.005)
+    law, _ = fit.fit_parametric(runs)
+    spans = fit.bootstrap_parametric(runs, law, 1e21, samples=30, seed=1)
+    for name in ("E", "A", "B", "alpha", "beta", "a", "b"):
+        low, high = spans[name]
+        assert low <= getattr(TRUE, name) <= high, (name, getattr(TRUE, name), spans[name])
+    assert law.alpha == pytest.approx(TRUE.alpha, abs=0.05)
+    assert law.beta == pytest.approx(TRUE.beta, abs=0.05)
+    n_low, n_high = spans["N_opt"]
+    assert n_low <= TRUE.optimum(1e21)[0] <= n_high
+
+
+def test_approach_2_recovers_the_optimal_size_exponent():
+    isoflop = fit.fit_isoflop(isoflop_runs())
+    assert isoflop.a == pytest.approx(TRUE.a, abs=0.01)
+    assert isoflop.b == pytest.approx(TRUE.b, abs=0.01)
+    assert isoflop.a + isoflop.b == pytest.approx(1.0, abs=1e-6)  # D_opt = C / (6 N_opt)
+    assert all(p["inside"] for p in isoflop.budgets)
+
+
+def test_budgets_are_grouped_by_flops_when_not_given():
+    flops = np.array([1.0e18, 1.05e18, 0.97e18, 1e19, 1.1e19])
+    budget = fit.group_budgets(flops)
+    assert len(set(budget[:3].tolist())) == 1 and len(set(budget[3:].tolist())) == 1
+    assert budget[0] == pytest.approx(1e18, rel=0.05) and budget[3] == pytest.approx(1.05e19,
+                                                                                      rel=0.05)
+
+
+def test_fit_command_writes_the_fit_and_its_plots(tmp_path, capsys):
+    runs = isoflop_runs(budgets=(1e17, 1e18, 1e19), sizes=5, noise=0.003)
+    results = tmp_path / "results.csv"
+    lines = ["params,tokens,loss"] + [f"{n},{d},{loss}" for n, d, loss in
+                                      zip(runs.params, runs.tokens, runs.loss, strict=True)]
+    results.write_text("\n".join(lines) + "\n")
+    assert cli.main(["scaling", "fit", f"--results={results}", f"--output_dir={tmp_path}/fit",
+                     "--bootstrap=5"]) == 0
+    out = capsys.readouterr().out
+    for name in ("alpha", "beta", "tokens per parameter", "approach 2", "approach 3"):
+        assert name in out
+    report = json.loads((tmp_path / "fit" / "fit.json").read_text())
+    assert report["runs"] == 15 and report["approach3"]["intervals"]["samples"] >= 1
+    law = laws.parse_law(str(tmp_path / "fit" / "fit.json"))
+    assert law.alpha == pytest.approx(report["approach3"]["law"]["alpha"])
+    for png in ("isoflop.png", "frontier.png", "residuals.png"):
+        assert (tmp_path / "fit" / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plan_prints_the_optimum_for_a_preset(capsys):
+    report = scaling_cli.run_plan(scaling_cli.parse(["plan", "--law=besiroglu2024",
+                                                     "--flops=5.76e23"]))
+    out = capsys.readouterr().out
+    assert "72.2B" in out and "1.33T" in out and "18.4" in out
+    assert report["tokens_per_param"] == pytest.approx(report["D"] / report["N"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["plan", "--law=1.7,400,400,-0.3,0.3", "--flops=1e21"], "must be positive"),
+    (["plan", "--law=1.7,400,400", "--flops=1e21"], "five numbers"),
+    (["plan", "--law=besiroglu2024", "--flops=-5"], "positive compute budget"),
+    (["fit", "--results={tmp}/empty.jsonl", "--output_dir={tmp}/out"], "has no runs"),
+    (["fit", "--results={tmp}/noloss.csv", "--output_dir={tmp}/out"], "no column loss"),
+    (["fit", "--results={tmp}/missing.csv", "--output_dir={tmp}/out"], "no such file"),
+    (["fit", "--results={tmp}/negative.csv", "--output_dir={tmp}/out"], "positive number"),
+])
+def test_bad_inputs_are_refused_with_exit_2(tmp_path, capsys, argv, message):
+    (tmp_path / "empty.jsonl").write_text("\n")
+    (tmp_path / "noloss.csv").write_text("params,tokens\n1e6,1e8\n")
+    (tmp_path / "negative.csv").write_text("params,tokens,loss\n1e6,1e8,3.1\n2e6,-1,3.0\n")
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    assert cli.main(["scaling", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("scaling: ") and message in err and err.count("\n") == 1
+
+
+def test_the_plan_output_in_the_docs_is_what_plan_prints(capsys):
+    page = (Path(__file__).resolve().parent.parent / "docs" / "scaling.md").read_text()
+    command = next(line for line in page.splitlines() if "t5x_like.scaling plan" in line)
+    argv = command.split("t5x_like.scaling ", 1)[1].split()
+    shown = re.search(r"```\n(law: .*?)```", page, flags=re.S).group(1)
+    assert cli.main(["scaling", *argv]) == 0
+    assert capsys.readouterr().out == shown
