@@ -72,6 +72,7 @@ def default_config() -> ml_collections.ConfigDict:
         learning_rate=1e-2,
         schedule="rsqrt",              # constant | rsqrt | linear | cosine
         warmup_steps=100,
+        final_learning_rate_fraction=0.0,  # linear and cosine decay end at this x the peak
         weight_decay=0.0,
         grad_clip_norm=0.0,            # 0 disables global-norm clipping
         b1=0.9,
@@ -514,6 +515,12 @@ def _validate_optimizer_numbers(config) -> None:
     _finite_at_least(config, "optimizer.grad_clip_norm", 0.0, "1.0")
     _finite_at_least(config, "optimizer.warmup_steps", 0, "1000")
     _finite_at_least(config, "loss.z_loss", 0.0, "1e-4")
+    fraction = _lookup(config, "optimizer.final_learning_rate_fraction")
+    if fraction is not _ABSENT and not (isinstance(fraction, (int, float))
+                                        and math.isfinite(fraction) and 0.0 <= fraction <= 1.0):
+        raise ConfigError(f"optimizer.final_learning_rate_fraction={fraction} is a fraction of "
+                          "the peak learning rate and must be in [0, 1], e.g. "
+                          "--config.optimizer.final_learning_rate_fraction=0.1.")
     for key in ("optimizer.b1", "optimizer.b2"):
         value = _lookup(config, key)
         if not (math.isfinite(value) and 0.0 <= value < 1.0):

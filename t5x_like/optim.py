@@ -8,8 +8,11 @@ import optax
 
 
 def learning_rate_schedule(cfg, num_train_steps: int) -> optax.Schedule:
-    """Linear warmup to ``learning_rate``, then constant, 1/sqrt(step), linear or cosine decay."""
+    """Linear warmup to ``learning_rate``, then constant, 1/sqrt(step), linear or cosine decay;
+    the decays end at ``final_learning_rate_fraction`` of the peak at the last step
+    (Chinchilla: cosine to 10% at the run's own end)."""
     peak = cfg.learning_rate
+    final = peak * float(cfg.get("final_learning_rate_fraction", 0.0))
     warmup = max(int(cfg.warmup_steps), 0)
     decay_steps = max(num_train_steps - warmup, 1)
     if cfg.schedule == "constant":
@@ -20,9 +23,9 @@ def learning_rate_schedule(cfg, num_train_steps: int) -> optax.Schedule:
         def after(count):
             return peak * jnp.sqrt(base / (count + base))
     elif cfg.schedule == "linear":
-        after = optax.linear_schedule(peak, 0.0, decay_steps)
+        after = optax.linear_schedule(peak, final, decay_steps)
     elif cfg.schedule == "cosine":
-        after = optax.cosine_decay_schedule(peak, decay_steps)
+        after = optax.cosine_decay_schedule(peak, decay_steps, alpha=final / peak if peak else 0.0)
     else:
         raise ValueError(f"Unknown optimizer.schedule {cfg.schedule!r}.")
     if warmup == 0:

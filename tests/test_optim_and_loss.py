@@ -179,3 +179,23 @@ def test_next_sentence_loss_is_counted_once_over_microbatches():
         np.testing.assert_allclose(a["grad_norm"], b["grad_norm"], rtol=2e-5)
     for a, b in zip(jax.tree.leaves(whole_params), jax.tree.leaves(micro_params), strict=False):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "linear"])
+def test_decay_ends_at_the_final_fraction_of_the_peak(schedule):
+    cfg = config_lib.default_config().optimizer
+    cfg.update(schedule=schedule, learning_rate=2e-3, warmup_steps=10,
+               final_learning_rate_fraction=0.1)
+    lr = optim.learning_rate_schedule(cfg, 110)
+    assert float(lr(10)) == pytest.approx(2e-3)
+    assert float(lr(110)) == pytest.approx(2e-4, rel=1e-5)
+    assert float(lr(60)) > 2e-4
+    cfg.final_learning_rate_fraction = 0.0  # the default: decay to zero
+    assert float(optim.learning_rate_schedule(cfg, 110)(110)) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_a_final_fraction_outside_0_1_is_refused():
+    config = config_lib.default_config()
+    config.optimizer.final_learning_rate_fraction = 1.5
+    with pytest.raises(errors.ConfigError, match=r"must be in \[0, 1\]"):
+        config_lib.validate(config)

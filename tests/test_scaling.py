@@ -3,6 +3,7 @@ and bad inputs are refused with exit 2."""
 
 import json
 import math
+import pathlib
 import re
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import scipy.optimize
 
 from t5x_like import cli
 from t5x_like.scaling import cli as scaling_cli
-from t5x_like.scaling import fit, laws
+from t5x_like.scaling import fit, laws, sweep
 
 TRUE = laws.Law(E=1.8, A=400.0, B=2000.0, alpha=0.35, beta=0.37)
 
@@ -130,3 +131,89 @@ def test_the_plan_output_in_the_docs_is_what_plan_prints(capsys):
     shown = re.search(r"```\n(law: .*?)```", page, flags=re.S).group(1)
     assert cli.main(["scaling", *argv]) == 0
     assert capsys.readouterr().out == shown
+
+
+TINY_BASE = '''
+from t5x_like import config_lib
+
+
+def get_config():
+    config = config_lib.default_config()
+    config.task = "embedded_en_lm"
+    config.task_feature_lengths = {"targets": 32}
+    config.model = config_lib.model_defaults("decoder")
+    config.model.update(dict(vocab_size=8192, max_length=32))
+    config.batch_size = 8
+    config.eval_batches = 1
+    config.log_every_steps = 10
+    config.optimizer.name = "adamw"
+    config.optimizer.learning_rate = 1e-3
+    config.optimizer.warmup_steps = 5
+    return config
+'''
+
+
+def _tiny_base(tmp_path):
+    path = tmp_path / "tiny_sweep.py"
+    path.write_text(TINY_BASE)
+    from t5x_like import cli_flags, runs
+    cli_flags.import_modules([])
+    return str(path), runs.load_and_validate(str(path), [])
+
+
+def test_each_budget_runs_the_sizes_nearest_20_tokens_per_parameter(tmp_path):
+    _, base = _tiny_base(tmp_path)
+    points = sweep.plan_points(base, [1e14, 1e15], sizes=3)
+    assert len(points) == 6
+    for budget in (1e14, 1e15):
+        mine = [p for p in points if p.budget == budget]
+        assert [p.d_model for p in mine] == sorted(p.d_model for p in mine)  # consecutive rungs
+        assert all(p.flops == pytest.approx(budget, rel=0.05) for p in mine)
+        assert all(p.tokens == p.steps * 8 * 32 for p in mine)
+        # No other window of 3 rungs has its middle nearer 20 tokens per parameter.
+        rungs = sweep.candidates(base, budget)
+        nearest = min(rungs[1:-1], key=lambda p: abs(math.log(p.tokens / p.params / 20)))
+        assert mine[1] == nearest
+    # The larger budget moves the window to larger models.
+    assert points[4].d_model > points[1].d_model
+
+
+def test_a_budget_too_small_for_the_smallest_model_is_refused_before_training(tmp_path, capsys):
+    config, _ = _tiny_base(tmp_path)
+    assert cli.main(["scaling", "sweep", f"--config={config}", f"--output_dir={tmp_path}/sw",
+                     "--budgets=1e6,1e12"]) == 2
+    err = capsys.readouterr().err
+    assert "budget 1e+06 FLOPs trains 0 model size(s)" in err and err.count("\n") == 1
+    assert not (tmp_path / "sw").exists()
+
+
+def test_final_loss_is_the_held_out_loss_of_the_last_step(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"step": 10, "loss": 5.0}\n{"step": 20, "eval_loss": 4.5}\n{"step": 40, "loss": 4.0}\n')
+    assert sweep.final_loss(tmp_path, 40) is None  # not evaluated at its last step yet
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 40, "eval_loss": 3.75}\n{"step": 4')  # and a line cut short
+    assert sweep.final_loss(tmp_path, 40) == 3.75
+
+
+@pytest.mark.slow
+def test_a_two_by_two_sweep_trains_every_point_then_skips_them(tmp_path, capsys):
+    config, _ = _tiny_base(tmp_path)
+    argv = ["scaling", "sweep", f"--config={config}", f"--output_dir={tmp_path}/sw",
+            "--budgets=2.4e10,4.8e10", "--sizes=2"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.count("; ETA ") == 4, out
+    rows = [json.loads(line) for line in (tmp_path / "sw" / "results.jsonl").read_text()
+            .splitlines()]
+    assert len(rows) == 4 and len({r["budget"] for r in rows}) == 2
+    for row in rows:
+        assert 0 < row["loss"] < 10 and row["tokens"] == row["steps"] * 8 * 32
+        assert row["flops"] == pytest.approx(row["budget"], rel=0.05)
+        assert row["params"] > row["non_embedding_params"] > 0
+        config_json = json.loads((pathlib.Path(row["workdir"]) / "config.json").read_text())
+        assert config_json["optimizer"]["final_learning_rate_fraction"] == 0.1
+        assert config_json["num_train_steps"] == row["steps"]
+        assert config_json["model"]["d_model"] == row["d_model"]
+    assert cli.main(argv) == 0  # again: every point is finished
+    assert capsys.readouterr().out.count("finished before, skipped") == 4

@@ -1,5 +1,11 @@
 """``python -m t5x_like.scaling <subcommand>`` (also ``t5xl scaling``): scaling laws.
 
+    sweep --config=BASE --output_dir=DIR --budgets=1e14,3e14,1e15,3e15 [--sizes=5]
+          [--dry_run] [--config.key=value ...]
+          An IsoFLOP grid: per budget, --sizes models of the shape ladder, each trained
+          on the tokens the budget buys it as a normal `train` run in DIR/points/NAME
+          (cosine to 10% at its own end, held-out loss at its last step); finished
+          points are skipped, unfinished ones resume; DIR/results.jsonl feeds `fit`.
     fit   --results=FILE --output_dir=DIR [--bootstrap=200] [--at_flops=C]
           Hoffmann et al.'s approaches 2 (IsoFLOP parabolas) and 3 (the parametric law)
           on runs with params, tokens, loss (CSV or JSONL); prints the coefficients with
@@ -18,11 +24,12 @@ import argparse
 import json
 import math
 import pathlib
+import sys
 
-from t5x_like import errors
+from t5x_like import cli_flags, config_lib, errors
 from t5x_like.errors import UserError
 from t5x_like.scaling import fit as fitting
-from t5x_like.scaling import laws, plots
+from t5x_like.scaling import laws, plots, sweep
 
 CHINCHILLA_TOKENS_PER_PARAM = 20  # Hoffmann et al.'s rule of thumb (approaches 1 and 2)
 
@@ -31,6 +38,15 @@ def parse(argv):
     parser = argparse.ArgumentParser(prog="python -m t5x_like.scaling", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("sweep", help="train an IsoFLOP grid of runs")
+    p.add_argument("--config", required=True, help="base training config (task, lengths, "
+                   "batch, optimizer); the sweep sets the model shape and the steps")
+    p.add_argument("--output_dir", required=True)
+    p.add_argument("--budgets", required=True,
+                   help="comma-separated training FLOPs, e.g. 1e14,3e14,1e15,3e15")
+    p.add_argument("--sizes", type=int, default=5, help="model sizes per budget")
+    p.add_argument("--dry_run", action="store_true", help="print the grid, train nothing")
+    cli_flags.add_module_flag(p)
     p = sub.add_parser("fit", help="fit approaches 2 and 3 to runs' results")
     p.add_argument("--results", required=True, help="CSV or JSONL: params, tokens, loss "
                    "[, flops, budget] per run")
@@ -44,7 +60,39 @@ def parse(argv):
     p.add_argument("--law", default="besiroglu2024",
                    help=f"one of {sorted(laws.PRESETS)}, E,A,B,alpha,beta, or a fit.json")
     p.add_argument("--flops", type=float, required=True, help="training compute budget")
-    return parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    rest, overrides = config_lib.split_overrides(argv)
+    args = parser.parse_args(rest)
+    args.overrides = overrides
+    return args
+
+
+def _budgets(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UserError(f"--budgets={text!r}: give comma-separated FLOPs, e.g. "
+                        "1e14,3e14,1e15,3e15.") from None
+    if len(values) < 2 or not all(math.isfinite(v) and v > 0 for v in values):
+        raise UserError(f"--budgets={text!r}: give two or more positive FLOP budgets (approach "
+                        "2 fits a line through their optima).")
+    return values
+
+
+def run_sweep(args) -> int:
+    budgets = _budgets(args.budgets)
+    cli_flags.import_modules(args.module)
+    try:
+        rows = sweep.run_sweep(args.config, args.overrides, args.output_dir, budgets,
+                               args.sizes, dry_run=args.dry_run, modules=args.module)
+    except sweep.PointFailed as e:
+        print(f"scaling sweep: {e}", file=sys.stderr)
+        return 1
+    if not args.dry_run:
+        results = pathlib.Path(args.output_dir) / "results.jsonl"
+        print(f"\n{len(rows)} runs in {results}; fit them with:\n  python -m t5x_like.scaling "
+              f"fit --results={results} --output_dir={pathlib.Path(args.output_dir) / 'fit'}")
+    return 0
 
 
 def _count(x: float) -> str:
@@ -160,6 +208,11 @@ def run_plan(args) -> dict:
 @errors.command_line("scaling")
 def main(argv=None) -> int:
     args = parse(argv)
+    if args.command == "sweep":
+        return run_sweep(args)
+    if args.overrides:
+        raise UserError(f"--config.{args.overrides[0]}: config overrides belong to `scaling "
+                        "sweep`.")
     if args.command == "fit":
         run_fit(args)
     else:

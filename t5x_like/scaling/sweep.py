@@ -1,0 +1,243 @@
+"""An IsoFLOP sweep (Hoffmann et al.'s approach 2): for each compute budget, models of
+several sizes, each trained for exactly the tokens the budget buys it, each a normal
+``train`` run in its own workdir.
+
+Model shapes follow one rule, a ladder of widths at a fixed aspect ratio (Kaplan et al.
+2020 found loss nearly flat over depth/width ratios across a wide range, so one ratio
+serves): ``d_model`` from ``WIDTHS``, ``num_layers = d_model / ASPECT`` (at least 2),
+heads of ``HEAD_DIM``, ``d_ff = 4 d_model``. For a budget ``C`` a model gets
+``D = C / (FLOPs per token)`` tokens, ``flops.py``'s count (3 x forward, the vocabulary
+projection included); steps are ``D`` over the base config's tokens per step, rounded.
+Each budget runs the ``sizes`` consecutive rungs whose middle one is closest to 20
+tokens per parameter (Chinchilla's optimum), so the profile brackets its minimum.
+Each run's learning rate decays by a cosine to 10% of its peak at its own last step (as
+Chinchilla found necessary: a schedule longer than the run overestimates its loss), and
+it is evaluated once, at the end: the loss reported is the held-out loss there.
+
+A point is finished when its ``metrics.jsonl`` has the held-out loss of its last step;
+re-running the sweep skips finished points and resumes unfinished ones from their
+checkpoints (``train``'s own resume).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import pathlib
+import subprocess
+import sys
+import time
+
+import jax
+import ml_collections
+import numpy as np
+
+from t5x_like import config_lib, flops, models, runs, structures, trainer
+from t5x_like.errors import UserError
+
+WIDTHS = (32, 64, 96, 128, 160, 192, 256, 320, 384, 512, 640, 768, 1024)
+ASPECT = 32  # d_model / num_layers
+HEAD_DIM = 32
+TARGET_TOKENS_PER_PARAM = 20
+MIN_STEPS = 20  # fewer optimizer steps than this is not a training run
+FINAL_LEARNING_RATE_FRACTION = 0.1
+FAMILIES = ("decoder",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    budget: float  # the FLOPs asked for
+    d_model: int
+    num_layers: int
+    params: int  # every parameter, embeddings included (Chinchilla's count)
+    non_embedding_params: int
+    steps: int
+    tokens: int  # steps x tokens per step
+    flops: float  # flops.py's count for those steps
+
+    @property
+    def name(self) -> str:
+        return f"C{self.budget:.2e}_d{self.d_model}_l{self.num_layers}".replace("+", "")
+
+    def overrides(self, warmup_steps: int) -> list[str]:
+        """``--config.`` flags that make the base config this point's run."""
+        return [f"--config.model.d_model={self.d_model}",
+                f"--config.model.num_layers={self.num_layers}",
+                f"--config.model.num_heads={self.d_model // HEAD_DIM}",
+                f"--config.model.head_dim={HEAD_DIM}",
+                f"--config.model.d_ff={4 * self.d_model}",
+                f"--config.num_train_steps={self.steps}",
+                "--config.optimizer.schedule=cosine",
+                f"--config.optimizer.final_learning_rate_fraction={FINAL_LEARNING_RATE_FRACTION}",
+                f"--config.optimizer.warmup_steps={min(warmup_steps, self.steps // 10)}",
+                f"--config.eval_every_steps={self.steps}",
+                f"--config.checkpoint_every_steps={max(self.steps // 2, 1)}",
+                "--config.keep_checkpoints=1"]
+
+
+def shape(d_model: int) -> tuple[int, int]:
+    return d_model, max(2, d_model // ASPECT)
+
+
+def _model_config(base, d_model: int, num_layers: int):
+    model = base.model.copy_and_resolve_references()
+    model.update(dict(d_model=d_model, num_layers=num_layers, num_heads=d_model // HEAD_DIM,
+                      head_dim=HEAD_DIM, d_ff=4 * d_model))
+    return model
+
+
+class PointFailed(Exception):
+    """A point's ``train`` run ended without its final held-out loss (not the user's
+    mistake: the run's outcome; its log says why)."""
+
+
+def count_params(model_config, lengths) -> tuple[int, int]:
+    """(all parameters, without the token and position embeddings)."""
+    return _count_params(model_config.to_json(sort_keys=True), tuple(sorted(lengths.items())))
+
+
+@functools.lru_cache(maxsize=256)
+def _count_params(model_json: str, lengths: tuple) -> tuple[int, int]:
+    model_config = ml_collections.ConfigDict(json.loads(model_json))
+    lengths = dict(lengths)
+    model = models.build_model(model_config)
+    structure = structures.structure_class(model_config.family)(model)
+    shapes = trainer.abstract_boxed_params(model, structure.model_feature_lengths(lengths))
+    total, embedding = 0, 0
+    for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]:
+        size = int(np.prod(leaf.shape))
+        total += size
+        if any("embedder" in str(getattr(k, "key", "")) for k in path):
+            embedding += size
+    return total, total - embedding
+
+
+def _check_family(base) -> None:
+    if base.model.family not in FAMILIES:
+        raise UserError(f"scaling sweep builds model shapes for {', '.join(FAMILIES)}; the "
+                        f"config's model.family is {base.model.family!r}.")
+
+
+def candidates(base, budget: float) -> list[Point]:
+    """Every rung of the ladder that ``budget`` trains for at least ``MIN_STEPS`` steps,
+    smallest first."""
+    _check_family(base)
+    lengths = dict(base.task_feature_lengths)
+    tokens_per_step = base.batch_size * sum(lengths.values())
+    points = []
+    for width in WIDTHS:
+        d_model, num_layers = shape(width)
+        model_config = _model_config(base, d_model, num_layers)
+        per_step = flops.train_flops_per_step(model_config, lengths, base.batch_size)
+        steps = round(budget / per_step)
+        if steps < MIN_STEPS:
+            continue
+        params, non_embedding = count_params(model_config, lengths)
+        points.append(Point(budget, d_model, num_layers, params, non_embedding, steps,
+                            steps * tokens_per_step, steps * per_step))
+    return points
+
+
+def plan_points(base, budgets, sizes: int) -> list[Point]:
+    """The sweep's points, budget by budget, smallest model first: per budget the
+    ``sizes`` consecutive rungs whose middle one is nearest ``TARGET_TOKENS_PER_PARAM``.
+    Refuses a budget that cannot give ``sizes`` rungs of at least ``MIN_STEPS`` steps."""
+    _check_family(base)
+    if sizes < 2:
+        raise UserError(f"--sizes={sizes}: give 2 or more (approach 2's parabolas need 3 per "
+                        "budget).")
+    points = []
+    for budget in budgets:
+        rungs = candidates(base, budget)
+        if len(rungs) < sizes:
+            d_model, num_layers = shape(WIDTHS[0])
+            model_config = _model_config(base, d_model, num_layers)
+            needed = MIN_STEPS * flops.train_flops_per_step(
+                model_config, dict(base.task_feature_lengths), base.batch_size)
+            raise UserError(
+                f"budget {budget:.3g} FLOPs trains {len(rungs)} model size(s) for at least "
+                f"{MIN_STEPS} steps, fewer than --sizes={sizes} (the smallest model, d_model "
+                f"{d_model}, needs {needed:.3g} FLOPs for {MIN_STEPS} steps); raise the budget "
+                "or lower --sizes.")
+        ratio = [math.log(p.tokens / p.params / TARGET_TOKENS_PER_PARAM) for p in rungs]
+        start = min(range(len(rungs) - sizes + 1), key=lambda i: abs(ratio[i + sizes // 2]))
+        points += rungs[start:start + sizes]
+    return points
+
+
+def final_loss(workdir: pathlib.Path, steps: int) -> float | None:
+    """The held-out loss at the run's last step, or None while the run is unfinished."""
+    metrics = workdir / "metrics.jsonl"
+    if not metrics.is_file():
+        return None
+    loss = None
+    for line in metrics.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by an interrupted write
+        if record.get("step") == steps and "eval_loss" in record:
+            loss = float(record["eval_loss"])
+    return loss
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def run_sweep(config_path: str, overrides: list[str], output_dir: str, budgets, sizes: int,
+              dry_run: bool = False, modules=(), log=print) -> list[dict]:
+    """Trains every unfinished point (one ``train`` process each, given ``modules`` as
+    ``--module``) and writes ``output_dir/results.jsonl`` (one row per finished point)
+    after each. The tasks must be registered (``cli_flags.import_modules``)."""
+    base = runs.load_and_validate(config_path, overrides)
+    # Every point trains on this machine's devices: refuse a batch they cannot split now.
+    config_lib.validate_for_devices(base, jax.device_count())
+    points = plan_points(base, sorted(budgets), sizes)
+    output = pathlib.Path(output_dir)
+    log(f"{len(points)} runs: {len(budgets)} budgets x {sizes} sizes, "
+        f"{sum(p.flops for p in points):.3g} FLOPs in all; workdirs under {output / 'points'}")
+    rows, done_flops, spent = [], 0.0, 0.0
+    remaining = sum(p.flops for p in points)
+    for index, point in enumerate(points, 1):
+        workdir = output / "points" / point.name
+        head = (f"[{index}/{len(points)}] C={point.budget:.3g} d_model={point.d_model} "
+                f"layers={point.num_layers} N={point.params:,} D={point.tokens:,} "
+                f"({point.tokens / point.params:.1f} per parameter) steps={point.steps}")
+        loss = final_loss(workdir, point.steps)
+        if dry_run:
+            log(f"{head}: {'finished' if loss is not None else 'to run'}")
+            continue
+        if loss is None:
+            workdir.mkdir(parents=True, exist_ok=True)
+            started = time.perf_counter()
+            with open(workdir / "train.log", "a") as out:
+                result = subprocess.run(
+                    [sys.executable, "-m", "t5x_like.train", f"--config={config_path}",
+                     f"--workdir={workdir}", "--quiet", *(f"--module={m}" for m in modules),
+                     *(f"--config.{o}" for o in overrides),
+                     *point.overrides(int(base.optimizer.warmup_steps))],
+                    stdout=out, stderr=subprocess.STDOUT, check=False)
+            seconds = time.perf_counter() - started
+            loss = final_loss(workdir, point.steps)
+            if result.returncode != 0 or loss is None:
+                raise PointFailed(f"{head}: train exited with status {result.returncode} "
+                                   f"without a final held-out loss; see {workdir / 'train.log'}")
+            done_flops += point.flops
+            spent += seconds
+            remaining -= point.flops
+            eta = spent / done_flops * remaining
+            log(f"{head}: loss {loss:.4f} in {_duration(seconds)}; ETA {_duration(eta)}")
+        else:
+            remaining -= point.flops
+            log(f"{head}: loss {loss:.4f} (finished before, skipped)")
+        rows.append(dict(budget=point.budget, params=point.params,
+                         non_embedding_params=point.non_embedding_params,
+                         tokens=point.tokens, flops=point.flops, loss=loss,
+                         d_model=point.d_model, num_layers=point.num_layers,
+                         steps=point.steps, workdir=str(workdir)))
+        output.mkdir(parents=True, exist_ok=True)
+        (output / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows
