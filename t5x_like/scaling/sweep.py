@@ -5,7 +5,8 @@ several sizes, each trained for exactly the tokens the budget buys it, each a no
 Model shapes follow one rule, a ladder of widths at a fixed aspect ratio (Kaplan et al.
 2020 found loss nearly flat over depth/width ratios across a wide range, so one ratio
 serves): ``d_model`` from ``WIDTHS``, ``num_layers = d_model / ASPECT`` (at least 2),
-heads of ``HEAD_DIM``, ``d_ff = 4 d_model``. For a budget ``C`` a model gets
+``d_model / 64`` heads (at least one), ``d_ff = 4 d_model``. Parameters grow about as
+``d_model**3``, so the ladder is finer than a doubling. For a budget ``C`` a model gets
 ``D = C / (FLOPs per token)`` tokens, ``flops.py``'s count (3 x forward, the vocabulary
 projection included); steps are ``D`` over the base config's tokens per step, rounded.
 Each budget runs the ``sizes`` consecutive rungs whose middle one is closest to 20
@@ -37,9 +38,10 @@ import numpy as np
 from t5x_like import config_lib, flops, models, runs, structures, trainer
 from t5x_like.errors import UserError
 
-WIDTHS = (32, 64, 96, 128, 160, 192, 256, 320, 384, 512, 640, 768, 1024)
+WIDTHS = (32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768,
+          1024)
 ASPECT = 32  # d_model / num_layers
-HEAD_DIM = 32
+HEAD_WIDTH = 64  # heads of 64 (one head below 128 wide)
 TARGET_TOKENS_PER_PARAM = 20
 MIN_STEPS = 20  # fewer optimizer steps than this is not a training run
 FINAL_LEARNING_RATE_FRACTION = 0.1
@@ -65,8 +67,8 @@ class Point:
         """``--config.`` flags that make the base config this point's run."""
         return [f"--config.model.d_model={self.d_model}",
                 f"--config.model.num_layers={self.num_layers}",
-                f"--config.model.num_heads={self.d_model // HEAD_DIM}",
-                f"--config.model.head_dim={HEAD_DIM}",
+                f"--config.model.num_heads={heads(self.d_model)}",
+                f"--config.model.head_dim={self.d_model // heads(self.d_model)}",
                 f"--config.model.d_ff={4 * self.d_model}",
                 f"--config.num_train_steps={self.steps}",
                 "--config.optimizer.schedule=cosine",
@@ -81,10 +83,14 @@ def shape(d_model: int) -> tuple[int, int]:
     return d_model, max(2, d_model // ASPECT)
 
 
+def heads(d_model: int) -> int:
+    return max(1, d_model // HEAD_WIDTH)
+
+
 def _model_config(base, d_model: int, num_layers: int):
     model = base.model.copy_and_resolve_references()
-    model.update(dict(d_model=d_model, num_layers=num_layers, num_heads=d_model // HEAD_DIM,
-                      head_dim=HEAD_DIM, d_ff=4 * d_model))
+    model.update(dict(d_model=d_model, num_layers=num_layers, num_heads=heads(d_model),
+                      head_dim=d_model // heads(d_model), d_ff=4 * d_model))
     return model
 
 
