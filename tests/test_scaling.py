@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import scipy.optimize
 
-from t5x_like import cli
+from t5x_like import cli, errors
 from t5x_like.scaling import cli as scaling_cli
 from t5x_like.scaling import fit, laws, sweep
 
@@ -174,8 +174,13 @@ def test_each_budget_runs_the_sizes_nearest_20_tokens_per_parameter(tmp_path):
         rungs = sweep.candidates(base, budget)
         nearest = min(rungs[1:-1], key=lambda p: abs(math.log(p.tokens / p.params / 20)))
         assert mine[1] == nearest
-    # The larger budget moves the window to larger models.
+    # The larger budget moves the window to larger models; more tokens per parameter
+    # moves it to smaller ones.
     assert points[4].d_model > points[1].d_model
+    data_heavy = sweep.plan_points(base, [1e15], sizes=3, tokens_per_param=400)
+    assert data_heavy[1].d_model < points[4].d_model
+    with pytest.raises(errors.UserError, match="tokens_per_param"):
+        sweep.plan_points(base, [1e15], sizes=3, tokens_per_param=0)
 
 
 def test_a_budget_too_small_for_the_smallest_model_is_refused_before_training(tmp_path, capsys):

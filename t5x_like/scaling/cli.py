@@ -45,6 +45,8 @@ def parse(argv):
     p.add_argument("--budgets", required=True,
                    help="comma-separated training FLOPs, e.g. 1e14,3e14,1e15,3e15")
     p.add_argument("--sizes", type=int, default=5, help="model sizes per budget")
+    p.add_argument("--tokens_per_param", type=float, default=sweep.TARGET_TOKENS_PER_PARAM,
+                   help="centre each budget's sizes on this many tokens per parameter")
     p.add_argument("--dry_run", action="store_true", help="print the grid, train nothing")
     cli_flags.add_module_flag(p)
     p = sub.add_parser("fit", help="fit approaches 2 and 3 to runs' results")
@@ -84,7 +86,8 @@ def run_sweep(args) -> int:
     cli_flags.import_modules(args.module)
     try:
         rows = sweep.run_sweep(args.config, args.overrides, args.output_dir, budgets,
-                               args.sizes, dry_run=args.dry_run, modules=args.module)
+                               args.sizes, dry_run=args.dry_run, modules=args.module,
+                               tokens_per_param=args.tokens_per_param)
     except sweep.PointFailed as e:
         print(f"scaling sweep: {e}", file=sys.stderr)
         return 1

@@ -146,9 +146,11 @@ def candidates(base, budget: float) -> list[Point]:
     return points
 
 
-def plan_points(base, budgets, sizes: int) -> list[Point]:
+def plan_points(base, budgets, sizes: int,
+                tokens_per_param: float = TARGET_TOKENS_PER_PARAM) -> list[Point]:
     """The sweep's points, budget by budget, smallest model first: per budget the
-    ``sizes`` consecutive rungs whose middle one is nearest ``TARGET_TOKENS_PER_PARAM``.
+    ``sizes`` consecutive rungs whose middle one is nearest ``tokens_per_param`` (a
+    sweep whose minima fell outside its sizes centres the next one where they fell).
     Refuses a budget that cannot give ``sizes`` rungs of at least ``MIN_STEPS`` steps."""
     _check_family(base)
     if sizes < 2:
@@ -167,7 +169,9 @@ def plan_points(base, budgets, sizes: int) -> list[Point]:
                 f"{MIN_STEPS} steps, fewer than --sizes={sizes} (the smallest model, d_model "
                 f"{d_model}, needs {needed:.3g} FLOPs for {MIN_STEPS} steps); raise the budget "
                 "or lower --sizes.")
-        ratio = [math.log(p.tokens / p.params / TARGET_TOKENS_PER_PARAM) for p in rungs]
+        if not (math.isfinite(tokens_per_param) and tokens_per_param > 0):
+            raise UserError(f"--tokens_per_param={tokens_per_param}: give a positive number.")
+        ratio = [math.log(p.tokens / p.params / tokens_per_param) for p in rungs]
         start = min(range(len(rungs) - sizes + 1), key=lambda i: abs(ratio[i + sizes // 2]))
         points += rungs[start:start + sizes]
     return points
@@ -194,14 +198,15 @@ def _duration(seconds: float) -> str:
 
 
 def run_sweep(config_path: str, overrides: list[str], output_dir: str, budgets, sizes: int,
-              dry_run: bool = False, modules=(), log=print) -> list[dict]:
+              dry_run: bool = False, modules=(), log=print,
+              tokens_per_param: float = TARGET_TOKENS_PER_PARAM) -> list[dict]:
     """Trains every unfinished point (one ``train`` process each, given ``modules`` as
     ``--module``) and writes ``output_dir/results.jsonl`` (one row per finished point)
     after each. The tasks must be registered (``cli_flags.import_modules``)."""
     base = runs.load_and_validate(config_path, overrides)
     # Every point trains on this machine's devices: refuse a batch they cannot split now.
     config_lib.validate_for_devices(base, jax.device_count())
-    points = plan_points(base, sorted(budgets), sizes)
+    points = plan_points(base, sorted(budgets), sizes, tokens_per_param)
     output = pathlib.Path(output_dir)
     log(f"{len(points)} runs: {len(budgets)} budgets x {sizes} sizes, "
         f"{sum(p.flops for p in points):.3g} FLOPs in all; workdirs under {output / 'points'}")
