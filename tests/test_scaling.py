@@ -222,3 +222,14 @@ def test_a_two_by_two_sweep_trains_every_point_then_skips_them(tmp_path, capsys)
         assert config_json["model"]["d_model"] == row["d_model"]
     assert cli.main(argv) == 0  # again: every point is finished
     assert capsys.readouterr().out.count("finished before, skipped") == 4
+
+
+def test_a_fit_whose_irreducible_loss_underflows_still_bootstraps():
+    """Runs without a floor in sight (loss = A/N^alpha + B/D^beta): the fit drives E to 0,
+    and the bootstrap must still start from it."""
+    runs = isoflop_runs(law=laws.Law(E=1e-9, A=400.0, B=2000.0, alpha=0.35, beta=0.37),
+                        budgets=(1e17, 1e18, 1e19), sizes=5)
+    law = laws.Law(0.0, 400.0, 2000.0, 0.35, 0.37)
+    assert np.all(np.isfinite(fit.law_parameters(law)))
+    spans = fit.bootstrap_parametric(runs, law, 1e20, samples=3)
+    assert spans["samples"] >= 1 and spans["E"][0] >= 0

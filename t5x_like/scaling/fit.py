@@ -238,7 +238,10 @@ def fit_parametric(runs: Runs, *, starts: int = 30, delta: float = HUBER_DELTA,
 
 
 def law_parameters(law: laws.Law) -> np.ndarray:
-    return np.array([math.log(law.A), math.log(law.B), math.log(law.E), law.alpha, law.beta])
+    """``(a0, b0, e0, alpha, beta)`` of a law; an ``E`` that underflowed to 0 (the fit
+    drove ``e0`` far below zero) starts from ``e0 = -700``."""
+    logs = np.log(np.maximum([law.A, law.B, law.E], 1e-304))
+    return np.array([*logs, law.alpha, law.beta])
 
 
 # -- bootstrap -------------------------------------------------------------------------
