@@ -62,7 +62,7 @@ def test_every_module_sits_in_a_layer():
             continue
         parts = module.split(".")
         covered = any(".".join(parts[:i]) in named for i in range(2, len(parts) + 1))
-        is_package_init = (module in ("t5x_like.convert", "t5x_like.retrieval"))
+        is_package_init = (module in ("t5x_like.convert", "t5x_like.retrieval", "t5x_like.scaling"))
         if not covered and not is_package_init:
             uncovered.append(module)
     assert not uncovered, f"name these modules in a layer of pyproject.toml: {uncovered}"
