@@ -143,8 +143,11 @@ def run_fit(args) -> dict:
         n, d = isoflop.optimum(at_flops)
         entry["optimum"] = {"N": n, "D": d, "tokens_per_param": d / n}
         if args.bootstrap:
-            entry["intervals"] = fitting.bootstrap_isoflop(runs, at_flops,
-                                                           samples=args.bootstrap, seed=args.seed)
+            try:
+                entry["intervals"] = fitting.bootstrap_isoflop(
+                    runs, at_flops, samples=args.bootstrap, seed=args.seed)
+            except UserError as e:  # the point estimate stands; say why there is no interval
+                print(f"approach 2 intervals: none ({e})")
         report["approach2"] = entry
         spans = entry.get("intervals", {})
         print(f"  a = {isoflop.a:.3f} {_span(spans['a']) if spans else ''}   "
@@ -156,8 +159,11 @@ def run_fit(args) -> dict:
     entry["optimum"] = {"N": n, "D": d, "tokens_per_param": d / n,
                         "loss": law.loss(n, d)}
     if args.bootstrap:
-        entry["intervals"] = fitting.bootstrap_parametric(runs, law, at_flops,
-                                                          samples=args.bootstrap, seed=args.seed)
+        try:
+            entry["intervals"] = fitting.bootstrap_parametric(
+                runs, law, at_flops, samples=args.bootstrap, seed=args.seed)
+        except UserError as e:
+            print(f"approach 3 intervals: none ({e})")
     report["approach3"] = entry
     spans = entry.get("intervals", {})
     print(f"approach 3 (L = E + A/N^alpha + B/D^beta, Huber {fitting.HUBER_DELTA:g} on ln L, "
