@@ -13,7 +13,6 @@ Paste the table into the page with the commit it ran on (``git rev-parse --short
 from __future__ import annotations
 
 import argparse
-import os
 import pathlib
 import subprocess
 import sys
@@ -34,12 +33,12 @@ ROWS = (
 
 
 def plan_row(config_name: str, topology: str, num_slices: int, overrides: list[str]) -> dict:
-    from t5x_like import config_lib, plan
+    from t5x_like import config_lib, planner
     config = config_lib.load_config_file(str(ROOT / "configs" / f"{config_name}.py"))
     config_lib.apply_overrides(config, overrides)
     config_lib.validate(config)
     start = time.monotonic()
-    report = plan.plan(config, topology, num_slices)
+    report = planner.plan(config, topology, num_slices)
     return {"report": report, "seconds": time.monotonic() - start}
 
 
@@ -63,10 +62,8 @@ def main(argv=None) -> int:
                         help="leave out t5_1_1_xxl unrolled (the longest compile)")
     parser.add_argument("--only", help="only the rows of this config")
     args = parser.parse_args(argv)
-    # As `python -m t5x_like.plan` sets them: this machine is no TPU VM.
-    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
-    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    from t5x_like import planner
+    planner.prepare_compiler_environment()  # this machine is no TPU VM
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True).stdout.strip()
     print(f"measured at commit {commit or 'unknown'}\n")

@@ -17,7 +17,9 @@ it is evaluated once, at the end: the loss reported is the held-out loss there.
 
 A point is finished when its ``metrics.jsonl`` has the held-out loss of its last step;
 re-running the sweep skips finished points and resumes unfinished ones from their
-checkpoints (``train``'s own resume).
+checkpoints (``train``'s own resume). A second sweep into the same directory (other
+budgets, or ``--tokens_per_param`` elsewhere) adds its points: ``results.jsonl`` keeps
+the rows of earlier sweeps' points beside the new ones, so one fit reads them all.
 """
 
 from __future__ import annotations
@@ -210,6 +212,9 @@ def run_sweep(config_path: str, overrides: list[str], output_dir: str, budgets, 
     output = pathlib.Path(output_dir)
     log(f"{len(points)} runs: {len(budgets)} budgets x {sizes} sizes, "
         f"{sum(p.flops for p in points):.3g} FLOPs in all; workdirs under {output / 'points'}")
+    results = output / "results.jsonl"
+    planned = {str(output / "points" / p.name) for p in points}
+    earlier = [r for r in _read_rows(results) if r.get("workdir") not in planned]
     rows, done_flops, spent = [], 0.0, 0.0
     remaining = sum(p.flops for p in points)
     for index, point in enumerate(points, 1):
@@ -250,5 +255,12 @@ def run_sweep(config_path: str, overrides: list[str], output_dir: str, budgets, 
                          d_model=point.d_model, num_layers=point.num_layers,
                          steps=point.steps, workdir=str(workdir)))
         output.mkdir(parents=True, exist_ok=True)
-        (output / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        results.write_text("".join(json.dumps(r) + "\n" for r in earlier + rows))
     return rows
+
+
+def _read_rows(results: pathlib.Path) -> list[dict]:
+    """The rows an earlier sweep wrote (none when there is no file yet)."""
+    if not results.is_file():
+        return []
+    return [json.loads(line) for line in results.read_text().splitlines() if line.strip()]

@@ -1,0 +1,301 @@
+"""Compile a config for a topology ahead of time, without the chips: per-device memory,
+whether it fits HBM, FLOPs, HBM traffic by source and a roofline step time and MFU.
+
+The service behind ``python -m t5x_like.plan`` (which formats its reports) and
+``scaling plan --topology`` (which plans the compute-optimal model it picks). TPU
+topologies compile through libtpu's compiler via ``jax.experimental.topologies`` (no TPU
+needed; ``prepare_compiler_environment`` before JAX starts), ``cpu:N`` on fake CPU
+devices. The roofline is ``max(FLOPs / peak, bytes accessed / HBM bandwidth)`` per
+device: an optimistic bound that ignores communication.
+"""
+
+from __future__ import annotations
+
+import os
+
+from t5x_like import errors, platforms
+from t5x_like.errors import UserError
+
+GiB = 1024**3
+# How many of the largest sources of HBM traffic a report names.
+TRAFFIC_ROWS = 8
+
+
+class PlanError(UserError):
+    """A bad topology or a missing compiler, with the fix in the message."""
+
+
+def prepare_compiler_environment() -> None:
+    """Environment libtpu needs to compile on a machine that is no TPU VM; call it before
+    JAX starts its backends."""
+    # libtpu asks a metadata server about TPU workers unless told this is no TPU VM.
+    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    # Several planners (or a planner beside a test) may load libtpu at once.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+
+def parse_topology(text: str) -> tuple[str, str | int]:
+    """``cpu:8`` -> ("cpu", 8); ``v5p:4x4x4`` -> ("tpu", "v5p:4x4x4")."""
+    kind, _, shape = text.partition(":")
+    if not shape:
+        raise PlanError(f"--topology={text!r}: expected NAME:SHAPE, e.g. v5p:4x4x4, v5e:4x4 "
+                        "or cpu:8.")
+    if kind == "cpu":
+        if not shape.isdigit() or int(shape) < 1:
+            raise PlanError(f"--topology={text!r}: cpu needs a device count, e.g. cpu:8.")
+        return "cpu", int(shape)
+    dims = shape.split("x")
+    if not all(d.isdigit() and int(d) > 0 for d in dims) or len(dims) not in (2, 3):
+        raise PlanError(f"--topology={text!r}: the chip grid must be 2 or 3 positive sizes "
+                        "joined by x, e.g. v5e:4x4 or v5p:4x4x4.")
+    return "tpu", text
+
+
+def topology_devices(text: str, num_slices: int = 1) -> list:
+    """Devices to compile for; no hardware is touched for TPU topologies. ``num_slices``
+    copies of a TPU topology joined over DCN make a multi-slice target."""
+    platform, spec = parse_topology(text)
+    if num_slices < 1 or (num_slices > 1 and platform == "cpu"):
+        raise PlanError(f"--num_slices={num_slices}: give a positive number of TPU slices; "
+                        "for CPU, rehearse slices with --config.mesh.dcn on cpu:N.")
+    import jax
+    if platform == "cpu":
+        jax.config.update("jax_num_cpu_devices", spec)
+        devices = jax.devices("cpu")
+        if len(devices) < spec:
+            raise PlanError(f"--topology=cpu:{spec}: JAX was started with {len(devices)} CPU "
+                            "devices; run the planner in a fresh process.")
+        return devices[:spec]
+    from jax.experimental import topologies
+    try:
+        with platforms.without_stderr_lines(platforms.LIBTPU_NO_CHIP_NOTICE):
+            return list(topologies.get_topology_desc(platform="tpu", topology_name=spec,
+                                                     num_slices=num_slices).devices)
+    except Exception as e:  # noqa: BLE001 - the compiler's errors vary by cause
+        import importlib.util
+        if importlib.util.find_spec("libtpu") is None:
+            raise PlanError(f"Cannot compile for {spec}: libtpu is not installed. TPU topologies "
+                            f"need it: {errors.install_hint('tpu')} (works without a TPU).") from e
+        raise PlanError(f"Cannot compile for {spec}: {str(e).splitlines()[0]}") from e
+
+
+def per_device_bytes(abstract_tree) -> list[tuple[str, int]]:
+    """(path, bytes on one device) for every leaf, from its sharding's shard shape."""
+    import jax
+    import numpy as np
+    rows = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_tree)[0]:
+        shape = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
+        rows.append((jax.tree_util.keystr(path, simple=True, separator="/"),
+                     int(np.prod(shape)) * np.dtype(leaf.dtype).itemsize))
+    return rows
+
+
+def plan(config, topology: str, num_slices: int = 1) -> dict:
+    """Compiles ``config``'s train step for ``topology`` (``num_slices`` of them joined
+    over DCN); returns the report as a dict."""
+    from t5x_like import flops, hardware, structures
+    from t5x_like import trainer as trainer_lib
+
+    devices = topology_devices(topology, num_slices)
+    mesh_shape, trainer = trainer_lib.build_on_devices(config, devices, process_count=1)
+    batch = structures.for_config(config).abstract_batch(
+        config.task_feature_lengths, config.batch_size, trainer.batch_sharding)
+    lowered = trainer.lower_train_step(trainer.abstract_state, batch)
+    state_rows = per_device_bytes(trainer.abstract_state)
+    compiler_oom = None
+    try:
+        compiled = lowered.compile()
+    except Exception as e:  # noqa: BLE001 - only the TPU compiler's out-of-memory is handled
+        compiler_oom = _out_of_memory_temporaries(str(e))
+        if compiler_oom is None:
+            raise
+    if compiler_oom is None:
+        memory = compiled.memory_analysis()
+        arguments, outputs = memory.argument_size_in_bytes, memory.output_size_in_bytes
+        aliased, temporaries = memory.alias_size_in_bytes, memory.temp_size_in_bytes
+        code = memory.generated_code_size_in_bytes
+        # XLA's cost analysis counts a loop body once: the layers' scan and the
+        # microbatches' run many times. Reading the HLO, the bytes are weighted by trip
+        # counts; FLOPs, whose per-op rules the text does not give, are scaled below.
+        hlo_text = compiled.as_text()
+        xla_flops, xla_bytes, traffic, traffic_error = _costs(compiled, hlo_text)
+        looped = config.optimizer.microbatches > 1 and " while(" in hlo_text
+        scale = config.optimizer.microbatches if looped else 1
+        compiled_flops = xla_flops * scale
+        if traffic is not None and traffic.loop_bodies_once_bytes:
+            bytes_accessed = xla_bytes * traffic.total_bytes / traffic.loop_bodies_once_bytes
+        else:
+            bytes_accessed = xla_bytes * scale  # loop bodies once: an underestimate
+    else:
+        # libtpu refuses a program over HBM and says only how much its temporaries
+        # need; the state and batch sizes follow from their shardings.
+        temporaries, message = compiler_oom
+        arguments = sum(b for _, b in state_rows + per_device_bytes(batch))
+        outputs = aliased = sum(b for _, b in state_rows)  # the donated state
+        code, compiled_flops, bytes_accessed, traffic = 0, None, None, None
+    # Donated state: outputs reuse the argument buffers they alias.
+    total = arguments + outputs - aliased + temporaries + code
+
+    kind = devices[0].device_kind
+    chip = hardware.chip_for(kind)
+    peak = hardware.peak_flops(kind, config.peak_flops_per_device)
+    model_flops = flops.train_flops_per_step(config.model, config.task_feature_lengths,
+                                             config.batch_size)
+    params_bytes = sum(b for p, b in state_rows if p.startswith("params/"))
+    opt_bytes = sum(b for p, b in state_rows if p.startswith("opt_state/"))
+    report = {
+        "config_model": config.model.family, "topology": topology, "num_slices": num_slices,
+        "device_kind": kind,
+        "num_devices": len(devices), "mesh": mesh_shape, "rules": config.partitioning.rules,
+        "batch_size": config.batch_size, "microbatches": config.optimizer.microbatches,
+        "memory_per_device": {"arguments": arguments, "outputs": outputs, "aliased": aliased,
+                              "temporaries": temporaries, "code": code, "total": total,
+                              "params": params_bytes, "optimizer_state": opt_bytes},
+        "hbm_per_device": chip.hbm_bytes if chip else None,
+        "fits": (total <= chip.hbm_bytes and compiler_oom is None) if chip else None,
+        "compiler_out_of_memory": compiler_oom[1] if compiler_oom else None,
+        "compiled_flops_per_device": compiled_flops,
+        "bytes_accessed_per_device": bytes_accessed,
+        "model_flops_per_step": model_flops,
+        "peak_flops_per_device": peak,
+    }
+    roofline_flops, roofline_bytes = compiled_flops, bytes_accessed
+    if compiled_flops and config.model.get("scan_layers"):
+        # XLA counts a scanned layer's loop body once (forward and backward), so the
+        # compiled count misses most of the work: the roofline takes the model FLOPs.
+        roofline_flops = model_flops / len(devices)
+        report["note"] = ("scanned layers: XLA counts one layer's loop body once; the roofline "
+                          "uses model FLOPs per device, and bytes with each loop body counted "
+                          "as many times as it runs")
+    if compiler_oom is None and traffic is None:
+        report["traffic_note"] = (f"the HLO traffic reader failed ({traffic_error}); bytes "
+                                  "count each loop body once, so HBM time is underestimated")
+    report.update(_traffic_by_source(traffic, bytes_accessed))
+    if peak and chip and roofline_flops is not None:
+        roof = _roofline(roofline_flops, roofline_bytes, peak, chip)
+        report["roofline"] = dict(roof, mfu=model_flops / (len(devices) * peak * roof["step_s"]))
+    consumers = [("temporaries (activations, gradients, collectives' buffers)", temporaries),
+                 ("params (all)", params_bytes), ("optimizer state (all)", opt_bytes)]
+    consumers.sort(key=lambda row: -row[1])
+    largest_arrays = sorted(state_rows, key=lambda row: -row[1])[:4]
+    report["largest_consumers"] = [{"name": n, "bytes": b} for n, b in consumers]
+    report["largest_arrays"] = [{"name": n, "bytes": b} for n, b in largest_arrays]
+    return report
+
+
+def plan_decode(config, topology: str, num_slices: int = 1) -> dict:
+    """Compiles one generation step of ``config``'s model for ``topology``: a token for
+    each of ``batch_size`` rows over a cache of ``task_feature_lengths``
+    (``Structure.decode_step``; an encoder-decoder's cross-attention keys and values
+    come from the cache). Layers are unrolled, so XLA counts every layer's FLOPs; params
+    keep the training shardings, the cache and inputs are split over the batch axes.
+    Reports memory per device, FLOPs, HBM bytes, and a roofline time per step and
+    tokens/s (``batch_size / step time``)."""
+    import math
+
+    import jax
+    import ml_collections
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from t5x_like import hardware, partitioning, structures
+    from t5x_like import trainer as trainer_lib
+
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.model.scan_layers = False
+    devices = topology_devices(topology, num_slices)
+    mesh_shape, trainer = trainer_lib.build_on_devices(config, devices, process_count=1)
+    step, cache, inputs = structures.for_config(config).decode_step(
+        config.batch_size, config.task_feature_lengths)
+    mesh = trainer.mesh
+    batch_axes = tuple(a for a in partitioning.BATCH_AXES if a in mesh.shape)
+    split = math.prod(mesh.shape[a] for a in batch_axes)
+
+    def sharding(x):
+        spec = (PartitionSpec(batch_axes) if x.ndim and x.shape[0] % split == 0
+                else PartitionSpec())
+        return NamedSharding(mesh, spec)
+    cache_shardings = jax.tree.map(sharding, cache)
+    jitted = jax.jit(step, in_shardings=(trainer.state_shardings.params, cache_shardings,
+                                         *map(sharding, inputs)),
+                     out_shardings=(None, cache_shardings), donate_argnums=1)
+    with trainer_lib._MeshAndRules(mesh, trainer.rules):
+        compiled = jitted.lower(trainer.abstract_state.params, cache, *inputs).compile()
+    memory = compiled.memory_analysis()
+    flops, xla_bytes, traffic, _ = _costs(compiled, compiled.as_text())
+    hbm_bytes = (xla_bytes * traffic.total_bytes / traffic.loop_bodies_once_bytes
+                 if traffic is not None and traffic.loop_bodies_once_bytes else xla_bytes)
+    state_rows = per_device_bytes(trainer.abstract_state)
+    kind = devices[0].device_kind
+    chip = hardware.chip_for(kind)
+    peak = hardware.peak_flops(kind, config.peak_flops_per_device)
+    total = (memory.argument_size_in_bytes + memory.output_size_in_bytes
+             - memory.alias_size_in_bytes + memory.temp_size_in_bytes
+             + memory.generated_code_size_in_bytes)
+    report = {
+        "config_model": config.model.family, "topology": topology, "num_slices": num_slices,
+        "device_kind": kind, "num_devices": len(devices), "mesh": mesh_shape,
+        "rules": config.partitioning.rules, "batch_size": config.batch_size,
+        "lengths": dict(config.task_feature_lengths),
+        "memory_per_device": {
+            "params": sum(b for p, b in state_rows if p.startswith("params/")),
+            "cache": sum(b for _, b in per_device_bytes(jax.tree.map(
+                lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                cache, cache_shardings))),
+            "arguments": memory.argument_size_in_bytes,
+            "temporaries": memory.temp_size_in_bytes, "total": total},
+        "hbm_per_device": chip.hbm_bytes if chip else None,
+        "fits": total <= chip.hbm_bytes if chip else None,
+        "flops_per_device": flops, "bytes_accessed_per_device": hbm_bytes,
+    }
+    report.update(_traffic_by_source(traffic, hbm_bytes))
+    if peak and chip:
+        roof = _roofline(flops, hbm_bytes, peak, chip)
+        report["roofline"] = dict(roof, tokens_per_s=config.batch_size / roof["step_s"])
+    return report
+
+
+def _costs(compiled, hlo_text: str):
+    """``(FLOPs, bytes accessed, traffic, traffic_error)`` of a compiled program: XLA's
+    counts (loop bodies once) and the HLO reader's traffic (None when it misreads)."""
+    from t5x_like import hlo_traffic
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    try:
+        traffic, error = hlo_traffic.analyze(hlo_text), None
+    except (ValueError, KeyError, StopIteration) as e:  # HLO text this reader misreads
+        traffic, error = None, f"{type(e).__name__}: {e}"
+    return (float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0)), traffic,
+            error)
+
+
+def _traffic_by_source(traffic, bytes_accessed) -> dict:
+    """``{"hbm_traffic_by_source": rows}``: the sources moving the most bytes, each with
+    its share of ``bytes_accessed``; empty without a traffic reading."""
+    if traffic is None or not traffic.total_bytes:
+        return {}
+    from t5x_like import hlo_traffic
+    return {"hbm_traffic_by_source": [
+        {"source": source, "share": moved / traffic.total_bytes,
+         "bytes": bytes_accessed * moved / traffic.total_bytes}
+        for source, moved in hlo_traffic.by_source(traffic)[:TRAFFIC_ROWS]]}
+
+
+def _roofline(flops: float, bytes_accessed: float, peak: float, chip) -> dict:
+    """The step time bound ``max(FLOPs / peak, bytes / HBM bandwidth)`` and which bounds it."""
+    compute_s, memory_s = flops / peak, bytes_accessed / chip.hbm_bandwidth
+    return {"compute_s": compute_s, "memory_s": memory_s, "step_s": max(compute_s, memory_s),
+            "bound": "compute" if compute_s >= memory_s else "memory"}
+
+
+def _out_of_memory_temporaries(message: str) -> tuple[int, str] | None:
+    """(bytes, message) from libtpu's "HLO temporaries (144.01G) exceeds available HBM"."""
+    import re
+    found = re.search(r"temporaries \(([\d.]+)([KMGT])\)", message)
+    if "RESOURCE_EXHAUSTED" not in message or not found:
+        return None
+    scale = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}[found.group(2)]
+    line = next(text for text in message.splitlines() if "RESOURCE_EXHAUSTED" in text)
+    return int(float(found.group(1)) * scale), line.strip()
