@@ -233,3 +233,105 @@ def test_a_fit_whose_irreducible_loss_underflows_still_bootstraps():
     assert np.all(np.isfinite(fit.law_parameters(law)))
     spans = fit.bootstrap_parametric(runs, law, 1e20, samples=3)
     assert spans["samples"] >= 1 and spans["E"][0] >= 0
+
+
+REPO = Path(__file__).resolve().parent.parent
+TINY_PLAN_BASE = '''
+from t5x_like import config_lib
+
+
+def get_config():
+    config = config_lib.default_config()
+    config.task = "embedded_bytes_en_lm"
+    config.task_feature_lengths = {"targets": 64}
+    config.model = config_lib.model_defaults("decoder")
+    config.model.update(dict(vocab_size=384, max_length=64, d_model=64, num_heads=4,
+                             num_kv_heads=2, head_dim=16, d_ff=176, num_layers=2,
+                             mlp_activations=("silu", "linear"), position_embedding="rotary",
+                             norm="rmsnorm", use_bias=False))
+    config.batch_size = 8
+    config.optimizer.name = "adamw"
+    return config
+'''
+
+
+def test_the_nearest_shape_keeps_the_recipe_and_counts_exactly():
+    from t5x_like import runs
+    from t5x_like.scaling import planning
+    base = runs.load_and_validate(str(REPO / "configs" / "decoder_modern_1b.py"), [])
+    shape = planning.nearest_shape(base, 7e9)
+    # The base's grouping (32 query heads over 4 key/value heads) and SwiGLU width ratio.
+    assert shape.num_heads == 8 * shape.num_kv_heads and shape.d_model == 128 * shape.num_heads
+    assert shape.d_ff / shape.d_model == pytest.approx(5632 / 2048, rel=0.05)
+    assert 64 <= shape.d_model / shape.num_layers <= 256
+    # Its count is the model's (not the 12 d^2 guess), within half a layer of the target.
+    params, _ = sweep.count_params(shape.model_config(base.model), {"targets": 2048})
+    assert params == shape.params
+    deeper = planning.nearest_shape(base, 7e9 * 1.15)
+    assert deeper.params > shape.params
+    assert abs(shape.params - 7e9) < 0.06 * 7e9
+
+
+def test_the_batch_and_learning_rate_follow_deepseek_llms_fits():
+    from t5x_like.scaling import planning
+    sequences, lr = planning.batch_rule(1e21, 2048, 64)
+    tokens = 0.2920 * 1e21 ** 0.3271  # DeepSeek LLM eq. 1, by hand: about 2.8M tokens
+    assert sequences % 64 == 0 and abs(sequences * 2048 - tokens) <= 32 * 2048
+    assert lr == pytest.approx(0.3118 * 1e21 ** -0.125)
+    assert planning.batch_rule(1e10, 2048, 64)[0] == 64  # never below one row a chip
+
+
+def test_microbatches_are_the_power_of_two_whose_activations_fit():
+    from t5x_like.scaling import planning
+    report = {"hbm_per_device": 100.0,
+              "memory_per_device": {"total": 340.0, "temporaries": 300.0}}
+    assert planning.microbatches_to_fit(report) == 8  # 300 / (100 - 40) = 5 -> 8
+    report["memory_per_device"] = {"total": 150.0, "temporaries": 20.0}
+    assert planning.microbatches_to_fit(report) is None  # the state alone does not fit
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--chip_hours=10"], "give --topology"),
+    (["--flops=1e20", "--chip_hours=10", "--topology=v5e:2x2"], "give the budget as --flops"),
+    (["--flops=1e20", "--topology=v5e:2x2"], "give --config"),
+    (["--flops=1e20", "--mfu=1.5"], "--mfu=1.5"),
+    (["--flops=1e20", "--topology=v5e:2x2", "--config=configs/bert_base.py"],
+     "build model shapes for decoder"),
+    (["--flops=1e20", "--config.batch_size=8"], "config overrides belong"),
+])
+def test_bad_plans_are_refused_before_any_compile(capsys, argv, message):
+    assert cli.main(["scaling", "plan", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("scaling: ") and message in err and err.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_chip_hours_become_a_planned_run_on_a_tpu_topology(tmp_path):
+    """libtpu compiles the planned model for v5e:2x2 (no TPU needed), in a fresh process
+    as `plan`'s tests do."""
+    import os
+    import subprocess
+    import sys
+    config = tmp_path / "tiny_plan.py"
+    config.write_text(TINY_PLAN_BASE)
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + sys.path[1:])
+    result = subprocess.run(
+        [sys.executable, "-m", "t5x_like.scaling", "plan", "--law=besiroglu2024",
+         "--chip_hours=0.002", "--topology=v5e:2x2", f"--config={config}", "--json"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    run, budget = report["run"], report["run"]["budget"]
+    assert run["chips"] == 4 and run["plan"]["fits"] is True
+    assert run["batch_size"] % 4 == 0 and run["plan"]["mesh"]["fsdp"] == 4
+    # The budget is chip-hours x peak x MFU; the MFU is --mfu or the lower roofline bound.
+    assert budget["flops"] == pytest.approx(0.002 * 3600 * 197e12 * budget["mfu"])
+    assert budget["mfu"] <= 0.4
+    if budget["mfu"] < 0.4:
+        assert budget["mfu"] == pytest.approx(run["plan"]["roofline"]["mfu"])
+    # Tokens are the budget over flops.py's count for the model planned, not 6 N.
+    assert run["tokens"] * run["flops_per_token"] == pytest.approx(budget["flops"])
+    assert run["flops_per_token"] > 6 * run["shape"]["params"]
+    assert run["shape"]["params"] == pytest.approx(run["N_opt"], rel=0.25)
+    assert "compiling" in result.stderr

@@ -14,6 +14,11 @@
     plan  --law=besiroglu2024|hoffmann2022|E,A,B,alpha,beta|DIR/fit.json --flops=C
           The compute-optimal parameters and tokens for a budget by a law, tokens per
           parameter and the predicted loss, beside every published preset.
+    plan  --law=... --chip_hours=H --topology=v5p:4x4x4 --config=BASE [--mfu=0.4]
+          (or --flops=C --topology=... --config=BASE) and then the nearest model of
+          BASE's family, its batch and peak learning rate, compiled for the topology by
+          the AOT planner: fits or not, roofline step time and MFU bound, and the tokens
+          and steps the budget buys it by flops.py's count.
 
 Method and measured numbers: docs/scaling.md.
 """
@@ -21,15 +26,17 @@ Method and measured numbers: docs/scaling.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import math
 import pathlib
 import sys
 
-from t5x_like import cli_flags, config_lib, errors
+from t5x_like import cli_flags, config_lib, errors, planner, runs
 from t5x_like.errors import UserError
 from t5x_like.scaling import fit as fitting
-from t5x_like.scaling import laws, plots, sweep
+from t5x_like.scaling import laws, planning, plots, sweep
 
 CHINCHILLA_TOKENS_PER_PARAM = 20  # Hoffmann et al.'s rule of thumb (approaches 1 and 2)
 
@@ -61,7 +68,18 @@ def parse(argv):
     p = sub.add_parser("plan", help="compute-optimal N and D for a budget")
     p.add_argument("--law", default="besiroglu2024",
                    help=f"one of {sorted(laws.PRESETS)}, E,A,B,alpha,beta, or a fit.json")
-    p.add_argument("--flops", type=float, required=True, help="training compute budget")
+    p.add_argument("--flops", type=float, help="training compute budget")
+    p.add_argument("--chip_hours", type=float,
+                   help="the budget as chip-hours of --topology's chips (at --mfu)")
+    p.add_argument("--topology", help="plan the nearest model for this TPU topology "
+                   "(v5p:4x4x4, v5e:4x4, ...): needs --config")
+    p.add_argument("--config", help="base config of the family to plan: task lengths, "
+                   "vocabulary, layer recipe, optimizer, mesh")
+    p.add_argument("--mfu", type=float, default=planning.ASSUMED_MFU,
+                   help="model FLOPs utilisation assumed for --chip_hours (the planner's "
+                        "roofline bound is used where it is lower)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    cli_flags.add_module_flag(p)
     argv = sys.argv[1:] if argv is None else list(argv)
     rest, overrides = config_lib.split_overrides(argv)
     args = parser.parse_args(rest)
@@ -104,6 +122,11 @@ def _count(x: float) -> str:
         if x >= scale:
             return f"{x / scale:.3g}{suffix}"
     return f"{x:.3g}"
+
+
+def _amount(x: float) -> str:
+    """Hours and chip-hours: whole numbers from 100 up, 3 significant digits below."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
 
 
 def _span(values) -> str:
@@ -191,37 +214,116 @@ def run_fit(args) -> dict:
 
 def run_plan(args) -> dict:
     law = laws.parse_law(args.law)
-    if not (math.isfinite(args.flops) and args.flops > 0):
+    if (args.flops is None) == (args.chip_hours is None):
+        raise UserError("scaling plan: give the budget as --flops=C or as --chip_hours=H with "
+                        "--topology.")
+    if args.chip_hours is not None and not args.topology:
+        raise UserError(f"--chip_hours={args.chip_hours:g}: give --topology (e.g. v5p:4x4x4), "
+                        "whose chips the hours are of.")
+    if args.topology and not args.config:
+        raise UserError(f"--topology={args.topology}: give --config, the base config of the "
+                        "family to plan (e.g. configs/decoder_modern_1b.py).")
+    if not 0 < args.mfu <= 1:
+        raise UserError(f"--mfu={args.mfu}: give the model FLOPs utilisation as a fraction in "
+                        "(0, 1].")
+    if args.flops is not None and not (math.isfinite(args.flops) and args.flops > 0):
         raise UserError(f"--flops={args.flops}: give a positive compute budget, e.g. 5.76e23.")
-    n, d = law.optimum(args.flops)
-    print(f"law: {law.source or args.law}  (E {law.E:.4g}, A {law.A:.4g}, B {law.B:.4g}, "
+    base = None
+    if args.topology:
+        planner.parse_topology(args.topology)
+        cli_flags.import_modules(args.module)
+        base = runs.load_and_validate(args.config, args.overrides)
+        sweep.check_family(base)
+    if args.chip_hours is not None:
+        budget = planning.chip_hours_budget(args.chip_hours, args.topology, args.mfu)
+    else:
+        budget = planning.Budget(args.flops, mfu=args.mfu)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        report = _print_optimum(law, args.law, budget)
+    if base is not None:
+        # The planner's progress goes to stderr: stdout is the report.
+        run = planning.plan_run(base, law, budget, args.topology,
+                                log=lambda line: print(line, file=sys.stderr, flush=True))
+        with contextlib.redirect_stdout(out):
+            _print_run(run, law, args.topology)
+        report["run"] = run
+    print(json.dumps(report, indent=1) if args.json else out.getvalue(), end="")
+    return report
+
+
+def _print_optimum(law, name: str, budget) -> dict:
+    n, d = law.optimum(budget.flops)
+    print(f"law: {law.source or name}  (E {law.E:.4g}, A {law.A:.4g}, B {law.B:.4g}, "
           f"alpha {law.alpha:.4g}, beta {law.beta:.4g}; N ∝ C^{law.a:.3f}, D ∝ C^{law.b:.3f})")
-    print(f"budget: {args.flops:.3g} FLOPs (C = 6 N D)\n")
+    if budget.chip_hours is None:
+        print(f"budget: {budget.flops:.3g} FLOPs (C = 6 N D)\n")
+    else:
+        print(f"budget: {_amount(budget.chip_hours)} chip-hours x {budget.peak_flops:.3g} FLOP/s "
+              f"peak x {100 * budget.mfu:.0f}% MFU (--mfu) = {budget.flops:.3g} FLOPs "
+              "(C = 6 N D)\n")
     print(f"compute-optimal parameters N: {_count(n)} ({n:.4g})")
     print(f"compute-optimal tokens D:     {_count(d)} ({d:.4g})")
     print(f"tokens per parameter:         {d / n:.1f}")
     print(f"predicted loss:               {law.loss(n, d):.4f} nats per token\n")
     print("every preset at this budget:")
-    for name, preset in laws.PRESETS.items():
-        pn, pd = preset.optimum(args.flops)
-        print(f"  {name:<14} N {_count(pn):>7}  D {_count(pd):>7}  {pd / pn:>6.1f} tokens/param  "
-              f"loss {preset.loss(pn, pd):.4f}")
+    for preset_name, preset in laws.PRESETS.items():
+        pn, pd = preset.optimum(budget.flops)
+        print(f"  {preset_name:<14} N {_count(pn):>7}  D {_count(pd):>7}  {pd / pn:>6.1f} "
+              f"tokens/param  loss {preset.loss(pn, pd):.4f}")
     kaplan = laws.KAPLAN_2020
     print(f"  Kaplan et al. 2020 (separate laws, exponents only compare): L(N) = (N_c/N)^"
           f"{kaplan.alpha_N}, L(D) = (D_c/D)^{kaplan.alpha_D}; at this N and D: "
           f"{kaplan.loss_of_params(n):.3f}, {kaplan.loss_of_tokens(d):.3f}")
-    return {"law": law.to_dict(), "flops": args.flops, "N": n, "D": d,
+    return {"law": law.to_dict(), "flops": budget.flops, "N": n, "D": d,
             "tokens_per_param": d / n, "loss": law.loss(n, d)}
+
+
+def _print_run(run: dict, law, topology: str) -> None:
+    shape, plan, budget = run["shape"], run["plan"], run["budget"]
+    print(f"\nthe nearest {plan['config_model']} (d_model/layers near {planning.ASPECT}, "
+          "the base config's recipe):")
+    print(f"  {planning.Shape(**shape).describe()}: N {_count(shape['params'])} "
+          f"({shape['params']:,}; the law's {_count(run['N_opt'])})")
+    print(f"  batch {run['batch_size']:,} sequences x {run['sequence_tokens']} = "
+          f"{_count(run['batch_size'] * run['sequence_tokens'])} tokens, peak learning rate "
+          f"{run['learning_rate']:.3g} (DeepSeek LLM's fits), {run['microbatches']} "
+          f"microbatch(es)")
+    if budget["mfu_source"] and budget["mfu_source"] != "--mfu":
+        print(f"  budget lowered to {budget['flops']:.3g} FLOPs: {100 * budget['mfu']:.1f}% MFU, "
+              f"{budget['mfu_source']}")
+    print(f"  tokens: {_count(run['tokens'])} ({run['tokens'] / shape['params']:.1f} per "
+          f"parameter) at {run['flops_per_token']:.4g} FLOPs per token (flops.py; 6 N = "
+          f"{6 * shape['params']:.4g}), {run['steps']:,} steps; loss by the law "
+          f"{law.loss(shape['params'], run['tokens']):.4f}")
+    memory, hbm = plan["memory_per_device"], plan["hbm_per_device"]
+    verdict = ("fits: unknown (no HBM figure)" if hbm is None else
+               f"{'FITS' if plan['fits'] else 'DOES NOT FIT'}: {memory['total'] / 2**30:.2f} "
+               f"of {hbm / 2**30:.0f} GiB per chip")
+    print(f"\nthe AOT planner on {topology} ({run['chips']} x {plan['device_kind']}, mesh "
+          f"{plan['mesh']}): {verdict}")
+    roof = plan.get("roofline")
+    if roof:
+        hours = run["roofline_hours"]
+        print(f"  roofline step {roof['step_s']:.3g} s ({roof['bound']}-bound), MFU at best "
+              f"{100 * roof['mfu']:.1f}%: the {run['steps']:,} steps take at least "
+              f"{_amount(hours)} hours on the slice ({_amount(hours * run['chips'])} chip-hours)")
+        mfu = budget["mfu"]
+        hours = budget["flops"] / (run["chips"] * plan["peak_flops_per_device"] * mfu) / 3600
+        print(f"  at {100 * mfu:.1f}% MFU they take {_amount(hours)} hours on the slice "
+              f"({_amount(hours * run['chips'])} chip-hours)")
 
 
 @errors.command_line("scaling")
 def main(argv=None) -> int:
     args = parse(argv)
+    if args.command == "plan" and args.topology:
+        planner.prepare_compiler_environment()  # before JAX starts: this is no TPU VM
     if args.command == "sweep":
         return run_sweep(args)
-    if args.overrides:
+    if args.overrides and not (args.command == "plan" and args.config):
         raise UserError(f"--config.{args.overrides[0]}: config overrides belong to `scaling "
-                        "sweep`.")
+                        "sweep` and to `scaling plan --config`.")
     if args.command == "fit":
         run_fit(args)
     else:

@@ -122,16 +122,16 @@ def _count_params(model_json: str, lengths: tuple) -> tuple[int, int]:
     return total, total - embedding
 
 
-def _check_family(base) -> None:
+def check_family(base) -> None:
     if base.model.family not in FAMILIES:
-        raise UserError(f"scaling sweep builds model shapes for {', '.join(FAMILIES)}; the "
-                        f"config's model.family is {base.model.family!r}.")
+        raise UserError(f"scaling sweep and plan build model shapes for {', '.join(FAMILIES)}; "
+                        f"the config's model.family is {base.model.family!r}.")
 
 
 def candidates(base, budget: float) -> list[Point]:
     """Every rung of the ladder that ``budget`` trains for at least ``MIN_STEPS`` steps,
     smallest first."""
-    _check_family(base)
+    check_family(base)
     lengths = dict(base.task_feature_lengths)
     tokens_per_step = base.batch_size * sum(lengths.values())
     points = []
@@ -154,7 +154,7 @@ def plan_points(base, budgets, sizes: int,
     ``sizes`` consecutive rungs whose middle one is nearest ``tokens_per_param`` (a
     sweep whose minima fell outside its sizes centres the next one where they fell).
     Refuses a budget that cannot give ``sizes`` rungs of at least ``MIN_STEPS`` steps."""
-    _check_family(base)
+    check_family(base)
     if sizes < 2:
         raise UserError(f"--sizes={sizes}: give 2 or more (approach 2's parabolas need 3 per "
                         "budget).")
