@@ -295,8 +295,8 @@ def test_microbatches_are_the_power_of_two_whose_activations_fit():
     (["--flops=1e20", "--chip_hours=10", "--topology=v5e:2x2"], "give the budget as --flops"),
     (["--flops=1e20", "--topology=v5e:2x2"], "give --config"),
     (["--flops=1e20", "--mfu=1.5"], "--mfu=1.5"),
-    (["--flops=1e20", "--topology=v5e:2x2", "--config=configs/bert_base.py"],
-     "build model shapes for decoder"),
+    (["--flops=1e20", "--topology=v5e:2x2", "--config=configs/electra_base.py"],
+     "model.family='electra' has no depth ladder"),
     (["--flops=1e20", "--config.batch_size=8"], "config overrides belong"),
 ])
 def test_bad_plans_are_refused_before_any_compile(capsys, argv, message):
@@ -335,3 +335,48 @@ def test_chip_hours_become_a_planned_run_on_a_tpu_topology(tmp_path):
     assert run["flops_per_token"] > 6 * run["shape"]["params"]
     assert run["shape"]["params"] == pytest.approx(run["N_opt"], rel=0.25)
     assert "compiling" in result.stderr
+
+
+def test_a_second_sweep_into_the_same_directory_keeps_the_first_ones_rows(tmp_path):
+    config, base = _tiny_base(tmp_path)
+    output = tmp_path / "sw"
+    earlier = {"budget": 1e9, "params": 1000, "tokens": 20000, "loss": 3.0,
+               "workdir": str(output / "points" / "from_the_first_sweep")}
+    output.mkdir()
+    (output / "results.jsonl").write_text(json.dumps(earlier) + "\n")
+    points = sweep.plan_points(base, [2.4e10, 4.8e10], sizes=2)
+    for number, point in enumerate(points):  # every point finished: nothing trains
+        workdir = output / "points" / point.name
+        workdir.mkdir(parents=True)
+        (workdir / "metrics.jsonl").write_text(
+            json.dumps({"step": point.steps, "eval_loss": 2.0 + number}) + "\n")
+    rows = sweep.run_sweep(config, [], str(output), [2.4e10, 4.8e10], 2, log=lambda _: None)
+    written = [json.loads(line) for line in (output / "results.jsonl").read_text().splitlines()]
+    assert [r["loss"] for r in rows] == [2.0, 3.0, 4.0, 5.0]
+    assert written == [earlier] + rows
+    # Sweeping the same points again replaces their rows rather than repeating them.
+    sweep.run_sweep(config, [], str(output), [2.4e10, 4.8e10], 2, log=lambda _: None)
+    assert len((output / "results.jsonl").read_text().splitlines()) == 5
+
+
+@pytest.mark.parametrize("config_name, keys", [
+    ("pretrain/t5_tiny.py", ("num_encoder_layers", "num_decoder_layers")),
+    ("pretrain/bert_tiny.py", ("num_layers",)),
+])
+def test_encoder_decoder_and_encoder_sweeps_deepen_their_own_stacks(config_name, keys):
+    from t5x_like import config_lib, runs
+    path = str(REPO / "configs" / config_name)
+    base = runs.load_and_validate(path, [])
+    points = sweep.plan_points(base, [1e12, 1e13], sizes=3)
+    assert len(points) == 6 and points[0].depth_keys == keys
+    for point in points[::3]:
+        config = config_lib.load_config_file(path)
+        config_lib.apply_overrides(config, [o[len("--config."):] for o in point.overrides(10)])
+        config_lib.validate(config)
+        assert all(config.model[key] == point.num_layers for key in keys)
+        # The count the sweep reports is the model the run builds, every stack included.
+        assert sweep.count_params(config.model, dict(config.task_feature_lengths))[0] \
+            == point.params
+        # Tokens are every feature's positions (an encoder-decoder's inputs and targets).
+        assert point.tokens == point.steps * config.batch_size \
+            * sum(dict(config.task_feature_lengths).values())

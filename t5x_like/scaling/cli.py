@@ -233,7 +233,7 @@ def run_plan(args) -> dict:
         planner.parse_topology(args.topology)
         cli_flags.import_modules(args.module)
         base = runs.load_and_validate(args.config, args.overrides)
-        sweep.check_family(base)
+        sweep.depth_keys(base)  # refuses a family without a ladder
     if args.chip_hours is not None:
         budget = planning.chip_hours_budget(args.chip_hours, args.topology, args.mfu)
     else:

@@ -31,7 +31,7 @@ import math
 
 import ml_collections
 
-from t5x_like import config_lib, flops, hardware, planner
+from t5x_like import config_lib, flops, hardware, planner, structures
 from t5x_like.errors import UserError
 from t5x_like.scaling import sweep
 
@@ -59,9 +59,11 @@ class Shape:
 
     def model_config(self, base_model):
         model = base_model.copy_and_resolve_references()
-        model.update(dict(d_model=self.d_model, num_layers=self.num_layers,
-                          num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
-                          head_dim=HEAD_DIM, d_ff=self.d_ff))
+        keys = structures.structure_class(model.family).depth_keys
+        model.update(dict(d_model=self.d_model, num_heads=self.num_heads, head_dim=HEAD_DIM,
+                          d_ff=self.d_ff) | dict.fromkeys(keys, self.num_layers))
+        if "num_kv_heads" in model:  # grouped-query attention (decoders)
+            model.num_kv_heads = self.num_kv_heads
         return model
 
     def describe(self) -> str:
@@ -94,7 +96,7 @@ def _shape(base, d_model: int, num_layers: int) -> Shape:
 
 def nearest_shape(base, target_params: float) -> Shape:
     """The shape of the rule whose parameter count is nearest ``target_params``."""
-    sweep.check_family(base)
+    sweep.depth_keys(base)
     if target_params <= 0:
         raise UserError(f"cannot shape a model of {target_params:.3g} parameters.")
     # 12 d^2 parameters a layer (attention 4 d^2, MLP 8 d^2) and d / ASPECT layers.
@@ -157,10 +159,12 @@ def with_layer_flops(report: dict, config, topology: str) -> dict:
     counts = []
     for layers in (1, 2):
         small = ml_collections.ConfigDict(config.to_dict())
-        small.model.update(num_layers=layers, scan_layers=False)
+        keys = structures.structure_class(small.model.family).depth_keys
+        small.model.update(dict.fromkeys(keys, layers) | {"scan_layers": False})
         counts.append(planner.plan(small, topology)["compiled_flops_per_device"])
     layer = counts[1] - counts[0]
-    compiled = counts[0] + (int(config.model.num_layers) - 1) * layer
+    layers = int(config.model[structures.structure_class(config.model.family).depth_keys[0]])
+    compiled = counts[0] + (layers - 1) * layer
     roof = report["roofline"]
     peak = report["peak_flops_per_device"]
     compute_s = max(compiled, report["model_flops_per_step"] / report["num_devices"]) / peak
@@ -238,7 +242,7 @@ def plan_run(base, law, budget: Budget, topology: str, log=print) -> dict:
     """The compute-optimal run for ``budget`` on ``topology``: shape, batch, and the
     planner's report (compiled for real; with more microbatches when the first does not
     fit). A chip-hours budget is lowered to the roofline's MFU where that is lower."""
-    sweep.check_family(base)
+    sweep.depth_keys(base)
     devices = planner.topology_devices(topology)
     chips = len(devices)
     length = sum(dict(base.task_feature_lengths).values())

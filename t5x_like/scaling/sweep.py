@@ -5,7 +5,11 @@ several sizes, each trained for exactly the tokens the budget buys it, each a no
 Model shapes follow one rule, a ladder of widths at a fixed aspect ratio (Kaplan et al.
 2020 found loss nearly flat over depth/width ratios across a wide range, so one ratio
 serves): ``d_model`` from ``WIDTHS``, ``num_layers = d_model / ASPECT`` (at least 2),
-``d_model / 64`` heads (at least one), ``d_ff = 4 d_model``. Parameters grow about as
+``d_model / 64`` heads (at least one), ``d_ff = 4 d_model``. The family's structure
+names its depth keys (``Structure.depth_keys``): a decoder's or an encoder's
+``num_layers``, an encoder-decoder's two stacks, each that deep; the rest of the model
+(vocabulary, norms, positions, MLP activations) is the base config's. Tokens per step
+are the batch times every feature's length (an encoder-decoder's inputs and targets). Parameters grow about as
 ``d_model**3``, so the ladder is finer than a doubling. For a budget ``C`` a model gets
 ``D = C / (FLOPs per token)`` tokens, ``flops.py``'s count (3 x forward, the vocabulary
 projection included); steps are ``D`` over the base config's tokens per step, rounded.
@@ -47,7 +51,6 @@ HEAD_WIDTH = 64  # heads of 64 (one head below 128 wide)
 TARGET_TOKENS_PER_PARAM = 20
 MIN_STEPS = 20  # fewer optimizer steps than this is not a training run
 FINAL_LEARNING_RATE_FRACTION = 0.1
-FAMILIES = ("decoder",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +63,7 @@ class Point:
     steps: int
     tokens: int  # steps x tokens per step
     flops: float  # flops.py's count for those steps
+    depth_keys: tuple[str, ...] = ("num_layers",)  # the family's stacks, each this deep
 
     @property
     def name(self) -> str:
@@ -68,7 +72,7 @@ class Point:
     def overrides(self, warmup_steps: int) -> list[str]:
         """``--config.`` flags that make the base config this point's run."""
         return [f"--config.model.d_model={self.d_model}",
-                f"--config.model.num_layers={self.num_layers}",
+                *(f"--config.model.{key}={self.num_layers}" for key in self.depth_keys),
                 f"--config.model.num_heads={heads(self.d_model)}",
                 f"--config.model.head_dim={self.d_model // heads(self.d_model)}",
                 f"--config.model.d_ff={4 * self.d_model}",
@@ -91,8 +95,9 @@ def heads(d_model: int) -> int:
 
 def _model_config(base, d_model: int, num_layers: int):
     model = base.model.copy_and_resolve_references()
-    model.update(dict(d_model=d_model, num_layers=num_layers, num_heads=heads(d_model),
-                      head_dim=d_model // heads(d_model), d_ff=4 * d_model))
+    model.update(dict(d_model=d_model, num_heads=heads(d_model),
+                      head_dim=d_model // heads(d_model), d_ff=4 * d_model)
+                 | dict.fromkeys(depth_keys(base), num_layers))
     return model
 
 
@@ -122,16 +127,22 @@ def _count_params(model_json: str, lengths: tuple) -> tuple[int, int]:
     return total, total - embedding
 
 
-def check_family(base) -> None:
-    if base.model.family not in FAMILIES:
-        raise UserError(f"scaling sweep and plan build model shapes for {', '.join(FAMILIES)}; "
-                        f"the config's model.family is {base.model.family!r}.")
+def depth_keys(base) -> tuple[str, ...]:
+    """The model keys that set the depth of the base family's stacks (a decoder's or an
+    encoder's ``num_layers``; an encoder-decoder's two, kept equal). Refuses a family
+    without a transformer depth ladder (ELECTRA's two towers, ELMo's LSTMs)."""
+    keys = structures.structure_class(base.model.family).depth_keys
+    if not keys:
+        ladders = sorted(f for f, s in structures.FAMILY_STRUCTURES.items() if s.depth_keys)
+        raise UserError(f"scaling sweep and plan build model shapes for {', '.join(ladders)}; "
+                        f"model.family={base.model.family!r} has no depth ladder.")
+    return keys
 
 
 def candidates(base, budget: float) -> list[Point]:
     """Every rung of the ladder that ``budget`` trains for at least ``MIN_STEPS`` steps,
     smallest first."""
-    check_family(base)
+    depth_keys(base)  # refuses a family without a ladder
     lengths = dict(base.task_feature_lengths)
     tokens_per_step = base.batch_size * sum(lengths.values())
     points = []
@@ -144,7 +155,7 @@ def candidates(base, budget: float) -> list[Point]:
             continue
         params, non_embedding = count_params(model_config, lengths)
         points.append(Point(budget, d_model, num_layers, params, non_embedding, steps,
-                            steps * tokens_per_step, steps * per_step))
+                            steps * tokens_per_step, steps * per_step, depth_keys(base)))
     return points
 
 
@@ -154,7 +165,7 @@ def plan_points(base, budgets, sizes: int,
     ``sizes`` consecutive rungs whose middle one is nearest ``tokens_per_param`` (a
     sweep whose minima fell outside its sizes centres the next one where they fell).
     Refuses a budget that cannot give ``sizes`` rungs of at least ``MIN_STEPS`` steps."""
-    check_family(base)
+    depth_keys(base)  # refuses a family without a ladder
     if sizes < 2:
         raise UserError(f"--sizes={sizes}: give 2 or more (approach 2's parabolas need 3 per "
                         "budget).")

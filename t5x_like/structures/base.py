@@ -91,6 +91,9 @@ class Structure:
     generates_after_prompt = False
     #: whether a retrieval tower can be this structure's network (BERT-style encoders)
     embeds_text = False
+    #: the model keys that set the depth of its transformer stacks, which a scaling
+    #: sweep's shape ladder sets together (empty: no such ladder, e.g. two towers or LSTMs)
+    depth_keys: tuple[str, ...] = ()
 
     def __init__(self, model):
         self.model = model

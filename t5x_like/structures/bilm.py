@@ -21,6 +21,7 @@ class BilmStructure(DecoderStructure):
     LM's log-likelihood. A biLM does not generate."""
 
     name = "bilm"
+    depth_keys = ()  # LSTM layers, not a transformer stack
     distillable = False
     scores_choices_as_lm_eval = False
 

@@ -23,6 +23,7 @@ class DecoderStructure(Structure):
     name = "decoder"
     scores_choices_as_lm_eval = True
     generates_after_prompt = True
+    depth_keys = ("num_layers",)
 
     @classmethod
     def pretrained_lengths(cls, config):

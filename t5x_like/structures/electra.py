@@ -20,6 +20,7 @@ class ElectraStructure(EncoderStructure):
 
     distillable = False
     embeds_text = False  # its towers share embeddings; a retriever takes a plain encoder
+    depth_keys = ()  # two towers, the generator a fraction of the discriminator
 
     @classmethod
     def parameter_split(cls, shapes) -> str:

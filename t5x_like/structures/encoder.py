@@ -14,6 +14,7 @@ class EncoderStructure(Structure):
 
     name = "encoder"
     embeds_text = True
+    depth_keys = ("num_layers",)
 
     @classmethod
     def positions_needed(cls, config, lengths):

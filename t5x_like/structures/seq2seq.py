@@ -16,6 +16,7 @@ class EncoderDecoderStructure(Structure):
     """T5 and BART: inputs -> encoder, targets -> decoder (teacher-forced)."""
 
     name = "encoder_decoder"
+    depth_keys = ("num_encoder_layers", "num_decoder_layers")  # equal depths, as T5 and BART
 
     @classmethod
     def hidden_stack(cls, config):
