@@ -380,3 +380,23 @@ def test_encoder_decoder_and_encoder_sweeps_deepen_their_own_stacks(config_name,
         # Tokens are every feature's positions (an encoder-decoder's inputs and targets).
         assert point.tokens == point.steps * config.batch_size \
             * sum(dict(config.task_feature_lengths).values())
+
+
+@pytest.mark.slow
+def test_the_topology_plan_in_the_docs_is_what_plan_prints():
+    """The docs' chip-hours example, run as printed (libtpu compiles a 5B decoder for
+    v5p:2x2x1 in a fresh process)."""
+    import os
+    import subprocess
+    import sys
+    page = (REPO / "docs" / "scaling.md").read_text()
+    command = next(line for line in page.splitlines()
+                   if "t5x_like.scaling plan" in line and "--topology" in line)
+    argv = command.split("t5x_like.scaling ", 1)[1].split()
+    shown = re.findall(r"```\n(law: .*?)```", page, flags=re.S)[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + sys.path[1:])
+    result = subprocess.run([sys.executable, "-m", "t5x_like.scaling", *argv], cwd=REPO,
+                            env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout == shown

@@ -302,10 +302,16 @@ def _print_run(run: dict, law, topology: str) -> None:
                f"of {hbm / 2**30:.0f} GiB per chip")
     print(f"\nthe AOT planner on {topology} ({run['chips']} x {plan['device_kind']}, mesh "
           f"{plan['mesh']}): {verdict}")
+    if plan.get("note"):
+        print(f"  note: {plan['note']}")
+    if plan.get("compiled_flops_per_device"):
+        print(f"  FLOPs per chip and step: compiled {plan['compiled_flops_per_device']:.4g}, "
+              f"model {plan['model_flops_per_step'] / plan['num_devices']:.4g}")
     roof = plan.get("roofline")
     if roof:
         hours = run["roofline_hours"]
-        print(f"  roofline step {roof['step_s']:.3g} s ({roof['bound']}-bound), MFU at best "
+        print(f"  roofline step {roof['step_s']:.3g} s ({roof['bound']}-bound, communication "
+              f"not counted), MFU at best "
               f"{100 * roof['mfu']:.1f}%: the {run['steps']:,} steps take at least "
               f"{_amount(hours)} hours on the slice ({_amount(hours * run['chips'])} chip-hours)")
         mfu = budget["mfu"]

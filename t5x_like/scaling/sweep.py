@@ -227,7 +227,9 @@ def run_sweep(config_path: str, overrides: list[str], output_dir: str, budgets, 
     planned = {str(output / "points" / p.name) for p in points}
     earlier = [r for r in _read_rows(results) if r.get("workdir") not in planned]
     rows, done_flops, spent = [], 0.0, 0.0
-    remaining = sum(p.flops for p in points)
+    # The ETA counts the points still to train (finished ones may come later in the grid).
+    remaining = sum(p.flops for p in points
+                    if final_loss(output / "points" / p.name, p.steps) is None)
     for index, point in enumerate(points, 1):
         workdir = output / "points" / point.name
         head = (f"[{index}/{len(points)}] C={point.budget:.3g} d_model={point.d_model} "
@@ -258,7 +260,6 @@ def run_sweep(config_path: str, overrides: list[str], output_dir: str, budgets, 
             eta = spent / done_flops * remaining
             log(f"{head}: loss {loss:.4f} in {_duration(seconds)}; ETA {_duration(eta)}")
         else:
-            remaining -= point.flops
             log(f"{head}: loss {loss:.4f} (finished before, skipped)")
         rows.append(dict(budget=point.budget, params=point.params,
                          non_embedding_params=point.non_embedding_params,
