@@ -61,6 +61,13 @@ def cmd_show(td, name: str) -> None:
     print("  preprocessors:")
     for step in provider.preprocessors:
         print(f"    {_describe_step(step)}")
+    templates = td.TemplateRegistry.get(name)
+    if templates:
+        print(f"  instruction templates ({name}{td.dataset_providers.INSTRUCTION_SUFFIX} reads "
+              "the task through them):")
+        for t in templates:
+            answers = f"  [answers: {' / '.join(t.answer_choices)}]" if t.answer_choices else ""
+            print(f"    {t.name}: {t.inputs!r} -> {t.targets!r}{answers}")
     try:
         sizes = {split: provider.num_input_examples(split) for split in provider.splits}
         print("  examples: " + ", ".join(f"{s} {n:,}" for s, n in sizes.items()))

@@ -170,6 +170,8 @@ RESUME_CASES = {
     "mlm": ("embedded_en_mlm", {"inputs": 32}, lambda: td.EncoderFeatureConverter()),
     "mixture": ("embedded_multilingual_span_corruption", {"inputs": 48, "targets": 12},
                 lambda: td.EncDecFeatureConverter(pack=True, num_packing_bins=2)),
+    "instructions": ("embedded_bible_paraphrase_instruct", {"inputs": 64, "targets": 8},
+                     lambda: td.EncDecFeatureConverter(pack=True, num_packing_bins=2)),
 }
 
 

@@ -11,10 +11,19 @@ write ``import t5x_like.builtin_tasks`` before looking a built-in task up.
 | ``tfds`` | C4, Wikipedia and mC4 from TFDS |
 | ``bench`` | ``embedded_bench``: six offline benchmark tasks on the labelled data in ``data/`` |
 | ``glue`` | GLUE and SuperGLUE in T5's text-to-text formats |
+| ``instructions`` | instruction templates of the ``embedded_bench`` tasks and their ``*_instruct`` tasks |
 | ``multilingual`` | XLM-R and mBART tasks and mixtures on the multilingual vocabulary |
 | ``retrieval`` | ``embedded_bible_web_to_kjv``: KJV verses as a retrieval corpus, WEB queries |
 """
 
-from t5x_like.builtin_tasks import bench, glue, multilingual, pretraining, retrieval, tfds
+from t5x_like.builtin_tasks import (
+    bench,
+    glue,
+    instructions,
+    multilingual,
+    pretraining,
+    retrieval,
+    tfds,
+)
 
-__all__ = ["bench", "glue", "multilingual", "pretraining", "retrieval", "tfds"]
+__all__ = ["bench", "glue", "instructions", "multilingual", "pretraining", "retrieval", "tfds"]

@@ -188,10 +188,10 @@ def spam_examples(path: str) -> dict[str, list[dict]]:
     splits = {split: [] for split in SPLITS}
     for line in _lines(path):
         record = json.loads(line)
+        text = normalize_whitespace(record["text"])
         splits[record["split"]].append({
-            "inputs": "spam: " + normalize_whitespace(record["text"]),
-            "targets": record["label"], "label": SPAM_LABELS.index(record["label"]),
-            "id": record["id"]})
+            "inputs": "spam: " + text, "targets": record["label"],
+            "label": SPAM_LABELS.index(record["label"]), "id": record["id"], "text": text})
     splits = _disjoint(splits)
     return {split: _shuffled("embedded_spam", split, splits[split]) for split in SPLITS}
 
@@ -221,7 +221,8 @@ def ud_pos_examples(paths: tuple[tuple[str, str], ...]) -> dict[str, list[dict]]
     splits = {}
     for split, path in paths:
         splits[split] = [{"inputs": "pos: " + " ".join(words), "targets": " ".join(tags),
-                          "words": words, "tags": tags, "sent_id": sent_id}
+                          "words": words, "tags": tags, "sent_id": sent_id,
+                          "sentence": " ".join(words)}
                          for sent_id, words, tags in read_conllu(path)]
     splits = _disjoint(splits)
     return {split: _shuffled("embedded_ud_pos", split, splits[split]) for split in SPLITS}
@@ -265,7 +266,8 @@ def bible_paraphrase_examples(kjv_path: str, web_path: str) -> dict[str, list[di
             examples.append({
                 "inputs": f"paraphrase sentence1: {kjv[key]} sentence2: {web[other]}",
                 "targets": PARAPHRASE_LABELS[positive], "label": int(positive),
-                "kjv_key": verse_key(key), "web_key": verse_key(other)})
+                "kjv_key": verse_key(key), "web_key": verse_key(other),
+                "sentence1": kjv[key], "sentence2": web[other]})
         splits[split] = examples
     splits = _disjoint(splits)
     out = {}
@@ -292,7 +294,7 @@ def bible_en_es_examples(web_path: str, spanish_path: str) -> dict[str, list[dic
             continue
         splits[chapter_split(book, key[1])].append({
             "inputs": "translate English to Spanish: " + web[key], "targets": spanish,
-            "key": verse_key(key)})
+            "key": verse_key(key), "english": web[key]})
     splits = _disjoint(splits)
     return {split: _shuffled("embedded_bible_en_es", split, splits[split], EN_ES_SIZES[split])
             for split in SPLITS}
@@ -328,7 +330,7 @@ def udhr_langid_examples(path: str) -> dict[str, list[dict]]:
                                                                           "train")
             ranked[split].append((counts[split], order, {
                 "inputs": "language: " + paragraph, "targets": record["lang"],
-                "code": record["code"]}))
+                "code": record["code"], "paragraph": paragraph}))
             counts[split] += 1
     splits = {split: [example for _, _, example in sorted(
         ranked[split], key=lambda item: item[:2])[:UDHR_SIZES[split]]] for split in SPLITS}
@@ -412,8 +414,9 @@ def _cloze_example(context_words: list[str], answer: str, counts, pools, line: i
     options = _distractors(answer, counts, pools, rng)
     label = rng.randrange(CLOZE_NUM_OPTIONS)
     options.insert(label, answer)
-    return {"inputs": " ".join(trim_context(context_words)), "targets": answer,
-            "options": options, "label": label, "line": line}
+    context = " ".join(trim_context(context_words))
+    return {"inputs": context, "targets": answer, "options": options, "label": label,
+            "line": line, "context": context}
 
 
 @functools.cache

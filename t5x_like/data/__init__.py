@@ -12,7 +12,9 @@ from t5x_like.data.dataset_providers import (
     MixtureRegistry,
     Task,
     TaskRegistry,
+    TemplateRegistry,
     get_task_or_mixture,
+    instruction_task,
     rate_num_examples,
     temperature_rates,
 )
@@ -26,7 +28,7 @@ __all__ = [
     "ByteVocabulary", "DecoderFeatureConverter", "EncDecFeatureConverter",
     "EncoderFeatureConverter", "Feature", "FunctionSource", "HostBatchIterator", "InMemorySource",
     "JsonlSource", "Mixture", "MixtureRegistry", "SentencePieceVocabulary", "Task", "TaskRegistry",
-    "TextFilesSource", "TfdsSource", "WordPieceVocabulary", "build_dataset", "get_dataset",
-    "get_task_or_mixture", "merge_states", "preprocessors", "rate_num_examples",
+    "TemplateRegistry", "TextFilesSource", "TfdsSource", "WordPieceVocabulary", "build_dataset", "get_dataset",
+    "get_task_or_mixture", "instruction_task", "merge_states", "preprocessors", "rate_num_examples",
     "temperature_rates",
 ]

@@ -217,6 +217,55 @@ class TaskRegistry:
         return cls._tasks[name]
 
 
+class TemplateRegistry:
+    """Task name -> its instruction templates (FLAN's and T0's phrasings), registered in
+    Python beside the task; ``instruction_task`` makes a task that uses them."""
+
+    _templates: dict[str, tuple[pp.Template, ...]] = {}
+
+    @classmethod
+    def add(cls, task_name: str, templates: Sequence[pp.Template]) -> None:
+        """Adds ``templates`` to ``task_name``'s (names must be new for the task)."""
+        have = cls._templates.get(task_name, ())
+        names = [t.name for t in have] + [t.name for t in templates]
+        if len(set(names)) != len(names):
+            raise ValueError(f"Templates of {task_name!r} repeat a name: {names}.")
+        cls._templates[task_name] = have + tuple(templates)
+
+    @classmethod
+    def get(cls, task_name: str) -> tuple[pp.Template, ...]:
+        return cls._templates.get(task_name, ())
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return sorted(cls._templates)
+
+
+INSTRUCTION_SUFFIX = "_instruct"
+
+
+def instruction_task(task_name: str, templates: Sequence[pp.Template] | None = None,
+                     name: str | None = None) -> Task:
+    """Registers (and returns) ``task_name`` phrased by its templates: the same source and
+    steps, with ``ApplyTemplates`` first, so each example reads as one of the
+    instructions (picked by the pipeline's seed and the example's position). Named
+    ``<task>_instruct`` unless ``name`` is given; ``templates`` default to the task's
+    registered ones. It keeps the task's label options (the templates' own answer
+    choices replace them where given) and has no metrics of its own: a templated
+    answer is not what the task's postprocessor reads."""
+    task = TaskRegistry.get(task_name)
+    templates = tuple(templates if templates is not None else TemplateRegistry.get(task_name))
+    if not templates:
+        raise ValueError(f"Task {task_name!r} has no templates; register them with "
+                         "TemplateRegistry.add or pass templates=.")
+    step = pp.ApplyTemplates(templates, task.label_options)
+    return TaskRegistry.add(
+        name or task_name + INSTRUCTION_SUFFIX, task.source, (step, *task.preprocessors),
+        task.output_features,
+        description=f"{task_name} as instructions: {len(templates)} templates "
+                    f"({sum(t.lists_options for t in templates)} listing options).")
+
+
 # Rates: a number, or a function of the split that computes it (sizes, temperature).
 Rate = float | Callable[[str], float]
 

@@ -48,10 +48,11 @@ from t5x_like.data.preprocessors.span_corruption import (
     span_corruption,
     span_corruption_tokens_length,
 )
+from t5x_like.data.preprocessors.templates import ApplyTemplates, Template
 from t5x_like.data.preprocessors.text import AppendEos, Filter, Rekey, Tokenize, Truncate
 
 __all__ = [
-    "AppendEos", "BartNoise", "CacheMarker", "ConcatenateAndSplit", "Context", "Denoise",
+    "AppendEos", "ApplyTemplates", "BartNoise", "CacheMarker", "ConcatenateAndSplit", "Context", "Denoise",
     "ExampleStep", "Filter", "FunctionStep", "MaskedLM", "NextSentencePairs", "PrefixLM", "Rekey",
     "SpanCorruption", "Step", "StreamStep", "Tokenize", "Truncate", "apply_steps", "as_step",
     "bert_mask", "denoise", "document_rotation", "iid_noise_mask", "length_minus_eos",
@@ -59,5 +60,5 @@ __all__ = [
     "nonnoise_span_to_unique_sentinel", "prefix_lm_chunk_length", "prefix_lm_split",
     "random_spans_helper", "random_spans_noise_mask", "select_spans", "select_tokens",
     "select_whole_words", "sentence_permutation", "span_corruption",
-    "span_corruption_tokens_length", "text_infilling", "token_deletion", "token_masking",
+    "span_corruption_tokens_length", "Template", "text_infilling", "token_deletion", "token_masking",
 ]
