@@ -129,3 +129,46 @@ def test_the_docs_example_registers_templates_as_printed(tmp_path):
         in outputs[0]
     assert "in_spanish, verse)" in outputs[0]
     assert outputs[1].count("template: ") == 3
+
+
+# Each task's examples carry a field no other task's have.
+OWN_FIELD = {"embedded_spam": "id", "embedded_ud_pos": "sent_id",
+             "embedded_bible_paraphrase": "kjv_key", "embedded_bible_en_es": "key",
+             "embedded_udhr_langid": "code", "embedded_austen_cloze": "line"}
+
+
+def test_held_out_clusters_never_appear_in_the_training_mixture():
+    train = td.MixtureRegistry.get("embedded_instruct_train")
+    held_out = td.MixtureRegistry.get("embedded_instruct_held_out")
+    train_tasks = {t.removesuffix("_instruct") for t in train.leaf_rates("train")}
+    held_out_tasks = {t.removesuffix("_instruct") for t in held_out.leaf_rates("train")}
+    assert held_out_tasks == {"embedded_bible_paraphrase", "embedded_austen_cloze"}
+    assert train_tasks | held_out_tasks == set(bench.TASKS) and not train_tasks & held_out_tasks
+    # A full epoch of the training mixture at its capped sizes: every example is one of
+    # a training task's, phrased by one of its templates.
+    epoch = sum(min(td.TaskRegistry.get(t).num_input_examples("train"),
+                    instructions.MIXTURE_MAXIMUM) for t in train_tasks)
+    templates = {task: {t.name for t in td.TemplateRegistry.get(task)} for task in bench.TASKS}
+    seen = collections.Counter()
+    for example in itertools.islice(iter(train.get_dataset("train", LENGTHS, seed=1)), epoch):
+        (task,) = [t for t, field in OWN_FIELD.items() if field in example]
+        assert task in train_tasks and example["template"] in templates[task]
+        seen[task] += 1
+    assert set(seen) == train_tasks  # every training task is in the mix
+
+
+def test_instruction_mixtures_refuse_unknown_or_empty_splits():
+    clusters = {"a": ("embedded_spam",), "b": ("embedded_ud_pos",)}
+    with pytest.raises(ValueError, match=r"held-out clusters \['c'\] are not among"):
+        td.dataset_providers.instruction_mixtures("x", clusters, ["c"], 10)
+    with pytest.raises(ValueError, match="no cluster left for train"):
+        td.dataset_providers.instruction_mixtures("x", clusters, ["a", "b"], 10)
+    with pytest.raises(ValueError, match="no cluster left for held_out"):
+        td.dataset_providers.instruction_mixtures("x", clusters, [], 10)
+    with pytest.raises(KeyError, match="No task named 'embedded_en_lm_instruct'"):
+        td.dataset_providers.instruction_mixtures("x", {"lm": ("embedded_en_lm",), **clusters},
+                                                  ["b"], 10)
+    assert "x_train" not in td.MixtureRegistry.names()  # nothing registered on the way
+    with pytest.raises(ValueError, match="is in clusters 'a' and 'b'"):
+        td.dataset_providers.instruction_mixtures(
+            "x", {"a": ("embedded_spam",), "b": ("embedded_spam",)}, ["a"], 10)

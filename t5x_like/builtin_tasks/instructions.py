@@ -8,6 +8,10 @@ task's labels. The question and the options come before a long field (an email, 
 paragraph, a passage): the task's ``Truncate`` keeps an input's first tokens. Each
 ``embedded_*_instruct`` task reads its task's examples through one template per
 example, picked from the pipeline's seed.
+
+``embedded_instruct_train`` mixes the instructions of four of the six tasks' clusters
+and ``embedded_instruct_held_out`` the other two (paraphrase and cloze), as T0 held
+whole clusters out of training.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from t5x_like.data.dataset_providers import (
     INSTRUCTION_SUFFIX,
     TaskRegistry,
     TemplateRegistry,
+    instruction_mixtures,
     instruction_task,
 )
 from t5x_like.data.preprocessors import Template
@@ -73,12 +78,28 @@ TEMPLATES: dict[str, tuple[Template, ...]] = {
 }
 
 
+# The benchmark's tasks by kind, one cluster each (T0 clusters its datasets so).
+CLUSTERS = {
+    "spam detection": ("embedded_spam",),
+    "paraphrase": ("embedded_bible_paraphrase",),
+    "translation": ("embedded_bible_en_es",),
+    "language identification": ("embedded_udhr_langid",),
+    "cloze": ("embedded_austen_cloze",),
+    "part-of-speech tagging": ("embedded_ud_pos",),
+}
+# T0 held out paraphrase identification and sentence completion among others: here the
+# paraphrase and cloze clusters, trained on the other four.
+HELD_OUT = ("paraphrase", "cloze")
+MIXTURE_MAXIMUM = 3000  # FLAN capped each task at 3,000 examples
+
+
 def _register() -> None:
     if bench.TASKS[0] + INSTRUCTION_SUFFIX in TaskRegistry.names():
         return
     for task_name in bench.TASKS:
         TemplateRegistry.add(task_name, TEMPLATES[task_name])
         instruction_task(task_name)
+    instruction_mixtures("embedded_instruct", CLUSTERS, HELD_OUT, MIXTURE_MAXIMUM)
 
 
 _register()

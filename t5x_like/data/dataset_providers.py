@@ -463,3 +463,44 @@ def _builtins_hint() -> str:
     if TaskRegistry.names() or MixtureRegistry.names():
         return ""
     return " (The built-in tasks register with `import t5x_like.builtin_tasks`.)"
+
+
+def instruction_mixtures(name: str, clusters: Mapping[str, Sequence[str]],
+                         held_out: Sequence[str], maximum: int) -> tuple[Mixture, Mixture]:
+    """T0's split over FLAN's mixing: ``(training mixture, held-out mixture)``.
+
+    ``clusters`` groups tasks by kind (T0: paraphrase, sentence completion, ...); the
+    clusters named in ``held_out`` stay out of training entirely, so zero-shot accuracy
+    on them measures what instruction tuning carries over. Both mixtures are of the
+    tasks' ``*_instruct`` forms (``instruction_task`` first), each at a rate of its
+    number of examples capped at ``maximum`` (FLAN's examples-proportional mixing:
+    large tasks do not crowd out small ones). Registered as ``{name}_train`` and
+    ``{name}_held_out``."""
+    unknown = sorted(set(held_out) - set(clusters))
+    if unknown:
+        raise ValueError(f"Instruction mixture {name!r}: held-out clusters {unknown} are not "
+                         f"among its clusters {sorted(clusters)}.")
+    seen: dict[str, str] = {}
+    for cluster, tasks in clusters.items():
+        for task in tasks:
+            if task in seen:
+                raise ValueError(f"Instruction mixture {name!r}: {task!r} is in clusters "
+                                 f"{seen[task]!r} and {cluster!r}; a task belongs to one.")
+            seen[task] = cluster
+    parts = {"train": [c for c in clusters if c not in held_out], "held_out": list(held_out)}
+    for part, names in parts.items():  # every check before anything is registered
+        if not any(clusters[c] for c in names):
+            raise ValueError(f"Instruction mixture {name!r}: no cluster left for {part}.")
+        for c in names:
+            for task in clusters[c]:
+                TaskRegistry.get(task + INSTRUCTION_SUFFIX)  # registered by instruction_task
+    mixtures = []
+    for part, names in parts.items():
+        tasks = [t + INSTRUCTION_SUFFIX for c in names for t in clusters[c]]
+        mixtures.append(MixtureRegistry.add(
+            f"{name}_{part}", [(t, rate_num_examples(t, maximum=maximum)) for t in tasks],
+            description=f"instructions of the {'training' if part == 'train' else 'held-out'} "
+                        f"clusters {', '.join(names)}; examples-proportional, capped at "
+                        f"{maximum:,}"))
+    return mixtures[0], mixtures[1]
+
