@@ -4,6 +4,7 @@ tasks of the embedded benchmark (``builtin_tasks/instructions.py``)."""
 import collections
 import itertools
 
+import numpy as np
 import pytest
 
 import t5x_like.builtin_tasks  # noqa: F401 - registers the tasks and their templates
@@ -172,3 +173,37 @@ def test_instruction_mixtures_refuse_unknown_or_empty_splits():
     with pytest.raises(ValueError, match="is in clusters 'a' and 'b'"):
         td.dataset_providers.instruction_mixtures(
             "x", {"a": ("embedded_spam",), "b": ("embedded_spam",)}, ["a"], 10)
+
+
+def test_held_out_instructions_evaluate_by_their_templates_answer_choices():
+    """A tiny untrained T5 on two instruction tasks: classification ranks each example's
+    own answer choices (yes/no or ham/spam, by its template), translation decodes, and
+    both report the metrics on the answer texts."""
+    from conftest import tiny_config
+
+    from t5x_like import partitioning
+    from t5x_like import trainer as trainer_lib
+    from t5x_like.evaluation import evaluator, runner
+    config = tiny_config()
+    config.task_feature_lengths = {"inputs": 32, "targets": 8}
+    td.MixtureRegistry.remove("test_instruct_eval")
+    td.MixtureRegistry.add("test_instruct_eval", ["embedded_spam_instruct",
+                                                  "embedded_bible_en_es_instruct"],
+                           default_rate=1.0)
+    mesh = partitioning.make_mesh({"dcn": 1, "data": 8, "fsdp": 1, "tensor": 1})
+    trainer = trainer_lib.build_trainer(config, mesh)
+    ev = runner.build_evaluator(config, trainer, "test_instruct_eval", evaluator.EvalSettings(
+        batch_size=8, max_examples=16, max_decode_length=4))
+    results = {r.task: r for r in ev.evaluate(trainer.init_state(0).params)}
+    spam = results["embedded_spam_instruct"]
+    assert spam.mode == "rank" and set(spam.metrics) == {"accuracy"}
+    answers = {t.name: t for t in td.TemplateRegistry.get("embedded_spam")}
+    examples = ev.examples(td.TaskRegistry.get("embedded_spam_instruct"))
+    for example, record in zip(examples, spam.records, strict=True):
+        template = answers[example["template"]]
+        assert record["options"] == list(template.answer_choices or bench.SPAM_LABELS)
+        assert record["targets"] in record["options"]
+    assert spam.metrics["accuracy"] == pytest.approx(
+        100 * np.mean([r["prediction"] == r["targets"] for r in spam.records]))
+    translation = results["embedded_bible_en_es_instruct"]
+    assert translation.mode == "predict" and set(translation.metrics) == {"bleu", "chrf"}

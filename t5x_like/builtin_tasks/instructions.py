@@ -11,11 +11,14 @@ example, picked from the pipeline's seed.
 
 ``embedded_instruct_train`` mixes the instructions of four of the six tasks' clusters
 and ``embedded_instruct_held_out`` the other two (paraphrase and cloze), as T0 held
-whole clusters out of training.
+whole clusters out of training. ``embedded_instruct_one_template_train`` is the same
+mix through each task's first template alone (T0 measured how the number of templates
+per dataset matters).
 """
 
 from __future__ import annotations
 
+from t5x_like import metrics
 from t5x_like.builtin_tasks import bench
 from t5x_like.data.dataset_providers import (
     INSTRUCTION_SUFFIX,
@@ -78,6 +81,16 @@ TEMPLATES: dict[str, tuple[Template, ...]] = {
 }
 
 
+# Metrics on the answer texts (the yes/no of a template is not the task's label word).
+METRICS = {
+    "embedded_spam": (metrics.accuracy,),
+    "embedded_bible_paraphrase": (metrics.accuracy,),
+    "embedded_bible_en_es": (metrics.bleu, metrics.chrf),
+    "embedded_udhr_langid": (metrics.accuracy, metrics.macro_f1),
+    "embedded_austen_cloze": (metrics.accuracy,),
+    "embedded_ud_pos": (metrics.token_accuracy,),
+}
+
 # The benchmark's tasks by kind, one cluster each (T0 clusters its datasets so).
 CLUSTERS = {
     "spam detection": ("embedded_spam",),
@@ -91,6 +104,7 @@ CLUSTERS = {
 # paraphrase and cloze clusters, trained on the other four.
 HELD_OUT = ("paraphrase", "cloze")
 MIXTURE_MAXIMUM = 3000  # FLAN capped each task at 3,000 examples
+ONE_TEMPLATE_SUFFIX = "_instruct_one_template"
 
 
 def _register() -> None:
@@ -98,8 +112,16 @@ def _register() -> None:
         return
     for task_name in bench.TASKS:
         TemplateRegistry.add(task_name, TEMPLATES[task_name])
-        instruction_task(task_name)
+        instruction_task(task_name, postprocess_fn=bench.text_postprocess,
+                         metric_fns=METRICS[task_name])
+        # T0 found more templates per dataset help held-out tasks: the same tasks
+        # through their first template alone, to measure it.
+        instruction_task(task_name, TEMPLATES[task_name][:1],
+                         name=task_name + ONE_TEMPLATE_SUFFIX,
+                         postprocess_fn=bench.text_postprocess, metric_fns=METRICS[task_name])
     instruction_mixtures("embedded_instruct", CLUSTERS, HELD_OUT, MIXTURE_MAXIMUM)
+    instruction_mixtures("embedded_instruct_one_template", CLUSTERS, HELD_OUT, MIXTURE_MAXIMUM,
+                         suffix=ONE_TEMPLATE_SUFFIX)
 
 
 _register()

@@ -245,14 +245,19 @@ INSTRUCTION_SUFFIX = "_instruct"
 
 
 def instruction_task(task_name: str, templates: Sequence[pp.Template] | None = None,
-                     name: str | None = None) -> Task:
+                     name: str | None = None, postprocess_fn=None,
+                     metric_fns: Sequence = ()) -> Task:
     """Registers (and returns) ``task_name`` phrased by its templates: the same source and
     steps, with ``ApplyTemplates`` first, so each example reads as one of the
     instructions (picked by the pipeline's seed and the example's position). Named
     ``<task>_instruct`` unless ``name`` is given; ``templates`` default to the task's
-    registered ones. It keeps the task's label options (the templates' own answer
-    choices replace them where given) and has no metrics of its own: a templated
-    answer is not what the task's postprocessor reads."""
+    registered ones.
+
+    An example's answer choices (the template's, the example's own, or the task's label
+    options) become its ``options``, which evaluation ranks. The metrics are given
+    here, not taken from the task: a templated answer ("yes") is not what the task's
+    postprocessor reads; ``postprocess_fn`` and ``metric_fns`` compare the answer
+    texts."""
     task = TaskRegistry.get(task_name)
     templates = tuple(templates if templates is not None else TemplateRegistry.get(task_name))
     if not templates:
@@ -261,7 +266,7 @@ def instruction_task(task_name: str, templates: Sequence[pp.Template] | None = N
     step = pp.ApplyTemplates(templates, task.label_options)
     return TaskRegistry.add(
         name or task_name + INSTRUCTION_SUFFIX, task.source, (step, *task.preprocessors),
-        task.output_features,
+        task.output_features, postprocess_fn=postprocess_fn, metric_fns=metric_fns,
         description=f"{task_name} as instructions: {len(templates)} templates "
                     f"({sum(t.lists_options for t in templates)} listing options).")
 
@@ -466,13 +471,15 @@ def _builtins_hint() -> str:
 
 
 def instruction_mixtures(name: str, clusters: Mapping[str, Sequence[str]],
-                         held_out: Sequence[str], maximum: int) -> tuple[Mixture, Mixture]:
+                         held_out: Sequence[str], maximum: int,
+                         suffix: str = INSTRUCTION_SUFFIX) -> tuple[Mixture, Mixture]:
     """T0's split over FLAN's mixing: ``(training mixture, held-out mixture)``.
 
     ``clusters`` groups tasks by kind (T0: paraphrase, sentence completion, ...); the
     clusters named in ``held_out`` stay out of training entirely, so zero-shot accuracy
     on them measures what instruction tuning carries over. Both mixtures are of the
-    tasks' ``*_instruct`` forms (``instruction_task`` first), each at a rate of its
+    tasks' ``*_instruct`` forms (``instruction_task`` first; ``suffix`` names others),
+    each at a rate of its
     number of examples capped at ``maximum`` (FLAN's examples-proportional mixing:
     large tasks do not crowd out small ones). Registered as ``{name}_train`` and
     ``{name}_held_out``."""
@@ -493,10 +500,10 @@ def instruction_mixtures(name: str, clusters: Mapping[str, Sequence[str]],
             raise ValueError(f"Instruction mixture {name!r}: no cluster left for {part}.")
         for c in names:
             for task in clusters[c]:
-                TaskRegistry.get(task + INSTRUCTION_SUFFIX)  # registered by instruction_task
+                TaskRegistry.get(task + suffix)  # registered by instruction_task
     mixtures = []
     for part, names in parts.items():
-        tasks = [t + INSTRUCTION_SUFFIX for c in names for t in clusters[c]]
+        tasks = [t + suffix for c in names for t in clusters[c]]
         mixtures.append(MixtureRegistry.add(
             f"{name}_{part}", [(t, rate_num_examples(t, maximum=maximum)) for t in tasks],
             description=f"instructions of the {'training' if part == 'train' else 'held-out'} "

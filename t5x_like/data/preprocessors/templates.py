@@ -16,7 +16,9 @@ it lists its options; FLAN trained with and without them.
 ``ApplyTemplates`` picks one template per example from the step's seed and the
 example's position in the stream (grain's per-element rng), so a restored iterator
 picks what the uninterrupted one would, and writes ``inputs``, ``targets`` and the
-``template`` name it used.
+``template`` name it used. Where the template has answer choices it also writes them
+as the example's ``options``, so evaluation ranks exactly those (T0 scored every
+template's own answer choices).
 """
 
 from __future__ import annotations
@@ -108,8 +110,12 @@ class ApplyTemplates(ExampleStep):
 
     def map(self, example, rng: np.random.Generator, ctx: Context):
         template = self.templates[int(rng.integers(len(self.templates)))]
-        return {**example, **template.render(example, self.label_options),
-                "template": template.name}
+        out = {**example, **template.render(example, self.label_options),
+               "template": template.name}
+        choices = template.choices(example, self.label_options)
+        if choices:
+            out[OPTIONS_FIELD] = list(choices)
+        return out
 
     def __repr__(self) -> str:
         return f"ApplyTemplates({len(self.templates)}: {', '.join(t.name for t in self.templates)})"
