@@ -279,3 +279,19 @@ def test_register_glue_with_another_vocabulary(mock_tfds):
             td.TaskRegistry.remove(name)
         for name in ("glue_v002_proportional_bytes", "super_glue_v102_proportional_bytes"):
             td.MixtureRegistry.remove(name)
+
+
+@pytest.mark.parametrize("name", sorted(
+    __import__("t5x_like.builtin_tasks.glue_instructions").builtin_tasks
+    .glue_instructions.TEMPLATES))
+def test_instruction_templates_read_the_raw_records(mock_tfds, name):
+    """Each GLUE/SuperGLUE instruction task through its templates: T5's formatting step
+    replaced, every example phrased by one of its task's templates, its answer among
+    the options that evaluation ranks."""
+    task = td.TaskRegistry.get(name + "_instruct")
+    assert not any(isinstance(s, glue.ToText) for s in task.preprocessors)
+    names = {t.name for t in td.TemplateRegistry.get(name)}
+    for example in take(name + "_instruct", n=8, lengths={"inputs": 256, "targets": 16}):
+        assert example["template"] in names
+        assert example["targets_pretokenized"] in example["options"]
+        assert "{" not in example["inputs_pretokenized"]  # every field filled

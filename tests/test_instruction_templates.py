@@ -98,7 +98,7 @@ def test_tasks_show_lists_the_templates(capsys):
     tasks.main(["show", "embedded_spam"])
     out = capsys.readouterr().out
     assert "instruction templates (embedded_spam_instruct reads" in out
-    assert "    is_spam: 'Is the following email spam?\\n\\n{text}' -> '{answer}'  [answers: " \
+    assert "    is_spam: 'Is the following email spam?\\n\\n{text}' -> '{target}'  [answers: " \
         "no / yes]" in out
 
 

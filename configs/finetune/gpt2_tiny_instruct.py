@@ -6,7 +6,8 @@ did (docs/instruction_tuning.md):
 
     python -m t5x_like.train --config=configs/finetune/gpt2_tiny_instruct.py --workdir=runs/it_gpt2 \
         --config.init_from=runs/pt_gpt2
-    python -m t5x_like.eval --checkpoint=runs/it_gpt2 --mixture=embedded_instruct_held_out --output_dir=runs/it_gpt2/eval
+    python -m t5x_like.eval --checkpoint=runs/it_gpt2 --mixture=embedded_instruct_held_out \
+        --output_dir=runs/it_gpt2/eval
 
 The decoder reads ``inputs`` then ``targets`` with the loss on the targets only and a
 causal prefix, as the benchmark fine-tuning recipe does.

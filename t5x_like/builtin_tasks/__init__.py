@@ -11,7 +11,8 @@ write ``import t5x_like.builtin_tasks`` before looking a built-in task up.
 | ``tfds`` | C4, Wikipedia and mC4 from TFDS |
 | ``bench`` | ``embedded_bench``: six offline benchmark tasks on the labelled data in ``data/`` |
 | ``glue`` | GLUE and SuperGLUE in T5's text-to-text formats |
-| ``instructions`` | instruction templates of the ``embedded_bench`` tasks and their ``*_instruct`` tasks |
+| ``instructions`` | ``embedded_bench``'s instruction templates, ``*_instruct`` tasks, held-out split |
+| ``glue_instructions`` | the same for GLUE and SuperGLUE, split by T0's held-out clusters |
 | ``multilingual`` | XLM-R and mBART tasks and mixtures on the multilingual vocabulary |
 | ``retrieval`` | ``embedded_bible_web_to_kjv``: KJV verses as a retrieval corpus, WEB queries |
 """
@@ -19,6 +20,7 @@ write ``import t5x_like.builtin_tasks`` before looking a built-in task up.
 from t5x_like.builtin_tasks import (
     bench,
     glue,
+    glue_instructions,
     instructions,
     multilingual,
     pretraining,
@@ -26,4 +28,4 @@ from t5x_like.builtin_tasks import (
     tfds,
 )
 
-__all__ = ["bench", "glue", "instructions", "multilingual", "pretraining", "retrieval", "tfds"]
+__all__ = ["bench", "glue", "glue_instructions", "instructions", "multilingual", "pretraining", "retrieval", "tfds"]

@@ -246,7 +246,7 @@ INSTRUCTION_SUFFIX = "_instruct"
 
 def instruction_task(task_name: str, templates: Sequence[pp.Template] | None = None,
                      name: str | None = None, postprocess_fn=None,
-                     metric_fns: Sequence = ()) -> Task:
+                     metric_fns: Sequence = (), steps: Sequence | None = None) -> Task:
     """Registers (and returns) ``task_name`` phrased by its templates: the same source and
     steps, with ``ApplyTemplates`` first, so each example reads as one of the
     instructions (picked by the pipeline's seed and the example's position). Named
@@ -257,7 +257,9 @@ def instruction_task(task_name: str, templates: Sequence[pp.Template] | None = N
     options) become its ``options``, which evaluation ranks. The metrics are given
     here, not taken from the task: a templated answer ("yes") is not what the task's
     postprocessor reads; ``postprocess_fn`` and ``metric_fns`` compare the answer
-    texts."""
+    texts. ``steps``: what runs after the templates, where a task's first steps format
+    the raw record the templates read instead (GLUE's T5 formatting); default, every
+    step of the task."""
     task = TaskRegistry.get(task_name)
     templates = tuple(templates if templates is not None else TemplateRegistry.get(task_name))
     if not templates:
@@ -265,7 +267,8 @@ def instruction_task(task_name: str, templates: Sequence[pp.Template] | None = N
                          "TemplateRegistry.add or pass templates=.")
     step = pp.ApplyTemplates(templates, task.label_options)
     return TaskRegistry.add(
-        name or task_name + INSTRUCTION_SUFFIX, task.source, (step, *task.preprocessors),
+        name or task_name + INSTRUCTION_SUFFIX, task.source,
+        (step, *(task.preprocessors if steps is None else steps)),
         task.output_features, postprocess_fn=postprocess_fn, metric_fns=metric_fns,
         description=f"{task_name} as instructions: {len(templates)} templates "
                     f"({sum(t.lists_options for t in templates)} listing options).")

@@ -4,9 +4,9 @@ FLAN (Wei et al. 2022) wrote ten templates per dataset, some turning the task ar
 T0 (Sanh et al. 2022) collected many per dataset with promptsource, each a pattern over
 the example's fields plus ``answer_choices``, the words its answer is one of. A
 ``Template`` is that: an ``inputs`` and a ``targets`` pattern in ``str.format`` syntax
-over the example's text fields, and optionally ``answer_choices`` (indexed by the
-example's integer ``label``) that replace the task's own label words, so "equivalent"
-can be asked as a yes/no question.
+over the example's text fields (``{target}``: the right answer's text), and
+optionally ``answer_choices`` (indexed by the example's integer ``label``) that replace
+the task's own label words, so "equivalent" can be asked as a yes/no question.
 
 ``{options}`` in a pattern is FLAN's options suffix, ``OPTIONS:`` and one ``- choice``
 line per answer choice: the template's ``answer_choices``, else the example's own
@@ -33,20 +33,27 @@ from t5x_like.data.preprocessors.base import Context, ExampleStep
 from t5x_like.data.preprocessors.text import as_text
 
 OPTIONS_FIELD = "options"  # the placeholder, and an example's own list of choices
+TARGET_FIELD = "target"  # the placeholder of the right answer's text
+UNLABELLED = "<unk>"  # the target of an example whose label is negative (T5's)
 
 
 @dataclasses.dataclass(frozen=True)
 class Template:
     """A phrasing of a task: ``inputs`` and ``targets`` patterns over the example's
-    fields (``{answer}`` is the right answer's text), ``answer_choices`` by label."""
+    fields, where ``{target}`` is the right answer's text and ``{options}`` lists the
+    choices. The choices are ``answer_choices`` (by the example's integer ``label``), or
+    the values of the example's ``choice_fields`` (COPA's two alternatives), or the
+    example's own ``options``, or the task's label options."""
 
     name: str
     inputs: str
-    targets: str = "{answer}"
+    targets: str = "{target}"
     answer_choices: tuple[str, ...] = ()
+    choice_fields: tuple[str, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "answer_choices", tuple(self.answer_choices))
+        object.__setattr__(self, "choice_fields", tuple(self.choice_fields))
         for pattern in (self.inputs, self.targets):
             try:
                 fields(pattern)
@@ -63,13 +70,11 @@ class Template:
         values = {key: as_text(value) for key, value in example.items()
                   if isinstance(value, (str, bytes))}
         choices = self.choices(example, label_options)
-        if self.answer_choices:
-            values["answer"] = self.answer_choices[int(example["label"])]
-        elif "answer" not in values:
-            values["answer"] = as_text(example["targets"])
+        values[TARGET_FIELD] = self.target(example, choices)
         if choices:
             values[OPTIONS_FIELD] = "OPTIONS:\n" + "\n".join(f"- {c}" for c in choices)
-        missing = [f for f in fields(self.inputs) | fields(self.targets) if f not in values]
+        missing = sorted(f for f in fields(self.inputs) | fields(self.targets)
+                         if f not in values)
         if missing:
             raise ValueError(f"Template {self.name!r} needs the example's {missing}; it has "
                              f"{sorted(values)}.")
@@ -80,9 +85,35 @@ class Template:
         scores these)."""
         if self.answer_choices:
             return self.answer_choices
+        if self.choice_fields:
+            return tuple(as_text(example[f]) for f in self.choice_fields)
         if OPTIONS_FIELD in example:
             return tuple(as_text(o) for o in example[OPTIONS_FIELD])
         return tuple(label_options)
+
+    def target(self, example: Mapping, choices: Sequence[str]) -> str:
+        """The right answer's text: the choice at the example's ``label`` where the
+        template sets the choices or the example has no ``targets`` text (a raw TFDS
+        record), else its ``targets``. A negative label (an unlabelled test example)
+        is ``UNLABELLED``, as T5 writes those targets."""
+        label = _integer(example.get("label"))
+        by_label = self.answer_choices or self.choice_fields or "targets" not in example
+        if by_label and label is not None and choices:
+            return UNLABELLED if label < 0 else choices[label]
+        if "targets" not in example:
+            raise ValueError(f"Template {self.name!r}: the example has neither targets nor a "
+                             "label among answer choices to answer with.")
+        return as_text(example["targets"])
+
+
+def _integer(value) -> int | None:
+    """An integer label (a Python int, or a numpy scalar as TFDS gives), else None."""
+    if value is None or isinstance(value, bool):
+        return None
+    array = np.asarray(value)
+    if array.ndim == 0 and np.issubdtype(array.dtype, np.integer):
+        return int(array)
+    return None
 
 
 def fields(pattern: str) -> set[str]:
