@@ -261,7 +261,9 @@ class DecoderFeatureConverter(FeatureConverter):
     this framework, the tokenizer's BOS for an imported causal LM).
 
     Examples that carry ``inputs`` while ``prefix_lm=False`` are refused: silently
-    dropping the inputs would train a language model on the targets alone.
+    dropping the inputs would train a language model on the targets alone. A causal LM
+    example may carry a ``loss_mask`` beside its ``targets`` (a chat's assistant tokens,
+    ``data/chat.py``): the loss weights are multiplied by it, packed or not.
     """
 
     REQUIRED = ("targets",)
@@ -278,12 +280,13 @@ class DecoderFeatureConverter(FeatureConverter):
 
     @property
     def PACKED_FEATURES(self):  # noqa: N802  (seqio-style class constant, per instance here)
-        return ({"targets": "targets", "inputs_width": "targets"} if not self.prefix_lm
-                else {"targets": "prefix_lm", "inputs_width": "prefix_lm"})
+        return ({"targets": "targets", "inputs_width": "targets", "loss_mask": "targets"}
+                if not self.prefix_lm else {"targets": "prefix_lm", "inputs_width": "prefix_lm"})
 
     def task_lengths(self, lengths):
         if not self.prefix_lm:
-            return {"targets": int(lengths["targets"]), "inputs_width": int(lengths["targets"])}
+            length = int(lengths["targets"])
+            return {"targets": length, "inputs_width": length, "loss_mask": length}
         total = int(lengths["inputs"]) + int(lengths["targets"])
         return {"targets": total, "inputs_width": total}
 
@@ -311,7 +314,12 @@ class DecoderFeatureConverter(FeatureConverter):
                     "remove the feature with a Rekey step if the task is plain language modelling.")
             tokens, width = np.asarray(super().prepare(example, lengths)["targets"]), 0
         tokens = tokens[:lengths["targets"]]
-        return {"targets": tokens, "inputs_width": np.full(tokens.size, width, np.int32)}
+        out = {"targets": tokens, "inputs_width": np.full(tokens.size, width, np.int32)}
+        if not self.prefix_lm:  # every example the same features, so any may be packed
+            mask = example.get("loss_mask")
+            out["loss_mask"] = (np.ones(tokens.size, np.int32) if mask is None else
+                                np.asarray(mask, np.int32).reshape(-1)[:tokens.size])
+        return out
 
     def convert(self, row, example, packed):
         targets = row["targets"].astype(np.int32)
@@ -322,6 +330,8 @@ class DecoderFeatureConverter(FeatureConverter):
                "decoder_input_tokens": shift_right_per_segment(targets, segments,
                                                                self.start_id),
                "decoder_loss_weights": nonpad.astype(np.float32)}
+        if "loss_mask" in row:
+            out["decoder_loss_weights"] *= row["loss_mask"].astype(np.float32)
         if self.prefix_lm:
             width = row["inputs_width"]
             if self.bidirectional_prefix:

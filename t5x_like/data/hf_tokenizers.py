@@ -297,6 +297,11 @@ class HfTokenizerVocabulary:
     def encode(self, text: str) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=False).ids
 
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Ids and each token's character span in ``text`` (chat loss masks)."""
+        encoding = self._tokenizer.encode(text, add_special_tokens=False)
+        return encoding.ids, [tuple(o) for o in encoding.offsets]
+
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [e.ids for e in self._tokenizer.encode_batch(list(texts),
                                                              add_special_tokens=False)]

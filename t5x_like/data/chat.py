@@ -1,0 +1,217 @@
+"""Conversations for supervised fine-tuning of decoders: JSONL rows of ``messages``,
+rendered with the checkpoint tokenizer's chat template, with the loss on the
+assistant's tokens only.
+
+A row is ``{"messages": [{"role": ..., "content": ...}, ...]}`` (roles ``system``,
+``user``, ``assistant``, ``tool``; at least one assistant turn), or a plain pair
+``{"prompt": ..., "response": ...}``, which is a user turn and an assistant turn.
+``ConversationSource`` reads them and refuses a row without either shape, or with an
+unknown role, naming its file and line.
+
+The template is the tokenizer folder's own (``chat_template`` in
+``tokenizer_config.json``, or ``chat_template.jinja`` beside it), rendered by
+transformers' ``render_jinja_template`` with the tokenizer's special tokens, which is
+what ``apply_chat_template`` renders; the text is then tokenized without added special
+tokens, as ``apply_chat_template(tokenize=True)`` does, so the ids are the ones the
+model saw in its own chat fine-tuning.
+
+Which tokens are the assistant's: for each assistant turn ``i``, the conversation up
+to it rendered with the generation prompt (``messages[:i]``, ``add_generation_prompt``)
+and the conversation through it (``messages[:i + 1]``) are prefixes of the whole
+rendering; the characters between them are the turn (its content and the template's
+end-of-turn marker, so the model learns to stop). A token is the assistant's when its
+characters overlap those. A template whose renderings are not prefixes of each other
+(one that rewrites earlier turns) is refused: its mask could not be placed.
+
+A conversation longer than the window loses whole turns from its end until it fits,
+never part of a turn; one whose first assistant turn already ends beyond the window is
+refused. Nothing is split across examples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from t5x_like.data.preprocessors.base import Context, ExampleStep
+from t5x_like.data.sources import JsonlSource
+
+ROLES = ("system", "user", "assistant", "tool")
+SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
+                       "cls_token", "mask_token")
+
+
+def conversation(record: Mapping, where: str) -> list[dict]:
+    """The messages of a row (a prompt/response pair becomes two turns); refuses a row
+    of any other shape, naming ``where`` (file:line)."""
+    if "messages" in record:
+        messages = record["messages"]
+        if not isinstance(messages, list) or not messages:
+            raise ValueError(f"{where}: 'messages' must be a non-empty list of "
+                             "{'role': ..., 'content': ...} objects.")
+        for number, message in enumerate(messages, 1):
+            if not isinstance(message, dict) or "role" not in message or "content" not in message:
+                raise ValueError(f"{where}: message {number} is not a {{'role': ..., "
+                                 f"'content': ...}} object: {str(message)[:80]}")
+            if message["role"] not in ROLES:
+                raise ValueError(f"{where}: message {number} has role {message['role']!r}; "
+                                 f"the roles are {', '.join(ROLES)}.")
+            if not isinstance(message["content"], str):
+                raise ValueError(f"{where}: message {number}'s content is not text.")
+        if not any(m["role"] == "assistant" for m in messages):
+            raise ValueError(f"{where}: no assistant message, so nothing to learn from.")
+        return [{"role": m["role"], "content": m["content"]} for m in messages]
+    if "prompt" in record and "response" in record:
+        return [{"role": "user", "content": str(record["prompt"])},
+                {"role": "assistant", "content": str(record["response"])}]
+    raise ValueError(f"{where}: a conversation row needs 'messages' (a list of role/content "
+                     f"objects) or 'prompt' and 'response'; it has {sorted(record)}.")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ConversationSource(JsonlSource):
+    """JSONL conversations (``messages``, or ``prompt``/``response`` pairs); each
+    record becomes ``{"messages": [...]}``. Every ``holdout_every``-th row is
+    ``validation``."""
+
+    def load_files(self, split, paths):
+        records = []
+        for path, index, line in self._split_lines(split, paths):
+            where = f"{path}:{index + 1}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: not valid JSON ({e.msg} at column {e.colno}).") \
+                    from None
+            if not isinstance(record, dict):
+                raise ValueError(f"{where}: a JSON {type(record).__name__}, not an object.")
+            records.append({"messages": conversation(record, where)})
+        return records
+
+
+class ChatTemplate:
+    """A tokenizer folder's chat template, rendered as transformers renders it."""
+
+    def __init__(self, folder):
+        folder = pathlib.Path(folder)
+        config = _read_json(folder / "tokenizer_config.json")
+        template = config.get("chat_template")
+        if isinstance(template, list):  # named templates: the default one
+            template = {t.get("name"): t.get("template") for t in template}.get("default")
+        jinja_file = folder / "chat_template.jinja"
+        if template is None and jinja_file.is_file():
+            template = jinja_file.read_text()
+        if not template:
+            raise ValueError(f"The tokenizer in {folder} has no chat template (no "
+                             "'chat_template' in tokenizer_config.json, no "
+                             "chat_template.jinja); use a chat model's tokenizer folder.")
+        self.template = template
+        specials = {**_read_json(folder / "special_tokens_map.json"), **config}
+        self.special_tokens = {name: _token_text(specials[name]) for name in SPECIAL_TOKEN_NAMES
+                               if _token_text(specials.get(name)) is not None}
+
+    def render(self, messages: Sequence[Mapping], add_generation_prompt: bool = False) -> str:
+        try:
+            from transformers.utils.chat_template_utils import render_jinja_template
+        except ImportError:
+            from t5x_like import errors
+            raise errors.UserError("Chat templates are rendered by transformers: "
+                                   f"{errors.install_hint('hf')}.") from None
+        rendered, _ = render_jinja_template(
+            conversations=[list(messages)], chat_template=self.template,
+            add_generation_prompt=add_generation_prompt, **self.special_tokens)
+        return rendered[0]
+
+    def assistant_spans(self, messages: Sequence[Mapping]) -> tuple[str, list[tuple[int, int]]]:
+        """The rendered conversation and the character spans of its assistant turns."""
+        text = self.render(messages)
+        spans = []
+        for i, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            before = self.render(messages[:i], add_generation_prompt=True)
+            through = self.render(messages[:i + 1])
+            if not (through.startswith(before) and text.startswith(through)):
+                raise ValueError("The chat template renders a conversation's beginning "
+                                 "differently from the whole (it rewrites earlier turns), so "
+                                 "the assistant's tokens cannot be placed; pick a template "
+                                 "whose renderings are prefixes of each other.")
+            spans.append((len(before), len(through)))
+        return text, spans
+
+
+def assistant_mask(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]
+                   ) -> np.ndarray:
+    """1 for each token whose characters overlap an assistant span."""
+    mask = np.zeros(len(offsets), np.int32)
+    for t, (start, end) in enumerate(offsets):
+        mask[t] = any(start < span_end and end > span_start and end > start
+                      for span_start, span_end in spans)
+    return mask
+
+
+@dataclasses.dataclass(frozen=True)
+class RenderChat(ExampleStep):
+    """``messages`` -> ``targets`` (token ids of the rendered conversation) and
+    ``loss_mask`` (1 on the assistant's tokens), in the ``targets`` vocabulary, which
+    must be a Hugging Face tokenizer folder with a chat template. Keeps
+    ``targets_pretokenized``, the rendered text."""
+
+    uses_rng = False
+    may_drop = False
+
+    def check(self, ctx: Context) -> None:
+        vocabulary = ctx.vocabulary("targets")
+        if not hasattr(vocabulary, "encode_with_offsets"):
+            raise ValueError(f"Task {ctx.task_name!r}: RenderChat needs a Hugging Face "
+                             "tokenizer folder as the targets vocabulary (one with a chat "
+                             f"template); it has {vocabulary!r}.")
+        _template(vocabulary.folder)
+        ctx.length("targets")
+
+    def map(self, example, rng, ctx):
+        vocabulary = ctx.vocabulary("targets")
+        template = _template(vocabulary.folder)
+        window = ctx.length("targets")
+        messages = list(example["messages"])
+        ends = [i + 1 for i, m in enumerate(messages) if m["role"] == "assistant"]
+        for end in reversed(ends):  # whole turns from the end until it fits
+            text, spans = template.assistant_spans(messages[:end])
+            ids, offsets = vocabulary.encode_with_offsets(text)
+            if len(ids) <= window:
+                break
+        else:
+            raise ValueError(f"Task {ctx.task_name!r}: a conversation's first assistant turn "
+                             f"ends at token {len(ids)}, beyond the window of {window} "
+                             f"(targets length); raise it or shorten the conversation "
+                             f"starting {messages[0]['content'][:60]!r}.")
+        return {**example, "targets": np.asarray(ids, np.int32),
+                "loss_mask": assistant_mask(offsets, spans), "targets_pretokenized": text}
+
+
+_TEMPLATES: dict[str, ChatTemplate] = {}
+
+
+def _template(folder) -> ChatTemplate:
+    key = str(folder)
+    if key not in _TEMPLATES:
+        _TEMPLATES[key] = ChatTemplate(folder)
+    return _TEMPLATES[key]
+
+
+def _read_json(path: pathlib.Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _token_text(value) -> str | None:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+__all__ = ["ChatTemplate", "ConversationSource", "RenderChat", "assistant_mask",
+           "conversation"]
