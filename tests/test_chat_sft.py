@@ -206,3 +206,19 @@ def test_the_docs_chat_task_runs_as_printed(tmp_path):
         assert len(example["targets"]) == len(example["loss_mask"])
     finally:
         td.TaskRegistry.remove("my_chats")
+
+
+def test_encoder_decoders_read_conversations_as_input_target_pairs():
+    from t5x_like.builtin_tasks import pretraining
+    vocabulary = pretraining.embedded_vocabulary()
+    features = {"inputs": td.Feature(vocabulary), "targets": td.Feature(vocabulary)}
+    step = chat.ConversationToPairs()
+    roomy = pp.Context("chat", "train", {"inputs": 256, "targets": 32}, features)
+    out = step.map({"messages": CONVERSATIONS[0]}, None, roomy)
+    assert out["inputs"] == ("system: You answer briefly.\nuser: What is the capital of "
+                             "France?\nassistant: Paris.\nuser: And of Spain?")
+    assert out["targets"] == "Madrid, since 1561."
+    # A short window drops the earliest turns but keeps the system message and the question.
+    tight = pp.Context("chat", "train", {"inputs": 16, "targets": 32}, features)
+    out = step.map({"messages": CONVERSATIONS[0]}, None, tight)
+    assert out["inputs"] == "system: You answer briefly.\nuser: And of Spain?"

@@ -25,7 +25,8 @@ characters overlap those. A template whose renderings are not prefixes of each o
 
 A conversation longer than the window loses whole turns from its end until it fits,
 never part of a turn; one whose first assistant turn already ends beyond the window is
-refused. Nothing is split across examples.
+refused. Nothing is split across examples. Encoder-decoders read the same rows as
+input/target pairs (``ConversationToPairs``).
 """
 
 from __future__ import annotations
@@ -193,6 +194,32 @@ class RenderChat(ExampleStep):
                 "loss_mask": assistant_mask(offsets, spans), "targets_pretokenized": text}
 
 
+@dataclasses.dataclass(frozen=True)
+class ConversationToPairs(ExampleStep):
+    """Encoder-decoders read the same rows as input/target pairs: the conversation
+    before its last assistant turn as ``inputs``, one ``role: content`` line per turn,
+    and that turn as ``targets``. A history longer than the ``inputs`` length loses its
+    earliest turns (a system message stays), so the latest question is always read;
+    tokenize after this step (``Tokenize``, ``AppendEos``, ``Truncate``)."""
+
+    uses_rng = False
+    may_drop = False
+
+    def map(self, example, rng, ctx):
+        messages = list(example["messages"])
+        last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+        history = messages[:last]
+        system = [m for m in history[:1] if m["role"] == "system"]
+        turns = history[len(system):]
+        vocabulary, window = ctx.vocabulary("inputs"), ctx.length("inputs")
+        while True:
+            inputs = "\n".join(f"{m['role']}: {m['content']}" for m in system + turns)
+            if len(turns) <= 1 or len(vocabulary.encode(inputs)) < window:  # room for EOS
+                break
+            turns = turns[1:]
+        return {**example, "inputs": inputs, "targets": messages[last]["content"]}
+
+
 _TEMPLATES: dict[str, ChatTemplate] = {}
 
 
@@ -213,5 +240,5 @@ def _token_text(value) -> str | None:
     return value if isinstance(value, str) else None
 
 
-__all__ = ["ChatTemplate", "ConversationSource", "RenderChat", "assistant_mask",
-           "conversation"]
+__all__ = ["ChatTemplate", "ConversationSource", "ConversationToPairs", "RenderChat",
+           "assistant_mask", "conversation"]
