@@ -6,10 +6,9 @@ large decoders share (GPT-3 175B, Llama 2 7B and 13B: ``d_model / num_layers = 1
 Chinchilla 70B: 102), with heads of 128 and the base config's own recipe kept: its
 MLP width ratio (4 for GPT-2, 2.75 for SwiGLU), its query heads per key/value head, its
 vocabulary, positions and norms; widths are whole groups of heads. ``nearest_shape``
-tries the widths around the rule's
-and gives each the depth that puts its parameter count (counted from the model's
-abstract shapes, embeddings included) nearest ``N``; of those it keeps the one closest
-to the aspect ratio.
+tries the widths around the rule's and gives each the depth that puts its parameter
+count (counted from the model's abstract shapes, embeddings included) nearest ``N``; of
+those it keeps the one closest to the aspect ratio.
 
 The batch and peak learning rate follow DeepSeek-AI's fitted laws (DeepSeek LLM, 2024,
 eq. 1): ``B_opt = 0.2920 C**0.3271`` tokens and ``lr_opt = 0.3118 C**-0.1250``, the
@@ -19,9 +18,9 @@ multiple of the chip count.
 With ``--chip_hours`` the budget is ``chip-hours x 3600 x peak FLOP/s x MFU``: the MFU
 assumed (``--mfu``), or the planner's roofline bound where that is lower (no run beats
 its roofline), and the shape is chosen again for the lower budget (at most
-``MAX_ROUNDS`` compiles; the budget always ends at the bound of the shape reported). The tokens the run
-gets are the budget over ``flops.py``'s FLOPs per token of the chosen model (attention
-and the vocabulary projection included), not ``6 N``.
+``MAX_ROUNDS`` shapes compiled; the budget ends at the MFU the reported shape can
+reach). The tokens the run gets are the budget over ``flops.py``'s FLOPs per token of
+the chosen model (attention and the vocabulary projection included), not ``6 N``.
 """
 
 from __future__ import annotations

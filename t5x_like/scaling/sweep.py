@@ -9,8 +9,8 @@ serves): ``d_model`` from ``WIDTHS``, ``num_layers = d_model / ASPECT`` (at leas
 names its depth keys (``Structure.depth_keys``): a decoder's or an encoder's
 ``num_layers``, an encoder-decoder's two stacks, each that deep; the rest of the model
 (vocabulary, norms, positions, MLP activations) is the base config's. Tokens per step
-are the batch times every feature's length (an encoder-decoder's inputs and targets). Parameters grow about as
-``d_model**3``, so the ladder is finer than a doubling. For a budget ``C`` a model gets
+are the batch times every feature's length (an encoder-decoder's inputs and targets).
+Parameters grow about as ``d_model**3``, so the ladder is finer than a doubling. For a budget ``C`` a model gets
 ``D = C / (FLOPs per token)`` tokens, ``flops.py``'s count (3 x forward, the vocabulary
 projection included); steps are ``D`` over the base config's tokens per step, rounded.
 Each budget runs the ``sizes`` consecutive rungs whose middle one is closest to 20
