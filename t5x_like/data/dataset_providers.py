@@ -482,9 +482,8 @@ def instruction_mixtures(name: str, clusters: Mapping[str, Sequence[str]],
     clusters named in ``held_out`` stay out of training entirely, so zero-shot accuracy
     on them measures what instruction tuning carries over. Both mixtures are of the
     tasks' ``*_instruct`` forms (``instruction_task`` first; ``suffix`` names others),
-    each at a rate of its
-    number of examples capped at ``maximum`` (FLAN's examples-proportional mixing:
-    large tasks do not crowd out small ones). Registered as ``{name}_train`` and
+    each at a rate of its number of examples capped at ``maximum`` (FLAN's
+    examples-proportional mixing: large tasks do not crowd out small ones). Registered as ``{name}_train`` and
     ``{name}_held_out``."""
     unknown = sorted(set(held_out) - set(clusters))
     if unknown:
@@ -513,4 +512,3 @@ def instruction_mixtures(name: str, clusters: Mapping[str, Sequence[str]],
                         f"clusters {', '.join(names)}; examples-proportional, capped at "
                         f"{maximum:,}"))
     return mixtures[0], mixtures[1]
-
