@@ -207,3 +207,14 @@ def test_held_out_instructions_evaluate_by_their_templates_answer_choices():
         100 * np.mean([r["prediction"] == r["targets"] for r in spam.records]))
     translation = results["embedded_bible_en_es_instruct"]
     assert translation.mode == "predict" and set(translation.metrics) == {"bleu", "chrf"}
+
+
+@pytest.mark.parametrize("config", ["gpt2_tiny_instruct", "t5_instruct"])
+def test_the_instruction_tuning_configs_train_on_the_train_clusters(config):
+    from pathlib import Path
+
+    from t5x_like import runs
+    path = Path(__file__).resolve().parent.parent / "configs" / "finetune" / f"{config}.py"
+    loaded = runs.load_and_validate(str(path), [])
+    assert loaded.task == "embedded_instruct_train"
+    assert loaded.eval.mixture == "embedded_instruct_held_out"
