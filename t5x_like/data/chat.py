@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from t5x_like.data.hf_tokenizers import read_json, token_text
 from t5x_like.data.preprocessors.base import Context, ExampleStep
 from t5x_like.data.sources import JsonlSource
 
@@ -99,7 +100,7 @@ class ChatTemplate:
 
     def __init__(self, folder):
         folder = pathlib.Path(folder)
-        config = _read_json(folder / "tokenizer_config.json")
+        config = read_json(folder / "tokenizer_config.json")
         template = config.get("chat_template")
         if isinstance(template, list):  # named templates: the default one
             template = {t.get("name"): t.get("template") for t in template}.get("default")
@@ -111,9 +112,9 @@ class ChatTemplate:
                              "'chat_template' in tokenizer_config.json, no "
                              "chat_template.jinja); use a chat model's tokenizer folder.")
         self.template = template
-        specials = {**_read_json(folder / "special_tokens_map.json"), **config}
-        self.special_tokens = {name: _token_text(specials[name]) for name in SPECIAL_TOKEN_NAMES
-                               if _token_text(specials.get(name)) is not None}
+        specials = {**read_json(folder / "special_tokens_map.json"), **config}
+        self.special_tokens = {name: token_text(specials[name]) for name in SPECIAL_TOKEN_NAMES
+                               if token_text(specials.get(name)) is not None}
 
     def render(self, messages: Sequence[Mapping], add_generation_prompt: bool = False) -> str:
         try:
@@ -179,9 +180,13 @@ class RenderChat(ExampleStep):
         template = _template(vocabulary.folder)
         window = ctx.length("targets")
         messages = list(example["messages"])
-        ends = [i + 1 for i, m in enumerate(messages) if m["role"] == "assistant"]
-        for end in reversed(ends):  # whole turns from the end until it fits
-            text, spans = template.assistant_spans(messages[:end])
+        whole, all_spans = template.assistant_spans(messages)
+        # Whole turns from the end until it fits: the conversation through its k-th
+        # assistant turn renders as the whole one's text up to that turn's end (the
+        # prefix property assistant_spans checks), so nothing is rendered again.
+        for turns in range(len(all_spans), 0, -1):
+            spans = all_spans[:turns]
+            text = whole[:spans[-1][1]]
             ids, offsets = vocabulary.encode_with_offsets(text)
             if len(ids) <= window:
                 break
@@ -228,16 +233,6 @@ def _template(folder) -> ChatTemplate:
     if key not in _TEMPLATES:
         _TEMPLATES[key] = ChatTemplate(folder)
     return _TEMPLATES[key]
-
-
-def _read_json(path: pathlib.Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def _token_text(value) -> str | None:
-    if isinstance(value, dict):
-        return value.get("content")
-    return value if isinstance(value, str) else None
 
 
 __all__ = ["ChatTemplate", "ConversationSource", "ConversationToPairs", "RenderChat",

@@ -44,7 +44,7 @@ def tokenizer_files(folder) -> list[str]:
     SentencePiece model it names)."""
     folder = pathlib.Path(folder)
     names = [name for name in TOKENIZER_FILES if (folder / name).is_file()]
-    native = _read_json(folder / NATIVE_FILE)
+    native = read_json(folder / NATIVE_FILE)
     if native:
         names.append(NATIVE_FILE)
         if native.get("file") and native["file"] not in names:
@@ -83,7 +83,7 @@ def load(folder, hf_config: dict | None = None):
         raise MissingFile(f"{folder}: no such tokenizer folder or file; give a folder "
                                 "with tokenizer.json (or vocab.txt, vocab.json + merges.txt, "
                                 "spiece.model).")
-    native = _read_json(path / NATIVE_FILE)
+    native = read_json(path / NATIVE_FILE)
     if native:
         return _native(path, native)
     if hf_config is None and (path / "config.json").is_file():
@@ -92,12 +92,12 @@ def load(folder, hf_config: dict | None = None):
         return HfTokenizerVocabulary(path, hf_config)
     if (path / "vocab.txt").is_file():
         from t5x_like.data import vocabularies
-        settings = _read_json(path / "tokenizer_config.json")
+        settings = read_json(path / "tokenizer_config.json")
         return vocabularies.WordPieceVocabulary(str(path / "vocab.txt"),
                                                 lowercase=settings.get("do_lower_case", True))
     if (path / "spiece.model").is_file():
         from t5x_like.data import vocabularies
-        extra_ids = int(_read_json(path / "tokenizer_config.json").get("extra_ids", 100))
+        extra_ids = int(read_json(path / "tokenizer_config.json").get("extra_ids", 100))
         return vocabularies.SentencePieceVocabulary(str(path / "spiece.model"), extra_ids)
     present = sorted(p.name for p in path.iterdir())
     raise MissingFile(
@@ -123,11 +123,12 @@ def _native(folder: pathlib.Path, native: dict):
                      "tokenizer.")
 
 
-def _read_json(path: pathlib.Path) -> dict:
+def read_json(path: pathlib.Path) -> dict:
+    """A tokenizer folder's JSON file, or {} when it is absent."""
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def _token_text(value) -> str | None:
+def token_text(value) -> str | None:
     """A special token as tokenizer_config writes it: a string or {"content": ...}."""
     if isinstance(value, dict):
         return value.get("content")
@@ -157,9 +158,9 @@ class HfTokenizerVocabulary:
         except Exception as e:  # noqa: BLE001 - the library's message says what is wrong
             raise ValueError(f"Cannot load the tokenizer in {path} ({e}); re-save it with "
                              "transformers' save_pretrained.") from None
-        self._settings = {**_read_json(self.folder / "special_tokens_map.json"),
-                          **_read_json(self.folder / "tokenizer_config.json")}
-        self._saved_ids = _read_json(self.folder / SPECIAL_IDS_FILE)
+        self._settings = {**read_json(self.folder / "special_tokens_map.json"),
+                          **read_json(self.folder / "tokenizer_config.json")}
+        self._saved_ids = read_json(self.folder / SPECIAL_IDS_FILE)
         self._hf_config = hf_config or {}
         self.declared_ids = {name: self._declared(name) for name in SPECIAL_NAMES}
 
@@ -170,7 +171,7 @@ class HfTokenizerVocabulary:
     def _declared(self, name: str) -> int | None:
         """The id of special token ``name``: the tokenizer's own declaration, then what
         the import saved, then the model's config.json; None when nobody declares it."""
-        text = _token_text(self._settings.get(f"{name}_token"))
+        text = token_text(self._settings.get(f"{name}_token"))
         if text is not None and self._tokenizer.token_to_id(text) is not None:
             return self._tokenizer.token_to_id(text)
         if self._saved_ids.get(name) is not None:

@@ -145,40 +145,6 @@ def run_config(base, shape: Shape, batch_size: int, learning_rate: float, steps:
     return config
 
 
-def with_layer_flops(report: dict, config, topology: str) -> dict:
-    """The roofline of a scanned model with its compiled FLOPs, not the model's.
-
-    XLA's cost analysis counts a loop body once, so the planner's roofline for scanned
-    layers takes the model FLOPs, and a compute-bound step then reads 100% MFU whatever
-    rematerialisation costs. Compiling the same step unrolled at 1 and 2 layers gives a
-    layer's compiled FLOPs (recomputation included) and the rest's; ``L`` layers cost
-    ``rest + L x layer``. A fused attention kernel (splash, on TPU) is a custom call XLA
-    does not count either, so the roofline takes the larger of that count and the
-    model's FLOPs (``flops.py``, attention included, recomputation not)."""
-    counts = []
-    for layers in (1, 2):
-        small = ml_collections.ConfigDict(config.to_dict())
-        keys = structures.structure_class(small.model.family).depth_keys
-        small.model.update(dict.fromkeys(keys, layers) | {"scan_layers": False})
-        counts.append(planner.plan(small, topology)["compiled_flops_per_device"])
-    layer = counts[1] - counts[0]
-    layers = int(config.model[structures.structure_class(config.model.family).depth_keys[0]])
-    compiled = counts[0] + (layers - 1) * layer
-    roof = report["roofline"]
-    peak = report["peak_flops_per_device"]
-    compute_s = max(compiled, report["model_flops_per_step"] / report["num_devices"]) / peak
-    step_s = max(compute_s, roof["memory_s"])
-    report = dict(report, compiled_flops_per_device=compiled)
-    report["roofline"] = dict(roof, compute_s=compute_s, step_s=step_s,
-                              bound="compute" if compute_s >= roof["memory_s"] else "memory",
-                              mfu=report["model_flops_per_step"]
-                              / (report["num_devices"] * peak * step_s))
-    report["note"] = ("scanned layers: compiled FLOPs from the step unrolled at 1 and 2 "
-                      "layers (a layer's FLOPs, recomputation included, times the layers); "
-                      "the roofline takes the larger of those and the model's FLOPs")
-    return report
-
-
 @dataclasses.dataclass
 class Budget:
     """A budget in FLOPs, and where it came from."""
@@ -233,7 +199,7 @@ def _compile(base, shape: Shape, budget_flops: float, length: int, topology: str
         report = planner.plan(config, topology)
     if config.model.get("scan_layers") and report.get("roofline"):
         log("  counting a layer's compiled FLOPs (1 and 2 layers, unrolled) ...")
-        report = with_layer_flops(report, config, topology)
+        report = planner.with_layer_flops(report, config, topology)
     return config, report
 
 

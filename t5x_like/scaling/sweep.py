@@ -227,15 +227,14 @@ def run_sweep(config_path: str, overrides: list[str], output_dir: str, budgets, 
     planned = {str(output / "points" / p.name) for p in points}
     earlier = [r for r in _read_rows(results) if r.get("workdir") not in planned]
     rows, done_flops, spent = [], 0.0, 0.0
+    finished = [final_loss(output / "points" / p.name, p.steps) for p in points]
     # The ETA counts the points still to train (finished ones may come later in the grid).
-    remaining = sum(p.flops for p in points
-                    if final_loss(output / "points" / p.name, p.steps) is None)
-    for index, point in enumerate(points, 1):
+    remaining = sum(p.flops for p, loss in zip(points, finished, strict=True) if loss is None)
+    for index, (point, loss) in enumerate(zip(points, finished, strict=True), 1):
         workdir = output / "points" / point.name
         head = (f"[{index}/{len(points)}] C={point.budget:.3g} d_model={point.d_model} "
                 f"layers={point.num_layers} N={point.params:,} D={point.tokens:,} "
                 f"({point.tokens / point.params:.1f} per parameter) steps={point.steps}")
-        loss = final_loss(workdir, point.steps)
         if dry_run:
             log(f"{head}: {'finished' if loss is not None else 'to run'}")
             continue
