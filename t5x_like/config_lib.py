@@ -68,11 +68,13 @@ def default_config() -> ml_collections.ConfigDict:
                         num_encoder_layers=8, num_decoder_layers=8))
 
     c.optimizer = ml_collections.ConfigDict(dict(
-        name="adafactor",              # adafactor | adamw
+        name="adafactor",              # adafactor | adamw | muon | schedule_free_adamw
         learning_rate=1e-2,
-        schedule="rsqrt",              # constant | rsqrt | linear | cosine
+        schedule="rsqrt",              # constant | rsqrt | linear | cosine | wsd
         warmup_steps=100,
-        final_learning_rate_fraction=0.0,  # linear and cosine decay end at this x the peak
+        final_learning_rate_fraction=0.0,  # linear, cosine and wsd decay end at this x the peak
+        decay_fraction=0.1,            # wsd: the last fraction of steps after warmup decays
+        muon_momentum=0.95,            # muon: Nesterov momentum of the orthogonalised matrices
         weight_decay=0.0,
         grad_clip_norm=0.0,            # 0 disables global-norm clipping
         b1=0.9,
@@ -199,8 +201,8 @@ def t5_pretraining_config() -> ml_collections.ConfigDict:
 
 
 ENUMS = {
-    "optimizer.name": ("adafactor", "adamw"),
-    "optimizer.schedule": ("constant", "rsqrt", "linear", "cosine"),
+    "optimizer.name": ("adafactor", "adamw", "muon", "schedule_free_adamw"),
+    "optimizer.schedule": ("constant", "rsqrt", "linear", "cosine", "wsd"),
     "partitioning.rules": ("data_parallel", "fsdp", "fsdp_tensor"),
     "model.dtype": ("float32", "bfloat16"),
     "model.remat_policy": ("none", "full", "dots", "dots_no_batch"),
@@ -521,11 +523,22 @@ def _validate_optimizer_numbers(config) -> None:
         raise ConfigError(f"optimizer.final_learning_rate_fraction={fraction} is a fraction of "
                           "the peak learning rate and must be in [0, 1], e.g. "
                           "--config.optimizer.final_learning_rate_fraction=0.1.")
-    for key in ("optimizer.b1", "optimizer.b2"):
+    decay = _lookup(config, "optimizer.decay_fraction")
+    if decay is not _ABSENT and not (isinstance(decay, (int, float)) and math.isfinite(decay)
+                                     and 0.0 < decay <= 1.0):
+        raise ConfigError(f"optimizer.decay_fraction={decay} is the fraction of the steps after "
+                          "warmup that WSD decays over and must be in (0, 1], e.g. "
+                          "--config.optimizer.decay_fraction=0.2.")
+    if config.optimizer.name == "schedule_free_adamw" and config.optimizer.schedule != "constant":
+        raise ConfigError(f"optimizer.name=schedule_free_adamw replaces the learning-rate decay; "
+                          f"its schedule is warmup then constant, not "
+                          f"{config.optimizer.schedule!r}: set --config.optimizer.schedule=constant.")
+    for key, example in (("optimizer.b1", 0.9), ("optimizer.b2", 0.999),
+                         ("optimizer.muon_momentum", 0.95)):
         value = _lookup(config, key)
-        if not (math.isfinite(value) and 0.0 <= value < 1.0):
+        if value is not _ABSENT and not (math.isfinite(value) and 0.0 <= value < 1.0):
             raise ConfigError(f"{key}={value} is a decay rate and must be in [0, 1), e.g. "
-                              f"--config.{key}={0.9 if key.endswith('b1') else 0.999}.")
+                              f"--config.{key}={example}.")
 
 
 def _validate_divergence(config) -> None:

@@ -8,9 +8,13 @@ import optax
 
 
 def learning_rate_schedule(cfg, num_train_steps: int) -> optax.Schedule:
-    """Linear warmup to ``learning_rate``, then constant, 1/sqrt(step), linear or cosine decay;
-    the decays end at ``final_learning_rate_fraction`` of the peak at the last step
-    (Chinchilla: cosine to 10% at the run's own end)."""
+    """Linear warmup to ``learning_rate``, then constant, 1/sqrt(step), linear or cosine decay,
+    or warmup-stable-decay; the decays end at ``final_learning_rate_fraction`` of the peak
+    at the last step (Chinchilla: cosine to 10% at the run's own end).
+
+    WSD (MiniCPM, Hu et al. 2024) holds the peak and decays linearly over the last
+    ``decay_fraction`` of the steps after warmup: the stable phase's checkpoints can be
+    continued for longer or decayed, which a cosine fixed to one length cannot."""
     peak = cfg.learning_rate
     final = peak * float(cfg.get("final_learning_rate_fraction", 0.0))
     warmup = max(int(cfg.warmup_steps), 0)
@@ -26,6 +30,11 @@ def learning_rate_schedule(cfg, num_train_steps: int) -> optax.Schedule:
         after = optax.linear_schedule(peak, final, decay_steps)
     elif cfg.schedule == "cosine":
         after = optax.cosine_decay_schedule(peak, decay_steps, alpha=final / peak if peak else 0.0)
+    elif cfg.schedule == "wsd":
+        decay = min(max(round(float(cfg.get("decay_fraction", 0.1)) * decay_steps), 1), decay_steps)
+        after = optax.join_schedules([optax.constant_schedule(peak),
+                                      optax.linear_schedule(peak, final, decay)],
+                                     [decay_steps - decay])
     else:
         raise ValueError(f"Unknown optimizer.schedule {cfg.schedule!r}.")
     if warmup == 0:
@@ -64,12 +73,112 @@ def trainable_mask(params, bitfit: bool = False, added: bool = False):
     return jax.tree_util.tree_map_with_path(trains, params)
 
 
-def make_optimizer(cfg, num_train_steps: int, trainable=None
+# Logical axes that index a stack of layers (``nn.scan``): Muon orthogonalises each layer's
+# matrix on its own.
+STACK_AXES = ("layers",)
+
+
+def muon_dimension_numbers(logical_axes):
+    """Which parameters Muon orthogonalises, and as which matrix, from their logical axis
+    names (a tree of name tuples beside the params).
+
+    A projection kernel that reads the residual stream (``embed`` first: query, key,
+    value, the MLP's input) is the matrix ``embed x (the rest)``; one that writes it
+    (``embed`` last: the attention output ``heads x kv x embed``, the MLP's output) is
+    ``(the rest) x embed``; stacked layers are batch axes. Everything else goes to
+    AdamW, as Muon's authors recommend: embeddings and the output layer (a ``vocab``
+    axis), fine-tuning heads, norms, biases, position biases and the parameters PEFT
+    adds (not named ``kernel``)."""
+    from optax.contrib import MuonDimensionNumbers
+
+    def numbers(path, names):
+        leaf = str(getattr(path[-1], "key", path[-1])) if path else ""
+        head = str(getattr(path[0], "key", path[0])) if path else ""
+        matrix = [i for i, name in enumerate(names) if name not in STACK_AXES]
+        if (leaf != "kernel" or head == "head" or "vocab" in names or "embed" not in names
+                or len(matrix) < 2):
+            return None
+        if names[matrix[-1]] == "embed":
+            return MuonDimensionNumbers(tuple(matrix[:-1]), (matrix[-1],))
+        if names[matrix[0]] == "embed":
+            return MuonDimensionNumbers((matrix[0],), tuple(matrix[1:]))
+        return None
+    return jax.tree_util.tree_map_with_path(numbers, logical_axes,
+                                            is_leaf=lambda x: isinstance(x, tuple))
+
+
+def _muon(cfg, schedule, logical_axes) -> optax.GradientTransformation:
+    """``optax.contrib.muon``: Newton-Schulz orthogonalised momentum on the projection
+    matrices, AdamW (``b1``, ``b2``) on the rest. Updates are scaled to AdamW's RMS
+    (Moonlight, Liu et al. 2025: ``0.2 sqrt(max(fan_in, fan_out))``), so one
+    ``learning_rate`` and ``weight_decay`` serve both groups. Weight decay applies to
+    the Muon matrices; the AdamW group is not decayed (modded-nanogpt)."""
+    if logical_axes is None:
+        raise ValueError("Muon needs the parameters' logical axis names (logical_axes).")
+    return optax.contrib.muon(
+        schedule, beta=cfg.get("muon_momentum", 0.95), weight_decay=cfg.weight_decay,
+        adam_b1=cfg.b1, adam_b2=cfg.b2, consistent_rms=0.2,
+        muon_weight_dimension_numbers=muon_dimension_numbers(logical_axes()))
+
+
+def _schedule_free_adamw(cfg, schedule) -> optax.GradientTransformation:
+    """Schedule-free AdamW (Defazio et al. 2024) through ``optax.contrib.schedule_free``:
+    the AdamW step without momentum, its weight decay masked as ``adamw``'s. The
+    trained params are the interpolation ``y``; evaluate and export the average ``x``
+    (``evaluation_params``)."""
+    base = optax.chain(
+        optax.scale_by_rms(decay=cfg.b2, eps=1e-8, eps_in_sqrt=False, bias_correction=True),
+        optax.add_decayed_weights(cfg.weight_decay, mask=decay_mask),
+        optax.scale_by_learning_rate(schedule))
+    return optax.contrib.schedule_free(base, learning_rate=schedule, b1=cfg.b1)
+
+
+def _schedule_free_states(opt_state) -> list:
+    from optax.contrib import ScheduleFreeState
+
+    def is_state(x):
+        return isinstance(x, ScheduleFreeState)
+    return [s for s in jax.tree.leaves(opt_state, is_leaf=is_state) if is_state(s)]
+
+
+def is_schedule_free(opt_state) -> bool:
+    """Whether ``opt_state`` (or its abstract shapes) is schedule-free's: its params are
+    not the model to evaluate."""
+    return bool(_schedule_free_states(opt_state))
+
+
+def evaluation_params(opt_state, params):
+    """The params to evaluate, checkpoint readers and export: ``params`` itself, except
+    under schedule-free optimisation, whose averaged iterate ``x = (y - (1 - b1) z) / b1``
+    is the model (frozen parameters have no ``z`` and stay as they are)."""
+    found = _schedule_free_states(opt_state)
+    if not found:
+        return params
+    state = found[0]
+    masked = optax.transforms.MaskedNode
+    z_leaves = dict(jax.tree_util.tree_flatten_with_path(
+        state.z, is_leaf=lambda x: isinstance(x, masked))[0])
+
+    def average(path, y):
+        z = z_leaves.get(path)
+        if z is None or isinstance(z, masked):
+            return y
+        return ((y - (1.0 - state.b1) * z) / state.b1).astype(y.dtype)
+    return jax.tree_util.tree_map_with_path(average, params)
+
+
+def make_optimizer(cfg, num_train_steps: int, trainable=None, logical_axes=None
                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """``trainable``: ``params -> bool tree`` (see ``trainable_mask``); frozen parameters
-    get a zero update and no optimizer state at all (``optax.multi_transform``)."""
+    get a zero update and no optimizer state at all (``optax.multi_transform``).
+    ``logical_axes``: ``() -> tree of logical axis names`` beside the params, which Muon
+    reads to find its matrices (called only for Muon)."""
     schedule = learning_rate_schedule(cfg, num_train_steps)
-    if cfg.name == "adafactor":
+    if cfg.name == "muon":
+        tx = _muon(cfg, schedule, logical_axes)
+    elif cfg.name == "schedule_free_adamw":
+        tx = _schedule_free_adamw(cfg, schedule)
+    elif cfg.name == "adafactor":
         # T5's defaults: factored second moments, parameter scaling, update clipping at 1.
         tx = optax.adafactor(learning_rate=schedule, multiply_by_parameter_scale=True,
                              clipping_threshold=1.0, decay_rate=0.8,
@@ -78,7 +187,8 @@ def make_optimizer(cfg, num_train_steps: int, trainable=None
         tx = optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay,
                          mask=decay_mask)
     else:
-        raise ValueError(f"Unknown optimizer.name {cfg.name!r}; choose adafactor or adamw.")
+        raise ValueError(f"Unknown optimizer.name {cfg.name!r}; choose adafactor, adamw, muon "
+                         "or schedule_free_adamw.")
     if cfg.grad_clip_norm and cfg.grad_clip_norm > 0:
         tx = optax.chain(optax.clip_by_global_norm(cfg.grad_clip_norm), tx)
     if trainable is not None:

@@ -448,7 +448,7 @@ class _Hooks:
             record["mfu"] = flops.mfu(self.flops_per_step, record["steps_per_sec"],
                                       len(self.r.devices), self.peak)
         self.check_stable(step, fetched)
-        params = self.r.state.params
+        params = self.r.trainer.evaluation_params(self.r.state) if do_eval or do_bench else None
         if do_eval:
             self.last_eval = self.evaluate(params)
             record.update(self.last_eval)

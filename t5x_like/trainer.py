@@ -48,6 +48,15 @@ def abstract_boxed_params(model: nn.Module, model_feature_lengths: Mapping[str, 
     return variables["params"]
 
 
+def logical_axes(boxed_params):
+    """Each parameter's logical axis names as a tuple (``()`` for one without names), in
+    the params' tree: what the sharding rules read, and Muon to find its matrices."""
+    from jax.sharding import PartitionSpec
+    specs = nn.get_partition_spec(boxed_params)
+    return jax.tree.map(lambda spec: tuple(spec), specs,
+                        is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
 def _path_tuple(path) -> tuple:
     return tuple(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path)
 
@@ -128,6 +137,10 @@ class Trainer:
         self._init = jax.jit(self._init_state, out_shardings=self.state_shardings)
         self.teacher_params = None
         self._jit_steps()
+        self._schedule_free = optim.is_schedule_free(abstract_opt_state)
+        self._evaluation_params = jax.jit(
+            lambda state: optim.evaluation_params(state.opt_state, state.params),
+            in_shardings=(self.state_shardings,), out_shardings=self.state_shardings.params)
         self._fresh_state = jax.jit(
             lambda params: TrainState(step=jnp.zeros((), jnp.int32), params=params,
                                       opt_state=self.optimizer.init(params)),
@@ -234,6 +247,14 @@ class Trainer:
         with self._context():
             return self._fresh_state(placed)
 
+    def evaluation_params(self, state: TrainState):
+        """The params a state stands for when evaluated, checkpoint readers and export:
+        its params, or schedule-free's averaged iterate (``optim.evaluation_params``)."""
+        if not self._schedule_free:
+            return state.params  # no copy: the params are the model
+        with self._context():
+            return self._evaluation_params(state)
+
     def place_params(self, params):
         """Host (numpy) params -> sharded ``jax.Array``s on this mesh, checked against the
         model's parameter tree (evaluation needs no optimizer state)."""
@@ -325,13 +346,15 @@ def build_trainer(config, mesh) -> Trainer:
     optimizer and rules on ``mesh``."""
     structure = structures.for_config(config)
     trainable = trainable_for(config)
-    optimizer, schedule = optim.make_optimizer(config.optimizer, config.num_train_steps,
-                                               trainable)
+    lengths = structure.model_feature_lengths(config.task_feature_lengths)
+    optimizer, schedule = optim.make_optimizer(
+        config.optimizer, config.num_train_steps, trainable,
+        logical_axes=lambda: logical_axes(abstract_boxed_params(structure.model, lengths)))
     rules = partitioning.axis_rules(config.partitioning.rules)
     normalizer = (float(config.loss.normalizing_constant)
                   if config.loss.normalization == "constant" else None)
     trainer = Trainer(structure.model, structure.loss_fn(config.loss), optimizer, schedule, mesh,
-                      rules, structure.model_feature_lengths(config.task_feature_lengths),
+                      rules, lengths,
                       seed=config.seed, microbatches=config.optimizer.microbatches,
                       loss_normalizer=normalizer,
                       skip_nonfinite_updates=config.on_nonfinite_loss == "skip_update",

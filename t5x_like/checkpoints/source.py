@@ -80,7 +80,7 @@ class Source:
                             "step aside.") from None
         finally:
             checkpointer.close()
-        return state.params
+        return trainer.evaluation_params(state)
 
 
 def load_params(source: Source, step: int, config, mesh=None, base_path: str | None = None,

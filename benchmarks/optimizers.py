@@ -1,0 +1,132 @@
+"""Muon and schedule-free AdamW against AdamW with a cosine schedule, each at its own best
+learning rate from a small sweep, on the benchmark recipe's GPT-2
+(``configs/pretrain/gpt2_tiny.py``: 4 layers, 128 wide, 32 x 160 tokens a step, the
+embedded corpus).
+
+    .venv/bin/python benchmarks/optimizers.py --dir=runs/optimizers [--steps 600]
+        [--learning_rates 1e-3,3e-3,1e-2] [--optimizers adamw,muon,schedule_free_adamw]
+
+Every point is a normal ``train`` run in ``DIR/points/<optimizer>_lr<rate>`` (a finished
+point is skipped, an unfinished one resumes), evaluated on 4 held-out batches every 50
+steps. AdamW and Muon decay by cosine to 10% of the peak at the run's end after 10%
+warmup; schedule-free holds the peak after the same warmup (it replaces the decay) and is
+evaluated on its averaged weights. The table gives, per optimizer, the held-out loss of
+each learning rate at the last step, then for the best rate: the steps it took to reach
+the best AdamW run's final held-out loss (interpolated between evaluations; the
+speedrun's claim is ~1.35x fewer for Muon) and the median train-step time
+(Newton-Schulz's cost on this CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import subprocess
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+EVAL_EVERY = 50
+
+
+def point_dir(root: pathlib.Path, optimizer: str, lr: float) -> pathlib.Path:
+    return root / "points" / f"{optimizer}_lr{lr:g}"
+
+
+def run_point(root: pathlib.Path, optimizer: str, lr: float, steps: int) -> None:
+    workdir = point_dir(root, optimizer, lr)
+    if _records(workdir) and _records(workdir)[-1]["step"] >= steps:
+        return
+    schedule = "constant" if optimizer == "schedule_free_adamw" else "cosine"
+    command = [sys.executable, "-m", "t5x_like.train", "--config=configs/pretrain/gpt2_tiny.py",
+               f"--workdir={workdir}", f"--config.num_train_steps={steps}",
+               f"--config.optimizer.name={optimizer}", f"--config.optimizer.learning_rate={lr}",
+               f"--config.optimizer.schedule={schedule}",
+               f"--config.optimizer.warmup_steps={steps // 10}",
+               "--config.optimizer.final_learning_rate_fraction=0.1",
+               f"--config.eval_every_steps={EVAL_EVERY}", "--config.eval_batches=4",
+               f"--config.log_every_steps={EVAL_EVERY}",
+               f"--config.checkpoint_every_steps={steps}", "--quiet"]
+    print(f"training {workdir.name} ({steps} steps)", flush=True)
+    subprocess.run(command, cwd=REPO, check=True)
+
+
+def _records(workdir: pathlib.Path) -> list[dict]:
+    path = workdir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def eval_curve(workdir: pathlib.Path) -> list[tuple[int, float]]:
+    return [(r["step"], r["eval_loss"]) for r in _records(workdir) if "eval_loss" in r]
+
+
+def steps_to_reach(curve: list[tuple[int, float]], target: float) -> float | None:
+    """The first step whose held-out loss is at most ``target``, interpolated linearly
+    between the evaluations around the crossing (None: never reached)."""
+    previous = None
+    for step, loss in curve:
+        if loss <= target:
+            if previous is None or previous[1] == loss:
+                return float(step)
+            (s0, l0) = previous
+            return s0 + (step - s0) * (l0 - target) / (l0 - loss)
+        previous = (step, loss)
+    return None
+
+
+def step_seconds(workdir: pathlib.Path) -> float:
+    """Median seconds per train step over the logged intervals after the first (which
+    includes compilation)."""
+    rates = [r["steps_per_sec"] for r in _records(workdir) if "steps_per_sec" in r][1:]
+    return 1.0 / statistics.median(rates)
+
+
+def report(root: pathlib.Path, optimizers: list[str], rates: list[float]) -> str:
+    finals = {(o, lr): eval_curve(point_dir(root, o, lr))[-1][1]
+              for o in optimizers for lr in rates}
+    best = {o: min(rates, key=lambda lr, o=o: finals[(o, lr)]) for o in optimizers}
+    if "adamw" not in optimizers:
+        raise SystemExit("the table compares with adamw: include it in --optimizers")
+    target = finals[("adamw", best["adamw"])]
+    adamw_steps = steps_to_reach(eval_curve(point_dir(root, "adamw", best["adamw"])), target)
+    adamw_time = step_seconds(point_dir(root, "adamw", best["adamw"]))
+    header = ("| optimizer | " + " | ".join(f"lr {lr:g}" for lr in rates)
+              + " | best lr | steps to AdamW's final loss | vs AdamW | s/step | vs AdamW |")
+    lines = [header, "|" + " --- |" * (len(rates) + 6)]
+    for o in optimizers:
+        workdir = point_dir(root, o, best[o])
+        reached = steps_to_reach(eval_curve(workdir), target)
+        seconds = step_seconds(workdir)
+        lines.append(
+            f"| {o} | " + " | ".join(f"{finals[(o, lr)]:.4f}" for lr in rates)
+            + f" | {best[o]:g} | {'not reached' if reached is None else f'{reached:.0f}'}"
+            + f" | {'-' if reached is None else f'{adamw_steps / reached:.2f}x'}"
+            + f" | {seconds:.3f} | {seconds / adamw_time:.2f}x |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dir", required=True)
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--learning_rates", default="1e-3,3e-3,1e-2")
+    parser.add_argument("--optimizers", default="adamw,muon,schedule_free_adamw")
+    parser.add_argument("--report_only", action="store_true")
+    args = parser.parse_args(argv)
+    root = pathlib.Path(args.dir)
+    rates = [float(x) for x in args.learning_rates.split(",")]
+    optimizers = args.optimizers.split(",")
+    if not args.report_only:
+        for lr in rates:  # every optimizer at a rate before the next rate: early rows compare
+            for optimizer in optimizers:
+                run_point(root, optimizer, lr, args.steps)
+    print(f"held-out loss after {args.steps} steps (configs/pretrain/gpt2_tiny.py)")
+    print(report(root, optimizers, rates))
+
+
+if __name__ == "__main__":
+    main()
