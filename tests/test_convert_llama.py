@@ -84,12 +84,15 @@ def test_llama_export_import_export_is_the_identity_and_reloads(tmp_path):
                                    rtol=1e-5, atol=1e-5)
 
 
-def test_scaled_rope_settings_are_refused(tmp_path):
-    hf_model = tiny_hf_llama(rope_parameters={"rope_type": "linear", "factor": 2.0,
+def test_a_rope_type_that_is_not_built_is_refused_exit_2(tmp_path, capsys):
+    hf_model = tiny_hf_llama(rope_parameters={"rope_type": "dynamic", "factor": 2.0,
                                               "rope_theta": 10000.0})
     hf_model.save_pretrained(tmp_path / "hf")
-    with pytest.raises(ValueError, match="Only plain rotary positions"):
-        convert_cli.import_hf(str(tmp_path / "hf"), str(tmp_path / "ours"))
+    code = convert_cli.main(["import", f"--hf_dir={tmp_path / 'hf'}",
+                             f"--out={tmp_path / 'ours'}"])
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and "'dynamic'" in line and "default, linear, llama3, yarn" in line
+    assert not (tmp_path / "ours").exists()
 
 
 def test_a_modern_decoder_cannot_be_exported_as_gpt2():

@@ -70,7 +70,7 @@ def test_gpt2_with_scale_attn_by_inverse_layer_idx_is_refused(tmp_path, capsys):
 def test_llama_with_attention_bias_is_refused(tmp_path, capsys):
     hf = hf_folder(tmp_path, dict(TINY_LLAMA, attention_bias=True))
     line = refusal(capsys, "import", f"--hf_dir={hf}", f"--out={tmp_path / 'ours'}")
-    assert "attention_bias" in line and "Llama/Mistral without biases" in line
+    assert "attention_bias" in line and "Llama/Mistral/Qwen3 without biases" in line
 
 
 def test_a_missing_hf_dir_is_refused(tmp_path, capsys):

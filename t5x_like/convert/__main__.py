@@ -14,6 +14,7 @@ from t5x_like.convert import (
     hf_bert,
     hf_distilbert,
     hf_electra,
+    hf_gemma,
     hf_gpt2,
     hf_io,
     hf_llama,
@@ -28,14 +29,16 @@ from t5x_like.data import vocabularies
 from t5x_like.errors import UserError
 
 ARCHITECTURES = {"t5": hf_t5, "mt5": hf_t5, "gpt2": hf_gpt2, "bert": hf_bert,
-                 "roberta": hf_roberta, "llama": hf_llama, "mistral": hf_llama, "albert": hf_albert,
+                 "roberta": hf_roberta, "llama": hf_llama, "mistral": hf_llama, "qwen2": hf_llama, "qwen3": hf_llama,
+                 "gemma2": hf_gemma, "gemma3_text": hf_gemma, "albert": hf_albert,
                  "bart": hf_bart, "electra": hf_electra, "distilbert": hf_distilbert,
                  "mbart": hf_mbart, "xlm-roberta": hf_xlm_roberta,
                  "longformer": hf_longformer}
 EXPORTERS = {"encoder_decoder": hf_t5, "decoder": hf_gpt2, "encoder": hf_bert,
              "electra": hf_electra}
 # What each exportable family becomes, for the refusal that lists them.
-EXPORTED_AS = {"encoder_decoder": "T5", "decoder": "GPT-2, or Llama/Mistral with rotary positions",
+EXPORTED_AS = {"encoder_decoder": "T5",
+               "decoder": "GPT-2, or Llama/Mistral/Qwen2/Qwen3/Gemma 2/Gemma 3 with rotary positions",
                "encoder": "BERT or DistilBERT", "electra": "ELECTRA"}
 
 
@@ -47,7 +50,7 @@ def exporter_for(model_config: dict):
         raise UserError(f"A model of family {family!r} cannot be exported to Hugging Face yet; "
                         f"exportable families: {exportable}.")
     if family == "decoder" and model_config.get("position_embedding") == "rotary":
-        return hf_llama
+        return hf_gemma if model_config.get("post_sublayer_norms") else hf_llama
     if (family == "encoder" and model_config.get("type_vocab_size") == 1
             and not model_config.get("position_offset")):
         return hf_distilbert  # no token types, positions from 0: DistilBERT's layout

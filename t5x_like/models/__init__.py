@@ -37,7 +37,7 @@ def build_model(model_config):
     fields = {k: v for k, v in dict(model_config).items() if k != "family"}
     if "mlp_activations" in fields:
         fields["mlp_activations"] = tuple(fields["mlp_activations"])
-    for key in ("filter_widths", "filter_counts"):  # bilm
+    for key in ("filter_widths", "filter_counts", "layer_types"):  # bilm; decoder
         if key in fields:
             fields[key] = tuple(fields[key])
     return module_cls(config_cls(**fields))

@@ -295,11 +295,13 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, mask: AttentionMa
 
 
 def reference_attention(query, key, value, mask: AttentionMask | None, *, scale=1.0,
-                        dtype=jnp.float32, bias=None, dropout=None) -> jax.Array:
+                        dtype=jnp.float32, bias=None, dropout=None,
+                        logit_softcap: float = 0.0) -> jax.Array:
     """The plain path: float32 logits over every key, the dense bias, softmax.
     ``bias`` (an array or a ``SplitBias``) replaces the mask's (decoding passes rows
     of a cached bias);
-    ``dropout`` is applied to the weights."""
+    ``dropout`` is applied to the weights; ``logit_softcap`` (Gemma 2) bounds the
+    scaled logits to ``cap * tanh(logits / cap)`` before the bias."""
     batch, q_len, heads, head_dim = query.shape
     kv_heads = key.shape[2]
     groups = heads // kv_heads
@@ -309,6 +311,8 @@ def reference_attention(query, key, value, mask: AttentionMask | None, *, scale=
     logits = logits.reshape(batch, heads, q_len, key.shape[1])
     if scale != 1.0:
         logits = logits * np.float32(scale)
+    if logit_softcap:
+        logits = np.float32(logit_softcap) * jnp.tanh(logits / np.float32(logit_softcap))
     if bias is None and mask is not None:
         bias = dense_bias(mask)
     if isinstance(bias, SplitBias):

@@ -4,7 +4,12 @@ GPT-2: learned positions, pre-LayerNorm, biases, GELU MLP, output through the
 token embedding. Modern (Llama/Mistral-style, ``configs/decoder_modern_*.py``):
 rotary positions, RMSNorm, SwiGLU (``mlp_activations=("silu", "linear")``), no
 biases, grouped-query attention, an untied output layer, optionally a sliding
-attention window.
+attention window. The switches of the other open decoder families are fields here,
+not families of their own (``configs/presets/``): Qwen2's query/key/value biases,
+Qwen3's and Gemma 3's per-head query/key norms, Gemma's scaled embeddings,
+sublayer output norms, query scale, logit soft-capping and alternating
+local/global layers (``layer_types``, with their own RoPE base), and the RoPE
+rescalings of Llama 3.1 and YaRN (``rope_*``, ``models.rotary``).
 
 ``__call__(decoder_input_tokens, ...) -> logits [batch, length, vocab]`` in
 float32. Right padding needs no mask: under the causal mask no real token sees
@@ -22,8 +27,9 @@ from typing import ClassVar
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from t5x_like.models import attention, layers, stacking
+from t5x_like.models import attention, layers, rotary, stacking
 from t5x_like.models.layers import constrain
 
 
@@ -45,6 +51,27 @@ class DecoderConfig:
     num_kv_heads: int = 0  # 0: as many as num_heads; fewer: grouped-query attention
     tie_embeddings: bool = True
     sliding_window: int = 0  # 0: attend to the whole past
+    # Per layer "full_attention" or "sliding_attention" (Hugging Face's names; Gemma
+    # alternates them); () : every layer sliding if sliding_window is set, else full.
+    layer_types: Sequence[str] = ()
+    local_rotary_max_wavelength: float = 0.0  # sliding layers' RoPE base (Gemma 3); 0: same
+    qkv_bias: bool = False  # Qwen2: biases on query, key and value alone
+    qk_norm: bool = False  # Qwen3, Gemma 3: RMSNorm over each head's queries and keys
+    post_sublayer_norms: bool = False  # Gemma 2/3: attention and MLP outputs normed too
+    scale_embeddings: bool = False  # Gemma: token embeddings times sqrt(d_model)
+    query_pre_attention_scalar: float = 0.0  # Gemma: logits times this ** -0.5; 0: head_dim
+    attention_logit_softcap: float = 0.0  # Gemma 2: cap * tanh(logits / cap); 0: none
+    final_logit_softcap: float = 0.0
+    # Rescaled RoPE frequencies (models.rotary.RopeScaling): Llama 3.1's "llama3", YaRN.
+    rope_type: str = "default"  # models.rotary.ROPE_TYPES
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_length: int = 0
+    rope_beta_fast: float = 32.0
+    rope_beta_slow: float = 1.0
+    rope_attention_factor: float = 0.0
+    rope_truncate: bool = True
     attention_impl: str = "auto"  # attention.IMPLEMENTATIONS
     dropout_rate: float = 0.0
     dtype: str = "float32"
@@ -59,37 +86,88 @@ class DecoderConfig:
         if self.position_embedding not in ("learned", "rotary"):
             raise ValueError(f"Unknown position_embedding {self.position_embedding!r}; "
                              "choose 'learned' or 'rotary'.")
+        problem = self.layer_types_problem()
+        if problem:
+            raise ValueError(problem)
+
+    def layer_types_problem(self) -> str:
+        """Why ``layer_types`` cannot be built ("" when it can)."""
+        if not self.layer_types:
+            return ""
+        unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
+        if unknown:
+            return f"model.layer_types has {unknown}; each layer is one of {LAYER_TYPES}."
+        if len(self.layer_types) != self.num_layers:
+            return (f"model.layer_types names {len(self.layer_types)} layers; the model has "
+                    f"num_layers={self.num_layers}.")
+        if "sliding_attention" in self.layer_types and not self.sliding_window:
+            return "model.layer_types has sliding layers but model.sliding_window=0; set a window."
+        if self.scan_layers and len(set(self.layer_types)) > 1:
+            return ("A scanned stack repeats one layer, and model.layer_types mixes sliding and "
+                    "full attention; use scan_layers=False.")
+        return ""
+
+    def layer_type(self, index: int) -> str:
+        if self.layer_types:
+            return self.layer_types[index]
+        return "sliding_attention" if self.sliding_window else "full_attention"
+
+    def window(self, layer_type: str) -> int:
+        return self.sliding_window if layer_type == "sliding_attention" else 0
 
     @property
     def compute_dtype(self):
         return jnp.dtype(self.dtype)
 
 
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
 # GPT-2 initialises every matrix from N(0, 0.02).
 _gpt2_init = nn.initializers.normal(stddev=0.02)
 
 
 class DecoderBlock(nn.Module):
+    """One layer. ``bias`` maps each layer type to its attention bias (or mask); the
+    block reads its own type's. Sliding layers of a model with a local RoPE base
+    (Gemma 3) rotate by it, unscaled; the rest by the model's RoPE."""
+
     config: DecoderConfig
     scanned: bool = False
+    layer_type: str = ""  # "": the config's type for every layer (a scanned stack)
 
     @nn.compact
     def __call__(self, x, bias, positions, deterministic, decode=False):
         cfg = self.config
         dtype = cfg.compute_dtype
+        layer_type = self.layer_type or cfg.layer_type(0)
+        local_rope = layer_type == "sliding_attention" and cfg.local_rotary_max_wavelength
         dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
-        h = layers.make_norm(cfg.norm, cfg.layer_norm_epsilon, dtype, "pre_attention_norm")(x)
+
+        def norm(name):
+            return layers.make_norm(cfg.norm, cfg.layer_norm_epsilon, dtype, name)
+
+        h = norm("pre_attention_norm")(x)
         h = layers.MultiHeadAttention(
             cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dtype, use_bias=cfg.use_bias,
             scale_in_compute=True, kernel_init=_gpt2_init, num_kv_heads=cfg.num_kv_heads or None,
             rotary=cfg.position_embedding == "rotary",
-            rotary_max_wavelength=cfg.rotary_max_wavelength, attention_impl=cfg.attention_impl,
-            name="attention")(
-                h, h, bias, deterministic, decode, positions, positions)
+            rotary_max_wavelength=(cfg.local_rotary_max_wavelength if local_rope
+                                   else cfg.rotary_max_wavelength),
+            rope_scaling=None if local_rope else rotary.RopeScaling.from_config(cfg),
+            qkv_bias=cfg.qkv_bias, qk_norm=cfg.qk_norm, qk_norm_epsilon=cfg.layer_norm_epsilon,
+            query_scale=(cfg.query_pre_attention_scalar ** -0.5
+                         if cfg.query_pre_attention_scalar else 0.0),
+            logit_softcap=cfg.attention_logit_softcap,
+            attention_impl=cfg.attention_impl, name="attention")(
+                h, h, bias[layer_type], deterministic, decode, positions, positions)
+        if cfg.post_sublayer_norms:
+            h = norm("post_attention_norm")(h)
         x = layers.gradient_boundary(x + dropout(h, deterministic=deterministic))
-        h = layers.make_norm(cfg.norm, cfg.layer_norm_epsilon, dtype, "pre_mlp_norm")(x)
+        h = norm("pre_mlp_norm")(x)
         h = layers.Mlp(cfg.d_ff, tuple(cfg.mlp_activations), cfg.dropout_rate, dtype,
                        use_bias=cfg.use_bias, kernel_init=_gpt2_init, name="mlp")(h, deterministic)
+        if cfg.post_sublayer_norms:
+            h = norm("post_mlp_norm")(h)
         x = x + dropout(h, deterministic=deterministic)
         x = constrain(x, ("batch", "length", "embed"))
         return (x, None) if self.scanned else x
@@ -123,24 +201,32 @@ class DecoderOnly(nn.Module):
         batch, length = decoder_input_tokens.shape
         if decoder_positions is None:
             decoder_positions = jnp.broadcast_to(jnp.arange(length), (batch, length))
+        types = sorted({cfg.layer_type(i) for i in range(cfg.num_layers)})
         if decode and decode_visible is not None:
-            bias = jnp.where(decode_visible, 0.0, attention.NEG_INF)[:, None]
+            if len(types) > 1:
+                raise ValueError("decode_visible (beam search) lays out the cache with one "
+                                 "window for every layer, and this model alternates sliding "
+                                 "and full layers; decode it greedily or by sampling.")
+            bias = {t: jnp.where(decode_visible, 0.0, attention.NEG_INF)[:, None] for t in types}
         elif decode:
             cache_length = max_decode_length or length
             # Left-padded prompts (decoding.generate_padded): segment ids over the whole
             # cache mark the positions that hold real tokens; padding is never attended to.
             key_valid = (decoder_segment_ids > 0 if decoder_segment_ids is not None
                          and decoder_segment_ids.shape[-1] == cache_length else None)
-            bias = attention.cache_bias(cache_length, key_valid, window=cfg.sliding_window)
+            bias = {t: attention.cache_bias(cache_length, key_valid, window=cfg.window(t))
+                    for t in types}
         else:
-            bias = attention.for_every_layer(
+            bias = {t: attention.for_every_layer(
                 attention.self_attention_mask(
                     jnp.ones((batch, length), bool), decoder_segment_ids, causal=True,
-                    window=cfg.sliding_window, prefix=decoder_causal_attention),
-                cfg, deterministic)
+                    window=cfg.window(t), prefix=decoder_causal_attention),
+                cfg, deterministic) for t in types}
         token_embedder = layers.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype,
                                       embedding_init=_gpt2_init, name="token_embedder")
         x = token_embedder(decoder_input_tokens)
+        if cfg.scale_embeddings:  # Gemma: by sqrt(d_model), rounded to the compute dtype
+            x = x * jnp.asarray(cfg.d_model ** 0.5, x.dtype)
         if cfg.position_embedding == "learned":
             x = x + layers.Embed(cfg.max_length, cfg.d_model, dtype=cfg.compute_dtype,
                                  embedding_init=nn.initializers.normal(stddev=0.01),
@@ -149,7 +235,9 @@ class DecoderOnly(nn.Module):
         x = constrain(x, ("batch", "length", "embed"))
         x = stacking.run_stack(DecoderBlock, cfg, cfg.num_layers, x, bias, decoder_positions,
                                deterministic, decode, scan=cfg.scan_layers,
-                               remat_policy=cfg.remat_policy, static_argnums=(2, 3))
+                               remat_policy=cfg.remat_policy, static_argnums=(2, 3),
+                               layer_attributes=(lambda i: {"layer_type": cfg.layer_types[i]})
+                               if len(set(cfg.layer_types)) > 1 else None)
         x = layers.make_norm(cfg.norm, cfg.layer_norm_epsilon, cfg.compute_dtype, "final_norm")(x)
         if return_hidden:
             return x
@@ -160,4 +248,7 @@ class DecoderOnly(nn.Module):
             logits = layers.DenseGeneral(cfg.vocab_size, kernel_axes=("embed", "vocab"),
                                          kernel_init=_gpt2_init, dtype=cfg.compute_dtype,
                                          name="logits_dense")(x)
+        if cfg.final_logit_softcap:  # Gemma 2
+            cap = np.float32(cfg.final_logit_softcap)
+            logits = cap * jnp.tanh(logits.astype(jnp.float32) / cap)
         return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))

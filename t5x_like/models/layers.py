@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_like.models import attention
+from t5x_like.models import attention, rotary
 
 Initializer = Callable[..., jax.Array]
 NEG_INF = attention.NEG_INF
@@ -187,16 +187,20 @@ class DenseGeneral(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """T5's layer norm: scale only, no mean subtraction, no bias; computed in f32."""
+    """T5's layer norm: scale only, no mean subtraction, no bias; computed in f32.
+    ``axis_name``: the logical name of the normalised axis (``kv`` for the per-head
+    query/key norms of Qwen3 and Gemma 3)."""
 
     epsilon: float = 1e-6
     dtype: jnp.dtype = jnp.float32
+    axis_name: str = "embed"
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         x32 = x.astype(jnp.float32)
         variance = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
-        scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+        scale = self.param("scale",
+                           nn.with_logical_partitioning(nn.initializers.ones, (self.axis_name,)),
                            (x.shape[-1],), jnp.float32)
         return (x32 * jax.lax.rsqrt(variance + self.epsilon) * scale).astype(self.dtype)
 
@@ -303,20 +307,24 @@ class RelativePositionBias(nn.Module):
         return bias[None].astype(self.dtype)    # [1, heads, q, k]
 
 
-def apply_rotary(x: jax.Array, positions: jax.Array, max_wavelength: float = 10_000.0) -> jax.Array:
+def apply_rotary(x: jax.Array, positions: jax.Array, max_wavelength: float = 10_000.0,
+                 scaling: rotary.RopeScaling | None = None) -> jax.Array:
     """Rotary position embedding (RoFormer), half-split layout as in GPT-NeoX and Llama.
 
     ``x``: ``[batch, length, heads, head_dim]``; ``positions``: ``[batch, length]``.
     Dimension ``i`` of the first half rotates with dimension ``i`` of the second
-    half at frequency ``max_wavelength ** (-2i / head_dim)``.
+    half at frequency ``max_wavelength ** (-2i / head_dim)``, rescaled by ``scaling``
+    (``models.rotary``: Llama 3.1's, YaRN's).
     """
     head_dim = x.shape[-1]
     if head_dim % 2:
         raise ValueError(f"Rotary positions need an even head_dim, got {head_dim}.")
-    inv_freq = 1.0 / (max_wavelength ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+    inv_freq, factor = rotary.frequencies(head_dim, max_wavelength, scaling)
     angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [batch, length, head_dim/2]
     sin = jnp.sin(angles)[:, :, None, :]
     cos = jnp.cos(angles)[:, :, None, :]
+    if factor != 1.0:
+        sin, cos = sin * np.float32(factor), cos * np.float32(factor)
     x32 = x.astype(jnp.float32)
     first, second = jnp.split(x32, 2, axis=-1)
     rotated = jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
@@ -331,7 +339,13 @@ class MultiHeadAttention(nn.Module):
     ``use_bias`` adds biases to the four projections. ``num_kv_heads`` below
     ``num_heads`` shares each key/value head among ``num_heads // num_kv_heads``
     query heads (GQA; 1 is multi-query). ``rotary`` rotates queries and keys by
-    their positions before the dot product.
+    their positions before the dot product (``rope_scaling`` rescales the frequencies).
+    ``qkv_bias`` (Qwen2) adds biases to the query, key and value projections alone;
+    ``qk_norm`` (Qwen3, Gemma 3) RMS-normalises each head's queries and keys before
+    the rotation. ``query_scale`` replaces 1/sqrt(head_dim) in the compute (Gemma's
+    ``query_pre_attn_scalar ** -0.5``); ``logit_softcap`` (Gemma 2) bounds the scaled
+    logits to ``cap * tanh(logits / cap)`` before the mask is added, which only the
+    plain path computes.
     """
 
     num_heads: int
@@ -344,6 +358,12 @@ class MultiHeadAttention(nn.Module):
     num_kv_heads: int | None = None
     rotary: bool = False
     rotary_max_wavelength: float = 10_000.0
+    rope_scaling: rotary.RopeScaling | None = None
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    qk_norm_epsilon: float = 1e-6
+    query_scale: float = 0.0
+    logit_softcap: float = 0.0
     # How the scores are computed when ``bias`` is an ``attention.AttentionMask``
     # (``attention.IMPLEMENTATIONS``); a dense bias array always takes the plain path.
     attention_impl: str = "auto"
@@ -389,8 +409,9 @@ class MultiHeadAttention(nn.Module):
 
         grouped = kv_heads != self.num_heads
         kv_axes = ("embed", "kv_heads" if grouped else "heads", "kv")
+        projection_bias = self.use_bias or self.qkv_bias
         query = DenseGeneral((self.num_heads, self.head_dim), ("embed", "heads", "kv"),
-                             kernel_init=query_init, use_bias=self.use_bias, dtype=self.dtype,
+                             kernel_init=query_init, use_bias=projection_bias, dtype=self.dtype,
                              name="query")(inputs_q)
         # Kept in the layouts the attention's two dot products read them in (keys
         # [batch, heads, length, kv], values [batch, heads, kv, length]): stored as
@@ -400,9 +421,13 @@ class MultiHeadAttention(nn.Module):
             value = jnp.transpose(self.get_variable("cache", "cross_value"), (0, 3, 1, 2))
         else:
             key, value = (DenseGeneral((kv_heads, self.head_dim), kv_axes,
-                                       kernel_init=base_init, use_bias=self.use_bias,
+                                       kernel_init=base_init, use_bias=projection_bias,
                                        dtype=self.dtype, name=name)(inputs_kv)
                           for name in ("key", "value"))
+            if self.qk_norm:
+                key = RMSNorm(self.qk_norm_epsilon, self.dtype, "kv", name="key_norm")(key)
+        if self.qk_norm:
+            query = RMSNorm(self.qk_norm_epsilon, self.dtype, "kv", name="query_norm")(query)
         if cross_cache == "fill":
             self.put_variable("cache", "cross_key", jnp.transpose(key, (0, 2, 1, 3)))
             self.put_variable("cache", "cross_value", jnp.transpose(value, (0, 2, 3, 1)))
@@ -410,14 +435,14 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"cross_cache={cross_cache!r}; use '', 'fill' or 'read'.")
         if self.rotary:
             query = apply_rotary(query, _default_positions(query_positions, inputs_q),
-                                 self.rotary_max_wavelength)
+                                 self.rotary_max_wavelength, self.rope_scaling)
             key = apply_rotary(key, _default_positions(key_positions, inputs_kv),
-                               self.rotary_max_wavelength)
+                               self.rotary_max_wavelength, self.rope_scaling)
         query = constrain(query, ("batch", "length", "heads", "kv"))
         key = constrain(key, ("batch", "kv_length", kv_axes[1], "kv"))
         value = constrain(value, ("batch", "kv_length", kv_axes[1], "kv"))
         mask = bias if isinstance(bias, attention.AttentionMask) else None
-        if decode or prefix_kv is not None:
+        if decode or prefix_kv is not None or self.logit_softcap:
             # The cache and the prefix work on rows and columns of a dense bias.
             if mask is not None:
                 bias, mask = attention.dense_bias(mask), None
@@ -431,10 +456,12 @@ class MultiHeadAttention(nn.Module):
         dropout = None
         if self.dropout_rate > 0 and not deterministic:
             dropout = lambda w: nn.Dropout(self.dropout_rate)(w, deterministic=False)  # noqa: E731
-        scale = 1.0 / np.sqrt(self.head_dim) if self.scale_in_compute else 1.0
+        scale = ((self.query_scale or 1.0 / np.sqrt(self.head_dim)) if self.scale_in_compute
+                 else 1.0)
         if mask is None:
             out = attention.reference_attention(query, key, value, None, scale=scale,
-                                                dtype=self.dtype, bias=bias, dropout=dropout)
+                                                dtype=self.dtype, bias=bias, dropout=dropout,
+                                                logit_softcap=self.logit_softcap)
         else:
             out = attention.attend(query, key, value, mask, implementation=self.attention_impl,
                                    scale=scale, dtype=self.dtype, dropout=dropout)

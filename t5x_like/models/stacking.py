@@ -36,7 +36,7 @@ def check_remat_policy(policy: str) -> None:
 
 def run_stack(block_cls: type[nn.Module], config: Any, num_layers: int, x, *args,
               scan: bool = False, remat_policy: str = "none", static_argnums: tuple[int, ...] = (),
-              shared: bool = False):
+              shared: bool = False, layer_attributes=None):
     """Applies ``num_layers`` blocks ``block_cls(config)`` to ``x``; ``args`` go to every block.
 
     Must be called inside a parent's ``nn.compact`` method (the blocks become the
@@ -44,6 +44,8 @@ def run_stack(block_cls: type[nn.Module], config: Any, num_layers: int, x, *args
     values (flags such as ``deterministic``), which remat must not trace.
     ``shared`` applies one block ``num_layers`` times (ALBERT's cross-layer sharing).
     Blocks take ``scanned`` and return ``(x, None)`` when it is set.
+    ``layer_attributes(i)``: extra constructor attributes of block ``i`` (Gemma's
+    alternating layer types); a loop only, since a scan repeats one block.
     """
     check_remat_policy(remat_policy)
     block = block_cls
@@ -58,8 +60,11 @@ def run_stack(block_cls: type[nn.Module], config: Any, num_layers: int, x, *args
         return x
     if not scan:
         for i in range(num_layers):
-            x = block(config, name=f"layers_{i}")(gradient_boundary(x), *args)
+            extra = layer_attributes(i) if layer_attributes is not None else {}
+            x = block(config, name=f"layers_{i}", **extra)(gradient_boundary(x), *args)
         return x
+    if layer_attributes is not None:
+        raise ValueError("A scanned stack repeats one block; per-layer attributes need a loop.")
     scanned = nn.scan(block, variable_axes={"params": 0, "cache": 0},
                       split_rngs={"params": True, "dropout": True},
                       in_axes=(nn.broadcast,) * len(args), length=num_layers,

@@ -61,6 +61,18 @@ class DecoderStructure(Structure):
 
     @classmethod
     def validate_config(cls, config) -> None:
+        from t5x_like.models import decoder, rotary
+        model = config.model
+        if model.get("rope_type", "default") not in rotary.ROPE_TYPES:
+            raise ConfigError(f"model.rope_type={model.rope_type!r} is not built; choose one of "
+                              f"{rotary.ROPE_TYPES}.")
+        fields = {k: v for k, v in model.to_dict().items()
+                  if k in decoder.DecoderConfig.__dataclass_fields__}
+        fields["layer_types"] = tuple(fields.get("layer_types") or ())
+        try:  # the model's own checks (layer_types against the depth, scan and window)
+            decoder.DecoderConfig(**fields)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         head = config.get("head")
         if (head is not None and head.kind in ("classification", "regression")
                 and head.pooling == "cls"):
