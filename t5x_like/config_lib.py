@@ -265,6 +265,8 @@ def load_config_file(path: str) -> ml_collections.ConfigDict:
         # A key the defaults lack (ConfigDict raises AttributeError on a locked dict).
         raise ConfigError(f"In {path}, get_config() (line {_user_line(e, file)}): {e}. Use only "
                           "keys of t5x_like.config_lib.default_config().") from None
+    except ValueError as e:  # the file's own refusal of its argument (an unknown preset)
+        raise ConfigError(f"{path}:{argument}: {e}.") from None
     if not isinstance(config, ml_collections.ConfigDict):
         raise ConfigError(f"get_config() in {path!r} returned {type(config).__name__}; return "
                           "an ml_collections.ConfigDict built from config_lib.default_config().")
