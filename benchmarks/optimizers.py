@@ -13,8 +13,12 @@ warmup; schedule-free holds the peak after the same warmup (it replaces the deca
 evaluated on its averaged weights. The table gives, per optimizer, the held-out loss of
 each learning rate at the last step, then for the best rate: the steps it took to reach
 the best AdamW run's final held-out loss (interpolated between evaluations; the
-speedrun's claim is ~1.35x fewer for Muon) and the median train-step time
-(Newton-Schulz's cost on this CPU).
+speedrun's claim is ~1.35x fewer for Muon) and the median train-step time of the run
+(other load on the machine shows in it).
+
+``--time_steps N`` instead times the train step of each optimizer in this one process
+(same model, batch and mesh; rounds alternate between optimizers and each keeps its
+fastest round): Newton-Schulz's cost on this CPU without the noise of separate runs.
 """
 
 from __future__ import annotations
@@ -108,6 +112,49 @@ def report(root: pathlib.Path, optimizers: list[str], rates: list[float]) -> str
     return "\n".join(lines)
 
 
+def time_steps(optimizers: list[str], steps: int, rounds: int = 3) -> str:
+    """Seconds per train step of each optimizer on ``configs/pretrain/gpt2_tiny.py``."""
+    import time
+
+    import jax
+    import numpy as np
+
+    from t5x_like import config_lib, partitioning, structures
+    from t5x_like import trainer as trainer_lib
+
+    trainers, states, batch = {}, {}, None
+    for name in optimizers:
+        config = config_lib.load_config_file(str(REPO / "configs/pretrain/gpt2_tiny.py"))
+        config.optimizer.name = name
+        config.optimizer.schedule = "constant"
+        config_lib.validate(config)
+        mesh = partitioning.make_mesh({"data": 1}, jax.devices()[:1])
+        trainers[name] = trainer_lib.build_trainer(config, mesh)
+        states[name] = trainers[name].init_state(0)
+        if batch is None:
+            shapes = structures.for_config(config).abstract_batch(config.task_feature_lengths,
+                                                                  config.batch_size)
+            rng = np.random.default_rng(0)
+            batch = {k: (np.ones(v.shape, np.float32) if v.dtype == np.float32 else
+                         rng.integers(4, 8000, v.shape).astype(np.int32))
+                     for k, v in shapes.items()}
+        for _ in range(2):  # compile and warm up
+            states[name], metrics = trainers[name].train_step(states[name], batch)
+        jax.block_until_ready(metrics)
+    best = {name: float("inf") for name in optimizers}
+    for _ in range(rounds):
+        for name in optimizers:
+            start = time.perf_counter()
+            for _ in range(steps):
+                states[name], metrics = trainers[name].train_step(states[name], batch)
+            jax.block_until_ready(metrics)
+            best[name] = min(best[name], (time.perf_counter() - start) / steps)
+    base = best.get("adamw", next(iter(best.values())))
+    lines = ["| optimizer | s/step | vs adamw |", "| --- | --- | --- |"]
+    lines += [f"| {name} | {seconds:.4f} | {seconds / base:.3f}x |" for name, seconds in best.items()]
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -116,7 +163,14 @@ def main(argv=None) -> None:
     parser.add_argument("--learning_rates", default="1e-3,3e-3,1e-2")
     parser.add_argument("--optimizers", default="adamw,muon,schedule_free_adamw")
     parser.add_argument("--report_only", action="store_true")
+    parser.add_argument("--time_steps", type=int, default=0,
+                        help="Time N train steps of each optimizer in-process instead.")
     args = parser.parse_args(argv)
+    if args.time_steps:
+        print(f"train step of configs/pretrain/gpt2_tiny.py, best of 3 rounds of "
+              f"{args.time_steps} steps")
+        print(time_steps(args.optimizers.split(","), args.time_steps))
+        return
     root = pathlib.Path(args.dir)
     rates = [float(x) for x in args.learning_rates.split(",")]
     optimizers = args.optimizers.split(",")
