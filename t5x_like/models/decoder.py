@@ -5,7 +5,7 @@ token embedding. Modern (Llama/Mistral-style, ``configs/decoder_modern_*.py``):
 rotary positions, RMSNorm, SwiGLU (``mlp_activations=("silu", "linear")``), no
 biases, grouped-query attention, an untied output layer, optionally a sliding
 attention window. The switches of the other open decoder families are fields here,
-not families of their own (``configs/presets/``): Qwen2's query/key/value biases,
+not families of their own (presets: ``configs/open_decoders.py``): Qwen2's query/key/value biases,
 Qwen3's and Gemma 3's per-head query/key norms, Gemma's scaled embeddings,
 sublayer output norms, query scale, logit soft-capping and alternating
 local/global layers (``layer_types``, with their own RoPE base), and the RoPE
