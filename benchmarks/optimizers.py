@@ -5,6 +5,9 @@ embedded corpus).
 
     .venv/bin/python benchmarks/optimizers.py --dir=runs/optimizers [--steps 600]
         [--learning_rates 1e-3,3e-3,1e-2] [--optimizers adamw,muon,schedule_free_adamw]
+    # or a grid per optimizer:
+    .venv/bin/python benchmarks/optimizers.py --dir=runs/optimizers \
+        --learning_rates "adamw=3e-4,1e-3,3e-3;muon=1e-3,3e-3,1e-2"
 
 Every point is a normal ``train`` run in ``DIR/points/<optimizer>_lr<rate>`` (a finished
 point is skipped, an unfinished one resumes), evaluated on 4 held-out batches every 50
@@ -88,28 +91,44 @@ def step_seconds(workdir: pathlib.Path) -> float:
     return 1.0 / statistics.median(rates)
 
 
-def report(root: pathlib.Path, optimizers: list[str], rates: list[float]) -> str:
-    finals = {(o, lr): eval_curve(point_dir(root, o, lr))[-1][1]
-              for o in optimizers for lr in rates}
-    best = {o: min(rates, key=lambda lr, o=o: finals[(o, lr)]) for o in optimizers}
-    if "adamw" not in optimizers:
+def report(root: pathlib.Path, grid: dict[str, list[float]]) -> str:
+    """The table: each optimizer's held-out loss at every rate it ran ("-" where its grid
+    has no such rate), and its best rate's steps to AdamW's best final loss and step time."""
+    if "adamw" not in grid:
         raise SystemExit("the table compares with adamw: include it in --optimizers")
+    rates = sorted({lr for lrs in grid.values() for lr in lrs})
+    finals = {(o, lr): eval_curve(point_dir(root, o, lr))[-1][1]
+              for o, lrs in grid.items() for lr in lrs}
+    best = {o: min(lrs, key=lambda lr, o=o: finals[(o, lr)]) for o, lrs in grid.items()}
     target = finals[("adamw", best["adamw"])]
     adamw_steps = steps_to_reach(eval_curve(point_dir(root, "adamw", best["adamw"])), target)
     adamw_time = step_seconds(point_dir(root, "adamw", best["adamw"]))
     header = ("| optimizer | " + " | ".join(f"lr {lr:g}" for lr in rates)
               + " | best lr | steps to AdamW's final loss | vs AdamW | s/step | vs AdamW |")
     lines = [header, "|" + " --- |" * (len(rates) + 6)]
-    for o in optimizers:
+    for o in grid:
         workdir = point_dir(root, o, best[o])
         reached = steps_to_reach(eval_curve(workdir), target)
         seconds = step_seconds(workdir)
+        cells = [f"{finals[(o, lr)]:.4f}" if (o, lr) in finals else "-" for lr in rates]
         lines.append(
-            f"| {o} | " + " | ".join(f"{finals[(o, lr)]:.4f}" for lr in rates)
+            f"| {o} | " + " | ".join(cells)
             + f" | {best[o]:g} | {'not reached' if reached is None else f'{reached:.0f}'}"
             + f" | {'-' if reached is None else f'{adamw_steps / reached:.2f}x'}"
             + f" | {seconds:.3f} | {seconds / adamw_time:.2f}x |")
     return "\n".join(lines)
+
+
+def parse_grid(learning_rates: str, optimizers: list[str]) -> dict[str, list[float]]:
+    """``1e-3,3e-3`` for every optimizer, or ``adamw=3e-4,1e-3;muon=1e-3,1e-2``."""
+    if "=" not in learning_rates:
+        rates = [float(x) for x in learning_rates.split(",")]
+        return {o: rates for o in optimizers}
+    grid = {}
+    for part in learning_rates.split(";"):
+        name, rates = part.split("=")
+        grid[name.strip()] = [float(x) for x in rates.split(",")]
+    return grid
 
 
 def time_steps(optimizers: list[str], steps: int, rounds: int = 3) -> str:
@@ -172,14 +191,14 @@ def main(argv=None) -> None:
         print(time_steps(args.optimizers.split(","), args.time_steps))
         return
     root = pathlib.Path(args.dir)
-    rates = [float(x) for x in args.learning_rates.split(",")]
-    optimizers = args.optimizers.split(",")
+    grid = parse_grid(args.learning_rates, args.optimizers.split(","))
     if not args.report_only:
-        for lr in rates:  # every optimizer at a rate before the next rate: early rows compare
-            for optimizer in optimizers:
-                run_point(root, optimizer, lr, args.steps)
+        for index in range(max(len(lrs) for lrs in grid.values())):
+            for optimizer, lrs in grid.items():  # every optimizer's i-th rate, then the next
+                if index < len(lrs):
+                    run_point(root, optimizer, lrs[index], args.steps)
     print(f"held-out loss after {args.steps} steps (configs/pretrain/gpt2_tiny.py)")
-    print(report(root, optimizers, rates))
+    print(report(root, grid))
 
 
 if __name__ == "__main__":
