@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from t5x_like.convert import hf_gpt2, hf_rope
+from t5x_like.convert import hf_gpt2, hf_llama, hf_rope
 from t5x_like.convert.hf_t5 import TrackedWeights
 from t5x_like.errors import UserError
 
@@ -130,38 +130,30 @@ def _whole(value: float) -> int | float:
     return int(value) if float(value).is_integer() else float(value)
 
 
-def _norm_in(w: TrackedWeights, name: str) -> dict:
-    return {"scale": w[name] + np.float32(1.0)}
+def _norm_in(tensor: np.ndarray) -> dict:
+    """Gemma's RMSNorm multiplies by ``1 + weight``."""
+    return {"scale": tensor + np.float32(1.0)}
+
+
+def _norm_out(node: dict) -> np.ndarray:
+    return np.asarray(node["scale"]) - np.float32(1.0)
 
 
 def params_from_hf(weights: dict[str, np.ndarray], cfg: dict) -> dict:
-    heads, kv_heads, head_dim = cfg["num_heads"], cfg["num_kv_heads"], cfg["head_dim"]
-    d = cfg["d_model"]
     w = TrackedWeights(weights)
     params = {"token_embedder": {"embedding": w["model.embed_tokens.weight"]},
-              "final_norm": _norm_in(w, "model.norm.weight")}
+              "final_norm": _norm_in(w["model.norm.weight"])}
     if not cfg["tie_embeddings"]:
         params["logits_dense"] = {"kernel": w["lm_head.weight"].T}
     for i in range(cfg["num_layers"]):
         b = f"model.layers.{i}"
-        attention = {
-            "query": {"kernel": w[f"{b}.self_attn.q_proj.weight"].T.reshape(d, heads, head_dim)},
-            "key": {"kernel": w[f"{b}.self_attn.k_proj.weight"].T.reshape(d, kv_heads, head_dim)},
-            "value": {"kernel": w[f"{b}.self_attn.v_proj.weight"].T.reshape(d, kv_heads, head_dim)},
-            "out": {"kernel": w[f"{b}.self_attn.o_proj.weight"].T.reshape(heads, head_dim, d)},
-        }
-        if cfg.get("qk_norm"):
-            attention["query_norm"] = _norm_in(w, f"{b}.self_attn.q_norm.weight")
-            attention["key_norm"] = _norm_in(w, f"{b}.self_attn.k_norm.weight")
         params[f"layers_{i}"] = {
-            "pre_attention_norm": _norm_in(w, f"{b}.input_layernorm.weight"),
-            "attention": attention,
-            "post_attention_norm": _norm_in(w, f"{b}.post_attention_layernorm.weight"),
-            "pre_mlp_norm": _norm_in(w, f"{b}.pre_feedforward_layernorm.weight"),
-            "post_mlp_norm": _norm_in(w, f"{b}.post_feedforward_layernorm.weight"),
-            "mlp": {"wi_0": {"kernel": w[f"{b}.mlp.gate_proj.weight"].T},
-                    "wi_1": {"kernel": w[f"{b}.mlp.up_proj.weight"].T},
-                    "wo": {"kernel": w[f"{b}.mlp.down_proj.weight"].T}},
+            "pre_attention_norm": _norm_in(w[f"{b}.input_layernorm.weight"]),
+            "attention": hf_llama.attention_from_hf(w, b, cfg, _norm_in),
+            "post_attention_norm": _norm_in(w[f"{b}.post_attention_layernorm.weight"]),
+            "pre_mlp_norm": _norm_in(w[f"{b}.pre_feedforward_layernorm.weight"]),
+            "post_mlp_norm": _norm_in(w[f"{b}.post_feedforward_layernorm.weight"]),
+            "mlp": hf_llama.gated_mlp_from_hf(w, b),
         }
     w.check_all_used(ignore=("lm_head.weight",) if cfg["tie_embeddings"] else (),
                      ignore_suffixes=(".rotary_emb.inv_freq",))
@@ -169,35 +161,16 @@ def params_from_hf(weights: dict[str, np.ndarray], cfg: dict) -> dict:
 
 
 def params_to_hf(params: dict, cfg: dict) -> dict[str, np.ndarray]:
-    heads, head_dim, d = cfg["num_heads"], cfg["head_dim"], cfg["d_model"]
-    kv_width = (cfg.get("num_kv_heads") or heads) * head_dim
-
-    def norm(node):
-        return np.asarray(node["scale"]) - np.float32(1.0)
-
     out = {"model.embed_tokens.weight": params["token_embedder"]["embedding"],
-           "model.norm.weight": norm(params["final_norm"])}
+           "model.norm.weight": _norm_out(params["final_norm"])}
     if not cfg["tie_embeddings"]:
         out["lm_head.weight"] = np.asarray(params["logits_dense"]["kernel"]).T
     for i in range(cfg["num_layers"]):
         layer, b = params[f"layers_{i}"], f"model.layers.{i}"
-        att = layer["attention"]
-        out[f"{b}.self_attn.q_proj.weight"] = np.asarray(att["query"]["kernel"]).reshape(
-            d, heads * head_dim).T
-        out[f"{b}.self_attn.k_proj.weight"] = np.asarray(att["key"]["kernel"]).reshape(
-            d, kv_width).T
-        out[f"{b}.self_attn.v_proj.weight"] = np.asarray(att["value"]["kernel"]).reshape(
-            d, kv_width).T
-        out[f"{b}.self_attn.o_proj.weight"] = np.asarray(att["out"]["kernel"]).reshape(
-            heads * head_dim, d).T
-        if cfg.get("qk_norm"):
-            out[f"{b}.self_attn.q_norm.weight"] = norm(att["query_norm"])
-            out[f"{b}.self_attn.k_norm.weight"] = norm(att["key_norm"])
-        out[f"{b}.input_layernorm.weight"] = norm(layer["pre_attention_norm"])
-        out[f"{b}.post_attention_layernorm.weight"] = norm(layer["post_attention_norm"])
-        out[f"{b}.pre_feedforward_layernorm.weight"] = norm(layer["pre_mlp_norm"])
-        out[f"{b}.post_feedforward_layernorm.weight"] = norm(layer["post_mlp_norm"])
-        out[f"{b}.mlp.gate_proj.weight"] = np.asarray(layer["mlp"]["wi_0"]["kernel"]).T
-        out[f"{b}.mlp.up_proj.weight"] = np.asarray(layer["mlp"]["wi_1"]["kernel"]).T
-        out[f"{b}.mlp.down_proj.weight"] = np.asarray(layer["mlp"]["wo"]["kernel"]).T
+        out.update(hf_llama.attention_to_hf(layer["attention"], b, cfg, _norm_out))
+        out[f"{b}.input_layernorm.weight"] = _norm_out(layer["pre_attention_norm"])
+        out[f"{b}.post_attention_layernorm.weight"] = _norm_out(layer["post_attention_norm"])
+        out[f"{b}.pre_feedforward_layernorm.weight"] = _norm_out(layer["pre_mlp_norm"])
+        out[f"{b}.post_feedforward_layernorm.weight"] = _norm_out(layer["post_mlp_norm"])
+        out.update(hf_llama.gated_mlp_to_hf(layer["mlp"], b))
     return {k: np.ascontiguousarray(np.asarray(v), dtype=np.float32) for k, v in out.items()}

@@ -126,9 +126,73 @@ def hf_config_from_model_config(cfg: dict) -> dict:
     return out
 
 
-def params_from_hf(weights: dict[str, np.ndarray], cfg: dict) -> dict:
+def _plain_norm_in(tensor: np.ndarray) -> dict:
+    return {"scale": tensor}
+
+
+def _plain_norm_out(node: dict) -> np.ndarray:
+    return node["scale"]
+
+
+def attention_from_hf(w: TrackedWeights, b: str, cfg: dict, norm_in=_plain_norm_in) -> dict:
+    """Layer ``b``'s ``self_attn`` tensors as our attention params: the four projections
+    split by head, Qwen2's q/k/v biases, the per-head q/k norms (read by ``norm_in``:
+    Gemma's are ``1 + w``). Shared by every rotary decoder converter."""
     heads, kv_heads, head_dim = cfg["num_heads"], cfg["num_kv_heads"], cfg["head_dim"]
     d = cfg["d_model"]
+    attention = {
+        "query": {"kernel": w[f"{b}.self_attn.q_proj.weight"].T.reshape(d, heads, head_dim)},
+        "key": {"kernel": w[f"{b}.self_attn.k_proj.weight"].T.reshape(d, kv_heads, head_dim)},
+        "value": {"kernel": w[f"{b}.self_attn.v_proj.weight"].T.reshape(d, kv_heads, head_dim)},
+        "out": {"kernel": w[f"{b}.self_attn.o_proj.weight"].T.reshape(heads, head_dim, d)},
+    }
+    if cfg.get("qkv_bias"):
+        for name, proj, count in (("query", "q", heads), ("key", "k", kv_heads),
+                                  ("value", "v", kv_heads)):
+            attention[name]["bias"] = w[f"{b}.self_attn.{proj}_proj.bias"].reshape(
+                count, head_dim)
+    if cfg.get("qk_norm"):
+        attention["query_norm"] = norm_in(w[f"{b}.self_attn.q_norm.weight"])
+        attention["key_norm"] = norm_in(w[f"{b}.self_attn.k_norm.weight"])
+    return attention
+
+
+def attention_to_hf(att: dict, b: str, cfg: dict, norm_out=_plain_norm_out) -> dict:
+    """The inverse of ``attention_from_hf``."""
+    heads, head_dim, d = cfg["num_heads"], cfg["head_dim"], cfg["d_model"]
+    kv_width = (cfg.get("num_kv_heads") or heads) * head_dim
+    out = {
+        f"{b}.self_attn.q_proj.weight": np.asarray(att["query"]["kernel"]).reshape(
+            d, heads * head_dim).T,
+        f"{b}.self_attn.k_proj.weight": np.asarray(att["key"]["kernel"]).reshape(d, kv_width).T,
+        f"{b}.self_attn.v_proj.weight": np.asarray(att["value"]["kernel"]).reshape(
+            d, kv_width).T,
+        f"{b}.self_attn.o_proj.weight": np.asarray(att["out"]["kernel"]).reshape(
+            heads * head_dim, d).T,
+    }
+    if cfg.get("qkv_bias"):
+        for name, proj in (("query", "q"), ("key", "k"), ("value", "v")):
+            out[f"{b}.self_attn.{proj}_proj.bias"] = np.asarray(att[name]["bias"]).reshape(-1)
+    if cfg.get("qk_norm"):
+        out[f"{b}.self_attn.q_norm.weight"] = norm_out(att["query_norm"])
+        out[f"{b}.self_attn.k_norm.weight"] = norm_out(att["key_norm"])
+    return out
+
+
+def gated_mlp_from_hf(w: TrackedWeights, b: str) -> dict:
+    """``gate_proj`` (under the activation), ``up_proj`` and ``down_proj`` of layer ``b``."""
+    return {"wi_0": {"kernel": w[f"{b}.mlp.gate_proj.weight"].T},
+            "wi_1": {"kernel": w[f"{b}.mlp.up_proj.weight"].T},
+            "wo": {"kernel": w[f"{b}.mlp.down_proj.weight"].T}}
+
+
+def gated_mlp_to_hf(mlp: dict, b: str) -> dict:
+    return {f"{b}.mlp.gate_proj.weight": np.asarray(mlp["wi_0"]["kernel"]).T,
+            f"{b}.mlp.up_proj.weight": np.asarray(mlp["wi_1"]["kernel"]).T,
+            f"{b}.mlp.down_proj.weight": np.asarray(mlp["wo"]["kernel"]).T}
+
+
+def params_from_hf(weights: dict[str, np.ndarray], cfg: dict) -> dict:
     w = TrackedWeights(weights)
     params = {"token_embedder": {"embedding": w["model.embed_tokens.weight"]},
               "final_norm": {"scale": w["model.norm.weight"]}}
@@ -136,27 +200,11 @@ def params_from_hf(weights: dict[str, np.ndarray], cfg: dict) -> dict:
         params["logits_dense"] = {"kernel": w["lm_head.weight"].T}
     for i in range(cfg["num_layers"]):
         b = f"model.layers.{i}"
-        attention = {
-            "query": {"kernel": w[f"{b}.self_attn.q_proj.weight"].T.reshape(d, heads, head_dim)},
-            "key": {"kernel": w[f"{b}.self_attn.k_proj.weight"].T.reshape(d, kv_heads, head_dim)},
-            "value": {"kernel": w[f"{b}.self_attn.v_proj.weight"].T.reshape(d, kv_heads, head_dim)},
-            "out": {"kernel": w[f"{b}.self_attn.o_proj.weight"].T.reshape(heads, head_dim, d)},
-        }
-        if cfg.get("qkv_bias"):
-            for name, proj, count in (("query", "q", heads), ("key", "k", kv_heads),
-                                      ("value", "v", kv_heads)):
-                attention[name]["bias"] = w[f"{b}.self_attn.{proj}_proj.bias"].reshape(
-                    count, head_dim)
-        if cfg.get("qk_norm"):
-            attention["query_norm"] = {"scale": w[f"{b}.self_attn.q_norm.weight"]}
-            attention["key_norm"] = {"scale": w[f"{b}.self_attn.k_norm.weight"]}
         params[f"layers_{i}"] = {
             "pre_attention_norm": {"scale": w[f"{b}.input_layernorm.weight"]},
-            "attention": attention,
+            "attention": attention_from_hf(w, b, cfg),
             "pre_mlp_norm": {"scale": w[f"{b}.post_attention_layernorm.weight"]},
-            "mlp": {"wi_0": {"kernel": w[f"{b}.mlp.gate_proj.weight"].T},
-                    "wi_1": {"kernel": w[f"{b}.mlp.up_proj.weight"].T},
-                    "wo": {"kernel": w[f"{b}.mlp.down_proj.weight"].T}},
+            "mlp": gated_mlp_from_hf(w, b),
         }
     w.check_all_used(ignore=("lm_head.weight",) if cfg["tie_embeddings"] else (),
                      ignore_suffixes=(".rotary_emb.inv_freq",))
@@ -164,32 +212,14 @@ def params_from_hf(weights: dict[str, np.ndarray], cfg: dict) -> dict:
 
 
 def params_to_hf(params: dict, cfg: dict) -> dict[str, np.ndarray]:
-    heads, head_dim, d = cfg["num_heads"], cfg["head_dim"], cfg["d_model"]
-    kv_width = (cfg.get("num_kv_heads") or heads) * head_dim
     out = {"model.embed_tokens.weight": params["token_embedder"]["embedding"],
            "model.norm.weight": params["final_norm"]["scale"]}
     if not cfg["tie_embeddings"]:
         out["lm_head.weight"] = np.asarray(params["logits_dense"]["kernel"]).T
     for i in range(cfg["num_layers"]):
         layer, b = params[f"layers_{i}"], f"model.layers.{i}"
-        att = layer["attention"]
-        out[f"{b}.self_attn.q_proj.weight"] = np.asarray(att["query"]["kernel"]).reshape(
-            d, heads * head_dim).T
-        out[f"{b}.self_attn.k_proj.weight"] = np.asarray(att["key"]["kernel"]).reshape(
-            d, kv_width).T
-        out[f"{b}.self_attn.v_proj.weight"] = np.asarray(att["value"]["kernel"]).reshape(
-            d, kv_width).T
-        out[f"{b}.self_attn.o_proj.weight"] = np.asarray(att["out"]["kernel"]).reshape(
-            heads * head_dim, d).T
-        if cfg.get("qkv_bias"):
-            for name, proj in (("query", "q"), ("key", "k"), ("value", "v")):
-                out[f"{b}.self_attn.{proj}_proj.bias"] = np.asarray(att[name]["bias"]).reshape(-1)
-        if cfg.get("qk_norm"):
-            out[f"{b}.self_attn.q_norm.weight"] = att["query_norm"]["scale"]
-            out[f"{b}.self_attn.k_norm.weight"] = att["key_norm"]["scale"]
+        out.update(attention_to_hf(layer["attention"], b, cfg))
         out[f"{b}.input_layernorm.weight"] = layer["pre_attention_norm"]["scale"]
         out[f"{b}.post_attention_layernorm.weight"] = layer["pre_mlp_norm"]["scale"]
-        out[f"{b}.mlp.gate_proj.weight"] = np.asarray(layer["mlp"]["wi_0"]["kernel"]).T
-        out[f"{b}.mlp.up_proj.weight"] = np.asarray(layer["mlp"]["wi_1"]["kernel"]).T
-        out[f"{b}.mlp.down_proj.weight"] = np.asarray(layer["mlp"]["wo"]["kernel"]).T
+        out.update(gated_mlp_to_hf(layer["mlp"], b))
     return {k: np.ascontiguousarray(np.asarray(v), dtype=np.float32) for k, v in out.items()}

@@ -14,8 +14,6 @@ import math
 from t5x_like.errors import UserError
 from t5x_like.models import rotary
 
-IMPORTED = rotary.ROPE_TYPES
-
 
 def rope_parameters(hf: dict, layer_type: str | None = None) -> dict:
     """The RoPE settings of ``hf`` (of ``layer_type``'s layers where they differ)."""
@@ -36,9 +34,9 @@ def fields_from_hf(hf: dict, layer_type: str | None = None) -> dict:
     """``rotary_max_wavelength`` and the ``rope_*`` fields; a type not built is refused."""
     p = rope_parameters(hf, layer_type)
     kind = p.get("rope_type", "default")
-    if kind not in IMPORTED:
+    if kind not in rotary.ROPE_TYPES:
         raise UserError(f"RoPE type {kind!r} ({hf.get('model_type')} config.json) does not "
-                        f"convert; supported rope_type: {', '.join(IMPORTED)} (dynamic NTK, "
+                        f"convert; supported rope_type: {', '.join(rotary.ROPE_TYPES)} (dynamic NTK, "
                         "longrope and others change the frequencies per batch or per layer).")
     if float(p.get("partial_rotary_factor", 1.0)) != 1.0:
         raise UserError(f"partial_rotary_factor={p['partial_rotary_factor']} does not convert; "
