@@ -134,6 +134,7 @@ def _setup(source, step, args, overrides, name):
     from t5x_like.evaluation import evaluator
 
     config = runs.run_config(source, step, args.config, overrides)
+    structures.structure_class(config.model.family).check_decoding(config, args.num_beams)
     line = structures.structure_class(config.model.family).evaluation_line(config)
     if line and jax.process_index() == 0 and not args.quiet:
         print(line, flush=True)

@@ -76,6 +76,7 @@ def run(args, overrides) -> int:
         raise UserError(f"{source.path} holds no complete checkpoint.")
     step = steps[-1]
     config = runs.run_config(source, step, args.config, overrides)
+    structures.structure_class(config.model.family).check_decoding(config, args.num_beams)
     lengths = dict(config.task_feature_lengths)
     if args.inputs_length:
         lengths["inputs"] = args.inputs_length

@@ -184,3 +184,42 @@ def test_unsupported_switches_are_refused_naming_what_is(config, message):
         module.model_config_from_hf(hf)
     if "rope" in message or "longrope" in message:
         assert "default, linear, llama3, yarn" in str(error.value)
+
+
+@pytest.mark.parametrize("model,message", [
+    (dict(layer_types=("full_attention", "sliding_attention")), "sliding_window=0; set a window"),
+    (dict(layer_types=("full_attention",), sliding_window=4), "names 1 layers"),
+    (dict(layer_types=("full_attention", "local")), "each layer is one of"),
+    (dict(layer_types=("full_attention", "sliding_attention"), sliding_window=4,
+          scan_layers=True), "use scan_layers=False"),
+    (dict(rope_type="dynamic"), "model.rope_type='dynamic' is not built"),
+])
+def test_bad_decoder_switches_are_config_errors_naming_the_fix(model, message):
+    from test_peft import tiny_decoder
+
+    from t5x_like import config_lib, errors
+    config = tiny_decoder()
+    config.model.update(model)
+    with pytest.raises(errors.ConfigError, match=message):
+        config_lib.validate(config)
+
+
+def test_beam_search_over_mixed_layer_types_is_refused(tmp_path):
+    hf_model = CASES["gemma2"]()
+    _, model, params = import_and_build(tmp_path, hf_model)
+    prompt = np.random.default_rng(3).integers(3, 99, size=(1, 6))
+    with pytest.raises(ValueError, match="decode it greedily or by sampling"):
+        decoding.beam_generate(model, params, prompt, max_new_tokens=3, num_beams=2, eos_id=2)
+
+
+def test_infer_with_beams_on_mixed_layer_types_is_refused_exit_2(tmp_path, capsys):
+    from t5x_like import infer
+    import_and_build(tmp_path, CASES["gemma2"]())
+    (tmp_path / "in.jsonl").write_text('{"inputs": "hello"}\n')
+    code = infer.main([f"--checkpoint={tmp_path / 'ours'}", f"--input_file={tmp_path / 'in.jsonl'}",
+                       f"--output_file={tmp_path / 'out.jsonl'}", "--num_beams=4",
+                       "--inputs_length=8"])
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and "--num_beams=4" in line and "--num_beams=1" in line
+    assert not (tmp_path / "out.jsonl").exists()
+

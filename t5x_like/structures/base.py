@@ -162,6 +162,11 @@ class Structure:
         after the generic checks (keys, types, enums); a ``ConfigError`` names the key."""
 
     @classmethod
+    def check_decoding(cls, config, num_beams: int) -> None:
+        """Refuses decoding settings (``--num_beams``) this structure's model cannot run,
+        before anything is restored or compiled; a ``UserError`` names the fix."""
+
+    @classmethod
     def build_model(cls, model_config: Mapping):
         """The family's Flax module for ``config.model`` (what it needs from outside the
         config, such as a vocabulary's pieces, is given here)."""

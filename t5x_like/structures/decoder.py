@@ -80,6 +80,14 @@ class DecoderStructure(Structure):
                               "decoder body at its last token: --config.head.pooling=last.")
 
     @classmethod
+    def check_decoding(cls, config, num_beams: int) -> None:
+        if num_beams > 1 and len(set(config.model.get("layer_types") or ())) > 1:
+            raise UserError(f"--num_beams={num_beams}: beam search lays out its cache with one "
+                            "attention window for every layer, and this model alternates "
+                            "sliding and full layers (model.layer_types); decode greedily "
+                            "with --num_beams=1, or sample with --temperature.")
+
+    @classmethod
     def evaluate_as_trained(cls, config, saved, imported):
         """Scores are log-likelihoods under the attention the checkpoint was trained with:
         causal for an imported causal LM and for a run trained without inputs (or with
