@@ -100,17 +100,28 @@ def add_multi_process_flags(parser) -> None:
     multi.add_argument("--process_id", type=int, help="This process's index, from 0.")
 
 
-def start_processes(args) -> None:
+def start_processes(args, timeout_s: float | None = None, marks_dir=None,
+                    prog: str = "train") -> None:
     """Joins this process to a multi-process run (``jax.distributed.initialize``) from the
     flags of :func:`add_multi_process_flags`, or from the cluster's own variables; does
-    nothing for a single-process run. Called once the config is known to be good."""
-    from t5x_like import partitioning  # imports JAX: only after the cheap checks passed
+    nothing for a single-process run. Called once the config is known to be good.
+
+    With ``timeout_s``, a start-up that has not finished by then ends the process (exit 2)
+    with one line naming the processes that never arrived (marks in ``marks_dir``)."""
+    from t5x_like import partitioning, watchdog  # JAX: only after the cheap checks passed
     try:
         settings = partitioning.distributed_settings(args.coordinator_address,
                                                      args.num_processes, args.process_id)
     except UserError as e:
         raise UserError(f"Multi-process setup error: {e}") from None
-    partitioning.initialize_distributed(settings)
+    if settings is None or timeout_s is None:
+        partitioning.initialize_distributed(settings)
+        return
+    # JAX's own deadline comes later, so that the named message comes first.
+    watchdog.start_up_guard(
+        lambda: partitioning.initialize_distributed(settings, timeout_s + 60), timeout_s,
+        marks_dir, settings.process_id, settings.num_processes, settings.coordinator_address,
+        prog)
 
 
 def add_vocabulary_flag(parser) -> None:

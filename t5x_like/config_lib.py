@@ -42,6 +42,17 @@ def default_config() -> ml_collections.ConfigDict:
         loss_spike_factor=0.0,         # loss above k x the running median; 0: off (e.g. 5.0)
         median_window=100,             # steps in that running median
     ))
+    # Pod-scale resilience (docs/training_engine.md, "One writer per workdir, hangs and
+    # start-up"). WORKDIR/train.lock names the running train; a lock without a heartbeat
+    # for this long (or whose pid is gone on the same host) is taken over.
+    c.lock_stale_after_s = 300.0
+    # No train step, evaluation or checkpoint save finished for this long: every process
+    # writes its threads' stacks to WORKDIR/hangs/ and the run exits 75. 0: off; -1: 1800
+    # on TPU and GPU, off on CPU.
+    c.hang_timeout_s = -1.0
+    # jax.distributed start-up of a multi-process run: the processes that never arrived
+    # are named, exit 2 (JAX's own timeout is 300 s).
+    c.startup_timeout_s = 300.0
     # Fingerprint keys a resume may change (vocabulary, task, task_feature_lengths,
     # optimizer, model, head, or a sub-key like model.dropout_rate); others are refused.
     c.allow_resume_changes = ()
@@ -476,6 +487,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _validate_head(config)
     _validate_optimizer_numbers(config)
     _validate_divergence(config)
+    _validate_resilience(config)
     _validate_peft(config)
     _validate_distill(config)
     for name in config.allow_resume_changes:
@@ -541,6 +553,18 @@ def _validate_optimizer_numbers(config) -> None:
         if value is not _ABSENT and not (math.isfinite(value) and 0.0 <= value < 1.0):
             raise ConfigError(f"{key}={value} is a decay rate and must be in [0, 1), e.g. "
                               f"--config.{key}={example}.")
+
+
+def _validate_resilience(config) -> None:
+    for key, example in (("lock_stale_after_s", "300"), ("startup_timeout_s", "600")):
+        value = _lookup(config, key)
+        if value is not _ABSENT and not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"{key}={value} must be a positive number of seconds, e.g. "
+                              f"--config.{key}={example}.")
+    value = _lookup(config, "hang_timeout_s")
+    if value is not _ABSENT and not (math.isfinite(value) and (value >= 0 or value == -1)):
+        raise ConfigError(f"hang_timeout_s={value} must be seconds (e.g. 1800), 0 (off) or -1 "
+                          "(1800 on TPU and GPU, off on CPU).")
 
 
 def _validate_divergence(config) -> None:

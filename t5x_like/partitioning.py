@@ -200,17 +200,20 @@ def detected_cluster() -> str | None:
     return None
 
 
-def initialize_distributed(settings: DistributedSettings | None) -> None:
-    """Joins the run (once, before any device is touched); a no-op for one process."""
+def initialize_distributed(settings: DistributedSettings | None,
+                           timeout_s: float | None = None) -> None:
+    """Joins the run (once, before any device is touched); a no-op for one process.
+    ``timeout_s``: JAX's own start-up timeout (it aborts the process when it passes)."""
     if settings is None:
         return
     # CPU processes (launch_local, tests) exchange collectives over gloo on loopback.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    timeout = {} if timeout_s is None else {"initialization_timeout": int(timeout_s)}
     if settings.coordinator_address is None:
-        jax.distributed.initialize()
+        jax.distributed.initialize(**timeout)
     else:
         jax.distributed.initialize(settings.coordinator_address, settings.num_processes,
-                                   settings.process_id)
+                                   settings.process_id, **timeout)
 
 
 def _from_every_process(values: np.ndarray) -> np.ndarray:

@@ -157,14 +157,22 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
 
     from t5x_like import partitioning
 
-    r = _set_up(config, workdir, quiet, devices)
-    hooks = _Hooks(r)
-    step, pending, preempted = hooks.start_step, [], False
+    held = _Held()
+    hooks = None
     try:
+        r = _set_up(config, workdir, quiet, devices, held)
+        hooks = _Hooks(r)
+        watch = hooks.watchdog = _watchdog(r, held)
+        watch.start()
+        step, pending, preempted = hooks.start_step, [], False
         while step < config.num_train_steps:
+            watch.doing("reading the batch of step", step + 1)
             batch = partitioning.global_batch(next(r.train_iter), r.mesh)
+            watch.doing("train step" + (" (compiling)" if step == hooks.start_step else ""),
+                        step + 1)
             r.state, metrics = r.trainer.train_step(r.state, batch)
             step += 1
+            watch.done("train step", step)
             pending.append(metrics)
             hooks.interval_steps += 1
             do_eval, do_checkpoint, do_bench = hooks.due(step)
@@ -172,20 +180,95 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
             do_log = (step % config.log_every_steps == 0 or step == hooks.start_step + 1
                       or do_eval or do_bench or preempted)
             if do_log or do_checkpoint:
+                watch.doing("fetching the metrics of step", step)
                 hooks.log(step, jax.device_get(pending), do_eval, do_bench)
                 pending = []
             if do_checkpoint or preempted:
+                _check_still_ours(held.lock, step)
                 hooks.checkpoint(step, force=preempted)
             if preempted:
                 r.progress.message(f"SIGTERM received: saved a checkpoint at step {step}, "
                                    "exiting.")
                 break
     finally:
-        hooks.close()
+        try:
+            if hooks is not None:
+                hooks.close()  # waits for the last checkpoint save, watched for a hang
+        finally:
+            held.release()
     if r.is_chief and not quiet:
         print(_summary(r.workdir, r.checkpointer.latest_step(), hooks.last_train,
                        hooks.last_eval, config_path, config, overrides, modules), flush=True)
     return {"train": hooks.last_train, "eval": hooks.last_eval, "step": step}
+
+
+class _Held:
+    """What a run holds while it trains and gives back however it ends: the workdir lock
+    (process 0) and the hang watchdog; ``started``: the run's start, agreed by every
+    process (it names the run's hang folder)."""
+
+    def __init__(self):
+        self.lock = None
+        self.watchdog = None
+        self.started = time.time()
+
+    def release(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        if self.lock is not None:
+            self.lock.release()
+
+
+def _take_workdir(config, workdir, process_index: int, held: _Held) -> None:
+    """Process 0 takes the workdir lock (or is refused, or takes over a stale one) before
+    anything expensive; the other processes learn its outcome and its start time, so a
+    refusal stops every process with the same message."""
+    from t5x_like import partitioning, workdir_lock
+    outcome, failure = {"started": held.started}, None
+    if process_index == 0:
+        lock = workdir_lock.WorkdirLock(workdir, config.lock_stale_after_s,
+                                        log=_print_on_chief(True))
+        try:
+            lock.acquire()
+            held.lock = lock
+        except Exception as e:  # noqa: BLE001  (told to the others, then raised here)
+            failure = e
+            outcome = {"refused": str(e) if isinstance(e, errors.UserError) else
+                       f"process 0 could not take the workdir lock ({type(e).__name__}: {e})"}
+    outcome = partitioning.gather_json(outcome)[0]
+    if failure is not None:
+        raise failure
+    if "refused" in outcome:
+        raise workdir_lock.WorkdirBusy(outcome["refused"])
+    held.started = outcome["started"]
+    if held.lock is not None:
+        held.lock.start_heartbeat()
+
+
+def _check_still_ours(lock, step: int) -> None:
+    """Before a save: a run whose lock another train took over (its heartbeat stalled past
+    lock_stale_after_s) stops instead of writing over the new owner's checkpoints."""
+    if lock is not None and lock.lost:
+        raise errors.UserError(
+            f"Stopped at step {step} without saving: the workdir lock {lock.file} was taken "
+            f"over ({lock.lost}) while this run's heartbeat was late. The other train now "
+            "owns the workdir; raise lock_stale_after_s if this run was only slow.")
+
+
+def _watchdog(r, held: _Held):
+    """``hang_timeout_s`` resolved for the platform; the hang folder is named after the
+    run's start; a hang releases the workdir lock before the process exits."""
+    from t5x_like import watchdog
+    timeout = watchdog.resolve_timeout(r.config.hang_timeout_s, r.devices[0].platform)
+    held.watchdog = watchdog.HangWatchdog(
+        timeout, r.workdir / "hangs" / watchdog.utc_stamp(held.started), r.process_index,
+        r.process_count, log=_print_on_chief(True),
+        before_exit=held.lock.release if held.lock is not None else None)
+    if timeout > 0:
+        r.progress.message(f"Hang watchdog: {timeout:g} s without a finished step, "
+                           f"evaluation or checkpoint save stops the run (exit "
+                           f"{watchdog.HANG_EXIT_CODE}).")
+    return held.watchdog
 
 
 @dataclasses.dataclass
@@ -228,7 +311,7 @@ class _Run:
                                           self.process_count, self.process_index, padding)
 
 
-def _set_up(config, workdir, quiet: bool, devices) -> _Run:
+def _set_up(config, workdir, quiet: bool, devices, held: _Held) -> _Run:
     """Every check before anything trains, then the model, optimizer and mesh (shapes only,
     nothing compiled) before the checkpoint is read, so a resume is checked against this
     run's fingerprint; then the checkpoints, the input streams and the state."""
@@ -252,6 +335,7 @@ def _set_up(config, workdir, quiet: bool, devices) -> _Run:
         from t5x_like.evaluation import evaluator
         evaluator.check_metrics_installed(evaluator.leaf_tasks(config.eval.mixture))
     harness = _harness_tasks(config)
+    _take_workdir(config, workdir, process_index, held)  # before anything is built or read
     mesh_shape, trainer = trainer_lib.build_on_devices(config, devices, process_count)
     mesh = trainer.mesh
     fingerprint = run_guard.fingerprint(config, vocabulary, trainer.abstract_state.opt_state)
@@ -418,6 +502,8 @@ class _Hooks:
         self.start_step = int(r.state.step)
         self.last_train, self.last_eval = {}, {}
         self.interval_start, self.interval_steps = time.monotonic(), 0
+        from t5x_like import watchdog
+        self.watchdog = watchdog.HangWatchdog(0, None)  # off until run() sets the real one
 
     def due(self, step: int) -> tuple[bool, bool, bool]:
         """``(held-out evaluation, checkpoint, benchmark)`` due at ``step``."""
@@ -449,13 +535,20 @@ class _Hooks:
                                       len(self.r.devices), self.peak)
         self.check_stable(step, fetched)
         params = self.r.trainer.evaluation_params(self.r.state) if do_eval or do_bench else None
+        watch = self.watchdog
         if do_eval:
+            watch.doing("held-out evaluation at step", step)
             self.last_eval = self.evaluate(params)
             record.update(self.last_eval)
+            watch.done("held-out evaluation at step", step)
         if do_bench and self.benchmark is not None:
+            watch.doing("benchmark evaluation at step", step)
             record.update(self.evaluate_benchmark(params, step))
+            watch.done("benchmark evaluation at step", step)
         if do_bench and self.harness is not None:
+            watch.doing("lm-evaluation-harness at step", step)
             record.update(self.evaluate_harness(params, step))
+            watch.done("lm-evaluation-harness at step", step)
         self.last_train = record
         progress = self.r.progress
         if step == self.start_step + 1:
@@ -540,9 +633,12 @@ class _Hooks:
         r = self.r
         data_state = pipeline.merge_states(partitioning.gather_json(r.train_iter.get_state()))
         saved_state = peft_state.saved_view(r.state, r.trainer) if r.peft_base else r.state
+        self.watchdog.doing("checkpoint save at step", step)
         r.checkpointer.save(step, saved_state, data_state, r.run_config, force=force)
+        self.watchdog.done("checkpoint save at step", step)
 
     def close(self) -> None:
+        self.watchdog.doing("closing: waiting for the last checkpoint save")
         self.r.checkpointer.close()
         self.writer.close()
         self.r.progress.close()
@@ -672,7 +768,7 @@ def main(argv: list[str] | None = None) -> int:
     config = runs.load_and_validate(args.config, overrides)
     storage.check_checkpoint_location(args.workdir, "--workdir")
     cli_flags.check_writable_folder(args.workdir)
-    cli_flags.start_processes(args)
+    cli_flags.start_processes(args, config.startup_timeout_s, args.workdir)
     try:
         run(config, args.workdir, config_path=args.config, quiet=args.quiet,
             overrides=overrides, modules=args.module)

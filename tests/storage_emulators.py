@@ -19,7 +19,8 @@ def _send_generation_headers() -> None:
     leaves it out, and tensorstore then fails with "Malformed StorageGeneration". This
     adds the header to the emulator's download routes; nothing else is changed.
     (The emulator also ignores ifGenerationMatch preconditions: every write succeeds,
-    which a single writer never notices.)"""
+    which a single writer never notices; :func:`_honour_generation_preconditions` makes
+    the uploads and deletes that carry one check it, for the workdir lock.)"""
     from gcp_storage_emulator import server
     from gcp_storage_emulator.handlers import objects
     if getattr(server, "_t5xl_generation_headers", False):
@@ -45,11 +46,61 @@ def _send_generation_headers() -> None:
     server._t5xl_generation_headers = True
 
 
+def _honour_generation_preconditions() -> None:
+    """Uploads and deletes with ``ifGenerationMatch`` succeed only when the object's
+    generation matches (0: only when absent), answering 412 otherwise, as GCS does; the
+    check and the write run under one mutex, so racing conditional writers see GCS's
+    atomicity. Writes without a precondition are unchanged."""
+    import threading
+    from http import HTTPStatus
+
+    from gcp_storage_emulator import server
+    from gcp_storage_emulator.exceptions import NotFound
+    from gcp_storage_emulator.handlers import objects
+    if getattr(server, "_t5xl_preconditions", False):
+        return
+    mutex = threading.Lock()
+
+    def current_generation(storage, bucket, name) -> int:
+        try:
+            return int(storage.get_file_obj(bucket, name)["generation"])
+        except NotFound:
+            return 0
+
+    def conditional(handler, object_name):
+        def handle(request, response, storage, *args, **kwargs):
+            wanted = request.query.get("ifGenerationMatch")
+            if not wanted:
+                return handler(request, response, storage, *args, **kwargs)
+            with mutex:
+                bucket = request.params["bucket_name"]
+                if current_generation(storage, bucket, object_name(request)) != int(wanted[0]):
+                    response.status = HTTPStatus.PRECONDITION_FAILED
+                    response.json({"error": {"code": 412, "message": "Precondition Failed"}})
+                    return None
+                return handler(request, response, storage, *args, **kwargs)
+        return handle
+
+    def upload_name(request):
+        if "name" in request.query:
+            return request.query["name"][0]
+        return request.data["meta"].get("name")
+
+    wrapped = {objects.insert: conditional(objects.insert, upload_name),
+               objects.delete: conditional(objects.delete,
+                                           lambda request: request.params["object_id"])}
+    server.HANDLERS = tuple(
+        (regex, {method: wrapped.get(handler, handler) for method, handler in methods.items()})
+        for regex, methods in server.HANDLERS)
+    server._t5xl_preconditions = True
+
+
 @contextlib.contextmanager
 def gcs_emulator(bucket: str = "t5xl-test"):
     """gcp-storage-emulator in memory; yields the environment for every GCS client."""
     from gcp_storage_emulator.server import create_server
     _send_generation_headers()
+    _honour_generation_preconditions()
     port = free_port()
     server = create_server("127.0.0.1", port, in_memory=True, default_bucket=bucket)
     server.start()
