@@ -155,7 +155,7 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     """
     import jax  # imported late: config mistakes are reported before JAX starts
 
-    from t5x_like import partitioning
+    from t5x_like import partitioning, watchdog
 
     held = _Held()
     hooks = None
@@ -168,8 +168,9 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
         while step < config.num_train_steps:
             watch.doing("reading the batch of step", step + 1)
             batch = partitioning.global_batch(next(r.train_iter), r.mesh)
-            watch.doing("train step" + (" (compiling)" if step == hooks.start_step else ""),
-                        step + 1)
+            compiling = step == hooks.start_step
+            watch.doing("train step (compiling)" if compiling else "train step", step + 1,
+                        watchdog.COMPILE_PATIENCE if compiling else 1.0)
             r.state, metrics = r.trainer.train_step(r.state, batch)
             step += 1
             watch.done("train step", step)

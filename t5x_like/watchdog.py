@@ -2,7 +2,8 @@
 stacks written down, and the run exits :data:`HANG_EXIT_CODE` so the scheduler restarts it.
 
 A thread per process watches for progress (``done``: a train step, an evaluation, a
-checkpoint save). When none has finished for ``hang_timeout_s`` it
+checkpoint save). When none has finished for ``hang_timeout_s`` (the first step, which compiles:
+:data:`COMPILE_PATIENCE` times that) it
 
 1. writes the stacks of all this process's threads (``faulthandler``) to
    ``WORKDIR/hangs/<run start, UTC>/process_<i>.txt`` and what the process last finished
@@ -39,6 +40,8 @@ from t5x_like import storage
 # user's mistake).
 HANG_EXIT_CODE = 75
 DEFAULT_ACCELERATOR_TIMEOUT_S = 1800.0
+# The first step of a run compiles the train step: it may take this many timeouts.
+COMPILE_PATIENCE = 3.0
 
 
 def resolve_timeout(hang_timeout_s: float, platform: str) -> float:
@@ -79,8 +82,9 @@ class HangWatchdog:
         self.log, self.before_exit, self._exit = log, before_exit, exit
         # How long a process that fired waits for the others' files.
         self.grace_s = grace_s if grace_s is not None else min(60.0, max(10.0, timeout_s / 4))
-        self.last_done = ("start", None)
-        self.doing_now = ("start-up", None)
+        self.last_done = ("set-up", None)
+        self.doing_now = ("the first step", None)
+        self.patience = 1.0
         self.last_time, self._wall = time.monotonic(), time.time()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -90,8 +94,10 @@ class HangWatchdog:
         self.last_done, self.last_time = (phase, step), time.monotonic()
         self._wall = time.time()
 
-    def doing(self, phase: str, step: int | None = None) -> None:
-        self.doing_now = (phase, step)
+    def doing(self, phase: str, step: int | None = None, patience: float = 1.0) -> None:
+        """``patience``: this phase may take that many times the timeout (the first step,
+        which compiles, gets :data:`COMPILE_PATIENCE`)."""
+        self.doing_now, self.patience = (phase, step), patience
 
     def start(self) -> None:
         if self.timeout_s <= 0:
@@ -108,7 +114,7 @@ class HangWatchdog:
     def _watch(self) -> None:
         poll = min(1.0, self.timeout_s / 10)
         while not self._stop.wait(poll):
-            if time.monotonic() - self.last_time > self.timeout_s:
+            if time.monotonic() - self.last_time > self.timeout_s * self.patience:
                 self._fire()
                 return
 
@@ -177,7 +183,8 @@ class HangWatchdog:
             r = item[1]
             return (-1 if r["last_done_step"] is None else r["last_done_step"], -r["idle_s"])
         lines = [f"hang: no train step, evaluation or checkpoint save finished for "
-                 f"{self.timeout_s:g} s (hang_timeout_s)."]
+                 f"{self.timeout_s * self.patience:g} s (hang_timeout_s"
+                 f"{'' if self.patience == 1 else f' x {self.patience:g} while compiling'})."]
         if reports:
             index, slowest = min(reports.items(), key=behind)
             lines.append(f"  furthest behind: process {index} (host {slowest['host']}, pid "
