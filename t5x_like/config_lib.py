@@ -124,7 +124,7 @@ def default_config() -> ml_collections.ConfigDict:
     # Device mesh; -1 takes the remaining devices. Axis rules name the sharding strategy.
     # dcn: data parallelism across TPU slices (multi-slice); 0 = the number of slices
     # the devices span, which is 1 off multi-slice TPU, so one config runs anywhere.
-    c.mesh = ml_collections.ConfigDict(dict(dcn=0, data=-1, fsdp=1, tensor=1))
+    c.mesh = ml_collections.ConfigDict(dict(dcn=0, data=-1, fsdp=1, expert=1, tensor=1))
     c.partitioning = ml_collections.ConfigDict(dict(rules="fsdp"))
     return c
 

@@ -23,21 +23,35 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from t5x_like.errors import UserError
 
-MESH_AXES = ("dcn", "data", "fsdp", "tensor")
-BATCH_AXES = ("dcn", "data", "fsdp")
+MESH_AXES = ("dcn", "data", "fsdp", "expert", "tensor")
+# The expert axis carries batch rows too outside the experts (as MaxText's): a mixture of
+# experts trades tokens for experts over it with all-to-all, a dense model is data
+# parallel over it.
+BATCH_AXES = ("dcn", "data", "fsdp", "expert")
+# Inside a mixture's layer the expert axis holds experts, and the rows of each expert's
+# slots are split over the other batch axes.
+EXPERT_BATCH_AXES = ("dcn", "data", "fsdp")
 
 # Each rule: logical name -> mesh axis (or tuple of axes, or None = replicated).
+# Every set shards a mixture's experts over the ``expert`` axis (size 1 unless the mesh
+# names one).
 RULE_SETS: dict[str, tuple[tuple[str, object], ...]] = {
     "data_parallel": (
+        ("expert", "expert"),
+        ("expert_batch", EXPERT_BATCH_AXES),
         ("batch", BATCH_AXES),
     ),
     # ZeRO-3-like: parameters sharded along their embed dimension over fsdp.
     "fsdp": (
+        ("expert", "expert"),
+        ("expert_batch", EXPERT_BATCH_AXES),
         ("batch", BATCH_AXES),
         ("embed", "fsdp"),
     ),
     # FSDP plus Megatron-style tensor parallelism over heads, MLP and vocabulary.
     "fsdp_tensor": (
+        ("expert", "expert"),
+        ("expert_batch", EXPERT_BATCH_AXES),
         ("batch", BATCH_AXES),
         ("embed", "fsdp"),
         ("vocab", "tensor"),

@@ -54,8 +54,12 @@ def test_loss_falls_on_8_fake_devices(tmp_path):
 
 @pytest.mark.slow
 def test_resume_gives_the_same_losses_as_an_uninterrupted_run(tmp_path):
+    # With a mixture of experts sharded over the expert axis: its routers' losses and
+    # each expert's load resume bit for bit too.
     settings = {"num_train_steps": 8, "log_every_steps": 1, "checkpoint_every_steps": 4,
-                "eval_every_steps": 8, "mesh.data": 2, "mesh.fsdp": 4}
+                "eval_every_steps": 8, "mesh.data": 2, "mesh.expert": 4,
+                "model.num_experts": 4, "model.num_experts_per_token": 2,
+                "model.router_z_loss_weight": 1e-3}
     train.run(tiny_config(**settings), str(tmp_path / "straight"), quiet=True)
     interrupted = tmp_path / "interrupted"
     train.run(tiny_config(**dict(settings, num_train_steps=4)), str(interrupted), quiet=True)
@@ -64,6 +68,9 @@ def test_resume_gives_the_same_losses_as_an_uninterrupted_run(tmp_path):
     straight, resumed = losses_by_step(tmp_path / "straight"), losses_by_step(interrupted)
     assert sorted(resumed) == list(range(1, 9))
     assert [resumed[s] for s in range(1, 9)] == [straight[s] for s in range(1, 9)]  # bit for bit
+    routed = {r["step"]: r["moe_expert_fraction_3"] for r in read_metrics(interrupted)}
+    assert routed == {r["step"]: r["moe_expert_fraction_3"]
+                      for r in read_metrics(tmp_path / "straight")}
 
 
 @pytest.mark.slow

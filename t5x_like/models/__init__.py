@@ -29,18 +29,22 @@ def family_config_fields(family: str) -> dict:
     return {f.name: f.default for f in dataclasses.fields(config_cls)}
 
 
-def build_model(model_config):
+def family_config(model_config):
+    """The family's config dataclass for ``config.model`` (its own checks raise
+    ``ValueError``: a bad ``layer_types``, experts that cannot be built)."""
     family = model_config["family"]
     if family not in FAMILIES:
         raise ValueError(f"Unknown model.family {family!r}; available: {sorted(FAMILIES)}.")
-    config_cls, module_cls = FAMILIES[family]
     fields = {k: v for k, v in dict(model_config).items() if k != "family"}
-    if "mlp_activations" in fields:
-        fields["mlp_activations"] = tuple(fields["mlp_activations"])
-    for key in ("filter_widths", "filter_counts", "layer_types"):  # bilm; decoder
-        if key in fields:
+    for key in ("mlp_activations", "filter_widths", "filter_counts", "layer_types"):
+        if key in fields:  # lists from a config file or JSON; the dataclasses hash tuples
             fields[key] = tuple(fields[key])
-    return module_cls(config_cls(**fields))
+    return FAMILIES[family][0](**fields)
+
+
+def build_model(model_config):
+    config = family_config(model_config)
+    return FAMILIES[model_config["family"]][1](config)
 
 
 def example_inputs(model, lengths: dict | None = None, batch_size: int = 1) -> tuple:

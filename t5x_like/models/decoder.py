@@ -29,12 +29,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_like.models import attention, layers, rotary, stacking
+from t5x_like.models import attention, layers, moe, rotary, stacking
 from t5x_like.models.layers import constrain
 
 
 @dataclasses.dataclass(frozen=True)
-class DecoderConfig:
+class DecoderConfig(moe.ExpertFields):
     vocab_size: int = 50257
     d_model: int = 768
     num_heads: int = 12
@@ -86,7 +86,8 @@ class DecoderConfig:
         if self.position_embedding not in ("learned", "rotary"):
             raise ValueError(f"Unknown position_embedding {self.position_embedding!r}; "
                              "choose 'learned' or 'rotary'.")
-        problem = self.layer_types_problem()
+        problem = (self.layer_types_problem()
+                   or self.experts_problem(self.num_layers, self.scan_layers))
         if problem:
             raise ValueError(problem)
 
@@ -134,6 +135,7 @@ class DecoderBlock(nn.Module):
     config: DecoderConfig
     scanned: bool = False
     layer_type: str = ""  # "": the config's type for every layer (a scanned stack)
+    sparse: bool | None = None  # a mixture-of-experts MLP (None: as every layer, a scan)
 
     @nn.compact
     def __call__(self, x, bias, positions, deterministic, decode=False):
@@ -164,8 +166,9 @@ class DecoderBlock(nn.Module):
             h = norm("post_attention_norm")(h)
         x = layers.gradient_boundary(x + dropout(h, deterministic=deterministic))
         h = norm("pre_mlp_norm")(x)
-        h = layers.Mlp(cfg.d_ff, tuple(cfg.mlp_activations), cfg.dropout_rate, dtype,
-                       use_bias=cfg.use_bias, kernel_init=_gpt2_init, name="mlp")(h, deterministic)
+        h = moe.feed_forward(cfg, self.sparse, cfg.d_ff, cfg.mlp_activations, cfg.dropout_rate,
+                             dtype, use_bias=cfg.use_bias, kernel_init=_gpt2_init)(
+                                 h, deterministic)
         if cfg.post_sublayer_norms:
             h = norm("post_mlp_norm")(h)
         x = x + dropout(h, deterministic=deterministic)
@@ -236,8 +239,10 @@ class DecoderOnly(nn.Module):
         x = stacking.run_stack(DecoderBlock, cfg, cfg.num_layers, x, bias, decoder_positions,
                                deterministic, decode, scan=cfg.scan_layers,
                                remat_policy=cfg.remat_policy, static_argnums=(2, 3),
-                               layer_attributes=(lambda i: {"layer_type": cfg.layer_types[i]})
-                               if len(set(cfg.layer_types)) > 1 else None)
+                               layer_attributes=moe.layer_attributes(
+                                   cfg, cfg.num_layers,
+                                   (lambda i: {"layer_type": cfg.layer_types[i]})
+                                   if len(set(cfg.layer_types)) > 1 else None))
         x = layers.make_norm(cfg.norm, cfg.layer_norm_epsilon, cfg.compute_dtype, "final_norm")(x)
         if return_hidden:
             return x

@@ -3,7 +3,8 @@
 Logical axis names used here: ``batch``, ``length`` (and ``kv_length`` for the
 attended sequence), ``embed``, ``mlp``, ``heads``, ``kv_heads`` (grouped-query
 key/value heads), ``kv``, ``vocab``, ``relpos_buckets`` (and ``layers`` for
-scanned stacks, see ``stacking.py``). Only the partitioner maps them onto mesh axes.
+scanned stacks, see ``stacking.py``; ``expert`` and ``expert_batch`` in ``moe.py``).
+Only the partitioner maps them onto mesh axes.
 Parameters are float32; ``dtype`` is the compute dtype.
 """
 

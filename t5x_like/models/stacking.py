@@ -20,6 +20,7 @@ import jax
 import numpy as np
 
 from t5x_like.models.layers import gradient_boundary
+from t5x_like.models.moe import COLLECTION as ROUTER_COLLECTION
 
 REMAT_POLICIES = {
     "none": None,  # no remat: keep every activation
@@ -65,7 +66,7 @@ def run_stack(block_cls: type[nn.Module], config: Any, num_layers: int, x, *args
         return x
     if layer_attributes is not None:
         raise ValueError("A scanned stack repeats one block; per-layer attributes need a loop.")
-    scanned = nn.scan(block, variable_axes={"params": 0, "cache": 0},
+    scanned = nn.scan(block, variable_axes={"params": 0, "cache": 0, ROUTER_COLLECTION: 0},
                       split_rngs={"params": True, "dropout": True},
                       in_axes=(nn.broadcast,) * len(args), length=num_layers,
                       metadata_params={nn.PARTITION_NAME: "layers"})

@@ -15,12 +15,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from t5x_like.models import attention, layers, stacking
+from t5x_like.models import attention, layers, moe, stacking
 from t5x_like.models.layers import constrain
 
 
 @dataclasses.dataclass(frozen=True)
-class T5Config:
+class T5Config(moe.ExpertFields):
     vocab_size: int = 32128
     d_model: int = 512
     num_heads: int = 6
@@ -39,6 +39,12 @@ class T5Config:
     remat_policy: str = "none"
     attention_impl: str = "auto"  # attention.IMPLEMENTATIONS
 
+    def __post_init__(self):
+        problem = self.experts_problem(min(self.num_encoder_layers, self.num_decoder_layers),
+                                       self.scan_layers)
+        if problem:
+            raise ValueError(problem)
+
     @property
     def compute_dtype(self):
         return jnp.dtype(self.dtype)
@@ -47,6 +53,7 @@ class T5Config:
 class EncoderLayer(nn.Module):
     config: T5Config
     scanned: bool = False
+    sparse: bool | None = None  # a mixture-of-experts MLP (None: as every layer, a scan)
 
     @nn.compact
     def __call__(self, x, bias, deterministic):
@@ -59,8 +66,8 @@ class EncoderLayer(nn.Module):
                                       name="attention")(h, h, bias, deterministic)
         x = layers.gradient_boundary(x + dropout(h, deterministic=deterministic))
         h = layers.RMSNorm(cfg.layer_norm_epsilon, dtype=dtype, name="pre_mlp_norm")(x)
-        h = layers.Mlp(cfg.d_ff, tuple(cfg.mlp_activations), cfg.dropout_rate, dtype,
-                       name="mlp")(h, deterministic)
+        h = moe.feed_forward(cfg, self.sparse, cfg.d_ff, cfg.mlp_activations, cfg.dropout_rate,
+                             dtype)(h, deterministic)
         x = x + dropout(h, deterministic=deterministic)
         x = constrain(x, ("batch", "length", "embed"))
         return (x, None) if self.scanned else x
@@ -69,6 +76,7 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     config: T5Config
     scanned: bool = False
+    sparse: bool | None = None
 
     @nn.compact
     def __call__(self, x, encoded, self_bias, cross_bias, deterministic, decode=False,
@@ -90,8 +98,8 @@ class DecoderLayer(nn.Module):
                                           cross_cache=cross_cache)
         x = layers.gradient_boundary(x + dropout(h, deterministic=deterministic))
         h = layers.RMSNorm(cfg.layer_norm_epsilon, dtype=dtype, name="pre_mlp_norm")(x)
-        h = layers.Mlp(cfg.d_ff, tuple(cfg.mlp_activations), cfg.dropout_rate, dtype,
-                       name="mlp")(h, deterministic)
+        h = moe.feed_forward(cfg, self.sparse, cfg.d_ff, cfg.mlp_activations, cfg.dropout_rate,
+                             dtype)(h, deterministic)
         x = x + dropout(h, deterministic=deterministic)
         x = constrain(x, ("batch", "length", "embed"))
         return (x, None) if self.scanned else x
@@ -117,7 +125,8 @@ class Encoder(nn.Module):
         x = constrain(x, ("batch", "length", "embed"))
         x = stacking.run_stack(EncoderLayer, cfg, cfg.num_encoder_layers, x, bias, deterministic,
                                scan=cfg.scan_layers, remat_policy=cfg.remat_policy,
-                               static_argnums=(1,))
+                               static_argnums=(1,),
+                               layer_attributes=moe.layer_attributes(cfg, cfg.num_encoder_layers))
         x = layers.RMSNorm(cfg.layer_norm_epsilon, dtype=cfg.compute_dtype, name="final_norm")(x)
         return nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
 
@@ -164,7 +173,8 @@ class Decoder(nn.Module):
         y = stacking.run_stack(DecoderLayer, cfg, cfg.num_decoder_layers, y, encoded, self_bias,
                                cross_bias, deterministic, decode, cross_cache,
                                scan=cfg.scan_layers, remat_policy=cfg.remat_policy,
-                               static_argnums=(3, 4, 5))
+                               static_argnums=(3, 4, 5),
+                               layer_attributes=moe.layer_attributes(cfg, cfg.num_decoder_layers))
         y = layers.RMSNorm(cfg.layer_norm_epsilon, dtype=cfg.compute_dtype, name="final_norm")(y)
         self.sow("intermediates", "final_hidden", y)  # distillation's cosine loss reads it
         y = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(y, deterministic=deterministic)

@@ -8,7 +8,8 @@ are built. One module per family of losses:
 - ``electra``: ELECTRA's generator MLM + replaced-token detection;
 - ``bilm``: ELMo's forward and backward LM cross-entropies;
 - ``distillation``: soft targets at a temperature and hidden-state cosine;
-- ``heads``: the fine-tuning heads (classification, regression, tagging, spans).
+- ``heads``: the fine-tuning heads (classification, regression, tagging, spans);
+- ``router``: a mixture of experts' load-balancing and router z-losses.
 """
 
 from t5x_like.objectives.bilm import bilm_objective
@@ -21,9 +22,12 @@ from t5x_like.objectives.heads import (
     token_classification_loss,
 )
 from t5x_like.objectives.masked_lm import masked_lm_objective
+from t5x_like.objectives.router import COLLECTION as ROUTER_COLLECTION
+from t5x_like.objectives.router import router_terms
 from t5x_like.objectives.token import cross_entropy_with_z_loss, row_mean_objective, token_objective
 
-__all__ = ["bilm_objective", "classification_loss", "cosine_loss", "cross_entropy_with_z_loss",
-           "electra_objective", "masked_lm_objective", "regression_loss", "row_mean_objective",
+__all__ = ["ROUTER_COLLECTION", "bilm_objective", "classification_loss", "cosine_loss",
+           "cross_entropy_with_z_loss", "electra_objective", "masked_lm_objective",
+           "regression_loss", "router_terms", "row_mean_objective",
            "soft_target_loss", "span_extraction_loss", "token_classification_loss",
            "token_objective"]

@@ -69,6 +69,11 @@ def validate_config(config) -> None:
     """The family's and its structure's part of config validation (``config_lib.validate``
     calls it once the family is known to exist)."""
     family = config.model.family
+    from t5x_like import models
+    try:  # the family config's own checks (experts, layer types)
+        models.family_config(config.model.to_dict())
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     structure_class(family).validate_config(config)
     if config.peft.prompt.length and family not in SOFT_PROMPT_FAMILIES:
         raise ConfigError(

@@ -57,11 +57,26 @@ def _token_loss_fn(structure, loss_config):
                "z_loss": float(loss_config.z_loss)}
 
     def loss_fn(model, params, batch, rng, normalizer=None, num_sequences=None):
-        logits = structure.apply_model(model, params, batch, rng, deterministic=rng is None)
-        return objectives.token_objective(logits, batch[structure.targets_feature],
-                                          batch[structure.weights_feature],
-                                          normalizer=normalizer, **options)
+        logits, state = structure.apply_model(model, params, batch, rng,
+                                              deterministic=rng is None,
+                                              mutable=[objectives.ROUTER_COLLECTION])
+        weights = batch[structure.weights_feature]
+        objective, metrics = objectives.token_objective(
+            logits, batch[structure.targets_feature], weights, normalizer=normalizer, **options)
+        return _with_router_terms(objective, metrics, state, weights, normalizer)
     return loss_fn
+
+
+def _with_router_terms(objective, metrics, state, weights, normalizer):
+    """A mixture of experts' router losses (``objectives.router_terms``) added to a
+    per-token objective, weighted by this batch's share of the ``normalizer``'s tokens
+    so that microbatches add up to the whole batch's term; and their metrics."""
+    aux, router_metrics = objectives.router_terms(state)
+    if not router_metrics:
+        return objective, metrics
+    if normalizer is not None:
+        aux = aux * weights.sum() / normalizer
+    return objective + aux, {**metrics, **router_metrics}
 
 
 def _layer_matmuls(d: int, heads: int, head_dim: int, d_ff: int, activations, attention_mats=4,

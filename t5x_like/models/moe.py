@@ -1,0 +1,341 @@
+"""Mixture-of-experts feed-forward layers: routers, capacity and dropless dispatch,
+shared experts, and the router's auxiliary losses.
+
+One layer serves every transformer family: a family's config inherits
+``ExpertFields`` (``num_experts=0`` keeps it dense) and its blocks call
+``feed_forward`` where they had an ``Mlp``; ``ExpertFields.is_moe_layer`` says which
+layers are sparse (every ``moe_every``-th, as Switch's and Qwen-MoE's "sparse step").
+
+Routing, per token: router logits ``x @ router`` (float32), the top ``k`` experts,
+and their weights, either the softmax over all experts read at the top ``k``
+(``router_softmax="before_top_k"``: Switch, Qwen-MoE) or the softmax over the top ``k``
+logits alone (``"after_top_k"``: Mixtral; equal to the first, renormalised).
+
+Dispatch:
+
+- ``capacity`` (Switch, GShard): each group (a row of the batch) sends each expert
+  at most ``ceil(capacity_factor * k * tokens / experts)`` tokens, first choices
+  before second choices and earlier tokens before later ones; the rest are dropped
+  from that expert (their residual carries them past the layer). One-hot dispatch
+  and combine tensors make every step dense einsums, so experts shard over the
+  ``expert`` mesh axis and XLA exchanges tokens with all-to-all.
+- ``dropless`` (MegaBlocks): every assignment is computed. Assignments are sorted by
+  expert and each expert multiplies its contiguous run of rows
+  (``jax.lax.ragged_dot``; on TPU the Pallas megablox kernel where its tiles fit,
+  chosen by ``moe_impl`` as ``attention_impl`` chooses attention kernels).
+
+The layer ``sow``s into the ``router`` collection: the weighted auxiliary loss it adds
+(``aux_loss``), the load-balancing loss (Switch's ``E * sum_e f_e * P_e``), the router
+z-loss (ST-MoE's mean ``logsumexp(logits)^2``), each expert's fraction of the
+assignments and the fraction dropped. ``objectives.router`` turns them into the
+objective's term and the step's metrics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from t5x_like import traced_platform
+from t5x_like.models import layers
+from t5x_like.models.layers import constrain
+
+#: the collection the router's statistics and losses are sown into
+COLLECTION = "router"
+
+ROUTER_SOFTMAX = ("before_top_k", "after_top_k")
+DISPATCH_MODES = ("capacity", "dropless")
+IMPLEMENTATIONS = ("auto", "ragged_dot", "megablox")
+
+# The megablox kernel's tiles (rows, contraction, columns): where a dimension is not a
+# multiple, ``auto`` falls back to ragged_dot.
+_MEGABLOX_TILE = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertFields:
+    """The model keys of experts, shared by every family's config (which inherits them).
+
+    ``num_experts=0``: a dense model. ``expert_d_ff`` (0: the family's ``d_ff``) is
+    each expert's width; ``shared_expert_d_ff`` adds an always-on MLP of that width
+    beside the experts (DeepSeek/Qwen-MoE; ``shared_expert_gate``: Qwen-MoE's sigmoid
+    gate on it). The loss weights multiply the mean over sparse layers.
+    """
+
+    num_experts: int = 0
+    num_experts_per_token: int = 1  # k: 1 is Switch, 2 is Mixtral
+    moe_every: int = 1  # layer i is sparse when (i + 1) % moe_every == 0
+    expert_d_ff: int = 0
+    shared_expert_d_ff: int = 0
+    shared_expert_gate: bool = False
+    router_softmax: str = "before_top_k"  # ROUTER_SOFTMAX
+    router_jitter: float = 0.0  # Switch: router inputs times U(1 - eps, 1 + eps) in training
+    router_aux_loss_weight: float = 0.01  # Switch's alpha
+    router_z_loss_weight: float = 0.0  # ST-MoE: 0.001
+    moe_dispatch: str = "capacity"  # DISPATCH_MODES
+    capacity_factor: float = 1.25
+    moe_impl: str = "auto"  # IMPLEMENTATIONS (dropless only)
+
+    def is_moe_layer(self, index: int) -> bool:
+        return self.num_experts > 0 and (index + 1) % self.moe_every == 0
+
+    def experts_problem(self, num_layers: int, scan: bool) -> str:
+        """Why these expert settings cannot be built ("" when they can)."""
+        if not self.num_experts:
+            return ""
+        choices = {"router_softmax": (self.router_softmax, ROUTER_SOFTMAX),
+                   "moe_dispatch": (self.moe_dispatch, DISPATCH_MODES),
+                   "moe_impl": (self.moe_impl, IMPLEMENTATIONS)}
+        for key, (value, allowed) in choices.items():
+            if value not in allowed:
+                return f"model.{key}={value!r}; choose one of {allowed}."
+        if not 1 <= self.num_experts_per_token <= self.num_experts:
+            return (f"model.num_experts_per_token={self.num_experts_per_token} must be in "
+                    f"[1, num_experts={self.num_experts}].")
+        if self.moe_every < 1:
+            return f"model.moe_every={self.moe_every} must be at least 1 (every layer sparse)."
+        if self.moe_every > num_layers:
+            return (f"model.moe_every={self.moe_every} leaves all {num_layers} layers dense; "
+                    f"set it at most {num_layers}, or num_experts=0 for a dense model.")
+        if scan and self.moe_every > 1:
+            return ("A scanned stack repeats one layer, and model.moe_every > 1 mixes dense "
+                    "and sparse layers; use scan_layers=False or moe_every=1.")
+        if self.moe_dispatch == "capacity" and self.capacity_factor <= 0:
+            return f"model.capacity_factor={self.capacity_factor} must be positive."
+        return ""
+
+
+def route(logits: jax.Array, k: int, softmax: str = "before_top_k"):
+    """``(probabilities [..., E], weights [..., k], experts [..., k])`` of router logits:
+    the top ``k`` experts by logit and their combine weights (see the module doc)."""
+    logits = logits.astype(jnp.float32)
+    probabilities = jax.nn.softmax(logits, axis=-1)
+    top_logits, experts = jax.lax.top_k(logits, k)
+    if softmax == "after_top_k":
+        weights = jax.nn.softmax(top_logits, axis=-1)
+    else:
+        weights = jnp.take_along_axis(probabilities, experts, axis=-1)
+    return probabilities, weights, experts
+
+
+def load_balancing_loss(probabilities: jax.Array, experts: jax.Array, num_experts: int
+                        ) -> jax.Array:
+    """Switch's auxiliary loss ``E * sum_e f_e * P_e``: ``f_e`` the fraction of tokens
+    that chose expert ``e`` (each of a token's ``k`` choices counts, as Mixtral's), ``P_e``
+    the mean router probability of ``e``. 1 when routing is uniform (k = 1)."""
+    chosen = jax.nn.one_hot(experts, num_experts).sum(axis=-2)  # [..., E]
+    f = chosen.reshape(-1, num_experts).mean(axis=0)
+    p = probabilities.reshape(-1, num_experts).mean(axis=0)
+    return num_experts * jnp.sum(f * p)
+
+
+def router_z_loss(logits: jax.Array) -> jax.Array:
+    """ST-MoE's router z-loss: the mean over tokens of ``logsumexp(logits)^2``."""
+    return jnp.mean(jnp.square(jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1)))
+
+
+def expert_capacity(tokens_per_group: int, num_experts: int, k: int,
+                    capacity_factor: float) -> int:
+    """Slots per expert per group: ``ceil(capacity_factor * k * tokens / experts)``."""
+    return max(1, math.ceil(capacity_factor * k * tokens_per_group / num_experts))
+
+
+def capacity_dispatch(experts: jax.Array, weights: jax.Array, num_experts: int,
+                      capacity: int) -> tuple[jax.Array, jax.Array]:
+    """One-hot ``(dispatch, combine)`` ``[groups, tokens, E, capacity]`` for each group's
+    assignments ``experts [groups, tokens, k]``: a token's ``j``-th choice takes its
+    expert's next free slot after every token's earlier choices and this choice of the
+    tokens before it; assignments past ``capacity`` are dropped (all-zero rows).
+    ``combine`` carries the routing weights."""
+    groups, tokens, k = experts.shape
+    # [groups, k, tokens, E]: choices in priority order (first choices first, then tokens).
+    chosen = jax.nn.one_hot(jnp.swapaxes(experts, 1, 2), num_experts, dtype=jnp.int32)
+    flat = chosen.reshape(groups, k * tokens, num_experts)
+    slot = (jnp.cumsum(flat, axis=1) - 1) * flat  # the slot each assignment takes
+    kept = flat * (slot < capacity)
+    one_slot = jax.nn.one_hot(slot, capacity, dtype=jnp.float32) * kept[..., None]
+    one_slot = jnp.swapaxes(one_slot.reshape(groups, k, tokens, num_experts, capacity), 1, 2)
+    dispatch = one_slot.sum(axis=2)  # a token picks an expert at most once
+    combine = (one_slot * weights[..., None, None].astype(jnp.float32)).sum(axis=2)
+    return dispatch, combine
+
+
+def sorted_assignments(experts: jax.Array, num_experts: int):
+    """``(order, group_sizes)`` for dropless dispatch: the flat ``[tokens * k]``
+    assignments sorted by expert (stable: token order within an expert) and how many
+    each expert received."""
+    flat = experts.reshape(-1)
+    order = jnp.argsort(flat, stable=True)
+    group_sizes = jnp.bincount(flat, length=num_experts).astype(jnp.int32)
+    return order, group_sizes
+
+
+def _use_megablox(impl: str, rows: int, contraction: int, columns: int) -> bool:
+    fits = all(n % _MEGABLOX_TILE == 0 for n in (rows, contraction, columns))
+    if impl == "megablox":
+        if traced_platform.current_platform() != "tpu":
+            raise ValueError("model.moe_impl='megablox' is a TPU kernel; use 'auto' or "
+                             "'ragged_dot' on this platform.")
+        if not fits:
+            raise ValueError(f"model.moe_impl='megablox' needs rows, d_model and expert_d_ff "
+                             f"in multiples of {_MEGABLOX_TILE} (got {rows}, {contraction}, "
+                             f"{columns}); use 'auto' to fall back to ragged_dot.")
+        return True
+    return impl == "auto" and fits and traced_platform.current_platform() == "tpu"
+
+
+def grouped_matmul(x: jax.Array, kernel: jax.Array, group_sizes: jax.Array,
+                   impl: str = "auto") -> jax.Array:
+    """Rows of ``x [rows, d]`` in contiguous runs per expert times that expert's
+    ``kernel [E, d, n]``: ``jax.lax.ragged_dot``, or megablox on TPU (``_use_megablox``)."""
+    if _use_megablox(impl, x.shape[0], x.shape[1], kernel.shape[-1]):
+        from jax.experimental.pallas.ops.tpu.megablox import ops as megablox
+        return megablox.gmm(x, kernel, group_sizes, x.dtype,
+                            (_MEGABLOX_TILE, _MEGABLOX_TILE, _MEGABLOX_TILE))
+    return jax.lax.ragged_dot(x, kernel, group_sizes)
+
+
+class Experts(nn.Module):
+    """``num_experts`` MLPs stacked on a leading ``expert`` axis (``wi``/``wi_i``, ``wo``,
+    the dense ``Mlp``'s names); called on dispatched ``[E, ..., d]`` slots or, with
+    ``group_sizes``, on sorted rows."""
+
+    num_experts: int
+    hidden_dim: int
+    activations: Sequence[str]
+    dtype: jnp.dtype = jnp.float32
+    kernel_init: layers.Initializer = layers.default_kernel_init
+    impl: str = "auto"
+
+    def _kernel(self, name, shape, axes):
+        init = nn.with_logical_partitioning(
+            lambda rng, s: jax.vmap(lambda r: self.kernel_init(r, s[1:]))(
+                jax.random.split(rng, s[0])), axes)
+        return self.param(name, init, shape).astype(self.dtype)
+
+    @nn.compact
+    def __call__(self, x: jax.Array, group_sizes: jax.Array | None = None) -> jax.Array:
+        embed = x.shape[-1]
+        hidden = None
+        for index, name in enumerate(self.activations):
+            kernel = self._kernel("wi" if len(self.activations) == 1 else f"wi_{index}",
+                                  (self.num_experts, embed, self.hidden_dim),
+                                  ("expert", "embed", "mlp"))
+            if group_sizes is None:
+                h = jnp.einsum("e...d,edf->e...f", x.astype(self.dtype), kernel)
+            else:
+                h = grouped_matmul(x.astype(self.dtype), kernel, group_sizes, self.impl)
+            h = layers.ACTIVATIONS[name](h)
+            hidden = h if hidden is None else hidden * h
+        wo = self._kernel("wo", (self.num_experts, self.hidden_dim, embed),
+                          ("expert", "mlp", "embed"))
+        if group_sizes is None:
+            return jnp.einsum("e...f,efd->e...d", hidden, wo)
+        return grouped_matmul(hidden, wo, group_sizes, self.impl)
+
+
+class MoeFeedForward(nn.Module):
+    """The sparse feed-forward layer (``[batch, length, d] -> [batch, length, d]``)."""
+
+    settings: ExpertFields
+    hidden_dim: int
+    activations: Sequence[str]
+    dtype: jnp.dtype = jnp.float32
+    kernel_init: layers.Initializer = layers.default_kernel_init
+
+    @nn.compact
+    def __call__(self, x: jax.Array, deterministic: bool = True) -> jax.Array:
+        s = self.settings
+        num_experts, k = s.num_experts, s.num_experts_per_token
+        router_inputs = x
+        if s.router_jitter and not deterministic:
+            noise = jax.random.uniform(self.make_rng("dropout"), x.shape, x.dtype,
+                                       1.0 - s.router_jitter, 1.0 + s.router_jitter)
+            router_inputs = x * noise
+        logits = layers.DenseGeneral(num_experts, kernel_axes=("embed", None), dtype=jnp.float32,
+                                     kernel_init=self.kernel_init, name="router")(
+                                         router_inputs.astype(jnp.float32))
+        probabilities, weights, experts = route(logits, k, s.router_softmax)
+        experts_layer = Experts(num_experts, self.hidden_dim, tuple(self.activations),
+                                self.dtype, self.kernel_init, s.moe_impl, name="experts")
+        if s.moe_dispatch == "dropless":
+            out, dropped = self._dropless(x, experts, weights, experts_layer), 0.0
+        else:
+            out, dropped = self._capacity(x, experts, weights, experts_layer)
+        if s.shared_expert_d_ff:
+            shared = layers.Mlp(s.shared_expert_d_ff, tuple(self.activations), dtype=self.dtype,
+                                kernel_init=self.kernel_init, name="shared_expert")(x)
+            if s.shared_expert_gate:
+                gate = layers.DenseGeneral(1, kernel_axes=("embed", None), dtype=self.dtype,
+                                           kernel_init=self.kernel_init,
+                                           name="shared_expert_gate")(x)
+                shared = jax.nn.sigmoid(gate) * shared
+            out = out + shared
+        balance = load_balancing_loss(probabilities, experts, num_experts)
+        z = router_z_loss(logits)
+        fraction = jax.nn.one_hot(experts, num_experts).reshape(-1, num_experts).mean(axis=0)
+        self.sow(COLLECTION, "aux_loss", s.router_aux_loss_weight * balance
+                 + s.router_z_loss_weight * z)
+        self.sow(COLLECTION, "load_balancing_loss", balance)
+        self.sow(COLLECTION, "router_z_loss", z)
+        self.sow(COLLECTION, "expert_fraction", fraction)
+        self.sow(COLLECTION, "dropped_fraction", jnp.asarray(dropped, jnp.float32))
+        return constrain(out.astype(x.dtype), ("batch", "length", "embed"))
+
+    def _capacity(self, x, experts, weights, experts_layer):
+        s = self.settings
+        capacity = expert_capacity(x.shape[1], s.num_experts, s.num_experts_per_token,
+                                   s.capacity_factor)
+        dispatch, combine = capacity_dispatch(experts, weights, s.num_experts, capacity)
+        slots = jnp.einsum("bsd,bsec->ebcd", x, dispatch.astype(x.dtype))
+        slots = constrain(slots, ("expert", "expert_batch", None, "embed"))
+        y = experts_layer(slots)
+        y = constrain(y, ("expert", "expert_batch", None, "embed"))
+        out = jnp.einsum("ebcd,bsec->bsd", y, combine.astype(y.dtype))
+        dropped = 1.0 - dispatch.sum() / (x.shape[0] * x.shape[1] * s.num_experts_per_token)
+        return out, dropped
+
+    def _dropless(self, x, experts, weights, experts_layer):
+        s = self.settings
+        batch, length, d = x.shape
+        k = s.num_experts_per_token
+        order, group_sizes = sorted_assignments(experts, s.num_experts)
+        rows = x.reshape(batch * length, d)[order // k]
+        y = experts_layer(rows, group_sizes)
+        unsorted = jnp.zeros_like(y).at[order].set(y).reshape(batch, length, k, d)
+        return jnp.einsum("bskd,bsk->bsd", unsorted, weights.astype(unsorted.dtype))
+
+
+def feed_forward(settings: ExpertFields, sparse: bool | None, hidden_dim: int,
+                 activations: Sequence[str], dropout_rate: float, dtype, name: str = "mlp",
+                 use_bias: bool = False, kernel_init=layers.default_kernel_init) -> nn.Module:
+    """A block's feed-forward module: ``MoeFeedForward`` where the layer is sparse, else
+    the family's dense ``Mlp``. ``sparse=None`` (a scanned stack, where every layer is
+    alike): sparse when the model has experts. Called in a block's compact method."""
+    if sparse is None:
+        sparse = settings.num_experts > 0
+    if sparse:
+        return MoeFeedForward(settings, settings.expert_d_ff or hidden_dim, tuple(activations),
+                              dtype, kernel_init, name=name)
+    return layers.Mlp(hidden_dim, tuple(activations), dropout_rate, dtype, use_bias=use_bias,
+                      kernel_init=kernel_init, name=name)
+
+
+def layer_attributes(settings: ExpertFields, num_layers: int, per_layer=None):
+    """``stacking.run_stack``'s ``layer_attributes``: which layers are sparse when sparse
+    and dense layers mix (``moe_every > 1``), merged with a family's own ``per_layer(i)``
+    attributes; ``None`` where every layer is alike (a scan may repeat one block)."""
+    mixed = settings.num_experts and settings.moe_every > 1
+    if not mixed and per_layer is None:
+        return None
+
+    def attributes(index):
+        found = dict(per_layer(index)) if per_layer is not None else {}
+        found["sparse"] = settings.is_moe_layer(index)
+        return found
+    return attributes

@@ -1,0 +1,207 @@
+"""Mixture-of-experts layers: router math, both dispatch modes against a plain loop over
+experts, the auxiliary losses against their formulas, expert sharding, and the router
+terms of the training objective (exact resume with experts: ``test_training``)."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import structure_loss, tiny_config
+
+from t5x_like import config_lib, errors, models, partitioning
+from t5x_like import trainer as trainer_lib
+from t5x_like.models import layers, moe
+from t5x_like.objectives import router_terms
+
+
+def test_router_weights_match_a_hand_computation():
+    logits = jnp.array([[2.0, 0.0, 1.0, -1.0]])
+    e = np.exp([2.0, 0.0, 1.0, -1.0])
+    probabilities, weights, experts = moe.route(logits, 2, "before_top_k")
+    np.testing.assert_allclose(probabilities[0], e / e.sum(), rtol=1e-6)
+    assert experts.tolist() == [[0, 2]]
+    np.testing.assert_allclose(weights[0], [e[0] / e.sum(), e[2] / e.sum()], rtol=1e-6)
+    # After the top k: the softmax over the two chosen logits (Mixtral's renormalised form).
+    _, weights, experts = moe.route(logits, 2, "after_top_k")
+    np.testing.assert_allclose(weights[0], [e[0] / (e[0] + e[2]), e[2] / (e[0] + e[2])],
+                               rtol=1e-6)
+    _, weights, experts = moe.route(logits, 1, "before_top_k")  # Switch: top-1, its probability
+    assert experts.tolist() == [[0]]
+    np.testing.assert_allclose(weights[0], [e[0] / e.sum()], rtol=1e-6)
+
+
+def test_capacity_dispatch_drops_exactly_the_overflow_and_keeps_order():
+    # One group of 5 tokens, k=2, 3 experts, 2 slots each. First choices go first, in
+    # token order: expert 0 gets tokens 0 and 1, token 3's first choice overflows; second
+    # choices then fill what is left (expert 1: token 2 then token 0; expert 2: 4 then 1).
+    experts = jnp.array([[[0, 1], [0, 2], [1, 0], [0, 1], [2, 1]]])
+    weights = jnp.full((1, 5, 2), 0.5)
+    dispatch, combine = moe.capacity_dispatch(experts, weights, num_experts=3, capacity=2)
+    slots = {(t, e): int(np.argmax(dispatch[0, t, e])) for t in range(5) for e in range(3)
+             if dispatch[0, t, e].sum()}
+    assert slots == {(0, 0): 0, (1, 0): 1, (2, 1): 0, (4, 2): 0, (0, 1): 1, (1, 2): 1}
+    assert float(dispatch.sum()) == 6  # 10 assignments, 3 experts x 2 slots: 4 dropped
+    assert float(dispatch[0, 3].sum()) == 0  # token 3 lost both of its choices
+    np.testing.assert_allclose(combine, dispatch * 0.5)
+    assert moe.expert_capacity(5, 3, 2, 1.0) == 4 and moe.expert_capacity(8, 8, 1, 1.25) == 2
+
+
+def _layer(dispatch, k=2, activations=("silu", "linear"), **settings):
+    fields = moe.ExpertFields(num_experts=4, num_experts_per_token=k, moe_dispatch=dispatch,
+                              **settings)
+    return moe.MoeFeedForward(fields, 12, activations)
+
+
+def _dense_loop(params, x, k, activations=("silu", "linear"), softmax="before_top_k"):
+    """The layer written as a loop: every token through each of its k experts, weighted."""
+    tokens = x.reshape(-1, x.shape[-1])
+    _, weights, experts = moe.route(tokens @ params["router"]["kernel"], k, softmax)
+    out = []
+    for t in range(tokens.shape[0]):
+        y = 0.0
+        for j in range(k):
+            e = experts[t, j]
+            hidden = 1.0
+            for i, name in enumerate(activations):
+                kernel = params["experts"]["wi" if len(activations) == 1 else f"wi_{i}"][e]
+                hidden = hidden * layers.ACTIVATIONS[name](tokens[t] @ kernel)
+            y = y + weights[t, j] * (hidden @ params["experts"]["wo"][e])
+        out.append(y)
+    return jnp.stack(out).reshape(x.shape)
+
+
+def test_dropless_equals_a_dense_loop_over_experts_in_outputs_and_gradients():
+    x = jax.random.normal(jax.random.key(1), (2, 3, 8))
+    layer = _layer("dropless")
+    params = nn.unbox(layer.init(jax.random.key(0), x))["params"]
+    np.testing.assert_allclose(layer.apply({"params": params}, x), _dense_loop(params, x, 2),
+                               rtol=1e-5, atol=1e-6)
+
+    def loss(apply):
+        return lambda p, x: jnp.sum(jnp.sin(apply(p, x)))
+    grads = jax.jit(jax.grad(loss(lambda p, x: layer.apply({"params": p}, x)),
+                             argnums=(0, 1)))(params, x)
+    want = jax.jit(jax.grad(loss(lambda p, x: _dense_loop(p, x, 2)), argnums=(0, 1)))(params, x)
+    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_capacity_dispatch_with_room_for_every_token_equals_dropless():
+    x = jax.random.normal(jax.random.key(2), (2, 6, 8))
+    capacity = _layer("capacity", capacity_factor=4.0 / 2)  # E/k: every token fits
+    dropless = _layer("dropless")
+    params = nn.unbox(dropless.init(jax.random.key(0), x))["params"]
+    out, state = capacity.apply({"params": params}, x, mutable=[moe.COLLECTION])
+    np.testing.assert_allclose(out, dropless.apply({"params": params}, x), rtol=1e-5, atol=1e-6)
+    assert float(router_terms(state)[1]["moe_dropped_fraction"]) == 0.0
+    # At capacity factor 1 with skewed routing some assignments are dropped, and counted.
+    tight = _layer("capacity", capacity_factor=0.5)
+    _, state = tight.apply({"params": params}, x, mutable=[moe.COLLECTION])
+    assert float(router_terms(state)[1]["moe_dropped_fraction"]) > 0.0
+
+
+def test_shared_expert_and_its_gate_add_a_sigmoid_weighted_mlp():
+    x = jax.random.normal(jax.random.key(3), (1, 4, 8))
+    layer = _layer("dropless", shared_expert_d_ff=6, shared_expert_gate=True)
+    params = nn.unbox(layer.init(jax.random.key(0), x))["params"]
+    shared = layers.Mlp(6, ("silu", "linear")).apply({"params": params["shared_expert"]}, x)
+    gate = jax.nn.sigmoid(x @ params["shared_expert_gate"]["kernel"])
+    np.testing.assert_allclose(layer.apply({"params": params}, x),
+                               _dense_loop(params, x, 2) + gate * shared, rtol=1e-5, atol=1e-6)
+
+
+def test_load_balancing_and_z_losses_equal_their_formulas():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(3, 7, 4)).astype(np.float32)
+    probabilities, _, experts = moe.route(jnp.asarray(logits), 2)
+    chosen = np.zeros(4)
+    for e in np.asarray(experts).reshape(-1):
+        chosen[e] += 1
+    f = chosen / 21  # tokens
+    p = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    want = 4 * np.sum(f * p.reshape(-1, 4).mean(0))
+    np.testing.assert_allclose(moe.load_balancing_loss(probabilities, experts, 4), want,
+                               rtol=1e-5)
+    z = np.mean(np.log(np.exp(logits).sum(-1)) ** 2)
+    np.testing.assert_allclose(moe.router_z_loss(jnp.asarray(logits)), z, rtol=1e-5)
+    # Uniform routing with k=1 scores exactly 1.
+    uniform = jnp.zeros((1, 4, 4))
+    np.testing.assert_allclose(moe.load_balancing_loss(jax.nn.softmax(uniform),
+                                                       jnp.arange(4).reshape(1, 4, 1), 4), 1.0)
+
+
+def _model_config(family, **moe_settings):
+    if family == "decoder":
+        config = config_lib.model_defaults("decoder")
+        config.update(dict(vocab_size=64, d_model=16, num_heads=2, head_dim=8, d_ff=32,
+                           num_layers=2, max_length=16))
+    else:
+        config = config_lib.model_defaults("encoder_decoder")
+        config.update(dict(vocab_size=64, d_model=16, num_heads=2, head_dim=8, d_ff=32,
+                           num_encoder_layers=2, num_decoder_layers=2))
+    config.update(dict(num_experts=4, **moe_settings))
+    return config
+
+
+@pytest.mark.parametrize("family,settings", [
+    ("decoder", dict(num_experts_per_token=2, router_softmax="after_top_k",
+                     moe_dispatch="dropless")),
+    ("encoder_decoder", dict(moe_every=2, router_z_loss_weight=1e-3)),
+])
+def test_a_model_with_experts_adds_the_router_losses_and_their_metrics(family, settings):
+    model = models.build_model(_model_config(family, **settings))
+    inputs = models.example_inputs(model, {}, batch_size=2)
+    params = nn.unbox(model.init(jax.random.key(0), *inputs))["params"]
+    sparse = [name for name, layer in params.get("decoder", params).items()
+              if isinstance(layer, dict) and "experts" in layer.get("mlp", {})]
+    assert sparse == (["layers_1"] if settings.get("moe_every") == 2 else ["layers_0", "layers_1"])
+    batch = {name: jnp.asarray(np.random.default_rng(0).integers(1, 64, (2, 8)), jnp.int32)
+             for name in ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens")}
+    batch["decoder_loss_weights"] = jnp.ones((2, 8))
+    objective, metrics = jax.jit(structure_loss(family, model, z_loss=0.0))(params, batch)
+    aux = 0.01 * metrics["moe_load_balancing_loss"] + settings.get(
+        "router_z_loss_weight", 0.0) * metrics["moe_router_z_loss"]
+    np.testing.assert_allclose(objective, metrics["loss"] + aux, rtol=1e-5)
+    fractions = [metrics[f"moe_expert_fraction_{e}"] for e in range(4)]
+    np.testing.assert_allclose(sum(fractions), 1.0, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family,dispatch", [("decoder", "capacity"),
+                                             ("encoder_decoder", "capacity"),
+                                             ("decoder", "dropless")])
+def test_experts_sharded_over_a_2x4_mesh_equal_one_device(family, dispatch):
+    model = models.build_model(_model_config(family, num_experts_per_token=2,
+                                             moe_dispatch=dispatch))
+    inputs = tuple(np.random.default_rng(0).integers(1, 64, size=x.shape).astype(np.int32)
+                   for x in models.example_inputs(model, {}, batch_size=8))
+    params = nn.unbox(model.init(jax.random.key(0), *inputs))["params"]
+
+    def forward(p, *xs):
+        logits, state = model.apply({"params": p}, *xs, mutable=[moe.COLLECTION])
+        return logits, router_terms(state)
+    single = forward(params, *inputs)
+    mesh = partitioning.make_mesh({"data": 2, "expert": 4})
+    rules = partitioning.axis_rules("fsdp")
+    shardings = partitioning.logical_shardings(trainer_lib.abstract_boxed_params(model, {}),
+                                               mesh, rules)
+    experts_kernel = shardings[("decoder" if family == "encoder_decoder" else "layers_0")]
+    if family == "encoder_decoder":
+        experts_kernel = experts_kernel["layers_0"]
+    assert experts_kernel["mlp"]["experts"]["wo"].spec[0] == "expert"
+    sharded_params = jax.device_put(params, shardings)
+    sharded_inputs = tuple(jax.device_put(x, partitioning.batch_sharding(mesh)) for x in inputs)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        sharded = jax.jit(forward)(sharded_params, *sharded_inputs)
+    for a, b in zip(jax.tree.leaves(single), jax.tree.leaves(sharded), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("override,message", [
+    ({"model.num_experts": 4, "model.num_experts_per_token": 5}, "num_experts_per_token=5"),
+    ({"model.num_experts": 4, "model.moe_dispatch": "dropful"}, "moe_dispatch='dropful'"),
+    ({"model.num_experts": 4, "model.moe_every": 2, "model.scan_layers": True}, "scan_layers"),
+])
+def test_expert_settings_that_cannot_be_built_are_refused_naming_the_key(override, message):
+    with pytest.raises(errors.ConfigError, match=message):
+        tiny_config(**{"model.num_encoder_layers": 2, "model.num_decoder_layers": 2, **override})
