@@ -22,6 +22,12 @@ in the MLP (2 for gated GeLU). Per sequence, forward:
       decoder  2*S_t*Ld*(6*d*H*Dh + (G+1)*d*F) + 2*S_i*Ld*2*d*H*Dh   (cross-attn keys/values)
                + 4*Ld*(S_t^2 + S_t*S_i)*H*Dh + 2*S_t*d*V
 
+A mixture of experts counts active FLOPs, what each token runs through: in each sparse
+layer ``(G+1)*d*F`` becomes ``k*(G+1)*d*F_e + d*E`` (its ``k`` experts of width
+``F_e`` and the router over ``E`` experts) plus ``(G+1)*d*F_s`` for a shared expert of
+width ``F_s`` (and ``d`` for its gate). Capacity dispatch also multiplies empty slots;
+they are hardware FLOPs, not model FLOPs.
+
 Embedding lookups, norms, softmaxes and the optimizer are left out (small, and
 not what MFU measures). Model FLOPs do not change with rematerialisation.
 """

@@ -84,9 +84,15 @@ def make_mesh(shape: Mapping[str, int], devices=None) -> Mesh:
     groups = slice_groups(devices, sizes["dcn"])
     inner = tuple(sizes[axis] for axis in MESH_AXES[1:])
     # Auto axes: XLA propagates shardings from the annotations the model provides.
-    per_slice = [jax.make_mesh(inner, MESH_AXES[1:], devices=group,
-                               axis_types=(AxisType.Auto,) * len(inner)).devices
-                 for group in groups]
+    try:
+        per_slice = [jax.make_mesh(inner, MESH_AXES[1:], devices=group,
+                                   axis_types=(AxisType.Auto,) * len(inner)).devices
+                     for group in groups]
+    except NotImplementedError as e:  # a TPU torus the axes do not tile
+        raise UserError(
+            f"Mesh {sizes} does not tile the chips' torus ({str(e).split('.')[0]}); make each "
+            "mesh axis a product of whole physical axes, e.g. on a 4x4x4 slice axes of 4 and "
+            "16, not 8 and 8.") from None
     return Mesh(np.stack(per_slice), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
 
 

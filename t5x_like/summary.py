@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from t5x_like import config_lib, errors, optim, structures, trainer
+from t5x_like.models import moe
 
 
 def module_rows(shapes: dict, depth: int) -> list[tuple[str, int]]:
@@ -64,6 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     split = structures.structure_class(config.model.family).parameter_split(shapes)
     if split:
         print(split)
+    num_experts = config.model.get("num_experts") or 0
+    if num_experts:
+        k = config.model.num_experts_per_token
+        active = total - moe.inactive_parameters(shapes, num_experts, k)
+        print(f"active params per token: {active} ({100.0 * active / total:.1f}% of {total}: "
+              f"{k} of {num_experts} experts)")
     print(f"params: {total}  trainable: {trainable} ({100.0 * trainable / max(total, 1):.2f}%)")
     return 0
 

@@ -205,3 +205,62 @@ def test_experts_sharded_over_a_2x4_mesh_equal_one_device(family, dispatch):
 def test_expert_settings_that_cannot_be_built_are_refused_naming_the_key(override, message):
     with pytest.raises(errors.ConfigError, match=message):
         tiny_config(**{"model.num_encoder_layers": 2, "model.num_decoder_layers": 2, **override})
+
+
+def test_groups_of_moe_group_size_tokens_dispatch_as_rows_of_that_length():
+    x = jax.random.normal(jax.random.key(4), (2, 6, 8))
+    grouped = _layer("capacity", capacity_factor=1.0, moe_group_size=3)
+    rows = _layer("capacity", capacity_factor=1.0)
+    params = nn.unbox(rows.init(jax.random.key(0), x))["params"]
+    np.testing.assert_allclose(grouped.apply({"params": params}, x),
+                               rows.apply({"params": params}, x.reshape(4, 3, 8)).reshape(x.shape),
+                               rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("path,hf_config", [
+    ("configs/switch_base_8.py", ("SwitchTransformers", dict(
+        d_ff=3072, num_sparse_encoder_layers=6, num_sparse_decoder_layers=6))),
+    ("configs/mixtral_8x7b.py", ("Mixtral", {})),
+])
+def test_the_published_moe_shapes_count_what_transformers_counts(path, hf_config):
+    import torch
+    import transformers
+
+    from t5x_like import flops
+    config = config_lib.load_config_file(path)
+    config_lib.validate(config)
+    shapes = trainer_lib.parameter_shapes(config.model)
+    ours = trainer_lib.param_count(shapes)
+    name, settings = hf_config
+    hf_class = "SwitchTransformersForConditionalGeneration" if "Switch" in name else (
+        f"{name}ForCausalLM")
+    with torch.device("meta"):
+        model = getattr(transformers, hf_class)(getattr(transformers, f"{name}Config")(**settings))
+    assert ours == sum(p.numel() for p in model.parameters())
+    # Active parameters and FLOPs count the k experts a token runs through.
+    model_config = config.model.to_dict()
+    active = ours - moe.inactive_parameters(shapes, 8, model_config["num_experts_per_token"])
+    dense = dict(model_config, num_experts=0)
+    if "mixtral" in path:
+        assert round(active / 1e9, 1) == 12.9 and round(ours / 1e9, 1) == 46.7  # Mistral AI's
+        lengths = {"targets": 4096}
+        per_token = flops.forward_flops_per_sequence(model_config, lengths) / 4096
+        # Two experts of Mistral 7B's width instead of one, plus the router.
+        extra = flops.forward_flops_per_sequence(dense, lengths) / 4096 + 2 * 32 * (
+            3 * 4096 * 14336 + 4096 * 8)
+        np.testing.assert_allclose(per_token, extra, rtol=1e-9)
+    else:  # top-1 over experts as wide as the dense MLP: T5 base's FLOPs plus the router
+        lengths = {"inputs": 512, "targets": 114}
+        router = 2 * 768 * 8 * (6 * 512 + 6 * 114)  # 6 sparse layers a stack
+        np.testing.assert_allclose(flops.forward_flops_per_sequence(model_config, lengths),
+                                   flops.forward_flops_per_sequence(dense, lengths) + router,
+                                   rtol=1e-9)
+
+
+def test_summary_prints_total_and_active_parameters(capsys):
+    from t5x_like import summary
+    assert summary.main(["--config=configs/pretrain/t5_tiny_moe.py"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # 8 experts in one layer of each stack: 7 of 8 experts' kernels are inactive.
+    assert lines[-2] == ("active params per token: 3280640 (54.4% of 6033152: 1 of 8 experts)")
+    assert lines[-1].startswith("params: 6033152")

@@ -13,7 +13,8 @@ logits alone (``"after_top_k"``: Mixtral; equal to the first, renormalised).
 
 Dispatch:
 
-- ``capacity`` (Switch, GShard): each group (a row of the batch) sends each expert
+- ``capacity`` (Switch, GShard): each group (a row of the batch, or ``moe_group_size``
+  consecutive tokens) sends each expert
   at most ``ceil(capacity_factor * k * tokens / experts)`` tokens, first choices
   before second choices and earlier tokens before later ones; the rest are dropped
   from that expert (their residual carries them past the layer). One-hot dispatch
@@ -40,6 +41,7 @@ from collections.abc import Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from flax import traverse_util
 
 from t5x_like import traced_platform
 from t5x_like.models import layers
@@ -79,6 +81,7 @@ class ExpertFields:
     router_z_loss_weight: float = 0.0  # ST-MoE: 0.001
     moe_dispatch: str = "capacity"  # DISPATCH_MODES
     capacity_factor: float = 1.25
+    moe_group_size: int = 0  # capacity dispatch: tokens per group; 0: a row of the batch
     moe_impl: str = "auto"  # IMPLEMENTATIONS (dropless only)
 
     def is_moe_layer(self, index: int) -> bool:
@@ -107,6 +110,8 @@ class ExpertFields:
                     "and sparse layers; use scan_layers=False or moe_every=1.")
         if self.moe_dispatch == "capacity" and self.capacity_factor <= 0:
             return f"model.capacity_factor={self.capacity_factor} must be positive."
+        if self.moe_group_size < 0:
+            return f"model.moe_group_size={self.moe_group_size} must be >= 0 (0: a row)."
         return ""
 
 
@@ -186,7 +191,12 @@ def _use_megablox(impl: str, rows: int, contraction: int, columns: int) -> bool:
                              f"in multiples of {_MEGABLOX_TILE} (got {rows}, {contraction}, "
                              f"{columns}); use 'auto' to fall back to ragged_dot.")
         return True
-    return impl == "auto" and fits and traced_platform.current_platform() == "tpu"
+    # A Pallas kernel is not partitioned by XLA: under a mesh of several devices (experts
+    # or rows sharded) auto keeps ragged_dot, which the SPMD partitioner splits.
+    mesh = jax.sharding.get_abstract_mesh()
+    one_device = mesh.empty or mesh.size == 1
+    return (impl == "auto" and fits and one_device
+            and traced_platform.current_platform() == "tpu")
 
 
 def grouped_matmul(x: jax.Array, kernel: jax.Array, group_sizes: jax.Array,
@@ -289,15 +299,23 @@ class MoeFeedForward(nn.Module):
 
     def _capacity(self, x, experts, weights, experts_layer):
         s = self.settings
-        capacity = expert_capacity(x.shape[1], s.num_experts, s.num_experts_per_token,
-                                   s.capacity_factor)
+        shape, k = x.shape, s.num_experts_per_token
+        # Groups of ``moe_group_size`` consecutive tokens: the dispatch tensors grow with
+        # the group squared, so long rows are split (GShard's groups). Where the size does
+        # not divide the tokens (a decoding step's one token a row), each row is a group.
+        group = s.moe_group_size
+        if not group or (shape[0] * shape[1]) % group:
+            group = shape[1]
+        x = x.reshape(-1, group, shape[-1])
+        experts, weights = experts.reshape(-1, group, k), weights.reshape(-1, group, k)
+        capacity = expert_capacity(group, s.num_experts, k, s.capacity_factor)
         dispatch, combine = capacity_dispatch(experts, weights, s.num_experts, capacity)
         slots = jnp.einsum("bsd,bsec->ebcd", x, dispatch.astype(x.dtype))
         slots = constrain(slots, ("expert", "expert_batch", None, "embed"))
         y = experts_layer(slots)
         y = constrain(y, ("expert", "expert_batch", None, "embed"))
-        out = jnp.einsum("ebcd,bsec->bsd", y, combine.astype(y.dtype))
-        dropped = 1.0 - dispatch.sum() / (x.shape[0] * x.shape[1] * s.num_experts_per_token)
+        out = jnp.einsum("ebcd,bsec->bsd", y, combine.astype(y.dtype)).reshape(shape)
+        dropped = 1.0 - dispatch.sum() / (x.shape[0] * group * k)
         return out, dropped
 
     def _dropless(self, x, experts, weights, experts_layer):
@@ -309,6 +327,17 @@ class MoeFeedForward(nn.Module):
         y = experts_layer(rows, group_sizes)
         unsorted = jnp.zeros_like(y).at[order].set(y).reshape(batch, length, k, d)
         return jnp.einsum("bskd,bsk->bsd", unsorted, weights.astype(unsorted.dtype))
+
+
+def inactive_parameters(shapes, num_experts: int, k: int) -> int:
+    """Parameters a token does not run through: ``(E - k) / E`` of every expert kernel
+    (``experts/...`` in ``shapes``, a tree of arrays or shapes). Total minus this is the
+    active parameter count of a mixture of experts."""
+    if not num_experts:
+        return 0
+    flat = traverse_util.flatten_dict(shapes)
+    experts = sum(math.prod(leaf.shape) for path, leaf in flat.items() if "experts" in path)
+    return experts * (num_experts - k) // num_experts
 
 
 def feed_forward(settings: ExpertFields, sparse: bool | None, hidden_dim: int,

@@ -88,6 +88,28 @@ def _layer_matmuls(d: int, heads: int, head_dim: int, d_ff: int, activations, at
     return attention + (len(tuple(activations)) + 1) * d * d_ff
 
 
+def _stack_matmuls(model: Mapping, num_layers: int, attention_mats=4,
+                   kv_heads: int | None = None) -> float:
+    """Multiply-adds per token of a stack of ``num_layers`` layers of ``model`` (a
+    ``config.model``): ``_layer_matmuls`` each, where a mixture-of-experts layer's MLP
+    counts what a token runs through (active FLOPs, as MFU reads them): its ``k``
+    experts, the router, and the shared expert with its gate. Capacity dispatch
+    computes empty slots too; they are not model FLOPs."""
+    d, f, activations = model["d_model"], model["d_ff"], model["mlp_activations"]
+    dense = _layer_matmuls(d, model["num_heads"], model["head_dim"], f, activations,
+                           attention_mats, kv_heads)
+    experts = model.get("num_experts") or 0
+    if not experts:
+        return num_layers * dense
+    projections = len(tuple(activations)) + 1
+    shared = model.get("shared_expert_d_ff") or 0
+    sparse = (dense - projections * d * f + d * experts
+              + model["num_experts_per_token"] * projections * d * (model.get("expert_d_ff") or f)
+              + projections * d * shared + (d if shared and model.get("shared_expert_gate") else 0))
+    sparse_layers = num_layers // (model.get("moe_every") or 1)
+    return (num_layers - sparse_layers) * dense + sparse_layers * sparse
+
+
 class Structure:
     """Base: shared plumbing; subclasses say what differs."""
 

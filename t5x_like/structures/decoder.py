@@ -9,7 +9,7 @@ from t5x_like.errors import ConfigError, UserError
 from t5x_like.structures.base import (
     DECODE_DEFAULTS,
     Structure,
-    _layer_matmuls,
+    _stack_matmuls,
     _token_loss_fn,
     dropout_rngs,
 )
@@ -166,13 +166,11 @@ class DecoderStructure(Structure):
         return step, cache, (token, token, valid)
 
     def forward_flops_per_sequence(self, model, lengths):
-        d, h, dh, f, v = (model["d_model"], model["num_heads"], model["head_dim"],
-                          model["d_ff"], model["vocab_size"])
+        d, h, dh, v = model["d_model"], model["num_heads"], model["head_dim"], model["vocab_size"]
         s = lengths.get("inputs", 0) + lengths["targets"]
         layers = model["num_layers"]
-        matmuls = _layer_matmuls(d, h, dh, f, model["mlp_activations"],
-                                 kv_heads=model.get("num_kv_heads") or h)
-        return 2 * s * layers * matmuls + 4 * layers * s * s * h * dh + 2 * s * d * v
+        matmuls = _stack_matmuls(model, layers, kv_heads=model.get("num_kv_heads") or h)
+        return 2 * s * matmuls + 4 * layers * s * s * h * dh + 2 * s * d * v
 
 
 def prompts_from_batch(batch) -> tuple[jax.Array, jax.Array]:

@@ -6,7 +6,7 @@ from t5x_like.errors import ConfigError
 from t5x_like.structures.base import (
     DECODE_DEFAULTS,
     Structure,
-    _layer_matmuls,
+    _stack_matmuls,
     _token_loss_fn,
     dropout_rngs,
 )
@@ -91,13 +91,11 @@ class EncoderDecoderStructure(Structure):
         return step, cache, (encoded, tokens, token)
 
     def forward_flops_per_sequence(self, model, lengths):
-        d, h, dh, f, v = (model["d_model"], model["num_heads"], model["head_dim"],
-                          model["d_ff"], model["vocab_size"])
-        act, attn = model["mlp_activations"], h * dh
+        d, v, attn = model["d_model"], model["vocab_size"], model["num_heads"] * model["head_dim"]
         si, st = lengths["inputs"], lengths["targets"]
         le, ld = model["num_encoder_layers"], model["num_decoder_layers"]
-        encoder = 2 * si * le * _layer_matmuls(d, h, dh, f, act) + 4 * le * si * si * attn
-        decoder = (2 * st * ld * _layer_matmuls(d, h, dh, f, act, attention_mats=6)
+        encoder = 2 * si * _stack_matmuls(model, le) + 4 * le * si * si * attn
+        decoder = (2 * st * _stack_matmuls(model, ld, attention_mats=6)
                    + 2 * si * ld * 2 * d * attn
                    + 4 * ld * (st * st + st * si) * attn + 2 * st * d * v)
         return encoder + decoder

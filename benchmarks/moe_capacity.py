@@ -1,0 +1,118 @@
+"""A trained mixture of experts read at several capacity factors and dropless: held-out
+loss, the fraction of assignments dropped, and each expert's share of them, over the
+task's whole validation split (every example once, as ``train`` evaluates).
+
+    python -m t5x_like.train --config=configs/pretrain/t5_tiny_moe.py --workdir=runs/pt_t5_moe
+    python benchmarks/moe_capacity.py --checkpoint=runs/pt_t5_moe --dense=runs/pt_t5_dense
+
+``--dense``: a dense run of the same recipe, evaluated on the same batches for the
+comparison line. ``--loads_png``: each expert's share of the assignments over training,
+from the MoE run's logged metrics, drawn to a PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+
+import jax
+import numpy as np
+
+import t5x_like.builtin_tasks  # noqa: F401  (registers the embedded tasks)
+from t5x_like import checkpoints, structures
+from t5x_like.data import pipeline
+
+
+def held_out(config, params, max_batches: int) -> dict:
+    """Token-weighted held-out loss and the router metrics' means over the validation
+    split of ``config.task`` (one pass, batches of ``config.batch_size``)."""
+    structure = structures.for_config(config)
+    loss_fn = structure.loss_fn(config.loss)
+    step = jax.jit(lambda p, b: loss_fn(structure.model, p, b, None)[1])
+    stream = pipeline.build_dataset(
+        config.task, "validation", dict(config.task_feature_lengths), seed=config.seed,
+        shuffle=False, repeat=False,
+        feature_converter=structure.feature_converter(dict(config.task_feature_lengths)))
+    rows = iter(stream)
+    sums, tokens = {}, 0.0
+    for _ in range(max_batches):
+        batch = [example for _, example in zip(range(config.batch_size), rows, strict=False)]
+        if len(batch) < config.batch_size:
+            break
+        stacked = {k: np.stack([e[k] for e in batch]) for k in batch[0]}
+        metrics = jax.device_get(step(params, stacked))
+        n = float(metrics["num_target_tokens"])
+        tokens += n
+        for key, value in metrics.items():
+            if key != "num_target_tokens" and np.ndim(value) == 0:
+                sums[key] = sums.get(key, 0.0) + float(value) * n
+    return {key: value / tokens for key, value in sums.items()}
+
+
+def restore(path: str):
+    source = checkpoints.resolve(path)
+    step = source.steps()[-1]
+    config = checkpoints.config_from_saved(source.saved_config(step))
+    return config, checkpoints.load_params(source, step, config), step
+
+
+def draw_loads(metrics_path: pathlib.Path, out: str, num_experts: int) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    records = [json.loads(line) for line in metrics_path.read_text().splitlines()]
+    records = [r for r in records if "moe_expert_fraction_0" in r]
+    steps = [r["step"] for r in records]
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for e in range(num_experts):
+        ax.plot(steps, [r[f"moe_expert_fraction_{e}"] for r in records], label=f"expert {e}")
+    ax.axhline(1.0 / num_experts, color="black", linestyle=":", label="uniform")
+    ax.set_xlabel("step")
+    ax.set_ylabel("share of token assignments")
+    ax.set_title("Expert load over training (mean over sparse layers, training batches)")
+    ax.legend(ncol=3, fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--dense", default="")
+    parser.add_argument("--capacity_factors", default="1.0,1.25,2.0")
+    parser.add_argument("--max_batches", type=int, default=1000)
+    parser.add_argument("--loads_png", default="")
+    args = parser.parse_args()
+
+    config, params, step = restore(args.checkpoint)
+    rows = []
+    if args.dense:
+        dense_config, dense_params, dense_step = restore(args.dense)
+        found = held_out(dense_config, dense_params, args.max_batches)
+        rows.append((f"dense (step {dense_step})", found["loss"], None, None))
+    variants = [("capacity", float(f)) for f in args.capacity_factors.split(",")]
+    variants.append(("dropless", None))
+    for dispatch, factor in variants:
+        config.model.moe_dispatch = dispatch
+        if factor is not None:
+            config.model.capacity_factor = factor
+        found = held_out(config, params, args.max_batches)
+        shares = [found[f"moe_expert_fraction_{e}"] for e in range(config.model.num_experts)]
+        name = f"capacity factor {factor}" if factor is not None else "dropless"
+        rows.append((f"MoE (step {step}), {name}", found["loss"], found["moe_dropped_fraction"],
+                     max(shares) * config.model.num_experts))
+    print(f"{'model':<40} {'held-out loss':>14} {'dropped':>9} {'max load / uniform':>19}")
+    for name, loss, dropped, peak in rows:
+        dropped_text = "" if dropped is None else f"{100 * dropped:.2f}%"
+        peak_text = "" if peak is None else f"{peak:.2f}"
+        print(f"{name:<40} {loss:>14.4f} {dropped_text:>9} {peak_text:>19}")
+    if args.loads_png:
+        draw_loads(pathlib.Path(args.checkpoint) / "metrics.jsonl", args.loads_png,
+                   config.model.num_experts)
+        print(f"wrote {args.loads_png}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+"""Mixtral 8x7B's shape (Jiang et al. 2024): Mistral 7B's decoder whose every MLP is 8 SwiGLU
+experts, each token routed to 2 (softmax over the two chosen logits), dropless dispatch
+(grouped matmuls; megablox on TPU), load-balancing loss 0.02 as Hugging Face trains it.
+46.7B parameters, 12.9B active per token; ``convert import`` of the Hugging Face checkpoint
+loads into it.
+
+    python -m t5x_like.summary --config=configs/mixtral_8x7b.py
+    python -m t5x_like.plan --config=configs/mixtral_8x7b.py --topology=v5p:4x4x4 \\
+        --config.mesh.fsdp=-1 --config.mesh.expert=8 --config.mesh.data=1
+"""
+
+import importlib.util
+import pathlib
+
+_spec = importlib.util.spec_from_file_location(
+    "_bases", pathlib.Path(__file__).resolve().parent / "_bases/__init__.py")
+bases = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bases)
+gpt2 = bases.family("gpt2")
+
+
+def model():
+    """The model keys (shared with the tiny recipe, configs/pretrain/mixtral_tiny.py)."""
+    return dict(vocab_size=32_000, d_model=4096, num_heads=32, num_kv_heads=8, head_dim=128,
+                d_ff=14_336, num_layers=32, max_length=32_768, mlp_activations=("silu", "linear"),
+                use_bias=False, norm="rmsnorm", layer_norm_epsilon=1e-5,
+                position_embedding="rotary", rotary_max_wavelength=1_000_000.0,
+                tie_embeddings=False, bos_id=1, num_experts=8, num_experts_per_token=2,
+                router_softmax="after_top_k", moe_dispatch="dropless",
+                router_aux_loss_weight=0.02)
+
+
+def get_config():
+    config = gpt2.base(**model(), scan_layers=True, remat_policy="dots_no_batch", dtype="bfloat16")
+    config.task_feature_lengths = {"targets": 4096}
+    config.batch_size = 256
+    config.optimizer.update(name="adamw", learning_rate=3e-4, schedule="cosine", warmup_steps=2000,
+                            weight_decay=0.1, b2=0.95)
+    return config
