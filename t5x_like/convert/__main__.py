@@ -20,7 +20,9 @@ from t5x_like.convert import (
     hf_llama,
     hf_longformer,
     hf_mbart,
+    hf_moe,
     hf_roberta,
+    hf_switch,
     hf_t5,
     hf_xlm_roberta,
     pretrained,
@@ -33,12 +35,14 @@ ARCHITECTURES = {"t5": hf_t5, "mt5": hf_t5, "gpt2": hf_gpt2, "bert": hf_bert,
                  "gemma2": hf_gemma, "gemma3_text": hf_gemma, "albert": hf_albert,
                  "bart": hf_bart, "electra": hf_electra, "distilbert": hf_distilbert,
                  "mbart": hf_mbart, "xlm-roberta": hf_xlm_roberta,
-                 "longformer": hf_longformer}
+                 "longformer": hf_longformer, "mixtral": hf_moe, "qwen2_moe": hf_moe,
+                 "switch_transformers": hf_switch}
 EXPORTERS = {"encoder_decoder": hf_t5, "decoder": hf_gpt2, "encoder": hf_bert,
              "electra": hf_electra}
 # What each exportable family becomes, for the refusal that lists them.
-EXPORTED_AS = {"encoder_decoder": "T5",
-               "decoder": "GPT-2, or Llama/Mistral/Qwen2/Qwen3/Gemma 2/Gemma 3 with rotary positions",
+EXPORTED_AS = {"encoder_decoder": "T5, or Switch Transformers with experts",
+               "decoder": "GPT-2, or Llama/Mistral/Qwen2/Qwen3/Gemma 2/Gemma 3 with rotary "
+                          "positions, Mixtral/Qwen2-MoE with experts",
                "encoder": "BERT or DistilBERT", "electra": "ELECTRA"}
 
 
@@ -49,8 +53,18 @@ def exporter_for(model_config: dict):
         exportable = "; ".join(f"{name} (as {EXPORTED_AS[name]})" for name in sorted(EXPORTERS))
         raise UserError(f"A model of family {family!r} cannot be exported to Hugging Face yet; "
                         f"exportable families: {exportable}.")
+    experts = bool(model_config.get("num_experts"))
     if family == "decoder" and model_config.get("position_embedding") == "rotary":
+        if experts:
+            return hf_moe
         return hf_gemma if model_config.get("post_sublayer_norms") else hf_llama
+    if experts and family == "encoder_decoder":
+        return hf_switch
+    if experts:
+        raise UserError(f"A {family} model with experts (model.num_experts="
+                        f"{model_config['num_experts']}) has no Hugging Face exporter; "
+                        "exportable mixtures of experts: rotary decoders (as Mixtral/Qwen2-MoE) "
+                        "and T5 encoder-decoders (as Switch Transformers).")
     if (family == "encoder" and model_config.get("type_vocab_size") == 1
             and not model_config.get("position_offset")):
         return hf_distilbert  # no token types, positions from 0: DistilBERT's layout
@@ -66,6 +80,9 @@ def import_hf(hf_dir: str, out: str, generator_dir: str | None = None) -> dict:
             raise UserError(f"{hf_dir}/config.json has no model_type entry, which convert "
                             f"needs (supported model_types: {supported}); re-save the model "
                             "with save_pretrained, which writes it.")
+        if model_type in hf_moe.UNSUPPORTED:
+            raise UserError(f"{hf_dir}/config.json has {hf_moe.unsupported_message(model_type)} "
+                            f"All supported model_types: {supported}.")
         raise UserError(f"{hf_dir}/config.json has model_type {model_type!r}, which convert "
                         f"cannot import; supported model_types: {supported}.")
     if generator_dir and model_type != "electra":

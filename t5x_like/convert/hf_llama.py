@@ -179,17 +179,18 @@ def attention_to_hf(att: dict, b: str, cfg: dict, norm_out=_plain_norm_out) -> d
     return out
 
 
-def gated_mlp_from_hf(w: TrackedWeights, b: str) -> dict:
-    """``gate_proj`` (under the activation), ``up_proj`` and ``down_proj`` of layer ``b``."""
-    return {"wi_0": {"kernel": w[f"{b}.mlp.gate_proj.weight"].T},
-            "wi_1": {"kernel": w[f"{b}.mlp.up_proj.weight"].T},
-            "wo": {"kernel": w[f"{b}.mlp.down_proj.weight"].T}}
+def gated_mlp_from_hf(w: TrackedWeights, b: str, module: str = "mlp") -> dict:
+    """``gate_proj`` (under the activation), ``up_proj`` and ``down_proj`` of layer ``b``'s
+    ``module`` (Qwen2-MoE's shared expert is ``mlp.shared_expert``)."""
+    return {"wi_0": {"kernel": w[f"{b}.{module}.gate_proj.weight"].T},
+            "wi_1": {"kernel": w[f"{b}.{module}.up_proj.weight"].T},
+            "wo": {"kernel": w[f"{b}.{module}.down_proj.weight"].T}}
 
 
-def gated_mlp_to_hf(mlp: dict, b: str) -> dict:
-    return {f"{b}.mlp.gate_proj.weight": np.asarray(mlp["wi_0"]["kernel"]).T,
-            f"{b}.mlp.up_proj.weight": np.asarray(mlp["wi_1"]["kernel"]).T,
-            f"{b}.mlp.down_proj.weight": np.asarray(mlp["wo"]["kernel"]).T}
+def gated_mlp_to_hf(mlp: dict, b: str, module: str = "mlp") -> dict:
+    return {f"{b}.{module}.gate_proj.weight": np.asarray(mlp["wi_0"]["kernel"]).T,
+            f"{b}.{module}.up_proj.weight": np.asarray(mlp["wi_1"]["kernel"]).T,
+            f"{b}.{module}.down_proj.weight": np.asarray(mlp["wo"]["kernel"]).T}
 
 
 def params_from_hf(weights: dict[str, np.ndarray], cfg: dict) -> dict:

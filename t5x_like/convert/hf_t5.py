@@ -136,10 +136,21 @@ def _mlp_out(params: dict, prefix: str) -> dict:
     return {f"{prefix}.{name}.weight": params[name]["kernel"].T for name in params}
 
 
-def params_from_hf(weights: dict[str, np.ndarray], cfg: dict) -> dict:
-    """Our parameter tree from Hugging Face T5 tensors (missing or extra names raise)."""
+def _t5_feed_forward_in(w, cfg: dict, stack: str, index: int, prefix: str) -> dict:
+    return _mlp_in(w, f"{prefix}.DenseReluDense", len(cfg["mlp_activations"]) == 2)
+
+
+def _t5_feed_forward_out(mlp: dict, cfg: dict, stack: str, index: int, prefix: str) -> dict:
+    return _mlp_out(mlp, f"{prefix}.DenseReluDense")
+
+
+def params_from_hf(weights: dict[str, np.ndarray], cfg: dict,
+                   feed_forward_in=_t5_feed_forward_in) -> dict:
+    """Our parameter tree from Hugging Face T5 tensors (missing or extra names raise).
+
+    ``feed_forward_in(w, cfg, stack, i, prefix)`` reads layer ``i``'s MLP of ``stack``
+    ("encoder"/"decoder") under ``prefix`` (its ``layer.N``); Switch passes its own."""
     heads, head_dim = cfg["num_heads"], cfg["head_dim"]
-    gated = len(cfg["mlp_activations"]) == 2
     w = TrackedWeights(weights)
     embedding_name = next((n for n in ("shared.weight", "encoder.embed_tokens.weight",
                                        "decoder.embed_tokens.weight") if n in weights), "shared.weight")
@@ -153,7 +164,7 @@ def params_from_hf(weights: dict[str, np.ndarray], cfg: dict) -> dict:
             "pre_attention_norm": {"scale": w[f"{b}.0.layer_norm.weight"]},
             "attention": _attention_in(w, f"{b}.0.SelfAttention", heads, head_dim),
             "pre_mlp_norm": {"scale": w[f"{b}.1.layer_norm.weight"]},
-            "mlp": _mlp_in(w, f"{b}.1.DenseReluDense", gated),
+            "mlp": feed_forward_in(w, cfg, "encoder", i, f"{b}.1"),
         }
     decoder = {"relpos_bias": {"rel_embedding":
                w["decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"].T},
@@ -166,7 +177,7 @@ def params_from_hf(weights: dict[str, np.ndarray], cfg: dict) -> dict:
             "pre_cross_attention_norm": {"scale": w[f"{b}.1.layer_norm.weight"]},
             "encoder_decoder_attention": _attention_in(w, f"{b}.1.EncDecAttention", heads, head_dim),
             "pre_mlp_norm": {"scale": w[f"{b}.2.layer_norm.weight"]},
-            "mlp": _mlp_in(w, f"{b}.2.DenseReluDense", gated),
+            "mlp": feed_forward_in(w, cfg, "decoder", i, f"{b}.2"),
         }
     if not cfg["logits_via_embedding"]:
         # transformers 5 ties lm_head to the embedding and may not store it separately.
@@ -178,7 +189,8 @@ def params_from_hf(weights: dict[str, np.ndarray], cfg: dict) -> dict:
     return params
 
 
-def params_to_hf(params: dict, cfg: dict) -> dict[str, np.ndarray]:
+def params_to_hf(params: dict, cfg: dict,
+                 feed_forward_out=_t5_feed_forward_out) -> dict[str, np.ndarray]:
     p = _to_numpy(params)
     out = {"shared.weight": p["token_embedder"]["embedding"]}
     enc, dec = p["encoder"], p["decoder"]
@@ -193,7 +205,7 @@ def params_to_hf(params: dict, cfg: dict) -> dict[str, np.ndarray]:
         out[f"{b}.0.layer_norm.weight"] = layer["pre_attention_norm"]["scale"]
         out.update(_attention_out(layer["attention"], f"{b}.0.SelfAttention"))
         out[f"{b}.1.layer_norm.weight"] = layer["pre_mlp_norm"]["scale"]
-        out.update(_mlp_out(layer["mlp"], f"{b}.1.DenseReluDense"))
+        out.update(feed_forward_out(layer["mlp"], cfg, "encoder", i, f"{b}.1"))
     for i in range(cfg["num_decoder_layers"]):
         layer, b = dec[f"layers_{i}"], f"decoder.block.{i}.layer"
         out[f"{b}.0.layer_norm.weight"] = layer["pre_self_attention_norm"]["scale"]
@@ -201,7 +213,7 @@ def params_to_hf(params: dict, cfg: dict) -> dict[str, np.ndarray]:
         out[f"{b}.1.layer_norm.weight"] = layer["pre_cross_attention_norm"]["scale"]
         out.update(_attention_out(layer["encoder_decoder_attention"], f"{b}.1.EncDecAttention"))
         out[f"{b}.2.layer_norm.weight"] = layer["pre_mlp_norm"]["scale"]
-        out.update(_mlp_out(layer["mlp"], f"{b}.2.DenseReluDense"))
+        out.update(feed_forward_out(layer["mlp"], cfg, "decoder", i, f"{b}.2"))
     if not cfg["logits_via_embedding"]:
         out["lm_head.weight"] = dec["logits_dense"]["kernel"].T
     return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
