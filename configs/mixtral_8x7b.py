@@ -1,11 +1,15 @@
 """Mixtral 8x7B's shape (Jiang et al. 2024): Mistral 7B's decoder whose every MLP is 8 SwiGLU
-experts, each token routed to 2 (softmax over the two chosen logits), dropless dispatch
-(grouped matmuls; megablox on TPU), load-balancing loss 0.02 as Hugging Face trains it.
-46.7B parameters, 12.9B active per token; ``convert import`` of the Hugging Face checkpoint
-loads into it.
+experts, each token routed to 2 (softmax over the two chosen logits), load-balancing loss
+0.02 as Hugging Face trains it. 46.7B parameters, 12.9B active per token; ``convert
+import`` of the Hugging Face checkpoint loads into it.
+
+Pretraining dispatches by capacity (1.25) in groups of 512 tokens, the path that
+partitions over an expert axis (docs/mixture_of_experts.md: dropless dispatch sharded by
+XLA does not fit a v5p-128 yet); ``--config.model.moe_dispatch=dropless`` computes every
+assignment, as Mixtral's own inference does.
 
     python -m t5x_like.summary --config=configs/mixtral_8x7b.py
-    python -m t5x_like.plan --config=configs/mixtral_8x7b.py --topology=v5p:4x4x4 \\
+    python -m t5x_like.plan --config=configs/mixtral_8x7b.py --topology=v5p:4x4x8 \\
         --config.mesh.fsdp=-1 --config.mesh.expert=8 --config.mesh.data=1
 """
 
@@ -26,8 +30,8 @@ def model():
                 use_bias=False, norm="rmsnorm", layer_norm_epsilon=1e-5,
                 position_embedding="rotary", rotary_max_wavelength=1_000_000.0,
                 tie_embeddings=False, bos_id=1, num_experts=8, num_experts_per_token=2,
-                router_softmax="after_top_k", moe_dispatch="dropless",
-                router_aux_loss_weight=0.02)
+                router_softmax="after_top_k", moe_dispatch="capacity", capacity_factor=1.25,
+                moe_group_size=512, router_aux_loss_weight=0.02)
 
 
 def get_config():

@@ -132,37 +132,49 @@ def test_load_balancing_and_z_losses_equal_their_formulas():
 
 
 def _model_config(family, **moe_settings):
-    if family == "decoder":
-        config = config_lib.model_defaults("decoder")
-        config.update(dict(vocab_size=64, d_model=16, num_heads=2, head_dim=8, d_ff=32,
-                           num_layers=2, max_length=16))
-    else:
-        config = config_lib.model_defaults("encoder_decoder")
-        config.update(dict(vocab_size=64, d_model=16, num_heads=2, head_dim=8, d_ff=32,
-                           num_encoder_layers=2, num_decoder_layers=2))
+    config = config_lib.model_defaults(family)
+    config.update(dict(vocab_size=64, d_model=16, num_heads=2, head_dim=8, d_ff=32))
+    depth = {"decoder": dict(num_layers=2, max_length=16),
+             "encoder": dict(num_layers=2, max_length=16, next_sentence_head=False)}
+    config.update(depth.get(family, dict(num_encoder_layers=2, num_decoder_layers=2)))
     config.update(dict(num_experts=4, **moe_settings))
     return config
 
 
-@pytest.mark.parametrize("family,settings", [
+def _sparse_layers(params) -> list[str]:
+    from flax import traverse_util
+    return sorted({"/".join(path[:path.index("experts") - 1])
+                   for path in traverse_util.flatten_dict(params) if "experts" in path})
+
+
+@pytest.mark.parametrize("family,settings,sparse", [
     ("decoder", dict(num_experts_per_token=2, router_softmax="after_top_k",
-                     moe_dispatch="dropless")),
-    ("encoder_decoder", dict(moe_every=2, router_z_loss_weight=1e-3)),
+                     moe_dispatch="dropless"), ["layers_0", "layers_1"]),
+    ("encoder_decoder", dict(moe_every=2, router_z_loss_weight=1e-3),
+     ["decoder/layers_1", "encoder/layers_1"]),
+    ("encoder", dict(num_experts_per_token=2, router_z_loss_weight=1e-3),
+     ["layers_0", "layers_1"]),
+    ("bart", dict(moe_every=2), ["decoder/layers_1", "encoder/layers_1"]),
 ])
-def test_a_model_with_experts_adds_the_router_losses_and_their_metrics(family, settings):
+def test_every_family_with_experts_adds_the_router_losses_and_their_metrics(family, settings,
+                                                                            sparse):
+    from t5x_like import structures
     model = models.build_model(_model_config(family, **settings))
     inputs = models.example_inputs(model, {}, batch_size=2)
     params = nn.unbox(model.init(jax.random.key(0), *inputs))["params"]
-    sparse = [name for name, layer in params.get("decoder", params).items()
-              if isinstance(layer, dict) and "experts" in layer.get("mlp", {})]
-    assert sparse == (["layers_1"] if settings.get("moe_every") == 2 else ["layers_0", "layers_1"])
-    batch = {name: jnp.asarray(np.random.default_rng(0).integers(1, 64, (2, 8)), jnp.int32)
-             for name in ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens")}
-    batch["decoder_loss_weights"] = jnp.ones((2, 8))
+    assert _sparse_layers(params) == sparse
+    structure = structures.structure_class(family)(model)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(3, 64, (2, 8)), jnp.int32)
+    batch = {name: tokens for name in ("encoder_input_tokens", "encoder_target_tokens",
+                                       "decoder_input_tokens", "decoder_target_tokens")}
+    batch[structure.weights_feature] = jnp.ones((2, 8))
     objective, metrics = jax.jit(structure_loss(family, model, z_loss=0.0))(params, batch)
     aux = 0.01 * metrics["moe_load_balancing_loss"] + settings.get(
         "router_z_loss_weight", 0.0) * metrics["moe_router_z_loss"]
-    np.testing.assert_allclose(objective, metrics["loss"] + aux, rtol=1e-5)
+    unweighted = dict(settings, router_aux_loss_weight=0.0, router_z_loss_weight=0.0)
+    plain, _ = jax.jit(structure_loss(family, models.build_model(
+        _model_config(family, **unweighted)), z_loss=0.0))(params, batch)
+    np.testing.assert_allclose(objective, plain + aux, rtol=1e-5)
     fractions = [metrics[f"moe_expert_fraction_{e}"] for e in range(4)]
     np.testing.assert_allclose(sum(fractions), 1.0, rtol=1e-5)
 

@@ -30,13 +30,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_like.models import attention, layers, stacking
+from t5x_like.models import attention, layers, moe, stacking
 from t5x_like.models.encoder import EncoderBlock
 from t5x_like.models.layers import constrain
 
 
 @dataclasses.dataclass(frozen=True)
-class BartConfig:
+class BartConfig(moe.ExpertFields):
     vocab_size: int = 50265
     d_model: int = 768
     num_heads: int = 12
@@ -61,6 +61,12 @@ class BartConfig:
     remat_policy: str = "none"
     attention_impl: str = "auto"  # attention.IMPLEMENTATIONS
 
+    def __post_init__(self):
+        problem = self.experts_problem(min(self.num_encoder_layers, self.num_decoder_layers),
+                                       self.scan_layers)
+        if problem:
+            raise ValueError(problem)
+
     @property
     def compute_dtype(self):
         return jnp.dtype(self.dtype)
@@ -76,6 +82,7 @@ class PreNormEncoderLayer(nn.Module):
 
     config: BartConfig
     scanned: bool = False
+    sparse: bool | None = None  # a mixture-of-experts MLP (None: as every layer, a scan)
 
     @nn.compact
     def __call__(self, x, bias, deterministic):
@@ -89,8 +96,8 @@ class PreNormEncoderLayer(nn.Module):
                                       name="attention")(h, h, bias, deterministic)
         x = x + dropout(h, deterministic=deterministic)
         h = layers.LayerNorm(cfg.layer_norm_epsilon, dtype=dtype, name="mlp_norm")(x)
-        h = layers.Mlp(cfg.d_ff, tuple(cfg.mlp_activations), cfg.dropout_rate, dtype,
-                       use_bias=True, kernel_init=_init, name="mlp")(h, deterministic)
+        h = moe.feed_forward(cfg, self.sparse, cfg.d_ff, cfg.mlp_activations, cfg.dropout_rate,
+                             dtype, use_bias=True, kernel_init=_init)(h, deterministic)
         x = constrain(x + dropout(h, deterministic=deterministic), ("batch", "length", "embed"))
         return (x, None) if self.scanned else x
 
@@ -98,6 +105,7 @@ class PreNormEncoderLayer(nn.Module):
 class BartDecoderLayer(nn.Module):
     config: BartConfig
     scanned: bool = False
+    sparse: bool | None = None
 
     @nn.compact
     def __call__(self, y, encoded, self_bias, cross_bias, deterministic, decode=False,
@@ -109,8 +117,8 @@ class BartDecoderLayer(nn.Module):
             cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dtype, use_bias=True,
             scale_in_compute=True, kernel_init=_init, attention_impl=cfg.attention_impl, name=name)
         norm = lambda name: layers.LayerNorm(cfg.layer_norm_epsilon, dtype=dtype, name=name)  # noqa: E731
-        mlp = layers.Mlp(cfg.d_ff, tuple(cfg.mlp_activations), cfg.dropout_rate, dtype,
-                         use_bias=True, kernel_init=_init, name="mlp")
+        mlp = moe.feed_forward(cfg, self.sparse, cfg.d_ff, cfg.mlp_activations, cfg.dropout_rate,
+                               dtype, use_bias=True, kernel_init=_init)
         if cfg.pre_norm:  # mBART
             h = norm("self_attention_norm")(y)
             h = attention_layer("self_attention")(h, h, self_bias, deterministic, decode)
@@ -280,9 +288,13 @@ class BartStack(nn.Module):
             return stacking.run_stack(BartDecoderLayer, cfg, cfg.num_decoder_layers, x, encoded,
                                       self_bias, cross_bias, deterministic, decode, cross_cache,
                                       scan=cfg.scan_layers, remat_policy=cfg.remat_policy,
-                                      static_argnums=(3, 4, 5))
+                                      static_argnums=(3, 4, 5),
+                                      layer_attributes=moe.layer_attributes(
+                                          cfg, cfg.num_decoder_layers))
         # BART's encoder block is BERT's post-norm block (same fields on the config).
         block = PreNormEncoderLayer if cfg.pre_norm else EncoderBlock
         return stacking.run_stack(block, cfg, cfg.num_encoder_layers, x, self_bias,
                                   deterministic, scan=cfg.scan_layers,
-                                  remat_policy=cfg.remat_policy, static_argnums=(1,))
+                                  remat_policy=cfg.remat_policy, static_argnums=(1,),
+                                  layer_attributes=moe.layer_attributes(
+                                      cfg, cfg.num_encoder_layers))

@@ -30,12 +30,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from t5x_like.models import attention, layers, stacking
+from t5x_like.models import attention, layers, moe, stacking
 from t5x_like.models.layers import constrain
 
 
 @dataclasses.dataclass(frozen=True)
-class EncoderConfig:
+class EncoderConfig(moe.ExpertFields):
     vocab_size: int = 30522
     d_model: int = 768
     num_heads: int = 12
@@ -67,6 +67,14 @@ class EncoderConfig:
     scan_layers: bool = False
     remat_policy: str = "none"
 
+    def __post_init__(self):
+        problem = self.experts_problem(self.num_layers, self.scan_layers)
+        if not problem and self.num_experts and self.share_layers and self.moe_every > 1:
+            problem = ("share_layers repeats one layer, and model.moe_every > 1 mixes dense and "
+                       "sparse layers; use moe_every=1 or share_layers=False.")
+        if problem:
+            raise ValueError(problem)
+
     @property
     def compute_dtype(self):
         return jnp.dtype(self.dtype)
@@ -80,6 +88,7 @@ class EncoderBlock(nn.Module):
 
     config: EncoderConfig
     scanned: bool = False
+    sparse: bool | None = None  # a mixture-of-experts MLP (None: as every layer, a scan)
 
     @nn.compact
     def __call__(self, x, bias, deterministic):
@@ -94,8 +103,8 @@ class EncoderBlock(nn.Module):
                                       name="attention")(x, x, bias, deterministic)
         x = layers.LayerNorm(cfg.layer_norm_epsilon, dtype=dtype, name="attention_norm")(
             x + dropout(h, deterministic=deterministic))
-        h = layers.Mlp(cfg.d_ff, tuple(cfg.mlp_activations), cfg.dropout_rate, dtype,
-                       use_bias=True, kernel_init=_bert_init, name="mlp")(x, deterministic)
+        h = moe.feed_forward(cfg, self.sparse, cfg.d_ff, cfg.mlp_activations, cfg.dropout_rate,
+                             dtype, use_bias=True, kernel_init=_bert_init)(x, deterministic)
         x = layers.LayerNorm(cfg.layer_norm_epsilon, dtype=dtype, name="mlp_norm")(
             x + dropout(h, deterministic=deterministic))
         x = constrain(x, ("batch", "length", "embed"))
@@ -205,7 +214,8 @@ class EncoderOnly(nn.Module):
         mask = attention.for_every_layer(mask, cfg, deterministic)
         x = stacking.run_stack(EncoderBlock, cfg, cfg.num_layers, x, mask, deterministic,
                                scan=cfg.scan_layers, remat_policy=cfg.remat_policy,
-                               static_argnums=(1,), shared=cfg.share_layers)
+                               static_argnums=(1,), shared=cfg.share_layers,
+                               layer_attributes=moe.layer_attributes(cfg, cfg.num_layers))
 
         act = layers.ACTIVATIONS[cfg.mlp_activations[0]]
         if self.output_head == "replaced_token":

@@ -5,7 +5,12 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from t5x_like import objectives
-from t5x_like.structures.base import Structure, _layer_matmuls, dropout_rngs
+from t5x_like.structures.base import (
+    Structure,
+    _stack_matmuls,
+    _with_router_terms,
+    dropout_rngs,
+)
 
 
 class EncoderStructure(Structure):
@@ -40,9 +45,10 @@ class EncoderStructure(Structure):
         length = dict(task_feature_lengths)["inputs"]
         return {"encoder_input_tokens": length, "encoder_target_tokens": length}
 
-    def apply_model(self, model, params, batch, rng=None, deterministic=True):
+    def apply_model(self, model, params, batch, rng=None, deterministic=True, **options):
         """The encoder's outputs: ``mlm_logits``, ``hidden``, and ``sbo_logits`` /
-        ``nsp_logits`` when the model has those heads."""
+        ``nsp_logits`` when the model has those heads (``options`` go to ``model.apply``,
+        e.g. ``mutable``)."""
         return model.apply(
             {"params": params}, batch["encoder_input_tokens"],
             token_type_ids=batch.get("encoder_token_type_ids"),
@@ -50,16 +56,19 @@ class EncoderStructure(Structure):
             positions=batch.get("encoder_positions"),
             span_mask=batch["encoder_loss_weights"] > 0,
             global_attention_mask=batch.get("encoder_global_attention_mask"),
-            deterministic=deterministic, rngs=dropout_rngs(rng, deterministic))
+            deterministic=deterministic, rngs=dropout_rngs(rng, deterministic), **options)
 
     def loss_fn(self, loss_config):
         label_smoothing = float(loss_config.label_smoothing)  # BERT's objective has no z-loss
 
         def loss_fn(model, params, batch, rng, normalizer=None, num_sequences=None):
-            out = self.apply_model(model, params, batch, rng, deterministic=rng is None)
-            return objectives.masked_lm_objective(out, batch, label_smoothing=label_smoothing,
-                                                  normalizer=normalizer,
-                                                  num_sequences=num_sequences)
+            out, state = self.apply_model(model, params, batch, rng, deterministic=rng is None,
+                                          mutable=[objectives.ROUTER_COLLECTION])
+            objective, metrics = objectives.masked_lm_objective(
+                out, batch, label_smoothing=label_smoothing, normalizer=normalizer,
+                num_sequences=num_sequences)
+            return _with_router_terms(objective, metrics, state, batch[self.weights_feature],
+                                      normalizer)
         return loss_fn
 
     def forward(self, model, params, batch, rng=None, deterministic=True):
@@ -82,15 +91,14 @@ def _encoder_flops(model, s: int, embedding_dim: int, head: str = "mlm") -> floa
     embeddings (``embedding_dim`` > 0, ALBERT and ELECTRA), and its output head: the
     masked-LM transform and tied vocabulary projection, or ELECTRA's replaced-token
     head (a ``d x d`` layer and one logit)."""
-    d, h, dh, f, v = (model["d_model"], model["num_heads"], model["head_dim"], model["d_ff"],
-                      model["vocab_size"])
+    d, h, dh, v = model["d_model"], model["num_heads"], model["head_dim"], model["vocab_size"]
     layers = model["num_layers"]
     e = embedding_dim or d
     projection = 2 * s * e * d if embedding_dim else 0
     # Local attention (Longformer) scores each token against 2 w - 1 keys, not s.
     window = model.get("attention_window") or 0
     keys = min(s, 2 * window - 1) if window else s
-    body = (2 * s * layers * _layer_matmuls(d, h, dh, f, model["mlp_activations"])
+    body = (2 * s * _stack_matmuls(model, layers)
             + 4 * layers * s * keys * h * dh + projection)
     if head == "replaced_token":
         return body + 2 * s * d * d + 2 * s * d
