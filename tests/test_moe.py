@@ -179,10 +179,13 @@ def test_every_family_with_experts_adds_the_router_losses_and_their_metrics(fami
     np.testing.assert_allclose(sum(fractions), 1.0, rtol=1e-5)
 
 
-@pytest.mark.parametrize("family,dispatch", [("decoder", "capacity"),
-                                             ("encoder_decoder", "capacity"),
-                                             ("decoder", "dropless")])
-def test_experts_sharded_over_a_2x4_mesh_equal_one_device(family, dispatch):
+@pytest.mark.parametrize("family,dispatch,mesh_shape", [
+    ("decoder", "capacity", {"data": 2, "expert": 4}),
+    ("encoder_decoder", "capacity", {"data": 2, "expert": 4}),
+    # dropless runs as a shard_map; FSDP's embed shards are gathered inside it
+    ("decoder", "dropless", {"fsdp": 2, "expert": 4}),
+])
+def test_experts_sharded_over_a_2x4_mesh_equal_one_device(family, dispatch, mesh_shape):
     model = models.build_model(_model_config(family, num_experts_per_token=2,
                                              moe_dispatch=dispatch))
     inputs = tuple(np.random.default_rng(0).integers(1, 64, size=x.shape).astype(np.int32)
@@ -192,19 +195,23 @@ def test_experts_sharded_over_a_2x4_mesh_equal_one_device(family, dispatch):
     def forward(p, *xs):
         logits, state = model.apply({"params": p}, *xs, mutable=[moe.COLLECTION])
         return logits, router_terms(state)
-    single = forward(params, *inputs)
-    mesh = partitioning.make_mesh({"data": 2, "expert": 4})
+
+    def loss(p, *xs):  # gradients through the dispatch, the experts and the router loss
+        logits, (aux, _) = forward(p, *xs)
+        return jnp.mean(jnp.sin(logits)) + aux
+    single = forward(params, *inputs), jax.grad(loss)(params, *inputs)
+    mesh = partitioning.make_mesh(mesh_shape)
     rules = partitioning.axis_rules("fsdp")
     shardings = partitioning.logical_shardings(trainer_lib.abstract_boxed_params(model, {}),
                                                mesh, rules)
-    experts_kernel = shardings[("decoder" if family == "encoder_decoder" else "layers_0")]
-    if family == "encoder_decoder":
-        experts_kernel = experts_kernel["layers_0"]
-    assert experts_kernel["mlp"]["experts"]["wo"].spec[0] == "expert"
+    layer = shardings["decoder"]["layers_0"] if family == "encoder_decoder" else (
+        shardings["layers_0"])
+    assert layer["mlp"]["experts"]["wo"].spec[0] == "expert"
     sharded_params = jax.device_put(params, shardings)
     sharded_inputs = tuple(jax.device_put(x, partitioning.batch_sharding(mesh)) for x in inputs)
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        sharded = jax.jit(forward)(sharded_params, *sharded_inputs)
+        sharded = jax.jit(lambda p, *xs: (forward(p, *xs), jax.grad(loss)(p, *xs)))(
+            sharded_params, *sharded_inputs)
     for a, b in zip(jax.tree.leaves(single), jax.tree.leaves(sharded), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-6)
 

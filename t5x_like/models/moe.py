@@ -4,7 +4,8 @@ shared experts, and the router's auxiliary losses.
 One layer serves every transformer family: a family's config inherits
 ``ExpertFields`` (``num_experts=0`` keeps it dense) and its blocks call
 ``feed_forward`` where they had an ``Mlp``; ``ExpertFields.is_moe_layer`` says which
-layers are sparse (every ``moe_every``-th, as Switch's and Qwen-MoE's "sparse step").
+layers are sparse (every ``moe_every``-th, as Qwen-MoE's "sparse step"; Switch's equals
+it for steps 1 and 2, the ones its checkpoints use).
 
 Routing, per token: router logits ``x @ router`` (float32), the top ``k`` experts,
 and their weights, either the softmax over all experts read at the top ``k``
@@ -23,7 +24,10 @@ Dispatch:
 - ``dropless`` (MegaBlocks): every assignment is computed. Assignments are sorted by
   expert and each expert multiplies its contiguous run of rows
   (``jax.lax.ragged_dot``; on TPU the Pallas megablox kernel where its tiles fit,
-  chosen by ``moe_impl`` as ``attention_impl`` chooses attention kernels).
+  chosen by ``moe_impl`` as ``attention_impl`` chooses attention kernels). Under a mesh
+  with an ``expert`` axis it runs as a ``shard_map`` (``expert_parallel_dropless``):
+  tokens gathered along the expert axis, each device's experts on their assignments,
+  the outputs reduce-scattered back.
 
 The layer ``sow``s into the ``router`` collection: the weighted auxiliary loss it adds
 (``aux_loss``), the load-balancing loss (Switch's ``E * sum_e f_e * P_e``), the router
@@ -170,17 +174,8 @@ def capacity_dispatch(experts: jax.Array, weights: jax.Array, num_experts: int,
     return dispatch, combine
 
 
-def sorted_assignments(experts: jax.Array, num_experts: int):
-    """``(order, group_sizes)`` for dropless dispatch: the flat ``[tokens * k]``
-    assignments sorted by expert (stable: token order within an expert) and how many
-    each expert received."""
-    flat = experts.reshape(-1)
-    order = jnp.argsort(flat, stable=True)
-    group_sizes = jnp.bincount(flat, length=num_experts).astype(jnp.int32)
-    return order, group_sizes
-
-
-def _use_megablox(impl: str, rows: int, contraction: int, columns: int) -> bool:
+def _use_megablox(impl: str, rows: int, contraction: int, columns: int,
+                  partitioned_by_xla: bool) -> bool:
     fits = all(n % _MEGABLOX_TILE == 0 for n in (rows, contraction, columns))
     if impl == "megablox":
         if traced_platform.current_platform() != "tpu":
@@ -191,19 +186,21 @@ def _use_megablox(impl: str, rows: int, contraction: int, columns: int) -> bool:
                              f"in multiples of {_MEGABLOX_TILE} (got {rows}, {contraction}, "
                              f"{columns}); use 'auto' to fall back to ragged_dot.")
         return True
-    # A Pallas kernel is not partitioned by XLA: under a mesh of several devices (experts
-    # or rows sharded) auto keeps ragged_dot, which the SPMD partitioner splits.
-    mesh = jax.sharding.get_abstract_mesh()
-    one_device = mesh.empty or mesh.size == 1
-    return (impl == "auto" and fits and one_device
-            and traced_platform.current_platform() == "tpu")
+    # A Pallas kernel is not partitioned by XLA: where XLA partitions the layer over a mesh
+    # of several devices, auto keeps ragged_dot (inside the expert-parallel shard_map each
+    # device runs the kernel on its own rows).
+    if partitioned_by_xla:
+        mesh = jax.sharding.get_abstract_mesh()
+        if not (mesh.empty or mesh.size == 1):
+            return False
+    return impl == "auto" and fits and traced_platform.current_platform() == "tpu"
 
 
 def grouped_matmul(x: jax.Array, kernel: jax.Array, group_sizes: jax.Array,
-                   impl: str = "auto") -> jax.Array:
+                   impl: str = "auto", partitioned_by_xla: bool = True) -> jax.Array:
     """Rows of ``x [rows, d]`` in contiguous runs per expert times that expert's
     ``kernel [E, d, n]``: ``jax.lax.ragged_dot``, or megablox on TPU (``_use_megablox``)."""
-    if _use_megablox(impl, x.shape[0], x.shape[1], kernel.shape[-1]):
+    if _use_megablox(impl, x.shape[0], x.shape[1], kernel.shape[-1], partitioned_by_xla):
         from jax.experimental.pallas.ops.tpu.megablox import ops as megablox
         return megablox.gmm(x, kernel, group_sizes, x.dtype,
                             (_MEGABLOX_TILE, _MEGABLOX_TILE, _MEGABLOX_TILE))
@@ -212,15 +209,14 @@ def grouped_matmul(x: jax.Array, kernel: jax.Array, group_sizes: jax.Array,
 
 class Experts(nn.Module):
     """``num_experts`` MLPs stacked on a leading ``expert`` axis (``wi``/``wi_i``, ``wo``,
-    the dense ``Mlp``'s names); called on dispatched ``[E, ..., d]`` slots or, with
-    ``group_sizes``, on sorted rows."""
+    the dense ``Mlp``'s names). Called with the model width, it returns the kernels in
+    the compute dtype; ``slot_mlp`` and ``row_mlp`` apply them."""
 
     num_experts: int
     hidden_dim: int
     activations: Sequence[str]
     dtype: jnp.dtype = jnp.float32
     kernel_init: layers.Initializer = layers.default_kernel_init
-    impl: str = "auto"
 
     def _kernel(self, name, shape, axes):
         init = nn.with_logical_partitioning(
@@ -229,24 +225,114 @@ class Experts(nn.Module):
         return self.param(name, init, shape).astype(self.dtype)
 
     @nn.compact
-    def __call__(self, x: jax.Array, group_sizes: jax.Array | None = None) -> jax.Array:
-        embed = x.shape[-1]
-        hidden = None
-        for index, name in enumerate(self.activations):
-            kernel = self._kernel("wi" if len(self.activations) == 1 else f"wi_{index}",
-                                  (self.num_experts, embed, self.hidden_dim),
-                                  ("expert", "embed", "mlp"))
-            if group_sizes is None:
-                h = jnp.einsum("e...d,edf->e...f", x.astype(self.dtype), kernel)
-            else:
-                h = grouped_matmul(x.astype(self.dtype), kernel, group_sizes, self.impl)
-            h = layers.ACTIVATIONS[name](h)
-            hidden = h if hidden is None else hidden * h
-        wo = self._kernel("wo", (self.num_experts, self.hidden_dim, embed),
-                          ("expert", "mlp", "embed"))
-        if group_sizes is None:
-            return jnp.einsum("e...f,efd->e...d", hidden, wo)
-        return grouped_matmul(hidden, wo, group_sizes, self.impl)
+    def __call__(self, embed: int) -> dict[str, jax.Array]:
+        kernels = {name: self._kernel(name, (self.num_experts, embed, self.hidden_dim),
+                                      KERNEL_AXES["wi"])
+                   for name in input_kernel_names(self.activations)}
+        kernels["wo"] = self._kernel("wo", (self.num_experts, self.hidden_dim, embed),
+                                     KERNEL_AXES["wo"])
+        return kernels
+
+
+#: logical axes of the expert kernels (input projections, output projection)
+KERNEL_AXES = {"wi": ("expert", "embed", "mlp"), "wo": ("expert", "mlp", "embed")}
+
+
+def input_kernel_names(activations: Sequence[str]) -> list[str]:
+    return ["wi"] if len(activations) == 1 else [f"wi_{i}" for i in range(len(activations))]
+
+
+def slot_mlp(slots: jax.Array, kernels: dict, activations: Sequence[str]) -> jax.Array:
+    """Every expert's MLP on its own slots ``[E, ..., d]`` (capacity dispatch)."""
+    hidden = None
+    for name, activation in zip(input_kernel_names(activations), activations, strict=True):
+        h = layers.ACTIVATIONS[activation](jnp.einsum("e...d,edf->e...f", slots, kernels[name]))
+        hidden = h if hidden is None else hidden * h
+    return jnp.einsum("e...f,efd->e...d", hidden, kernels["wo"])
+
+
+def row_mlp(rows: jax.Array, kernels: dict, activations: Sequence[str],
+            group_sizes: jax.Array, impl: str, partitioned_by_xla: bool) -> jax.Array:
+    """Sorted rows ``[rows, d]``, each expert's contiguous run through its MLP
+    (``grouped_matmul``); rows past ``sum(group_sizes)`` come out as zeros or garbage,
+    which callers mask."""
+    hidden = None
+    for name, activation in zip(input_kernel_names(activations), activations, strict=True):
+        h = grouped_matmul(rows, kernels[name], group_sizes, impl, partitioned_by_xla)
+        h = layers.ACTIVATIONS[activation](h)
+        hidden = h if hidden is None else hidden * h
+    return grouped_matmul(hidden, kernels["wo"], group_sizes, impl, partitioned_by_xla)
+
+
+def dropless_combine(tokens: jax.Array, experts: jax.Array, weights: jax.Array, kernels: dict,
+                     activations: Sequence[str], impl: str = "auto", first_expert=0,
+                     partitioned_by_xla: bool = True) -> jax.Array:
+    """``sum_j weights[t, j] * expert_{experts[t, j]}(tokens[t])`` over the assignments to the
+    experts ``kernels`` hold (``first_expert`` onwards; all of them on one device): the
+    assignments sorted by expert, each expert's rows one grouped matmul, the others
+    contributing zero. ``tokens [T, d]``, ``experts`` and ``weights [T, k]``."""
+    k = experts.shape[-1]
+    local = kernels["wo"].shape[0]
+    flat = experts.reshape(-1) - first_expert
+    mine = (flat >= 0) & (flat < local)
+    key = jnp.where(mine, flat, local)  # other devices' experts sort last
+    order = jnp.argsort(key, stable=True)
+    group_sizes = jnp.bincount(key, length=local + 1)[:local].astype(jnp.int32)
+    y = row_mlp(tokens[order // k], kernels, activations, group_sizes, impl, partitioned_by_xla)
+    y = jnp.where(mine[order][:, None], y, 0)
+    unsorted = jnp.zeros_like(y).at[order].set(y).reshape(tokens.shape[0], k, -1)
+    return jnp.einsum("tkd,tk->td", unsorted, weights.astype(unsorted.dtype))
+
+
+def _gathered_but_experts(kernel: jax.Array, spec) -> jax.Array:
+    """Inside ``shard_map``: ``kernel``'s shards along every mesh axis but ``expert``
+    gathered (FSDP's and tensor parallelism's), so each device holds its experts whole."""
+    for dim, axes in enumerate(spec):
+        axes = () if axes is None else (axes if isinstance(axes, tuple) else (axes,))
+        axes = tuple(a for a in axes if a != "expert")
+        if axes:
+            kernel = jax.lax.all_gather(kernel, axes, axis=dim, tiled=True)
+    return kernel
+
+
+def expert_parallel_dropless(x, experts, weights, kernels, activations, impl, mesh):
+    """Dropless dispatch with the experts sharded over the mesh's ``expert`` axis, as a
+    ``shard_map``: each device gathers the tokens of the devices along its expert axis
+    (the rows they route), runs the assignments to its own experts through grouped
+    matmuls (megablox on TPU), and the partial outputs are summed back to the devices
+    that hold the tokens (a reduce-scatter). XLA cannot partition a Pallas kernel or
+    ``ragged_dot`` without gathering every operand; this keeps each expert on its
+    devices."""
+    from jax.sharding import PartitionSpec
+
+    def spec(names):
+        return PartitionSpec(*nn.logical_to_mesh_axes(names))
+    batch = spec(("batch", None, None))
+    kernel_specs = {name: spec(KERNEL_AXES["wo" if name == "wo" else "wi"]) for name in kernels}
+    local = kernels["wo"].shape[0] // mesh.shape["expert"]
+
+    def body(x, experts, weights, kernels):
+        kernels = {n: _gathered_but_experts(kernel, kernel_specs[n])
+                   for n, kernel in kernels.items()}
+        x, experts, weights = (jax.lax.all_gather(a, "expert", axis=0, tiled=True)
+                               for a in (x, experts, weights))
+        first = jax.lax.axis_index("expert") * local
+        out = dropless_combine(x.reshape(-1, x.shape[-1]), experts.reshape(-1, experts.shape[-1]),
+                               weights.reshape(-1, weights.shape[-1]), kernels, activations,
+                               impl, first, partitioned_by_xla=False)
+        return jax.lax.psum_scatter(out.reshape(x.shape), "expert", scatter_dimension=0,
+                                    tiled=True)
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(batch, batch, batch, kernel_specs),
+                         out_specs=batch)(x, experts, weights, kernels)
+
+
+def _expert_axis_mesh():
+    """The mesh being traced under when it shards experts (an ``expert`` axis over 1)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.shape.get("expert", 1) == 1:
+        return None
+    return mesh
 
 
 class MoeFeedForward(nn.Module):
@@ -271,12 +357,12 @@ class MoeFeedForward(nn.Module):
                                      kernel_init=self.kernel_init, name="router")(
                                          router_inputs.astype(jnp.float32))
         probabilities, weights, experts = route(logits, k, s.router_softmax)
-        experts_layer = Experts(num_experts, self.hidden_dim, tuple(self.activations),
-                                self.dtype, self.kernel_init, s.moe_impl, name="experts")
+        kernels = Experts(num_experts, self.hidden_dim, tuple(self.activations), self.dtype,
+                          self.kernel_init, name="experts")(x.shape[-1])
         if s.moe_dispatch == "dropless":
-            out, dropped = self._dropless(x, experts, weights, experts_layer), 0.0
+            out, dropped = self._dropless(x.astype(self.dtype), experts, weights, kernels), 0.0
         else:
-            out, dropped = self._capacity(x, experts, weights, experts_layer)
+            out, dropped = self._capacity(x.astype(self.dtype), experts, weights, kernels)
         if s.shared_expert_d_ff:
             shared = layers.Mlp(s.shared_expert_d_ff, tuple(self.activations), dtype=self.dtype,
                                 kernel_init=self.kernel_init, name="shared_expert")(x)
@@ -297,7 +383,7 @@ class MoeFeedForward(nn.Module):
         self.sow(COLLECTION, "dropped_fraction", jnp.asarray(dropped, jnp.float32))
         return constrain(out.astype(x.dtype), ("batch", "length", "embed"))
 
-    def _capacity(self, x, experts, weights, experts_layer):
+    def _capacity(self, x, experts, weights, kernels):
         s = self.settings
         shape, k = x.shape, s.num_experts_per_token
         # Groups of ``moe_group_size`` consecutive tokens: the dispatch tensors grow with
@@ -312,21 +398,22 @@ class MoeFeedForward(nn.Module):
         dispatch, combine = capacity_dispatch(experts, weights, s.num_experts, capacity)
         slots = jnp.einsum("bsd,bsec->ebcd", x, dispatch.astype(x.dtype))
         slots = constrain(slots, ("expert", "expert_batch", None, "embed"))
-        y = experts_layer(slots)
+        y = slot_mlp(slots, kernels, self.activations)
         y = constrain(y, ("expert", "expert_batch", None, "embed"))
         out = jnp.einsum("ebcd,bsec->bsd", y, combine.astype(y.dtype)).reshape(shape)
         dropped = 1.0 - dispatch.sum() / (x.shape[0] * group * k)
         return out, dropped
 
-    def _dropless(self, x, experts, weights, experts_layer):
+    def _dropless(self, x, experts, weights, kernels):
         s = self.settings
-        batch, length, d = x.shape
-        k = s.num_experts_per_token
-        order, group_sizes = sorted_assignments(experts, s.num_experts)
-        rows = x.reshape(batch * length, d)[order // k]
-        y = experts_layer(rows, group_sizes)
-        unsorted = jnp.zeros_like(y).at[order].set(y).reshape(batch, length, k, d)
-        return jnp.einsum("bskd,bsk->bsd", unsorted, weights.astype(unsorted.dtype))
+        mesh = _expert_axis_mesh()
+        if mesh is not None:
+            return expert_parallel_dropless(x, experts, weights, kernels, self.activations,
+                                            s.moe_impl, mesh)
+        out = dropless_combine(x.reshape(-1, x.shape[-1]), experts.reshape(-1, experts.shape[-1]),
+                               weights.reshape(-1, experts.shape[-1]), kernels, self.activations,
+                               s.moe_impl)
+        return out.reshape(x.shape)
 
 
 def inactive_parameters(shapes, num_experts: int, k: int) -> int:
