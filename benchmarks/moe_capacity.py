@@ -6,7 +6,9 @@ task's whole validation split (every example once, as ``train`` evaluates).
     python benchmarks/moe_capacity.py --checkpoint=runs/pt_t5_moe --dense=runs/pt_t5_dense
 
 ``--dense``: a dense run of the same recipe, evaluated on the same batches for the
-comparison line. ``--loads_png``: each expert's share of the assignments over training,
+comparison line. ``--pack``: rows packed with examples (the run's own setting
+otherwise); unpacked rows end in padding, which is routed like any token and, coming
+last, is what capacity drops first. ``--loads_png``: each expert's share of the assignments over training,
 from the MoE run's logged metrics, drawn to a PNG.
 """
 
@@ -30,10 +32,10 @@ def held_out(config, params, max_batches: int) -> dict:
     structure = structures.for_config(config)
     loss_fn = structure.loss_fn(config.loss)
     step = jax.jit(lambda p, b: loss_fn(structure.model, p, b, None)[1])
+    lengths = dict(config.task_feature_lengths)
     stream = pipeline.build_dataset(
-        config.task, "validation", dict(config.task_feature_lengths), seed=config.seed,
-        shuffle=False, repeat=False,
-        feature_converter=structure.feature_converter(dict(config.task_feature_lengths)))
+        config.task, "validation", lengths, seed=config.seed, shuffle=False, repeat=False,
+        feature_converter=structure.feature_converter(lengths, pack=config.pack))
     rows = iter(stream)
     sums, tokens = {}, 0.0
     for _ in range(max_batches):
@@ -84,12 +86,15 @@ def main() -> None:
     parser.add_argument("--capacity_factors", default="1.0,1.25,2.0")
     parser.add_argument("--max_batches", type=int, default=1000)
     parser.add_argument("--loads_png", default="")
+    parser.add_argument("--pack", action="store_true")
     args = parser.parse_args()
 
     config, params, step = restore(args.checkpoint)
+    config.pack = config.pack or args.pack
     rows = []
     if args.dense:
         dense_config, dense_params, dense_step = restore(args.dense)
+        dense_config.pack = config.pack
         found = held_out(dense_config, dense_params, args.max_batches)
         rows.append((f"dense (step {dense_step})", found["loss"], None, None))
     variants = [("capacity", float(f)) for f in args.capacity_factors.split(",")]
@@ -103,6 +108,7 @@ def main() -> None:
         name = f"capacity factor {factor}" if factor is not None else "dropless"
         rows.append((f"MoE (step {step}), {name}", found["loss"], found["moe_dropped_fraction"],
                      max(shares) * config.model.num_experts))
+    print(f"held-out rows {'packed' if config.pack else 'padded'}, task {config.task}")
     print(f"{'model':<40} {'held-out loss':>14} {'dropped':>9} {'max load / uniform':>19}")
     for name, loss, dropped, peak in rows:
         dropped_text = "" if dropped is None else f"{100 * dropped:.2f}%"

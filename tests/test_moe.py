@@ -283,3 +283,14 @@ def test_summary_prints_total_and_active_parameters(capsys):
     # 8 experts in one layer of each stack: 7 of 8 experts' kernels are inactive.
     assert lines[-2] == ("active params per token: 3280640 (54.4% of 6033152: 1 of 8 experts)")
     assert lines[-1].startswith("params: 6033152")
+
+
+def test_router_jitter_perturbs_routing_inputs_only_while_training():
+    x = jax.random.normal(jax.random.key(5), (2, 6, 8))
+    layer = _layer("dropless", k=1, router_jitter=0.5)
+    params = nn.unbox(layer.init(jax.random.key(0), x))["params"]
+    evaluated = layer.apply({"params": params}, x)
+    np.testing.assert_array_equal(evaluated, _layer("dropless", k=1).apply({"params": params}, x))
+    trained = [layer.apply({"params": params}, x, deterministic=False,
+                           rngs={"dropout": jax.random.key(seed)}) for seed in (1, 2)]
+    assert not np.allclose(trained[0], trained[1])  # the noise follows the dropout rng
