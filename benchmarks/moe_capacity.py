@@ -52,6 +52,34 @@ def held_out(config, params, max_batches: int) -> dict:
     return {key: value / tokens for key, value in sums.items()}
 
 
+def per_example_nll(config, params, max_batches: int) -> np.ndarray:
+    """Each held-out example's summed target negative log-likelihood and its token count
+    (``[examples, 2]``), in the order ``held_out`` reads them."""
+    structure = structures.for_config(config)
+    score = jax.jit(structure.score_batch)
+    lengths = dict(config.task_feature_lengths)
+    stream = pipeline.build_dataset(
+        config.task, "validation", lengths, seed=config.seed, shuffle=False, repeat=False,
+        feature_converter=structure.feature_converter(lengths, pack=False))
+    rows, found = iter(stream), []
+    for _ in range(max_batches):
+        batch = [example for _, example in zip(range(config.batch_size), rows, strict=False)]
+        if len(batch) < config.batch_size:
+            break
+        stacked = {k: np.stack([e[k] for e in batch]) for k in batch[0]}
+        nll = -np.asarray(score(params, stacked))
+        found += list(zip(nll, stacked[structure.weights_feature].sum(axis=-1), strict=True))
+    return np.asarray(found)
+
+
+def paired_difference(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    """Per-token loss of ``b`` minus ``a`` over the same examples, and its standard error
+    (the delta method over examples: ratio of sums)."""
+    tokens = a[:, 1].sum()
+    diff = (b[:, 0] - a[:, 0]) / tokens * len(a)  # each example's share, scaled to a mean
+    return float(diff.mean()), float(diff.std(ddof=1) / np.sqrt(len(a)))
+
+
 def restore(path: str):
     source = checkpoints.resolve(path)
     step = source.steps()[-1]
@@ -92,11 +120,14 @@ def main() -> None:
     config, params, step = restore(args.checkpoint)
     config.pack = config.pack or args.pack
     rows = []
+    paired = None
     if args.dense:
         dense_config, dense_params, dense_step = restore(args.dense)
         dense_config.pack = config.pack
         found = held_out(dense_config, dense_params, args.max_batches)
         rows.append((f"dense (step {dense_step})", found["loss"], None, None))
+        paired = paired_difference(per_example_nll(dense_config, dense_params, args.max_batches),
+                                   per_example_nll(config, params, args.max_batches))
     variants = [("capacity", float(f)) for f in args.capacity_factors.split(",")]
     variants.append(("dropless", None))
     for dispatch, factor in variants:
@@ -114,6 +145,9 @@ def main() -> None:
         dropped_text = "" if dropped is None else f"{100 * dropped:.2f}%"
         peak_text = "" if peak is None else f"{peak:.2f}"
         print(f"{name:<40} {loss:>14.4f} {dropped_text:>9} {peak_text:>19}")
+    if paired is not None:
+        print(f"MoE (as trained) minus dense, per target token over the same examples: "
+              f"{paired[0]:+.4f} nats (standard error {paired[1]:.4f})")
     if args.loads_png:
         draw_loads(pathlib.Path(args.checkpoint) / "metrics.jsonl", args.loads_png,
                    config.model.num_experts)
