@@ -10,14 +10,27 @@ on any failure moves the step folder aside (into ``damaged_checkpoints/`` beside
 ``checkpoints/``: renamed, never deleted) and falls back to the next older step.
 Rotation is ours, not orbax's, so that it never deletes the newest step that was
 verified.
+
+A local tier (``local_dir``: a fast local disk, as on TPU VMs): saves land in
+``local_dir/<workdir name>-<hash>/checkpoints`` and, once sealed, are copied to the
+workdir (a bucket) by a background thread, the top-level ``commit_success.txt`` and the
+manifest last (so a half-copied step is not finalized for orbax, nor sealed for us).
+A restore takes each step from the local copy when it matches its manifest, else from
+the workdir's copy (copied down first; a damaged local copy is moved aside), so a host
+with an empty local dir restores from the bucket; sealed local steps the bucket lacks
+(the run died before uploading them) are uploaded after the restore. ``close`` waits
+for the uploads.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
+import queue
 import sys
+import threading
 import time
 from collections.abc import Callable
 
@@ -29,6 +42,16 @@ from t5x_like.errors import UserError
 
 MANIFEST = "manifest.t5x_like.json"
 ITEMS = ("state", "data", "config")
+COMMIT_SUCCESS = "commit_success.txt"  # orbax's mark of a finished step in a bucket
+
+
+def local_tier(local_dir, directory) -> epath.Path:
+    """Where ``directory``'s checkpoints live on the local disk: one folder per workdir
+    (``<name>-<hash of its full path>``), so runs sharing a local disk never mix."""
+    directory = storage.path(directory)
+    workdir = directory.parent
+    digest = hashlib.sha256(str(workdir).encode()).hexdigest()[:10]
+    return storage.path(local_dir) / f"{workdir.name or 'workdir'}-{digest}" / directory.name
 
 
 class CheckpointsUnreadable(UserError):
@@ -143,15 +166,20 @@ def _drop_read_only_notices() -> None:
 
 class Checkpointer:
     def __init__(self, directory: str | epath.Path, keep: int, async_save: bool = True,
-                 keep_every: int = 0, read_only: bool = False, log: Callable[[str], None] = None):
+                 keep_every: int = 0, read_only: bool = False, log: Callable[[str], None] = None,
+                 local_dir: str | epath.Path | None = None):
         """Keeps the newest ``keep`` checkpoints, plus every step divisible by ``keep_every``
         (when positive) for good, e.g. to evaluate or fine-tune from later, plus the
         newest verified step. ``read_only`` (evaluation) creates, cleans, moves and
         deletes nothing. ``log`` receives one line per step moved aside or failing to
-        verify."""
+        verify. ``local_dir``: the local tier (see the module's docstring)."""
         import jax
 
         self.directory = storage.path(directory)
+        # Where orbax saves and restores: the local tier when there is one.
+        self.managed = (local_tier(local_dir, self.directory) if local_dir and not read_only
+                        else self.directory)
+        self._uploads = _Uploader(self) if self.managed != self.directory else None
         self.keep, self.keep_every, self.read_only = keep, keep_every, read_only
         self._log = log or (lambda line: None)
         self._is_primary = jax.process_index() == 0
@@ -166,14 +194,25 @@ class Checkpointer:
                                                cleanup_tmp_directories=not read_only,
                                                read_only=read_only,
                                                enable_async_checkpointing=async_save)
-        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+        self._manager = ocp.CheckpointManager(self.managed, options=options, item_names=ITEMS)
 
     @property
     def damaged_directory(self) -> epath.Path:
-        return self.directory.parent / "damaged_checkpoints"
+        return self.managed.parent / "damaged_checkpoints"
 
     def step_folder(self, step: int) -> epath.Path:
+        return self.managed / str(step)
+
+    def durable_folder(self, step: int) -> epath.Path:
+        """The step in the workdir (with a local tier: the uploaded copy)."""
         return self.directory / str(step)
+
+    def durable_steps(self) -> list[int]:
+        """Steps the workdir holds sealed (uploaded whole), oldest first."""
+        if not self.directory.is_dir():
+            return []
+        return sorted(int(p.name) for p in self.directory.iterdir()
+                      if p.name.isdigit() and (p / MANIFEST).exists())
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -214,6 +253,8 @@ class Checkpointer:
                               "older checkpoints are kept until a newer one verifies.")
                     continue
                 self._verified.add(step)
+        if self._uploads is not None:
+            self._uploads.add([s for s in steps if s in self._verified])
         if self._multi_process:
             from t5x_like import partitioning  # every process must delete the same steps
             self._verified = set(partitioning.gather_json(sorted(self._verified))[0])
@@ -269,9 +310,13 @@ class Checkpointer:
         has no checkpoints.
         """
         steps = self.all_steps()
+        if self._uploads is not None:  # the local tier: the workdir's steps are candidates
+            steps = sorted(set(steps) | set(self.durable_steps()))
         damaged: list[tuple[int, str]] = []
         for step in reversed(steps):
             folder = self.step_folder(step)
+            if self._uploads is not None:
+                self._ready_locally(step)
             reason = self._agreed(manifest_problem(folder))
             if reason is None:
                 try:
@@ -291,6 +336,9 @@ class Checkpointer:
                     self._verified.add(step)
                     moved = tuple((s, why, self._move_aside(
                         s, f"damaged ({why}); resuming from step {step}")) for s, why in damaged)
+                    if self._uploads is not None:  # sealed here, never uploaded: now
+                        self._uploads.add([s for s in self.all_steps()
+                                           if has_manifest(self.step_folder(s))])
                     return Restored(step, value, moved)
             damaged.append((step, reason))
         if damaged:
@@ -339,6 +387,23 @@ class Checkpointer:
         self._log(f"Moved checkpoint {self.step_folder(step)} aside to {target}: {reason}")
         return target
 
+    def _ready_locally(self, step: int) -> None:
+        """Before step ``step`` is checked and restored from the local tier: if the local
+        copy is missing, unsealed or damaged and the workdir has it sealed, the local copy
+        is moved aside (damaged) and the workdir's copied down."""
+        local, durable = self.step_folder(step), self.durable_folder(step)
+        if local.is_dir() and has_manifest(local) and manifest_problem(local) is None:
+            return
+        if not (durable / MANIFEST).exists():
+            return  # nothing better in the workdir: the local copy is judged as it is
+        if local.is_dir():
+            why = manifest_problem(local) or "no manifest: its save was never sealed"
+            self._move_aside(step, f"local copy damaged ({why}); restoring step {step} from "
+                                   f"{durable}")
+        storage.copy_tree(durable, local)
+        self._manager.reload()
+        self._log(f"Copied checkpoint {durable} to the local tier {local} to restore it.")
+
     # -- lifecycle --------------------------------------------------------------
     def wait_until_finished(self) -> None:
         self._manager.wait_until_finished()
@@ -346,4 +411,60 @@ class Checkpointer:
     def close(self) -> None:
         self._manager.wait_until_finished()
         self._seal_and_rotate()
+        if self._uploads is not None:
+            self._uploads.finish()
         self._manager.close()
+
+
+class _Uploader:
+    """Copies sealed local steps to the workdir, oldest first, on one background thread;
+    then applies the rotation to the workdir's copies (never deleting the newest)."""
+
+    def __init__(self, checkpointer: Checkpointer):
+        self.checkpointer = checkpointer
+        self.queued: set[int] = set()
+        self.failed: list[str] = []
+        self._queue: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    def add(self, steps: list[int]) -> None:
+        c = self.checkpointer
+        if not c._is_primary:
+            return
+        durable = set(c.durable_steps())
+        for step in sorted(steps):
+            if step not in durable and step not in self.queued:
+                self.queued.add(step)
+                self._queue.put(step)
+        if self._thread is None and self.queued:
+            self._thread = threading.Thread(target=self._run, name="checkpoint-upload",
+                                            daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while (step := self._queue.get()) is not None:
+            try:
+                self.upload(step)
+            except Exception as e:  # noqa: BLE001  (the local copy stays; retried next run)
+                self.failed.append(f"step {step}: {one_line(e)}")
+                self.checkpointer._log(f"Could not copy checkpoint step {step} to "
+                                       f"{self.checkpointer.directory} ({one_line(e)}); the "
+                                       "local copy is kept and the next run retries.")
+
+    def upload(self, step: int) -> None:
+        c = self.checkpointer
+        source = c.step_folder(step)
+        if not source.is_dir():
+            return  # rotated away locally before its turn
+        storage.copy_tree(source, c.durable_folder(step), last=(COMMIT_SUCCESS, MANIFEST))
+        durable = c.durable_steps()
+        for old in c.steps_to_delete(durable):
+            if old < durable[-1]:
+                c.durable_folder(old).rmtree()
+
+    def finish(self) -> None:
+        """Waits for every queued upload (a run ends only once its steps are durable)."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None

@@ -27,6 +27,7 @@ COMMANDS = {
     "retrieval": ("t5x_like.retrieval.cli", "dense retriever, index, search, RAG training/eval"),
     "scaling": ("t5x_like.scaling.cli", "fit scaling laws to runs; compute-optimal N, D for a budget"),
     "plan": ("t5x_like.plan", "compile for a TPU topology: memory, fits-HBM, FLOPs, roofline"),
+    "goodput": ("t5x_like.goodput", "productive time over wall time of a workdir, by cause"),
     "launch_local": ("t5x_like.launch_local", "rehearse a multi-host run on one machine"),
     "launch": ("launch.__main__", "run on Cloud TPU VMs, GKE (xpk) or SLURM; --dry_run prints"),
 }

@@ -53,6 +53,10 @@ def default_config() -> ml_collections.ConfigDict:
     # jax.distributed start-up of a multi-process run: the processes that never arrived
     # are named, exit 2 (JAX's own timeout is 300 s).
     c.startup_timeout_s = 300.0
+    # Local-first checkpoints: saves land in this local folder (a fast disk, as on TPU VMs)
+    # and are copied to WORKDIR/checkpoints in the background; restores prefer a valid
+    # local copy. "": save to the workdir directly. Single-process runs only for now.
+    c.checkpoint = ml_collections.ConfigDict(dict(local_dir=""))
     # Fingerprint keys a resume may change (vocabulary, task, task_feature_lengths,
     # optimizer, model, head, or a sub-key like model.dropout_rate); others are refused.
     c.allow_resume_changes = ()
@@ -561,6 +565,10 @@ def _validate_resilience(config) -> None:
         if value is not _ABSENT and not (math.isfinite(value) and value > 0):
             raise ConfigError(f"{key}={value} must be a positive number of seconds, e.g. "
                               f"--config.{key}={example}.")
+    local_dir = _lookup(config, "checkpoint.local_dir")
+    if local_dir is not _ABSENT and local_dir.startswith(("gs://", "s3://")):
+        raise ConfigError(f"checkpoint.local_dir={local_dir!r} must be a local folder (a fast "
+                          "disk); the workdir is where checkpoints go to a bucket.")
     value = _lookup(config, "hang_timeout_s")
     if value is not _ABSENT and not (math.isfinite(value) and (value >= 0 or value == -1)):
         raise ConfigError(f"hang_timeout_s={value} must be seconds (e.g. 1800), 0 (off) or -1 "

@@ -155,23 +155,33 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
     """
     import jax  # imported late: config mistakes are reported before JAX starts
 
-    from t5x_like import partitioning, watchdog
+    from t5x_like import goodput_events, partitioning, watchdog
 
     held = _Held()
     hooks = None
+    status = "error"
     try:
         r = _set_up(config, workdir, quiet, devices, held)
         hooks = _Hooks(r)
+        # Goodput events (process 0): the run's start, its set-up, then a record per log.
+        gp = held.goodput = hooks.goodput = goodput_events.Recorder(r.workdir, r.is_chief,
+                                                                    held.started)
+        gp.event("setup", restore_s=round(r.restore_s, 6), resumed_from=hooks.start_step)
         watch = hooks.watchdog = _watchdog(r, held)
         watch.start()
         step, pending, preempted = hooks.start_step, [], False
         while step < config.num_train_steps:
             watch.doing("reading the batch of step", step + 1)
-            batch = partitioning.global_batch(next(r.train_iter), r.mesh)
+            with gp.timed("data"):
+                batch = partitioning.global_batch(next(r.train_iter), r.mesh)
             compiling = step == hooks.start_step
             watch.doing("train step (compiling)" if compiling else "train step", step + 1,
                         watchdog.COMPILE_PATIENCE if compiling else 1.0)
-            r.state, metrics = r.trainer.train_step(r.state, batch)
+            if compiling:  # dispatching the first step waits for its compilation
+                with gp.timed("compile"):
+                    r.state, metrics = r.trainer.train_step(r.state, batch)
+            else:
+                r.state, metrics = r.trainer.train_step(r.state, batch)
             step += 1
             watch.done("train step", step)
             pending.append(metrics)
@@ -183,23 +193,29 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
             if do_log or do_checkpoint:
                 watch.doing("fetching the metrics of step", step)
                 hooks.log(step, jax.device_get(pending), do_eval, do_bench)
+                gp.steps(step)
                 pending = []
             if do_checkpoint or preempted:
                 _check_still_ours(held.lock, step)
-                hooks.checkpoint(step, force=preempted)
+                with gp.timed("checkpoint_save"):
+                    hooks.checkpoint(step, force=preempted)
             if preempted:
                 r.progress.message(f"SIGTERM received: saved a checkpoint at step {step}, "
                                    "exiting.")
                 break
+        status = "preempted" if preempted else "done"
     finally:
         try:
             if hooks is not None:
-                hooks.close()  # waits for the last checkpoint save, watched for a hang
+                with hooks.goodput.timed("checkpoint_save"):
+                    hooks.close()  # waits for the last checkpoint save, watched for a hang
         finally:
-            held.release()
+            held.release(status)
     if r.is_chief and not quiet:
         print(_summary(r.workdir, r.checkpointer.latest_step(), hooks.last_train,
                        hooks.last_eval, config_path, config, overrides, modules), flush=True)
+        print(goodput_events.one_line(goodput_events.account(
+            goodput_events.read_events(r.workdir))), flush=True)
     return {"train": hooks.last_train, "eval": hooks.last_eval, "step": step}
 
 
@@ -211,11 +227,21 @@ class _Held:
     def __init__(self):
         self.lock = None
         self.watchdog = None
+        self.goodput = None
         self.started = time.time()
 
-    def release(self) -> None:
+    def release(self, status: str) -> None:
         if self.watchdog is not None:
             self.watchdog.stop()
+        if self.goodput is not None:
+            self.goodput.close("end", status=status)
+        if self.lock is not None:
+            self.lock.release()
+
+    def on_hang(self) -> None:
+        """The watchdog's last act before the process exits 75."""
+        if self.goodput is not None:
+            self.goodput.close("hang")
         if self.lock is not None:
             self.lock.release()
 
@@ -264,7 +290,7 @@ def _watchdog(r, held: _Held):
     held.watchdog = watchdog.HangWatchdog(
         timeout, r.workdir / "hangs" / watchdog.utc_stamp(held.started), r.process_index,
         r.process_count, log=_print_on_chief(True),
-        before_exit=held.lock.release if held.lock is not None else None)
+        before_exit=held.on_hang)
     if timeout > 0:
         r.progress.message(f"Hang watchdog: {timeout:g} s without a finished step, "
                            f"evaluation or checkpoint save stops the run (exit "
@@ -298,6 +324,7 @@ class _Run:
     state: Any = None
     peft_base: dict | None = None  # a PEFT run from a base on disk saves only what trains
     harness_tasks: list | None = None  # lm-eval's loaded tasks (config.eval.harness_tasks)
+    restore_s: float = 0.0  # seconds set-up spent finding and restoring the checkpoint
 
     @property
     def is_chief(self) -> bool:
@@ -324,6 +351,11 @@ def _set_up(config, workdir, quiet: bool, devices, held: _Held) -> _Run:
 
     runs.resolve_head_labels(config)
     process_index, process_count = jax.process_index(), jax.process_count()
+    if config.checkpoint.local_dir and process_count > 1:
+        raise errors.ConfigError(
+            f"checkpoint.local_dir is single-process for now ({process_count} processes: each "
+            "host's disk would hold only its own shards); leave it empty to save to the "
+            "workdir.")
     devices = jax.devices() if devices is None else list(devices)
     workdir = storage.path(workdir)
     progress = metrics_writer.Progress(config.num_train_steps,
@@ -341,8 +373,10 @@ def _set_up(config, workdir, quiet: bool, devices, held: _Held) -> _Run:
     mesh = trainer.mesh
     fingerprint = run_guard.fingerprint(config, vocabulary, trainer.abstract_state.opt_state)
     teacher_params = _attach_teacher(config, trainer, mesh, vocabulary)
+    began = time.monotonic()
     checkpointer, resumed = _resume_point(config, workdir, trainer, fingerprint,
                                           process_index == 0)
+    restore_s = time.monotonic() - began
     saved_config = resumed.value[0] if resumed else None
     num_streams = config_lib.resolve_data_streams(config, process_count, saved_config)
     lengths = dict(config.task_feature_lengths)
@@ -359,7 +393,7 @@ def _set_up(config, workdir, quiet: bool, devices, held: _Held) -> _Run:
              eval_streams=functools.partial(pipeline.build_dataset, config.task, "validation",
                                             lengths, shuffle=False, repeat=False,
                                             **data_options))
-    r.harness_tasks = harness
+    r.harness_tasks, r.restore_s = harness, restore_s
     _plan_held_out(r)
     # The checkpoint folder is created only once the config has passed every check.
     r.checkpointer = checkpointer or _open_checkpointer(config, workdir, r.is_chief)
@@ -410,13 +444,17 @@ def _open_checkpointer(config, workdir, is_chief: bool):
     from t5x_like import checkpointing
     return checkpointing.Checkpointer(workdir / "checkpoints", keep=config.keep_checkpoints,
                                       keep_every=config.keep_checkpoints_every_steps,
-                                      log=_print_on_chief(is_chief))
+                                      log=_print_on_chief(is_chief),
+                                      local_dir=config.checkpoint.local_dir or None)
 
 
 def _resume_point(config, workdir, trainer, fingerprint: dict, is_chief: bool):
     """``(checkpointer or None, the newest step that restores or None)``: damaged newer
     steps are moved aside."""
-    if not (workdir / "checkpoints").is_dir():
+    from t5x_like import checkpointing
+    local = config.checkpoint.local_dir
+    if not ((workdir / "checkpoints").is_dir() or (local and checkpointing.local_tier(
+            local, workdir / "checkpoints").is_dir())):
         return None, None
     checkpointer = _open_checkpointer(config, workdir, is_chief)
     return checkpointer, checkpointer.restore_newest(functools.partial(
@@ -503,8 +541,10 @@ class _Hooks:
         self.start_step = int(r.state.step)
         self.last_train, self.last_eval = {}, {}
         self.interval_start, self.interval_steps = time.monotonic(), 0
-        from t5x_like import watchdog
-        self.watchdog = watchdog.HangWatchdog(0, None)  # off until run() sets the real one
+        from t5x_like import goodput_events, watchdog
+        # Off until run() sets the real ones.
+        self.watchdog = watchdog.HangWatchdog(0, None)
+        self.goodput = goodput_events.Recorder(r.workdir, enabled=False)
 
     def due(self, step: int) -> tuple[bool, bool, bool]:
         """``(held-out evaluation, checkpoint, benchmark)`` due at ``step``."""
@@ -539,16 +579,19 @@ class _Hooks:
         watch = self.watchdog
         if do_eval:
             watch.doing("held-out evaluation at step", step)
-            self.last_eval = self.evaluate(params)
+            with self.goodput.timed("evaluation"):
+                self.last_eval = self.evaluate(params)
             record.update(self.last_eval)
             watch.done("held-out evaluation at step", step)
         if do_bench and self.benchmark is not None:
             watch.doing("benchmark evaluation at step", step)
-            record.update(self.evaluate_benchmark(params, step))
+            with self.goodput.timed("evaluation"):
+                record.update(self.evaluate_benchmark(params, step))
             watch.done("benchmark evaluation at step", step)
         if do_bench and self.harness is not None:
             watch.doing("lm-evaluation-harness at step", step)
-            record.update(self.evaluate_harness(params, step))
+            with self.goodput.timed("evaluation"):
+                record.update(self.evaluate_harness(params, step))
             watch.done("lm-evaluation-harness at step", step)
         self.last_train = record
         progress = self.r.progress

@@ -15,7 +15,7 @@ import time
 import pytest
 from storage_emulators import free_port
 
-from t5x_like import partitioning, watchdog
+from t5x_like import goodput_events, partitioning, watchdog
 from t5x_like.workdir_lock import LOCK_NAME
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -139,6 +139,8 @@ def _check_hang(tmp_path, workdir, result, ended: float, process_count: int, slo
     assert "furthest behind" in result.stderr and "status 75" in result.stderr
     assert not (workdir / LOCK_NAME).exists()  # released before exiting
     assert (workdir / "checkpoints" / "2").is_dir()  # saved before the hang, kept
+    accounted = goodput_events.account(goodput_events.read_events(workdir))
+    assert accounted["runs"][-1]["ended"] == "hang" and accounted["causes"]["hang"] > 0
 
 
 @pytest.mark.slow
