@@ -1,0 +1,120 @@
+"""Goodput of a 200-step CPU run of the tiny quickstart model with a preemption at step
+120 and a hang at about step 150 (issue 35's measurement), through the real commands:
+
+1. ``train`` to 200 steps gets SIGTERM once it logged step 120: it saves and exits 0;
+2. ``train`` again resumes there; its data source blocks forever after a number of
+   records (about 30 steps later): the watchdog (``hang_timeout_s``) exits 75;
+3. ``train`` again resumes from the last checkpoint (every 20 steps) to step 200;
+
+then ``python -m t5x_like.goodput WORKDIR`` prints productive time over wall time and
+the badput by cause. ``python benchmarks/resilience_goodput.py [--workdir=/tmp/...]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+TINY = ["--config=configs/quickstart.py", "--config.model.num_encoder_layers=1",
+        "--config.model.num_decoder_layers=1", "--config.model.d_model=32",
+        "--config.model.num_heads=2", "--config.model.head_dim=16", "--config.model.d_ff=64",
+        "--config.batch_size=8", "--config.task_feature_lengths.inputs=32",
+        "--config.task_feature_lengths.targets=8", "--config.eval_every_steps=50",
+        "--config.eval_batches=2", "--config.log_every_steps=1",
+        "--config.checkpoint_every_steps=20", "--config.num_train_steps=200",
+        "--module=blocking_tasks", "--config.task=blocking_task"]
+
+BLOCKING = textwrap.dedent("""
+    import os
+    import threading
+    from collections.abc import Sequence
+
+    from t5x_like.data import dataset_providers as dp
+    from t5x_like.data.sources import FunctionSource
+
+    base = dp.get_task_or_mixture("embedded_en_span_corruption")
+
+
+    class Records(Sequence):
+        def __init__(self, records):
+            self.records, self.reads = records, 0
+
+        def __len__(self):
+            return len(self.records)
+
+        def __getitem__(self, index):
+            self.reads += 1
+            limit = int(os.environ.get("BLOCK_AFTER", "0"))
+            if limit and self.reads > limit:
+                threading.Event().wait()  # the hang
+            return self.records[index]
+
+
+    def load(split):
+        records = base.source.get(split)
+        return Records(records) if split == "train" else records
+
+
+    dp.TaskRegistry.add("blocking_task", FunctionSource(load), base.preprocessors,
+                        base.output_features)
+""")
+
+
+def last_step(workdir: pathlib.Path) -> int:
+    lines = (workdir / "metrics.jsonl").read_text().splitlines() if (
+        workdir / "metrics.jsonl").exists() else []
+    return json.loads(lines[-1])["step"] if lines else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workdir", default="")
+    parser.add_argument("--hang_timeout_s", type=float, default=10.0)
+    parser.add_argument("--block_after", type=int, default=240,
+                        help="Records the second run reads before its data source blocks.")
+    args = parser.parse_args()
+    scratch = pathlib.Path(tempfile.mkdtemp(prefix="resilience_goodput_"))
+    workdir = pathlib.Path(args.workdir) if args.workdir else scratch / "run"
+    shutil.rmtree(workdir, ignore_errors=True)
+    (scratch / "blocking_tasks.py").write_text(BLOCKING)
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{scratch}", JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    command = [sys.executable, "-m", "t5x_like.train", f"--workdir={workdir}", *TINY,
+               f"--config.hang_timeout_s={args.hang_timeout_s}", "--quiet"]
+
+    first = subprocess.Popen(command, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    while first.poll() is None and last_step(workdir) < 120:
+        time.sleep(0.05)
+    first.send_signal(signal.SIGTERM)
+    _, err = first.communicate()
+    print(f"run 1: exit {first.returncode}, stopped at step {last_step(workdir)} "
+          "(SIGTERM after step 120)")
+
+    second = subprocess.run(command, cwd=REPO, env=dict(env, BLOCK_AFTER=str(args.block_after)),
+                            stderr=subprocess.PIPE, text=True)
+    hang = [line for line in second.stderr.splitlines() if "furthest behind" in line]
+    print(f"run 2: exit {second.returncode}, {hang[0].strip() if hang else second.stderr[-800:]}")
+
+    third = subprocess.run(command, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    print(f"run 3: exit {third.returncode}, ended at step {last_step(workdir)}"
+          + ("" if third.returncode == 0 else f": {third.stderr[-800:]}"))
+    print()
+    report = subprocess.run([sys.executable, "-m", "t5x_like.goodput", str(workdir)], cwd=REPO,
+                            env=env, capture_output=True, text=True)
+    print(report.stdout or report.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
