@@ -166,3 +166,21 @@ def one_line(result: dict) -> str:
     runs = len(result["runs"])
     return (f"goodput {100 * result['goodput']:.1f}% of {result['wall_s']:.1f} s over {runs} "
             f"run{'s' if runs != 1 else ''} (badput: {parts})")
+
+
+def write_tensorboard(workdir, result: dict, step: int) -> None:
+    """The account as TensorBoard scalars beside the training curves (``tensorboard/``):
+    ``goodput/fraction`` and ``goodput/<cause>_s`` at ``step``, the run's last, so the
+    restarts' history shows as one point per run."""
+    if result["goodput"] is None:
+        return
+    import os
+
+    from tensorboardX import SummaryWriter
+    writer = SummaryWriter(logdir=os.fspath(storage.path(workdir) / "tensorboard"))
+    try:
+        writer.add_scalar("goodput/fraction", result["goodput"], global_step=step)
+        for cause, seconds in result["causes"].items():
+            writer.add_scalar(f"goodput/{cause}_s", seconds, global_step=step)
+    finally:
+        writer.close()

@@ -211,11 +211,14 @@ def run(config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
                     hooks.close()  # waits for the last checkpoint save, watched for a hang
         finally:
             held.release(status)
-    if r.is_chief and not quiet:
-        print(_summary(r.workdir, r.checkpointer.latest_step(), hooks.last_train,
-                       hooks.last_eval, config_path, config, overrides, modules), flush=True)
-        print(goodput_events.one_line(goodput_events.account(
-            goodput_events.read_events(r.workdir))), flush=True)
+    if r.is_chief:
+        account = goodput_events.account(goodput_events.read_events(r.workdir))
+        goodput_events.write_tensorboard(r.workdir, account, step)
+        if not quiet:
+            print(_summary(r.workdir, r.checkpointer.latest_step(), hooks.last_train,
+                           hooks.last_eval, config_path, config, overrides, modules),
+                  flush=True)
+            print(goodput_events.one_line(account), flush=True)
     return {"train": hooks.last_train, "eval": hooks.last_eval, "step": step}
 
 

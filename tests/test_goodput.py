@@ -86,3 +86,10 @@ def test_train_and_its_resume_record_events_that_add_up(tmp_path, capsys):
     assert causes["lost_to_restart"] == 0 and causes["hang"] == 0
     assert [(r["resumed_from"], r["last_step"], r["ended"]) for r in result["runs"]] == \
         [(0, 4, "done"), (4, 6, "done")]
+    # A TensorBoard point per run: the goodput of the run so far, at its last step.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(workdir / "tensorboard"))
+    events.Reload()
+    points = events.Scalars("goodput/fraction")
+    assert [p.step for p in points] == [4, 6]
+    assert points[-1].value == pytest.approx(result["goodput"], rel=1e-5)
