@@ -688,14 +688,21 @@ def validate_for_devices(config: ml_collections.ConfigDict, num_devices: int,
     if num_slices > 1 and shape["dcn"] != num_slices:
         raise ConfigError(f"The devices span {num_slices} slices but mesh.dcn={shape['dcn']}; "
                           f"set --config.mesh.dcn={num_slices} (or 0 to follow the slices).")
-    batch_parallel = shape["dcn"] * shape["data"] * shape["fsdp"]
+    expert = shape.get("expert", 1)  # rows are split over the expert axis too
+    batch_parallel = shape["dcn"] * shape["data"] * shape["fsdp"] * expert
     if config.batch_size % batch_parallel:
         fixed = (config.batch_size // batch_parallel + 1) * batch_parallel
         raise ConfigError(
             f"batch_size={config.batch_size} does not divide over the data-parallel mesh size "
             f"{batch_parallel} (mesh.dcn={shape['dcn']} x mesh.data={shape['data']} x "
-            f"mesh.fsdp={shape['fsdp']}); use a multiple of {batch_parallel}, e.g. "
-            f"--config.batch_size={fixed}.")
+            f"mesh.fsdp={shape['fsdp']} x mesh.expert={expert}); use a multiple of "
+            f"{batch_parallel}, e.g. --config.batch_size={fixed}.")
+    num_experts = config.model.get("num_experts") or 0
+    if expert > 1 and num_experts % expert:
+        raise ConfigError(
+            f"mesh.expert={expert} does not divide model.num_experts={num_experts}; each "
+            "device along the expert axis holds an equal share of the experts: make "
+            f"mesh.expert a divisor of {num_experts}.")
     microbatches = config.optimizer.microbatches
     if config.batch_size % (batch_parallel * microbatches):
         raise ConfigError(

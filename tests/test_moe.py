@@ -294,3 +294,12 @@ def test_router_jitter_perturbs_routing_inputs_only_while_training():
     trained = [layer.apply({"params": params}, x, deterministic=False,
                            rngs={"dropout": jax.random.key(seed)}) for seed in (1, 2)]
     assert not np.allclose(trained[0], trained[1])  # the noise follows the dropout rng
+
+
+def test_an_expert_axis_that_does_not_divide_the_experts_is_refused():
+    config = tiny_config(**{"model.num_experts": 6, "mesh.data": 2, "mesh.expert": 4})
+    with pytest.raises(errors.ConfigError, match="mesh.expert=4 does not divide "
+                                                 "model.num_experts=6"):
+        config_lib.validate_for_devices(config, 8)
+    config.model.num_experts = 8
+    assert config_lib.validate_for_devices(config, 8)["expert"] == 4
