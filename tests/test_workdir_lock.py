@@ -45,16 +45,20 @@ def test_a_live_owner_on_another_host_is_named_with_how_to_stop_it(tmp_path):
     assert json.loads((tmp_path / LOCK_NAME).read_text())["token"] == "planted"  # untouched
 
 
+# Test ids must not depend on the process (pytest-xdist's workers collect them apart):
+# "dead" and "self" pids are resolved inside the test.
 @pytest.mark.parametrize("host, pid, age, why", [
     ("pod-host-7", 4242, 301.0, "no heartbeat for"),             # stale heartbeat, any host
-    (socket.gethostname(), None, 0.0, "is no longer running"),   # same host, pid gone
-    (socket.gethostname(), os.getpid(), 0.0, "is this process"),  # pid reused by this one
-])
+    (socket.gethostname(), "dead", 0.0, "is no longer running"),  # same host, pid gone
+    (socket.gethostname(), "self", 0.0, "is this process"),       # pid reused by this one
+], ids=["stale-heartbeat", "dead-pid", "reused-pid"])
 def test_a_gone_owner_is_taken_over_with_one_line(tmp_path, host, pid, age, why):
-    if pid is None:
+    if pid == "dead":
         dead = subprocess.Popen([sys.executable, "-c", "pass"])
         dead.wait()
         pid = dead.pid
+    elif pid == "self":
+        pid = os.getpid()
     plant(tmp_path, host, pid, heartbeat_age_s=age)
     lines = []
     lock = WorkdirLock(tmp_path, stale_after_s=300, log=lines.append)
