@@ -87,9 +87,12 @@ def test_train_and_its_resume_record_events_that_add_up(tmp_path, capsys):
     assert [(r["resumed_from"], r["last_step"], r["ended"]) for r in result["runs"]] == \
         [(0, 4, "done"), (4, 6, "done")]
     # A TensorBoard point per run: the goodput of the run so far, at its last step.
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    events = EventAccumulator(str(workdir / "tensorboard"))
-    events.Reload()
-    points = events.Scalars("goodput/fraction")
-    assert [p.step for p in points] == [4, 6]
-    assert points[-1].value == pytest.approx(result["goodput"], rel=1e-5)
+    # Every event file (each writer opens its own), read whole.
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.util import tensor_util
+    points = sorted((event.step, tensor_util.make_ndarray(value.tensor).item())
+                    for path in (workdir / "tensorboard").glob("events.out.tfevents.*")
+                    for event in EventFileLoader(str(path)).Load()
+                    for value in event.summary.value if value.tag == "goodput/fraction")
+    assert [step for step, _ in points] == [4, 6]
+    assert points[-1][1] == pytest.approx(result["goodput"], rel=1e-5)
