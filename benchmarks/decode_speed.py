@@ -154,7 +154,7 @@ def time_alternating(fns, repeats: int) -> list[tuple[float, np.ndarray]]:
 
 def our_runner(model_config, params, tokens: np.ndarray, beams: int, new_tokens: int):
     """The timed call of our side: ``() -> [batch, new_tokens]`` (numpy)."""
-    model = models.build_model(model_config)
+    model = structures.build_model(model_config)
     decode_fn = ours_decode_fn(model, model_config["family"], beams, new_tokens)
     device_params = jax.device_put(params)
     device_tokens = jax.device_put(jnp.asarray(tokens, jnp.int32))
@@ -239,7 +239,7 @@ def main() -> None:
         if config_name not in loaded:
             loaded.clear()  # one model pair in memory at a time
             model_config = load_model_config(config_name, args.dtype)
-            params = init_params(models.build_model(model_config))
+            params = init_params(structures.build_model(model_config))
             export_config = dict(model_config.to_dict(), dtype="float32")
             loaded[config_name] = (model_config, params,
                                    hf_model_with_same_weights(config_name, export_config, params,

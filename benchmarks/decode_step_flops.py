@@ -27,11 +27,11 @@ def step_flops(config_name: str, batch: int, cached: bool) -> float:
     import jax.numpy as jnp
     import ml_collections
 
-    from t5x_like import config_lib, decoding, models
+    from t5x_like import config_lib, decoding, structures
     config = config_lib.load_config_file(str(ROOT / "configs" / f"{config_name}.py"))
     model_config = ml_collections.ConfigDict(dict(config.model.to_dict(), scan_layers=False,
                                                   remat_policy="none"))
-    model = models.build_model(model_config)
+    model = structures.build_model(model_config)
     encoder_length = config.task_feature_lengths["inputs"]
     decode_length = config.task_feature_lengths["targets"]
     encoder = jax.ShapeDtypeStruct((batch, encoder_length), jnp.int32)

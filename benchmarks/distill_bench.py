@@ -49,10 +49,10 @@ def size_and_speed(layers: int) -> tuple[int, float]:
     import jax.numpy as jnp
     import numpy as np
 
-    from t5x_like import config_lib, models, trainer
+    from t5x_like import config_lib, structures, trainer
     config = config_lib.load_config_file("configs/pretrain/bert_tiny.py")
     config.model.num_layers = layers
-    model = models.build_model(config.model)
+    model = structures.build_model(config.model)
     tokens = jnp.asarray(np.random.default_rng(0).integers(5, 8000, size=(32, 128)), jnp.int32)
     params = jax.jit(model.init)(jax.random.key(0), tokens)["params"]
     forward = jax.jit(lambda p, t: model.apply({"params": p}, t)["mlm_logits"])

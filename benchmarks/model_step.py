@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from t5x_like import config_lib, models, partitioning, structures
+from t5x_like import config_lib, partitioning, structures
 from t5x_like import trainer as trainer_lib
 
 ROWS = {
@@ -76,7 +76,7 @@ def t5x_like_step(row: str, batch: dict, steps: int, dtype: str) -> tuple[float,
     """(seconds per step, XLA FLOPs per step)."""
     config = config_lib.load_config_file(os.path.join(REPO, "configs", f"{ROWS[row][0]}.py"))
     config.model.dtype = dtype
-    model = models.build_model(config.model)
+    model = structures.build_model(config.model)
     config.loss.z_loss = 0.0  # as the PyTorch side computes it
     loss_fn = structures.structure_class(config.model.family)(model).loss_fn(config.loss)
     schedule = optax.constant_schedule(1e-4)

@@ -21,7 +21,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -34,40 +33,9 @@ TINY = ["--config=configs/quickstart.py", "--config.model.num_encoder_layers=1",
         "--config.checkpoint_every_steps=20", "--config.num_train_steps=200",
         "--module=blocking_tasks", "--config.task=blocking_task"]
 
-BLOCKING = textwrap.dedent("""
-    import os
-    import threading
-    from collections.abc import Sequence
-
-    from t5x_like.data import dataset_providers as dp
-    from t5x_like.data.sources import FunctionSource
-
-    base = dp.get_task_or_mixture("embedded_en_span_corruption")
-
-
-    class Records(Sequence):
-        def __init__(self, records):
-            self.records, self.reads = records, 0
-
-        def __len__(self):
-            return len(self.records)
-
-        def __getitem__(self, index):
-            self.reads += 1
-            limit = int(os.environ.get("BLOCK_AFTER", "0"))
-            if limit and self.reads > limit:
-                threading.Event().wait()  # the hang
-            return self.records[index]
-
-
-    def load(split):
-        records = base.source.get(split)
-        return Records(records) if split == "train" else records
-
-
-    dp.TaskRegistry.add("blocking_task", FunctionSource(load), base.preprocessors,
-                        base.output_features)
-""")
+# The task module the hang comes from, shared with tests/test_watchdog.py: the train split
+# blocks forever after BLOCK_AFTER records (unset: never).
+BLOCKING_TASKS_DIR = REPO / "tests" / "fixtures"
 
 
 def last_step(workdir: pathlib.Path) -> int:
@@ -87,8 +55,10 @@ def main() -> int:
     scratch = pathlib.Path(tempfile.mkdtemp(prefix="resilience_goodput_"))
     workdir = pathlib.Path(args.workdir) if args.workdir else scratch / "run"
     shutil.rmtree(workdir, ignore_errors=True)
-    (scratch / "blocking_tasks.py").write_text(BLOCKING)
-    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{scratch}", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{BLOCKING_TASKS_DIR}",
+               JAX_PLATFORMS="cpu")
+    env.pop("BLOCK_AFTER", None)
+    env.pop("BLOCK_PROCESS", None)
     env.pop("XLA_FLAGS", None)
     command = [sys.executable, "-m", "t5x_like.train", f"--workdir={workdir}", *TINY,
                f"--config.hang_timeout_s={args.hang_timeout_s}", "--quiet"]

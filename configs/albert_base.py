@@ -16,7 +16,7 @@ bert = bases.family("bert")
 
 
 def get_config():
-    config = bert.base(vocab_size=30000, embedding_dim=128, share_layers=True, d_model=768,
+    config = bert.base(variant="albert", vocab_size=30000, embedding_dim=128, share_layers=True, d_model=768,
                        num_heads=12, d_ff=3072, num_layers=12,
                        mlp_activations=("gelu",))  # ALBERT's gelu_new (tanh approximation)
     config.task_feature_lengths = {"inputs": 512}

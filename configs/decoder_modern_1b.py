@@ -17,11 +17,12 @@ gpt2 = bases.family("gpt2")
 
 
 def get_config():
-    config = gpt2.base(vocab_size=32000, d_model=2048, num_heads=32, num_kv_heads=4, d_ff=5632,
-                       num_layers=22, max_length=2048, mlp_activations=("silu", "linear"),
-                       use_bias=False, norm="rmsnorm", layer_norm_epsilon=1e-5,
-                       position_embedding="rotary", tie_embeddings=False, scan_layers=True,
-                       remat_policy="dots_no_batch")
+    config = gpt2.base(variant="llama", vocab_size=32000, d_model=2048, num_heads=32, d_ff=5632,
+                       num_layers=22, mlp_activations=("silu", "linear"), use_bias=False,
+                       norm="rmsnorm", layer_norm_epsilon=1e-5, tie_embeddings=False,
+                       attention=dict(num_kv_heads=4),
+                       positions=dict(kind="rotary", max_length=2048),
+                       numerics=dict(scan_layers=True, remat_policy="dots_no_batch"))
     config.optimizer.update(name="adamw", learning_rate=4e-4, schedule="cosine", warmup_steps=2000,
                             weight_decay=0.1, b2=0.95)
     return config

@@ -23,6 +23,7 @@ _bert_base = bases.config_file("bert_base")
 
 def get_config():
     config = _bert_base.get_config()
+    config.model.variant = "distilbert"
     config.model.num_layers = 6
     config.model.type_vocab_size = 1
     config.model.next_sentence_head = False

@@ -20,8 +20,9 @@ electra = bases.family("electra")
 
 
 def get_config():
-    config = electra.base(d_model=768, num_heads=12, d_ff=3072, embedding_dim=768, generator_d_model=256,
-                          generator_num_heads=4, generator_d_ff=1024, max_predictions_per_seq=79)
+    config = electra.base(d_model=768, num_heads=12, d_ff=3072, embedding_dim=768,
+                          generator=dict(d_model=256, num_heads=4, d_ff=1024),
+                          max_predictions_per_seq=79)
     config.task_feature_lengths = {"inputs": 512}
     config.batch_size = 256
     config.num_train_steps = 766_000

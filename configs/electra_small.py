@@ -22,8 +22,9 @@ electra = bases.family("electra")
 
 
 def get_config():
-    config = electra.base(d_model=256, num_heads=4, d_ff=1024, embedding_dim=128, generator_d_model=64,
-                          generator_num_heads=1, generator_d_ff=256, max_predictions_per_seq=19)
+    config = electra.base(d_model=256, num_heads=4, d_ff=1024, embedding_dim=128,
+                          generator=dict(d_model=64, num_heads=1, d_ff=256),
+                          max_predictions_per_seq=19)
     config.task_feature_lengths = {"inputs": 128}
     config.batch_size = 128
     config.num_train_steps = 1_000_000

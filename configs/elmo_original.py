@@ -32,7 +32,7 @@ def get_config():
     config.task = "embedded_en_lm"
     config.task_feature_lengths = {"targets": 20}  # bilm-tf's unroll_steps
     config.model = model_config()
-    config.pack = False
+    config.data.pack = False
     config.batch_size = 128
     config.num_train_steps = 100_000
     config.optimizer.name = "adamw"  # bilm-tf: Adagrad at 0.2

@@ -22,6 +22,6 @@ def get_config():
     # backward pass, and 8 microbatches so the [batch, 1024, 50257] logits fit
     # (`plan` on v5e:4x4: 4.7 GiB of 16 per chip).
     bases.shard_fully(config)
-    config.model.update(scan_layers=True, remat_policy="full")
+    config.model.numerics.update(scan_layers=True, remat_policy="full")
     config.optimizer.microbatches = 8
     return config

@@ -23,7 +23,7 @@ bart = bases.family("bart")
 
 def get_config():
     # BART's ids of the embedded vocabulary (pad 0, eos 1); imported checkpoints carry mBART's (1, 2).
-    config = bart.base(vocab_size=250027, d_model=1024, num_heads=16, d_ff=4096,
+    config = bart.base(variant="mbart", vocab_size=250027, d_model=1024, num_heads=16, d_ff=4096,
                        num_encoder_layers=12, num_decoder_layers=12, pre_norm=True,
                        final_layer_norm=True, scale_embedding=True, decoder_start_from_targets=True)
     config.task = "multilingual_mbart"

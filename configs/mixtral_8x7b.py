@@ -5,7 +5,7 @@ import`` of the Hugging Face checkpoint loads into it.
 
 Pretraining dispatches by capacity (1.25) in groups of 512 tokens, the path that
 partitions over an expert axis (docs/mixture_of_experts.md: dropless dispatch sharded by
-XLA does not fit a v5p-128 yet); ``--config.model.moe_dispatch=dropless`` computes every
+XLA does not fit a v5p-128 yet); ``--config.model.experts.dispatch=dropless`` computes every
 assignment, as Mixtral's own inference does.
 
     python -m t5x_like.summary --config=configs/mixtral_8x7b.py
@@ -25,17 +25,20 @@ gpt2 = bases.family("gpt2")
 
 def model():
     """The model keys (shared with the tiny recipe, configs/pretrain/mixtral_tiny.py)."""
-    return dict(vocab_size=32_000, d_model=4096, num_heads=32, num_kv_heads=8, head_dim=128,
-                d_ff=14_336, num_layers=32, max_length=32_768, mlp_activations=("silu", "linear"),
-                use_bias=False, norm="rmsnorm", layer_norm_epsilon=1e-5,
-                position_embedding="rotary", rotary_max_wavelength=1_000_000.0,
-                tie_embeddings=False, bos_id=1, num_experts=8, num_experts_per_token=2,
-                router_softmax="after_top_k", moe_dispatch="capacity", capacity_factor=1.25,
-                moe_group_size=512, router_aux_loss_weight=0.02)
+    return dict(variant="mixtral", vocab_size=32_000, d_model=4096, num_heads=32, head_dim=128,
+                d_ff=14_336, num_layers=32, mlp_activations=("silu", "linear"), use_bias=False,
+                norm="rmsnorm", layer_norm_epsilon=1e-5, tie_embeddings=False, bos_id=1,
+                attention=dict(num_kv_heads=8),
+                positions=dict(kind="rotary", max_length=32_768,
+                               rope=dict(max_wavelength=1_000_000.0)),
+                experts=dict(num_experts=8, num_experts_per_token=2, router_softmax="after_top_k",
+                             dispatch="capacity", capacity_factor=1.25, group_size=512,
+                             aux_loss_weight=0.02))
 
 
 def get_config():
-    config = gpt2.base(**model(), scan_layers=True, remat_policy="dots_no_batch", dtype="bfloat16")
+    config = gpt2.base(**model(), numerics=dict(scan_layers=True, remat_policy="dots_no_batch",
+                                                dtype="bfloat16"))
     config.task_feature_lengths = {"targets": 4096}
     config.batch_size = 256
     config.optimizer.update(name="adamw", learning_rate=3e-4, schedule="cosine", warmup_steps=2000,

@@ -22,17 +22,31 @@ bases = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bases)
 gpt2 = bases.family("gpt2")
 
-_MODERN = dict(mlp_activations=("silu", "linear"), use_bias=False, norm="rmsnorm",
-               position_embedding="rotary", layer_norm_epsilon=1e-5)
-_LLAMA3_ROPE = dict(rotary_max_wavelength=500_000.0, rope_type="llama3", rope_low_freq_factor=1.0,
-                    rope_high_freq_factor=4.0, rope_original_max_length=8192)
-_LLAMA = dict(_MODERN, **_LLAMA3_ROPE, vocab_size=128_256, max_length=131_072, num_kv_heads=8,
-              head_dim=128, bos_id=128_000)
-_QWEN = dict(_MODERN, layer_norm_epsilon=1e-6, rotary_max_wavelength=1_000_000.0,
-             vocab_size=151_936, bos_id=151_643)
-_GEMMA = dict(norm="rmsnorm", use_bias=False, mlp_activations=("gelu", "linear"),
-              position_embedding="rotary", layer_norm_epsilon=1e-6, post_sublayer_norms=True,
-              scale_embeddings=True, tie_embeddings=True, bos_id=2)
+def _merged(*parts: dict) -> dict:
+    """The parts' model keys, later over earlier, section by section."""
+    out = {}
+    for part in parts:
+        for key, value in part.items():
+            out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(
+                out.get(key), dict) else value
+    return out
+
+
+def _rope(**keys):
+    return dict(positions=dict(kind="rotary", rope=keys))
+
+
+_MODERN = _merged(dict(mlp_activations=("silu", "linear"), use_bias=False, norm="rmsnorm",
+                       layer_norm_epsilon=1e-5), _rope())
+_LLAMA = _merged(_MODERN, _rope(max_wavelength=500_000.0, scaling="llama3", low_freq_factor=1.0,
+                                high_freq_factor=4.0, original_max_length=8192),
+                 dict(variant="llama", vocab_size=128_256, head_dim=128, bos_id=128_000,
+                      positions=dict(max_length=131_072), attention=dict(num_kv_heads=8)))
+_QWEN = _merged(_MODERN, _rope(max_wavelength=1_000_000.0),
+                dict(layer_norm_epsilon=1e-6, vocab_size=151_936, bos_id=151_643))
+_GEMMA = _merged(_rope(), dict(norm="rmsnorm", use_bias=False, mlp_activations=("gelu", "linear"),
+                               layer_norm_epsilon=1e-6, post_sublayer_norms=True,
+                               scale_embeddings=True, tie_embeddings=True, bos_id=2))
 
 
 def _alternating(num_layers: int, every: int) -> tuple[str, ...]:
@@ -41,57 +55,64 @@ def _alternating(num_layers: int, every: int) -> tuple[str, ...]:
                  for i in range(num_layers))
 
 
+def _shape(d_model, d_ff, num_layers, num_heads, num_kv_heads, head_dim, max_length):
+    return dict(d_model=d_model, d_ff=d_ff, num_layers=num_layers, num_heads=num_heads,
+                head_dim=head_dim, attention=dict(num_kv_heads=num_kv_heads),
+                positions=dict(max_length=max_length))
+
+
 def _gemma2(d_model, d_ff, num_layers, num_heads, num_kv_heads, head_dim, scalar):
-    return dict(_GEMMA, vocab_size=256_000, max_length=8192, d_model=d_model, d_ff=d_ff,
-                num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads,
-                head_dim=head_dim, query_pre_attention_scalar=scalar, sliding_window=4096,
-                layer_types=_alternating(num_layers, 2), attention_logit_softcap=50.0,
-                final_logit_softcap=30.0, rotary_max_wavelength=10_000.0)
+    return _merged(_GEMMA, _shape(d_model, d_ff, num_layers, num_heads, num_kv_heads, head_dim,
+                                  8192), _rope(max_wavelength=10_000.0),
+                   dict(variant="gemma2", vocab_size=256_000, final_logit_softcap=30.0,
+                        attention=dict(query_pre_scalar=scalar, sliding_window=4096,
+                                       layer_types=_alternating(num_layers, 2),
+                                       logit_softcap=50.0)))
 
 
 def _gemma3(d_model, d_ff, num_layers, num_heads, num_kv_heads, head_dim, scalar, window=1024,
             vocab_size=262_208, max_length=131_072, rope_factor=8.0):
-    scaled = dict(rope_type="linear", rope_factor=rope_factor) if rope_factor != 1.0 else {}
-    return dict(_GEMMA, vocab_size=vocab_size, max_length=max_length, d_model=d_model, d_ff=d_ff,
-                num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads,
-                head_dim=head_dim, query_pre_attention_scalar=scalar, sliding_window=window,
-                layer_types=_alternating(num_layers, 6), qk_norm=True,
-                rotary_max_wavelength=1_000_000.0, local_rotary_max_wavelength=10_000.0, **scaled)
+    scaled = dict(scaling="linear", factor=rope_factor) if rope_factor != 1.0 else {}
+    return _merged(_GEMMA, _shape(d_model, d_ff, num_layers, num_heads, num_kv_heads, head_dim,
+                                  max_length),
+                   _rope(max_wavelength=1_000_000.0, local_max_wavelength=10_000.0, **scaled),
+                   dict(variant="gemma3_text", vocab_size=vocab_size,
+                        attention=dict(query_pre_scalar=scalar, sliding_window=window,
+                                       layer_types=_alternating(num_layers, 6), qk_norm=True)))
+
+
+def _qwen(variant, d_model, d_ff, num_layers, num_heads, num_kv_heads, head_dim, max_length,
+          tie_embeddings, **more):
+    attention = dict(qkv_bias=True) if variant == "qwen2" else dict(qk_norm=True)
+    return _merged(_QWEN, _shape(d_model, d_ff, num_layers, num_heads, num_kv_heads, head_dim,
+                                 max_length),
+                   dict(variant=variant, tie_embeddings=tie_embeddings, attention=attention),
+                   more)
+
+
+def _llama(d_model, d_ff, num_layers, num_heads, rope_factor, tie_embeddings, head_dim=128):
+    return _merged(_LLAMA, dict(d_model=d_model, d_ff=d_ff, num_layers=num_layers,
+                                num_heads=num_heads, head_dim=head_dim,
+                                tie_embeddings=tie_embeddings),
+                   _rope(factor=rope_factor))
 
 
 PRESETS = {
     # Llama 3.1 (128K context by the llama3 RoPE rescaling) and 3.2 (tied, factor 32).
-    "llama-3.1-8b": dict(_LLAMA, d_model=4096, d_ff=14_336, num_layers=32, num_heads=32,
-                         rope_factor=8.0, tie_embeddings=False),
-    "llama-3.1-70b": dict(_LLAMA, d_model=8192, d_ff=28_672, num_layers=80, num_heads=64,
-                          rope_factor=8.0, tie_embeddings=False),
-    "llama-3.2-1b": dict(_LLAMA, d_model=2048, d_ff=8192, num_layers=16, num_heads=32,
-                         head_dim=64, rope_factor=32.0, tie_embeddings=True),
-    "llama-3.2-3b": dict(_LLAMA, d_model=3072, d_ff=8192, num_layers=28, num_heads=24,
-                         rope_factor=32.0, tie_embeddings=True),
+    "llama-3.1-8b": _llama(4096, 14_336, 32, 32, 8.0, False),
+    "llama-3.1-70b": _llama(8192, 28_672, 80, 64, 8.0, False),
+    "llama-3.2-1b": _llama(2048, 8192, 16, 32, 32.0, True, head_dim=64),
+    "llama-3.2-3b": _llama(3072, 8192, 28, 24, 32.0, True),
     # Qwen2.5: biases on q/k/v, 64-wide heads.
-    "qwen2.5-0.5b": dict(_QWEN, qkv_bias=True, d_model=896, d_ff=4864, num_layers=24,
-                         num_heads=14, num_kv_heads=2, head_dim=64, max_length=32_768,
-                         tie_embeddings=True),
-    "qwen2.5-1.5b": dict(_QWEN, qkv_bias=True, d_model=1536, d_ff=8960, num_layers=28,
-                         num_heads=12, num_kv_heads=2, head_dim=128, max_length=32_768,
-                         tie_embeddings=True),
-    "qwen2.5-7b": dict(_QWEN, qkv_bias=True, vocab_size=152_064, d_model=3584, d_ff=18_944,
-                       num_layers=28, num_heads=28, num_kv_heads=4, head_dim=128,
-                       max_length=32_768, tie_embeddings=False),
+    "qwen2.5-0.5b": _qwen("qwen2", 896, 4864, 24, 14, 2, 64, 32_768, True),
+    "qwen2.5-1.5b": _qwen("qwen2", 1536, 8960, 28, 12, 2, 128, 32_768, True),
+    "qwen2.5-7b": _qwen("qwen2", 3584, 18_944, 28, 28, 4, 128, 32_768, False,
+                        vocab_size=152_064),
     # Qwen3: per-head q/k RMSNorm, no biases, 128-wide heads.
-    "qwen3-0.6b": dict(_QWEN, qk_norm=True, d_model=1024, d_ff=3072, num_layers=28,
-                       num_heads=16, num_kv_heads=8, head_dim=128, max_length=40_960,
-                       tie_embeddings=True),
-    "qwen3-1.7b": dict(_QWEN, qk_norm=True, d_model=2048, d_ff=6144, num_layers=28,
-                       num_heads=16, num_kv_heads=8, head_dim=128, max_length=40_960,
-                       tie_embeddings=True),
-    "qwen3-4b": dict(_QWEN, qk_norm=True, d_model=2560, d_ff=9728, num_layers=36,
-                     num_heads=32, num_kv_heads=8, head_dim=128, max_length=40_960,
-                     tie_embeddings=True),
-    "qwen3-8b": dict(_QWEN, qk_norm=True, d_model=4096, d_ff=12_288, num_layers=36,
-                     num_heads=32, num_kv_heads=8, head_dim=128, max_length=40_960,
-                     tie_embeddings=False),
+    "qwen3-0.6b": _qwen("qwen3", 1024, 3072, 28, 16, 8, 128, 40_960, True),
+    "qwen3-1.7b": _qwen("qwen3", 2048, 6144, 28, 16, 8, 128, 40_960, True),
+    "qwen3-4b": _qwen("qwen3", 2560, 9728, 36, 32, 8, 128, 40_960, True),
+    "qwen3-8b": _qwen("qwen3", 4096, 12_288, 36, 32, 8, 128, 40_960, False),
     # Gemma 2: soft-capped logits, local/global layers alternating.
     "gemma-2-2b": _gemma2(2304, 9216, 26, 8, 4, 256, 256),
     "gemma-2-9b": _gemma2(3584, 14_336, 42, 16, 8, 256, 256),
@@ -108,10 +129,10 @@ PRESETS = {
 def get_config(name: str = "qwen3-0.6b"):
     if name not in PRESETS:
         raise ValueError(f"no preset {name!r}; choose one of {', '.join(PRESETS)}")
-    model = dict(PRESETS[name])
-    alike = len(set(model.get("layer_types", ()))) <= 1
-    config = gpt2.base(**model, scan_layers=alike, remat_policy="dots_no_batch" if alike else "none",
-                       dtype="bfloat16")
+    model = PRESETS[name]
+    alike = len(set(model["attention"].get("layer_types", ()))) <= 1
+    config = gpt2.base(**model, numerics=dict(scan_layers=alike, dtype="bfloat16",
+                                              remat_policy="dots_no_batch" if alike else "none"))
     config.task_feature_lengths = {"targets": 2048}
     config.batch_size = 256
     config.optimizer.update(name="adamw", learning_rate=3e-4, schedule="cosine", warmup_steps=2000,

@@ -15,10 +15,10 @@ def get_config():
     config.task_feature_lengths = {"inputs": 128, "targets": 32}
     config.num_train_steps = 500
     config.batch_size = 32
-    config.log_every_steps = 20
-    config.eval_every_steps = 100
-    config.checkpoint_every_steps = 100
-    config.eval_batches = 8
+    config.logging.every_steps = 20
+    config.evals.held_out.every_steps = 100
+    config.checkpoint.every_steps = 100
+    config.evals.held_out.batches = 8
 
     model = config.model
     model.vocab_size = 8192

@@ -16,9 +16,10 @@ bert = bases.family("bert")
 
 
 def get_config():
-    config = bert.base(vocab_size=50265, d_model=768, num_heads=12, d_ff=3072, num_layers=12,
-                       max_length=514, type_vocab_size=1, pad_id=1, position_offset=2,
-                       next_sentence_head=False, layer_norm_epsilon=1e-5)
+    config = bert.base(variant="roberta", vocab_size=50265, d_model=768, num_heads=12, d_ff=3072,
+                       num_layers=12, positions=dict(max_length=514, offset=2),
+                       type_vocab_size=1, pad_id=1, next_sentence_head=False,
+                       layer_norm_epsilon=1e-5)
     config.task_feature_lengths = {"inputs": 512}
     config.batch_size = 8192
     config.optimizer.update(learning_rate=6e-4, warmup_steps=24_000, b2=0.98)

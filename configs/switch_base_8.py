@@ -19,7 +19,8 @@ t5 = bases.family("t5")
 
 
 def get_config():
-    return t5.base(d_model=768, num_heads=12, d_ff=3072, num_encoder_layers=12,
-                   num_decoder_layers=12, **t5.V1_0, num_experts=8, num_experts_per_token=1,
-                   moe_every=2, capacity_factor=1.25, router_aux_loss_weight=0.01,
-                   router_jitter=0.01, moe_dispatch="capacity")
+    return t5.base(variant="switch_transformers", d_model=768, num_heads=12, d_ff=3072,
+                   num_encoder_layers=12, num_decoder_layers=12, **t5.V1_0,
+                   experts=dict(num_experts=8, num_experts_per_token=1, every=2,
+                                capacity_factor=1.25, aux_loss_weight=0.01, router_jitter=0.01,
+                                dispatch="capacity"))

@@ -20,5 +20,5 @@ def get_config():
     config.partitioning.rules = "fsdp"
     # One compiled layer per stack (compile time and host memory stay small) and
     # activations recomputed in the backward pass except matmul outputs.
-    config.model.update(scan_layers=True, remat_policy="dots_no_batch")
+    config.model.numerics.update(scan_layers=True, remat_policy="dots_no_batch")
     return config

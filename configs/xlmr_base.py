@@ -23,6 +23,7 @@ _roberta_base = bases.config_file("roberta_base")
 def get_config():
     """RoBERTa base's network and recipe on XLM-R's vocabulary and multilingual mixture."""
     config = _roberta_base.get_config()
+    config.model.variant = "xlm-roberta"
     config.model.vocab_size = 250002
     config.task = "multilingual_mlm"
     return config

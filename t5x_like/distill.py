@@ -1,7 +1,7 @@
 """Knowledge distillation (Hinton et al. 2015; DistilBERT, Sanh et al. 2019): a frozen
 teacher runs inside the jitted train step beside the student.
 
-``config.distill``:
+``distill`` (the run spec's section):
 
 - ``teacher``: a pretrained folder (``convert import``), a run's workdir or one of its
   step folders, of the same vocabulary; empty: no distillation;
@@ -23,87 +23,105 @@ the target positions.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import jax
 import numpy as np
 
-from t5x_like.errors import ConfigError, UserError
+from t5x_like.errors import UserError
 
 
-def enabled(config) -> bool:
-    distill = config.get("distill")
-    return bool(distill is not None and distill.teacher)
+def enabled(spec) -> bool:
+    return bool(spec.distill.teacher)
 
 
-# -- the teacher ---------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class TeacherSource:
+    """``distill.teacher`` read: where its params are, its model spec and its run's
+    fingerprint (None for a pretrained folder)."""
 
-def teacher_model_config(config) -> tuple[dict, dict | None]:
-    """``(teacher model config, its run's fingerprint or None)`` read from
-    ``distill.teacher``, without loading parameters."""
+    path: str
+    source: object
+    step: int
+    model: object
+    fingerprint: dict | None
+
+
+def teacher_source(spec) -> TeacherSource:
+    """``distill.teacher``'s checkpoint and model, read without loading parameters."""
     from t5x_like import checkpoints
+    from t5x_like.config import model_spec_of
+    path = spec.distill.teacher
     try:
-        source = checkpoints.resolve(config.distill.teacher)
+        source = checkpoints.resolve(path, "distill.teacher")
     except UserError as e:
-        raise ConfigError(f"distill.teacher: {e}") from None
+        raise UserError(f"distill.teacher: {e}") from None
     steps = source.steps()
     if not steps:
-        raise ConfigError(f"distill.teacher={config.distill.teacher!r} holds no complete "
-                          "checkpoint yet.")
+        raise UserError(f"distill.teacher={path!r} holds no complete checkpoint yet.")
     saved = source.saved_config(steps[-1])
-    return dict(saved["model"]), saved.get("fingerprint")
+    return TeacherSource(path, source, steps[-1], model_spec_of(saved["model"]),
+                         saved.get("fingerprint"))
 
 
-def check_teacher(config, teacher_model: dict, teacher_fingerprint: dict | None,
-                  student_vocabulary) -> None:
+def check_teacher(spec, teacher: TeacherSource, student_vocabulary) -> None:
     """One message for each teacher the student cannot learn from."""
     from t5x_like import structures
     from t5x_like.run_guard import vocabulary_identity
-    teacher = config.distill.teacher
-    if teacher_model.get("family") not in structures.distillable_families():
-        raise ConfigError(f"distill.teacher={teacher!r} is a {teacher_model.get('family')!r} "
-                          f"model; teachers are one of {structures.distillable_families()}.")
-    if (structures.structure_class(teacher_model["family"]).name
-            != structures.structure_class(config.model.family).name):
-        raise ConfigError(f"distill.teacher={teacher!r} is a {teacher_model['family']!r} model "
-                          f"and the student a {config.model.family!r}; the two must read the "
-                          "same batches (both encoders, both decoders or both encoder-decoders).")
-    if teacher_model["vocab_size"] != config.model.vocab_size:
-        raise ConfigError(
-            f"distill.teacher={teacher!r} has another vocabulary: {teacher_model['vocab_size']} "
-            f"entries against the student's model.vocab_size={config.model.vocab_size}. "
-            "Soft targets compare the two distributions entry by entry; use a teacher "
-            "trained with the student's vocabulary.")
-    if teacher_fingerprint:
+    path, model, student = teacher.path, teacher.model, spec.model
+    if model.family not in structures.distillable_families():
+        raise UserError(f"distill.teacher={path!r} is a {model.family!r} model; teachers are "
+                        f"one of {structures.distillable_families()}.")
+    if (structures.structure_class(model.family).name
+            != structures.structure_class(student.family).name):
+        raise UserError(f"distill.teacher={path!r} is a {model.family!r} model and the "
+                        f"student a {student.family!r}; the two must read the same batches "
+                        "(both encoders, both decoders or both encoder-decoders).")
+    if model.vocab_size != student.vocab_size:
+        raise UserError(
+            f"distill.teacher={path!r} has another vocabulary: {model.vocab_size} entries "
+            f"against the student's model.vocab_size={student.vocab_size}. Soft targets compare "
+            "the two distributions entry by entry; use a teacher trained with the student's "
+            "vocabulary.")
+    if teacher.fingerprint:
         ours = vocabulary_identity(student_vocabulary)
-        theirs = {k: v for k, v in teacher_fingerprint.items() if k.startswith("vocabulary.")}
+        theirs = {k: v for k, v in teacher.fingerprint.items() if k.startswith("vocabulary.")}
         differs = {k: (theirs[k], ours.get(k)) for k in theirs if theirs[k] != ours.get(k)}
         if differs:
             detail = ", ".join(f"{k} {a!r} vs {b!r}" for k, (a, b) in sorted(differs.items()))
-            raise ConfigError(
-                f"distill.teacher={teacher!r} was trained with another vocabulary than task "
-                f"{config.task!r} uses ({detail}; teacher vs student). Token ids would mean "
+            raise UserError(
+                f"distill.teacher={path!r} was trained with another vocabulary than task "
+                f"{spec.task!r} uses ({detail}; teacher vs student). Token ids would mean "
                 "different pieces; distil on a task of the teacher's vocabulary.")
-    if config.distill.cosine_weight and teacher_model["d_model"] != config.model.d_model:
-        raise ConfigError(
-            f"distill.cosine_weight={config.distill.cosine_weight} compares hidden states, but "
-            f"the teacher is {teacher_model['d_model']} wide and the student "
-            f"{config.model.d_model}; give the student the teacher's d_model or set "
-            "--config.distill.cosine_weight=0.")
+    if spec.distill.cosine_weight and model.d_model != student.d_model:
+        raise UserError(
+            f"distill.cosine_weight={spec.distill.cosine_weight} compares hidden states, but "
+            f"the teacher is {model.d_model} wide and the student {student.d_model}; give the "
+            "student the teacher's d_model or set --config.distill.cosine_weight=0.")
 
 
-def load_teacher(config, mesh, student_vocabulary):
-    """``(teacher structure, host params)``, checked against the student."""
-    import ml_collections
+def teacher_spec(spec, teacher: TeacherSource):
+    """The run spec the teacher is built and read with: the student's run, the teacher's
+    model, its checkpoint as ``init_from``."""
+    return spec.replace(model=teacher.model, init_from=teacher.path,
+                        peft=type(spec.peft)(), head=type(spec.head)())
 
+
+def load_teacher(spec, teacher: TeacherSource, mesh):
+    """``(teacher structure, host params)``."""
     from t5x_like import checkpoints, structures
-    teacher_model, fingerprint = teacher_model_config(config)
-    check_teacher(config, teacher_model, fingerprint, student_vocabulary)
-    teacher_config = ml_collections.ConfigDict(config.to_dict())
-    teacher_config.model = ml_collections.ConfigDict(teacher_model)
-    teacher_config.init_from = config.distill.teacher
-    params, _ = checkpoints.base_params(config.distill.teacher, teacher_config, mesh)
-    return structures.for_config(teacher_config), params
+    params, _ = checkpoints.base_params(teacher.path, teacher_spec(spec, teacher), mesh)
+    return structures.for_config(teacher_spec(spec, teacher)), params
+
+
+def check_student_init(teacher: TeacherSource, student_shapes) -> None:
+    """The student's start from the teacher's layers (``student_init='teacher_layers'``),
+    checked on shapes alone: every student parameter has its teacher parameter, of its
+    shape."""
+    from t5x_like import trainer as trainer_lib
+    teacher_shapes = trainer_lib.parameter_shapes(teacher.model)
+    student_from_teacher(teacher_shapes, student_shapes, shapes_only=True)
 
 
 # -- the student's starting point -----------------------------------------------------------
@@ -111,9 +129,9 @@ def load_teacher(config, mesh, student_vocabulary):
 def evenly_spaced(teacher_layers: int, student_layers: int) -> list[int]:
     """Teacher layer for each student layer, first and last kept (12 -> 6: 0 2 4 7 9 11)."""
     if student_layers > teacher_layers:
-        raise ConfigError(f"The student has {student_layers} layers and the teacher "
-                          f"{teacher_layers}; student_init='teacher_layers' takes a subset. "
-                          "Use fewer student layers or --config.distill.student_init=fresh.")
+        raise UserError(f"The student has {student_layers} layers and the teacher "
+                        f"{teacher_layers}; student_init='teacher_layers' takes a subset. "
+                        "Use fewer student layers or --config.distill.student_init=fresh.")
     if student_layers == 1:
         return [0]
     step = (teacher_layers - 1) / (student_layers - 1)
@@ -137,9 +155,11 @@ def _stack_sizes(flat: dict) -> dict[tuple, int]:
     return sizes
 
 
-def student_from_teacher(teacher_params: dict, student_params: dict) -> dict:
+def student_from_teacher(teacher_params: dict, student_params: dict,
+                         shapes_only: bool = False) -> dict:
     """The student's parameter tree (``student_params``: arrays or abstract shapes) filled
-    from the teacher's (host arrays): evenly spaced layers of each stack, every other
+    from the teacher's (host arrays; with ``shapes_only`` abstract shapes, to check the
+    mapping before anything is read): evenly spaced layers of each stack, every other
     parameter copied (an embedding table with fewer rows takes the first ones); shapes
     must otherwise agree (same widths)."""
     from flax import traverse_util
@@ -159,21 +179,23 @@ def student_from_teacher(teacher_params: dict, student_params: dict) -> dict:
             elif part == "layers" and key[:depth] in maps:
                 index = np.asarray(maps[key[:depth]])
         if source not in teacher:
-            raise ConfigError(f"student_init='teacher_layers': the teacher has no parameter "
-                              f"{'/'.join(source)} for the student's {'/'.join(key)}; teacher "
-                              "and student must share the layout (loop or scanned layers, "
-                              "heads). Use --config.distill.student_init=fresh.")
-        taken = np.asarray(teacher[source])
+            raise UserError(f"student_init='teacher_layers': the teacher has no parameter "
+                            f"{'/'.join(source)} for the student's {'/'.join(key)}; teacher "
+                            "and student must share the layout (loop or scanned layers, "
+                            "heads). Use --config.distill.student_init=fresh.")
+        taken = teacher[source] if shapes_only else np.asarray(teacher[source])
         if index is not None:
-            taken = taken[index]
+            taken = (jax.ShapeDtypeStruct((len(index), *taken.shape[1:]), taken.dtype)
+                     if shapes_only else taken[index])
         if (key[-1] == "embedding" and taken.shape[1:] == tuple(value.shape[1:])
                 and taken.shape[0] > value.shape[0]):
-            taken = taken[:value.shape[0]]  # a smaller table (DistilBERT's one token type)
-        if taken.shape != tuple(value.shape):
-            raise ConfigError(f"student_init='teacher_layers': {'/'.join(key)} is "
-                              f"{tuple(value.shape)} in the student and {taken.shape} in the "
-                              "teacher; the student needs the teacher's widths (d_model, "
-                              "d_ff, heads). Use --config.distill.student_init=fresh.")
+            taken = (jax.ShapeDtypeStruct(value.shape, taken.dtype) if shapes_only
+                     else taken[:value.shape[0]])  # a smaller table (DistilBERT's token types)
+        if tuple(taken.shape) != tuple(value.shape):
+            raise UserError(f"student_init='teacher_layers': {'/'.join(key)} is "
+                            f"{tuple(value.shape)} in the student and {tuple(taken.shape)} in "
+                            "the teacher; the student needs the teacher's widths (d_model, "
+                            "d_ff, heads). Use --config.distill.student_init=fresh.")
         out[key] = taken
     return traverse_util.unflatten_dict(out)
 

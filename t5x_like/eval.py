@@ -16,7 +16,8 @@ import argparse
 import sys
 import time
 
-from t5x_like import checkpoints, cli_flags, config_lib, errors, runs, storage
+from t5x_like import checkpoints, cli_flags, errors, runs, storage
+from t5x_like.config import split_overrides
 from t5x_like.errors import UserError
 from t5x_like.evaluation import results as result_files
 from t5x_like.evaluation import runner
@@ -51,7 +52,7 @@ def parse_args(argv):
     cli_flags.add_decoding_flags(parser.add_argument_group("decoding (predict mode)"))
     cli_flags.add_multi_process_flags(parser)
     parser.add_argument("--quiet", action="store_true")
-    rest, overrides = config_lib.split_overrides(argv)
+    rest, overrides = split_overrides(argv)
     return parser.parse_args(rest), overrides
 
 
@@ -133,16 +134,15 @@ def _setup(source, step, args, overrides, name):
     from t5x_like import trainer as trainer_lib
     from t5x_like.evaluation import evaluator
 
-    config = runs.run_config(source, step, args.config, overrides)
-    structures.structure_class(config.model.family).check_decoding(config, args.num_beams)
-    line = structures.structure_class(config.model.family).evaluation_line(config)
+    resolved = runs.resolve_checkpoint(source, step, args.config, overrides, args.vocabulary)
+    config, asked = resolved.spec, resolved.asked_vocabulary
+    structure = structures.structure_class(config.model.family)
+    structure.check_decoding(config, args.num_beams)
+    line = structure.evaluation_line(config)
     if line and jax.process_index() == 0 and not args.quiet:
         print(line, flush=True)
-    saved = source.saved_config(step)
-    trained = runs.trained_vocabulary(source, saved)
-    asked = runs.resolve_vocabulary(args.vocabulary, source, trained)
     for task in evaluator.leaf_tasks(name, asked):
-        runs.check_vocabulary(config, task, trained, asked)
+        runs.check_vocabulary(config, task, resolved.trained_vocabulary, asked)
     _, trainer = trainer_lib.build_on_devices(config)
     lengths = runner.eval_lengths(config, args)
     runner.check_lengths(config, lengths, evaluator.leaf_tasks(name),

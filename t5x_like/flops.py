@@ -37,21 +37,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from t5x_like import structures
+from t5x_like.config import model_spec_of
 
 
-def forward_flops_per_sequence(model: Mapping, lengths: Mapping[str, int]) -> float:
-    """Forward FLOPs of one sequence (example) for ``model`` (a ``config.model``) at the
-    task feature ``lengths`` (``inputs``/``targets``); each structure counts its own
-    (``models.structures``), with the formulas above."""
-    try:
-        structure = structures.structure_class(model["family"])
-    except ValueError:
-        raise ValueError(f"Unknown model.family {model['family']!r}; choose encoder_decoder, "
-                         "bart, decoder, encoder or electra.") from None
-    return structure(None).forward_flops_per_sequence(model, lengths)
+def forward_flops_per_sequence(model, lengths: Mapping[str, int]) -> float:
+    """Forward FLOPs of one sequence (example) for ``model`` (a model spec, or a model
+    section in either layout) at the task feature ``lengths`` (``inputs``/``targets``);
+    each family's structure counts its own, with the formulas above (the family
+    registry names the known families for an unknown one)."""
+    spec = model_spec_of(model)
+    return structures.structure_class(spec.family)(None).forward_flops_per_sequence(spec,
+                                                                                    lengths)
 
 
-def train_flops_per_step(model: Mapping, lengths: Mapping[str, int], batch_size: int) -> float:
+def train_flops_per_step(model, lengths: Mapping[str, int], batch_size: int) -> float:
     """Model FLOPs of one training step over the global batch (3 x forward)."""
     return 3.0 * forward_flops_per_sequence(model, lengths) * batch_size
 

@@ -16,7 +16,8 @@ import sys
 
 import numpy as np
 
-from t5x_like import checkpoints, cli_flags, config_lib, errors, runs, storage
+from t5x_like import checkpoints, cli_flags, errors, runs, storage
+from t5x_like.config import split_overrides
 from t5x_like.errors import UserError
 
 
@@ -36,7 +37,7 @@ def parse_args(argv):
     parser.add_argument("--inputs_length", type=int, default=0)
     cli_flags.add_vocabulary_flag(parser)
     cli_flags.add_decoding_flags(parser.add_argument_group("decoding"))
-    rest, overrides = config_lib.split_overrides(argv)
+    rest, overrides = split_overrides(argv)
     return parser.parse_args(rest), overrides
 
 
@@ -75,7 +76,9 @@ def run(args, overrides) -> int:
     if not steps:
         raise UserError(f"{source.path} holds no complete checkpoint.")
     step = steps[-1]
-    config = runs.run_config(source, step, args.config, overrides)
+    resolved = runs.resolve_checkpoint(source, step, args.config, overrides, args.vocabulary)
+    config, trained, asked = (resolved.spec, resolved.trained_vocabulary,
+                              resolved.asked_vocabulary)
     structures.structure_class(config.model.family).check_decoding(config, args.num_beams)
     lengths = dict(config.task_feature_lengths)
     if args.inputs_length:
@@ -87,9 +90,6 @@ def run(args, overrides) -> int:
     if structures.structure_class(config.model.family).generates_after_prompt:
         lengths["targets"] = max_decode_length  # the row is the prompt, then what is generated
 
-    saved = source.saved_config(step)
-    trained = runs.trained_vocabulary(source, saved)
-    asked = runs.resolve_vocabulary(args.vocabulary, source, trained)
     if args.task:
         task = with_vocabulary(evaluator.leaf_tasks(args.task)[0], asked)
         runs.check_vocabulary(config, task, trained, asked)

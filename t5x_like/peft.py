@@ -13,11 +13,10 @@ which ``convert export`` takes to Hugging Face like any model.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from t5x_like import errors, storage
-from t5x_like.errors import ConfigError, UserError
+from t5x_like.errors import UserError
 from t5x_like.models.peft import plain_dicts
 
 # -- the merge command -------------------------------------------------------------------------
@@ -63,13 +62,10 @@ def merge(peft_path: str, out: str, base_path: str | None = None) -> dict:
     merged = peft_modules.merge_lora(params, settings)
     count = sum(1 for key in traverse_util.flatten_dict(plain_dicts(params))
                 if key[-1] == "lora_a")
-    model_config = dict(config.model.to_dict())
-    pretrained.save_pretrained(out, model_config, merged,
-                               vocabulary=runs.trained_vocabulary(source, saved),
-                               metadata={"merged_from": str(source.path), "step": step})
-    if config.head.kind:
-        (storage.path(out) / "head_config.json").write_text(
-            json.dumps(config.head.to_dict(), indent=2, default=list))
+    pretrained.save_pretrained(out, config.model.to_dict(), merged,
+                               vocabulary=runs.checkpoint_vocabulary(source, saved),
+                               metadata={"merged_from": str(source.path), "step": step},
+                               run=config.to_dict())
     return {"step": step, "merged_kernels": count, "out": str(storage.path(out))}
 
 
@@ -88,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = storage.path(args.out)
     if out.exists() and any(out.iterdir()):
-        raise ConfigError(f"--out={args.out} exists and is not empty; choose a new folder so "
+        raise UserError(f"--out={args.out} exists and is not empty; choose a new folder so "
                           "nothing is overwritten.")
     result = merge(args.peft, args.out, args.base)
     print(f"Merged {result['merged_kernels']} LoRA kernels of step {result['step']} into "

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 
 from t5x_like import errors, platforms
+from t5x_like.config import spec_of
 from t5x_like.errors import UserError
 
 GiB = 1024**3
@@ -99,6 +100,7 @@ def plan(config, topology: str, num_slices: int = 1) -> dict:
     from t5x_like import flops, hardware, structures
     from t5x_like import trainer as trainer_lib
 
+    config = spec_of(config)
     devices = topology_devices(topology, num_slices)
     mesh_shape, trainer = trainer_lib.build_on_devices(config, devices, process_count=1)
     batch = structures.for_config(config).abstract_batch(
@@ -141,7 +143,7 @@ def plan(config, topology: str, num_slices: int = 1) -> dict:
 
     kind = devices[0].device_kind
     chip = hardware.chip_for(kind)
-    peak = hardware.peak_flops(kind, config.peak_flops_per_device)
+    peak = hardware.peak_flops(kind, config.logging.peak_flops_per_device)
     model_flops = flops.train_flops_per_step(config.model, config.task_feature_lengths,
                                              config.batch_size)
     params_bytes = sum(b for p, b in state_rows if p.startswith("params/"))
@@ -163,7 +165,7 @@ def plan(config, topology: str, num_slices: int = 1) -> dict:
         "peak_flops_per_device": peak,
     }
     roofline_flops, roofline_bytes = compiled_flops, bytes_accessed
-    if compiled_flops and config.model.get("scan_layers"):
+    if compiled_flops and config.model.numerics.scan_layers:
         # XLA counts a scanned layer's loop body once (forward and backward), so the
         # compiled count misses most of the work: the roofline takes the model FLOPs.
         roofline_flops = model_flops / len(devices)
@@ -186,6 +188,11 @@ def plan(config, topology: str, num_slices: int = 1) -> dict:
     return report
 
 
+def _unscanned(model):
+    """A model spec with its layers unrolled (XLA then counts every layer's FLOPs)."""
+    return model.replace(numerics=model.numerics.replace(scan_layers=False))
+
+
 def with_layer_flops(report: dict, config, topology: str) -> dict:
     """The roofline of a scanned model with its compiled FLOPs, not the model's.
 
@@ -196,17 +203,15 @@ def with_layer_flops(report: dict, config, topology: str) -> dict:
     ``rest + L x layer``. A fused attention kernel (splash, on TPU) is a custom call XLA
     does not count either, so the roofline takes the larger of that count and the
     model's FLOPs (``flops.py``, attention included, recomputation not)."""
-    import ml_collections
-
     from t5x_like import structures
+    config = spec_of(config)
+    keys = structures.structure_class(config.model.family).depth_keys
     counts = []
     for layers in (1, 2):
-        small = ml_collections.ConfigDict(config.to_dict())
-        keys = structures.structure_class(small.model.family).depth_keys
-        small.model.update(dict.fromkeys(keys, layers) | {"scan_layers": False})
-        counts.append(plan(small, topology)["compiled_flops_per_device"])
+        model = _unscanned(config.model).replace(**dict.fromkeys(keys, layers))
+        counts.append(plan(config.replace(model=model), topology)["compiled_flops_per_device"])
     layer = counts[1] - counts[0]
-    layers = int(config.model[structures.structure_class(config.model.family).depth_keys[0]])
+    layers = int(config.model[keys[0]])
     compiled = counts[0] + (layers - 1) * layer
     roof = report["roofline"]
     peak = report["peak_flops_per_device"]
@@ -234,14 +239,13 @@ def plan_decode(config, topology: str, num_slices: int = 1) -> dict:
     import math
 
     import jax
-    import ml_collections
     from jax.sharding import NamedSharding, PartitionSpec
 
     from t5x_like import hardware, partitioning, structures
     from t5x_like import trainer as trainer_lib
 
-    config = ml_collections.ConfigDict(config.to_dict())
-    config.model.scan_layers = False
+    config = spec_of(config)
+    config = config.replace(model=_unscanned(config.model))
     devices = topology_devices(topology, num_slices)
     mesh_shape, trainer = trainer_lib.build_on_devices(config, devices, process_count=1)
     step, cache, inputs = structures.for_config(config).decode_step(
@@ -267,7 +271,7 @@ def plan_decode(config, topology: str, num_slices: int = 1) -> dict:
     state_rows = per_device_bytes(trainer.abstract_state)
     kind = devices[0].device_kind
     chip = hardware.chip_for(kind)
-    peak = hardware.peak_flops(kind, config.peak_flops_per_device)
+    peak = hardware.peak_flops(kind, config.logging.peak_flops_per_device)
     total = (memory.argument_size_in_bytes + memory.output_size_in_bytes
              - memory.alias_size_in_bytes + memory.temp_size_in_bytes
              + memory.generated_code_size_in_bytes)

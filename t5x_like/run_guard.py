@@ -17,6 +17,9 @@ import math
 import statistics
 from collections.abc import Iterable
 
+import numpy as np
+
+from t5x_like.config import MODEL_SPECS, legacy, model_spec_class
 from t5x_like.errors import ConfigError
 
 
@@ -51,38 +54,49 @@ def optimizer_state_digest(abstract_opt_state) -> str:
 
 
 # Model keys that change how the step runs, not what it computes or stores: a resume
-# may change them freely (e.g. rematerialise to fit a smaller accelerator).
-EXECUTION_ONLY_MODEL_KEYS = ("remat_policy",)
+# may change them freely (e.g. rematerialise to fit a smaller accelerator). The variant
+# is a name (``llama``, ``gemma2``): the switches it stands for are fingerprinted.
+EXECUTION_ONLY_MODEL_KEYS = ("remat_policy", "variant")
 
 
-def fingerprint(config, vocabulary, abstract_opt_state) -> dict:
-    """The run fingerprint saved with every checkpoint (flat ``key -> JSON value``)."""
-    fp = {f"model.{k}": _as_plain(v) for k, v in config.model.to_dict().items()
+def fingerprint(spec, vocabulary, abstract_opt_state) -> dict:
+    """The run fingerprint saved with every checkpoint (flat ``key -> JSON value``):
+    ``spec_fingerprint`` and the optimizer state's structure."""
+    return {**spec_fingerprint(spec, vocabulary),
+            "optimizer.state": optimizer_state_digest(abstract_opt_state)}
+
+
+def spec_fingerprint(spec, vocabulary) -> dict:
+    """What of the spec and vocabulary the fingerprint keeps. Model keys go by the flat
+    names checkpoints saved them under before the sectioned spec
+    (``config.legacy.flat_model``), so every older checkpoint's fingerprint still compares
+    key for key."""
+    flat = legacy.flat_model(spec.model, model_spec_class(spec.model.family).defaults())
+    fp = {f"model.{k}": _as_plain(v) for k, v in flat.items()
           if k not in EXECUTION_ONLY_MODEL_KEYS}
-    head = config.get("head")
-    fp["head.kind"] = head.kind if head is not None else ""
-    fp["head.labels"] = _as_plain(tuple(head.labels)) if head is not None else []
-    fp["task"] = config.task
-    fp["task_feature_lengths"] = _as_plain(dict(config.task_feature_lengths))
+    fp["head.kind"] = spec.head.kind
+    fp["head.labels"] = _as_plain(tuple(spec.head.labels))
+    fp["task"] = spec.task
+    fp["task_feature_lengths"] = _as_plain(dict(spec.task_feature_lengths))
     fp.update(vocabulary_identity(vocabulary))
-    fp["optimizer.name"] = config.optimizer.name
-    fp["optimizer.state"] = optimizer_state_digest(abstract_opt_state)
-    peft = config.get("peft")
-    if peft is not None:  # what trains and what was added (dropout is free to change)
-        fp.update({"peft.bitfit": bool(peft.bitfit), "peft.lora.rank": peft.lora.rank,
-                   "peft.lora.alpha": peft.lora.alpha, "peft.lora.targets": peft.lora.targets,
-                   "peft.adapter.size": peft.adapter.size,
-                   "peft.adapter.activation": peft.adapter.activation,
-                   "peft.adapter.placement": peft.adapter.placement})
-        for part in ("prefix", "prompt"):
-            if peft.get(part) is not None:
-                fp.update({f"peft.{part}.{k}": v for k, v in peft[part].to_dict().items()})
+    fp["optimizer.name"] = spec.optimizer.name
+    peft = spec.peft  # what trains and what was added (dropout is free to change)
+    fp.update({"peft.bitfit": bool(peft.bitfit), "peft.lora.rank": peft.lora.rank,
+               "peft.lora.alpha": peft.lora.alpha, "peft.lora.targets": peft.lora.targets,
+               "peft.adapter.size": peft.adapter.size,
+               "peft.adapter.activation": peft.adapter.activation,
+               "peft.adapter.placement": peft.adapter.placement})
+    for part in ("prefix", "prompt"):
+        fp.update({f"peft.{part}.{k}": v for k, v in peft[part].to_dict().items()})
     return fp
 
 
 def legacy_fingerprint(saved_config: dict) -> dict:
     """What a checkpoint saved before fingerprints existed still tells from its config."""
-    fp = {f"model.{k}": _as_plain(v) for k, v in (saved_config.get("model") or {}).items()
+    model = saved_config.get("model") or {}
+    flat = legacy.flat_model(model, model_spec_class(model["family"]).defaults()) if (
+        model.get("family") in MODEL_SPECS) else model
+    fp = {f"model.{k}": _as_plain(v) for k, v in flat.items()
           if k not in EXECUTION_ONLY_MODEL_KEYS}
     head = saved_config.get("head") or {}
     fp["head.kind"] = head.get("kind", "")
@@ -109,7 +123,7 @@ def check_resume(saved_config: dict, current: dict, allowed: Iterable[str]) -> l
     """Refuses a resume that changes the fingerprint outside ``allowed``; returns the
     allowed keys that did change (the caller adapts: e.g. a fresh optimizer state)."""
     saved = saved_config.get("fingerprint") or legacy_fingerprint(saved_config)
-    allowed = tuple(allowed)
+    allowed = tuple(legacy.legacy_key(name) for name in allowed)
     changes = resume_changes(saved, current)
     refused = [c for c in changes if not _allowed(c[0], allowed)]
     if refused:
@@ -120,7 +134,7 @@ def check_resume(saved_config: dict, current: dict, allowed: Iterable[str]) -> l
         raise ConfigError(
             f"The workdir's checkpoints were trained with different settings ({details}). "
             "Resume with the settings they were saved with, use a new --workdir, or, if the "
-            f"change is intended, add --config.allow_resume_changes={keys}.")
+            f"change is intended, add --config.checkpoint.allow_resume_changes={keys}.")
     return [key for key, _, _ in changes]
 
 
@@ -174,3 +188,71 @@ class DivergenceMonitor:
                         f"{len(self._losses)} steps (divergence.loss_spike_factor)", step)
         self._losses.append(loss)
         return None
+
+
+class StabilityChecks:
+    """What the loop runs on every logged interval: a NaN/Inf loss or gradient stops the
+    run (unless ``divergence.on_nonfinite_loss`` skips such updates), and so do the
+    divergence rules; either way before anything of those steps is saved, with the
+    checkpoints saved after the first bad step moved aside."""
+
+    def __init__(self, spec, checkpointer):
+        rules = spec.divergence
+        self.skip_nonfinite = rules.on_nonfinite_loss == "skip_update"
+        self.monitor = DivergenceMonitor(rules.zero_grad_steps, rules.loss_spike_factor,
+                                         rules.median_window, spec.model.vocab_size)
+        self.checkpointer = checkpointer
+
+    def check(self, step: int, fetched: list[dict]) -> None:
+        bad = first_nonfinite_step(fetched, step)
+        if bad is not None and not self.skip_nonfinite:
+            raise FloatingPointError(
+                f"Train loss or gradient is NaN/Inf at step {bad}; stopping without saving. "
+                f"{where_the_next_run_starts(self.checkpointer)} Lower "
+                "optimizer.learning_rate or enable optimizer.grad_clip_norm, or set "
+                "--config.divergence.on_nonfinite_loss=skip_update to skip such steps.")
+        first = step - len(fetched) + 1
+        for offset, m in enumerate(fetched):
+            found = self.monitor.check(first + offset, float(m["loss"]), float(m["grad_norm"]))
+            if found is not None:
+                raise Diverged(self._stop(step, *found))
+
+    def _stop(self, step: int, reason: str, first_bad_step: int) -> str:
+        """Moves aside checkpoints saved at or after the first bad step (kept, not
+        deleted), so the next run resumes from the last good one; returns the message."""
+        moved = self.checkpointer.move_aside_from(first_bad_step,
+                                                  f"saved after divergence: {reason}")
+        aside = (f" Checkpoints saved after step {first_bad_step} were moved to "
+                 f"{', '.join(str(p) for p in moved)}." if moved else "")
+        return (f"Stopped at step {step}: {reason}. Nothing was saved.{aside} "
+                f"{where_the_next_run_starts(self.checkpointer)} Lower optimizer.learning_rate "
+                "(or set optimizer.grad_clip_norm), or tune the divergence.* rules if this was "
+                "a false alarm.")
+
+
+def where_the_next_run_starts(checkpointer) -> str:
+    latest_good = checkpointer.latest_step()
+    if latest_good is None:
+        return "No checkpoint was saved before it; the next run starts from step 0."
+    return (f"The last good checkpoint (step {latest_good}) in {checkpointer.directory} is "
+            "intact and the next run resumes from it.")
+
+
+def interval_record(fetched: list[dict]) -> dict:
+    """Means over the steps since the last log; skipped (non-finite) steps are left out
+    of the means and counted in ``skipped_updates``."""
+    kept = [m for m in fetched if not m.get("skipped_updates", 0.0)] or fetched
+    record = {key: float(np.mean([m[key] for m in kept])) for key in fetched[0]}
+    if "skipped_updates" in fetched[0]:
+        record["skipped_updates"] = float(sum(m["skipped_updates"] for m in fetched))
+    record["learning_rate"] = float(fetched[-1]["learning_rate"])
+    return record
+
+
+def first_nonfinite_step(fetched: list[dict], last_step: int) -> int | None:
+    """The step number of the first fetched step with a NaN/Inf loss or gradient norm."""
+    first = last_step - len(fetched) + 1
+    for offset, m in enumerate(fetched):
+        if not (math.isfinite(float(m["loss"])) and math.isfinite(float(m["grad_norm"]))):
+            return first + offset
+    return None

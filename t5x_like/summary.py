@@ -15,7 +15,7 @@ import sys
 import jax
 import numpy as np
 
-from t5x_like import config_lib, errors, optim, structures, trainer
+from t5x_like import errors, optim, runs, structures, trainer
 from t5x_like.models import moe
 
 
@@ -47,15 +47,13 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [o for o in overrides if not o.startswith("--config.")]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    config = config_lib.load_config_file(args.config)
-    config_lib.apply_overrides(config, [o[len("--config."):] for o in overrides
-                                        if o.startswith("--config.")])
-    config_lib.validate(config)
+    config = runs.resolve_spec(runs.load_config(args.config, [
+        o[len("--config."):] for o in overrides if o.startswith("--config.")]))
     from t5x_like.models import peft
     settings = peft.PeftSettings.from_config(config.peft)
     shapes = trainer.parameter_shapes(config.model, settings)
     if settings.any or config.peft.bitfit:
-        trainer.check_peft_fits(config, shapes)
+        runs.check_peft_fits(config, shapes)
     rows = module_rows(shapes, args.depth)
     print(format_table(rows))
     total = sum(count for _, count in rows)
@@ -65,9 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     split = structures.structure_class(config.model.family).parameter_split(shapes)
     if split:
         print(split)
-    num_experts = config.model.get("num_experts") or 0
+    num_experts = config.model.expert_count
     if num_experts:
-        k = config.model.num_experts_per_token
+        k = config.model.experts.num_experts_per_token
         active = total - moe.inactive_parameters(shapes, num_experts, k)
         print(f"active params per token: {active} ({100.0 * active / total:.1f}% of {total}: "
               f"{k} of {num_experts} experts)")

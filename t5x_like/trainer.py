@@ -19,7 +19,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from t5x_like import models, optim, partitioning, structures, traced_platform
-from t5x_like.errors import ConfigError
+from t5x_like.config import check_devices, spec_of
 from t5x_like.models import layers
 
 
@@ -319,9 +319,7 @@ def _place(expected, params, what: str = "Pretrained params"):
 def trainable_for(config):
     """``params -> bool tree`` of what trains under ``config.peft`` (None: everything)."""
     from t5x_like.models import peft as peft_modules
-    peft = config.get("peft")
-    if peft is None:
-        return None
+    peft = spec_of(config).peft
     added = peft_modules.PeftSettings.from_config(peft).any
     if not (peft.bitfit or added):
         return None
@@ -333,65 +331,32 @@ def build_on_devices(config, devices=None, process_count: int | None = None
     """``(mesh shape, trainer)``: the config's mesh over ``devices`` (default: every device
     of the run), checked against them, and the trainer on it. The one set-up of ``train``,
     ``eval``, ``infer`` and ``plan``."""
-    from t5x_like import config_lib
+    spec = spec_of(config)
     devices = jax.devices() if devices is None else list(devices)
     process_count = jax.process_count() if process_count is None else process_count
-    mesh_shape = config_lib.validate_for_devices(config, len(devices), process_count,
-                                                 partitioning.num_slices(devices))
-    return mesh_shape, build_trainer(config, partitioning.make_mesh(mesh_shape, devices))
+    mesh_shape = check_devices(spec, len(devices), process_count, partitioning.num_slices(devices))
+    return mesh_shape, build_trainer(spec, partitioning.make_mesh(mesh_shape, devices))
 
 
 def build_trainer(config, mesh) -> Trainer:
-    """The Trainer a run config describes: the structure's model and objective, the
-    optimizer and rules on ``mesh``."""
-    structure = structures.for_config(config)
-    trainable = trainable_for(config)
-    lengths = structure.model_feature_lengths(config.task_feature_lengths)
+    """The Trainer a run spec (or config) describes: the structure's model and objective,
+    the optimizer and rules (the family's own axes too) on ``mesh``."""
+    spec = spec_of(config)
+    structure = structures.for_config(spec)
+    trainable = trainable_for(spec)
+    lengths = structure.model_feature_lengths(spec.task_feature_lengths)
     optimizer, schedule = optim.make_optimizer(
-        config.optimizer, config.num_train_steps, trainable,
+        spec.optimizer, spec.num_train_steps, trainable,
         logical_axes=lambda: logical_axes(abstract_boxed_params(structure.model, lengths)))
-    rules = partitioning.axis_rules(config.partitioning.rules)
-    normalizer = (float(config.loss.normalizing_constant)
-                  if config.loss.normalization == "constant" else None)
-    trainer = Trainer(structure.model, structure.loss_fn(config.loss), optimizer, schedule, mesh,
-                      rules, lengths,
-                      seed=config.seed, microbatches=config.optimizer.microbatches,
-                      loss_normalizer=normalizer,
-                      skip_nonfinite_updates=config.on_nonfinite_loss == "skip_update",
-                      trainable=trainable)
-    if trainable is not None:
-        check_peft_fits(config, trainer.abstract_state.params)
-    return trainer
-
-
-def check_peft_fits(config, params) -> None:
-    """PEFT settings the model cannot honour, refused naming what there is: a LoRA
-    pattern that matches no kernel, a prompt longer than the learned positions leave
-    room for, BitFit on a model without biases."""
-    paths = [path for path, _ in flat_with_paths(params)]
-    if config.peft.lora.rank and not any(p.endswith("/lora_a") for p in paths):
-        kernels = [p for p in paths if p.endswith("/kernel")]
-        examples = ", ".join(kernels[:4]) + (", ..." if len(kernels) > 4 else "")
-        raise ConfigError(f"peft.lora.targets={config.peft.lora.targets!r} matches none of the "
-                          f"model's {len(kernels)} kernels ({examples}); write a regular "
-                          "expression searched in such paths, e.g. '(query|value)/kernel$' "
-                          "(`python -m t5x_like.summary --depth=9` lists the paths).")
-    prompt = config.peft.get("prompt")
-    limit = config.model.get("max_length")
-    if prompt is not None and prompt.length and limit:
-        inputs = int(dict(config.task_feature_lengths).get("inputs", 0))
-        needed = structures.structure_class(config.model.family).positions_needed(
-            config, {"inputs": inputs + prompt.length})
-        if needed > limit:
-            raise ConfigError(
-                f"peft.prompt.length={prompt.length} more positions after "
-                f"task_feature_lengths.inputs={inputs} pass the model's "
-                f"max_length={limit} learned positions; shorten the inputs to "
-                f"{limit - prompt.length} or the prompt.")
-    if config.peft.bitfit and not any(p.endswith("/bias") for p in paths):
-        raise ConfigError("peft.bitfit trains only bias terms, and this model has none "
-                          f"(model.family={config.model.family!r}; T5 v1.1 has no biases). "
-                          "Use a model with biases (use_bias=True) or a fine-tuning head.")
+    rules = (partitioning.axis_rules(spec.partitioning.rules)
+             + structures.families.of(spec.model).axis_rules(spec.partitioning.rules))
+    normalizer = (float(spec.loss.normalizing_constant)
+                  if spec.loss.normalization == "constant" else None)
+    return Trainer(structure.model, structure.loss_fn(spec.loss), optimizer, schedule, mesh,
+                   rules, lengths, seed=spec.seed, microbatches=spec.optimizer.microbatches,
+                   loss_normalizer=normalizer,
+                   skip_nonfinite_updates=spec.divergence.on_nonfinite_loss == "skip_update",
+                   trainable=trainable)
 
 
 class _MeshAndRules:
@@ -427,10 +392,10 @@ def param_count(params) -> int:
 
 
 def parameter_shapes(model_config, peft_settings=None) -> dict:
-    """Every parameter's shape (``jax.ShapeDtypeStruct``) of ``config.model``'s model,
-    with ``peft_settings``' added modules: nothing is allocated."""
+    """Every parameter's shape (``jax.ShapeDtypeStruct``) of a model spec's model (or a
+    model section's), with ``peft_settings``' added modules: nothing is allocated."""
     from t5x_like.models import peft
-    model = structures.structure_class(model_config["family"]).build_model(model_config)
+    model = structures.build_model(model_config)
     model = peft.with_peft(model, peft_settings or peft.PeftSettings())
     lengths = {"encoder_input_tokens": 8, "decoder_input_tokens": 8, "decoder_target_tokens": 8}
     return nn.unbox(abstract_boxed_params(model, lengths))

@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import socket
 
+import pytest
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -116,6 +118,24 @@ def gcs_emulator(bucket: str = "t5xl-test"):
         }
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module", name="gcs")
+def gcs_fixture():
+    """The ``gcs`` fixture (a test module imports ``gcs_fixture``): one GCS emulator for
+    the module, its environment set in this process, gcsfs's cached clients dropped."""
+    import gcsfs
+    with gcs_emulator() as env, pytest.MonkeyPatch.context() as patch:
+        for key, value in env.items():
+            patch.setenv(key, value)
+        gcsfs.GCSFileSystem.clear_instance_cache()
+        yield env
+    gcsfs.GCSFileSystem.clear_instance_cache()
+    # train closes its TensorBoard writers; tensorboardX's bucket writer flushes again
+    # when collected, at interpreter exit, when this emulator is gone, and retries for
+    # 120 s each. In-process runs leave that redundant flush out (for this process).
+    from tensorboardX import record_writer
+    record_writer.GCSRecordWriter.__del__ = lambda self: None
 
 
 @contextlib.contextmanager

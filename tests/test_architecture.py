@@ -4,7 +4,6 @@ family decisions kept in the structure registry. Each check reads the code as it
 each fails on the first new violation."""
 
 import ast
-import os
 import pathlib
 import re
 import subprocess
@@ -198,24 +197,6 @@ def test_family_decisions_live_in_the_structure_registry():
         sites += [f"{relative}:{line} {text}" for line, text in
                   family_dispatch_sites(path.read_text())]
     assert len(sites) <= 3, "\n".join(sites)
-
-
-def test_ci_fails_on_a_skipped_test(tmp_path):
-    """tests/conftest.py turns a skip into a failure when CI is set (a broken install
-    must not pass quietly), and leaves local runs alone."""
-    (tmp_path / "conftest.py").write_text((REPO / "tests" / "conftest.py").read_text())
-    (tmp_path / "test_skipping.py").write_text(
-        "import pytest\n\ndef test_needs_something():\n    pytest.skip('not installed')\n")
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)]
-    base = {k: v for k, v in os.environ.items() if k != "CI"}
-    base["PYTHONPATH"] = os.pathsep.join([str(REPO), base.get("PYTHONPATH", "")])
-    in_ci = subprocess.run(command, cwd=tmp_path, env={**base, "CI": "true"},
-                           capture_output=True, text=True, timeout=300)
-    assert in_ci.returncode == 1, in_ci.stdout
-    assert "test_skipping.py::test_needs_something: Skipped: not installed" in in_ci.stdout
-    local = subprocess.run(command, cwd=tmp_path, env=base, capture_output=True, text=True,
-                           timeout=300)
-    assert local.returncode == 0, local.stdout
 
 
 @pytest.mark.parametrize("command", ["train", "eval", "infer", "plan", "plot"])

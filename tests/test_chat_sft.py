@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import t5x_like.data as td
+from t5x_like import structures
 from t5x_like.data import chat, hf_tokenizers
 from t5x_like.data import preprocessors as pp
 
@@ -169,7 +170,7 @@ def test_a_packed_chat_row_gives_the_loss_of_its_conversations_apart(tmp_path):
     cfg = config_lib.model_defaults("decoder")
     cfg.update(vocab_size=400, d_model=16, num_heads=2, head_dim=8, d_ff=32, num_layers=1,
                max_length=128)
-    model = models.build_model(cfg)
+    model = structures.build_model(cfg)
     params = nn.unbox(model.init(jax.random.key(0), *models.example_inputs(model, {}, 1))
                       ["params"])
     loss_fn = structure_loss("decoder", model)

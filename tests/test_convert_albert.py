@@ -8,7 +8,7 @@ import torch
 from hf_helpers import tiny_hf_albert
 from test_convert_bert import padded_pairs, relative_error
 
-from t5x_like import models
+from t5x_like import models, structures
 from t5x_like.convert import __main__ as convert_cli
 from t5x_like.convert import load_pretrained
 
@@ -20,7 +20,7 @@ def test_imported_albert_matches_transformers_mlm_and_sentence_order_logits(tmp_
     model_config, params = load_pretrained(tmp_path / "ours")
     assert model_config["embedding_dim"] == 16 and model_config["share_layers"]
     assert "shared_layer" in params and "layers_0" not in params
-    model = models.build_model(ml_collections.ConfigDict(model_config))
+    model = structures.build_model(ml_collections.ConfigDict(model_config))
     tokens, token_types, mask = padded_pairs()
     ours = model.apply({"params": params}, tokens, token_types)
     with torch.no_grad():

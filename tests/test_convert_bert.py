@@ -7,7 +7,7 @@ import torch
 import transformers
 from hf_helpers import export_import_export, tiny_hf_bert
 
-from t5x_like import models
+from t5x_like import structures
 from t5x_like.convert import __main__ as convert_cli
 from t5x_like.convert import load_pretrained
 
@@ -36,7 +36,7 @@ def test_imported_bert_matches_transformers_mlm_and_nsp_logits(tmp_path):
     hf_model.save_pretrained(tmp_path / "hf")
     assert convert_cli.main(["import", f"--hf_dir={tmp_path / 'hf'}", f"--out={tmp_path / 'ours'}"]) == 0
     model_config, params = load_pretrained(tmp_path / "ours")
-    model = models.build_model(ml_collections.ConfigDict(model_config))
+    model = structures.build_model(ml_collections.ConfigDict(model_config))
     tokens, token_types, mask = padded_pairs()
     ours = model.apply({"params": params}, tokens, token_types)
     mlm, nsp = hf_outputs(hf_model, tokens, token_types, mask)
@@ -61,7 +61,7 @@ def test_imported_roberta_matches_transformers_mlm_logits(tmp_path):
     convert_cli.import_hf(str(tmp_path / "hf"), str(tmp_path / "ours"))
     model_config, params = load_pretrained(tmp_path / "ours")
     assert (model_config["position_offset"], model_config["pad_id"]) == (2, 1)
-    model = models.build_model(ml_collections.ConfigDict(model_config))
+    model = structures.build_model(ml_collections.ConfigDict(model_config))
     tokens, _, mask = padded_pairs()
     tokens = np.where(mask, tokens, 1)  # RoBERTa pads with id 1
     ours = model.apply({"params": params}, tokens)

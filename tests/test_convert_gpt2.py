@@ -7,7 +7,7 @@ import torch
 import transformers
 from hf_helpers import export_import_export, tiny_hf_gpt2
 
-from t5x_like import models
+from t5x_like import structures
 from t5x_like.convert import __main__ as convert_cli
 from t5x_like.convert import hf_io, load_pretrained
 
@@ -30,7 +30,7 @@ def test_imported_gpt2_matches_transformers_logits(tmp_path):
     assert convert_cli.main(["import", f"--hf_dir={tmp_path / 'hf'}", f"--out={tmp_path / 'ours'}"]) == 0
     model_config, params = load_pretrained(tmp_path / "ours")
     assert model_config["family"] == "decoder"
-    model = models.build_model(ml_collections.ConfigDict(model_config))
+    model = structures.build_model(ml_collections.ConfigDict(model_config))
     tokens, mask = right_padded_batch()
     ours = np.asarray(model.apply({"params": params}, tokens))
     theirs = hf_logits(hf_model, tokens, mask)
@@ -75,7 +75,7 @@ def test_greedy_generation_matches_transformers_generate(tmp_path):
     hf_model.save_pretrained(tmp_path / "hf")
     convert_cli.import_hf(str(tmp_path / "hf"), str(tmp_path / "ours"))
     model_config, params = load_pretrained(tmp_path / "ours")
-    model = models.build_model(ml_collections.ConfigDict(model_config))
+    model = structures.build_model(ml_collections.ConfigDict(model_config))
     prompt = np.random.default_rng(3).integers(0, 99, size=(3, 6))
     with torch.no_grad():
         theirs = hf_model.generate(input_ids=torch.tensor(prompt), max_new_tokens=10,

@@ -11,7 +11,7 @@ import torch
 import transformers
 from hf_helpers import export_import_export, tiny_hf_llama, tiny_hf_mistral
 
-from t5x_like import decoding, models
+from t5x_like import decoding, models, structures
 from t5x_like.convert import __main__ as convert_cli
 from t5x_like.convert import hf_io, load_pretrained
 
@@ -26,7 +26,7 @@ def import_and_build(tmp_path, hf_model):
     hf_model.save_pretrained(tmp_path / "hf")
     convert_cli.import_hf(str(tmp_path / "hf"), str(tmp_path / "ours"))
     model_config, params = load_pretrained(tmp_path / "ours")
-    return model_config, models.build_model(ml_collections.ConfigDict(model_config)), params
+    return model_config, structures.build_model(ml_collections.ConfigDict(model_config)), params
 
 
 def assert_logits_match(model, params, hf_model, tokens, mask):
@@ -53,7 +53,7 @@ def test_mistral_sliding_window_matches_transformers(tmp_path):
     tokens, mask = right_padded_batch(length=20)
     assert_logits_match(model, params, hf_model, tokens, mask)
     # The window matters: without it the logits differ.
-    unwindowed = models.build_model(ml_collections.ConfigDict({**model_config, "sliding_window": 0}))
+    unwindowed = structures.build_model(ml_collections.ConfigDict({**model_config, "sliding_window": 0}))
     assert not np.allclose(model.apply({"params": params}, tokens),
                            unwindowed.apply({"params": params}, tokens), atol=1e-4)
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 import transformers
 
-from t5x_like import models
+from t5x_like import structures
 from t5x_like.convert import __main__ as convert_cli
 from t5x_like.convert import hf_longformer, load_pretrained
 
@@ -45,7 +45,7 @@ def test_imported_longformer_matches_transformers_with_global_tokens(tmp_path, i
     model_config, params = load_pretrained(tmp_path / "ours")
     assert model_config["attention_window"] == 3 and model_config["global_attention"]
     model_config = dict(model_config, attention_impl=implementation)
-    model = models.build_model(ml_collections.ConfigDict(model_config))
+    model = structures.build_model(ml_collections.ConfigDict(model_config))
     tokens, valid, global_mask = batch()
     ours = np.asarray(model.apply({"params": params}, tokens, input_mask=valid,
                                   global_attention_mask=global_mask.astype(bool))["mlm_logits"])

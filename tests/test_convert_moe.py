@@ -20,7 +20,7 @@ from test_convert_llama import import_and_build, right_padded_batch
 from test_convert_open_decoders import perturbed
 from test_convert_refusals import hf_folder, refusal
 
-from t5x_like import decoding, models
+from t5x_like import decoding, structures
 from t5x_like.convert import __main__ as convert_cli
 from t5x_like.convert import hf_io, hf_moe, hf_switch, load_pretrained
 from t5x_like.data import hf_tokenizers
@@ -104,7 +104,7 @@ def test_decoder_logits_match_transformers(imported, case):
     absolute, relative = max_errors(ours[mask], theirs[mask])
     assert relative < 1e-4, f"max logit error {absolute:.2e} ({relative:.2e} relative)"
     if case == "qwen2_moe":  # the routing weights matter: the other softmax moves the logits
-        flipped = models.build_model(ml_collections.ConfigDict(
+        flipped = structures.build_model(ml_collections.ConfigDict(
             {**model_config, "router_softmax": "after_top_k"}))
         assert not np.allclose(ours, our_logits(flipped, params, tokens), atol=1e-3)
 
@@ -221,7 +221,7 @@ def switch_import(tmp_path_factory):
     hf_model.save_pretrained(root / "hf")
     assert convert_cli.main(["import", f"--hf_dir={root / 'hf'}", f"--out={root / 'ours'}"]) == 0
     model_config, params = load_pretrained(root / "ours")
-    return root, hf_model, model_config, models.build_model(
+    return root, hf_model, model_config, structures.build_model(
         ml_collections.ConfigDict(model_config)), params
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 import transformers
 
-from t5x_like import decoding, models
+from t5x_like import decoding, structures
 from t5x_like.convert import __main__ as convert_cli
 from t5x_like.convert import load_pretrained
 
@@ -26,7 +26,7 @@ def imported(tmp_path, hf_model):
     hf_model.save_pretrained(tmp_path / "hf")
     convert_cli.import_hf(str(tmp_path / "hf"), str(tmp_path / "ours"))
     model_config, params = load_pretrained(tmp_path / "ours")
-    return model_config, models.build_model(ml_collections.ConfigDict(model_config)), params
+    return model_config, structures.build_model(ml_collections.ConfigDict(model_config)), params
 
 
 def tiny_hf_xlm_roberta():

@@ -12,7 +12,7 @@ import torch
 import transformers
 from test_convert_llama import assert_logits_match, import_and_build, right_padded_batch
 
-from t5x_like import decoding, models
+from t5x_like import decoding, structures
 from t5x_like.convert import __main__ as convert_cli
 from t5x_like.convert import hf_io
 from t5x_like.errors import UserError
@@ -101,12 +101,12 @@ def test_logits_match_transformers(tmp_path, case):
     assert_logits_match(model, params, hf_model, tokens, mask)
     if case.startswith("gemma"):
         # The switches matter: without the sliding layers' windows the logits move.
-        unwindowed = models.build_model({**model_config, "layer_types": (), "sliding_window": 0})
+        unwindowed = structures.build_model({**model_config, "layer_types": (), "sliding_window": 0})
         assert not np.allclose(model.apply({"params": params}, tokens),
                                unwindowed.apply({"params": params}, tokens), atol=1e-3)
     if model_config["rope_type"] != "default":
         # So does the rescaling of the RoPE frequencies.
-        plain = models.build_model({**model_config, "rope_type": "default"})
+        plain = structures.build_model({**model_config, "rope_type": "default"})
         assert not np.allclose(model.apply({"params": params}, tokens),
                                plain.apply({"params": params}, tokens), atol=1e-3)
 

@@ -9,7 +9,7 @@ import torch
 import transformers
 from hf_helpers import VARIANTS, export_import_export, padded_batch, tiny_hf_t5
 
-from t5x_like import models
+from t5x_like import structures
 from t5x_like.convert import __main__ as convert_cli
 from t5x_like.convert import hf_io, load_pretrained
 
@@ -25,7 +25,7 @@ def hf_logits(hf_model, encoder, decoder_inputs, targets):
 
 def our_logits(folder, encoder, decoder_inputs, targets):
     model_config, params = load_pretrained(folder)
-    model = models.build_model(ml_collections.ConfigDict(model_config))
+    model = structures.build_model(ml_collections.ConfigDict(model_config))
     return np.asarray(model.apply({"params": params}, encoder, decoder_inputs, targets))
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from hf_helpers import VARIANTS, padded_batch, tiny_hf_t5
 
-from t5x_like import decoding, models, partitioning, traced_platform
+from t5x_like import decoding, partitioning, structures, traced_platform
 from t5x_like import trainer as trainer_lib
 from t5x_like.convert import __main__ as convert_cli
 from t5x_like.convert import load_pretrained
@@ -23,7 +23,7 @@ def converted(tmp_path, variant):
     hf_model.save_pretrained(tmp_path / "hf")
     convert_cli.import_hf(str(tmp_path / "hf"), str(tmp_path / "ours"))
     model_config, params = load_pretrained(tmp_path / "ours")
-    return hf_model, models.build_model(ml_collections.ConfigDict(model_config)), params
+    return hf_model, structures.build_model(ml_collections.ConfigDict(model_config)), params
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -146,7 +146,7 @@ def test_sampling_without_an_rng_and_overlong_generation_are_refused(tmp_path):
     tiny_hf_gpt2().save_pretrained(tmp_path / "gpt2")
     cli.import_hf(str(tmp_path / "gpt2"), str(tmp_path / "gpt2_ours"))
     gpt_config, gpt_params = load_pretrained(tmp_path / "gpt2_ours")
-    gpt = models.build_model(ml_collections.ConfigDict(gpt_config))
+    gpt = structures.build_model(ml_collections.ConfigDict(gpt_config))
     with pytest.raises(ValueError, match="exceeds the model's max_length 40"):
         decoding.generate(gpt, gpt_params, jnp.ones((1, 30), jnp.int32), max_new_tokens=20)
 
@@ -157,7 +157,7 @@ def _scanned(tmp_path, variant="v1_1"):
     _, model, params = converted(tmp_path, variant)
     config = ml_collections.ConfigDict(load_pretrained(tmp_path / "ours")[0])
     config.scan_layers = True
-    return model, params, models.build_model(config), stacking.stack_layer_params(params)
+    return model, params, structures.build_model(config), stacking.stack_layer_params(params)
 
 
 def test_scanned_decoding_equals_unrolled_greedy_and_beam(tmp_path):

@@ -184,7 +184,7 @@ def test_imported_distilbert_matches_transformers_and_exports_back(tmp_path):
     assert convert_cli.main(["import", f"--hf_dir={tmp_path / 'hf'}",
                              f"--out={tmp_path / 'ours'}"]) == 0
     model_config, params = load_pretrained(tmp_path / "ours")
-    model = models.build_model(ml_collections.ConfigDict(model_config))
+    model = structures.build_model(ml_collections.ConfigDict(model_config))
     rng = np.random.default_rng(0)
     mask = np.arange(16)[None, :] < np.array([[16], [9]])
     tokens = np.where(mask, rng.integers(5, 100, size=(2, 16)), 0)

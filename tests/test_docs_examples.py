@@ -1,6 +1,7 @@
 """The docs' examples are code: the small-task example of docs/data_and_tasks.md runs as
 printed, every command the README and docs/ show answers --help without a traceback,
-and every command of the README's table is also a ``t5xl`` subcommand."""
+every command of the README's table is also a ``t5xl`` subcommand, and every relative
+link (and its anchor) of the README and docs/ resolves."""
 
 import json
 import os
@@ -141,3 +142,64 @@ def test_every_command_of_the_readme_table_is_a_t5xl_command():
              for cell in re.findall(r"`([^`]+)`", row.split("|")[1])
              if not cell.startswith("python")}
     assert names and names <= set(cli.COMMANDS), names - set(cli.COMMANDS)
+
+
+def _outside_code(text: str) -> str:
+    """The page without fenced code blocks and inline code spans (links there are code)."""
+    text = re.sub(r"^(```|~~~).*?^\1[^\n]*$", "", text, flags=re.S | re.M)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def github_slug(heading: str) -> str:
+    """The anchor GitHub gives a heading (github-slugger): the rendered text lowercased,
+    punctuation and symbols dropped (letters, digits, ``_``, ``-`` and spaces stay), each
+    space a hyphen."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link's text stays
+    text = re.sub(r"<[^>]+>", "", text).replace("`", "")
+    text = re.sub(r"\*+", "", text).strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    """Every heading's slug (a repeated one gets -1, -2, ... as on GitHub) and HTML ids."""
+    text = re.sub(r"^(```|~~~).*?^\1[^\n]*$", "", page.read_text(), flags=re.S | re.M)
+    found, seen = set(), {}
+    for heading in re.findall(r"^#{1,6}[ \t]+(.*?)[ \t#]*$", text, flags=re.M):
+        slug = github_slug(heading)
+        found.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+        seen[slug] = seen.get(slug, 0) + 1
+    return found | set(re.findall(r"<a\s+(?:name|id)=\"([^\"]+)\"", text))
+
+
+def test_github_slugs_follow_githubs_rules():
+    assert github_slug("Does pretraining help? One recipe on 2 CPU cores") == \
+        "does-pretraining-help-one-recipe-on-2-cpu-cores"
+    assert github_slug("`t5xl plan`: before launch") == "t5xl-plan-before-launch"
+    assert github_slug("Routing & dispatch (top-k)") == "routing--dispatch-top-k"
+    assert github_slug("[Models](models.md) and __init__") == "models-and-__init__"
+
+
+def test_every_relative_link_in_the_readme_and_docs_resolves():
+    """Markdown links ``[text](path)``, ``[text](path#anchor)`` and ``[text](#anchor)`` in
+    README.md and docs/*.md: the file (or folder) exists, and an anchor into a .md page
+    names one of its headings by GitHub's slug rules; a repository file a code span names
+    exists."""
+    broken = []
+    for page in DOCS:
+        for target in re.findall(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)",
+                                 _outside_code(page.read_text())):
+            if re.match(r"[a-z][a-z0-9+.-]*:", target, re.I):  # https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            where = f"{page.relative_to(REPO)}: ({target})"
+            if not file.exists():
+                broken.append(f"{where}: no such file")
+            elif anchor and file.suffix == ".md" and anchor not in anchors(file):
+                broken.append(f"{where}: no heading with that anchor in {file.name}")
+        # Repository files named in code spans (`t5x_like/train.py`) exist too.
+        for path in re.findall(r"`((?:t5x_like|launch|tests|benchmarks|configs)/[\w./-]+\.(?:py|md|txt|json))"
+                               r"(?:::[\w\[\]-]+)?`", page.read_text()):
+            if not (REPO / path).exists():
+                broken.append(f"{page.relative_to(REPO)}: `{path}`: no such file")
+    assert not broken, "\n".join(broken)

@@ -16,7 +16,7 @@ import transformers
 from conftest import tiny_config
 from flax import traverse_util
 
-from t5x_like import config_lib, errors, models, objectives, runs, structures, train
+from t5x_like import config_lib, errors, objectives, runs, structures, train
 from t5x_like.models import electra
 
 TINY = dict(vocab_size=8192, d_model=32, num_heads=2, head_dim=16, d_ff=64, num_layers=2,
@@ -25,7 +25,7 @@ TINY = dict(vocab_size=8192, d_model=32, num_heads=2, head_dim=16, d_ff=64, num_
 
 
 def tiny_model(**overrides):
-    return models.build_model({"family": "electra", **TINY, "vocab_size": 128, **overrides})
+    return structures.build_model({"family": "electra", **TINY, "vocab_size": 128, **overrides})
 
 
 def init(model, length=12):
@@ -229,7 +229,7 @@ def test_imported_electra_matches_transformers_and_exports_back(tmp_path):
                              f"--generator_dir={tmp_path / 'gen'}",
                              f"--out={tmp_path / 'ours'}"]) == 0
     model_config, params = load_pretrained(tmp_path / "ours")
-    model = models.build_model(ml_collections.ConfigDict(model_config))
+    model = structures.build_model(ml_collections.ConfigDict(model_config))
     tokens, types_, mask = batch()
     rtd = model.apply({"params": params}, tokens, types_, method=model.discriminate)
     assert relative_error(np.asarray(rtd["rtd_logits"])[mask],
@@ -268,7 +268,7 @@ def test_a_discriminator_imported_alone_fine_tunes_but_does_not_pretrain(tmp_pat
     assert "without a generator" in capsys.readouterr().err
     model_config, params = load_pretrained(tmp_path / "ours")
     assert model_config["generator_d_model"] == 0 and "generator" not in params
-    model = models.build_model(ml_collections.ConfigDict(model_config))
+    model = structures.build_model(ml_collections.ConfigDict(model_config))
     tokens, types_, mask = batch()
     rtd = model.apply({"params": params}, tokens, types_)["rtd_logits"]
     assert relative_error(np.asarray(rtd)[mask],

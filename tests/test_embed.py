@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t5x_like import config_lib, embed, models
+from t5x_like import config_lib, embed, models, structures
 from t5x_like.analysis import alignment, embedding_files, geometry, hidden_states, probes
 from t5x_like.builtin_tasks import pretraining as builtin
 from t5x_like.data.vocabularies import ByteVocabulary
@@ -31,7 +31,7 @@ def tiny_run_config(family: str):
 
 def tiny_model(family: str) -> hidden_states.EmbeddingModel:
     config = tiny_run_config(family)
-    module = models.build_model(config.model)
+    module = structures.build_model(config.model)
     shapes = nn.meta.unbox(jax.eval_shape(module.init, jax.random.PRNGKey(0),
                                           *models.example_inputs(module))["params"])
     rng = np.random.default_rng(0)  # random params without compiling an init

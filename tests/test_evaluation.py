@@ -9,7 +9,7 @@ import pytest
 from conftest import tiny_config
 
 import t5x_like.data as td
-from t5x_like import config_lib, decoding, errors, metrics, models, partitioning, train
+from t5x_like import config_lib, decoding, errors, metrics, partitioning, structures, train
 from t5x_like import eval as eval_cli
 from t5x_like import trainer as trainer_lib
 from t5x_like.builtin_tasks import pretraining as tasks
@@ -57,7 +57,7 @@ def setup(config, name="test_eval_mix", **settings):
 @pytest.mark.slow
 def test_padded_generation_equals_one_row_at_a_time():
     config = decoder_config()
-    model = models.build_model(config.model)
+    model = structures.build_model(config.model)
     params = model.init(jax.random.key(0), jnp.ones((1, 8), jnp.int32))["params"]
     rng = np.random.default_rng(0)
     lengths = np.array([3, 7, 5])

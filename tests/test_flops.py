@@ -19,7 +19,7 @@ CASES = [
 def test_formula_is_within_5_percent_of_the_compiled_gradient(family, extra, lengths):
     cfg = config_lib.model_defaults(family)
     cfg.update(dict(vocab_size=512, d_model=256, num_heads=4, head_dim=64, d_ff=1024, **extra))
-    model = models.build_model(cfg)
+    model = structures.build_model(cfg)
     structure = structures.structure_class(family)(model)
     feature_lengths = structure.model_feature_lengths(lengths)
     params = nn.unbox(model.init(jax.random.key(0),

@@ -26,6 +26,8 @@ from launch import accelerators
 from launch.commands import Command
 from t5x_like import cli
 
+# Snapshots of our own dry runs (no independent source holds these transcripts); the fake
+# gcloud/xpk/sbatch tests below run the same scripts for real.
 GOLDEN_DIR = pathlib.Path(__file__).parent / "golden" / "launch"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 REPO = "https://github.com/example/t5x_like.git"

@@ -4,36 +4,30 @@ the local copy (and uploads it); a fresh local dir resumes from the bucket; a co
 local copy falls back to the bucket's copy of the same step."""
 
 import pathlib
+import re
 
-import gcsfs
 import pytest
 from conftest import tiny_config
-from storage_emulators import gcs_emulator
+from storage_emulators import gcs_fixture  # noqa: F401  (the module's `gcs` fixture)
 
-from t5x_like import checkpointing, storage, train
+from t5x_like import checkpointing, goodput_events, storage, train
 from t5x_like.errors import ConfigError
-
-
-@pytest.fixture(scope="module")
-def gcs():
-    with gcs_emulator() as env, pytest.MonkeyPatch.context() as patch:
-        for key, value in env.items():
-            patch.setenv(key, value)
-        gcsfs.GCSFileSystem.clear_instance_cache()
-        yield env
-    gcsfs.GCSFileSystem.clear_instance_cache()
-    # train closed its TensorBoard writers; tensorboardX's bucket writer flushes again
-    # when collected, at interpreter exit, when this emulator is gone, and retries for
-    # 120 s each. In-process runs leave that redundant flush out (for this process).
-    from tensorboardX import record_writer
-    record_writer.GCSRecordWriter.__del__ = lambda self: None
 
 
 def run(workdir, local_dir, steps: int) -> int:
     config = tiny_config(num_train_steps=steps, eval_every_steps=0, checkpoint_every_steps=2,
                          log_every_steps=2)
     config.checkpoint.local_dir = str(local_dir)
-    return train.run(config, workdir, quiet=True)["step"]
+    return train.run(config, workdir)["step"]
+
+
+def resumed_from(err: str, workdir) -> tuple[str, int]:
+    """The folder and step the run just finished resumed from: its printed "Resumed from
+    FOLDER at step N." line, which must agree with its goodput ``setup`` event."""
+    [(folder, step)] = re.findall(r"^Resumed from (\S+) at step (\d+)\.$", err, re.M)
+    setups = [e for e in goodput_events.read_events(workdir) if e["kind"] == "setup"]
+    assert setups[-1]["resumed_from"] == int(step), setups
+    return folder, int(step)
 
 
 def durable_steps(workdir) -> list[int]:
@@ -57,12 +51,16 @@ def test_local_tier_resumes_from_local_then_bucket_and_survives_a_corrupt_local_
         patch.setattr(checkpointing._Uploader, "upload", lambda self, step: None)
         assert run(workdir, first, 4) == 4
     assert local_steps(first, workdir) == [2, 4] and durable_steps(workdir) == []
-    capsys.readouterr()
+    assert "Resumed from" not in capsys.readouterr().err
+    assert [e["resumed_from"] for e in goodput_events.read_events(workdir)
+            if e["kind"] == "setup"] == [0]  # a new run
 
     # Resumes from the local copy of step 4, and uploads what the bucket lacked.
     assert run(workdir, first, 6) == 6
     err = capsys.readouterr().err
     assert "Copied checkpoint" not in err
+    folder, step = resumed_from(err, workdir)
+    assert step == 4 and folder.startswith(str(first)), folder  # the local copy, not the bucket
     assert durable_steps(workdir) == [2, 4, 6]
     bucket_step = storage.path(workdir) / "checkpoints" / "6"
     assert (bucket_step / checkpointing.COMMIT_SUCCESS).exists()
@@ -72,6 +70,7 @@ def test_local_tier_resumes_from_local_then_bucket_and_survives_a_corrupt_local_
     assert run(workdir, fresh, 8) == 8
     err = capsys.readouterr().err
     assert f"Copied checkpoint {workdir}/checkpoints/6 to the local tier" in err
+    assert resumed_from(err, workdir)[1] == 6
     assert 8 in durable_steps(workdir)
 
     # A corrupted local copy of the newest step: the bucket's copy of the same step.
@@ -83,6 +82,7 @@ def test_local_tier_resumes_from_local_then_bucket_and_survives_a_corrupt_local_
     err = capsys.readouterr().err
     assert "local copy damaged" in err and "restoring step 8 from" in err
     assert f"Copied checkpoint {workdir}/checkpoints/8 to the local tier" in err
+    assert resumed_from(err, workdir)[1] == 8
     assert 10 in durable_steps(workdir)
 
 

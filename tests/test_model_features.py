@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from t5x_like import structures
 from t5x_like.models import decoder, stacking
 
 
@@ -196,7 +197,7 @@ def test_bfloat16_compute_keeps_float32_parameters_and_logits(family):
         if "max_length" in cfg:
             sizes["max_length"] = 16
         cfg.update(sizes)
-        return models.build_model(cfg)
+        return structures.build_model(cfg)
 
     f32, bf16 = build("float32"), build("bfloat16")
     inputs = tuple(jnp.asarray(np.random.default_rng(0).integers(3, 64, size=x.shape), jnp.int32)

@@ -2,6 +2,8 @@
 experts, the auxiliary losses against their formulas, expert sharding, and the router
 terms of the training objective (exact resume with experts: ``test_training``)."""
 
+import math
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -159,7 +161,7 @@ def _sparse_layers(params) -> list[str]:
 def test_every_family_with_experts_adds_the_router_losses_and_their_metrics(family, settings,
                                                                             sparse):
     from t5x_like import structures
-    model = models.build_model(_model_config(family, **settings))
+    model = structures.build_model(_model_config(family, **settings))
     inputs = models.example_inputs(model, {}, batch_size=2)
     params = nn.unbox(model.init(jax.random.key(0), *inputs))["params"]
     assert _sparse_layers(params) == sparse
@@ -172,7 +174,7 @@ def test_every_family_with_experts_adds_the_router_losses_and_their_metrics(fami
     aux = 0.01 * metrics["moe_load_balancing_loss"] + settings.get(
         "router_z_loss_weight", 0.0) * metrics["moe_router_z_loss"]
     unweighted = dict(settings, router_aux_loss_weight=0.0, router_z_loss_weight=0.0)
-    plain, _ = jax.jit(structure_loss(family, models.build_model(
+    plain, _ = jax.jit(structure_loss(family, structures.build_model(
         _model_config(family, **unweighted)), z_loss=0.0))(params, batch)
     np.testing.assert_allclose(objective, plain + aux, rtol=1e-5)
     fractions = [metrics[f"moe_expert_fraction_{e}"] for e in range(4)]
@@ -186,7 +188,7 @@ def test_every_family_with_experts_adds_the_router_losses_and_their_metrics(fami
     ("decoder", "dropless", {"fsdp": 2, "expert": 4}),
 ])
 def test_experts_sharded_over_a_2x4_mesh_equal_one_device(family, dispatch, mesh_shape):
-    model = models.build_model(_model_config(family, num_experts_per_token=2,
+    model = structures.build_model(_model_config(family, num_experts_per_token=2,
                                              moe_dispatch=dispatch))
     inputs = tuple(np.random.default_rng(0).integers(1, 64, size=x.shape).astype(np.int32)
                    for x in models.example_inputs(model, {}, batch_size=8))
@@ -280,9 +282,16 @@ def test_summary_prints_total_and_active_parameters(capsys):
     from t5x_like import summary
     assert summary.main(["--config=configs/pretrain/t5_tiny_moe.py"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    # 8 experts in one layer of each stack: 7 of 8 experts' kernels are inactive.
-    assert lines[-2] == ("active params per token: 3280640 (54.4% of 6033152: 1 of 8 experts)")
-    assert lines[-1].startswith("params: 6033152")
+    # In closed form: the quickstart's T5 (tests/test_cli.py), whose second layer of each
+    # stack becomes 8 experts of its gated MLP (3 d d_ff each) and a router (d x 8, no
+    # bias); a token runs through 1 of the 8, so 7 experts' kernels a layer are inactive.
+    from test_cli import quickstart_parameters
+    d, d_ff, experts = 128, 512, 8
+    total = quickstart_parameters() + 2 * ((experts - 1) * 3 * d * d_ff + d * experts)
+    active = total - 2 * (experts - 1) * 3 * d * d_ff
+    assert lines[-2] == (f"active params per token: {active} ({100 * active / total:.1f}% of "
+                         f"{total}: 1 of 8 experts)")  # 3280640 (54.4% of 6033152)
+    assert lines[-1].startswith(f"params: {total}")
 
 
 def test_router_jitter_perturbs_routing_inputs_only_while_training():
@@ -303,3 +312,102 @@ def test_an_expert_axis_that_does_not_divide_the_experts_is_refused():
         config_lib.validate_for_devices(config, 8)
     config.model.num_experts = 8
     assert config_lib.validate_for_devices(config, 8)["expert"] == 4
+
+
+def _np_route(x, router, k):
+    """Router probabilities, top-k experts and their weights (the softmax over all
+    experts read at the top k: Switch's and the layer's default), in float64 numpy."""
+    logits = x.astype(np.float64) @ router.astype(np.float64)
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    experts = np.argsort(-logits, axis=-1, kind="stable")[..., :k]
+    return experts, np.take_along_axis(p, experts, -1)
+
+
+def _capacity_loop(params, x, k, capacity_factor, group_size=0):
+    """The documented capacity rule, one assignment at a time (independent of the
+    layer's one-hot cumsum): each group (a row, or ``group_size`` consecutive tokens)
+    gives each expert ``ceil(capacity_factor * k * tokens / experts)`` slots; all first
+    choices are placed before any second choice, each in token order; an assignment that
+    finds its expert full is dropped (adds nothing: the residual outside the layer
+    carries the token). Experts are gated SiLU MLPs (``silu(x wi_0) * (x wi_1) wo``).
+    Returns the output and, per choice j, how many assignments were placed/dropped."""
+    params = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+    num_experts = params["router"]["kernel"].shape[-1]
+    tokens = np.asarray(x, np.float64).reshape(-1, x.shape[-1])
+    group = group_size or x.shape[1]
+    capacity = max(1, math.ceil(capacity_factor * k * group / num_experts))
+    experts, weights = _np_route(tokens, params["router"]["kernel"], k)
+    out = np.zeros_like(tokens)
+    placed, dropped = [0] * k, [0] * k
+    for start in range(0, len(tokens), group):
+        fill = [0] * num_experts
+        for j in range(k):
+            for t in range(start, start + group):
+                e = experts[t, j]
+                if fill[e] == capacity:
+                    dropped[j] += 1
+                    continue
+                fill[e] += 1
+                placed[j] += 1
+                gate = tokens[t] @ params["experts"]["wi_0"][e]
+                hidden = gate / (1 + np.exp(-gate)) * (tokens[t] @ params["experts"]["wi_1"][e])
+                out[t] += weights[t, j] * (hidden @ params["experts"]["wo"][e])
+    return out.reshape(x.shape), placed, dropped
+
+
+@pytest.mark.parametrize("group_size", [0, 4])
+def test_capacity_dispatch_that_drops_tokens_equals_a_per_token_loop(group_size):
+    x = jax.random.normal(jax.random.key(6), (3, 8, 8))
+    # 4 experts, k = 2, 0.5 x: a group of 8 tokens has 8 slots for 16 assignments.
+    layer = _layer("capacity", capacity_factor=0.5, moe_group_size=group_size)
+    params = nn.unbox(layer.init(jax.random.key(7), x))["params"]
+    out, state = layer.apply({"params": params}, x, mutable=[moe.COLLECTION])
+    want, placed, dropped = _capacity_loop(params, x, 2, 0.5, group_size)
+    # Both halves of the rule are exercised: some first choices overflow (so token order
+    # decides), and some second choices still find room (after every first choice).
+    assert dropped[0] > 0 and placed[1] > 0 and dropped[1] > 0, (placed, dropped)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(float(router_terms(state)[1]["moe_dropped_fraction"]),
+                               sum(dropped) / (sum(placed) + sum(dropped)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("expert_capacity", [1, 2])
+def test_switch_capacity_dispatch_equals_transformers_switch_sparse_mlp(expert_capacity):
+    """Against transformers' ``SwitchTransformersSparseMLP`` (top-1, probabilities before
+    the top 1, ``expert_capacity`` tokens per expert and sequence, earlier tokens first)
+    with random weights copied into the layer. The two rules agree everywhere for k = 1:
+    a token past capacity leaves transformers' layer (5.x) as zeros, as it leaves ours
+    (transformers 4.x passed it through times its router probability instead, and has no
+    second choices, so k = 2 is compared with the loop above only)."""
+    import torch
+    import transformers
+
+    batch, length, d_model, d_ff, num_experts = 3, 8, 8, 12, 4
+    hf_config = transformers.SwitchTransformersConfig(
+        d_model=d_model, d_ff=d_ff, num_experts=num_experts, expert_capacity=expert_capacity,
+        router_bias=False, router_jitter_noise=0.0, dense_act_fn="relu", dropout_rate=0.0)
+    torch.manual_seed(expert_capacity)
+    hf = transformers.models.switch_transformers.modeling_switch_transformers.\
+        SwitchTransformersSparseMLP(hf_config).eval()
+    with torch.no_grad():
+        for parameter in hf.parameters():
+            parameter.normal_(0.0, 0.5)
+    x = torch.randn(batch, length, d_model)
+    with torch.no_grad():
+        want = hf(x).numpy()
+        kept = hf.router(x)[0].sum().item()  # assignments within capacity
+    assert kept < batch * length  # tokens are dropped
+    # _layer: 4 experts of width 12, probabilities before the top k (the default); the
+    # factor makes ceil(capacity_factor * length / num_experts) == expert_capacity.
+    layer = _layer("capacity", k=1, activations=("relu",),
+                   capacity_factor=expert_capacity * num_experts / length)
+    experts = [hf.experts[f"expert_{e}"] for e in range(num_experts)]
+    params = {"router": {"kernel": hf.router.classifier.weight.detach().numpy().T},
+              "experts": {"wi": np.stack([e.wi.weight.detach().numpy().T for e in experts]),
+                          "wo": np.stack([e.wo.weight.detach().numpy().T for e in experts])}}
+    shapes = jax.tree.map(np.shape, nn.unbox(layer.init(jax.random.key(0), x.numpy()))["params"])
+    assert jax.tree.map(np.shape, params) == shapes
+    ours = layer.apply({"params": params}, jnp.asarray(x.numpy()))
+    np.testing.assert_allclose(ours, want, rtol=1e-5, atol=1e-5)
+    assert int((np.abs(want).sum(-1) == 0).sum()) == batch * length - kept  # the dropped

@@ -4,13 +4,13 @@ import jax.numpy as jnp
 import numpy as np
 from conftest import structure_loss
 
-from t5x_like import config_lib, models, objectives
+from t5x_like import config_lib, models, objectives, structures
 
 
 def tiny(family, **extra):
     cfg = config_lib.model_defaults(family)
     cfg.update(dict(vocab_size=50, d_model=16, num_heads=2, head_dim=8, d_ff=32, **extra))
-    model = models.build_model(cfg)
+    model = structures.build_model(cfg)
     inputs = models.example_inputs(model, {}, batch_size=2)
     return model, nn.unbox(model.init(jax.random.key(0), *inputs)["params"])
 

@@ -105,7 +105,7 @@ def test_label_smoothing_matches_soft_target_cross_entropy():
 
 def test_constant_normalizer_divides_the_summed_loss():
     config = tiny_config()
-    model = trainer_lib.models.build_model(config.model)
+    model = trainer_lib.structures.build_model(config.model)
     import flax.linen as nn
     batch = {k: jnp.asarray(v) for k, v in _random_batch(4).items()}
     inputs = trainer_lib.models.example_inputs(model, {})

@@ -10,7 +10,7 @@ import pytest
 from conftest import structure_loss
 
 import t5x_like.data as td
-from t5x_like import config_lib, models
+from t5x_like import config_lib, models, structures
 
 TINY = dict(vocab_size=8192, d_model=16, num_heads=2, head_dim=8, d_ff=32)
 CASES = {
@@ -40,7 +40,7 @@ def tiny_model(family):
         cfg.update(pad_id=0, eos_id=1, decoder_start_id=0)  # the embedded vocabulary's ids
     if family == "encoder":
         cfg.update(span_boundary_head=True)
-    return models.build_model(cfg)
+    return structures.build_model(cfg)
 
 
 def packed_row(task, converter, lengths):

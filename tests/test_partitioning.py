@@ -9,7 +9,7 @@ from t5x_like import trainer as trainer_lib
 
 
 def build_trainer(config, mesh_shape):
-    model = models.build_model(config.model)
+    model = structures.build_model(config.model)
     optimizer, schedule = optim.make_optimizer(config.optimizer, config.num_train_steps)
     mesh = partitioning.make_mesh(mesh_shape)
     rules = partitioning.axis_rules(config.partitioning.rules)
@@ -71,7 +71,7 @@ def test_no_large_parameter_is_left_replicated_under_fsdp(config_name):
 
     path = pathlib.Path(__file__).resolve().parents[1] / "configs" / f"{config_name}.py"
     config = config_lib.load_config_file(str(path))
-    model = models.build_model(config.model)
+    model = structures.build_model(config.model)
     mesh = partitioning.make_mesh({"data": 2, "fsdp": 4, "tensor": 1})
     boxed = trainer_lib.abstract_boxed_params(model, {})
     shardings = partitioning.logical_shardings(boxed, mesh, partitioning.axis_rules("fsdp"))
@@ -110,7 +110,7 @@ def test_forward_on_a_2x4_mesh_equals_one_device(family):
     settings = dict(TINY_FAMILIES[family])
     model_config = config_lib.model_defaults(settings.pop("family", family))
     model_config.update(settings)
-    model = models.build_model(model_config)
+    model = structures.build_model(model_config)
     inputs = tuple(np.random.default_rng(0).integers(1, 64, size=x.shape).astype(np.int32)
                    for x in models.example_inputs(model, {}, batch_size=8))
     params = nn.unbox(model.init(jax.random.key(0), *inputs))["params"]
@@ -131,7 +131,7 @@ def test_forward_on_a_2x4_mesh_equals_one_device(family):
 def test_train_step_compiles_ahead_of_time_with_a_flop_count():
 
     config = tiny_config()
-    model = models.build_model(config.model)
+    model = structures.build_model(config.model)
     optimizer, schedule = optim.make_optimizer(config.optimizer, config.num_train_steps)
     mesh = partitioning.make_mesh({"data": 2, "fsdp": 4, "tensor": 1})
     lengths = {"encoder_input_tokens": 32, "decoder_input_tokens": 8, "decoder_target_tokens": 8}

@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from t5x_like import config_lib, decoding, models
+from t5x_like import config_lib, decoding, models, structures
 from t5x_like.objectives import rag as rag_objectives
 from t5x_like.retrieval import rag, towers
 
@@ -63,7 +63,7 @@ def _tiny():
     gen.update(dict(vocab_size=32, d_model=16, num_heads=2, head_dim=8, d_ff=32,
                     num_encoder_layers=1, num_decoder_layers=1))
     bi = towers.bi_encoder(enc, "mean", normalize=True)
-    generator = models.build_model(gen)
+    generator = structures.build_model(gen)
     gen_params = jax.device_get(jax.jit(generator.init)(
         jax.random.PRNGKey(1), *models.example_inputs(generator))["params"])
     import flax.linen as nn

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from t5x_like import models
+from t5x_like import models, structures
 from t5x_like.builtin_tasks import retrieval as retrieval_tasks
 from t5x_like.convert import pretrained
 from t5x_like.retrieval import checkpoints, retriever_run
@@ -82,7 +82,7 @@ def generator(tmp_path_factory):
     config = dict(models.family_config_fields("encoder_decoder"), family="encoder_decoder",
                   vocab_size=8192, d_model=16, num_heads=2, head_dim=8, d_ff=32,
                   num_encoder_layers=1, num_decoder_layers=1)
-    model = models.build_model(config)
+    model = structures.build_model(config)
     variables = model.init(jax.random.key(0), *models.example_inputs(model))
     params = jax.device_get(jax.tree.map(lambda x: getattr(x, "value", x), variables["params"],
                                          is_leaf=lambda x: hasattr(x, "value")))

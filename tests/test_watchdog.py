@@ -3,12 +3,12 @@ plus a bound, with every thread's stack written (naming the blocking frame), the
 furthest behind named, and exit status 75; for 1 and 2 processes. A multi-process start-up
 that never completes names the processes that never arrived."""
 
+import inspect
 import json
 import os
 import pathlib
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 
@@ -26,49 +26,10 @@ TINY = ["--config.model.num_encoder_layers=1", "--config.model.num_decoder_layer
         "--config.eval_every_steps=0", "--config.log_every_steps=1000",
         "--config.checkpoint_every_steps=2"]
 
-# A task whose training records stop coming after BLOCK_AFTER reads, on the process
-# BLOCK_PROCESS only; the moment it starts blocking is written to BLOCK_MARK.
-BLOCKING_TASKS = textwrap.dedent("""
-    import os
-    import threading
-    import time
-    from collections.abc import Sequence
-
-    from t5x_like.data import dataset_providers as dp
-    from t5x_like.data.sources import FunctionSource
-
-    base = dp.get_task_or_mixture("embedded_en_span_corruption")
-    HERE = os.environ.get("T5X_LIKE_PROCESS_ID", "0") == os.environ["BLOCK_PROCESS"]
-
-
-    def block_forever_in_the_data_source():
-        with open(os.environ["BLOCK_MARK"], "w") as f:
-            f.write(str(time.time()))
-        threading.Event().wait()
-
-
-    class BlockingRecords(Sequence):
-        def __init__(self, records):
-            self.records, self.reads = records, 0
-
-        def __len__(self):
-            return len(self.records)
-
-        def __getitem__(self, index):
-            self.reads += 1
-            if HERE and self.reads > int(os.environ["BLOCK_AFTER"]):
-                block_forever_in_the_data_source()
-            return self.records[index]
-
-
-    def load(split):
-        records = base.source.get(split)
-        return BlockingRecords(records) if split == "train" else records
-
-
-    dp.TaskRegistry.add("blocking_task", FunctionSource(load), base.preprocessors,
-                        base.output_features)
-""")
+# tests/fixtures/blocking_tasks.py: a task whose training records stop coming after
+# BLOCK_AFTER reads, on the process BLOCK_PROCESS only; the moment it starts blocking is
+# written to BLOCK_MARK (benchmarks/resilience_goodput.py trains on it too).
+FIXTURES = REPO / "tests" / "fixtures"
 
 
 def test_watchdog_writes_every_threads_stack_and_exits_75(tmp_path):
@@ -94,7 +55,19 @@ def test_watchdog_writes_every_threads_stack_and_exits_75(tmp_path):
     assert codes == [watchdog.HANG_EXIT_CODE] and released == [True]
     assert time.monotonic() - started < 0.5 + 3
     stacks = (tmp_path / "hangs" / "run" / "process_0.txt").read_text()
-    assert "stuck_in_a_collective_for_the_test" in stacks and "hang-watchdog" not in stacks[:0]
+    # The stuck thread's innermost frame outside threading.py is the blocking call itself,
+    # named by this file, its line and its function; the thread that wrote the stacks
+    # ("Current thread") is the watchdog's own, not the stuck one.
+    source, first = inspect.getsourcelines(stuck_in_a_collective_for_the_test)
+    blocking_line = first + next(i for i, line in enumerate(source) if "stuck.wait()" in line)
+    threads = _thread_stacks(stacks)
+    [frames] = [f for _, f in threads if any("stuck_in_a_collective" in x for x in f)]
+    innermost = next(frame for frame in frames if not frame.startswith(f'File "{threading.__file__}"'))
+    assert innermost == (f'File "{__file__}", line {blocking_line} in '
+                         "stuck_in_a_collective_for_the_test"), frames
+    [(_, writer)] = [t for t in threads if t[0].startswith("Current thread")]
+    assert writer[0].endswith("in all_stacks") and any(f.endswith("in _fire") for f in writer)
+    assert not any("stuck_in_a_collective" in frame for frame in writer)
     report = json.loads((tmp_path / "hangs" / "run" / "process_0.json").read_text())
     assert (report["last_done"], report["last_done_step"]) == ("train step", 7)
     summary = "\n".join(lines)
@@ -104,6 +77,15 @@ def test_watchdog_writes_every_threads_stack_and_exits_75(tmp_path):
     assert (tmp_path / "hangs" / "run" / "summary.txt").read_text().strip() == summary
 
 
+def _thread_stacks(text: str) -> list[tuple[str, list[str]]]:
+    """faulthandler's dump as ``(header, frames most recent first)`` per thread."""
+    threads = []
+    for block in text.strip().split("\n\n"):
+        header, *frames = [line.strip() for line in block.splitlines() if line.strip()]
+        threads.append((header, frames))
+    return threads
+
+
 def test_timeout_defaults_off_on_cpu_and_generous_on_accelerators():
     assert watchdog.resolve_timeout(-1, "cpu") == 0
     assert watchdog.resolve_timeout(-1, "tpu") == watchdog.resolve_timeout(-1, "gpu") == 1800
@@ -111,8 +93,7 @@ def test_timeout_defaults_off_on_cpu_and_generous_on_accelerators():
 
 
 def _blocking_env(tmp_path, block_process: int, block_after: int) -> dict:
-    (tmp_path / "blocking_tasks.py").write_text(BLOCKING_TASKS)
-    return dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{tmp_path}", JAX_PLATFORMS="cpu",
+    return dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{FIXTURES}", JAX_PLATFORMS="cpu",
                 BLOCK_PROCESS=str(block_process), BLOCK_AFTER=str(block_after),
                 BLOCK_MARK=str(tmp_path / "blocked_at"))
 

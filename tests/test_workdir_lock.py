@@ -1,20 +1,21 @@
 """One writer per workdir: a second train is refused naming the owner, a dead owner's
-lock is taken over, heartbeats and releases, and a gs:// lock (emulator) raced by
-several writers ends with exactly one owner."""
+lock is taken over, heartbeats and releases, and a lock raced by four writer processes
+(on a local disk, and on gs:// through the GCS emulator) ends with exactly one owner."""
 
+import contextlib
 import json
 import os
 import pathlib
+import select
 import socket
 import subprocess
 import sys
-import threading
+import textwrap
 import time
 
-import gcsfs
 import pytest
 from conftest import tiny_config
-from storage_emulators import gcs_emulator
+from storage_emulators import gcs_fixture  # noqa: F401  (the module's `gcs` fixture)
 
 from t5x_like import train, workdir_lock
 from t5x_like.workdir_lock import LOCK_NAME, Owner, WorkdirBusy, WorkdirLock
@@ -134,51 +135,150 @@ def test_second_train_is_refused_and_a_killed_train_is_taken_over(tmp_path, caps
     assert (workdir / "checkpoints" / "2").is_dir()
 
 
-@pytest.fixture(scope="module")
-def gcs():
-    with gcs_emulator() as env, pytest.MonkeyPatch.context() as patch:
-        for key, value in env.items():
-            patch.setenv(key, value)
-        gcsfs.GCSFileSystem.clear_instance_cache()
-        yield env
-    gcsfs.GCSFileSystem.clear_instance_cache()
+# A writer process: answers one JSON line per command read from stdin. ``acquire WORKDIR
+# T0`` waits until the unix time T0 (so that every racer starts within a millisecond or
+# so of the others), then acquires; ``refresh`` rewrites the heartbeat of what it holds;
+# ``release`` releases it.
+RACER = textwrap.dedent("""
+    import json, os, sys, time
+    from t5x_like.workdir_lock import WorkdirBusy, WorkdirLock
+
+    held = None
+    for line in sys.stdin:
+        command, *args = line.split()
+        reply = {"pid": os.getpid()}
+        if command == "acquire":
+            logged = []
+            lock = WorkdirLock(args[0], stale_after_s=300, log=logged.append)
+            while time.time() < float(args[1]):
+                pass
+            try:
+                lock.acquire()
+                held = lock
+                reply.update(won=True, token=lock.owner.token, logged=logged)
+            except WorkdirBusy as e:
+                reply.update(won=False, refused=str(e), logged=logged)
+        elif command == "refresh":
+            reply["refreshed"] = held.refresh()
+        elif command == "release":
+            held.release()
+            held, reply["released"] = None, True
+        print(json.dumps(reply), flush=True)
+""")
+RACERS = 4
+TIMEOUT_S = 60  # for every answer of every racer; the whole race is killed past it
 
 
-def _race(workdir: str, writers: int) -> tuple[list, list]:
-    """``writers`` threads acquire the same lock at once: ``(winners, refusals)``."""
-    barrier = threading.Barrier(writers)
-    winners, refused = [], []
+class Racers:
+    """``RACERS`` writer processes, each a real ``WorkdirLock`` in its own interpreter."""
 
-    def writer():
-        lock = WorkdirLock(workdir, stale_after_s=300, log=lambda line: None)
-        barrier.wait()
-        try:
-            lock.acquire()
-            winners.append(lock)
-        except WorkdirBusy as e:
-            refused.append(str(e))
-    threads = [threading.Thread(target=writer) for _ in range(writers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    return winners, refused
+    def __init__(self):
+        env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+        self.procs = [subprocess.Popen([sys.executable, "-c", RACER], cwd=REPO, env=env,
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True)
+                      for _ in range(RACERS)]
+
+    def ask(self, command: str, procs=None) -> list[dict]:
+        procs = self.procs if procs is None else procs
+        for proc in procs:
+            proc.stdin.write(command + "\n")
+            proc.stdin.flush()
+        deadline = time.monotonic() + TIMEOUT_S
+        replies = []
+        for proc in procs:
+            ready, _, _ = select.select([proc.stdout], [], [], max(deadline - time.monotonic(), 0))
+            assert ready, f"racer {proc.pid} gave no answer to {command!r} within {TIMEOUT_S} s"
+            line = proc.stdout.readline()
+            if not line:  # it died: say how
+                proc.wait(timeout=10)
+                raise AssertionError(f"racer {proc.pid} exited {proc.returncode} on {command!r}: "
+                                     f"{proc.stderr.read()[-3000:]}")
+            replies.append(json.loads(line))
+        return replies
+
+    def race(self, workdir: str) -> tuple[dict, list[dict]]:
+        """Every racer acquires ``workdir``'s lock at the same instant: the one winner,
+        and the refusals."""
+        replies = self.ask(f"acquire {workdir} {time.time() + 0.5}")
+        winners = [r for r in replies if r["won"]]
+        refused = [r for r in replies if not r["won"]]
+        assert len(winners) == 1 and len(refused) == RACERS - 1, replies
+        [winner] = winners
+        # Each refusal names the one live owner: the winner's process.
+        for r in refused:
+            assert f"pid {winner['pid']}," in r["refused"] and "Another train is writing" in \
+                r["refused"], r
+        return winner, refused
+
+    def winner(self, reply: dict):
+        return next(p for p in self.procs if p.pid == reply["pid"])
+
+    def close(self):
+        for proc in self.procs:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
-def test_gcs_lock_raced_by_writers_has_exactly_one_owner(gcs):
+@contextlib.contextmanager
+def racers():
+    group = Racers()
+    try:
+        yield group
+    finally:
+        group.close()
+
+
+def _check_trials(group: Racers, workdir_of, read_lock, plant_stale):
+    """Three races: a free workdir twice, then one whose lock has a stale owner (the
+    takeover is raced too). Exactly one process wins each; the lock names it; it can
+    heartbeat (a conditional write on its own version) and releases the lock."""
+    for trial in range(3):
+        workdir = workdir_of(trial)
+        if trial == 2:
+            plant_stale(trial)
+        winner, refused = group.race(workdir)
+        held = json.loads(read_lock(trial))
+        assert (held["token"], held["pid"]) == (winner["token"], winner["pid"])
+        took_over = [r for r in (winner, *refused) if r["logged"]]
+        if trial == 2:
+            assert took_over == [winner] and "Took over the workdir lock" in winner["logged"][0]
+            assert "no heartbeat for" in winner["logged"][0]
+        else:
+            assert took_over == []
+        process = group.winner(winner)
+        assert group.ask("refresh", [process]) == [{"pid": winner["pid"], "refreshed": True}]
+        assert json.loads(read_lock(trial))["heartbeat"] >= held["heartbeat"]
+        group.ask("release", [process])
+        assert read_lock(trial) is None
+
+
+def test_local_lock_raced_by_writer_processes_has_exactly_one_owner(tmp_path):
+    def read_lock(trial):
+        file = tmp_path / f"race{trial}" / LOCK_NAME
+        return file.read_text() if file.exists() else None
+    with racers() as group:
+        _check_trials(group, lambda trial: str(tmp_path / f"race{trial}"), read_lock,
+                      lambda trial: plant(tmp_path / f"race{trial}", "gone-host", 1, 900))
+
+
+def test_gcs_lock_raced_by_writer_processes_has_exactly_one_owner(gcs):
     from google.cloud import storage as gcs_client
     bucket = gcs_client.Client().bucket("t5xl-test")
-    for trial in range(3):
-        workdir = f"gs://t5xl-test/race{trial}"
-        if trial == 2:  # a stale owner's lock: the takeover is raced too
-            now = time.time()
-            bucket.blob(f"race{trial}/{LOCK_NAME}").upload_from_string(
-                Owner("gone-host", 1, now - 900, now - 900, "stale").to_text())
-        winners, refused = _race(workdir, writers=4)
-        assert len(winners) == 1 and len(refused) == 3, (winners, refused)
-        assert all(f"pid {os.getpid()}" in message for message in refused)
-        held = json.loads(bucket.blob(f"race{trial}/{LOCK_NAME}").download_as_bytes())
-        assert held["token"] == winners[0].owner.token
-        assert winners[0].refresh()  # a heartbeat is a conditional write on its generation
-        winners[0].release()
-        assert bucket.get_blob(f"race{trial}/{LOCK_NAME}") is None
+
+    def read_lock(trial):
+        blob = bucket.get_blob(f"race{trial}/{LOCK_NAME}")
+        return None if blob is None else blob.download_as_bytes().decode()
+
+    def plant_stale(trial):
+        now = time.time()
+        bucket.blob(f"race{trial}/{LOCK_NAME}").upload_from_string(
+            Owner("gone-host", 1, now - 900, now - 900, "stale").to_text())
+    with racers() as group:
+        _check_trials(group, lambda trial: f"gs://t5xl-test/race{trial}", read_lock, plant_stale)

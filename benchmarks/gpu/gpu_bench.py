@@ -137,11 +137,11 @@ def ours_train(ms, row: str, batch: dict, steps: int, dtype: str) -> dict:
     import jax
     import optax
 
-    from t5x_like import config_lib, models, partitioning, structures
+    from t5x_like import config_lib, partitioning, structures
     from t5x_like import trainer as trainer_lib
     config = config_lib.load_config_file(os.path.join(ms.REPO, "configs", f"{ms.ROWS[row][0]}.py"))
     config.model.dtype = dtype
-    model = models.build_model(config.model)
+    model = structures.build_model(config.model)
     config.loss.z_loss = 0.0  # as the PyTorch side computes it
     loss_fn = structures.structure_class(config.model.family)(model).loss_fn(config.loss)
     schedule = optax.constant_schedule(1e-4)
@@ -268,7 +268,6 @@ def stage_train(ms, args, on_gpu: bool, peak: float, measured: float) -> None:
 def stage_decode(ds, args, on_gpu: bool, rows: list[str], dtype: str, batch: int) -> None:
     import numpy as np
 
-    from t5x_like import models
     device = "cuda" if on_gpu else "cpu"
     loaded = {}
     for row in rows:
@@ -280,7 +279,7 @@ def stage_decode(ds, args, on_gpu: bool, rows: list[str], dtype: str, batch: int
             if config_name not in loaded:
                 loaded.clear()
                 model_config = ds.load_model_config(config_name, dtype)
-                params = ds.init_params(models.build_model(model_config))
+                params = ds.init_params(structures.build_model(model_config))
                 export_config = dict(model_config.to_dict(), dtype="float32")
                 loaded[config_name] = (model_config, params, ds.hf_model_with_same_weights(
                     config_name, export_config, params, device))

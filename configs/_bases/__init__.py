@@ -47,7 +47,7 @@ def shard_fully(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Too large to replicate: parameters and optimizer state sharded over all chips (FSDP),
     activations in bfloat16 (parameters stay float32): half the HBM traffic of float32
     activations, and the MXU's native input type."""
-    config.model.dtype = "bfloat16"
+    config.model.numerics.dtype = "bfloat16"
     config.mesh.data = 1
     config.mesh.fsdp = -1
     return config

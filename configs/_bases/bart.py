@@ -13,8 +13,10 @@ def base(**model):
     config.model = config_lib.model_defaults("bart")
     # Pretraining here uses the embedded vocabulary's ids (pad 0, eos 1, start 0);
     # checkpoints imported from Hugging Face carry BART's own (1, 2, 2) in their config.
-    config.model.update(dict(vocab_size=50265, head_dim=64, max_length=1024,
-                             pad_id=0, eos_id=1, decoder_start_id=0) | model)
+    config.model.update(dict(variant="bart", vocab_size=50265, head_dim=64,
+                             positions=dict(max_length=1024), pad_id=0, eos_id=1,
+                             decoder_start_id=0))
+    config.model.update(model)
     config.task = "embedded_en_bart"
     config.task_feature_lengths = {"inputs": 512, "targets": 512}
     config.batch_size = 256

@@ -11,7 +11,9 @@ def base(**model):
     """BERT's recipe on an ``encoder`` model with ``model``'s keys."""
     config = config_lib.default_config()
     config.model = config_lib.model_defaults("encoder")
-    config.model.update(dict(vocab_size=30522, head_dim=64, max_length=512) | model)
+    config.model.update(dict(variant="bert", vocab_size=30522, head_dim=64,
+                             positions=dict(max_length=512)))
+    config.model.update(model)
     config.task = "embedded_en_mlm"
     config.task_feature_lengths = {"inputs": 128}
     config.batch_size = 256

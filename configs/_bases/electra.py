@@ -11,9 +11,10 @@ def base(**model):
     """ELECTRA's recipe on an ``electra`` model with ``model``'s keys."""
     config = config_lib.default_config()
     config.model = config_lib.model_defaults("electra")
-    config.model.update(dict(vocab_size=30522, head_dim=64, num_layers=12, generator_head_dim=64,
-                             generator_num_layers=12, discriminator_loss_weight=50.0,
-                             max_length=512) | model)
+    config.model.update(dict(variant="electra", vocab_size=30522, head_dim=64, num_layers=12,
+                             generator=dict(head_dim=64, num_layers=12),
+                             discriminator_loss_weight=50.0, positions=dict(max_length=512)))
+    config.model.update(model)
     config.task = "embedded_en_electra"
     config.optimizer.update(name="adamw", schedule="linear", warmup_steps=10_000,
                             weight_decay=0.01)

@@ -10,8 +10,10 @@ def base(**model):
     """GPT-2's recipe on a ``decoder`` model with ``model``'s keys (64-wide heads unless given)."""
     config = config_lib.default_config()
     config.model = config_lib.model_defaults("decoder")
-    config.model.update(dict(vocab_size=50257, head_dim=64, max_length=1024) | model)
+    config.model.update(dict(variant="gpt2", vocab_size=50257, head_dim=64,
+                             positions=dict(max_length=1024)))
+    config.model.update(model)
     config.task = "embedded_en_lm"
-    config.task_feature_lengths = {"targets": config.model.max_length}
+    config.task_feature_lengths = {"targets": config.model.positions.max_length}
     config.batch_size = 512
     return config

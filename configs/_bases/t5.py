@@ -12,5 +12,6 @@ V1_0 = dict(mlp_activations=("relu",), logits_via_embedding=True)
 def base(**model):
     """T5's pretraining recipe on the encoder-decoder with ``model``'s keys."""
     config = config_lib.t5_pretraining_config()
-    config.model.update(dict(head_dim=64) | model)
+    config.model.update(dict(variant="t5", head_dim=64))
+    config.model.update(model)
     return config

@@ -30,8 +30,8 @@ def get_config():
     config.head.pooling = "cls"
     config.head.dropout_rate = 0.1
     config.num_train_steps = 400
-    config.eval_every_steps = 200
-    config.checkpoint_every_steps = 200
+    config.evals.held_out.every_steps = 200
+    config.checkpoint.every_steps = 200
     config.optimizer.learning_rate = 5e-4
     config.optimizer.schedule = "linear"       # BERT: warmup, then linear decay
     config.optimizer.warmup_steps = 40

@@ -26,20 +26,19 @@ def get_config():
     config = config_lib.default_config()
     config.task = "embedded_bench"
     config.task_feature_lengths = {"inputs": 128, "targets": 64}  # POS tags and verses run long
-    config.prefix_attention = "causal"
+    config.data.prefix_attention = "causal"
     config.num_train_steps = 600
     config.batch_size = 32
-    config.log_every_steps = 50
-    config.eval_every_steps = 300
-    config.checkpoint_every_steps = 300
-    config.eval_batches = 4
+    config.logging.every_steps = 50
+    config.evals.held_out.every_steps = 300
+    config.checkpoint.every_steps = 300
+    config.evals.held_out.batches = 4
 
     config.model = _gpt2_tiny.model_config()
     config.optimizer.name = "adamw"
     config.optimizer.learning_rate = 5e-4
     config.optimizer.schedule = "linear"
     config.optimizer.warmup_steps = 50
-    config.eval.mixture = "embedded_bench"
-    config.eval.max_examples = 128
-    config.eval.every_steps = 600
+    config.evals.benchmark = dict(kind="benchmark", mixture="embedded_bench", max_examples=128,
+                                  every_steps=600)
     return config

@@ -37,10 +37,10 @@ def get_config(source=SOURCE, target=TARGET):
     config.model.decoder_start_id = multilingual_tasks.language_id(target)
     config.num_train_steps = 300
     config.batch_size = 32
-    config.log_every_steps = 50
-    config.eval_every_steps = 150
-    config.checkpoint_every_steps = 150
-    config.eval_batches = 4
+    config.logging.every_steps = 50
+    config.evals.held_out.every_steps = 150
+    config.checkpoint.every_steps = 150
+    config.evals.held_out.batches = 4
     config.optimizer.learning_rate = 5e-4
     config.optimizer.schedule = "linear"
     config.optimizer.warmup_steps = 30

@@ -22,31 +22,27 @@ from t5x_like import config_lib, structures
 
 
 def get_config(folder: str):
-    model = json.loads((pathlib.Path(folder) / "model_config.json").read_text())
     config = config_lib.default_config()
-    config.model = config_lib.model_defaults(model["family"])
-    config.model.update({k: tuple(v) if isinstance(v, list) else v
-                         for k, v in model.items() if k in config.model})
+    config.model = config_lib.model_of_folder(folder)
     config.init_from = str(folder)
     config.vocabulary = "checkpoint"
     config.task = "embedded_bench"
-    if structures.structure_class(model["family"]).generates_after_prompt:  # decoders
-        width = min(model.get("max_length") or 512, 512)
+    if structures.structure_class(config.model.family).generates_after_prompt:  # decoders
+        width = min(config.model.positions.max_length, 512)
         config.task_feature_lengths = {"inputs": width * 3 // 4, "targets": width // 4}
-        config.prefix_attention = "causal"
+        config.data.prefix_attention = "causal"
     else:
         config.task_feature_lengths = {"inputs": 256, "targets": 64}
     config.num_train_steps = 600
     config.batch_size = 32
-    config.log_every_steps = 50
-    config.eval_every_steps = 300
-    config.checkpoint_every_steps = 300
-    config.eval_batches = 4
+    config.logging.every_steps = 50
+    config.evals.held_out.every_steps = 300
+    config.checkpoint.every_steps = 300
+    config.evals.held_out.batches = 4
     config.optimizer.name = "adamw"
     config.optimizer.learning_rate = 1e-4
     config.optimizer.schedule = "linear"
     config.optimizer.warmup_steps = 50
-    config.eval.mixture = "embedded_bench"
-    config.eval.max_examples = 128
-    config.eval.every_steps = 600
+    config.evals.benchmark = dict(kind="benchmark", mixture="embedded_bench", max_examples=128,
+                                  every_steps=600)
     return config

@@ -8,7 +8,7 @@ Pretrain first (configs/quickstart.py), then start from its workdir:
 
 Leave init_from empty to train the same model from random initialisation (the
 baseline that shows what pretraining adds). Evaluation on the mixture runs every
-eval.every_steps on eval.max_examples examples per task.
+evals.benchmark.every_steps on evals.benchmark.max_examples examples per task.
 """
 
 import importlib.util
@@ -26,15 +26,14 @@ def get_config():
     config.task_feature_lengths = {"inputs": 128, "targets": 64}  # POS tags and verses run long
     config.num_train_steps = 600
     config.batch_size = 32
-    config.log_every_steps = 50
-    config.eval_every_steps = 300
-    config.checkpoint_every_steps = 300
-    config.eval_batches = 4
+    config.logging.every_steps = 50
+    config.evals.held_out.every_steps = 300
+    config.checkpoint.every_steps = 300
+    config.evals.held_out.batches = 4
     config.optimizer.name = "adafactor"
     config.optimizer.learning_rate = 1e-3   # T5's fine-tuning rate, constant
     config.optimizer.schedule = "constant"
     config.optimizer.warmup_steps = 0
-    config.eval.mixture = "embedded_bench"
-    config.eval.max_examples = 128
-    config.eval.every_steps = 600
+    config.evals.benchmark = dict(kind="benchmark", mixture="embedded_bench", max_examples=128,
+                                  every_steps=600)
     return config

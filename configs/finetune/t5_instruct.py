@@ -23,5 +23,5 @@ _spec.loader.exec_module(_bench)
 def get_config():
     config = _bench.get_config()
     config.task = "embedded_instruct_train"
-    config.eval.mixture = "embedded_instruct_held_out"
+    config.evals.benchmark.mixture = "embedded_instruct_held_out"
     return config

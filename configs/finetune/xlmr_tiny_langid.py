@@ -28,8 +28,8 @@ def get_config():
     config.head.dropout_rate = 0.1
     config.num_train_steps = 300
     config.batch_size = 32
-    config.eval_every_steps = 150
-    config.checkpoint_every_steps = 150
+    config.evals.held_out.every_steps = 150
+    config.checkpoint.every_steps = 150
     config.optimizer.learning_rate = 1e-3
     config.optimizer.schedule = "linear"
     config.optimizer.warmup_steps = 30

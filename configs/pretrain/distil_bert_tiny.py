@@ -28,8 +28,8 @@ def get_config():
     config = _bert_tiny.get_config()
     config.model = model_config()
     config.num_train_steps = 500
-    config.eval_every_steps = 250
-    config.checkpoint_every_steps = 250
+    config.evals.held_out.every_steps = 250
+    config.checkpoint.every_steps = 250
     config.distill.teacher = "runs/pt_bert"
     config.distill.student_init = "teacher_layers"
     return config

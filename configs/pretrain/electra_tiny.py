@@ -16,9 +16,9 @@ from t5x_like import config_lib
 def model_config():
     model = config_lib.model_defaults("electra")
     model.update(dict(vocab_size=8192, d_model=128, num_heads=4, head_dim=32, d_ff=512,
-                      num_layers=4, embedding_dim=0, generator_d_model=32,
-                      generator_num_heads=1, generator_head_dim=32, generator_d_ff=128,
-                      generator_num_layers=4, max_predictions_per_seq=19, max_length=256))
+                      num_layers=4, embedding_dim=0, max_predictions_per_seq=19,
+                      generator=dict(d_model=32, num_heads=1, head_dim=32, d_ff=128, num_layers=4),
+                      positions=dict(max_length=256)))
     return model
 
 
@@ -29,10 +29,10 @@ def get_config():
     config.model = model_config()
     config.num_train_steps = 956
     config.batch_size = 32
-    config.log_every_steps = 40
-    config.eval_every_steps = 478
-    config.checkpoint_every_steps = 478
-    config.eval_batches = 8
+    config.logging.every_steps = 40
+    config.evals.held_out.every_steps = 478
+    config.checkpoint.every_steps = 478
+    config.evals.held_out.batches = 8
     config.optimizer.name = "adamw"
     # ELECTRA-Small's 5e-4. At bert_tiny's 1e-3 the discriminator collapses: its hidden
     # states become the same at every position and it predicts the prior (86.6%

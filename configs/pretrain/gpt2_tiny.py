@@ -12,7 +12,7 @@ from t5x_like import config_lib
 def model_config():
     model = config_lib.model_defaults("decoder")
     model.update(dict(vocab_size=8192, d_model=128, num_heads=4, head_dim=32, d_ff=512,
-                      num_layers=4, max_length=256))
+                      num_layers=4, positions=dict(max_length=256)))
     return model
 
 
@@ -23,10 +23,10 @@ def get_config():
     config.model = model_config()
     config.num_train_steps = 1000
     config.batch_size = 32
-    config.log_every_steps = 50
-    config.eval_every_steps = 500
-    config.checkpoint_every_steps = 500
-    config.eval_batches = 8
+    config.logging.every_steps = 50
+    config.evals.held_out.every_steps = 500
+    config.checkpoint.every_steps = 500
+    config.evals.held_out.batches = 8
     config.optimizer.name = "adamw"
     config.optimizer.learning_rate = 1e-3
     config.optimizer.schedule = "cosine"

@@ -1,12 +1,12 @@
 """The benchmark recipe's BERT (4 layers, 128 wide) as a Longformer: a local window of 65
 keys each side and the first token of each example global, masked LM on the embedded
-corpus at 512 tokens (400 steps of 8 x 512 tokens). With ``--config.model.attention_window=0
---config.model.global_attention=False`` the same run with full attention, the comparison
+corpus at 512 tokens (400 steps of 8 x 512 tokens). With ``--config.model.attention.window=0
+--config.model.attention.global_tokens=False`` the same run with full attention, the comparison
 in docs/attention.md.
 
     python -m t5x_like.train --config=configs/pretrain/longformer_tiny.py --workdir=runs/pt_longformer
     python -m t5x_like.train --config=configs/pretrain/longformer_tiny.py --workdir=runs/pt_full512 \\
-        --config.model.attention_window=0 --config.model.global_attention=False
+        --config.model.attention.window=0 --config.model.attention.global_tokens=False
 """
 
 import importlib.util
@@ -20,8 +20,8 @@ _spec.loader.exec_module(_bert_tiny)
 
 def model_config():
     model = _bert_tiny.model_config()
-    model.update(dict(max_length=512, attention_window=66, global_attention=True,
-                      max_global_tokens=8))
+    model.update(dict(positions=dict(max_length=512),
+                      attention=dict(window=66, global_tokens=True, max_global_tokens=8)))
     return model
 
 
@@ -31,7 +31,7 @@ def get_config():
     config.task_feature_lengths = {"inputs": 512}
     config.batch_size = 8
     config.num_train_steps = 400
-    config.eval_every_steps = 200
-    config.checkpoint_every_steps = 200
+    config.evals.held_out.every_steps = 200
+    config.checkpoint.every_steps = 200
     config.optimizer.warmup_steps = 40
     return config

@@ -18,7 +18,7 @@ from t5x_like import config_lib
 def model_config():
     model = config_lib.model_defaults("bart")
     model.update(dict(vocab_size=8192, d_model=128, num_heads=4, head_dim=32, d_ff=512,
-                      num_encoder_layers=3, num_decoder_layers=3, max_length=256,
+                      num_encoder_layers=3, num_decoder_layers=3, positions=dict(max_length=256),
                       pre_norm=True, final_layer_norm=True, scale_embedding=True,
                       decoder_start_from_targets=True, pad_id=0, eos_id=1, decoder_start_id=0))
     return model
@@ -31,10 +31,10 @@ def get_config():
     config.model = model_config()
     config.num_train_steps = 800
     config.batch_size = 32
-    config.log_every_steps = 50
-    config.eval_every_steps = 400
-    config.checkpoint_every_steps = 400
-    config.eval_batches = 4
+    config.logging.every_steps = 50
+    config.evals.held_out.every_steps = 400
+    config.checkpoint.every_steps = 400
+    config.evals.held_out.batches = 4
     config.optimizer.name = "adamw"
     config.optimizer.learning_rate = 1e-3
     config.optimizer.schedule = "cosine"

@@ -16,9 +16,10 @@ _spec.loader.exec_module(_gpt2_tiny)
 
 def get_config():
     config = _gpt2_tiny.get_config()
-    config.model.update(dict(num_kv_heads=2, d_ff=256, mlp_activations=("silu", "linear"),
-                             use_bias=False, norm="rmsnorm", position_embedding="rotary",
-                             tie_embeddings=False, num_experts=8, num_experts_per_token=2,
-                             router_softmax="after_top_k", moe_dispatch="dropless",
-                             router_aux_loss_weight=0.02))
+    config.model.update(dict(variant="mixtral", d_ff=256, mlp_activations=("silu", "linear"),
+                             use_bias=False, norm="rmsnorm", tie_embeddings=False,
+                             attention=dict(num_kv_heads=2), positions=dict(kind="rotary"),
+                             experts=dict(num_experts=8, num_experts_per_token=2,
+                                          router_softmax="after_top_k", dispatch="dropless",
+                                          aux_loss_weight=0.02)))
     return config

@@ -16,7 +16,7 @@ _spec.loader.exec_module(_quickstart)
 def get_config():
     config = _quickstart.get_config()
     config.num_train_steps = 1500
-    config.checkpoint_every_steps = 500
-    config.eval_every_steps = 500
+    config.checkpoint.every_steps = 500
+    config.evals.held_out.every_steps = 500
     config.optimizer.warmup_steps = 100
     return config

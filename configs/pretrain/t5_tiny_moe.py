@@ -18,7 +18,7 @@ _spec.loader.exec_module(_t5_tiny)
 
 def get_config():
     config = _t5_tiny.get_config()
-    config.model.update(dict(num_experts=8, num_experts_per_token=1, moe_every=2,
-                             capacity_factor=1.25, router_aux_loss_weight=0.01,
-                             moe_dispatch="capacity"))
+    config.model.experts.update(dict(num_experts=8, num_experts_per_token=1, every=2,
+                                     capacity_factor=1.25, aux_loss_weight=0.01,
+                                     dispatch="capacity"))
     return config

@@ -13,7 +13,7 @@ from t5x_like import config_lib
 def model_config():
     model = config_lib.model_defaults("encoder")
     model.update(dict(vocab_size=8192, d_model=128, num_heads=4, head_dim=32, d_ff=512,
-                      num_layers=4, max_length=256, type_vocab_size=1,
+                      num_layers=4, positions=dict(max_length=256), type_vocab_size=1,
                       next_sentence_head=False, layer_norm_epsilon=1e-5))
     return model
 
@@ -25,10 +25,10 @@ def get_config():
     config.model = model_config()
     config.num_train_steps = 400
     config.batch_size = 32
-    config.log_every_steps = 50
-    config.eval_every_steps = 400
-    config.checkpoint_every_steps = 400
-    config.eval_batches = 4
+    config.logging.every_steps = 50
+    config.evals.held_out.every_steps = 400
+    config.checkpoint.every_steps = 400
+    config.evals.held_out.batches = 4
     config.optimizer.name = "adamw"
     config.optimizer.learning_rate = 1e-3
     config.optimizer.schedule = "cosine"

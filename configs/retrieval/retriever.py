@@ -21,7 +21,8 @@ def get_config():
     config.init_from = "runs/pt_bert"
     model = config_lib.model_defaults("encoder")  # used only when init_from is ""
     model.update(dict(vocab_size=8192, d_model=128, num_heads=4, head_dim=32, d_ff=512,
-                      num_layers=4, max_length=256, next_sentence_head=False))
+                      num_layers=4, positions=dict(max_length=256),
+                      next_sentence_head=False))
     config.model = model
     config.pooling = "mean"
     config.normalize = True

@@ -15,10 +15,10 @@ def get_config():
     config.task = "embedded_bytes_en_lm"
     config.task_feature_lengths = {"targets": 128}
     config.model = config_lib.model_defaults("decoder")
-    config.model.update(dict(vocab_size=384, max_length=128))
+    config.model.update(dict(vocab_size=384, positions=dict(max_length=128)))
     config.batch_size = 16
-    config.eval_batches = 8
-    config.log_every_steps = 50
+    config.evals.held_out.batches = 8
+    config.logging.every_steps = 50
     config.optimizer.name = "adamw"
     config.optimizer.learning_rate = 1e-3
     config.optimizer.warmup_steps = 50

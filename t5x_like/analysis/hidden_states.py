@@ -14,7 +14,6 @@ remat (neither changes a number), so scanned checkpoints read the same way.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import re
@@ -65,7 +64,9 @@ class EmbeddingModel:
     @property
     def max_length(self) -> int:
         """Tokens one input may have: the learned positions, or DEFAULT_MAX_LENGTH."""
-        return int(self.config.model.get("max_length") or DEFAULT_MAX_LENGTH)
+        from t5x_like import structures
+        return int(structures.Structure.learned_positions(self.config.model)
+                   or DEFAULT_MAX_LENGTH)
 
     @functools.cached_property
     def framing(self) -> tuple[list[int], list[int]]:
@@ -79,14 +80,10 @@ class EmbeddingModel:
         return np.asarray(jax.device_get(out))[list(layers)]
 
 
-def _unrolled(config):
-    """The config with the stack as a plain loop of blocks and no remat (same numbers)."""
-    config = copy.deepcopy(config)
-    if "scan_layers" in config.model:
-        config.model.scan_layers = False
-    if "remat_policy" in config.model:
-        config.model.remat_policy = "none"
-    return config
+def _unrolled(spec):
+    """The spec with the stack as a plain loop of blocks and no remat (same numbers)."""
+    numerics = spec.model.numerics.replace(scan_layers=False, remat_policy="none")
+    return spec.replace(model=spec.model.replace(numerics=numerics))
 
 
 def _all_layers(model, method, params, tokens):
@@ -136,10 +133,10 @@ def load(checkpoint: str, *, step: int | None = None, random_init: bool = False,
         step = steps[-1]
     elif step not in steps:
         raise UserError(f"--step={step}: {checkpoint} has steps {steps}; pass one of them.")
-    config = runs.run_config(source, step, None, [])
-    saved = source.saved_config(step)
-    trained = runs.trained_vocabulary(source, saved)
-    chosen = runs.resolve_vocabulary(vocabulary, source, trained) or trained
+    resolved = runs.resolve_checkpoint(source, step, vocabulary=vocabulary,
+                                       vocabulary_flag="--vocabulary")
+    config = resolved.spec
+    chosen = resolved.asked_vocabulary or resolved.trained_vocabulary
     if chosen is None:
         from t5x_like.builtin_tasks import pretraining as builtin
         chosen = builtin.embedded_vocabulary()
@@ -159,7 +156,7 @@ def _fresh_params(config, seed: int) -> dict:
 
     from t5x_like import models, structures
 
-    if (config.get("head") or {}).get("kind"):
+    if config.head.kind:
         raise UserError("--random_init needs a pretraining checkpoint; this one has a "
                         "fine-tuning head (its random control is the pretraining config's).")
     model = structures.for_config(_unrolled(config)).model

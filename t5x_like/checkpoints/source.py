@@ -9,11 +9,11 @@ from __future__ import annotations
 import dataclasses
 import json
 
-import ml_collections
 from etils import epath
 
-from t5x_like import config_lib, storage
+from t5x_like import storage
 from t5x_like.checkpoints import peft_state
+from t5x_like.config import RunSpec, migrated, model_spec_of, spec_of
 from t5x_like.errors import ConfigError, UserError
 
 
@@ -36,9 +36,14 @@ class Source:
         return checkpointing.Checkpointer(self.path, keep=1, async_save=False, read_only=True)
 
     def saved_config(self, step: int) -> dict:
-        """The run config saved with ``step`` (pretrained folders: their model only)."""
+        """The run config saved with ``step`` (pretrained folders: their model, and under
+        ``run`` what of a run they carry, ``convert.pretrained.RUN_KEYS``)."""
         if self.kind == "pretrained":
-            return {"model": json.loads((self.path / "model_config.json").read_text())}
+            saved = {"model": json.loads((self.path / "model_config.json").read_text())}
+            run = self.path / "run_config.json"
+            if run.is_file():
+                saved["run"] = json.loads(run.read_text())
+            return saved
         checkpointer = self.open_checkpointer()
         try:
             return checkpointer.restore_config(step)
@@ -130,9 +135,7 @@ def base_params(init_from: str, config, mesh, step: int | None = None) -> tuple[
                         f"{steps}); restore that step or use the base it was trained on.")
     saved = source.saved_config(step)
     check_same_model(saved, config, source=f"init_from={init_from!r}")
-    saved_config = config_from_saved(saved)
-    config_lib.validate(saved_config)
-    return load_params(source, step, saved_config, mesh), step
+    return load_params(source, step, config_from_saved(saved), mesh), step
 
 
 def resolve(path: str, flag: str = "--checkpoint") -> Source:
@@ -155,26 +158,17 @@ def resolve(path: str, flag: str = "--checkpoint") -> Source:
                     "model_config.json).")
 
 
-def config_from_saved(saved: dict) -> ml_collections.ConfigDict:
-    """The config a run's checkpoint was saved with, keys added since taken from the
-    defaults (the run fingerprint and a PEFT run's base identity saved beside it are
-    not config keys)."""
-    saved = {k: v for k, v in saved.items() if k not in ("fingerprint", "peft_base")}
-    return ml_collections.ConfigDict(_fill_defaults(saved, config_lib.default_config().to_dict()))
+def config_from_saved(saved: dict) -> RunSpec:
+    """The spec a run's checkpoint was saved with (its config in either layout; keys added
+    since take their defaults; the fingerprint and a PEFT run's base identity saved
+    beside it are not config keys). The task lengths are the run's own: no default
+    length joins them (a default "inputs" would turn a decoder LM into a prefix LM)."""
+    return spec_of(saved)
 
 
-def _fill_defaults(saved: dict, defaults: dict) -> dict:
-    """A saved config with keys added since it was written taken from the defaults."""
-    out = dict(defaults)
-    for key, value in saved.items():
-        # The model and the task lengths are the run's own: no default keys join them
-        # (a default "inputs" length would turn a decoder LM into a prefix LM).
-        if (isinstance(value, dict) and isinstance(defaults.get(key), dict)
-                and key not in ("model", "task_feature_lengths")):
-            out[key] = _fill_defaults(value, defaults[key])
-        else:
-            out[key] = value
-    return out
+def saved_layout(saved: dict) -> dict:
+    """A saved config in the sectioned layout (old spellings moved), as a dict."""
+    return migrated(saved)[0]
 
 
 def load_base(identity: dict, config, mesh, where: str, path: str | None = None):
@@ -228,14 +222,15 @@ def restore_state(checkpointer, step: int, trainer, saved: dict, config, where: 
 
 
 def check_same_model(saved_config: dict, config, source: str) -> None:
-    """Refuses a pretrained ``source`` (init_from, eval --config) of another model."""
-    saved_model = saved_config.get("model", {})
-    current = config.model.to_dict()
-    try:  # keys a folder leaves out (an import, an older run) are at their defaults
-        defaults = config_lib.model_defaults(saved_model.get("family")).to_dict()
-    except ConfigError:
-        defaults = {}
-    saved_model, current = {**defaults, **saved_model}, {**defaults, **current}
+    """Refuses a pretrained ``source`` (init_from, eval --config) of another model. Keys a
+    folder leaves out (an import, an older run) are at their defaults; the ``variant``
+    (a name) is not compared."""
+    current = spec_of(config).model
+    try:
+        saved = model_spec_of(saved_config.get("model", {}))
+    except ConfigError as e:
+        raise ConfigError(f"{source} holds a model this code cannot read ({e}).") from None
+    saved_model, current = (_flat(model.replace(variant="")) for model in (saved, current))
     details = [f"model.{k}: checkpoint {saved_model.get(k)!r} vs config {current.get(k)!r}"
                for k in sorted(set(saved_model) | set(current))
                if _normalise(saved_model.get(k)) != _normalise(current.get(k))]
@@ -243,6 +238,18 @@ def check_same_model(saved_config: dict, config, source: str) -> None:
         raise ConfigError(
             f"{source} holds a different model ({', '.join(details)}). Set the model keys to "
             "the pretrained model's, e.g. use the config it was trained or converted with.")
+
+
+def _flat(model) -> dict:
+    return dict(_leaves(model.to_dict()))
+
+
+def _leaves(tree: dict, prefix: str = ""):
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
 
 
 def _normalise(value):

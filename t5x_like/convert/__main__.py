@@ -8,6 +8,7 @@ import pathlib
 import sys
 
 from t5x_like import errors, storage
+from t5x_like.config import legacy, model_spec_class, model_spec_of
 from t5x_like.convert import (
     hf_albert,
     hf_bart,
@@ -39,6 +40,14 @@ ARCHITECTURES = {"t5": hf_t5, "mt5": hf_t5, "gpt2": hf_gpt2, "bert": hf_bert,
                  "switch_transformers": hf_switch}
 EXPORTERS = {"encoder_decoder": hf_t5, "decoder": hf_gpt2, "encoder": hf_bert,
              "electra": hf_electra}
+# A model's recorded variant (``model.variant``, the Hugging Face model_type it is) ->
+# the exporter that writes it back; a model without one (older folders, our own runs)
+# is read from its switches (``exporter_for``).
+VARIANT_EXPORTERS = {"t5": hf_t5, "mt5": hf_t5, "switch_transformers": hf_switch,
+                     "gpt2": hf_gpt2, "llama": hf_llama, "mistral": hf_llama, "qwen2": hf_llama,
+                     "qwen3": hf_llama, "gemma2": hf_gemma, "gemma3_text": hf_gemma,
+                     "mixtral": hf_moe, "qwen2_moe": hf_moe, "bert": hf_bert,
+                     "distilbert": hf_distilbert, "electra": hf_electra}
 # What each exportable family becomes, for the refusal that lists them.
 EXPORTED_AS = {"encoder_decoder": "T5, or Switch Transformers with experts",
                "decoder": "GPT-2, or Llama/Mistral/Qwen2/Qwen3/Gemma 2/Gemma 3 with rotary "
@@ -47,8 +56,12 @@ EXPORTED_AS = {"encoder_decoder": "T5, or Switch Transformers with experts",
 
 
 def exporter_for(model_config: dict):
-    """The Hugging Face architecture a model config maps back to."""
+    """The Hugging Face architecture a model config (its flat view, ``flat_model``) maps
+    back to: the one its ``variant`` records, else the one its switches describe."""
     family = model_config.get("family")
+    variant = model_config.get("variant")
+    if variant in VARIANT_EXPORTERS:
+        return VARIANT_EXPORTERS[variant]
     if family not in EXPORTERS:
         exportable = "; ".join(f"{name} (as {EXPORTED_AS[name]})" for name in sorted(EXPORTERS))
         raise UserError(f"A model of family {family!r} cannot be exported to Hugging Face yet; "
@@ -180,9 +193,14 @@ def _save_imported(hf_dir: str, out: str, hf_config: dict, model_config: dict, p
               "...); the model imports without one, so text tasks cannot use "
               "--vocabulary=checkpoint. Save the tokenizer into that folder and import again.",
               file=sys.stderr)
-    pretrained.save_pretrained(out, model_config, params, tokenizer_from=hf_dir if files else None,
+    model_type = hf_config.get("model_type")
+    spec = model_spec_of(model_config)
+    if model_type in spec.VARIANTS:  # the architecture it is, which export reads
+        spec = spec.replace(variant=model_type)
+    pretrained.save_pretrained(out, spec.to_dict(), params,
+                               tokenizer_from=hf_dir if files else None,
                                metadata={"imported_from": str(pathlib.Path(hf_dir).absolute()),
-                                         "model_type": hf_config.get("model_type")})
+                                         "model_type": model_type})
 
 
 class _TrackedWeights(dict):
@@ -290,26 +308,33 @@ def load_for_export(checkpoint: str):
                 "--out=MERGED, then export MERGED.")
     source = checkpoints.resolve(checkpoint)
     if source.kind == "pretrained":
-        # An unexportable family is refused before the weights load.
-        exporter_for(json.loads((source.path / "model_config.json").read_text()))
-        model_config, params = pretrained.load_pretrained(source.path)
-        return model_config, params, runs.trained_vocabulary(source, {})
+        saved = source.saved_config(0)
+        flat = flat_model(saved["model"])
+        exporter_for(flat)  # an unexportable family is refused before the weights load
+        _, params = pretrained.load_pretrained(source.path)
+        return flat, params, runs.checkpoint_vocabulary(source, {})
     steps = source.steps()
     if not steps:
         raise UserError(f"{checkpoint} holds no complete checkpoint yet.")
     step = steps[-1]
-    saved = source.saved_config(step)
-    config = runs.run_config(source, step, None, [])
-    peft = config.peft
-    if config.head.kind or peft.bitfit or peft.lora.rank or peft.adapter.size or \
-            peft.prefix.length or peft.prompt.length:
+    resolved = runs.resolve_checkpoint(source, step)
+    config = resolved.spec
+    if config.head.kind or config.peft.enabled:
         raise UserError(f"{checkpoint} is a fine-tuned head or PEFT run; Hugging Face export "
                         "writes the pretrained architectures only (merge LoRA with "
                         "`python -m t5x_like.peft merge` first).")
-    exporter_for(config.model.to_dict())  # before the weights are restored
+    flat = flat_model(config.model)
+    exporter_for(flat)  # before the weights are restored
     params = checkpoints.load_params(source, step, config)
     print(f"convert: exporting step {step} of {source.path.parent}", file=sys.stderr)
-    return config.model.to_dict(), params, runs.trained_vocabulary(source, saved)
+    return flat, params, resolved.trained_vocabulary
+
+
+def flat_model(model) -> dict:
+    """A model (spec or section, either layout) in the flat view the converters read:
+    the keys Hugging Face configs name, ``config.legacy.flat_model``."""
+    spec = model_spec_of(model)
+    return legacy.flat_model(spec, model_spec_class(spec.family).defaults())
 
 
 def export_hf(checkpoint: str, out: str, vocabulary: str = "checkpoint") -> dict:

@@ -9,7 +9,7 @@ Importing this module registers the model with lm-eval, so
 scores one of our checkpoints (a run's workdir or step folder, or a ``convert import``
 folder) with the harness's own task catalogue, without exporting to Hugging Face
 first. ``python -m t5x_like.harness`` is the command around it, and ``train`` runs it
-at ``eval.every_steps`` when ``config.eval.harness_tasks`` names tasks.
+as a ``harness`` evaluator (``config.evals.<name>.kind="harness"``).
 
 The requests are answered as lm-eval's Hugging Face backend (``HFLM``, no BOS added)
 answers them, over our model on the mesh of the checkpoint's config:
@@ -82,11 +82,11 @@ def load(checkpoint: str, *, step: int | None = None, vocabulary: str = "checkpo
     if step is not None and step not in steps:
         raise UserError(f"step={step}: {source.path} holds steps {steps}; pick one of those.")
     step = steps[-1] if step is None else step
-    config = runs.run_config(source, step, None, [])
+    resolved = runs.resolve_checkpoint(source, step, vocabulary=vocabulary or "checkpoint",
+                                       vocabulary_flag="vocabulary")
+    config, tokenizer = resolved.spec, resolved.asked_vocabulary
     harness_tasks.check_decoder(config, checkpoint,
                                 "Evaluate it with `t5xl eval` on a task or mixture.")
-    trained = runs.trained_vocabulary(source, source.saved_config(step))
-    tokenizer = runs.resolve_vocabulary(vocabulary or "checkpoint", source, trained)
     runs.check_fits(config, tokenizer, "lm-eval's requests")
     _, trainer = trainer_lib.build_on_devices(config)
     params = source.restore_params(step, trainer)
@@ -99,7 +99,8 @@ def from_params(config, trainer, params, vocabulary, max_length: int = 0, batch_
     """A model already on ``trainer``'s mesh (training's own params, between steps);
     ``max_length`` 0 is the model's positions (else its task lengths' sum); ``seed``
     seeds sampling (``do_sample``)."""
-    window = max_length or config.model.get("max_length") or sum(
+    positions = getattr(config.model, "positions", None)
+    window = max_length or getattr(positions, "max_length", 0) or sum(
         config.task_feature_lengths.values())
     settings = evaluator.EvalSettings(batch_size=batch_size or config.batch_size, seed=seed)
     runner = evaluator.ModelRunner(structures.for_config(config), trainer.mesh, trainer.rules,

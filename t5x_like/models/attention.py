@@ -194,14 +194,15 @@ def for_every_layer(mask, config, deterministic: bool):
     will run, its dense bias built once (every layer would otherwise rebuild the same
     ``[batch, heads, q, k]`` array: on CPU that cost T5 v1.1-small a tenth of its train
     step), as a ``SplitBias`` when a position bias is added on an accelerator.
-    ``config`` is the family's (``attention_impl``, ``compute_dtype``, ``head_dim``,
+    ``config`` is the family's model spec (``attention.impl``, ``numerics.dtype``, ``head_dim``,
     ``dropout_rate``). Dense biases pass unchanged; so do masks with
     global tokens, whose rows need the description."""
     if not isinstance(mask, AttentionMask) or mask.global_tokens is not None:
         return mask
-    implementation = config.attention_impl
+    implementation = config.attention.impl
     chosen, why = choose_implementation(
-        implementation, mask, platform=traced_platform.current_platform(), dtype=config.compute_dtype,
+        implementation, mask, platform=traced_platform.current_platform(),
+        dtype=jnp.dtype(config.numerics.dtype),
         head_dim=config.head_dim, dropout=config.dropout_rate > 0 and not deterministic)
     if chosen != "xla":
         return mask

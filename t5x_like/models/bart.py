@@ -21,8 +21,6 @@ returns logits ``[batch, targets, vocab]`` in float32, like the T5 model.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
 from typing import ClassVar
 
 import flax.linen as nn
@@ -30,47 +28,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from t5x_like.config.families import BartSpec
 from t5x_like.models import attention, layers, moe, stacking
 from t5x_like.models.encoder import EncoderBlock
 from t5x_like.models.layers import constrain
-
-
-@dataclasses.dataclass(frozen=True)
-class BartConfig(moe.ExpertFields):
-    vocab_size: int = 50265
-    d_model: int = 768
-    num_heads: int = 12
-    head_dim: int = 64
-    d_ff: int = 3072
-    num_encoder_layers: int = 6
-    num_decoder_layers: int = 6
-    max_length: int = 1024
-    mlp_activations: Sequence[str] = ("gelu_exact",)
-    layer_norm_epsilon: float = 1e-5
-    scale_embedding: bool = False  # multiply embeddings by sqrt(d_model) (mBART-style)
-    pre_norm: bool = False  # mBART: x + f(LN(x)) instead of LN(x + f(x))
-    final_layer_norm: bool = False  # mBART: a LayerNorm after the encoder's and decoder's last layer
-    # mBART: the first decoder input is the example's last target token (its language id).
-    decoder_start_from_targets: bool = False
-    pad_id: int = 1
-    eos_id: int = 2
-    decoder_start_id: int = 2
-    dropout_rate: float = 0.0
-    dtype: str = "float32"
-    scan_layers: bool = False
-    remat_policy: str = "none"
-    attention_impl: str = "auto"  # attention.IMPLEMENTATIONS
-
-    def __post_init__(self):
-        problem = self.experts_problem(min(self.num_encoder_layers, self.num_decoder_layers),
-                                       self.scan_layers)
-        if problem:
-            raise ValueError(problem)
-
-    @property
-    def compute_dtype(self):
-        return jnp.dtype(self.dtype)
-
 
 POSITION_OFFSET = 2
 _init = nn.initializers.normal(stddev=0.02)
@@ -80,30 +41,30 @@ class PreNormEncoderLayer(nn.Module):
     """mBART's encoder layer: ``x + attention(LN(x))`` then ``x + mlp(LN(x))``; the
     parameter names of BERT's post-norm ``EncoderBlock``."""
 
-    config: BartConfig
+    config: BartSpec
     scanned: bool = False
     sparse: bool | None = None  # a mixture-of-experts MLP (None: as every layer, a scan)
 
     @nn.compact
     def __call__(self, x, bias, deterministic):
         cfg = self.config
-        dtype = cfg.compute_dtype
+        dtype = layers.compute_dtype(cfg)
         dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
         h = layers.LayerNorm(cfg.layer_norm_epsilon, dtype=dtype, name="attention_norm")(x)
         h = layers.MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dtype,
                                       use_bias=True, scale_in_compute=True, kernel_init=_init,
-                                      attention_impl=cfg.attention_impl,
+                                      attention_impl=cfg.attention.impl,
                                       name="attention")(h, h, bias, deterministic)
         x = x + dropout(h, deterministic=deterministic)
         h = layers.LayerNorm(cfg.layer_norm_epsilon, dtype=dtype, name="mlp_norm")(x)
-        h = moe.feed_forward(cfg, self.sparse, cfg.d_ff, cfg.mlp_activations, cfg.dropout_rate,
+        h = moe.feed_forward(cfg.experts, self.sparse, cfg.d_ff, cfg.mlp_activations, cfg.dropout_rate,
                              dtype, use_bias=True, kernel_init=_init)(h, deterministic)
         x = constrain(x + dropout(h, deterministic=deterministic), ("batch", "length", "embed"))
         return (x, None) if self.scanned else x
 
 
 class BartDecoderLayer(nn.Module):
-    config: BartConfig
+    config: BartSpec
     scanned: bool = False
     sparse: bool | None = None
 
@@ -111,13 +72,13 @@ class BartDecoderLayer(nn.Module):
     def __call__(self, y, encoded, self_bias, cross_bias, deterministic, decode=False,
                  cross_cache=""):
         cfg = self.config
-        dtype = cfg.compute_dtype
+        dtype = layers.compute_dtype(cfg)
         dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
         attention_layer = lambda name: layers.MultiHeadAttention(  # noqa: E731
             cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dtype, use_bias=True,
-            scale_in_compute=True, kernel_init=_init, attention_impl=cfg.attention_impl, name=name)
+            scale_in_compute=True, kernel_init=_init, attention_impl=cfg.attention.impl, name=name)
         norm = lambda name: layers.LayerNorm(cfg.layer_norm_epsilon, dtype=dtype, name=name)  # noqa: E731
-        mlp = moe.feed_forward(cfg, self.sparse, cfg.d_ff, cfg.mlp_activations, cfg.dropout_rate,
+        mlp = moe.feed_forward(cfg.experts, self.sparse, cfg.d_ff, cfg.mlp_activations, cfg.dropout_rate,
                                dtype, use_bias=True, kernel_init=_init)
         if cfg.pre_norm:  # mBART
             h = norm("self_attention_norm")(y)
@@ -144,16 +105,16 @@ class BartEncoderDecoder(nn.Module):
     init_features: ClassVar[tuple[str, ...]] = ("encoder_input_tokens", "decoder_input_tokens",
                                                 "decoder_target_tokens")
 
-    config: BartConfig
+    config: BartSpec
 
     def setup(self):
         cfg = self.config
-        dtype = cfg.compute_dtype
+        dtype = layers.compute_dtype(cfg)
         self.token_embedder = layers.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype,
                                            embedding_init=_init)
-        self.encoder_positions = layers.Embed(cfg.max_length + POSITION_OFFSET, cfg.d_model,
+        self.encoder_positions = layers.Embed(cfg.positions.max_length + POSITION_OFFSET, cfg.d_model,
                                               dtype=dtype, embedding_init=_init)
-        self.decoder_positions = layers.Embed(cfg.max_length + POSITION_OFFSET, cfg.d_model,
+        self.decoder_positions = layers.Embed(cfg.positions.max_length + POSITION_OFFSET, cfg.d_model,
                                               dtype=dtype, embedding_init=_init)
         self.encoder_embedding_norm = layers.LayerNorm(cfg.layer_norm_epsilon, dtype=dtype)
         self.decoder_embedding_norm = layers.LayerNorm(cfg.layer_norm_epsilon, dtype=dtype)
@@ -277,7 +238,7 @@ def _positions(tokens, positions):
 class BartStack(nn.Module):
     """The encoder's or the decoder's layers (their embeddings live in the parent)."""
 
-    config: BartConfig
+    config: BartSpec
     is_decoder: bool
 
     @nn.compact
@@ -287,14 +248,14 @@ class BartStack(nn.Module):
         if self.is_decoder:
             return stacking.run_stack(BartDecoderLayer, cfg, cfg.num_decoder_layers, x, encoded,
                                       self_bias, cross_bias, deterministic, decode, cross_cache,
-                                      scan=cfg.scan_layers, remat_policy=cfg.remat_policy,
+                                      scan=cfg.numerics.scan_layers, remat_policy=cfg.numerics.remat_policy,
                                       static_argnums=(3, 4, 5),
                                       layer_attributes=moe.layer_attributes(
-                                          cfg, cfg.num_decoder_layers))
+                                          cfg.experts, cfg.num_decoder_layers))
         # BART's encoder block is BERT's post-norm block (same fields on the config).
         block = PreNormEncoderLayer if cfg.pre_norm else EncoderBlock
         return stacking.run_stack(block, cfg, cfg.num_encoder_layers, x, self_bias,
-                                  deterministic, scan=cfg.scan_layers,
-                                  remat_policy=cfg.remat_policy, static_argnums=(1,),
+                                  deterministic, scan=cfg.numerics.scan_layers,
+                                  remat_policy=cfg.numerics.remat_policy, static_argnums=(1,),
                                   layer_attributes=moe.layer_attributes(
-                                      cfg, cfg.num_encoder_layers))
+                                      cfg.experts, cfg.num_encoder_layers))

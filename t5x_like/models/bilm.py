@@ -30,9 +30,7 @@ directions, as ELMo), layer j the j-th LSTM's forward and backward outputs.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from collections.abc import Sequence
 from typing import ClassVar
 
 import flax.linen as nn
@@ -40,35 +38,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from t5x_like.config.families import BilmSpec
+from t5x_like.models import layers
+
 CHAR_PAD, CHAR_BOW, CHAR_BOP, CHAR_EOW = 0, 1, 2, 3
 CHAR_OFFSET = 4  # byte b has char id b + 4
 NUM_CHARS = 262  # ELMo's 256 bytes + specials (here 4 specials + 256 bytes = 260 used)
-
-
-@dataclasses.dataclass(frozen=True)
-class BilmConfig:
-    vocab_size: int = 8192
-    # Where the char table comes from: "embedded" (the embedded SentencePiece model's
-    # pieces) or "" (stand-in characters from each id's bytes).
-    char_vocabulary: str = "embedded"
-    max_chars: int = 50
-    char_embed_dim: int = 16
-    filter_widths: Sequence[int] = (1, 2, 3, 4, 5, 6, 7)
-    filter_counts: Sequence[int] = (32, 32, 64, 128, 256, 512, 1024)
-    num_highway: int = 2
-    projection_dim: int = 512
-    lstm_dim: int = 4096
-    num_layers: int = 2
-    cell_clip: float = 3.0
-    proj_clip: float = 3.0
-    dropout_rate: float = 0.1
-    dtype: str = "float32"
-    pad_id: int = 0
-    eos_id: int = 1
-
-    @property
-    def compute_dtype(self):
-        return jnp.bfloat16 if self.dtype == "bfloat16" else jnp.float32
 
 
 def _kernel(module, name, shape, axes, init=None):
@@ -111,14 +86,14 @@ def id_chars(tokens: jax.Array, max_chars: int) -> jax.Array:
 
 
 class CharCNN(nn.Module):
-    config: BilmConfig
+    config: BilmSpec
 
     @nn.compact
     def __call__(self, chars):  # [batch, length, max_chars] -> [batch, length, projection_dim]
         cfg = self.config
         table = _kernel(self, "char_embedding", (NUM_CHARS, cfg.char_embed_dim),
                         (None, None), nn.initializers.normal(1.0))
-        x = jnp.take(table, chars, axis=0).astype(cfg.compute_dtype)
+        x = jnp.take(table, chars, axis=0).astype(layers.compute_dtype(cfg))
         b, s, c, e = x.shape
         x = x.reshape(b * s, c, e)
         pooled = []
@@ -185,7 +160,7 @@ class Bilm(nn.Module):
     #: the batch features ``__call__`` takes first, in order (``models.example_inputs``)
     init_features: ClassVar[tuple[str, ...]] = ("decoder_target_tokens",)
 
-    config: BilmConfig
+    config: BilmSpec
     char_pieces: tuple[str, ...] = ()
 
     def chars(self, tokens):

@@ -8,8 +8,8 @@ attention window. The switches of the other open decoder families are fields her
 not families of their own (presets: ``configs/open_decoders.py``): Qwen2's query/key/value biases,
 Qwen3's and Gemma 3's per-head query/key norms, Gemma's scaled embeddings,
 sublayer output norms, query scale, logit soft-capping and alternating
-local/global layers (``layer_types``, with their own RoPE base), and the RoPE
-rescalings of Llama 3.1 and YaRN (``rope_*``, ``models.rotary``).
+local/global layers (``attention.layer_types``, with their own RoPE base), and the RoPE
+rescalings of Llama 3.1 and YaRN (``positions.rope``, ``models.rotary``).
 
 ``__call__(decoder_input_tokens, ...) -> logits [batch, length, vocab]`` in
 float32. Right padding needs no mask: under the causal mask no real token sees
@@ -20,8 +20,6 @@ attends bidirectionally), the seqio feature names.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
 from typing import ClassVar
 
 import flax.linen as nn
@@ -29,99 +27,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_like.models import attention, layers, moe, rotary, stacking
+from t5x_like.config.families import DecoderSpec
+from t5x_like.models import attention, layers, moe, stacking
 from t5x_like.models.layers import constrain
-
-
-@dataclasses.dataclass(frozen=True)
-class DecoderConfig(moe.ExpertFields):
-    vocab_size: int = 50257
-    d_model: int = 768
-    num_heads: int = 12
-    head_dim: int = 64
-    d_ff: int = 3072
-    num_layers: int = 12
-    max_length: int = 1024
-    mlp_activations: Sequence[str] = ("gelu",)
-    use_bias: bool = True
-    layer_norm_epsilon: float = 1e-5
-    norm: str = "layernorm"  # or "rmsnorm"
-    position_embedding: str = "learned"  # or "rotary"
-    rotary_max_wavelength: float = 10_000.0
-    num_kv_heads: int = 0  # 0: as many as num_heads; fewer: grouped-query attention
-    tie_embeddings: bool = True
-    sliding_window: int = 0  # 0: attend to the whole past
-    # Per layer "full_attention" or "sliding_attention" (Hugging Face's names; Gemma
-    # alternates them); () : every layer sliding if sliding_window is set, else full.
-    layer_types: Sequence[str] = ()
-    local_rotary_max_wavelength: float = 0.0  # sliding layers' RoPE base (Gemma 3); 0: same
-    qkv_bias: bool = False  # Qwen2: biases on query, key and value alone
-    qk_norm: bool = False  # Qwen3, Gemma 3: RMSNorm over each head's queries and keys
-    post_sublayer_norms: bool = False  # Gemma 2/3: attention and MLP outputs normed too
-    scale_embeddings: bool = False  # Gemma: token embeddings times sqrt(d_model)
-    query_pre_attention_scalar: float = 0.0  # Gemma: logits times this ** -0.5; 0: head_dim
-    attention_logit_softcap: float = 0.0  # Gemma 2: cap * tanh(logits / cap); 0: none
-    final_logit_softcap: float = 0.0
-    # Rescaled RoPE frequencies (models.rotary.RopeScaling): Llama 3.1's "llama3", YaRN.
-    rope_type: str = "default"  # models.rotary.ROPE_TYPES
-    rope_factor: float = 1.0
-    rope_low_freq_factor: float = 1.0
-    rope_high_freq_factor: float = 4.0
-    rope_original_max_length: int = 0
-    rope_beta_fast: float = 32.0
-    rope_beta_slow: float = 1.0
-    rope_attention_factor: float = 0.0
-    rope_truncate: bool = True
-    attention_impl: str = "auto"  # attention.IMPLEMENTATIONS
-    dropout_rate: float = 0.0
-    dtype: str = "float32"
-    scan_layers: bool = False
-    remat_policy: str = "none"
-    # The first input of every sequence: 0 for the runs of this framework (targets shifted
-    # right, as seqio); an imported causal LM keeps its tokenizer's BOS (GPT-2's
-    # <|endoftext|>), which is what it read first in pretraining.
-    bos_id: int = 0
-
-    def __post_init__(self):
-        if self.position_embedding not in ("learned", "rotary"):
-            raise ValueError(f"Unknown position_embedding {self.position_embedding!r}; "
-                             "choose 'learned' or 'rotary'.")
-        problem = (self.layer_types_problem()
-                   or self.experts_problem(self.num_layers, self.scan_layers))
-        if problem:
-            raise ValueError(problem)
-
-    def layer_types_problem(self) -> str:
-        """Why ``layer_types`` cannot be built ("" when it can)."""
-        if not self.layer_types:
-            return ""
-        unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
-        if unknown:
-            return f"model.layer_types has {unknown}; each layer is one of {LAYER_TYPES}."
-        if len(self.layer_types) != self.num_layers:
-            return (f"model.layer_types names {len(self.layer_types)} layers; the model has "
-                    f"num_layers={self.num_layers}.")
-        if "sliding_attention" in self.layer_types and not self.sliding_window:
-            return "model.layer_types has sliding layers but model.sliding_window=0; set a window."
-        if self.scan_layers and len(set(self.layer_types)) > 1:
-            return ("A scanned stack repeats one layer, and model.layer_types mixes sliding and "
-                    "full attention; use scan_layers=False.")
-        return ""
-
-    def layer_type(self, index: int) -> str:
-        if self.layer_types:
-            return self.layer_types[index]
-        return "sliding_attention" if self.sliding_window else "full_attention"
-
-    def window(self, layer_type: str) -> int:
-        return self.sliding_window if layer_type == "sliding_attention" else 0
-
-    @property
-    def compute_dtype(self):
-        return jnp.dtype(self.dtype)
-
-
-LAYER_TYPES = ("full_attention", "sliding_attention")
 
 # GPT-2 initialises every matrix from N(0, 0.02).
 _gpt2_init = nn.initializers.normal(stddev=0.02)
@@ -132,7 +40,7 @@ class DecoderBlock(nn.Module):
     block reads its own type's. Sliding layers of a model with a local RoPE base
     (Gemma 3) rotate by it, unscaled; the rest by the model's RoPE."""
 
-    config: DecoderConfig
+    config: DecoderSpec
     scanned: bool = False
     layer_type: str = ""  # "": the config's type for every layer (a scanned stack)
     sparse: bool | None = None  # a mixture-of-experts MLP (None: as every layer, a scan)
@@ -140,9 +48,9 @@ class DecoderBlock(nn.Module):
     @nn.compact
     def __call__(self, x, bias, positions, deterministic, decode=False):
         cfg = self.config
-        dtype = cfg.compute_dtype
-        layer_type = self.layer_type or cfg.layer_type(0)
-        local_rope = layer_type == "sliding_attention" and cfg.local_rotary_max_wavelength
+        dtype = layers.compute_dtype(cfg)
+        layer_type = self.layer_type or cfg.attention.layer_type(0)
+        local_rope = layer_type == "sliding_attention" and cfg.positions.rope.local_max_wavelength
         dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
 
         def norm(name):
@@ -151,22 +59,22 @@ class DecoderBlock(nn.Module):
         h = norm("pre_attention_norm")(x)
         h = layers.MultiHeadAttention(
             cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dtype, use_bias=cfg.use_bias,
-            scale_in_compute=True, kernel_init=_gpt2_init, num_kv_heads=cfg.num_kv_heads or None,
-            rotary=cfg.position_embedding == "rotary",
-            rotary_max_wavelength=(cfg.local_rotary_max_wavelength if local_rope
-                                   else cfg.rotary_max_wavelength),
-            rope_scaling=None if local_rope else rotary.RopeScaling.from_config(cfg),
-            qkv_bias=cfg.qkv_bias, qk_norm=cfg.qk_norm, qk_norm_epsilon=cfg.layer_norm_epsilon,
-            query_scale=(cfg.query_pre_attention_scalar ** -0.5
-                         if cfg.query_pre_attention_scalar else 0.0),
-            logit_softcap=cfg.attention_logit_softcap,
-            attention_impl=cfg.attention_impl, name="attention")(
+            scale_in_compute=True, kernel_init=_gpt2_init, num_kv_heads=cfg.attention.num_kv_heads or None,
+            rotary=cfg.positions.kind == "rotary",
+            rotary_max_wavelength=(cfg.positions.rope.local_max_wavelength if local_rope
+                                   else cfg.positions.rope.max_wavelength),
+            rope_scaling=None if local_rope else cfg.positions.rope,
+            qkv_bias=cfg.attention.qkv_bias, qk_norm=cfg.attention.qk_norm, qk_norm_epsilon=cfg.layer_norm_epsilon,
+            query_scale=(cfg.attention.query_pre_scalar ** -0.5
+                         if cfg.attention.query_pre_scalar else 0.0),
+            logit_softcap=cfg.attention.logit_softcap,
+            attention_impl=cfg.attention.impl, name="attention")(
                 h, h, bias[layer_type], deterministic, decode, positions, positions)
         if cfg.post_sublayer_norms:
             h = norm("post_attention_norm")(h)
         x = layers.gradient_boundary(x + dropout(h, deterministic=deterministic))
         h = norm("pre_mlp_norm")(x)
-        h = moe.feed_forward(cfg, self.sparse, cfg.d_ff, cfg.mlp_activations, cfg.dropout_rate,
+        h = moe.feed_forward(cfg.experts, self.sparse, cfg.d_ff, cfg.mlp_activations, cfg.dropout_rate,
                              dtype, use_bias=cfg.use_bias, kernel_init=_gpt2_init)(
                                  h, deterministic)
         if cfg.post_sublayer_norms:
@@ -180,7 +88,7 @@ class DecoderOnly(nn.Module):
     #: the batch features ``__call__`` takes first, in order (``models.example_inputs``)
     init_features: ClassVar[tuple[str, ...]] = ("decoder_input_tokens",)
 
-    config: DecoderConfig
+    config: DecoderSpec
 
     def head_features(self, input_tokens, token_type_ids=None, deterministic: bool = True):
         """What a task head reads: the final-normed hidden states (no pooled vector)."""
@@ -204,7 +112,7 @@ class DecoderOnly(nn.Module):
         batch, length = decoder_input_tokens.shape
         if decoder_positions is None:
             decoder_positions = jnp.broadcast_to(jnp.arange(length), (batch, length))
-        types = sorted({cfg.layer_type(i) for i in range(cfg.num_layers)})
+        types = sorted({cfg.attention.layer_type(i) for i in range(cfg.num_layers)})
         if decode and decode_visible is not None:
             if len(types) > 1:
                 raise ValueError("decode_visible (beam search) lays out the cache with one "
@@ -217,33 +125,33 @@ class DecoderOnly(nn.Module):
             # cache mark the positions that hold real tokens; padding is never attended to.
             key_valid = (decoder_segment_ids > 0 if decoder_segment_ids is not None
                          and decoder_segment_ids.shape[-1] == cache_length else None)
-            bias = {t: attention.cache_bias(cache_length, key_valid, window=cfg.window(t))
+            bias = {t: attention.cache_bias(cache_length, key_valid, window=cfg.attention.window(t))
                     for t in types}
         else:
             bias = {t: attention.for_every_layer(
                 attention.self_attention_mask(
                     jnp.ones((batch, length), bool), decoder_segment_ids, causal=True,
-                    window=cfg.window(t), prefix=decoder_causal_attention),
+                    window=cfg.attention.window(t), prefix=decoder_causal_attention),
                 cfg, deterministic) for t in types}
-        token_embedder = layers.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype,
+        token_embedder = layers.Embed(cfg.vocab_size, cfg.d_model, dtype=layers.compute_dtype(cfg),
                                       embedding_init=_gpt2_init, name="token_embedder")
         x = token_embedder(decoder_input_tokens)
         if cfg.scale_embeddings:  # Gemma: by sqrt(d_model), rounded to the compute dtype
             x = x * jnp.asarray(cfg.d_model ** 0.5, x.dtype)
-        if cfg.position_embedding == "learned":
-            x = x + layers.Embed(cfg.max_length, cfg.d_model, dtype=cfg.compute_dtype,
+        if cfg.positions.kind == "learned":
+            x = x + layers.Embed(cfg.positions.max_length, cfg.d_model, dtype=layers.compute_dtype(cfg),
                                  embedding_init=nn.initializers.normal(stddev=0.01),
                                  name="position_embedder")(decoder_positions)
         x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
         x = constrain(x, ("batch", "length", "embed"))
         x = stacking.run_stack(DecoderBlock, cfg, cfg.num_layers, x, bias, decoder_positions,
-                               deterministic, decode, scan=cfg.scan_layers,
-                               remat_policy=cfg.remat_policy, static_argnums=(2, 3),
+                               deterministic, decode, scan=cfg.numerics.scan_layers,
+                               remat_policy=cfg.numerics.remat_policy, static_argnums=(2, 3),
                                layer_attributes=moe.layer_attributes(
-                                   cfg, cfg.num_layers,
-                                   (lambda i: {"layer_type": cfg.layer_types[i]})
-                                   if len(set(cfg.layer_types)) > 1 else None))
-        x = layers.make_norm(cfg.norm, cfg.layer_norm_epsilon, cfg.compute_dtype, "final_norm")(x)
+                                   cfg.experts, cfg.num_layers,
+                                   (lambda i: {"layer_type": cfg.attention.layer_types[i]})
+                                   if len(set(cfg.attention.layer_types)) > 1 else None))
+        x = layers.make_norm(cfg.norm, cfg.layer_norm_epsilon, layers.compute_dtype(cfg), "final_norm")(x)
         if return_hidden:
             return x
         self.sow("intermediates", "final_hidden", x)  # distillation's cosine loss reads it
@@ -251,7 +159,7 @@ class DecoderOnly(nn.Module):
             logits = token_embedder.attend(x)
         else:
             logits = layers.DenseGeneral(cfg.vocab_size, kernel_axes=("embed", "vocab"),
-                                         kernel_init=_gpt2_init, dtype=cfg.compute_dtype,
+                                         kernel_init=_gpt2_init, dtype=layers.compute_dtype(cfg),
                                          name="logits_dense")(x)
         if cfg.final_logit_softcap:  # Gemma 2
             cap = np.float32(cfg.final_logit_softcap)

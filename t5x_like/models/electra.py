@@ -5,12 +5,12 @@ The generator fills the masked positions with samples from its own distribution
 (Gumbel-max, so no gradient flows through the choice); the discriminator reads the
 result and says, for every token, whether it was replaced. Both towers are BERT
 encoders (``models.encoder.EncoderOnly``) reading one ``SharedEmbeddings``; the
-generator is narrower (``generator_d_model``, a quarter to a third of the
+generator is narrower (``generator.d_model``, a quarter to a third of the
 discriminator's width in the paper) and has the tied masked-LM head, the
 discriminator has the replaced-token head. Fine-tuning keeps the discriminator
 (``discriminate``); the generator is left behind.
 
-``generator_d_model = 0`` builds the discriminator alone: what a Hugging Face
+``generator.d_model = 0`` builds the discriminator alone: what a Hugging Face
 ``ElectraForPreTraining`` folder holds without its generator. It fine-tunes and
 scores replaced tokens, but cannot pretrain.
 
@@ -22,75 +22,30 @@ tower is wider or narrower than the embeddings).
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
 from typing import ClassVar
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from t5x_like.models.encoder import EncoderConfig, EncoderOnly, SharedEmbeddings
+from t5x_like.config.families import ElectraSpec, EncoderSpec
+from t5x_like.models.encoder import EncoderOnly, SharedEmbeddings
 
 
-@dataclasses.dataclass(frozen=True)
-class ElectraConfig:
-    vocab_size: int = 30522
-    # The discriminator (what fine-tunes): BERT's shape.
-    d_model: int = 256
-    num_heads: int = 4
-    head_dim: int = 64
-    d_ff: int = 1024
-    num_layers: int = 12
-    # Width of the shared embeddings (0: d_model); each tower projects it to its own width.
-    embedding_dim: int = 128
-    # The generator: a narrower encoder of the same depth (0 width: no generator).
-    generator_d_model: int = 64
-    generator_num_heads: int = 1
-    generator_head_dim: int = 64
-    generator_d_ff: int = 256
-    generator_num_layers: int = 12
-    # The discriminator's loss weight λ against the generator's masked-LM loss (the paper: 50).
-    discriminator_loss_weight: float = 50.0
-    # Softmax temperature of the generator's samples (1.0: its own distribution).
-    sampling_temperature: float = 1.0
-    # Sample at most this many masked positions per row (the first ones), as ELECTRA's
-    # max_predictions_per_seq; further masked positions get the generator's argmax.
-    # 0: every position. Drawing Gumbel noise for the whole [batch, length, vocab]
-    # costs more than the tiny models' step on a CPU.
-    max_predictions_per_seq: int = 0
-    max_length: int = 512
-    type_vocab_size: int = 2
-    mlp_activations: Sequence[str] = ("gelu_exact",)
-    layer_norm_epsilon: float = 1e-12
-    pad_id: int = 0
-    dropout_rate: float = 0.0
-    dtype: str = "float32"
-    scan_layers: bool = False
-    remat_policy: str = "none"
-
-    @property
-    def has_generator(self) -> bool:
-        return self.generator_d_model > 0
-
-    @property
-    def embedding_width(self) -> int:
-        return self.embedding_dim or self.d_model
-
-    def tower(self, which: str) -> EncoderConfig:
-        """The EncoderConfig of ``"generator"`` or ``"discriminator"``."""
-        prefix = "generator_" if which == "generator" else ""
-        d_model = getattr(self, f"{prefix}d_model")
-        shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(EncoderConfig)
-                  if hasattr(self, f.name) and f.name not in (
-                      "d_model", "num_heads", "head_dim", "d_ff", "num_layers", "embedding_dim")}
-        return EncoderConfig(
-            **shared, d_model=d_model, num_heads=getattr(self, f"{prefix}num_heads"),
-            head_dim=getattr(self, f"{prefix}head_dim"), d_ff=getattr(self, f"{prefix}d_ff"),
-            num_layers=getattr(self, f"{prefix}num_layers"),
-            # A tower projects the shared embeddings only when its width differs.
-            embedding_dim=0 if self.embedding_width == d_model else self.embedding_width,
-            next_sentence_head=False)
+def tower(spec: ElectraSpec, which: str) -> EncoderSpec:
+    """The encoder spec of ``"generator"`` or ``"discriminator"``: the tower's dimensions
+    (``spec.generator`` or the shared ones), everything else ELECTRA's."""
+    dims = spec.generator if which == "generator" else spec
+    return EncoderSpec.from_mapping(dict(
+        vocab_size=spec.vocab_size, dropout_rate=spec.dropout_rate,
+        numerics=spec.numerics.to_dict(), pad_id=spec.pad_id, d_model=dims.d_model,
+        num_heads=dims.num_heads, head_dim=dims.head_dim, d_ff=dims.d_ff,
+        num_layers=dims.num_layers, mlp_activations=spec.mlp_activations,
+        layer_norm_epsilon=spec.layer_norm_epsilon, attention={"impl": spec.attention.impl},
+        positions={"max_length": spec.positions.max_length},
+        type_vocab_size=spec.type_vocab_size, next_sentence_head=False,
+        # A tower projects the shared embeddings only when its width differs.
+        embedding_dim=0 if spec.embedding_width == dims.d_model else spec.embedding_width))
 
 
 def gumbel_sample(rng, logits: jax.Array, temperature: float = 1.0) -> jax.Array:
@@ -121,16 +76,17 @@ class Electra(nn.Module):
     #: the batch features ``__call__`` takes first, in order (``models.example_inputs``)
     init_features: ClassVar[tuple[str, ...]] = ("encoder_input_tokens",)
 
-    config: ElectraConfig
+    config: ElectraSpec
 
     def setup(self):
         cfg = self.config
-        self.embeddings = SharedEmbeddings(dataclasses.replace(
-            cfg.tower("discriminator"), embedding_dim=cfg.embedding_width))
-        self.discriminator = EncoderOnly(cfg.tower("discriminator"), embeddings=self.embeddings,
+        discriminator = tower(cfg, "discriminator")
+        self.embeddings = SharedEmbeddings(discriminator.replace(
+            embedding_dim=cfg.embedding_width))
+        self.discriminator = EncoderOnly(discriminator, embeddings=self.embeddings,
                                          output_head="replaced_token")
         if cfg.has_generator:
-            self.generator = EncoderOnly(cfg.tower("generator"), embeddings=self.embeddings)
+            self.generator = EncoderOnly(tower(cfg, "generator"), embeddings=self.embeddings)
 
     def __call__(self, input_tokens, token_type_ids=None, input_mask=None, segment_ids=None,
                  positions=None, masked_positions=None, deterministic: bool = True) -> dict:

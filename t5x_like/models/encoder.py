@@ -2,14 +2,14 @@
 blocks, a masked-LM head tied to the word embeddings and a next-sentence head on [CLS].
 
 The same network, by config:
-- RoBERTa: positions counted from ``position_offset``, no next-sentence head;
+- RoBERTa: positions counted from ``positions.offset``, no next-sentence head;
 - ALBERT: factorized embeddings (``embedding_dim`` < ``d_model``, projected up),
   one block shared by all layers (``share_layers``), sentence-order head (the
   next-sentence head's shape);
 - SpanBERT: a span-boundary head predicting each masked token from the two
   tokens around its span and its offset in the span;
-- Longformer: local attention (``attention_window``) and global tokens with their own
-  projections (``global_attention``), in memory linear in the length (``models.attention``);
+- Longformer: local attention (``attention.window``) and global tokens with their own
+  projections (``attention.global_tokens``), in memory linear in the length (``models.attention``);
 - ELECTRA's towers (``models.electra``): ``embeddings`` shared with another tower,
   and ``output_head="replaced_token"`` for the discriminator.
 
@@ -22,63 +22,15 @@ head ``rtd_logits [batch, length]`` and ``hidden`` only.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
 from typing import ClassVar
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from t5x_like.config.families import EncoderSpec
 from t5x_like.models import attention, layers, moe, stacking
 from t5x_like.models.layers import constrain
-
-
-@dataclasses.dataclass(frozen=True)
-class EncoderConfig(moe.ExpertFields):
-    vocab_size: int = 30522
-    d_model: int = 768
-    num_heads: int = 12
-    head_dim: int = 64
-    d_ff: int = 3072
-    num_layers: int = 12
-    max_length: int = 512
-    type_vocab_size: int = 2
-    mlp_activations: Sequence[str] = ("gelu_exact",)
-    layer_norm_epsilon: float = 1e-12
-    pad_id: int = 0
-    # 0: positions 0, 1, 2, ... (BERT). k > 0: real tokens count from k and padding
-    # sits at k - 1 (RoBERTa: k = 2, padding at position 1, its pad id).
-    position_offset: int = 0
-    next_sentence_head: bool = True
-    # ALBERT: embeddings of this width, projected to d_model (0: d_model, no projection).
-    embedding_dim: int = 0
-    share_layers: bool = False  # ALBERT: one block's parameters for every layer
-    span_boundary_head: bool = False  # SpanBERT's span-boundary objective
-    max_span_length: int = 10  # offsets inside a span beyond this share the last embedding
-    attention_window: int = 0  # 0: full attention; w: keys within w - 1 positions
-    # Longformer: global tokens (CLS, or the ``global_attention_mask`` given) see and are
-    # seen by every token, through their own query/key/value projections.
-    global_attention: bool = False
-    max_global_tokens: int = 64  # global tokens per row the linear-memory path keeps
-    attention_impl: str = "auto"  # attention.IMPLEMENTATIONS
-    dropout_rate: float = 0.0
-    dtype: str = "float32"
-    scan_layers: bool = False
-    remat_policy: str = "none"
-
-    def __post_init__(self):
-        problem = self.experts_problem(self.num_layers, self.scan_layers)
-        if not problem and self.num_experts and self.share_layers and self.moe_every > 1:
-            problem = ("share_layers repeats one layer, and model.moe_every > 1 mixes dense and "
-                       "sparse layers; use moe_every=1 or share_layers=False.")
-        if problem:
-            raise ValueError(problem)
-
-    @property
-    def compute_dtype(self):
-        return jnp.dtype(self.dtype)
-
 
 _bert_init = nn.initializers.normal(stddev=0.02)
 
@@ -86,24 +38,24 @@ _bert_init = nn.initializers.normal(stddev=0.02)
 class EncoderBlock(nn.Module):
     """Post-norm: ``LN(x + attention(x))`` then ``LN(x + mlp(x))``, as in BERT."""
 
-    config: EncoderConfig
+    config: EncoderSpec
     scanned: bool = False
     sparse: bool | None = None  # a mixture-of-experts MLP (None: as every layer, a scan)
 
     @nn.compact
     def __call__(self, x, bias, deterministic):
         cfg = self.config
-        dtype = cfg.compute_dtype
+        dtype = layers.compute_dtype(cfg)
         dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
         h = layers.MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dtype,
                                       use_bias=True, scale_in_compute=True,
-                                      kernel_init=_bert_init, attention_impl=cfg.attention_impl,
+                                      kernel_init=_bert_init, attention_impl=cfg.attention.impl,
                                       # BART's encoder reuses this block, without globals.
-                                      global_projections=getattr(cfg, "global_attention", False),
+                                      global_projections=getattr(cfg.attention, "global_tokens", False),
                                       name="attention")(x, x, bias, deterministic)
         x = layers.LayerNorm(cfg.layer_norm_epsilon, dtype=dtype, name="attention_norm")(
             x + dropout(h, deterministic=deterministic))
-        h = moe.feed_forward(cfg, self.sparse, cfg.d_ff, cfg.mlp_activations, cfg.dropout_rate,
+        h = moe.feed_forward(cfg.experts, self.sparse, cfg.d_ff, cfg.mlp_activations, cfg.dropout_rate,
                              dtype, use_bias=True, kernel_init=_bert_init)(x, deterministic)
         x = layers.LayerNorm(cfg.layer_norm_epsilon, dtype=dtype, name="mlp_norm")(
             x + dropout(h, deterministic=deterministic))
@@ -116,17 +68,17 @@ class SharedEmbeddings(nn.Module):
     towers that read them: ELECTRA's generator and discriminator share one set.
     ``config.embedding_dim`` (or ``d_model``) is their width."""
 
-    config: EncoderConfig
+    config: EncoderSpec
 
     def setup(self):
         cfg = self.config
         width = cfg.embedding_dim or cfg.d_model
-        table = lambda rows: layers.Embed(rows, width, dtype=cfg.compute_dtype,  # noqa: E731
+        table = lambda rows: layers.Embed(rows, width, dtype=layers.compute_dtype(cfg),  # noqa: E731
                                           embedding_init=_bert_init)
         self.token_embedder = table(cfg.vocab_size)
-        self.position_embedder = table(cfg.max_length)
+        self.position_embedder = table(cfg.positions.max_length)
         self.token_type_embedder = table(cfg.type_vocab_size)
-        self.embedding_norm = layers.LayerNorm(cfg.layer_norm_epsilon, dtype=cfg.compute_dtype)
+        self.embedding_norm = layers.LayerNorm(cfg.layer_norm_epsilon, dtype=layers.compute_dtype(cfg))
 
     def __call__(self, input_tokens, positions, token_type_ids):
         return self.embedding_norm(self.token_embedder(input_tokens)
@@ -144,7 +96,7 @@ class EncoderOnly(nn.Module):
     #: the batch features ``__call__`` takes first, in order (``models.example_inputs``)
     init_features: ClassVar[tuple[str, ...]] = ("encoder_input_tokens",)
 
-    config: EncoderConfig
+    config: EncoderSpec
     # A SharedEmbeddings owned by a parent module (ELECTRA); None: this model's own tables.
     embeddings: nn.Module | None = None
     # "mlm": the tied masked-LM head; "replaced_token": ELECTRA's discriminator head, a
@@ -166,7 +118,7 @@ class EncoderOnly(nn.Module):
         ``global_attention_mask`` (with ``global_attention``): 1 on the global tokens;
         by default the first token of each example ([CLS])."""
         cfg = self.config
-        dtype = cfg.compute_dtype
+        dtype = layers.compute_dtype(cfg)
         batch, length = input_tokens.shape
         if input_mask is None:
             input_mask = input_tokens != cfg.pad_id
@@ -174,11 +126,11 @@ class EncoderOnly(nn.Module):
             token_type_ids = jnp.zeros_like(input_tokens)
         first_of_example = (jnp.arange(length)[None] == 0) if positions is None else positions == 0
         if positions is not None:
-            positions = jnp.where(input_mask, positions + cfg.position_offset,
-                                  max(cfg.position_offset - 1, 0))
-        elif cfg.position_offset > 0:
+            positions = jnp.where(input_mask, positions + cfg.positions.offset,
+                                  max(cfg.positions.offset - 1, 0))
+        elif cfg.positions.offset > 0:
             counted = jnp.cumsum(input_mask.astype(jnp.int32), axis=1) * input_mask
-            positions = counted + cfg.position_offset - 1
+            positions = counted + cfg.positions.offset - 1
         else:
             positions = jnp.broadcast_to(jnp.arange(length), (batch, length))
         embedding_dim = cfg.embedding_dim or cfg.d_model
@@ -190,7 +142,7 @@ class EncoderOnly(nn.Module):
             word = layers.Embed(cfg.vocab_size, embedding_dim, dtype=dtype,
                                 embedding_init=_bert_init, name="token_embedder")
             x = (word(input_tokens)
-                 + layers.Embed(cfg.max_length, embedding_dim, dtype=dtype,
+                 + layers.Embed(cfg.positions.max_length, embedding_dim, dtype=dtype,
                                 embedding_init=_bert_init, name="position_embedder")(positions)
                  + layers.Embed(cfg.type_vocab_size, embedding_dim, dtype=dtype,
                                 embedding_init=_bert_init, name="token_type_embedder")(
@@ -205,17 +157,17 @@ class EncoderOnly(nn.Module):
         x = constrain(x, embed_axes)
 
         global_tokens = None
-        if cfg.global_attention:
+        if cfg.attention.global_tokens:
             global_tokens = (jnp.broadcast_to(first_of_example, (batch, length))
                              if global_attention_mask is None else global_attention_mask)
-        mask = attention.self_attention_mask(input_mask, segment_ids, window=cfg.attention_window,
+        mask = attention.self_attention_mask(input_mask, segment_ids, window=cfg.attention.window,
                                              global_tokens=global_tokens,
-                                             max_global_tokens=cfg.max_global_tokens)
+                                             max_global_tokens=cfg.attention.max_global_tokens)
         mask = attention.for_every_layer(mask, cfg, deterministic)
         x = stacking.run_stack(EncoderBlock, cfg, cfg.num_layers, x, mask, deterministic,
-                               scan=cfg.scan_layers, remat_policy=cfg.remat_policy,
+                               scan=cfg.numerics.scan_layers, remat_policy=cfg.numerics.remat_policy,
                                static_argnums=(1,), shared=cfg.share_layers,
-                               layer_attributes=moe.layer_attributes(cfg, cfg.num_layers))
+                               layer_attributes=moe.layer_attributes(cfg.experts, cfg.num_layers))
 
         act = layers.ACTIVATIONS[cfg.mlp_activations[0]]
         if self.output_head == "replaced_token":
@@ -252,12 +204,12 @@ class SpanBoundaryHead(nn.Module):
     outside its span and a learned embedding of its offset inside the span, through a
     two-layer GELU/LayerNorm MLP and the tied output embeddings."""
 
-    config: EncoderConfig
+    config: EncoderSpec
 
     @nn.compact
     def __call__(self, hidden, span_mask, word: layers.Embed, output_bias):
         cfg = self.config
-        dtype = cfg.compute_dtype
+        dtype = layers.compute_dtype(cfg)
         left, right, offset = span_boundaries(span_mask)
         offset = jnp.minimum(offset, cfg.max_span_length - 1)
         take = lambda positions: jnp.take_along_axis(hidden, positions[..., None], axis=1)  # noqa: E731

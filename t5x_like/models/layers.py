@@ -309,7 +309,7 @@ class RelativePositionBias(nn.Module):
 
 
 def apply_rotary(x: jax.Array, positions: jax.Array, max_wavelength: float = 10_000.0,
-                 scaling: rotary.RopeScaling | None = None) -> jax.Array:
+                 scaling=None) -> jax.Array:
     """Rotary position embedding (RoFormer), half-split layout as in GPT-NeoX and Llama.
 
     ``x``: ``[batch, length, heads, head_dim]``; ``positions``: ``[batch, length]``.
@@ -359,7 +359,7 @@ class MultiHeadAttention(nn.Module):
     num_kv_heads: int | None = None
     rotary: bool = False
     rotary_max_wavelength: float = 10_000.0
-    rope_scaling: rotary.RopeScaling | None = None
+    rope_scaling: object = None  # a model's rope section (config.model_parts.Rope) or None
     qkv_bias: bool = False
     qk_norm: bool = False
     qk_norm_epsilon: float = 1e-6
@@ -539,6 +539,11 @@ def _default_positions(positions: jax.Array | None, x: jax.Array) -> jax.Array:
     if positions is not None:
         return positions
     return jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape[:2])
+
+
+def compute_dtype(spec) -> jnp.dtype:
+    """The dtype a model spec computes its activations in (``model.numerics.dtype``)."""
+    return jnp.dtype(spec.numerics.dtype)
 
 
 ACTIVATIONS = {

@@ -1,11 +1,11 @@
 """Mixture-of-experts feed-forward layers: routers, capacity and dropless dispatch,
 shared experts, and the router's auxiliary losses.
 
-One layer serves every transformer family: a family's config inherits
-``ExpertFields`` (``num_experts=0`` keeps it dense) and its blocks call
-``feed_forward`` where they had an ``Mlp``; ``ExpertFields.is_moe_layer`` says which
-layers are sparse (every ``moe_every``-th, as Qwen-MoE's "sparse step"; Switch's equals
-it for steps 1 and 2, the ones its checkpoints use).
+One layer serves every transformer family: a family's spec has the ``experts``
+section (``model.experts``; ``num_experts=0`` keeps it dense) and its blocks call
+``feed_forward`` with it where they had an ``Mlp``; ``Experts.is_moe_layer`` says which
+layers are sparse (every ``every``-th, as Qwen-MoE's "sparse step"; Switch's equals it
+for steps 1 and 2, the ones its checkpoints use).
 
 Routing, per token: router logits ``x @ router`` (float32), the top ``k`` experts,
 and their weights, either the softmax over all experts read at the top ``k``
@@ -14,7 +14,7 @@ logits alone (``"after_top_k"``: Mixtral; equal to the first, renormalised).
 
 Dispatch:
 
-- ``capacity`` (Switch, GShard): each group (a row of the batch, or ``moe_group_size``
+- ``capacity`` (Switch, GShard): each group (a row of the batch, or ``group_size``
   consecutive tokens) sends each expert
   at most ``ceil(capacity_factor * k * tokens / experts)`` tokens, first choices
   before second choices and earlier tokens before later ones; the rest are dropped
@@ -24,7 +24,7 @@ Dispatch:
 - ``dropless`` (MegaBlocks): every assignment is computed. Assignments are sorted by
   expert and each expert multiplies its contiguous run of rows
   (``jax.lax.ragged_dot``; on TPU the Pallas megablox kernel where its tiles fit,
-  chosen by ``moe_impl`` as ``attention_impl`` chooses attention kernels). Under a mesh
+  chosen by ``impl`` as ``attention.impl`` chooses attention kernels). Under a mesh
   with an ``expert`` axis it runs as a ``shard_map`` (``expert_parallel_dropless``):
   tokens gathered along the expert axis, each device's experts on their assignments,
   the outputs reduce-scattered back.
@@ -38,7 +38,6 @@ objective's term and the step's metrics.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -48,75 +47,17 @@ import jax.numpy as jnp
 from flax import traverse_util
 
 from t5x_like import traced_platform
+from t5x_like.config.model_parts import Experts
 from t5x_like.models import layers
 from t5x_like.models.layers import constrain
 
 #: the collection the router's statistics and losses are sown into
 COLLECTION = "router"
 
-ROUTER_SOFTMAX = ("before_top_k", "after_top_k")
-DISPATCH_MODES = ("capacity", "dropless")
-IMPLEMENTATIONS = ("auto", "ragged_dot", "megablox")
 
 # The megablox kernel's tiles (rows, contraction, columns): where a dimension is not a
 # multiple, ``auto`` falls back to ragged_dot.
 _MEGABLOX_TILE = 128
-
-
-@dataclasses.dataclass(frozen=True)
-class ExpertFields:
-    """The model keys of experts, shared by every family's config (which inherits them).
-
-    ``num_experts=0``: a dense model. ``expert_d_ff`` (0: the family's ``d_ff``) is
-    each expert's width; ``shared_expert_d_ff`` adds an always-on MLP of that width
-    beside the experts (DeepSeek/Qwen-MoE; ``shared_expert_gate``: Qwen-MoE's sigmoid
-    gate on it). The loss weights multiply the mean over sparse layers.
-    """
-
-    num_experts: int = 0
-    num_experts_per_token: int = 1  # k: 1 is Switch, 2 is Mixtral
-    moe_every: int = 1  # layer i is sparse when (i + 1) % moe_every == 0
-    expert_d_ff: int = 0
-    shared_expert_d_ff: int = 0
-    shared_expert_gate: bool = False
-    router_softmax: str = "before_top_k"  # ROUTER_SOFTMAX
-    router_jitter: float = 0.0  # Switch: router inputs times U(1 - eps, 1 + eps) in training
-    router_aux_loss_weight: float = 0.01  # Switch's alpha
-    router_z_loss_weight: float = 0.0  # ST-MoE: 0.001
-    moe_dispatch: str = "capacity"  # DISPATCH_MODES
-    capacity_factor: float = 1.25
-    moe_group_size: int = 0  # capacity dispatch: tokens per group; 0: a row of the batch
-    moe_impl: str = "auto"  # IMPLEMENTATIONS (dropless only)
-
-    def is_moe_layer(self, index: int) -> bool:
-        return self.num_experts > 0 and (index + 1) % self.moe_every == 0
-
-    def experts_problem(self, num_layers: int, scan: bool) -> str:
-        """Why these expert settings cannot be built ("" when they can)."""
-        if not self.num_experts:
-            return ""
-        choices = {"router_softmax": (self.router_softmax, ROUTER_SOFTMAX),
-                   "moe_dispatch": (self.moe_dispatch, DISPATCH_MODES),
-                   "moe_impl": (self.moe_impl, IMPLEMENTATIONS)}
-        for key, (value, allowed) in choices.items():
-            if value not in allowed:
-                return f"model.{key}={value!r}; choose one of {allowed}."
-        if not 1 <= self.num_experts_per_token <= self.num_experts:
-            return (f"model.num_experts_per_token={self.num_experts_per_token} must be in "
-                    f"[1, num_experts={self.num_experts}].")
-        if self.moe_every < 1:
-            return f"model.moe_every={self.moe_every} must be at least 1 (every layer sparse)."
-        if self.moe_every > num_layers:
-            return (f"model.moe_every={self.moe_every} leaves all {num_layers} layers dense; "
-                    f"set it at most {num_layers}, or num_experts=0 for a dense model.")
-        if scan and self.moe_every > 1:
-            return ("A scanned stack repeats one layer, and model.moe_every > 1 mixes dense "
-                    "and sparse layers; use scan_layers=False or moe_every=1.")
-        if self.moe_dispatch == "capacity" and self.capacity_factor <= 0:
-            return f"model.capacity_factor={self.capacity_factor} must be positive."
-        if self.moe_group_size < 0:
-            return f"model.moe_group_size={self.moe_group_size} must be >= 0 (0: a row)."
-        return ""
 
 
 def route(logits: jax.Array, k: int, softmax: str = "before_top_k"):
@@ -179,10 +120,10 @@ def _use_megablox(impl: str, rows: int, contraction: int, columns: int,
     fits = all(n % _MEGABLOX_TILE == 0 for n in (rows, contraction, columns))
     if impl == "megablox":
         if traced_platform.current_platform() != "tpu":
-            raise ValueError("model.moe_impl='megablox' is a TPU kernel; use 'auto' or "
+            raise ValueError("model.experts.impl='megablox' is a TPU kernel; use 'auto' or "
                              "'ragged_dot' on this platform.")
         if not fits:
-            raise ValueError(f"model.moe_impl='megablox' needs rows, d_model and expert_d_ff "
+            raise ValueError(f"model.experts.impl='megablox' needs rows, d_model and experts.d_ff "
                              f"in multiples of {_MEGABLOX_TILE} (got {rows}, {contraction}, "
                              f"{columns}); use 'auto' to fall back to ragged_dot.")
         return True
@@ -207,7 +148,7 @@ def grouped_matmul(x: jax.Array, kernel: jax.Array, group_sizes: jax.Array,
     return jax.lax.ragged_dot(x, kernel, group_sizes)
 
 
-class Experts(nn.Module):
+class ExpertKernels(nn.Module):
     """``num_experts`` MLPs stacked on a leading ``expert`` axis (``wi``/``wi_i``, ``wo``,
     the dense ``Mlp``'s names). Called with the model width, it returns the kernels in
     the compute dtype; ``slot_mlp`` and ``row_mlp`` apply them."""
@@ -340,7 +281,7 @@ def _expert_axis_mesh():
 class MoeFeedForward(nn.Module):
     """The sparse feed-forward layer (``[batch, length, d] -> [batch, length, d]``)."""
 
-    settings: ExpertFields
+    settings: Experts
     hidden_dim: int
     activations: Sequence[str]
     dtype: jnp.dtype = jnp.float32
@@ -359,16 +300,16 @@ class MoeFeedForward(nn.Module):
                                      kernel_init=self.kernel_init, name="router")(
                                          router_inputs.astype(jnp.float32))
         probabilities, weights, experts = route(logits, k, s.router_softmax)
-        kernels = Experts(num_experts, self.hidden_dim, tuple(self.activations), self.dtype,
+        kernels = ExpertKernels(num_experts, self.hidden_dim, tuple(self.activations), self.dtype,
                           self.kernel_init, name="experts")(x.shape[-1])
-        if s.moe_dispatch == "dropless":
+        if s.dispatch == "dropless":
             out, dropped = self._dropless(x.astype(self.dtype), experts, weights, kernels), 0.0
         else:
             out, dropped = self._capacity(x.astype(self.dtype), experts, weights, kernels)
-        if s.shared_expert_d_ff:
-            shared = layers.Mlp(s.shared_expert_d_ff, tuple(self.activations), dtype=self.dtype,
+        if s.shared_d_ff:
+            shared = layers.Mlp(s.shared_d_ff, tuple(self.activations), dtype=self.dtype,
                                 kernel_init=self.kernel_init, name="shared_expert")(x)
-            if s.shared_expert_gate:
+            if s.shared_gate:
                 gate = layers.DenseGeneral(1, kernel_axes=("embed", None), dtype=self.dtype,
                                            kernel_init=self.kernel_init,
                                            name="shared_expert_gate")(x)
@@ -377,8 +318,8 @@ class MoeFeedForward(nn.Module):
         balance = load_balancing_loss(probabilities, experts, num_experts)
         z = router_z_loss(logits)
         fraction = jax.nn.one_hot(experts, num_experts).reshape(-1, num_experts).mean(axis=0)
-        self.sow(COLLECTION, "aux_loss", s.router_aux_loss_weight * balance
-                 + s.router_z_loss_weight * z)
+        self.sow(COLLECTION, "aux_loss", s.aux_loss_weight * balance
+                 + s.z_loss_weight * z)
         self.sow(COLLECTION, "load_balancing_loss", balance)
         self.sow(COLLECTION, "router_z_loss", z)
         self.sow(COLLECTION, "expert_fraction", fraction)
@@ -388,10 +329,10 @@ class MoeFeedForward(nn.Module):
     def _capacity(self, x, experts, weights, kernels):
         s = self.settings
         shape, k = x.shape, s.num_experts_per_token
-        # Groups of ``moe_group_size`` consecutive tokens: the dispatch tensors grow with
+        # Groups of ``group_size`` consecutive tokens: the dispatch tensors grow with
         # the group squared, so long rows are split (GShard's groups). Where the size does
         # not divide the tokens (a decoding step's one token a row), each row is a group.
-        group = s.moe_group_size
+        group = s.group_size
         if not group or (shape[0] * shape[1]) % group:
             group = shape[1]
         x = x.reshape(-1, group, shape[-1])
@@ -411,10 +352,10 @@ class MoeFeedForward(nn.Module):
         mesh = _expert_axis_mesh()
         if mesh is not None:
             return expert_parallel_dropless(x, experts, weights, kernels, self.activations,
-                                            s.moe_impl, mesh)
+                                            s.impl, mesh)
         out = dropless_combine(x.reshape(-1, x.shape[-1]), experts.reshape(-1, experts.shape[-1]),
                                weights.reshape(-1, experts.shape[-1]), kernels, self.activations,
-                               s.moe_impl)
+                               s.impl)
         return out.reshape(x.shape)
 
 
@@ -429,7 +370,7 @@ def inactive_parameters(shapes, num_experts: int, k: int) -> int:
     return experts * (num_experts - k) // num_experts
 
 
-def feed_forward(settings: ExpertFields, sparse: bool | None, hidden_dim: int,
+def feed_forward(settings: Experts, sparse: bool | None, hidden_dim: int,
                  activations: Sequence[str], dropout_rate: float, dtype, name: str = "mlp",
                  use_bias: bool = False, kernel_init=layers.default_kernel_init) -> nn.Module:
     """A block's feed-forward module: ``MoeFeedForward`` where the layer is sparse, else
@@ -438,17 +379,17 @@ def feed_forward(settings: ExpertFields, sparse: bool | None, hidden_dim: int,
     if sparse is None:
         sparse = settings.num_experts > 0
     if sparse:
-        return MoeFeedForward(settings, settings.expert_d_ff or hidden_dim, tuple(activations),
+        return MoeFeedForward(settings, settings.d_ff or hidden_dim, tuple(activations),
                               dtype, kernel_init, name=name)
     return layers.Mlp(hidden_dim, tuple(activations), dropout_rate, dtype, use_bias=use_bias,
                       kernel_init=kernel_init, name=name)
 
 
-def layer_attributes(settings: ExpertFields, num_layers: int, per_layer=None):
+def layer_attributes(settings: Experts, num_layers: int, per_layer=None):
     """``stacking.run_stack``'s ``layer_attributes``: which layers are sparse when sparse
     and dense layers mix (``moe_every > 1``), merged with a family's own ``per_layer(i)``
     attributes; ``None`` where every layer is alike (a scan may repeat one block)."""
-    mixed = settings.num_experts and settings.moe_every > 1
+    mixed = settings.num_experts and settings.every > 1
     if not mixed and per_layer is None:
         return None
 

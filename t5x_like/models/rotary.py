@@ -1,5 +1,6 @@
 """Rotary position frequencies: plain RoPE and the context-extension rescalings that
-checkpoints' ``config.json`` carries (``rope_type`` ``linear``, ``llama3``, ``yarn``).
+checkpoints' ``config.json`` carries (``rope_type`` ``linear``, ``llama3``, ``yarn``; the
+``model.positions.rope`` section, ``config.model_parts.Rope``, holds them here).
 
 Each gives the inverse frequency of every rotated pair of dimensions and a factor on
 the rotation's cos and sin (YaRN's attention temperature; 1 for the rest), computed
@@ -10,59 +11,23 @@ changes the frequencies with the length of each batch) and ``longrope`` are not 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import numpy as np
 
-ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+from t5x_like.config.model_parts import ROPE_SCALINGS, Rope
+
+ROPE_TYPES = ROPE_SCALINGS
 
 
-@dataclasses.dataclass(frozen=True)
-class RopeScaling:
-    """The rescaling of a model's global rotary frequencies (defaults: none).
-
-    ``factor``: how many times the pretraining context is extended (linear, llama3,
-    yarn). Llama 3.1: wavelengths longer than ``original_max_length /
-    low_freq_factor`` are stretched by ``factor``, shorter than ``original_max_length /
-    high_freq_factor`` kept, smoothly between. YaRN: dimensions rotating more than
-    ``beta_fast`` times over the original context keep their frequency, fewer than
-    ``beta_slow`` are interpolated, a ramp between; cos and sin are scaled by
-    ``attention_factor`` (0: ``0.1 ln(factor) + 1``)."""
-
-    rope_type: str = "default"
-    factor: float = 1.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_length: int = 0
-    beta_fast: float = 32.0
-    beta_slow: float = 1.0
-    attention_factor: float = 0.0
-    truncate: bool = True
-
-    def __post_init__(self):
-        if self.rope_type not in ROPE_TYPES:
-            raise ValueError(f"rope_type {self.rope_type!r} is not built; choose from "
-                             f"{ROPE_TYPES}.")
-
-    @classmethod
-    def from_config(cls, cfg) -> RopeScaling:
-        """From a decoder config's ``rope_*`` fields."""
-        return cls(rope_type=cfg.rope_type, factor=cfg.rope_factor,
-                   low_freq_factor=cfg.rope_low_freq_factor,
-                   high_freq_factor=cfg.rope_high_freq_factor,
-                   original_max_length=cfg.rope_original_max_length,
-                   beta_fast=cfg.rope_beta_fast, beta_slow=cfg.rope_beta_slow,
-                   attention_factor=cfg.rope_attention_factor, truncate=cfg.rope_truncate)
-
-
-def frequencies(head_dim: int, base: float, scaling: RopeScaling | None = None
+def frequencies(head_dim: int, base: float, scaling: Rope | None = None
                 ) -> tuple[np.ndarray, float]:
-    """``(inverse frequencies [head_dim / 2] float32, cos/sin factor)``."""
-    scaling = scaling or RopeScaling()
+    """``(inverse frequencies [head_dim / 2] float32, cos/sin factor)``; ``scaling``: the
+    rope section whose rescaling applies (None: plain RoPE at ``base``)."""
+    scaling = scaling or Rope()
     exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim
     inv_freq = 1.0 / (base ** exponents)
-    kind = scaling.rope_type
+    kind = scaling.scaling
     if kind == "default":
         return inv_freq.astype(np.float32), 1.0
     if kind == "linear":
@@ -72,7 +37,7 @@ def frequencies(head_dim: int, base: float, scaling: RopeScaling | None = None
     return _yarn(head_dim, base, scaling)
 
 
-def _llama3(inv_freq: np.ndarray, s: RopeScaling) -> np.ndarray:
+def _llama3(inv_freq: np.ndarray, s: Rope) -> np.ndarray:
     low_wavelength = s.original_max_length / s.low_freq_factor
     high_wavelength = s.original_max_length / s.high_freq_factor
     wavelength = 2 * math.pi / inv_freq
@@ -84,7 +49,7 @@ def _llama3(inv_freq: np.ndarray, s: RopeScaling) -> np.ndarray:
     return np.where(medium, smoothed, scaled).astype(np.float32)
 
 
-def _yarn(head_dim: int, base: float, s: RopeScaling) -> tuple[np.ndarray, float]:
+def _yarn(head_dim: int, base: float, s: Rope) -> tuple[np.ndarray, float]:
     factor = s.factor
     attention_factor = s.attention_factor or (1.0 if factor <= 1 else
                                               0.1 * math.log(factor) + 1.0)

@@ -7,66 +7,34 @@ the output projection is separate (v1.1) unless ``logits_via_embedding``.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
 from typing import ClassVar
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from t5x_like.config.families import T5Spec
 from t5x_like.models import attention, layers, moe, stacking
 from t5x_like.models.layers import constrain
 
 
-@dataclasses.dataclass(frozen=True)
-class T5Config(moe.ExpertFields):
-    vocab_size: int = 32128
-    d_model: int = 512
-    num_heads: int = 6
-    head_dim: int = 64
-    d_ff: int = 1024
-    num_encoder_layers: int = 8
-    num_decoder_layers: int = 8
-    dropout_rate: float = 0.0
-    mlp_activations: Sequence[str] = ("gelu", "linear")
-    logits_via_embedding: bool = False
-    relative_attention_num_buckets: int = 32
-    relative_attention_max_distance: int = 128
-    layer_norm_epsilon: float = 1e-6
-    dtype: str = "float32"
-    scan_layers: bool = False
-    remat_policy: str = "none"
-    attention_impl: str = "auto"  # attention.IMPLEMENTATIONS
-
-    def __post_init__(self):
-        problem = self.experts_problem(min(self.num_encoder_layers, self.num_decoder_layers),
-                                       self.scan_layers)
-        if problem:
-            raise ValueError(problem)
-
-    @property
-    def compute_dtype(self):
-        return jnp.dtype(self.dtype)
-
-
 class EncoderLayer(nn.Module):
-    config: T5Config
+    config: T5Spec
     scanned: bool = False
     sparse: bool | None = None  # a mixture-of-experts MLP (None: as every layer, a scan)
 
     @nn.compact
     def __call__(self, x, bias, deterministic):
         cfg = self.config
-        dtype = cfg.compute_dtype
+        dtype = layers.compute_dtype(cfg)
         dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
         h = layers.RMSNorm(cfg.layer_norm_epsilon, dtype=dtype, name="pre_attention_norm")(x)
         h = layers.MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dtype,
-                                      attention_impl=cfg.attention_impl,
+                                      attention_impl=cfg.attention.impl,
                                       name="attention")(h, h, bias, deterministic)
         x = layers.gradient_boundary(x + dropout(h, deterministic=deterministic))
         h = layers.RMSNorm(cfg.layer_norm_epsilon, dtype=dtype, name="pre_mlp_norm")(x)
-        h = moe.feed_forward(cfg, self.sparse, cfg.d_ff, cfg.mlp_activations, cfg.dropout_rate,
+        h = moe.feed_forward(cfg.experts, self.sparse, cfg.d_ff, cfg.mlp_activations, cfg.dropout_rate,
                              dtype)(h, deterministic)
         x = x + dropout(h, deterministic=deterministic)
         x = constrain(x, ("batch", "length", "embed"))
@@ -74,7 +42,7 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    config: T5Config
+    config: T5Spec
     scanned: bool = False
     sparse: bool | None = None
 
@@ -82,23 +50,23 @@ class DecoderLayer(nn.Module):
     def __call__(self, x, encoded, self_bias, cross_bias, deterministic, decode=False,
                  cross_cache=""):
         cfg = self.config
-        dtype = cfg.compute_dtype
+        dtype = layers.compute_dtype(cfg)
         dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
         h = layers.RMSNorm(cfg.layer_norm_epsilon, dtype=dtype, name="pre_self_attention_norm")(x)
         h = layers.MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dtype,
-                                      attention_impl=cfg.attention_impl,
+                                      attention_impl=cfg.attention.impl,
                                       name="self_attention")(h, h, self_bias, deterministic,
                                                              decode=decode)
         x = layers.gradient_boundary(x + dropout(h, deterministic=deterministic))
         h = layers.RMSNorm(cfg.layer_norm_epsilon, dtype=dtype, name="pre_cross_attention_norm")(x)
         h = layers.MultiHeadAttention(cfg.num_heads, cfg.head_dim, cfg.dropout_rate, dtype,
-                                      attention_impl=cfg.attention_impl,
+                                      attention_impl=cfg.attention.impl,
                                       name="encoder_decoder_attention")(
                                           h, encoded, cross_bias, deterministic,
                                           cross_cache=cross_cache)
         x = layers.gradient_boundary(x + dropout(h, deterministic=deterministic))
         h = layers.RMSNorm(cfg.layer_norm_epsilon, dtype=dtype, name="pre_mlp_norm")(x)
-        h = moe.feed_forward(cfg, self.sparse, cfg.d_ff, cfg.mlp_activations, cfg.dropout_rate,
+        h = moe.feed_forward(cfg.experts, self.sparse, cfg.d_ff, cfg.mlp_activations, cfg.dropout_rate,
                              dtype)(h, deterministic)
         x = x + dropout(h, deterministic=deterministic)
         x = constrain(x, ("batch", "length", "embed"))
@@ -106,7 +74,7 @@ class DecoderLayer(nn.Module):
 
 
 class Encoder(nn.Module):
-    config: T5Config
+    config: T5Spec
     embedder: layers.Embed
 
     @nn.compact
@@ -114,9 +82,9 @@ class Encoder(nn.Module):
         cfg = self.config
         length = input_tokens.shape[1]
         position_bias = layers.RelativePositionBias(
-            cfg.num_heads, cfg.relative_attention_num_buckets,
-            cfg.relative_attention_max_distance, bidirectional=True,
-            dtype=cfg.compute_dtype, name="relpos_bias")(length, length)
+            cfg.num_heads, cfg.positions.num_buckets,
+            cfg.positions.max_distance, bidirectional=True,
+            dtype=layers.compute_dtype(cfg), name="relpos_bias")(length, length)
         bias = attention.for_every_layer(
             attention.self_attention_mask(input_tokens > 0, segment_ids,
                                           position_bias=position_bias), cfg, deterministic)
@@ -124,15 +92,15 @@ class Encoder(nn.Module):
         x = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
         x = constrain(x, ("batch", "length", "embed"))
         x = stacking.run_stack(EncoderLayer, cfg, cfg.num_encoder_layers, x, bias, deterministic,
-                               scan=cfg.scan_layers, remat_policy=cfg.remat_policy,
+                               scan=cfg.numerics.scan_layers, remat_policy=cfg.numerics.remat_policy,
                                static_argnums=(1,),
-                               layer_attributes=moe.layer_attributes(cfg, cfg.num_encoder_layers))
-        x = layers.RMSNorm(cfg.layer_norm_epsilon, dtype=cfg.compute_dtype, name="final_norm")(x)
+                               layer_attributes=moe.layer_attributes(cfg.experts, cfg.num_encoder_layers))
+        x = layers.RMSNorm(cfg.layer_norm_epsilon, dtype=layers.compute_dtype(cfg), name="final_norm")(x)
         return nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(x, deterministic=deterministic)
 
 
 class Decoder(nn.Module):
-    config: T5Config
+    config: T5Spec
     embedder: layers.Embed
 
     @nn.compact
@@ -149,9 +117,9 @@ class Decoder(nn.Module):
         length = (max_decode_length or decoder_input_tokens.shape[1]) if decode else (
             decoder_input_tokens.shape[1])
         position_bias = layers.RelativePositionBias(
-            cfg.num_heads, cfg.relative_attention_num_buckets,
-            cfg.relative_attention_max_distance, bidirectional=False,
-            dtype=cfg.compute_dtype, name="relpos_bias")(length, length)
+            cfg.num_heads, cfg.positions.num_buckets,
+            cfg.positions.max_distance, bidirectional=False,
+            dtype=layers.compute_dtype(cfg), name="relpos_bias")(length, length)
         if decode:
             query_valid = jnp.ones(decoder_input_tokens.shape, bool)
             self_bias = attention.cache_bias(length, position_bias=position_bias)
@@ -172,17 +140,17 @@ class Decoder(nn.Module):
         cross_cache = ("read" if cached_cross else "fill") if decode else ""
         y = stacking.run_stack(DecoderLayer, cfg, cfg.num_decoder_layers, y, encoded, self_bias,
                                cross_bias, deterministic, decode, cross_cache,
-                               scan=cfg.scan_layers, remat_policy=cfg.remat_policy,
+                               scan=cfg.numerics.scan_layers, remat_policy=cfg.numerics.remat_policy,
                                static_argnums=(3, 4, 5),
-                               layer_attributes=moe.layer_attributes(cfg, cfg.num_decoder_layers))
-        y = layers.RMSNorm(cfg.layer_norm_epsilon, dtype=cfg.compute_dtype, name="final_norm")(y)
+                               layer_attributes=moe.layer_attributes(cfg.experts, cfg.num_decoder_layers))
+        y = layers.RMSNorm(cfg.layer_norm_epsilon, dtype=layers.compute_dtype(cfg), name="final_norm")(y)
         self.sow("intermediates", "final_hidden", y)  # distillation's cosine loss reads it
         y = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))(y, deterministic=deterministic)
         if cfg.logits_via_embedding:
             logits = self.embedder.attend(y) / jnp.sqrt(y.shape[-1]).astype(y.dtype)
         else:
             logits = layers.DenseGeneral(cfg.vocab_size, kernel_axes=("embed", "vocab"),
-                                         dtype=cfg.compute_dtype, name="logits_dense")(y)
+                                         dtype=layers.compute_dtype(cfg), name="logits_dense")(y)
         return constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
 
 
@@ -193,11 +161,11 @@ class EncoderDecoder(nn.Module):
     init_features: ClassVar[tuple[str, ...]] = ("encoder_input_tokens", "decoder_input_tokens",
                                                 "decoder_target_tokens")
 
-    config: T5Config
+    config: T5Spec
 
     def setup(self):
         cfg = self.config
-        self.token_embedder = layers.Embed(cfg.vocab_size, cfg.d_model, dtype=cfg.compute_dtype)
+        self.token_embedder = layers.Embed(cfg.vocab_size, cfg.d_model, dtype=layers.compute_dtype(cfg))
         self.encoder = Encoder(cfg, self.token_embedder)
         self.decoder = Decoder(cfg, self.token_embedder)
 

@@ -55,7 +55,7 @@ def parse(argv):
 
 
 def _config(path: str, overrides):
-    config = config_lib.load_config_file(path)
+    config = config_lib.load_config_file(path, run_spec=False)
     config_lib.apply_overrides(config, overrides)
     return config
 

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from t5x_like import metrics as metric_fns
-from t5x_like import models
+from t5x_like import structures
 from t5x_like.builtin_tasks import retrieval as retrieval_tasks
 from t5x_like.errors import ConfigError
 from t5x_like.retrieval import checkpoints, rag, retriever_run, text, training
@@ -70,7 +70,7 @@ def train(config, workdir: str) -> dict:
     _check(config)
     gen_config, gen_params, _ = checkpoints.pretrained(config.generator_init, "encoder_decoder",
                                                        "--config.generator_init")
-    generator = models.build_model(gen_config)
+    generator = structures.build_model(gen_config)
     run = {"kind": config.kind, "generator": gen_config, "generator_init": config.generator_init,
            "query_length": config.query_length, "target_length": config.target_length,
            "config": config.to_dict()}
@@ -112,7 +112,7 @@ def evaluate(workdir: str, split: str = "test", max_examples: int = 300,
     """Greedy generation for the first ``max_examples`` of ``split`` (canonical order):
     corpus BLEU against the KJV verses; RAG runs add recall@1/5/20 of their query tower."""
     params, run = checkpoints.load(workdir)
-    generator = models.build_model(run["generator"])
+    generator = structures.build_model(run["generator"])
     max_length = run["target_length"]
     info = run.get("retriever_run")
     data = Inputs(run, split, max_examples, retriever_run_info=info)

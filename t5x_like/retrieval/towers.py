@@ -14,7 +14,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from t5x_like import models, structures
+from t5x_like import structures
+from t5x_like.config import ModelSpec, model_spec_of
 
 POOLINGS = ("mean", "cls")
 
@@ -32,15 +33,13 @@ def pool(hidden: jax.Array, mask: jax.Array, kind: str) -> jax.Array:
 class Tower(nn.Module):
     """One encoder and its pooling (and optional L2 normalisation)."""
 
-    model_config: tuple  # sorted (key, value) items of the encoder's config.model
+    model: ModelSpec  # the encoder's model spec
     pooling: str = "mean"
     normalize: bool = False
 
     @nn.compact
     def __call__(self, tokens):
-        fields = {k: v for k, v in self.model_config if k != "family"}
-        config_cls, module_cls = models.FAMILIES[dict(self.model_config)["family"]]
-        encoder = module_cls(config_cls(**fields), name="encoder")
+        encoder = structures.families.of(self.model).module(self.model, name="encoder")
         mask = tokens != 0
         vector = pool(encoder(tokens, input_mask=mask)["hidden"], mask, self.pooling)
         vector = vector.astype(jnp.float32)
@@ -53,13 +52,13 @@ class BiEncoder(nn.Module):
     """``encode_query`` / ``encode_doc``; params ``{"query": ..., "doc": ...}``, each
     holding the encoder's own tree under ``encoder``."""
 
-    model_config: tuple
+    model: ModelSpec
     pooling: str = "mean"
     normalize: bool = False
 
     def setup(self):
-        self.query = Tower(self.model_config, self.pooling, self.normalize)
-        self.doc = Tower(self.model_config, self.pooling, self.normalize)
+        self.query = Tower(self.model, self.pooling, self.normalize)
+        self.doc = Tower(self.model, self.pooling, self.normalize)
 
     def __call__(self, query_tokens, doc_tokens):
         return self.query(query_tokens), self.doc(doc_tokens)
@@ -71,20 +70,13 @@ class BiEncoder(nn.Module):
         return self.doc(tokens)
 
 
-def model_items(model_config) -> tuple:
-    """A hashable form of an encoder's ``config.model`` (Flax module fields must hash)."""
-    out = []
-    for key, value in sorted(dict(model_config).items()):
-        out.append((key, tuple(value) if isinstance(value, list) else value))
-    return tuple(out)
-
-
 def bi_encoder(model_config, pooling: str = "mean", normalize: bool = False) -> BiEncoder:
-    family = dict(model_config)["family"]
-    if not structures.structure_class(family).embeds_text:
+    """The bi-encoder of an encoder's model spec (or model section, either layout)."""
+    model = model_spec_of(model_config)
+    if not structures.structure_class(model.family).embeds_text:
         raise ValueError(f"The retriever's towers are encoders (model.family 'encoder'); "
-                         f"got {family!r}.")
-    return BiEncoder(model_items(model_config), pooling, normalize)
+                         f"got {model.family!r}.")
+    return BiEncoder(model, pooling, normalize)
 
 
 def init_params(model: BiEncoder, encoder_params=None, seed: int = 0, length: int = 8) -> dict:

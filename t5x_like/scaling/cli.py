@@ -33,7 +33,7 @@ import math
 import pathlib
 import sys
 
-from t5x_like import cli_flags, config_lib, errors, planner, runs
+from t5x_like import cli_flags, config, errors, planner, runs
 from t5x_like.errors import UserError
 from t5x_like.scaling import fit as fitting
 from t5x_like.scaling import laws, planning, plots, sweep
@@ -81,7 +81,7 @@ def parse(argv):
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     cli_flags.add_module_flag(p)
     argv = sys.argv[1:] if argv is None else list(argv)
-    rest, overrides = config_lib.split_overrides(argv)
+    rest, overrides = config.split_overrides(argv)
     args = parser.parse_args(rest)
     args.overrides = overrides
     return args

@@ -28,9 +28,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import ml_collections
-
-from t5x_like import config_lib, flops, hardware, planner, structures
+from t5x_like import flops, hardware, planner, structures
+from t5x_like.config import spec_of
 from t5x_like.errors import UserError
 from t5x_like.scaling import sweep
 
@@ -57,12 +56,14 @@ class Shape:
     non_embedding_params: int
 
     def model_config(self, base_model):
-        model = base_model.copy_and_resolve_references()
-        keys = structures.structure_class(model.family).depth_keys
-        model.update(dict(d_model=self.d_model, num_heads=self.num_heads, head_dim=HEAD_DIM,
-                          d_ff=self.d_ff) | dict.fromkeys(keys, self.num_layers))
-        if "num_kv_heads" in model:  # grouped-query attention (decoders)
-            model.num_kv_heads = self.num_kv_heads
+        """The base's model spec at this shape."""
+        keys = structures.structure_class(base_model.family).depth_keys
+        model = base_model.replace(d_model=self.d_model, num_heads=self.num_heads,
+                                   head_dim=HEAD_DIM, d_ff=self.d_ff,
+                                   **dict.fromkeys(keys, self.num_layers))
+        if "num_kv_heads" in model.attention:  # grouped-query attention (decoders)
+            model = model.replace(attention=model.attention.replace(
+                num_kv_heads=self.num_kv_heads))
         return model
 
     def describe(self) -> str:
@@ -73,7 +74,7 @@ class Shape:
 
 def _group(base_model) -> int:
     """Query heads per key/value head in the base recipe (1: multi-head attention)."""
-    kv = base_model.get("num_kv_heads") or base_model.num_heads
+    kv = base_model.attention.get("num_kv_heads") or base_model.num_heads
     return max(1, base_model.num_heads // kv)
 
 
@@ -132,17 +133,14 @@ def run_config(base, shape: Shape, batch_size: int, learning_rate: float, steps:
     compiles one step: the length only sets the schedule), sharded as the large configs
     are (``configs/_bases.shard_fully``): parameters and optimizer state over every chip
     (FSDP, MaxText's default), activations in bfloat16. The base's remat and scan stay."""
-    config = ml_collections.ConfigDict(base.to_dict())
-    config.model = shape.model_config(base.model)
-    config.model.dtype = "bfloat16"
-    config.mesh.update(data=1, fsdp=-1, tensor=1)
-    config.partitioning.rules = "fsdp"
-    config.batch_size = batch_size
-    config.optimizer.learning_rate = learning_rate
-    config.optimizer.microbatches = microbatches
-    config.num_train_steps = max(1, steps)
-    config_lib.validate(config)
-    return config
+    model = shape.model_config(base.model)
+    model = model.replace(numerics=model.numerics.replace(dtype="bfloat16"))
+    run = base.replace(model=model, mesh=base.mesh.replace(data=1, fsdp=-1, tensor=1),
+                       partitioning=base.partitioning.replace(rules="fsdp"),
+                       batch_size=batch_size, num_train_steps=max(1, steps),
+                       optimizer=base.optimizer.replace(learning_rate=learning_rate,
+                                                        microbatches=microbatches))
+    return spec_of(run.to_dict())  # checked as a config file's would be
 
 
 @dataclasses.dataclass
@@ -197,7 +195,7 @@ def _compile(base, shape: Shape, budget_flops: float, length: int, topology: str
         config = run_config(base, shape, batch, learning_rate, 1, k)
         log(f"  does not fit; compiling again with {k} microbatches of {batch // k} ...")
         report = planner.plan(config, topology)
-    if config.model.get("scan_layers") and report.get("roofline"):
+    if config.model.numerics.scan_layers and report.get("roofline"):
         log("  counting a layer's compiled FLOPs (1 and 2 layers, unrolled) ...")
         report = planner.with_layer_flops(report, config, topology)
     return config, report

@@ -38,10 +38,10 @@ import sys
 import time
 
 import jax
-import ml_collections
 import numpy as np
 
-from t5x_like import config_lib, flops, models, runs, structures, trainer
+from t5x_like import config, flops, runs, structures, trainer
+from t5x_like.config import model_spec_of
 from t5x_like.errors import UserError
 
 WIDTHS = (32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768,
@@ -80,9 +80,9 @@ class Point:
                 "--config.optimizer.schedule=cosine",
                 f"--config.optimizer.final_learning_rate_fraction={FINAL_LEARNING_RATE_FRACTION}",
                 f"--config.optimizer.warmup_steps={min(warmup_steps, self.steps // 10)}",
-                f"--config.eval_every_steps={self.steps}",
-                f"--config.checkpoint_every_steps={max(self.steps // 2, 1)}",
-                "--config.keep_checkpoints=1"]
+                f"--config.evals.held_out.every_steps={self.steps}",
+                f"--config.checkpoint.every_steps={max(self.steps // 2, 1)}",
+                "--config.checkpoint.keep=1"]
 
 
 def shape(d_model: int) -> tuple[int, int]:
@@ -94,11 +94,9 @@ def heads(d_model: int) -> int:
 
 
 def _model_config(base, d_model: int, num_layers: int):
-    model = base.model.copy_and_resolve_references()
-    model.update(dict(d_model=d_model, num_heads=heads(d_model),
-                      head_dim=d_model // heads(d_model), d_ff=4 * d_model)
-                 | dict.fromkeys(depth_keys(base), num_layers))
-    return model
+    return base.model.replace(d_model=d_model, num_heads=heads(d_model),
+                              head_dim=d_model // heads(d_model), d_ff=4 * d_model,
+                              **dict.fromkeys(depth_keys(base), num_layers))
 
 
 class PointFailed(Exception):
@@ -108,15 +106,14 @@ class PointFailed(Exception):
 
 def count_params(model_config, lengths) -> tuple[int, int]:
     """(all parameters, without the token and position embeddings)."""
-    return _count_params(model_config.to_json(sort_keys=True), tuple(sorted(lengths.items())))
+    return _count_params(model_spec_of(model_config), tuple(sorted(lengths.items())))
 
 
 @functools.lru_cache(maxsize=256)
-def _count_params(model_json: str, lengths: tuple) -> tuple[int, int]:
-    model_config = ml_collections.ConfigDict(json.loads(model_json))
+def _count_params(model_spec, lengths: tuple) -> tuple[int, int]:
     lengths = dict(lengths)
-    model = models.build_model(model_config)
-    structure = structures.structure_class(model_config.family)(model)
+    model = structures.build_model(model_spec)
+    structure = structures.structure_class(model_spec.family)(model)
     shapes = trainer.abstract_boxed_params(model, structure.model_feature_lengths(lengths))
     total, embedding = 0, 0
     for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]:
@@ -133,7 +130,8 @@ def depth_keys(base) -> tuple[str, ...]:
     without a transformer depth ladder (ELECTRA's two towers, ELMo's LSTMs)."""
     keys = structures.structure_class(base.model.family).depth_keys
     if not keys:
-        ladders = sorted(f for f, s in structures.FAMILY_STRUCTURES.items() if s.depth_keys)
+        ladders = sorted(name for name in structures.families.names()
+                         if structures.structure_class(name).depth_keys)
         raise UserError(f"scaling sweep and plan build model shapes for {', '.join(ladders)}; "
                         f"model.family={base.model.family!r} has no depth ladder.")
     return keys
@@ -218,7 +216,7 @@ def run_sweep(config_path: str, overrides: list[str], output_dir: str, budgets, 
     after each. The tasks must be registered (``cli_flags.import_modules``)."""
     base = runs.load_and_validate(config_path, overrides)
     # Every point trains on this machine's devices: refuse a batch they cannot split now.
-    config_lib.validate_for_devices(base, jax.device_count())
+    config.check_devices(base, jax.device_count())
     points = plan_points(base, sorted(budgets), sizes, tokens_per_param)
     output = pathlib.Path(output_dir)
     log(f"{len(points)} runs: {len(budgets)} budgets x {sizes} sizes, "

@@ -88,25 +88,26 @@ def _layer_matmuls(d: int, heads: int, head_dim: int, d_ff: int, activations, at
     return attention + (len(tuple(activations)) + 1) * d * d_ff
 
 
-def _stack_matmuls(model: Mapping, num_layers: int, attention_mats=4,
-                   kv_heads: int | None = None) -> float:
-    """Multiply-adds per token of a stack of ``num_layers`` layers of ``model`` (a
-    ``config.model``): ``_layer_matmuls`` each, where a mixture-of-experts layer's MLP
-    counts what a token runs through (active FLOPs, as MFU reads them): its ``k``
-    experts, the router, and the shared expert with its gate. Capacity dispatch
-    computes empty slots too; they are not model FLOPs."""
-    d, f, activations = model["d_model"], model["d_ff"], model["mlp_activations"]
-    dense = _layer_matmuls(d, model["num_heads"], model["head_dim"], f, activations,
-                           attention_mats, kv_heads)
-    experts = model.get("num_experts") or 0
-    if not experts:
+def _stack_matmuls(model, num_layers: int, attention_mats=4, kv_heads: int | None = None,
+                   dims=None) -> float:
+    """Multiply-adds per token of a stack of ``num_layers`` layers of ``model`` (a model
+    spec; ``dims``: another tower's dimensions, ELECTRA's generator): ``_layer_matmuls``
+    each, where a mixture-of-experts layer's MLP counts what a token runs through (active
+    FLOPs, as MFU reads them): its ``k`` experts, the router, and the shared expert with
+    its gate. Capacity dispatch computes empty slots too; they are not model FLOPs."""
+    dims = dims or model
+    d, f, activations = dims.d_model, dims.d_ff, model.mlp_activations
+    dense = _layer_matmuls(d, dims.num_heads, dims.head_dim, f, activations, attention_mats,
+                           kv_heads)
+    if not model.expert_count:
         return num_layers * dense
+    experts = model.experts
     projections = len(tuple(activations)) + 1
-    shared = model.get("shared_expert_d_ff") or 0
-    sparse = (dense - projections * d * f + d * experts
-              + model["num_experts_per_token"] * projections * d * (model.get("expert_d_ff") or f)
-              + projections * d * shared + (d if shared and model.get("shared_expert_gate") else 0))
-    sparse_layers = num_layers // (model.get("moe_every") or 1)
+    shared = experts.shared_d_ff
+    sparse = (dense - projections * d * f + d * experts.num_experts
+              + experts.num_experts_per_token * projections * d * (experts.d_ff or f)
+              + projections * d * shared + (d if shared and experts.shared_gate else 0))
+    sparse_layers = num_layers // experts.every
     return (num_layers - sparse_layers) * dense + sparse_layers * sparse
 
 
@@ -136,15 +137,22 @@ class Structure:
         self.model = model
 
     @classmethod
-    def pretrained_lengths(cls, config) -> dict[str, int] | None:
+    def for_model(cls, model, prefix_attention: str = "bidirectional"):
+        """The structure of ``model`` in a run (``data.prefix_attention``: how a decoder
+        reads a prompt; other structures have no such choice)."""
+        return cls(model)
+
+    @classmethod
+    def pretrained_lengths(cls, spec) -> dict[str, int] | None:
         """Task lengths for a pretrained folder's model when the default lengths do not
         fit it (``None``: the defaults do)."""
         return None
 
     @classmethod
-    def evaluate_as_trained(cls, config, saved: dict, imported: bool) -> None:
-        """Sets on ``config`` what evaluating a checkpoint needs from how it was trained
+    def evaluate_as_trained(cls, spec, saved: dict, imported: bool):
+        """``spec`` with what evaluating a checkpoint needs from how it was trained
         (``saved``: the run's config, or an imported folder's ``{"model": ...}``)."""
+        return spec
 
     @classmethod
     def evaluation_line(cls, config) -> str | None:
@@ -185,7 +193,7 @@ class Structure:
     def check_eval_lengths(cls, config, lengths: Mapping[str, int], tasks,
                            few_shot: bool = False) -> None:
         """Refuses evaluation lengths the model cannot take, before anything compiles."""
-        limit = config.model.get("max_length")
+        limit = cls.learned_positions(config.model)
         total = cls.positions_needed(config, lengths)
         if limit and total > limit:
             raise UserError(
@@ -193,10 +201,13 @@ class Structure:
                 f"max_length={limit} learned positions; lower --inputs_length/--targets_length "
                 f"so they sum to at most {limit}.")
 
-    @classmethod
-    def validate_config(cls, config) -> None:
-        """This structure's part of config validation, called by ``config_lib.validate``
-        after the generic checks (keys, types, enums); a ``ConfigError`` names the key."""
+    @staticmethod
+    def learned_positions(model) -> int:
+        """Rows of the model's learned position table (0: none, relative or rotary)."""
+        positions = getattr(model, "positions", None)
+        if getattr(positions, "kind", "learned") != "learned":
+            return 0
+        return getattr(positions, "max_length", 0)
 
     @classmethod
     def check_decoding(cls, config, num_beams: int) -> None:
@@ -204,11 +215,10 @@ class Structure:
         before anything is restored or compiled; a ``UserError`` names the fix."""
 
     @classmethod
-    def build_model(cls, model_config: Mapping):
-        """The family's Flax module for ``config.model`` (what it needs from outside the
-        config, such as a vocabulary's pieces, is given here)."""
-        from t5x_like import models
-        return models.build_model(model_config)
+    def build_model(cls, spec, module_class):
+        """The family's Flax module ``module_class(spec)`` (what it needs from outside its
+        spec, such as a vocabulary's pieces, is given here)."""
+        return module_class(spec)
 
     # -- data -------------------------------------------------------------------------------
     def feature_converter(self, task_feature_lengths: Mapping[str, int], pack: bool = False):
@@ -284,6 +294,5 @@ class Structure:
         raise UserError(f"A {self.name} model does not generate text, so it has no decode "
                         "step to plan; plan its training step (leave out --decode).")
 
-    def forward_flops_per_sequence(self, model_config: Mapping, lengths: Mapping[str, int]
-                                   ) -> float:
+    def forward_flops_per_sequence(self, model, lengths: Mapping[str, int]) -> float:
         raise NotImplementedError

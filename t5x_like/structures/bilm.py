@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
 
 import jax.numpy as jnp
 
 from t5x_like import objectives
-from t5x_like.errors import ConfigError
 from t5x_like.objectives import bilm as bilm_objective
 from t5x_like.structures.base import _target_log_likelihood, dropout_rngs
 from t5x_like.structures.decoder import DecoderStructure
@@ -26,39 +24,11 @@ class BilmStructure(DecoderStructure):
     scores_choices_as_lm_eval = False
 
     @classmethod
-    def validate_config(cls, config) -> None:
-        if config.pack:
-            raise ConfigError("model.family='bilm' reads unpacked, right-padded rows (its backward LSTM "
-                        "reverses each row within its length, and packed segments would leak "
-                        "state across examples); set --config.pack=False.")
-        if "inputs" in config.task_feature_lengths:
-            raise ConfigError("model.family='bilm' is a language model over one sequence; give it a "
-                        "task with 'targets' only (e.g. --config.task=embedded_en_lm), not "
-                        "inputs and targets.")
-        if config.get("head") is not None and config.head.kind:
-            raise ConfigError("model.family='bilm' has no fine-tuning heads; use its features "
-                        "(benchmarks/elmo_scalar_mix.py) and set --config.head.kind=''.")
-        model = config.model
-        if len(model.filter_widths) != len(model.filter_counts) or not model.filter_widths:
-            raise ConfigError(f"model.filter_widths={tuple(model.filter_widths)} and model.filter_counts="
-                        f"{tuple(model.filter_counts)} must be non-empty and of equal length (one "
-                        "count per convolution width).")
-        if max(model.filter_widths) > model.max_chars:
-            raise ConfigError(f"model.max_chars={model.max_chars} is shorter than the widest filter "
-                        f"({max(model.filter_widths)}); raise max_chars.")
-        if model.char_vocabulary not in ("embedded", ""):
-            raise ConfigError(f"model.char_vocabulary={model.char_vocabulary!r}: use 'embedded' (the "
-                        "embedded SentencePiece pieces) or '' (characters from the ids' bytes).")
-        for key in ("lstm_dim", "projection_dim", "num_layers", "max_chars", "char_embed_dim"):
-            if model[key] <= 0:
-                raise ConfigError(f"model.{key}={model[key]} must be positive.")
-
-    @classmethod
-    def build_model(cls, model_config: Mapping):
+    def build_model(cls, spec, module_class):
         """The model, with the pieces of the vocabulary ``char_vocabulary`` names
         (``embedded``: the embedded corpus's SentencePiece) for its char CNN."""
-        model = super().build_model(model_config)
-        if model_config.get("char_vocabulary") == "embedded":
+        model = super().build_model(spec, module_class)
+        if spec.char_vocabulary == "embedded":
             model = model.clone(char_pieces=_embedded_pieces())
         return model
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from t5x_like.errors import ConfigError, UserError
+from t5x_like.errors import UserError
 from t5x_like.structures.base import (
     DECODE_DEFAULTS,
     Structure,
@@ -26,12 +26,12 @@ class DecoderStructure(Structure):
     depth_keys = ("num_layers",)
 
     @classmethod
-    def pretrained_lengths(cls, config):
+    def pretrained_lengths(cls, spec):
         """The default lengths do not fit a small decoder's learned positions: a prompt of
         3/4 of them and a continuation of the rest (--inputs_length and --targets_length
         change it; k-shot scoring reads their sum)."""
-        width = config.model.get("max_length") or 0
-        if width and sum(config.task_feature_lengths.values()) > width:
+        width = spec.model.positions.max_length
+        if width and sum(spec.task_feature_lengths.values()) > width:
             return {"inputs": width - width // 4, "targets": width // 4}
         return None
 
@@ -43,7 +43,7 @@ class DecoderStructure(Structure):
 
     @classmethod
     def positions_needed(cls, config, lengths):
-        if config.model.get("position_embedding") == "rotary":
+        if config.model.rotary:
             return 0  # rotary positions have no learned limit
         return sum(lengths.values())
 
@@ -56,52 +56,39 @@ class DecoderStructure(Structure):
             raise UserError(
                 f"Task {with_inputs[0]!r} has inputs, and this decoder's lengths "
                 f"{lengths} have none; give both, e.g. --inputs_length=128 --targets_length=32 "
-                f"(their sum at most model.max_length={config.model.get('max_length')}).")
+                f"(their sum at most model.positions.max_length="
+                f"{config.model.positions.max_length}).")
         super().check_eval_lengths(config, lengths, tasks, few_shot)
 
     @classmethod
-    def validate_config(cls, config) -> None:
-        from t5x_like.models import decoder, rotary
-        model = config.model
-        if model.get("rope_type", "default") not in rotary.ROPE_TYPES:
-            raise ConfigError(f"model.rope_type={model.rope_type!r} is not built; choose one of "
-                              f"{rotary.ROPE_TYPES}.")
-        fields = {k: v for k, v in model.to_dict().items()
-                  if k in decoder.DecoderConfig.__dataclass_fields__}
-        fields["layer_types"] = tuple(fields.get("layer_types") or ())
-        try:  # the model's own checks (layer_types against the depth, scan and window)
-            decoder.DecoderConfig(**fields)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-        head = config.get("head")
-        if (head is not None and head.kind in ("classification", "regression")
-                and head.pooling == "cls"):
-            raise ConfigError("A decoder's first token has seen nothing but itself; pool a "
-                              "decoder body at its last token: --config.head.pooling=last.")
-
-    @classmethod
     def check_decoding(cls, config, num_beams: int) -> None:
-        if num_beams > 1 and len(set(config.model.get("layer_types") or ())) > 1:
+        if num_beams > 1 and len(set(config.model.attention.layer_types)) > 1:
             raise UserError(f"--num_beams={num_beams}: beam search lays out its cache with one "
                             "attention window for every layer, and this model alternates "
                             "sliding and full layers (model.layer_types); decode greedily "
                             "with --num_beams=1, or sample with --temperature.")
 
     @classmethod
-    def evaluate_as_trained(cls, config, saved, imported):
+    def evaluate_as_trained(cls, spec, saved, imported):
         """Scores are log-likelihoods under the attention the checkpoint was trained with:
         causal for an imported causal LM and for a run trained without inputs (or with
         a causal prefix), bidirectional only where the run trained a bidirectional
-        prefix."""
+        prefix. (``saved``: the checkpoint's config, in the sectioned layout.)"""
+        trained = saved.get("data", {}).get("prefix_attention", "bidirectional")
         trained_prefix = (not imported and "inputs" in saved.get("task_feature_lengths", {})
-                          and saved.get("prefix_attention", "bidirectional") == "bidirectional")
-        config.prefix_attention = "bidirectional" if trained_prefix else "causal"
+                          and trained == "bidirectional")
+        attention = "bidirectional" if trained_prefix else "causal"
+        return spec.replace(data=spec.data.replace(prefix_attention=attention))
 
     @classmethod
     def evaluation_line(cls, config):
-        start = config.model.get("bos_id", 0)
-        return (f"decoder: prompts read with {config.prefix_attention} attention, rows start "
+        start = config.model.bos_id
+        return (f"decoder: prompts read with {config.data.prefix_attention} attention, rows start "
                 f"with id {start}")
+
+    @classmethod
+    def for_model(cls, model, prefix_attention="bidirectional"):
+        return cls(model, prefix_attention)
 
     def __init__(self, model, prefix_attention: str = "bidirectional"):
         super().__init__(model)
@@ -169,7 +156,7 @@ class DecoderStructure(Structure):
         d, h, dh, v = model["d_model"], model["num_heads"], model["head_dim"], model["vocab_size"]
         s = lengths.get("inputs", 0) + lengths["targets"]
         layers = model["num_layers"]
-        matmuls = _stack_matmuls(model, layers, kv_heads=model.get("num_kv_heads") or h)
+        matmuls = _stack_matmuls(model, layers, kv_heads=model.attention.num_kv_heads or h)
         return 2 * s * matmuls + 4 * layers * s * s * h * dh + 2 * s * d * v
 
 

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import math
-
 import jax
 import numpy as np
 
 from t5x_like import objectives
-from t5x_like.errors import ConfigError
 from t5x_like.structures.base import dropout_rngs
 from t5x_like.structures.encoder import EncoderStructure, _encoder_flops
 
@@ -40,31 +37,8 @@ class ElectraStructure(EncoderStructure):
 
     @classmethod
     def hidden_stack(cls, config):
-        with_head = bool((config.get("head") or {}).get("kind"))
+        with_head = bool(config.head.kind)
         return (None if with_head else "discriminate"), "discriminator (ELECTRA)"
-
-    @classmethod
-    def validate_config(cls, config) -> None:
-        model = config.model
-        weight = model.discriminator_loss_weight
-        if not (isinstance(weight, (int, float)) and math.isfinite(weight) and weight >= 0.0):
-            raise ConfigError(f"model.discriminator_loss_weight={weight} must be a finite number "
-                              ">= 0, e.g. --config.model.discriminator_loss_weight=50.0.")
-        temperature = model.sampling_temperature
-        if not (isinstance(temperature, (int, float)) and math.isfinite(temperature)
-                and temperature > 0):
-            raise ConfigError(f"model.sampling_temperature={temperature} must be a finite number "
-                              "> 0 (1.0 samples from the generator's own distribution).")
-        limit = model.max_predictions_per_seq
-        if not isinstance(limit, int) or limit < 0:
-            raise ConfigError(f"model.max_predictions_per_seq={limit!r} must be an integer >= 0 "
-                              "(0: sample every masked position), e.g. 19 for 15% of 128 tokens.")
-        if not model.generator_d_model and not config.head.kind:
-            raise ConfigError(
-                "model.generator_d_model=0: this ELECTRA is a discriminator without a generator, "
-                "which fine-tunes (set head.kind) but cannot pretrain. Give it a generator, e.g. "
-                "--config.model.generator_d_model=64 (a quarter of the discriminator's width), or "
-                "import one with convert import --generator_dir=...")
 
     def apply_model(self, model, params, batch, rng=None, deterministic=True):
         """Both towers: the generator's ``mlm_logits``, the ``corrupted_tokens`` sampled
@@ -102,11 +76,9 @@ class ElectraStructure(EncoderStructure):
     def forward_flops_per_sequence(self, model, lengths):
         """Both towers over every token: the generator with its vocabulary projection,
         the discriminator with its one-logit head."""
-        s = lengths["inputs"]
-        e = model.get("embedding_dim") or model["d_model"]
-        generator = dict(model, **{k: model[f"generator_{k}"] for k in (
-            "d_model", "num_heads", "head_dim", "d_ff", "num_layers")})
-        flops = _encoder_flops(model, s, 0 if e == model["d_model"] else e, "replaced_token")
-        if generator["d_model"]:
-            flops += _encoder_flops(generator, s, 0 if e == generator["d_model"] else e)
+        s, e, generator = lengths["inputs"], model.embedding_width, model.generator
+        flops = _encoder_flops(model, s, 0 if e == model.d_model else e, "replaced_token")
+        if generator.d_model:
+            flops += _encoder_flops(model, s, 0 if e == generator.d_model else e,
+                                    dims=generator)
         return flops

@@ -38,8 +38,9 @@ class EncoderStructure(Structure):
     def feature_converter(self, task_feature_lengths, pack=False):
         from t5x_like.data import feature_converters
         config = getattr(self.model, "config", None)  # Longformer's global tokens
+        attention = getattr(config, "attention", None)
         return feature_converters.EncoderFeatureConverter(
-            pack=pack, global_attention=bool(getattr(config, "global_attention", False)))
+            pack=pack, global_attention=bool(getattr(attention, "global_tokens", False)))
 
     def model_feature_lengths(self, task_feature_lengths):
         length = dict(task_feature_lengths)["inputs"]
@@ -83,22 +84,24 @@ class EncoderStructure(Structure):
                          "--mode=score, or fine-tune a head (models.heads) for labels.")
 
     def forward_flops_per_sequence(self, model, lengths):
-        return _encoder_flops(model, lengths["inputs"], model.get("embedding_dim") or 0)
+        return _encoder_flops(model, lengths["inputs"], model.embedding_dim)
 
 
-def _encoder_flops(model, s: int, embedding_dim: int, head: str = "mlm") -> float:
+def _encoder_flops(model, s: int, embedding_dim: int, head: str = "mlm", dims=None) -> float:
     """A BERT encoder over ``s`` tokens: its layers, the projection from factorized
     embeddings (``embedding_dim`` > 0, ALBERT and ELECTRA), and its output head: the
     masked-LM transform and tied vocabulary projection, or ELECTRA's replaced-token
-    head (a ``d x d`` layer and one logit)."""
-    d, h, dh, v = model["d_model"], model["num_heads"], model["head_dim"], model["vocab_size"]
-    layers = model["num_layers"]
+    head (a ``d x d`` layer and one logit). ``dims``: the tower's dimensions when they
+    are not the model's (ELECTRA's generator)."""
+    dims = dims or model
+    d, h, dh, v = dims.d_model, dims.num_heads, dims.head_dim, model.vocab_size
+    layers = dims.num_layers
     e = embedding_dim or d
     projection = 2 * s * e * d if embedding_dim else 0
     # Local attention (Longformer) scores each token against 2 w - 1 keys, not s.
-    window = model.get("attention_window") or 0
+    window = getattr(model.attention, "window", 0)
     keys = min(s, 2 * window - 1) if window else s
-    body = (2 * s * _stack_matmuls(model, layers)
+    body = (2 * s * _stack_matmuls(model, layers, dims=dims)
             + 4 * layers * s * keys * h * dh + projection)
     if head == "replaced_token":
         return body + 2 * s * d * d + 2 * s * d

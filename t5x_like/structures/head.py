@@ -138,4 +138,4 @@ class HeadStructure(Structure):
         # The body without its vocabulary projection (the head's outputs are tiny).
         length = int(lengths["inputs"])
         body_lengths = {"inputs": length} if self.body.name == "encoder" else {"targets": length}
-        return self.body.forward_flops_per_sequence(dict(model, vocab_size=0), body_lengths)
+        return self.body.forward_flops_per_sequence(model.replace(vocab_size=0), body_lengths)

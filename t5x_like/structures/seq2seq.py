@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from t5x_like.errors import ConfigError
 from t5x_like.structures.base import (
     DECODE_DEFAULTS,
     Structure,
@@ -21,14 +20,6 @@ class EncoderDecoderStructure(Structure):
     @classmethod
     def hidden_stack(cls, config):
         return "encode", f"encoder ({'BART' if config.model.family == 'bart' else 'T5'})"
-
-    @classmethod
-    def validate_config(cls, config) -> None:
-        head = config.get("head")
-        if head is not None and head.kind:
-            raise ConfigError(f"head.kind={head.kind!r} needs an encoder or decoder body; "
-                              f"model.family={config.model.family!r} is an encoder-decoder, which "
-                              "fine-tunes text-to-text: set --config.head.kind=''.")
 
     def feature_converter(self, task_feature_lengths, pack=False):
         from t5x_like.data import feature_converters
@@ -79,7 +70,7 @@ class EncoderDecoderStructure(Structure):
         model, inputs, targets = self.model, lengths["inputs"], lengths["targets"]
         cache = jax.eval_shape(lambda: decoding.init_cache(model, batch_size, inputs, targets))
         encoded = jax.ShapeDtypeStruct((batch_size, inputs, model.config.d_model),
-                                       model.config.compute_dtype)
+                                       jnp.dtype(model.config.numerics.dtype))
         tokens = jax.ShapeDtypeStruct((batch_size, inputs), jnp.int32)
         token = jax.ShapeDtypeStruct((batch_size, 1), jnp.int32)
 

@@ -1,0 +1,116 @@
+"""The checks of a spec that need the device, process and slice counts (and, for the
+input streams, the checkpoint being resumed): arithmetic only, so the planner and the
+launcher can run them for devices they do not have."""
+
+from __future__ import annotations
+
+import math
+
+from t5x_like.config.run import RunSpec
+from t5x_like.errors import ConfigError
+
+DEFAULT_DATA_STREAMS = 8
+
+
+def resolve_mesh_shape(mesh: dict[str, int], num_devices: int, num_slices: int = 1
+                       ) -> dict[str, int]:
+    """Fills ``-1`` (and ``dcn=0``: the ``num_slices`` found) and checks that the mesh uses
+    exactly ``num_devices``."""
+    mesh = {"dcn": mesh.get("dcn") or num_slices, **{k: v for k, v in mesh.items() if k != "dcn"}}
+    fixed = math.prod(size for size in mesh.values() if size != -1)
+    shape = dict(mesh)
+    if -1 in mesh.values():
+        if num_devices % fixed:
+            raise ConfigError(
+                f"mesh={dict(mesh)}: the fixed axes use {fixed} devices, which does not divide the "
+                f"{num_devices} available; pick axis sizes whose product divides {num_devices}.")
+        shape[next(k for k, v in mesh.items() if v == -1)] = num_devices // fixed
+    elif fixed != num_devices:
+        raise ConfigError(
+            f"mesh={dict(mesh)} needs {fixed} devices but {num_devices} are available; set one "
+            f"axis to -1 (e.g. --config.mesh.data=-1) or make the product {num_devices}.")
+    return shape
+
+
+def check_devices(spec: RunSpec, num_devices: int, process_count: int = 1,
+                  num_slices: int = 1) -> dict[str, int]:
+    """Mesh and batch checks that need the device count; returns the resolved mesh shape."""
+    shape = resolve_mesh_shape(spec.mesh.to_dict(), num_devices, num_slices)
+    if num_slices > 1 and shape["dcn"] != num_slices:
+        raise ConfigError(f"The devices span {num_slices} slices but mesh.dcn={shape['dcn']}; "
+                          f"set --config.mesh.dcn={num_slices} (or 0 to follow the slices).")
+    expert = shape.get("expert", 1)  # rows are split over the expert axis too
+    batch_parallel = shape["dcn"] * shape["data"] * shape["fsdp"] * expert
+    batch = spec.batch_size
+    if batch % batch_parallel:
+        fixed = (batch // batch_parallel + 1) * batch_parallel
+        raise ConfigError(
+            f"batch_size={batch} does not divide over the data-parallel mesh size "
+            f"{batch_parallel} (mesh.dcn={shape['dcn']} x mesh.data={shape['data']} x "
+            f"mesh.fsdp={shape['fsdp']} x mesh.expert={expert}); use a multiple of "
+            f"{batch_parallel}, e.g. --config.batch_size={fixed}.")
+    num_experts = spec.model.expert_count
+    if expert > 1 and num_experts % expert:
+        raise ConfigError(
+            f"mesh.expert={expert} does not divide model.experts.num_experts={num_experts}; each "
+            "device along the expert axis holds an equal share of the experts: make "
+            f"mesh.expert a divisor of {num_experts}.")
+    microbatches = spec.optimizer.microbatches
+    if batch % (batch_parallel * microbatches):
+        raise ConfigError(
+            f"batch_size={batch} does not split into optimizer.microbatches={microbatches} "
+            f"microbatches that each divide over the data-parallel mesh size {batch_parallel}; "
+            f"use a batch_size that is a multiple of {batch_parallel * microbatches}.")
+    if batch % process_count:
+        raise ConfigError(f"batch_size={batch} does not divide over {process_count} "
+                          f"processes; use a multiple of {process_count}.")
+    resolve_data_streams(spec, process_count)
+    return shape
+
+
+def default_data_streams(batch_size: int, process_count: int) -> int:
+    """A new run's stream count: one that does not depend on the process count (the
+    largest divisor of the batch up to 8) whenever the processes divide it, so a run
+    on 1, 2, 4 or 8 processes sees the same batches; else one stream per process."""
+    streams = math.gcd(batch_size, DEFAULT_DATA_STREAMS)
+    return streams if streams % process_count == 0 else process_count
+
+
+def resolve_data_streams(spec: RunSpec, process_count: int, saved_config: dict | None = None
+                         ) -> int:
+    """The number of input streams V, checked against the batch and the processes.
+
+    ``saved_config``: the config of the checkpoint being resumed (old or new layout),
+    whose resolved stream count a resumed run must keep; checkpoints from before
+    streams existed hold one stream.
+    """
+    asked = spec.data.streams
+    saved = None if saved_config is None else saved_streams(saved_config)
+    if asked and saved is not None and asked != saved:
+        raise ConfigError(
+            f"data.streams={asked}, but the checkpoint being resumed was saved with {saved} "
+            "input streams, which fix the order of the data. Set "
+            f"--config.data.streams={saved} (or 0: take the checkpoint's) to resume, or use a "
+            "new --workdir.")
+    streams = asked or saved or default_data_streams(spec.batch_size, process_count)
+    origin = (f"data.streams={asked}" if asked else
+              f"data.streams=0 resumes with the checkpoint's {saved} streams" if saved else
+              f"data.streams=0 gives {streams} streams here")
+    if spec.batch_size % streams:
+        raise ConfigError(
+            f"batch_size={spec.batch_size} does not split over the input streams ({origin}); use "
+            f"a batch_size that is a multiple of {streams}, or set --config.data.streams to a "
+            f"divisor of {spec.batch_size} that the process count divides.")
+    if streams % process_count:
+        hint = (f"run on a process count that divides {saved}" if saved else
+                f"set --config.data.streams to a multiple of {process_count}")
+        raise ConfigError(f"The input streams ({origin}) do not divide over {process_count} "
+                          f"processes; {hint}.")
+    return streams
+
+
+def saved_streams(saved_config: dict) -> int:
+    """The stream count a checkpoint's config recorded (either layout; 1 before streams)."""
+    data = saved_config.get("data")
+    found = data.get("streams") if isinstance(data, dict) else saved_config.get("data_streams")
+    return found or 1

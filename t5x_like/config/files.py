@@ -1,0 +1,102 @@
+"""Config files: a Python module with ``get_config() -> ml_collections.ConfigDict`` that
+starts from ``config_lib.default_config()``. ``path:ARG`` calls ``get_config(ARG)``
+(ml_collections' convention). Old spellings in the file are moved to the sectioned
+layout as it is read, so an override of the new spelling applies on top of them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import pathlib
+import re
+import traceback
+
+import ml_collections
+
+from t5x_like.config import legacy, schema
+from t5x_like.errors import ConfigError
+
+
+def load_config_file(path: str, run_spec: bool = True) -> ml_collections.ConfigDict:
+    """The config ``path`` (or ``path:ARG``) makes, in the sectioned layout (``run_spec``
+    False: as the file made it, for configs of other things, such as retrieval runs)."""
+    path, argument = _split_argument(path)
+    file = pathlib.Path(path)
+    if not file.is_file():
+        raise ConfigError(f"Config file {path!r} does not exist. Pass --config=configs/quickstart.py "
+                          "or another file in configs/.")
+    module = _run_module(file, path)
+    if not hasattr(module, "get_config"):
+        raise ConfigError(f"Config file {path!r} has no get_config() function; define one that "
+                          "returns an ml_collections.ConfigDict.")
+    if argument is not None and not inspect.signature(module.get_config).parameters:
+        raise ConfigError(f"Config file {path!r} takes no argument, but --config gave it "
+                          f"{argument!r}; drop ':{argument}'.")
+    config = _call_get_config(module, argument, path, file)
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise ConfigError(f"get_config() in {path!r} returned {type(config).__name__}; return "
+                          "an ml_collections.ConfigDict built from config_lib.default_config().")
+    if not run_spec:
+        return config
+    tree, _ = schema.migrated(config)
+    return schema.as_config_dict(tree)
+
+
+def _split_argument(path: str) -> tuple[str, str | None]:
+    if pathlib.Path(path).is_file() or ":" not in path:
+        return path, None
+    head, argument = path.rsplit(":", 1)
+    return (head, argument) if pathlib.Path(head).is_file() else (path, None)
+
+
+def _run_module(file: pathlib.Path, path: str):
+    spec = importlib.util.spec_from_file_location(f"_t5x_like_config_{file.stem}", file)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as e:
+        raise ConfigError(f"Config file {path!r} has a syntax error at line {e.lineno}: {e.msg}"
+                          f"{': ' + e.text.strip() if e.text else ''}. Fix the file.") from None
+    except ImportError as e:
+        raise ConfigError(f"Config file {path!r} imports what is not installed or not "
+                          f"importable ({e}).") from None
+    except Exception as e:  # noqa: BLE001 - any error running the user's file is theirs
+        raise ConfigError(f"Running config file {path!r} raised {type(e).__name__}: {e} "
+                          f"(line {_user_line(e, file)}). Fix the file.") from None
+    return module
+
+
+def _call_get_config(module, argument, path: str, file: pathlib.Path):
+    try:
+        return module.get_config() if argument is None else module.get_config(argument)
+    except TypeError as e:
+        # ConfigDict refuses to change a field's type, e.g. an int key set to a string.
+        raise ConfigError(f"In {path}: {e}. Use a value of the key's type "
+                          "(see t5x_like.config_lib.default_config).") from None
+    except (AttributeError, KeyError) as e:
+        # A key the defaults lack: an old spelling of a section (config.eval.mixture), or a typo.
+        raise ConfigError(f"In {path}, get_config() (line {_user_line(e, file)}): "
+                          f"{_missing_key_message(e)}") from None
+    except ValueError as e:  # the file's own refusal of its argument (an unknown preset)
+        raise ConfigError(f"{path}:{argument}: {e}.") from None
+
+
+def _missing_key_message(error: BaseException) -> str:
+    text = " ".join(str(error.args[0] if error.args else error).split())
+    quoted = re.search(r"'([^']+)'", text)
+    key = quoted.group(1) if quoted else text
+    new = legacy.new_spelling(key) or legacy.new_spelling(f"model.{key}")
+    if key == "eval":
+        return ("config.eval is now named evaluators: config.evals.benchmark = dict(kind="
+                "'benchmark', mixture=...) (or kind='harness', tasks=...); see docs/configs.md.")
+    if new:
+        return f"{key!r} is now {new!r}; use that spelling."
+    return f"{text}. Use only keys of t5x_like.config_lib.default_config()."
+
+
+def _user_line(error: BaseException, file: pathlib.Path) -> int | str:
+    """The line of the user's config file the error was raised under."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__)
+              if pathlib.Path(f.filename).resolve() == file.resolve()]
+    return frames[-1].lineno if frames else "?"

@@ -1,0 +1,413 @@
+"""The run spec: every section of a run, frozen and typed, each checking itself.
+
+``RunSpec.from_mapping(config)`` builds one from a config (a ``ConfigDict`` in the
+layout ``schema.default_config`` gives, old spellings moved first by
+``legacy.migrate``); what needs devices, files or the task registry is checked
+by the run service (``t5x_like.runs.resolve``) before anything runs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import ClassVar
+
+from t5x_like.config import evals as evals_lib
+from t5x_like.config.families import model_spec_class
+from t5x_like.config.model_parts import ModelSpec, finite
+from t5x_like.config.sections import FrozenMap, Section, field, require, section
+from t5x_like.errors import ConfigError
+
+OPTIMIZERS = ("adafactor", "adamw", "muon", "schedule_free_adamw")
+SCHEDULES = ("constant", "rsqrt", "linear", "cosine", "wsd")
+HEAD_KINDS = ("", "classification", "regression", "token_classification", "span_extraction")
+# Fingerprint keys a resume may be allowed to change (and their sub-keys).
+RESUME_CHANGE_KEYS = ("vocabulary", "task", "task_feature_lengths", "optimizer", "model", "head",
+                      "peft")
+
+
+@section
+class DataSpec(Section):
+    """How the task's examples become rows. ``streams``: the input streams V the global
+    batch is drawn from (stream v reads shard v of V and fills B/V rows of each batch);
+    0: the checkpoint's count when resuming, else 8 (or the largest count up to 8 dividing
+    batch_size) when the process count divides it, else one per process.
+    ``prefix_attention``: decoders given inputs and targets train as a prefix LM whose
+    prefix attends both ways (seqio) or causally (GPT fine-tuning, lm-eval)."""
+
+    pack: bool = False
+    streams: int = field(0, minimum=0)
+    prefix_attention: str = field("bidirectional", choices=("bidirectional", "causal"))
+
+
+@section
+class OptimizerSpec(Section):
+    name: str = field("adafactor", choices=OPTIMIZERS)
+    learning_rate: float = field(1e-2, minimum=0.0)
+    schedule: str = field("rsqrt", choices=SCHEDULES)
+    warmup_steps: int = field(100, minimum=0)
+    final_learning_rate_fraction: float = field(0.0, doc="linear, cosine, wsd end at this x peak")
+    decay_fraction: float = field(0.1, doc="wsd: the last fraction of steps after warmup")
+    muon_momentum: float = 0.95
+    weight_decay: float = field(0.0, minimum=0.0)
+    grad_clip_norm: float = field(0.0, minimum=0.0, doc="0: no global-norm clipping")
+    b1: float = 0.9
+    b2: float = 0.999
+    microbatches: int = field(1, minimum=1, doc="gradient accumulation: slices of each batch")
+
+    def check(self, path):
+        fraction = self.final_learning_rate_fraction
+        require(finite(fraction) and 0.0 <= fraction <= 1.0,
+                f"optimizer.final_learning_rate_fraction={fraction} is a fraction of the peak "
+                "learning rate and must be in [0, 1], e.g. "
+                "--config.optimizer.final_learning_rate_fraction=0.1.")
+        require(finite(self.decay_fraction) and 0.0 < self.decay_fraction <= 1.0,
+                f"optimizer.decay_fraction={self.decay_fraction} is the fraction of the steps "
+                "after warmup that WSD decays over and must be in (0, 1], e.g. "
+                "--config.optimizer.decay_fraction=0.2.")
+        require(self.name != "schedule_free_adamw" or self.schedule == "constant",
+                "optimizer.name=schedule_free_adamw replaces the learning-rate decay; its "
+                f"schedule is warmup then constant, not {self.schedule!r}: set "
+                "--config.optimizer.schedule=constant.")
+        for key, example in (("b1", 0.9), ("b2", 0.999), ("muon_momentum", 0.95)):
+            value = getattr(self, key)
+            require(finite(value) and 0.0 <= value < 1.0,
+                    f"optimizer.{key}={value} is a decay rate and must be in [0, 1), e.g. "
+                    f"--config.optimizer.{key}={example}.")
+
+
+@section
+class LossSpec(Section):
+    z_loss: float = field(1e-4, minimum=0.0)
+    label_smoothing: float = 0.0
+    normalization: str = field("tokens", choices=("tokens", "constant"))
+    normalizing_constant: float = field(0.0, doc="the divisor when normalization='constant'")
+
+    def check(self, path):
+        require(0.0 <= self.label_smoothing < 1.0,
+                f"loss.label_smoothing={self.label_smoothing} must be in [0, 1), e.g. 0.1.")
+        require(self.normalization != "constant" or self.normalizing_constant > 0,
+                "loss.normalization='constant' needs a positive loss.normalizing_constant, e.g. "
+                f"batch_size * target length (got {self.normalizing_constant}).")
+
+
+@section
+class LoggingSpec(Section):
+    """``every_steps``: train metrics are averaged and written this often;
+    ``peak_flops_per_device`` for MFU (0: the device kind's, from ``hardware``)."""
+
+    every_steps: int = field(10, minimum=1)
+    peak_flops_per_device: float = field(0.0, minimum=0.0)
+
+
+@section
+class CheckpointSpec(Section):
+    """Saved ``every_steps``; the newest ``keep`` are kept, plus every ``keep_every_steps``-th
+    step for good. ``local_dir``: saves land on this local disk first and are copied to the
+    workdir in the background (single-process runs). ``allow_resume_changes``: fingerprint
+    keys a resume may change (``vocabulary``, ``task``, ``optimizer``, a sub-key such as
+    ``model.dropout_rate``, ...); others are refused."""
+
+    every_steps: int = field(200, minimum=1)
+    keep: int = field(3, minimum=1)
+    keep_every_steps: int = field(0, minimum=0)
+    local_dir: str = ""
+    allow_resume_changes: tuple[str, ...] = ()
+
+    def check(self, path):
+        require(self.keep_every_steps % self.every_steps == 0,
+                f"checkpoint.keep_every_steps={self.keep_every_steps} is not a multiple of "
+                f"checkpoint.every_steps={self.every_steps}, so no saved step would be kept; use "
+                "a multiple of checkpoint.every_steps.")
+        require(not self.local_dir.startswith(("gs://", "s3://")),
+                f"checkpoint.local_dir={self.local_dir!r} must be a local folder (a fast disk); "
+                "the workdir is where checkpoints go to a bucket.")
+        for name in self.allow_resume_changes:
+            require(any(name == k or name.startswith(k + ".") for k in RESUME_CHANGE_KEYS),
+                    f"checkpoint.allow_resume_changes names {name!r}, which no resume checks; use "
+                    f"some of {', '.join(RESUME_CHANGE_KEYS)} (or a sub-key such as "
+                    "model.dropout_rate).")
+
+
+@section
+class DivergenceSpec(Section):
+    """Stopping a run that went wrong before anything of it is saved: a NaN/Inf loss or
+    gradient (``on_nonfinite_loss``: stop, or skip that update), a gradient norm exactly 0
+    for ``zero_grad_steps`` steps (0: off), a loss above ``loss_spike_factor`` x the median
+    of the last ``median_window`` (0: off)."""
+
+    on_nonfinite_loss: str = field("stop", choices=("stop", "skip_update"))
+    zero_grad_steps: int = field(3, minimum=0)
+    loss_spike_factor: float = field(0.0, minimum=0.0)
+    median_window: int = field(100, minimum=1)
+
+    def check(self, path):
+        factor = self.loss_spike_factor
+        require(not 0 < factor <= 1,
+                f"divergence.loss_spike_factor={factor} would stop on ordinary noise; use a "
+                "factor above 1 (e.g. 5.0) or 0 to turn the rule off.")
+
+
+@section
+class ResilienceSpec(Section):
+    """Pod-scale safety (``docs/training_engine.md``): a lock without a heartbeat for
+    ``lock_stale_after_s`` is taken over; no step, evaluation or save for
+    ``hang_timeout_s`` stops the run (exit 75; 0: off, -1: 1800 s on TPU and GPU, off on
+    CPU); processes that do not arrive within ``startup_timeout_s`` are named (exit 2)."""
+
+    lock_stale_after_s: float = 300.0
+    hang_timeout_s: float = -1.0
+    startup_timeout_s: float = 300.0
+
+    def check(self, path):
+        for key, example in (("lock_stale_after_s", "300"), ("startup_timeout_s", "600")):
+            value = getattr(self, key)
+            require(finite(value) and value > 0,
+                    f"resilience.{key}={value} must be a positive number of seconds, e.g. "
+                    f"--config.resilience.{key}={example}.")
+        value = self.hang_timeout_s
+        require(finite(value) and (value >= 0 or value == -1),
+                f"resilience.hang_timeout_s={value} must be seconds (e.g. 1800), 0 (off) or -1 "
+                "(1800 on TPU and GPU, off on CPU).")
+
+
+@section
+class HeadSpec(Section):
+    """A fine-tuning head on an encoder or decoder body instead of its pretraining
+    objective (``models/heads.py``): the body loads from init_from, the head starts
+    fresh. ``labels``: () takes the task's (resolved when the run starts)."""
+
+    kind: str = field("", choices=HEAD_KINDS)
+    pooling: str = field("cls", choices=("cls", "last", "mean"))
+    dropout_rate: float = field(0.1, minimum=0.0)
+    labels: tuple[str, ...] = ()
+    max_answer_length: int = field(30, minimum=1)
+
+    def check(self, path):
+        require(not (self.kind == "regression" and self.labels),
+                "head.kind='regression' predicts one number; leave head.labels empty.")
+
+
+@section
+class LoraSpec(Section):
+    """Low-rank updates W + (alpha/rank) A B (Hu et al.) on kernels whose path matches
+    ``targets`` (``summary`` lists the paths); rank 0: off."""
+
+    rank: int = field(0, minimum=0)
+    alpha: float = field(8.0, minimum=0.0)
+    dropout: float = 0.0
+    targets: str = r"(^|/)(query|value)/kernel$"
+
+    def check(self, path):
+        require(0.0 <= self.dropout < 1.0,
+                f"peft.lora.dropout={self.dropout} must be in [0, 1), e.g. 0.1.")
+        try:
+            re.compile(self.targets)
+        except re.error as e:
+            raise ConfigError(f"peft.lora.targets={self.targets!r} is not a regular expression "
+                              f"({e}); e.g. '(query|value)/kernel$'.") from None
+
+
+@section
+class AdapterSpec(Section):
+    """Bottleneck adapters (Houlsby et al.); size 0: off."""
+
+    size: int = field(0, minimum=0)
+    activation: str = field("gelu", choices=("gelu", "gelu_exact", "relu", "silu"))
+    placement: str = field("houlsby", choices=("houlsby", "pfeiffer"))
+
+
+@section
+class PrefixSpec(Section):
+    """Learned keys and values in every attention (Li & Liang); length 0: off."""
+
+    length: int = field(0, minimum=0)
+    reparameterize: bool = False
+    hidden: int = field(512, minimum=1)
+
+
+@section
+class PromptSpec(Section):
+    """A soft prompt before the encoder's input (Lester et al.); length 0: off."""
+
+    length: int = field(0, minimum=0)
+
+
+@section
+class PeftSpec(Section):
+    """Parameter-efficient tuning (``models/peft.py``): new small parameters or a chosen
+    subset train, the rest stay frozen with no optimizer state."""
+
+    bitfit: bool = False
+    lora: LoraSpec = field(LoraSpec())
+    adapter: AdapterSpec = field(AdapterSpec())
+    prefix: PrefixSpec = field(PrefixSpec())
+    prompt: PromptSpec = field(PromptSpec())
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.bitfit or self.lora.rank or self.adapter.size or self.prefix.length
+                    or self.prompt.length)
+
+
+@section
+class DistillSpec(Section):
+    """Knowledge distillation (``distill.py``): a frozen teacher inside the train step;
+    teacher "" is off. Sanh et al.'s weights: temperature 2, soft 5, hard 2, cosine 1."""
+
+    teacher: str = ""
+    temperature: float = 2.0
+    soft_weight: float = field(5.0, minimum=0.0)
+    hard_weight: float = field(2.0, minimum=0.0)
+    cosine_weight: float = field(1.0, minimum=0.0)
+    student_init: str = field("teacher_layers", choices=("teacher_layers", "fresh"))
+
+    def check(self, path):
+        require(not self.teacher or (finite(self.temperature) and self.temperature > 0),
+                f"distill.temperature={self.temperature!r} must be a finite number > 0 (Sanh "
+                "et al.: temperature 2, soft 5, hard 2, cosine 1).")
+
+
+MESH_AXES = ("dcn", "data", "fsdp", "expert", "tensor")
+
+
+@section
+class MeshSpec(Section):
+    """Device mesh axes; -1 takes the remaining devices. ``dcn``: data parallelism across
+    TPU slices (multi-slice); 0: the number of slices the devices span (1 off multi-slice
+    TPU), so one config runs anywhere."""
+
+    dcn: int = 0
+    data: int = -1
+    fsdp: int = 1
+    expert: int = 1
+    tensor: int = 1
+
+    def check(self, path):
+        require(self.dcn >= 0, f"mesh.dcn must be the number of slices, or 0 for the slices the "
+                               f"devices span, got {self.dcn!r}.")
+        for name in MESH_AXES[1:]:
+            size = getattr(self, name)
+            require(size >= 1 or size == -1,
+                    f"mesh.{name} must be a positive integer or -1 (fill), got {size!r}.")
+        require(list(self.to_dict().values()).count(-1) <= 1,
+                "At most one mesh axis may be -1 (fill with the remaining devices); got "
+                f"mesh={self.to_dict()}.")
+
+
+@section
+class PartitioningSpec(Section):
+    rules: str = field("fsdp", choices=("data_parallel", "fsdp", "fsdp_tensor"))
+
+
+@section
+class RunSpec(Section):
+    """One run, every section resolved and checked (``docs/configs.md``)."""
+
+    seed: int = 0
+    num_train_steps: int = field(1000, minimum=1)
+    batch_size: int = field(32, minimum=1, doc="global, over all hosts and devices")
+    task: str = "embedded_en_span_corruption"
+    # "": the task's own vocabulary; "checkpoint": the tokenizer init_from carries; or a
+    # tokenizer folder / tokenizer.json / .model path (copied into WORKDIR/tokenizer).
+    vocabulary: str = ""
+    init_from: str = field("", doc="params-only pretrained folder or run to start from")
+    task_feature_lengths: FrozenMap = field(FrozenMap(inputs=512, targets=114))
+    data: DataSpec = field(DataSpec())
+    model: ModelSpec
+    optimizer: OptimizerSpec = field(OptimizerSpec())
+    loss: LossSpec = field(LossSpec())
+    logging: LoggingSpec = field(LoggingSpec())
+    checkpoint: CheckpointSpec = field(CheckpointSpec())
+    evals: FrozenMap = field(evals_lib.default_evals())
+    divergence: DivergenceSpec = field(DivergenceSpec())
+    resilience: ResilienceSpec = field(ResilienceSpec())
+    head: HeadSpec = field(HeadSpec())
+    peft: PeftSpec = field(PeftSpec())
+    distill: DistillSpec = field(DistillSpec())
+    mesh: MeshSpec = field(MeshSpec())
+    partitioning: PartitioningSpec = field(PartitioningSpec())
+
+    # Families whose encoder takes a soft prompt (peft.prompt) in front of its input.
+    SOFT_PROMPT_FAMILIES: ClassVar[tuple[str, ...]] = ("encoder", "encoder_decoder")
+
+    @classmethod
+    def sub_section(cls, name, value):
+        if name == "model":
+            return model_spec_class(value.get("family", "encoder_decoder"))
+        return super().sub_section(name, value)
+
+    @classmethod
+    def _value(cls, f, value, key):
+        if f.name == "evals":
+            return evals_lib.evals_from_mapping(value, key)
+        if f.name == "task_feature_lengths":
+            lengths = super()._value(f, value, key)
+            for name, length in lengths.items():
+                require(isinstance(length, int) and not isinstance(length, bool) and length > 0,
+                        f"task_feature_lengths.{name} must be a positive integer, got "
+                        f"{length!r}.")
+            return lengths
+        return super()._value(f, value, key)
+
+    def check(self, path=""):
+        require(self.vocabulary != "checkpoint" or self.init_from,
+                "vocabulary='checkpoint' takes the tokenizer of the checkpoint the run starts "
+                "from, and init_from is empty; set --config.init_from=FOLDER or give the "
+                "tokenizer's path.")
+        require(not self.data.streams or self.batch_size % self.data.streams == 0,
+                f"batch_size={self.batch_size} does not split into data.streams="
+                f"{self.data.streams} equal parts; use a batch_size that is a multiple of "
+                f"{self.data.streams} or a data.streams that divides {self.batch_size}.")
+        self._check_head()
+        self._check_peft()
+        self._check_distill()
+        self.model.check_run(self)
+
+    def _check_head(self) -> None:
+        if not self.head.kind:
+            return
+        require(not self.data.pack, "A fine-tuning head reads one example per row; set "
+                                    "--config.data.pack=False.")
+        require(self.optimizer.microbatches == 1,
+                "Gradient accumulation (optimizer.microbatches > 1) is not built for fine-tuning "
+                "heads; use optimizer.microbatches=1 and a batch_size that fits.")
+        require("inputs" in self.task_feature_lengths,
+                "A fine-tuning head reads task_feature_lengths.inputs tokens; set "
+                "--config.task_feature_lengths.inputs=128 (for example).")
+
+    def _check_peft(self) -> None:
+        if self.peft.prompt.length:
+            require(not self.data.pack, "peft.prompt puts its prompt in front of each row, so "
+                                        "rows cannot be packed; set --config.data.pack=False.")
+            require(self.model.family in self.SOFT_PROMPT_FAMILIES,
+                    "peft.prompt puts a soft prompt in front of the input of a BERT-style "
+                    f"encoder or T5's encoder; it is not built for model.family="
+                    f"{self.model.family!r}. Use prefix tuning, which works with cached decoding: "
+                    "--config.peft.prompt.length=0 --config.peft.prefix.length=10.")
+
+    def _check_distill(self) -> None:
+        if not self.distill.teacher:
+            return
+        require(not (self.init_from and self.distill.student_init == "teacher_layers"),
+                "distill.student_init='teacher_layers' starts the student from the teacher, and "
+                f"init_from={self.init_from!r} from elsewhere; pick one: --config.init_from= or "
+                "--config.distill.student_init=fresh.")
+        require(not self.head.kind,
+                "distill distils a pretraining objective (masked LM, LM, seq2seq); with head.kind "
+                "set there are no token distributions to match. Distil first, then fine-tune the "
+                "student's checkpoint.")
+        require(not self.peft.enabled, "distill trains the whole student; turn peft off for it.")
+
+    def evaluators(self, kind: str) -> dict:
+        """``{name: spec}`` of the evaluators of ``kind``."""
+        return {name: spec for name, spec in self.evals.items() if spec.kind == kind}
+
+
+def run_spec(config: Mapping) -> RunSpec:
+    """The run spec of a config already in the current layout (``legacy.migrate`` moves
+    old spellings first)."""
+    if isinstance(config, RunSpec):
+        return config
+    to_dict = getattr(config, "to_dict", None)
+    return RunSpec.from_mapping(to_dict() if to_dict is not None else dict(config))
