@@ -9,6 +9,7 @@ from __future__ import annotations
 from t5x_like.config import (
     RunSpec,
     apply_overrides,
+    as_config_dict,
     check_devices,
     default_config,
     default_data_streams,
@@ -25,7 +26,7 @@ from t5x_like.config import (
 from t5x_like.config import resolve_data_streams as _resolve_data_streams
 from t5x_like.errors import ConfigError
 
-__all__ = ["ConfigError", "RunSpec", "apply_overrides", "default_config",
+__all__ = ["ConfigError", "RunSpec", "apply_overrides", "as_config_dict", "default_config",
            "default_data_streams", "load_config_file", "model_defaults", "model_of_folder",
            "model_spec_of", "parse_value",
            "resolve_data_streams", "resolve_mesh_shape", "spec_of", "split_overrides",

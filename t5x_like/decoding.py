@@ -314,7 +314,7 @@ def beam_decode(model: nn.Module, params, encoder_input_tokens: jax.Array, *,
 def generation_length(model: nn.Module, prompt_length: int, max_new_tokens: int) -> int:
     """Prompt plus new tokens, checked against the positions the model has."""
     total = prompt_length + max_new_tokens
-    max_length = getattr(model.config, "max_length", total)
+    max_length = getattr(getattr(model.config, "positions", None), "max_length", total)
     if total > max_length:
         raise ValueError(f"prompt ({prompt_length}) + max_new_tokens ({max_new_tokens}) = {total} "
                          f"exceeds the model's max_length {max_length}.")
@@ -397,7 +397,7 @@ def _prompt_beam_search(model: nn.Module, params, prompts: jax.Array, pad: jax.A
     generation_length(model, width, max_new_tokens)  # the positions exist
     k, start = num_beams, width - 1
     cache_length = start + k * max_new_tokens
-    window = getattr(model.config, "sliding_window", 0) or 0
+    window = getattr(getattr(model.config, "attention", None), "sliding_window", 0) or 0
     slot_step = jnp.repeat(jnp.arange(max_new_tokens), k)  # the step and beam of each slot
     slot_beam = jnp.tile(jnp.arange(k), max_new_tokens)
     key_index = jnp.concatenate([jnp.arange(start), start + slot_step])

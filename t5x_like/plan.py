@@ -23,7 +23,7 @@ import argparse
 import json
 import sys
 
-from t5x_like import errors, planner
+from t5x_like import cli_flags, errors, planner, runs
 
 GiB = planner.GiB
 
@@ -137,13 +137,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="Plan one generation step (a token per row over the cache of "
                              "task_feature_lengths) instead of the train step.")
     parser.add_argument("--json", action="store_true", help="Print the report as JSON.")
+    cli_flags.add_module_flag(parser)
     args = parser.parse_args(rest)
+    cli_flags.import_modules(args.module)
     planner.prepare_compiler_environment()
-    from t5x_like import config_lib
     planner.parse_topology(args.topology)
-    config = config_lib.load_config_file(args.config)
-    config_lib.apply_overrides(config, overrides)
-    config_lib.validate(config)
+    config = runs.resolve_spec(runs.load_config(args.config, overrides))
     compile_plan, formatter = ((planner.plan_decode, format_decode_report) if args.decode
                                else (planner.plan, format_report))
     report = compile_plan(config, args.topology, args.num_slices)

@@ -47,7 +47,7 @@ class RunHolding:
         self.resolved, self.progress = resolved, progress
         self.workdir = resolved.workdir
         self.is_chief = jax.process_index() == 0
-        self.started = time.time()
+        self.started = resolved.started or time.time()
         self.lock = None
         self.status = "error"
         self.preemption = PreemptionFlag()

@@ -1,32 +1,21 @@
-"""Resolving a run before anything runs: one call turns (config, devices, workdir state)
-into the checked, frozen spec and what the command builds from it, with every
-``ConfigError`` raised here: before the workdir lock, before any checkpoint restore,
-before any compile. The commands then only hold, build, restore or initialise, and
-loop.
-
-- ``resolve_spec``: the config's spec, its task and evaluators found, a head's labels
-  taken from its task, the family's structure asked what it can do;
-- ``resolve_training`` (``train``): the vocabulary and the task's steps, the
-  evaluators prepared, the mesh on the devices, the trainer (shapes only), PEFT
-  fitting the model, the distillation teacher and ``init_from`` read (their configs,
-  not their arrays), and the workdir's newest checkpoint checked against this run's
-  fingerprint and input streams;
-- ``resolve_checkpoint`` (``eval``, ``infer``, the harness, ``embed``, ``convert
-  export``): the spec a checkpoint evaluates with, and the vocabulary it was trained
-  with and the one asked for.
+"""Resolving a run's spec before anything runs, for every command: the config file and
+its overrides to the checked spec (``resolve_spec``), the vocabularies (the one a
+checkpoint was trained with, the one asked for, whether they fit), and the spec a
+checkpoint evaluates with (``resolve_checkpoint``: ``eval``, ``infer``, the harness,
+``embed``, ``convert export``). A training run resolves on top of this
+(``training_run.resolve_training``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 from typing import Any
 
 import ml_collections
 
-from t5x_like import cli_flags, config, storage
-from t5x_like.checkpoints.source import Source, check_same_model, config_from_saved, resolve
+from t5x_like import config, storage
+from t5x_like.checkpoints.source import Source, check_same_model, config_from_saved
 from t5x_like.config import RunSpec
 from t5x_like.errors import ConfigError, UserError
 
@@ -52,7 +41,7 @@ def resolve_spec(run_config) -> RunSpec:
     spec = config.spec_of(run_config)
     names = [("task", spec.task)] + [(f"evals.{name}.mixture", settings.mixture)
                                      for name, settings in spec.evals.items()
-                                     if settings.kind == "benchmark"]
+                                     if settings.kind == "benchmark" and settings.enabled]
     for key, name in names:
         try:
             get_task_or_mixture(name)
@@ -206,223 +195,6 @@ def keep_tokenizer(workdir, vocabulary) -> None:
     shutil.rmtree(partial, ignore_errors=True)
     hf_tokenizers.write_tokenizer(vocabulary, partial)
     partial.rename(workdir / TOKENIZER_FOLDER)
-
-
-# -- a training run ----------------------------------------------------------------------
-
-@dataclasses.dataclass
-class Resume:
-    """The workdir's newest checkpoint, checked: its step and saved config (sectioned), and
-    the fingerprint keys ``checkpoint.allow_resume_changes`` lets differ."""
-
-    step: int
-    saved: dict
-    changed: list[str]
-
-
-@dataclasses.dataclass
-class TrainingRun:
-    """What ``train`` builds from, every check passed."""
-
-    spec: RunSpec
-    workdir: Any
-    asked_vocabulary: Any          # config.vocabulary resolved (None: the task's own)
-    vocabulary: Any                # what the task tokenizes with
-    devices: list
-    mesh_shape: dict
-    trainer: Any                   # built on the mesh: shapes and jitted steps, nothing compiled
-    fingerprint: dict
-    num_streams: int
-    resume: Resume | None
-    evaluators: dict               # {name: prepared}, see evaluation.in_training
-    teacher: Any = None            # distill.TeacherSource, checked, params not read
-
-    @property
-    def run_config(self) -> dict:
-        """What every checkpoint saves beside the state: the spec, the resolved stream
-        count and the fingerprint."""
-        tree = self.spec.to_dict()
-        tree["data"]["streams"] = self.num_streams
-        return dict(tree, fingerprint=self.fingerprint)
-
-
-def resolve_training(run_config, workdir: str, devices=None, process_count: int | None = None
-                     ) -> TrainingRun:
-    """Everything ``train`` checks, in order, none of it building state or compiling."""
-    import jax
-
-    from t5x_like import partitioning, run_guard
-    from t5x_like import trainer as trainer_lib
-    from t5x_like.data import get_task_or_mixture
-    from t5x_like.evaluation import in_training
-    spec = resolve_spec(run_config)
-    storage.check_checkpoint_location(workdir, "--workdir")
-    cli_flags.check_writable_folder(workdir)
-    process_count = jax.process_count() if process_count is None else process_count
-    _check_local_dir(spec, process_count)
-    asked = _config_vocabulary(spec)
-    vocabulary = asked or get_task_or_mixture(spec.task).vocabulary
-    check_model_fits_vocabulary(spec, vocabulary)
-    check_task_steps(spec, asked)
-    evaluators = _prepared_evaluators(in_training, spec, asked)
-    devices = jax.devices() if devices is None else list(devices)
-    mesh_shape = config.check_devices(spec, len(devices), process_count,
-                                      partitioning.num_slices(devices))
-    trainer = trainer_lib.build_trainer(spec, partitioning.make_mesh(mesh_shape, devices))
-    check_peft_fits(spec, trainer.abstract_state.params)
-    fingerprint = run_guard.fingerprint(spec, vocabulary, trainer.abstract_state.opt_state)
-    teacher = _checked_teacher(spec, vocabulary, trainer)
-    _check_init_from(spec)
-    resume = _checked_resume(spec, storage.path(workdir), fingerprint)
-    num_streams = config.resolve_data_streams(spec, process_count,
-                                              resume.saved if resume else None)
-    return TrainingRun(spec, storage.path(workdir), asked, vocabulary, devices, mesh_shape,
-                       trainer, fingerprint, num_streams, resume, evaluators, teacher)
-
-
-def _config_vocabulary(spec):
-    """``vocabulary``: "" (the task's), ``checkpoint`` (what ``init_from`` carries) or a path."""
-    try:
-        source = resolve(spec.init_from, "init_from") if spec.vocabulary == "checkpoint" else None
-        return asked_vocabulary(spec.vocabulary, source, "vocabulary")
-    except UserError as e:
-        raise ConfigError(f"vocabulary={spec.vocabulary!r}: {e}") from None
-
-
-def _prepared_evaluators(in_training, spec, vocabulary) -> dict:
-    """Each evaluator's ``prepare`` (its mixture found, its packages installed, its harness
-    tasks loaded); a problem names its key."""
-    prepared = {}
-    for name, settings in spec.evals.items():
-        if not settings.every_steps:
-            continue
-        try:
-            prepared[name] = in_training.KINDS[settings.kind].prepare(name, settings, spec,
-                                                                      vocabulary)
-        except UserError as e:
-            raise ConfigError(f"evals.{name}: {e}") from None
-    return prepared
-
-
-def _check_local_dir(spec, process_count: int) -> None:
-    """``checkpoint.local_dir``: single-process, and a folder this process can write."""
-    local = spec.checkpoint.local_dir
-    if not local:
-        return
-    if process_count > 1:
-        raise ConfigError(
-            f"checkpoint.local_dir is single-process for now ({process_count} processes: each "
-            "host's disk would hold only its own shards); leave it empty to save to the "
-            "workdir.")
-    try:
-        cli_flags.check_writable_folder(local, "checkpoint.local_dir")
-    except UserError as e:
-        raise ConfigError(str(e)) from None
-
-
-def check_peft_fits(spec, params) -> None:
-    """PEFT settings the model cannot honour, refused naming what there is: a LoRA
-    pattern that matches no kernel, a prompt longer than the learned positions leave
-    room for, BitFit on a model without biases."""
-    from t5x_like import structures
-    from t5x_like.trainer import flat_with_paths
-    paths = [path for path, _ in flat_with_paths(params)]
-    peft = spec.peft
-    if peft.lora.rank and not any(p.endswith("/lora_a") for p in paths):
-        kernels = [p for p in paths if p.endswith("/kernel")]
-        examples = ", ".join(kernels[:4]) + (", ..." if len(kernels) > 4 else "")
-        raise ConfigError(f"peft.lora.targets={peft.lora.targets!r} matches none of the "
-                          f"model's {len(kernels)} kernels ({examples}); write a regular "
-                          "expression searched in such paths, e.g. '(query|value)/kernel$' "
-                          "(`python -m t5x_like.summary --depth=9` lists the paths).")
-    structure = structures.structure_class(spec.model.family)
-    limit = structure.learned_positions(spec.model)
-    if peft.prompt.length and limit:
-        inputs = int(spec.task_feature_lengths.get("inputs", 0))
-        needed = structure.positions_needed(spec, {"inputs": inputs + peft.prompt.length})
-        if needed > limit:
-            raise ConfigError(
-                f"peft.prompt.length={peft.prompt.length} more positions after "
-                f"task_feature_lengths.inputs={inputs} pass the model's "
-                f"positions.max_length={limit} learned positions; shorten the inputs to "
-                f"{limit - peft.prompt.length} or the prompt.")
-    if peft.bitfit and not any(p.endswith("/bias") for p in paths):
-        raise ConfigError("peft.bitfit trains only bias terms, and this model has none "
-                          f"(model.family={spec.model.family!r}; T5 v1.1 has no biases). "
-                          "Use a model with biases (use_bias=True) or a fine-tuning head.")
-
-
-def _checked_teacher(spec, vocabulary, trainer):
-    """Distillation's teacher: its config read and checked against the student, and the
-    student's start from its layers checked on shapes (its params are read later)."""
-    if not spec.distill.teacher:
-        return None
-    from t5x_like import distill
-    try:
-        teacher = distill.teacher_source(spec)
-        distill.check_teacher(spec, teacher, vocabulary)
-        if spec.distill.student_init == "teacher_layers":
-            distill.check_student_init(teacher, trainer.abstract_state.params)
-    except UserError as e:
-        raise ConfigError(str(e)) from None
-    return teacher
-
-
-def _check_init_from(spec) -> None:
-    """``init_from`` holds a checkpoint of this model (its config read, no arrays)."""
-    if not spec.init_from:
-        return
-    try:
-        source = resolve(spec.init_from, "init_from")
-    except UserError:
-        raise ConfigError(
-            f"init_from={spec.init_from!r} is not a pretrained folder (no model_config.json), "
-            "a training workdir or a checkpoint step folder; point it at the --out folder of "
-            "`python -m t5x_like.convert import` or at a run's workdir.") from None
-    steps = source.steps()
-    if not steps:
-        raise ConfigError(f"init_from={spec.init_from!r} holds no complete checkpoint yet.")
-    try:
-        check_same_model(source.saved_config(steps[-1]), spec, f"init_from={spec.init_from!r}")
-    except UserError as e:
-        raise ConfigError(str(e)) from None
-
-
-def _checked_resume(spec, workdir, fingerprint: dict) -> Resume | None:
-    """The newest step of the workdir (or its local tier) whose config reads, checked
-    against this run's fingerprint. A damaged newer step is left to the restore, which
-    moves it aside."""
-    from t5x_like import run_guard
-    for step, saved in _saved_configs_newest_first(spec, workdir):
-        changed = run_guard.check_resume(saved, fingerprint,
-                                         spec.checkpoint.allow_resume_changes)
-        layout = config.migrated(saved)[0]
-        return Resume(step, dict(layout, fingerprint=saved.get("fingerprint"),
-                                 peft_base=saved.get("peft_base")), changed)
-    return None
-
-
-def _saved_configs_newest_first(spec, workdir):
-    """``(step, saved config)`` of the workdir's checkpoints whose config item reads,
-    newest first, read straight from the step folders (``config/metadata``)."""
-    from t5x_like import checkpointing
-    folders = [workdir / "checkpoints"]
-    if spec.checkpoint.local_dir:
-        folders.insert(0, checkpointing.local_tier(spec.checkpoint.local_dir,
-                                                   workdir / "checkpoints"))
-    steps = {}
-    for folder in folders:
-        if folder.is_dir():
-            for path in folder.iterdir():
-                if path.name.isdigit() and (path / "config" / "metadata").exists():
-                    steps.setdefault(int(path.name), path)
-    for step in sorted(steps, reverse=True):
-        try:
-            saved = json.loads((steps[step] / "config" / "metadata").read_text())
-        except (OSError, ValueError):
-            continue  # damaged: the restore moves it aside
-        if isinstance(saved, dict):
-            yield step, saved
 
 
 # -- a checkpoint to evaluate ------------------------------------------------------------

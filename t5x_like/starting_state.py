@@ -1,7 +1,7 @@
 """The state a training run starts from, once it holds its workdir: the newest
 checkpoint that restores (damaged newer ones moved aside), else the params of
 ``init_from``, else a distillation student from its teacher's layers, else a fresh
-init. Every setting was checked when the run resolved (``runs.resolve_training``)."""
+init. Every setting was checked when the run resolved (``training_run.resolve_training``)."""
 
 from __future__ import annotations
 

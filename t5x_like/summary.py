@@ -15,7 +15,7 @@ import sys
 import jax
 import numpy as np
 
-from t5x_like import errors, optim, runs, structures, trainer
+from t5x_like import cli_flags, errors, optim, runs, structures, trainer, training_run
 from t5x_like.models import moe
 
 
@@ -43,17 +43,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True)
     parser.add_argument("--depth", type=int, default=2,
                         help="Module path components per row (default 2: e.g. encoder/layers_0).")
+    cli_flags.add_module_flag(parser)
     args, overrides = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     unknown = [o for o in overrides if not o.startswith("--config.")]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    cli_flags.import_modules(args.module)
     config = runs.resolve_spec(runs.load_config(args.config, [
         o[len("--config."):] for o in overrides if o.startswith("--config.")]))
     from t5x_like.models import peft
     settings = peft.PeftSettings.from_config(config.peft)
     shapes = trainer.parameter_shapes(config.model, settings)
     if settings.any or config.peft.bitfit:
-        runs.check_peft_fits(config, shapes)
+        training_run.check_peft_fits(config, shapes)
     rows = module_rows(shapes, args.depth)
     print(format_table(rows))
     total = sum(count for _, count in rows)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
-from t5x_like import traced_platform
+from t5x_like import config_lib, traced_platform
 from t5x_like.models import attention, encoder
 
 BATCH, LENGTH, HEADS, KV_HEADS, HEAD_DIM = 2, 40, 4, 2, 8
@@ -255,7 +255,7 @@ def tiny_longformer(**overrides):
                     max_length=64, next_sentence_head=False, attention_window=4,
                     global_attention=True, max_global_tokens=4)
     settings.update(overrides)
-    return encoder.EncoderOnly(encoder.EncoderConfig(**settings))
+    return encoder.EncoderOnly(config_lib.model_spec_of(dict(**settings, family="encoder")))
 
 
 def test_longformer_encoder_is_the_same_function_under_every_implementation():
@@ -363,8 +363,8 @@ def test_a_fallback_to_the_plain_path_is_reported(caplog):
 
 def test_t5_on_an_accelerator_passes_the_bias_as_two_factors_with_the_same_values():
     from t5x_like.models import t5
-    config = t5.T5Config(vocab_size=64, d_model=32, num_heads=4, head_dim=8, d_ff=64,
-                         num_encoder_layers=2, num_decoder_layers=2, attention_impl="xla")
+    config = config_lib.model_spec_of(dict(vocab_size=64, d_model=32, num_heads=4, head_dim=8, d_ff=64,
+                         num_encoder_layers=2, num_decoder_layers=2, attention_impl="xla", family="encoder_decoder"))
     model = t5.EncoderDecoder(config)
     rng = np.random.default_rng(0)
     inputs = jnp.asarray(rng.integers(1, 64, (2, 16)) * (np.arange(16) < [[16], [11]]))

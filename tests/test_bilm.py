@@ -11,9 +11,9 @@ from t5x_like import config_lib, errors, summary
 from t5x_like import trainer as trainer_lib
 from t5x_like.models import bilm
 
-TINY = bilm.BilmConfig(vocab_size=64, char_vocabulary="", max_chars=8, char_embed_dim=4,
+TINY = config_lib.model_spec_of(dict(vocab_size=64, char_vocabulary="", max_chars=8, char_embed_dim=4,
                        filter_widths=(1, 2, 3), filter_counts=(4, 4, 8), num_highway=1,
-                       projection_dim=8, lstm_dim=16, num_layers=2, dropout_rate=0.0)
+                       projection_dim=8, lstm_dim=16, num_layers=2, dropout_rate=0.0, family="bilm"))
 
 
 @pytest.fixture(scope="module")

@@ -264,7 +264,7 @@ def test_a_chat_task_fine_tunes_an_imported_qwen2_on_assistant_tokens(tmp_path):
                       eval_every_steps=12, checkpoint_every_steps=12, eval_batches=1)
         config.task_feature_lengths = {"targets": 64}
         config.optimizer.update(learning_rate=1e-2, warmup_steps=0, schedule="constant")
-        config.eval.mixture = ""
+        config.evals.benchmark.mixture = ""  # the benchmark evaluator off
         result = train.run(config, str(tmp_path / "run"), quiet=True)
     finally:
         td.TaskRegistry.remove("qwen_chats")

@@ -14,9 +14,10 @@ QUICKSTART = str(REPO / "configs" / "quickstart.py")
 def test_quickstart_config_is_valid():
     config = config_lib.load_config_file(QUICKSTART)
     config_lib.validate(config)
-    for key in ("num_train_steps", "log_every_steps", "checkpoint_every_steps",
-                "eval_every_steps", "seed", "batch_size"):
+    for key in ("num_train_steps", "seed", "batch_size"):
         assert key in config
+    assert config.logging.every_steps and config.checkpoint.every_steps
+    assert config.evals.held_out.every_steps
 
 
 def test_override_sets_typed_values():
@@ -25,7 +26,7 @@ def test_override_sets_typed_values():
                                         "model.dtype=bfloat16", "model.mlp_activations=relu,linear"])
     assert config.num_train_steps == 7 and isinstance(config.num_train_steps, int)
     assert config.optimizer.learning_rate == 0.5
-    assert config.model.dtype == "bfloat16"
+    assert config.model.numerics.dtype == "bfloat16"  # the old spelling moved to its section
     assert tuple(config.model.mlp_activations) == ("relu", "linear")
 
 
@@ -79,10 +80,11 @@ def test_bad_enum_value_lists_choices():
 def test_model_enum_keys_are_checked_where_the_family_has_them():
     config = config_lib.default_config()
     config.model = config_lib.model_defaults("decoder")
-    config.model.remat_policy = "dot"
-    with pytest.raises(errors.ConfigError, match="model.remat_policy.*Did you mean 'dots'"):
+    config.model.numerics.remat_policy = "dot"
+    with pytest.raises(errors.ConfigError,
+                       match="model.numerics.remat_policy.*Did you mean 'dots'"):
         config_lib.validate(config)
-    config.model.remat_policy = "full"
+    config.model.numerics.remat_policy = "full"
     config_lib.validate(config)  # no "norm" check trips on a family without that key
 
 
@@ -125,21 +127,21 @@ def test_data_streams_default_to_a_count_independent_of_the_processes():
 
 
 @pytest.mark.parametrize("config, process_count, saved, message", [
-    (streams_config(data_streams=-1), 1, None, r"data_streams=-1 must be >= 0"),
+    (streams_config(data_streams=-1), 1, None, r"'data.streams' must be a finite number >= 0, got -1"),
     (streams_config(batch_size=12, data_streams=8), 1, None,
-     r"batch_size=12 does not split into data_streams=8 equal parts"),
+     r"batch_size=12 does not split into data.streams=8 equal parts"),
     (streams_config(data_streams=4), 8, None,
-     r"input streams \(data_streams=4\) do not divide over 8 processes; set "
-     r"--config.data_streams to a multiple of 8"),
+     r"input streams \(data.streams=4\) do not divide over 8 processes; set "
+     r"--config.data.streams to a multiple of 8"),
     (streams_config(batch_size=12), 8, None,
-     r"batch_size=12 does not split over the input streams \(data_streams=0 gives 8 streams "
+     r"batch_size=12 does not split over the input streams \(data.streams=0 gives 8 streams "
      r"here\)"),
     (streams_config(), 3, {"data_streams": 8},
      r"the checkpoint's 8 streams\) do not divide over 3 processes; run on a process count "
      r"that divides 8"),
     (streams_config(data_streams=4), 1, {"data_streams": 8},
-     r"data_streams=4, but the checkpoint being resumed was saved with 8 input streams.*"
-     r"Set --config.data_streams=8"),
+     r"data.streams=4, but the checkpoint being resumed was saved with 8 input streams.*"
+     r"Set --config.data.streams=8"),
 ])
 def test_data_streams_that_cannot_work_are_named_with_the_fix(config, process_count, saved,
                                                               message):

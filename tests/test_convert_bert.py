@@ -36,6 +36,7 @@ def test_imported_bert_matches_transformers_mlm_and_nsp_logits(tmp_path):
     hf_model.save_pretrained(tmp_path / "hf")
     assert convert_cli.main(["import", f"--hf_dir={tmp_path / 'hf'}", f"--out={tmp_path / 'ours'}"]) == 0
     model_config, params = load_pretrained(tmp_path / "ours")
+    model_config = convert_cli.flat_model(model_config)  # the converters' flat view
     model = structures.build_model(ml_collections.ConfigDict(model_config))
     tokens, token_types, mask = padded_pairs()
     ours = model.apply({"params": params}, tokens, token_types)
@@ -60,6 +61,7 @@ def test_imported_roberta_matches_transformers_mlm_logits(tmp_path):
     hf_model.save_pretrained(tmp_path / "hf")
     convert_cli.import_hf(str(tmp_path / "hf"), str(tmp_path / "ours"))
     model_config, params = load_pretrained(tmp_path / "ours")
+    model_config = convert_cli.flat_model(model_config)  # the converters' flat view
     assert (model_config["position_offset"], model_config["pad_id"]) == (2, 1)
     model = structures.build_model(ml_collections.ConfigDict(model_config))
     tokens, _, mask = padded_pairs()

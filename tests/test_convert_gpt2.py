@@ -29,6 +29,7 @@ def test_imported_gpt2_matches_transformers_logits(tmp_path):
     hf_model.save_pretrained(tmp_path / "hf")
     assert convert_cli.main(["import", f"--hf_dir={tmp_path / 'hf'}", f"--out={tmp_path / 'ours'}"]) == 0
     model_config, params = load_pretrained(tmp_path / "ours")
+    model_config = convert_cli.flat_model(model_config)  # the converters' flat view
     assert model_config["family"] == "decoder"
     model = structures.build_model(ml_collections.ConfigDict(model_config))
     tokens, mask = right_padded_batch()
@@ -75,6 +76,7 @@ def test_greedy_generation_matches_transformers_generate(tmp_path):
     hf_model.save_pretrained(tmp_path / "hf")
     convert_cli.import_hf(str(tmp_path / "hf"), str(tmp_path / "ours"))
     model_config, params = load_pretrained(tmp_path / "ours")
+    model_config = convert_cli.flat_model(model_config)  # the converters' flat view
     model = structures.build_model(ml_collections.ConfigDict(model_config))
     prompt = np.random.default_rng(3).integers(0, 99, size=(3, 6))
     with torch.no_grad():

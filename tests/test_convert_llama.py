@@ -11,7 +11,7 @@ import torch
 import transformers
 from hf_helpers import export_import_export, tiny_hf_llama, tiny_hf_mistral
 
-from t5x_like import decoding, models, structures
+from t5x_like import config_lib, decoding, structures
 from t5x_like.convert import __main__ as convert_cli
 from t5x_like.convert import hf_io, load_pretrained
 
@@ -26,6 +26,7 @@ def import_and_build(tmp_path, hf_model):
     hf_model.save_pretrained(tmp_path / "hf")
     convert_cli.import_hf(str(tmp_path / "hf"), str(tmp_path / "ours"))
     model_config, params = load_pretrained(tmp_path / "ours")
+    model_config = convert_cli.flat_model(model_config)  # the converters' flat view
     return model_config, structures.build_model(ml_collections.ConfigDict(model_config)), params
 
 
@@ -98,6 +99,6 @@ def test_a_rope_type_that_is_not_built_is_refused_exit_2(tmp_path, capsys):
 def test_a_modern_decoder_cannot_be_exported_as_gpt2():
     from t5x_like.convert import hf_gpt2
 
-    cfg = dict(models.family_config_fields("decoder"), norm="rmsnorm")
+    cfg = dict(config_lib.model_defaults("decoder").to_dict(), norm="rmsnorm")
     with pytest.raises(ValueError, match="no GPT-2 equivalent"):
         hf_gpt2.hf_config_from_model_config(cfg)

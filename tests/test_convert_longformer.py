@@ -43,6 +43,7 @@ def test_imported_longformer_matches_transformers_with_global_tokens(tmp_path, i
     assert convert_cli.main(["import", f"--hf_dir={tmp_path / 'hf'}",
                              f"--out={tmp_path / 'ours'}"]) == 0
     model_config, params = load_pretrained(tmp_path / "ours")
+    model_config = convert_cli.flat_model(model_config)  # the converters' flat view
     assert model_config["attention_window"] == 3 and model_config["global_attention"]
     model_config = dict(model_config, attention_impl=implementation)
     model = structures.build_model(ml_collections.ConfigDict(model_config))

@@ -221,6 +221,7 @@ def switch_import(tmp_path_factory):
     hf_model.save_pretrained(root / "hf")
     assert convert_cli.main(["import", f"--hf_dir={root / 'hf'}", f"--out={root / 'ours'}"]) == 0
     model_config, params = load_pretrained(root / "ours")
+    model_config = convert_cli.flat_model(model_config)  # the converters' flat view
     return root, hf_model, model_config, structures.build_model(
         ml_collections.ConfigDict(model_config)), params
 

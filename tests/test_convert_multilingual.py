@@ -26,6 +26,7 @@ def imported(tmp_path, hf_model):
     hf_model.save_pretrained(tmp_path / "hf")
     convert_cli.import_hf(str(tmp_path / "hf"), str(tmp_path / "ours"))
     model_config, params = load_pretrained(tmp_path / "ours")
+    model_config = convert_cli.flat_model(model_config)  # the converters' flat view
     return model_config, structures.build_model(ml_collections.ConfigDict(model_config)), params
 
 

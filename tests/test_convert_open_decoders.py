@@ -191,8 +191,8 @@ def test_unsupported_switches_are_refused_naming_what_is(config, message):
     (dict(layer_types=("full_attention",), sliding_window=4), "names 1 layers"),
     (dict(layer_types=("full_attention", "local")), "each layer is one of"),
     (dict(layer_types=("full_attention", "sliding_attention"), sliding_window=4,
-          scan_layers=True), "use scan_layers=False"),
-    (dict(rope_type="dynamic"), "model.rope_type='dynamic' is not built"),
+          scan_layers=True), "use numerics.scan_layers=False"),
+    (dict(rope_type="dynamic"), "'model.positions.rope.scaling' is 'dynamic'; choose one of"),
 ])
 def test_bad_decoder_switches_are_config_errors_naming_the_fix(model, message):
     from test_peft import tiny_decoder

@@ -25,6 +25,7 @@ def hf_logits(hf_model, encoder, decoder_inputs, targets):
 
 def our_logits(folder, encoder, decoder_inputs, targets):
     model_config, params = load_pretrained(folder)
+    model_config = convert_cli.flat_model(model_config)  # the converters' flat view
     model = structures.build_model(ml_collections.ConfigDict(model_config))
     return np.asarray(model.apply({"params": params}, encoder, decoder_inputs, targets))
 

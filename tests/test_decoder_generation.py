@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t5x_like import decoding
+from t5x_like import config_lib, decoding
 from t5x_like.models import decoder, stacking
 
 GPT = dict(vocab_size=40, d_model=16, num_heads=2, head_dim=8, d_ff=32, num_layers=2,
@@ -19,7 +19,7 @@ MODERN = dict(GPT, norm="rmsnorm", position_embedding="rotary", num_kv_heads=1, 
 
 
 def model_and_params(settings):
-    model = decoder.DecoderOnly(decoder.DecoderConfig(**settings))
+    model = decoder.DecoderOnly(config_lib.model_spec_of(dict(**settings, family="decoder")))
     prompt = jnp.asarray(np.random.default_rng(1).integers(3, 40, size=(2, 5)), jnp.int32)
     return model, nn.unbox(model.init(jax.random.key(2), prompt)["params"]), prompt
 
@@ -54,7 +54,7 @@ def test_beam_of_one_is_greedy_and_scores_are_log_probabilities(settings):
 
 def test_scanned_decoder_generates_what_the_loop_generates():
     model, params, prompt = model_and_params(MODERN)
-    scanned = decoder.DecoderOnly(decoder.DecoderConfig(**MODERN, scan_layers=True))
+    scanned = decoder.DecoderOnly(config_lib.model_spec_of(dict(**MODERN, scan_layers=True, family="decoder")))
     scanned_params = stacking.stack_layer_params(params)
     np.testing.assert_array_equal(
         decoding.generate(scanned, scanned_params, prompt, max_new_tokens=6),

@@ -117,10 +117,11 @@ def test_a_token_is_labelled_replaced_exactly_where_the_sample_differs_from_the_
 def test_the_flop_count_is_both_towers():
     config = ml_collections.ConfigDict({"family": "electra", **TINY,
                                         "mlp_activations": ("gelu_exact",)})
+    spec = config_lib.model_spec_of(config)
     electra_flops = structures.ElectraStructure(None).forward_flops_per_sequence(
-        config.to_dict(), {"inputs": 32})
+        spec, {"inputs": 32})
     discriminator_alone = structures.ElectraStructure(None).forward_flops_per_sequence(
-        dict(config.to_dict(), generator_d_model=0), {"inputs": 32})
+        spec.replace(generator=spec.generator.replace(d_model=0)), {"inputs": 32})
 
     # Written out (2 FLOPs per multiply-add, PaLM-style) at TINY's sizes over 32 tokens.
     def tower(d, heads, head_dim, d_ff, layers, head_flops):
@@ -162,12 +163,11 @@ def test_electra_pretrains_through_train_and_its_discriminator_fine_tunes(tmp_pa
     finetune.head.kind, finetune.init_from = "classification", str(tmp_path / "pt")
     finetune.num_train_steps, finetune.eval_every_steps = 2, 2
     finetune.checkpoint_every_steps = 2
-    runs.resolve_head_labels(finetune)
-    config_lib.validate(finetune)
-    from t5x_like import partitioning
+    spec = runs.with_head_labels(config_lib.spec_of(finetune))
+    from t5x_like import partitioning, starting_state
     from t5x_like import trainer as trainer_lib
     mesh = partitioning.make_mesh({"data": 1}, jax.devices()[:1])
-    state, _ = train._pretrained_state(finetune, trainer_lib.build_trainer(finetune, mesh))
+    state, _ = starting_state.pretrained_state(spec, trainer_lib.build_trainer(spec, mesh))
     assert set(state.params["backbone"]) == {"embeddings", "discriminator"}
     result = train.run(finetune, str(tmp_path / "ft"), quiet=True)
     assert np.isfinite(result["train"]["loss"])
@@ -267,7 +267,7 @@ def test_a_discriminator_imported_alone_fine_tunes_but_does_not_pretrain(tmp_pat
                              f"--out={tmp_path / 'ours'}"]) == 0
     assert "without a generator" in capsys.readouterr().err
     model_config, params = load_pretrained(tmp_path / "ours")
-    assert model_config["generator_d_model"] == 0 and "generator" not in params
+    assert model_config["generator"]["d_model"] == 0 and "generator" not in params
     model = structures.build_model(ml_collections.ConfigDict(model_config))
     tokens, types_, mask = batch()
     rtd = model.apply({"params": params}, tokens, types_)["rtd_logits"]

@@ -212,5 +212,5 @@ def test_training_an_encoder_decoder_with_harness_tasks_is_refused(tmp_path, cap
     assert train.main(["--config=configs/quickstart.py", f"--workdir={tmp_path / 'run'}",
                        "--config.eval.harness_tasks=austen_cloze"]) == 2
     err = capsys.readouterr().err
-    assert "on decoder language models" in err and "eval.mixture" in err
+    assert "on decoder language models" in err and "evals.harness" in err
     assert not (tmp_path / "run" / "checkpoints").exists()

@@ -10,7 +10,7 @@ import pytest
 from conftest import tiny_config
 
 import t5x_like.data as td
-from t5x_like import config_lib, errors, metrics, partitioning, runs, structures, train
+from t5x_like import config_lib, errors, metrics, partitioning, runs, starting_state, structures, train
 from t5x_like import eval as eval_cli
 from t5x_like import trainer as trainer_lib
 from t5x_like.builtin_tasks import pretraining as tasks
@@ -150,7 +150,7 @@ def test_bad_head_configs_are_named():
     config = encoder_config(**{"head.kind": "classification"})
     config.task = "embedded_bench"
     with pytest.raises(errors.ConfigError, match="is a mixture"):
-        runs.resolve_head_labels(config)
+        runs.with_head_labels(config_lib.spec_of(config))
 
 
 @pytest.mark.slow
@@ -163,14 +163,14 @@ def test_head_fine_tunes_from_a_pretrained_body_and_evaluates(tmp_path):
                             **{"head.kind": "classification", "head.dropout_rate": 0.0})
     config.task, config.task_feature_lengths = "test_head_cls", {"inputs": 16}
     config.init_from = str(tmp_path / "pt")
-    runs.resolve_head_labels(config)
+    config = runs.with_head_labels(config_lib.spec_of(config))
     assert tuple(config.head.labels) == ("long", "short")
     mesh = partitioning.make_mesh({"dcn": 1, "data": 8, "fsdp": 1, "tensor": 1})
     trainer = trainer_lib.build_trainer(config, mesh)
-    state, _ = train._pretrained_state(config, trainer)
+    state, _ = starting_state.pretrained_state(config, trainer)
     from t5x_like import checkpoints
     source = checkpoints.resolve(str(tmp_path / "pt"))
-    saved = runs.run_config(source, 4, None, [])
+    saved = runs.resolve_checkpoint(source, 4).spec
     body = jax.device_get(source.restore_params(4, trainer_lib.build_trainer(saved, mesh)))
     loaded = jax.device_get(state.params)
     for got, want in zip(jax.tree.leaves(loaded["backbone"]), jax.tree.leaves(body), strict=False):

@@ -6,20 +6,20 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t5x_like import objectives
+from t5x_like import config_lib, objectives
 from t5x_like.models import decoder, encoder, heads
 
 
 def bert():
-    return encoder.EncoderOnly(encoder.EncoderConfig(vocab_size=50, d_model=16, num_heads=2,
+    return encoder.EncoderOnly(config_lib.model_spec_of(dict(vocab_size=50, d_model=16, num_heads=2,
                                                      head_dim=8, d_ff=32, num_layers=1,
-                                                     max_length=16))
+                                                     max_length=16, family="encoder")))
 
 
 def gpt():
-    return decoder.DecoderOnly(decoder.DecoderConfig(vocab_size=50, d_model=16, num_heads=2,
+    return decoder.DecoderOnly(config_lib.model_spec_of(dict(vocab_size=50, d_model=16, num_heads=2,
                                                      head_dim=8, d_ff=32, num_layers=1,
-                                                     max_length=16))
+                                                     max_length=16, family="decoder")))
 
 
 def padded_tokens():
@@ -126,7 +126,8 @@ def test_bad_head_settings_are_named():
         heads.HeadConfig(pooling="max")
     from t5x_like.models import t5
 
-    model = heads.WithHead(t5.EncoderDecoder(t5.T5Config(vocab_size=50, d_model=16, num_heads=2,
-                                                         head_dim=8, d_ff=32)), heads.HeadConfig())
+    spec = config_lib.model_spec_of(dict(vocab_size=50, d_model=16, num_heads=2, head_dim=8,
+                                         d_ff=32, family="encoder_decoder"))
+    model = heads.WithHead(t5.EncoderDecoder(spec), heads.HeadConfig())
     with pytest.raises(TypeError, match="fine-tune encoder-decoders text-to-text"):
         model.init(jax.random.key(0), padded_tokens())

@@ -14,7 +14,7 @@ from test_head_finetuning import encoder_config
 from test_train_families import family_config
 
 import t5x_like.data as td
-from t5x_like import checkpoints, partitioning, structures, train
+from t5x_like import checkpoints, config_lib, partitioning, structures, train
 from t5x_like import trainer as trainer_lib
 from t5x_like.builtin_tasks import pretraining as tasks
 from t5x_like.data import pipeline
@@ -22,12 +22,13 @@ from t5x_like.data import preprocessors as pp
 
 
 def _validation_rows(config, n):
-    structure = structures.for_config(config)
-    lengths = dict(config.task_feature_lengths)
-    ds = pipeline.build_dataset(config.task, "validation", lengths, seed=0, shuffle=False,
-                                repeat=False, pack=config.pack, vocabulary=None,
+    spec = config_lib.spec_of(config)
+    structure = structures.for_config(spec)
+    lengths = dict(spec.task_feature_lengths)
+    ds = pipeline.build_dataset(spec.task, "validation", lengths, seed=0, shuffle=False,
+                                repeat=False, pack=spec.data.pack, vocabulary=None,
                                 feature_converter=structure.feature_converter(lengths,
-                                                                              pack=config.pack))
+                                                                              pack=spec.data.pack))
     return list(itertools.islice(iter(ds), n))
 
 
@@ -41,8 +42,7 @@ def _head_config():
     config = encoder_config(**{"head.kind": "classification", "head.dropout_rate": 0.0})
     config.task, config.task_feature_lengths = "test_head_cls", {"inputs": 16}
     from t5x_like import runs
-    runs.resolve_head_labels(config)
-    return config
+    return config_lib.as_config_dict(runs.with_head_labels(config_lib.spec_of(config)).to_dict())
 
 
 CONFIGS = {"t5": lambda: tiny_config(pack=True),
@@ -143,4 +143,5 @@ def test_eval_every_steps_zero_turns_held_out_evaluation_off(tmp_path, capsys):
     config = tiny_config(num_train_steps=2, eval_every_steps=0, checkpoint_every_steps=2)
     result = train.run(config, str(tmp_path / "run"), devices=jax.devices()[:1])
     assert result["eval"] == {}
-    assert "Held-out evaluation is off (eval_every_steps=0)" in capsys.readouterr().err
+    assert ("Held-out evaluation is off (evals.held_out.every_steps=0)"
+            in capsys.readouterr().err)

@@ -217,4 +217,4 @@ def test_the_instruction_tuning_configs_train_on_the_train_clusters(config):
     path = Path(__file__).resolve().parent.parent / "configs" / "finetune" / f"{config}.py"
     loaded = runs.load_and_validate(str(path), [])
     assert loaded.task == "embedded_instruct_train"
-    assert loaded.eval.mixture == "embedded_instruct_held_out"
+    assert loaded.evals["benchmark"].mixture == "embedded_instruct_held_out"

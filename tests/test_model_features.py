@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t5x_like import structures
+from t5x_like import config_lib, structures
 from t5x_like.models import decoder, stacking
 
 
@@ -16,7 +16,7 @@ def tiny_decoder(**overrides):
                     norm="rmsnorm", position_embedding="rotary", num_kv_heads=2,
                     tie_embeddings=False)
     settings.update(overrides)
-    return decoder.DecoderOnly(decoder.DecoderConfig(**settings))
+    return decoder.DecoderOnly(config_lib.model_spec_of(dict(**settings, family="decoder")))
 
 
 def tokens(shape=(2, 12), seed=0):
@@ -54,9 +54,9 @@ def functools_partial(f, model):
 
 
 def test_an_unknown_remat_policy_names_the_choices():
-    model = tiny_decoder(remat_policy="everything")
-    with pytest.raises(ValueError, match="Unknown remat_policy 'everything'; choose from"):
-        model.init(jax.random.key(0), tokens())
+    with pytest.raises(ValueError, match="'model.numerics.remat_policy' is 'everything'; "
+                                         "choose one of"):
+        tiny_decoder(remat_policy="everything")
 
 
 def test_packed_rows_give_the_logits_of_separate_rows():
@@ -113,7 +113,7 @@ def tiny_encoder(**overrides):
     settings = dict(vocab_size=64, d_model=32, num_heads=4, head_dim=8, d_ff=48, num_layers=2,
                     max_length=32)
     settings.update(overrides)
-    return encoder.EncoderOnly(encoder.EncoderConfig(**settings))
+    return encoder.EncoderOnly(config_lib.model_spec_of(dict(**settings, family="encoder")))
 
 
 def test_span_boundaries_are_the_tokens_around_each_span():
@@ -168,8 +168,9 @@ def test_encoder_packed_rows_scan_and_local_attention():
 def test_t5_packed_rows_give_the_logits_of_separate_rows():
     from t5x_like.models import t5
 
-    model = t5.EncoderDecoder(t5.T5Config(vocab_size=64, d_model=32, num_heads=4, head_dim=8,
-                                          d_ff=48, num_encoder_layers=2, num_decoder_layers=2))
+    model = t5.EncoderDecoder(config_lib.model_spec_of(dict(
+        vocab_size=64, d_model=32, num_heads=4, head_dim=8, d_ff=48, num_encoder_layers=2,
+        num_decoder_layers=2, family="encoder_decoder")))
     (ea, da), (eb, db) = [(tokens((1, n), seed=s), tokens((1, m), seed=s + 10))
                           for n, m, s in ((6, 4, 1), (5, 3, 2))]
     shift = lambda t: jnp.concatenate([jnp.zeros((1, 1), jnp.int32), t[:, :-1]], axis=1)  # noqa: E731
@@ -218,7 +219,7 @@ def test_gradient_boundaries_change_no_gradient_and_stay_in_the_compiled_step(sh
     from t5x_like.models import layers
 
     x = tokens()
-    model = tiny_decoder(position_embedding="learned", num_kv_heads=None)
+    model = tiny_decoder(position_embedding="learned", num_kv_heads=0)
     params = nn.unbox(model.init(jax.random.key(0), x)["params"])
 
     def loss(p):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import structure_loss, tiny_config
 
-from t5x_like import config_lib, errors, models, partitioning
+from t5x_like import config_lib, errors, models, partitioning, structures
 from t5x_like import trainer as trainer_lib
 from t5x_like.models import layers, moe
 from t5x_like.objectives import router_terms
@@ -50,8 +50,11 @@ def test_capacity_dispatch_drops_exactly_the_overflow_and_keeps_order():
 
 
 def _layer(dispatch, k=2, activations=("silu", "linear"), **settings):
-    fields = moe.ExpertFields(num_experts=4, num_experts_per_token=k, moe_dispatch=dispatch,
-                              **settings)
+    """The layer of a model given these expert keys (in the flat spelling before the spec,
+    which moves them into ``model.experts``)."""
+    fields = config_lib.model_spec_of(dict(family="decoder", num_experts=4,
+                                           num_experts_per_token=k, moe_dispatch=dispatch,
+                                           **settings)).experts
     return moe.MoeFeedForward(fields, 12, activations)
 
 
@@ -220,7 +223,8 @@ def test_experts_sharded_over_a_2x4_mesh_equal_one_device(family, dispatch, mesh
 
 @pytest.mark.parametrize("override,message", [
     ({"model.num_experts": 4, "model.num_experts_per_token": 5}, "num_experts_per_token=5"),
-    ({"model.num_experts": 4, "model.moe_dispatch": "dropful"}, "moe_dispatch='dropful'"),
+    ({"model.num_experts": 4, "model.moe_dispatch": "dropful"},
+     "'model.experts.dispatch' is 'dropful'"),
     ({"model.num_experts": 4, "model.moe_every": 2, "model.scan_layers": True}, "scan_layers"),
 ])
 def test_expert_settings_that_cannot_be_built_are_refused_naming_the_key(override, message):
@@ -259,9 +263,9 @@ def test_the_published_moe_shapes_count_what_transformers_counts(path, hf_config
         model = getattr(transformers, hf_class)(getattr(transformers, f"{name}Config")(**settings))
     assert ours == sum(p.numel() for p in model.parameters())
     # Active parameters and FLOPs count the k experts a token runs through.
-    model_config = config.model.to_dict()
-    active = ours - moe.inactive_parameters(shapes, 8, model_config["num_experts_per_token"])
-    dense = dict(model_config, num_experts=0)
+    model_config = config_lib.spec_of(config).model
+    active = ours - moe.inactive_parameters(shapes, 8, model_config.experts.num_experts_per_token)
+    dense = model_config.replace(experts=model_config.experts.replace(num_experts=0))
     if "mixtral" in path:
         assert round(active / 1e9, 1) == 12.9 and round(ours / 1e9, 1) == 46.7  # Mistral AI's
         lengths = {"targets": 4096}
@@ -308,7 +312,7 @@ def test_router_jitter_perturbs_routing_inputs_only_while_training():
 def test_an_expert_axis_that_does_not_divide_the_experts_is_refused():
     config = tiny_config(**{"model.num_experts": 6, "mesh.data": 2, "mesh.expert": 4})
     with pytest.raises(errors.ConfigError, match="mesh.expert=4 does not divide "
-                                                 "model.num_experts=6"):
+                                                 "model.experts.num_experts=6"):
         config_lib.validate_for_devices(config, 8)
     config.model.num_experts = 8
     assert config_lib.validate_for_devices(config, 8)["expert"] == 4

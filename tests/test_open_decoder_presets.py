@@ -17,8 +17,8 @@ NAMES = ["llama-3.1-8b", "llama-3.1-70b", "llama-3.2-1b", "llama-3.2-3b", "qwen2
          "gemma-3-27b"]
 
 
-def hf_count(model_config: dict) -> int:
-    cfg = dict(model_config, scan_layers=False)
+def hf_count(model_config) -> int:
+    cfg = dict(convert_cli.flat_model(model_config), scan_layers=False)
     hf = convert_cli.exporter_for(cfg).hf_config_from_model_config(cfg)
     config = transformers.AutoConfig.for_model(**hf)
     with torch.device("meta"):
@@ -31,7 +31,7 @@ def test_a_preset_counts_what_transformers_counts(name):
     config = config_lib.load_config_file(f"configs/open_decoders.py:{name}")
     config_lib.validate(config)
     ours = trainer_lib.param_count(trainer_lib.parameter_shapes(config.model))
-    theirs = hf_count(config.model.to_dict())
+    theirs = hf_count(config.model)
     assert abs(ours - theirs) <= 0.01 * theirs, (ours, theirs)
 
 

@@ -132,15 +132,15 @@ def test_skip_update_keeps_params_when_the_loss_is_not_finite():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"optimizer.microbatches": 0}, "'optimizer.microbatches' must be positive"),
+    ({"optimizer.microbatches": 0}, "'optimizer.microbatches' must be a finite number >= 1"),
     ({"loss.label_smoothing": 1.0}, r"loss.label_smoothing=1.0 must be in \[0, 1\)"),
     ({"loss.normalization": "constant"}, "needs a positive loss.normalizing_constant"),
     ({"loss.normalization": "sum"}, "'loss.normalization' is 'sum'; choose one of"),
-    ({"on_nonfinite_loss": "ignore"}, "'on_nonfinite_loss' is 'ignore'; choose one of"),
-    ({"keep_checkpoints_every_steps": 25}, "not a multiple of checkpoint_every_steps=15"),
-    ({"keep_checkpoints_every_steps": -1}, "use 0"),
-    ({"eval_every_steps": -1}, r"eval_every_steps=-1; use a positive interval or 0 \(no held-out"),
-    ({"peak_flops_per_device": -1.0}, "must be >= 0"),
+    ({"on_nonfinite_loss": "ignore"}, "'divergence.on_nonfinite_loss' is 'ignore'; choose one of"),
+    ({"keep_checkpoints_every_steps": 25}, "not a multiple of checkpoint.every_steps=15"),
+    ({"keep_checkpoints_every_steps": -1}, "'checkpoint.keep_every_steps' must be a finite number >= 0"),
+    ({"eval_every_steps": -2}, "'evals.held_out.every_steps' must be a finite number >= -1"),
+    ({"peak_flops_per_device": -1.0}, "'logging.peak_flops_per_device' must be a finite number >= 0"),
 ])
 def test_bad_engine_options_are_named(overrides, message):
     with pytest.raises(errors.ConfigError, match=message):

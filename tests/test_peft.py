@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 
-from t5x_like import config_lib, errors, partitioning
+from t5x_like import config_lib, errors, partitioning, training_run
 from t5x_like import trainer as trainer_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -105,8 +105,9 @@ def test_bitfit_on_a_model_without_biases_is_refused():
     config = tiny_config(**{"peft.bitfit": True})  # T5 v1.1: no biases
     mesh = partitioning.make_mesh({"dcn": 1, "data": 1, "fsdp": 1, "tensor": 1},
                                   jax.devices()[:1])
+    trainer = trainer_lib.build_trainer(config, mesh)
     with pytest.raises(errors.ConfigError, match="has none"):
-        trainer_lib.build_trainer(config, mesh)
+        training_run.check_peft_fits(config_lib.spec_of(config), trainer.abstract_state.params)
 
 
 @pytest.mark.parametrize("override,expected", [
@@ -250,8 +251,9 @@ def test_prompt_tuning_is_refused_where_it_does_not_apply():
     with pytest.raises(errors.ConfigError, match="prefix tuning"):
         tiny_decoder(**PROMPT)
     config = family_config("encoder", **{"prompt.length": 20})
+    trainer = trainer_lib.build_trainer(config, one_device_mesh())
     with pytest.raises(errors.ConfigError, match="max_length=32"):
-        trainer_lib.build_trainer(config, one_device_mesh())
+        training_run.check_peft_fits(config_lib.spec_of(config), trainer.abstract_state.params)
 
 
 def test_lora_params_have_logical_axes_of_the_kernel_they_adapt():
@@ -382,8 +384,9 @@ def test_tuned_decoding_follows_the_full_forward_pass(family, peft):
 
 def test_a_lora_pattern_that_matches_no_kernel_is_refused():
     config = tiny_decoder(**{**LORA, "lora.targets": "attention/qkv/kernel$"})
+    trainer = trainer_lib.build_trainer(config, one_device_mesh())
     with pytest.raises(errors.ConfigError, match="matches none of the model's 12 kernels"):
-        trainer_lib.build_trainer(config, one_device_mesh())
+        training_run.check_peft_fits(config_lib.spec_of(config), trainer.abstract_state.params)
     with pytest.raises(errors.ConfigError, match="not a regular expression"):
         tiny_decoder(**{**LORA, "lora.targets": "(query"})
 

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from t5x_like import models, structures
+from t5x_like import config_lib, models, structures
 from t5x_like.builtin_tasks import retrieval as retrieval_tasks
 from t5x_like.convert import pretrained
 from t5x_like.retrieval import checkpoints, retriever_run
@@ -79,7 +79,7 @@ def test_recall_is_measured_the_same_by_both_backends(retriever):
 def generator(tmp_path_factory):
     """A tiny T5 saved as a pretrained folder (what ``convert import`` writes)."""
     folder = tmp_path_factory.mktemp("generator") / "t5"
-    config = dict(models.family_config_fields("encoder_decoder"), family="encoder_decoder",
+    config = dict(config_lib.model_defaults("encoder_decoder").to_dict(), family="encoder_decoder",
                   vocab_size=8192, d_model=16, num_heads=2, head_dim=8, d_ff=32,
                   num_encoder_layers=1, num_decoder_layers=1)
     model = structures.build_model(config)

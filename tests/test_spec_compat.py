@@ -11,7 +11,8 @@ import shutil
 
 import pytest
 
-from t5x_like import config_lib, eval as eval_cli, run_guard, runs, train
+from t5x_like import config_lib, run_guard, runs, train
+from t5x_like import eval as eval_cli
 from t5x_like.data import get_task_or_mixture
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "before_spec"

@@ -93,10 +93,10 @@ def test_a_different_model_in_the_workdir_is_refused(tmp_path):
         train.run(tiny_config(**dict(settings, num_train_steps=4), **{"model.d_ff": 128}),
                   str(tmp_path), quiet=True)
     # The input-stream count is part of the data order: a different one is refused too.
-    saved = json.loads((tmp_path / "config.json").read_text())["data_streams"]
+    saved = json.loads((tmp_path / "config.json").read_text())["data"]["streams"]
     assert saved == 8  # the default for a batch of 16, resolved and saved
     with pytest.raises(errors.ConfigError, match="saved with 8 input streams.*"
-                                                     "--config.data_streams=8"):
+                                                     "--config.data.streams=8"):
         train.run(tiny_config(**dict(settings, num_train_steps=4), data_streams=2),
                   str(tmp_path), quiet=True)
 

@@ -268,6 +268,8 @@ def stage_train(ms, args, on_gpu: bool, peak: float, measured: float) -> None:
 def stage_decode(ds, args, on_gpu: bool, rows: list[str], dtype: str, batch: int) -> None:
     import numpy as np
 
+    from t5x_like import structures
+
     device = "cuda" if on_gpu else "cpu"
     loaded = {}
     for row in rows:

@@ -15,9 +15,6 @@ Decoders read ``inputs`` then ``targets`` causally (GPT fine-tuning), the two le
 sharing the model's positions; encoder-decoders read 256 input and 64 target tokens.
 """
 
-import json
-import pathlib
-
 from t5x_like import config_lib, structures
 
 

@@ -80,8 +80,10 @@ class EmbeddingModel:
         return np.asarray(jax.device_get(out))[list(layers)]
 
 
-def _unrolled(spec):
+def _unrolled(config):
     """The spec with the stack as a plain loop of blocks and no remat (same numbers)."""
+    from t5x_like.config import spec_of
+    spec = spec_of(config)
     numerics = spec.model.numerics.replace(scan_layers=False, remat_policy="none")
     return spec.replace(model=spec.model.replace(numerics=numerics))
 

@@ -117,7 +117,7 @@ def base_params(init_from: str, config, mesh, step: int | None = None) -> tuple[
     try:
         source = resolve(init_from)
     except UserError:
-        raise ConfigError(
+        raise UserError(
             f"init_from={init_from!r} is not a pretrained folder (no model_config.json), "
             "a training workdir or a checkpoint step folder; point it at the --out folder of "
             "`python -m t5x_like.convert import` or at a run's workdir.") from None
@@ -127,7 +127,7 @@ def base_params(init_from: str, config, mesh, step: int | None = None) -> tuple[
         return params, None
     steps = source.steps()
     if not steps:
-        raise ConfigError(f"init_from={init_from!r} holds no complete checkpoint yet.")
+        raise UserError(f"init_from={init_from!r} holds no complete checkpoint yet.")
     if step is None:
         step = steps[-1]
     elif step not in steps:
@@ -229,13 +229,13 @@ def check_same_model(saved_config: dict, config, source: str) -> None:
     try:
         saved = model_spec_of(saved_config.get("model", {}))
     except ConfigError as e:
-        raise ConfigError(f"{source} holds a model this code cannot read ({e}).") from None
+        raise UserError(f"{source} holds a model this code cannot read ({e}).") from None
     saved_model, current = (_flat(model.replace(variant="")) for model in (saved, current))
     details = [f"model.{k}: checkpoint {saved_model.get(k)!r} vs config {current.get(k)!r}"
                for k in sorted(set(saved_model) | set(current))
                if _normalise(saved_model.get(k)) != _normalise(current.get(k))]
     if details:
-        raise ConfigError(
+        raise UserError(
             f"{source} holds a different model ({', '.join(details)}). Set the model keys to "
             "the pretrained model's, e.g. use the config it was trained or converted with.")
 

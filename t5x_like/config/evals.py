@@ -23,8 +23,13 @@ class EvalSpec(Section):
 
     KIND: ClassVar[str] = ""
 
+    @property
+    def enabled(self) -> bool:
+        """Whether the evaluator runs at all (``every_steps=0`` turns it off)."""
+        return self.every_steps != 0
+
     def due(self, step: int, last_step: int) -> bool:
-        if self.every_steps == 0:
+        if not self.enabled:
             return False
         return step == last_step or (self.every_steps > 0 and step % self.every_steps == 0)
 
@@ -43,7 +48,8 @@ class HeldOutLossSpec(EvalSpec):
 @section
 class BenchmarkSpec(EvalSpec):
     """A task or mixture with metrics (``python -m t5x_like.eval``'s evaluator) on the
-    training params, in the run's vocabulary."""
+    training params, in the run's vocabulary; ``mixture`` "" turns it off (as the old
+    ``eval.mixture=""`` did)."""
 
     every_steps: int = field(-1, minimum=-1)
     mixture: str = ""
@@ -54,16 +60,15 @@ class BenchmarkSpec(EvalSpec):
 
     KIND: ClassVar[str] = "benchmark"
 
-    def check(self, path):
-        if not self.mixture:
-            raise ConfigError(f"{path}.mixture is empty; name a task or mixture with metrics, "
-                              f"e.g. --config.{path}.mixture=embedded_bench.")
+    @property
+    def enabled(self) -> bool:
+        return super().enabled and bool(self.mixture)
 
 
 @section
 class HarnessSpec(EvalSpec):
     """lm-evaluation-harness tasks (decoders; the ``lm_eval`` extra): comma-separated
-    names of its catalogue or of the YAML files under ``include_path``."""
+    names of its catalogue or of the YAML files under ``include_path`` ("" turns it off)."""
 
     every_steps: int = field(-1, minimum=-1)
     tasks: str = ""
@@ -75,10 +80,9 @@ class HarnessSpec(EvalSpec):
 
     KIND: ClassVar[str] = "harness"
 
-    def check(self, path):
-        if not self.tasks.strip(","):
-            raise ConfigError(f"{path}.tasks is empty; name lm-evaluation-harness tasks, e.g. "
-                              f"--config.{path}.tasks=lambada_openai,hellaswag.")
+    @property
+    def enabled(self) -> bool:
+        return super().enabled and bool(self.tasks.strip(","))
 
 
 # kind -> its settings; a kind of your own registers with

@@ -80,6 +80,9 @@ class Section:
     def __contains__(self, key) -> bool:
         return key in self.field_names()
 
+    def __iter__(self):
+        return iter(self.field_names())
+
     def get(self, key: str, default=None):
         return getattr(self, key) if key in self.field_names() else default
 
@@ -155,6 +158,8 @@ class Section:
     @classmethod
     def _value(cls, f: dataclasses.Field, value: Any, key: str):
         sub = cls.section_type(f.name)
+        if callable(getattr(value, "to_dict", None)) and not isinstance(value, Section):
+            value = value.to_dict()  # a ConfigDict section, or a FrozenMap
         if sub is not None:
             if isinstance(value, Section):
                 return value

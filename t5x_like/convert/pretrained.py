@@ -76,8 +76,14 @@ def save_pretrained(folder: str | pathlib.Path, model_config: dict, params, *,
     (folder / "metadata.json").write_text(json.dumps(info, indent=2))
     if run is not None:
         kept = {key: run[key] for key in RUN_KEYS if key in run}
-        (folder / RUN_CONFIG).write_text(json.dumps(kept, indent=2, default=list))
-    (folder / "model_config.json").write_text(json.dumps(model_config, indent=2, default=list))
+        (folder / RUN_CONFIG).write_text(json.dumps(kept, indent=2, default=_plain))
+    (folder / "model_config.json").write_text(json.dumps(model_config, indent=2, default=_plain))
+
+
+def _plain(value):
+    """JSON of a spec's sections (and ConfigDicts): their dicts; tuples as lists."""
+    to_dict = getattr(value, "to_dict", None)
+    return to_dict() if callable(to_dict) else list(value)
 
 
 def load_pretrained(folder) -> tuple[dict, dict]:

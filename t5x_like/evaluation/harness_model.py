@@ -82,11 +82,11 @@ def load(checkpoint: str, *, step: int | None = None, vocabulary: str = "checkpo
     if step is not None and step not in steps:
         raise UserError(f"step={step}: {source.path} holds steps {steps}; pick one of those.")
     step = steps[-1] if step is None else step
-    resolved = runs.resolve_checkpoint(source, step, vocabulary=vocabulary or "checkpoint",
-                                       vocabulary_flag="vocabulary")
-    config, tokenizer = resolved.spec, resolved.asked_vocabulary
+    config = runs.resolve_checkpoint(source, step).spec
     harness_tasks.check_decoder(config, checkpoint,
                                 "Evaluate it with `t5xl eval` on a task or mixture.")
+    tokenizer = runs.resolve_checkpoint(source, step, vocabulary=vocabulary or "checkpoint",
+                                        vocabulary_flag="vocabulary").asked_vocabulary
     runs.check_fits(config, tokenizer, "lm-eval's requests")
     _, trainer = trainer_lib.build_on_devices(config)
     params = source.restore_params(step, trainer)

@@ -20,8 +20,10 @@ def check_lengths(config, lengths: dict[str, int], tasks, few_shot: bool = False
     """Lengths the model cannot take, refused before anything is compiled (the model's
     structure knows its limits: ``Structure.check_eval_lengths``)."""
     from t5x_like import structures
-    structures.structure_class(config.model.family).check_eval_lengths(config, lengths, tasks,
-                                                                       few_shot)
+    from t5x_like.config import spec_of
+    spec = spec_of(config)
+    structures.structure_class(spec.model.family).check_eval_lengths(spec, lengths, tasks,
+                                                                     few_shot)
 
 
 def build_evaluator(config, trainer, name: str, settings, lengths=None, vocabulary=None):

@@ -417,16 +417,8 @@ class MultiHeadAttention(nn.Module):
         # Kept in the layouts the attention's two dot products read them in (keys
         # [batch, heads, length, kv], values [batch, heads, kv, length]): stored as
         # [batch, length, heads, kv], XLA would transpose the whole cache at every step.
-        if cross_cache == "read":
-            key = jnp.transpose(self.get_variable("cache", "cross_key"), (0, 2, 1, 3))
-            value = jnp.transpose(self.get_variable("cache", "cross_value"), (0, 3, 1, 2))
-        else:
-            key, value = (DenseGeneral((kv_heads, self.head_dim), kv_axes,
-                                       kernel_init=base_init, use_bias=projection_bias,
-                                       dtype=self.dtype, name=name)(inputs_kv)
-                          for name in ("key", "value"))
-            if self.qk_norm:
-                key = RMSNorm(self.qk_norm_epsilon, self.dtype, "kv", name="key_norm")(key)
+        key, value = self._keys_and_values(inputs_kv, cross_cache, kv_heads, kv_axes, base_init,
+                                           projection_bias)
         if self.qk_norm:
             query = RMSNorm(self.qk_norm_epsilon, self.dtype, "kv", name="query_norm")(query)
         if cross_cache == "fill":
@@ -473,6 +465,21 @@ class MultiHeadAttention(nn.Module):
         return DenseGeneral(features=embed, axis=(-2, -1), kernel_axes=("heads", "kv", "embed"),
                             kernel_init=base_init, use_bias=self.use_bias, dtype=self.dtype,
                             name="out")(out)
+
+    def _keys_and_values(self, inputs_kv, cross_cache, kv_heads, kv_axes, base_init,
+                         projection_bias):
+        """Keys and values projected from ``inputs_kv`` (keys normed with ``qk_norm``), or
+        read back from the cache (cross-attention's ``cross_cache="read"``)."""
+        if cross_cache == "read":
+            key = jnp.transpose(self.get_variable("cache", "cross_key"), (0, 2, 1, 3))
+            value = jnp.transpose(self.get_variable("cache", "cross_value"), (0, 3, 1, 2))
+            return key, value
+        key, value = (DenseGeneral((kv_heads, self.head_dim), kv_axes, kernel_init=base_init,
+                                   use_bias=projection_bias, dtype=self.dtype, name=name)(inputs_kv)
+                      for name in ("key", "value"))
+        if self.qk_norm:
+            key = RMSNorm(self.qk_norm_epsilon, self.dtype, "kv", name="key_norm")(key)
+        return key, value
 
     def _global_rows(self, inputs, mask, out, base_init, query_init, kv_axes, kv_heads, scale):
         """Longformer: a global token's row is its query through ``query_global`` over

@@ -73,7 +73,7 @@ def train(config, workdir: str) -> dict:
                                       "--config.init_from")
         model = towers.bi_encoder(run["model"], config.pooling, config.normalize)
     else:  # a fresh encoder of config.model (the no-pretraining control)
-        model_config = dict(config.model)
+        model_config = config.model.to_dict()
         model = towers.bi_encoder(model_config, config.pooling, config.normalize)
         params = towers.init_params(model, seed=config.seed)
         run = {"kind": "retriever", "model": model_config, "pooling": config.pooling,

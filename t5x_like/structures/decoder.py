@@ -43,7 +43,7 @@ class DecoderStructure(Structure):
 
     @classmethod
     def positions_needed(cls, config, lengths):
-        if config.model.rotary:
+        if config.model.positions.kind == "rotary":
             return 0  # rotary positions have no learned limit
         return sum(lengths.values())
 
@@ -82,7 +82,7 @@ class DecoderStructure(Structure):
 
     @classmethod
     def evaluation_line(cls, config):
-        start = config.model.bos_id
+        start = getattr(config.model, "bos_id", 0)
         return (f"decoder: prompts read with {config.data.prefix_attention} attention, rows start "
                 f"with id {start}")
 

@@ -56,6 +56,11 @@ def register(evaluator_class: type) -> None:
 
 
 def build(spec, prepared: dict, context: Context) -> list:
-    """The evaluators of the run, in the order ``config.evals`` lists them."""
+    """The evaluators of the run, in the order ``config.evals`` lists them (``prepared``
+    holds the ones turned on); a held-out evaluation turned off is said once."""
+    for name, settings in spec.evals.items():
+        if settings.kind == HeldOutLossEvaluator.KIND and not settings.enabled:
+            context.progress.message(
+                f"Held-out evaluation is off (evals.{name}.every_steps=0).")
     return [KINDS[spec.evals[name].kind](name, spec.evals[name], found, context)
             for name, found in prepared.items()]

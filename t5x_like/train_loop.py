@@ -1,0 +1,245 @@
+"""What the training loop does besides stepping, each when it is due (``train.py``'s
+loop calls it): the state it starts from and its data, logging with the NaN and
+divergence checks, the evaluators of ``config.evals``, checkpoints, agreeing on a
+SIGTERM across processes, and the summary at the end. Everything here runs after the
+run resolved (``training_run.resolve_training``): its errors are the run's, not the config's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import time
+
+import jax
+
+from t5x_like import (
+    distill,
+    errors,
+    flops,
+    goodput_events,
+    hardware,
+    metrics_writer,
+    partitioning,
+    run_guard,
+    runs,
+    starting_state,
+    structures,
+    watchdog,
+)
+from t5x_like import trainer as trainer_lib
+from t5x_like.checkpoints import peft_state
+from t5x_like.data import pipeline
+from t5x_like.evaluation import in_training
+from t5x_like.run_holding import RunHolding
+
+
+def holding(resolved, quiet: bool) -> RunHolding:
+    """What the run holds while it trains (the workdir lock, the hang watchdog, goodput,
+    the SIGTERM flag), with the progress printer of process 0."""
+    progress = metrics_writer.Progress(resolved.spec.num_train_steps,
+                                       enabled=jax.process_index() == 0 and not quiet)
+    return RunHolding(resolved, progress)
+
+
+class Loop:
+    """The state, its data and what the loop does besides stepping, each when it is due:
+    logging (interval means, throughput, MFU) with the NaN and divergence checks, the
+    evaluators, checkpoints, and agreeing on a SIGTERM across processes."""
+
+    def __init__(self, resolved, holding: RunHolding):
+        progress = holding.progress
+        self.resolved, self.holding, self.progress = resolved, holding, progress
+        self.spec, self.trainer, self.mesh = resolved.spec, resolved.trainer, resolved.trainer.mesh
+        self.is_chief = jax.process_index() == 0
+        self.checkpointer = None
+        teacher_params = self._attach_teacher()
+        self.checkpointer = starting_state.open_checkpointer(self.spec, resolved.workdir,
+                                                             self.is_chief)
+        start = starting_state.start(resolved, self.checkpointer, teacher_params)
+        self.state, self.peft_base = start.state, start.peft_base
+        holding.goodput.event("setup", restore_s=round(start.restore_s, 6),
+                              resumed_from=int(self.state.step))
+        self.train_batches = self.host_batches(self._streams("train"))
+        if start.data_state is not None:
+            try:
+                self.train_batches.set_state(start.data_state)
+            except ValueError as e:
+                raise errors.UserError(str(e)) from None
+        self.start_step = self.step = int(self.state.step)
+        self.evaluators = in_training.build(self.spec, resolved.evaluators, in_training.Context(
+            self.spec, self.trainer, resolved.asked_vocabulary, self._streams("validation"),
+            self.host_batches, resolved.num_streams, progress))
+        self._announce(start.message)
+        self.writer = metrics_writer.MetricsWriter(resolved.workdir, enabled=self.is_chief)
+        lengths = dict(self.spec.task_feature_lengths)
+        self.tokens_per_step = self.spec.batch_size * sum(lengths.values())
+        self.flops_per_step = 3.0 * self.trainer_structure().forward_flops_per_sequence(
+            self.spec.model, lengths) * self.spec.batch_size
+        self.peak = hardware.peak_flops(resolved.devices[0].device_kind,
+                                        self.spec.logging.peak_flops_per_device)
+        self.stability = run_guard.StabilityChecks(self.spec, self.checkpointer)
+        self.last_train, self.last_eval, self.pending, self.preempted = {}, {}, [], False
+        self.interval_start, self.interval_steps = time.monotonic(), 0
+
+    def trainer_structure(self):
+        return structures.for_config(self.spec)
+
+    def _attach_teacher(self):
+        """Distillation's teacher in the train step; its host params (the student may start
+        from its layers), or None without one."""
+        teacher = self.resolved.teacher
+        if teacher is None:
+            return None
+        structure, params = distill.load_teacher(self.spec, teacher, self.mesh)
+        self.trainer.attach_teacher(structure.model, params, distill.make_loss_fn(
+            self.trainer_structure(), structure, self.spec.loss, self.spec.distill))
+        return params
+
+    def _streams(self, split: str):
+        lengths = dict(self.spec.task_feature_lengths)
+        converter = self.trainer_structure().feature_converter(lengths, pack=self.spec.data.pack)
+        return functools.partial(pipeline.build_dataset, self.spec.task, split, lengths,
+                                 shuffle=split == "train", repeat=split == "train",
+                                 feature_converter=converter, seed=self.spec.seed,
+                                 vocabulary=self.resolved.asked_vocabulary)
+
+    def host_batches(self, streams, padding=None):
+        """This process's rows of each global batch, from its V/P of the V input streams
+        (``data/streams.py``), so batches depend on V only; with ``padding``, a one-pass
+        read whose short batches are padded."""
+        return pipeline.HostBatchIterator(streams, self.spec.batch_size, self.resolved.num_streams,
+                                          jax.process_count(), jax.process_index(), padding)
+
+    def _announce(self, start_message: str) -> None:
+        """The resolved config in the workdir (and the tokenizer the run asked for), and
+        one line on what will run."""
+        if start_message:
+            self.progress.message(start_message)
+        if not self.is_chief:
+            return
+        workdir = self.resolved.workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "config.json").write_text(json.dumps(self.run_config, indent=2, default=list))
+        if self.resolved.asked_vocabulary is not None:
+            runs.keep_tokenizer(workdir, self.resolved.asked_vocabulary)
+        trains = ""
+        if self.trainer.trainable is not None:
+            count = trainer_lib.param_count(peft_state.trainable_only(self.state.params,
+                                                                      self.trainer.trainable))
+            trains = f" ({count:,} trainable)"
+        devices = self.resolved.devices
+        self.progress.message(
+            f"t5x_like: {trainer_lib.param_count(self.state.params):,} parameters{trains}, "
+            f"mesh {self.resolved.mesh_shape}, {len(devices)} {devices[0].platform} devices, "
+            f"steps {int(self.state.step)} -> {self.spec.num_train_steps}, workdir {workdir}")
+
+    @property
+    def run_config(self) -> dict:
+        """Saved with every checkpoint: the spec, streams, fingerprint and PEFT base."""
+        saved = self.resolved.run_config
+        if self.peft_base:
+            saved[peft_state.IDENTITY_KEY] = self.peft_base
+        return saved
+
+    def next_batch(self):
+        """The next global batch (this process's rows of it, sharded over the mesh)."""
+        self.holding.watchdog.doing("reading the batch of step", self.step + 1)
+        with self.holding.goodput.timed("data"):
+            return partitioning.global_batch(next(self.train_batches), self.mesh)
+
+    def train_step(self, batch):
+        """One jitted step; the first compiles (its dispatch waits for the compilation)."""
+        watch, compiling = self.holding.watchdog, self.step == self.start_step
+        watch.doing("train step (compiling)" if compiling else "train step", self.step + 1,
+                    watchdog.COMPILE_PATIENCE if compiling else 1.0)
+        with self.holding.goodput.timed("compile") if compiling else contextlib.nullcontext():
+            self.state, metrics = self.trainer.train_step(self.state, batch)
+        self.step += 1
+        watch.done("train step", self.step)
+        return metrics
+
+    def after_step(self, metrics) -> None:
+        """Logging, evaluators, checkpoint and preemption, each when due at this step."""
+        step = self.step
+        self.pending.append(metrics)
+        self.interval_steps += 1
+        due = [e for e in self.evaluators if e.due(step)]
+        do_checkpoint = (step % self.spec.checkpoint.every_steps == 0
+                         or step == self.spec.num_train_steps)
+        self.preempted = self._preemption_agreed(step, do_checkpoint)
+        if (step % self.spec.logging.every_steps == 0 or step == self.start_step + 1 or due
+                or self.preempted or do_checkpoint):
+            self.holding.watchdog.doing("fetching the metrics of step", step)
+            self._log(step, jax.device_get(self.pending), due)
+            self.holding.goodput.steps(step)
+            self.pending = []
+        if do_checkpoint or self.preempted:
+            self.holding.check_still_ours(step)
+            with self.holding.goodput.timed("checkpoint_save"):
+                self._checkpoint(step, force=self.preempted)
+
+    def _preemption_agreed(self, step: int, do_checkpoint: bool) -> bool:
+        """One process alone may get SIGTERM: processes agree at log and checkpoint steps
+        (a cheap all-gather), so they save and stop at the same step."""
+        requested = self.holding.preemption.requested
+        if jax.process_count() == 1:
+            return requested
+        if step % self.spec.logging.every_steps == 0 or do_checkpoint:
+            return partitioning.any_process(requested)
+        return False
+
+    def _log(self, step: int, fetched: list[dict], due: list) -> None:
+        elapsed = time.monotonic() - self.interval_start
+        record = run_guard.interval_record(fetched)
+        record["tokens_per_sec"] = self.tokens_per_step * self.interval_steps / max(elapsed, 1e-9)
+        record["steps_per_sec"] = self.interval_steps / max(elapsed, 1e-9)
+        if self.peak:
+            record["mfu"] = flops.mfu(self.flops_per_step, record["steps_per_sec"],
+                                      len(self.resolved.devices), self.peak)
+        self.stability.check(step, fetched)
+        if due:
+            params = self.trainer.evaluation_params(self.state)
+            evaluated = {}
+            for evaluator in due:
+                self.holding.watchdog.doing(f"{evaluator.DOING} at step", step)
+                with self.holding.goodput.timed("evaluation"):
+                    evaluated.update(evaluator.evaluate(params, step))
+                self.holding.watchdog.done(f"{evaluator.DOING} at step", step)
+            record.update(evaluated)
+            self.last_eval = evaluated
+        self.last_train = record
+        if step == self.start_step + 1:
+            self.progress.message(f"first step (compilation included) took {elapsed:.1f} s")
+        self.writer.write(step, record)
+        self.progress.update(step, record)
+        self.interval_start, self.interval_steps = time.monotonic(), 0
+
+    def _checkpoint(self, step: int, force: bool = False) -> None:
+        """Each process holds its own streams' states; process 0 writes the merged one."""
+        data_state = pipeline.merge_states(partitioning.gather_json(self.train_batches.get_state()))
+        state = (peft_state.saved_view(self.state, self.trainer) if self.peft_base else self.state)
+        self.holding.watchdog.doing("checkpoint save at step", step)
+        self.checkpointer.save(step, state, data_state, self.run_config, force=force)
+        self.holding.watchdog.done("checkpoint save at step", step)
+
+    def close(self) -> None:
+        """Waits for the last checkpoint save (watched for a hang), closes the writers, and
+        says if the run stopped for a SIGTERM."""
+        if self.preempted:
+            self.progress.message(f"SIGTERM received: saved a checkpoint at step {self.step}, "
+                                  "exiting.")
+        self.holding.watchdog.doing("closing: waiting for the last checkpoint save")
+        with self.holding.goodput.timed("checkpoint_save"):
+            self.checkpointer.close()
+        self.writer.close()
+        self.progress.close()
+
+    def account(self) -> dict:
+        """Goodput over the workdir's runs, written as TensorBoard scalars (process 0)."""
+        account = goodput_events.account(goodput_events.read_events(self.resolved.workdir))
+        goodput_events.write_tensorboard(self.resolved.workdir, account, self.step)
+        return account
+
+
