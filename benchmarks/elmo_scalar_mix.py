@@ -93,13 +93,13 @@ def train_tagger(train_x, train_y, test_x, test_y, num_tags, mix: bool, steps: i
 def load_params(checkpoint: str, random_init: bool):
     """The run config and its newest params (``hidden_states.load`` without its
     transformer-layer lookup); ``random_init``: fresh params of the same config."""
-    from t5x_like import checkpoints, runs
-    source = checkpoints.resolve(checkpoint)
+    from t5x_like import param_sources, runs
+    source = param_sources.resolve(checkpoint)
     step = source.steps()[-1]
     config = runs.run_config(source, step, None, [])
     if random_init:
         return config, hidden_states._fresh_params(config, 0)  # noqa: SLF001
-    return config, checkpoints.load_params(source, step, config)
+    return config, param_sources.load_params(source, step, config)
 
 
 def run(checkpoint, random_init, args, data):

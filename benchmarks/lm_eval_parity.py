@@ -66,10 +66,10 @@ def restore(checkpoint: str):
     tokenizer), else the task's."""
     import jax
 
-    from t5x_like import checkpoints, config_lib, partitioning, runs
+    from t5x_like import config_lib, param_sources, partitioning, runs
     from t5x_like import trainer as trainer_lib
 
-    source = checkpoints.resolve(checkpoint)
+    source = param_sources.resolve(checkpoint)
     steps = source.steps()
     if not steps:
         sys.exit(f"{checkpoint} holds no complete checkpoint yet.")

@@ -24,7 +24,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from t5x_like import config_lib, planner  # noqa: E402
+from t5x_like import aot_planner, config_lib  # noqa: E402
 
 GiB = 1024**3
 
@@ -56,7 +56,7 @@ def run(rows) -> list[dict]:
         config = config_lib.load_config_file(str(ROOT / config_path))
         config_lib.apply_overrides(config, overrides + ([f"model.remat_policy={remat}"]
                                                         if remat else []))
-        report = planner.plan(config, topology)
+        report = aot_planner.plan(config, topology)
         memory = report["memory_per_device"]
         roofline = report.get("roofline") or {}
         results.append({

@@ -31,7 +31,7 @@ import jax
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from t5x_like import checkpointing, config_lib, metrics_writer, partitioning, train  # noqa: E402
+from t5x_like import checkpoint_store, config_lib, metrics_writer, partitioning, train  # noqa: E402
 from t5x_like import trainer as trainer_lib  # noqa: E402
 from t5x_like.data import pipeline  # noqa: E402
 
@@ -96,7 +96,7 @@ def component_seconds(config, steps: int, workdir: str) -> dict[str, float]:
 
     trainer = trainer_lib.build_trainer(config, mesh)
     state = trainer.init_state(0)
-    checkpointer = checkpointing.Checkpointer(os.path.join(workdir, "ckpt"), keep=2)
+    checkpointer = checkpoint_store.Checkpointer(os.path.join(workdir, "ckpt"), keep=2)
     saves = max(steps // config.checkpoint_every_steps, 1)
     start = time.perf_counter()
     for index in range(saves):

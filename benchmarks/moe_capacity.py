@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 import t5x_like.builtin_tasks  # noqa: F401  (registers the embedded tasks)
-from t5x_like import checkpoints, structures
+from t5x_like import param_sources, structures
 from t5x_like.data import pipeline
 
 
@@ -81,10 +81,10 @@ def paired_difference(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
 
 
 def restore(path: str):
-    source = checkpoints.resolve(path)
+    source = param_sources.resolve(path)
     step = source.steps()[-1]
-    config = checkpoints.config_from_saved(source.saved_config(step))
-    return config, checkpoints.load_params(source, step, config), step
+    config = param_sources.config_from_saved(source.saved_config(step))
+    return config, param_sources.load_params(source, step, config), step
 
 
 def draw_loads(metrics_path: pathlib.Path, out: str, num_experts: int) -> None:

@@ -136,14 +136,14 @@ def retarget(run: str, language: str, out: str) -> None:
     id (``decoder_start_id``): ``train`` refuses an ``init_from`` whose model keys differ
     from the config's, and this key differs between pretraining (never decodes) and each
     translation direction. Parameters are unchanged."""
-    from t5x_like import checkpoints, partitioning, runs
+    from t5x_like import param_sources, partitioning, runs
     from t5x_like.convert import pretrained
 
-    source = checkpoints.resolve(run)
+    source = param_sources.resolve(run)
     step = source.steps()[-1]
     config = runs.run_config(source, step, None, [])
     mesh = partitioning.make_mesh({"data": 1})
-    params, _ = checkpoints.base_params(run, config, mesh)
+    params, _ = param_sources.base_params(run, config, mesh)
     model_config = dict(config.model.to_dict(),
                         decoder_start_id=multilingual_tasks.language_id(language))
     pretrained.save_pretrained(out, model_config, params,

@@ -23,7 +23,7 @@ import statistics
 import subprocess
 import sys
 
-from t5x_like.checkpoints import peft_state
+from t5x_like.param_sources import peft_partial
 
 TASKS = {"spam": ("classification", "f1"), "bible_paraphrase": ("classification", "accuracy"),
          "ud_pos": ("token_classification", "token_accuracy")}
@@ -102,7 +102,7 @@ def sizes(runs: pathlib.Path, method: str, task: str) -> tuple[int, int, int]:
     params = trainer.abstract_state.params
     total = trainer_lib.param_count(params)
     trainable = (total if trainer.trainable is None else
-                 trainer_lib.param_count(peft_state.trainable_only(params, trainer.trainable) or {}))
+                 trainer_lib.param_count(peft_partial.trainable_only(params, trainer.trainable) or {}))
     state_bytes = sum(int(np.prod(x.shape)) * x.dtype.itemsize
                       for x in jax.tree.leaves(trainer.abstract_state.opt_state))
     return total, trainable, state_bytes

@@ -33,12 +33,12 @@ ROWS = (
 
 
 def plan_row(config_name: str, topology: str, num_slices: int, overrides: list[str]) -> dict:
-    from t5x_like import config_lib, planner
+    from t5x_like import aot_planner, config_lib
     config = config_lib.load_config_file(str(ROOT / "configs" / f"{config_name}.py"))
     config_lib.apply_overrides(config, overrides)
     config_lib.validate(config)
     start = time.monotonic()
-    report = planner.plan(config, topology, num_slices)
+    report = aot_planner.plan(config, topology, num_slices)
     return {"report": report, "seconds": time.monotonic() - start}
 
 
@@ -62,8 +62,8 @@ def main(argv=None) -> int:
                         help="leave out t5_1_1_xxl unrolled (the longest compile)")
     parser.add_argument("--only", help="only the rows of this config")
     args = parser.parse_args(argv)
-    from t5x_like import planner
-    planner.prepare_compiler_environment()  # this machine is no TPU VM
+    from t5x_like import aot_planner
+    aot_planner.prepare_compiler_environment()  # this machine is no TPU VM
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True).stdout.strip()
     print(f"measured at commit {commit or 'unknown'}\n")

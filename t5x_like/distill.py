@@ -50,11 +50,11 @@ class TeacherSource:
 
 def teacher_source(spec) -> TeacherSource:
     """``distill.teacher``'s checkpoint and model, read without loading parameters."""
-    from t5x_like import checkpoints
+    from t5x_like import param_sources
     from t5x_like.config import model_spec_of
     path = spec.distill.teacher
     try:
-        source = checkpoints.resolve(path, "distill.teacher")
+        source = param_sources.resolve(path, "distill.teacher")
     except UserError as e:
         raise UserError(f"distill.teacher: {e}") from None
     steps = source.steps()
@@ -110,8 +110,8 @@ def teacher_spec(spec, teacher: TeacherSource):
 
 def load_teacher(spec, teacher: TeacherSource, mesh):
     """``(teacher structure, host params)``."""
-    from t5x_like import checkpoints, structures
-    params, _ = checkpoints.base_params(teacher.path, teacher_spec(spec, teacher), mesh)
+    from t5x_like import param_sources, structures
+    params, _ = param_sources.base_params(teacher.path, teacher_spec(spec, teacher), mesh)
     return structures.for_config(teacher_spec(spec, teacher)), params
 
 

@@ -16,7 +16,7 @@ import argparse
 import sys
 import time
 
-from t5x_like import checkpoints, cli_flags, errors, runs, storage
+from t5x_like import cli_flags, errors, param_sources, runs, storage
 from t5x_like.config import split_overrides
 from t5x_like.errors import UserError
 from t5x_like.evaluation import results as result_files
@@ -63,7 +63,7 @@ def run(args, overrides) -> int:
     from t5x_like import trainer as trainer_lib
     from t5x_like.evaluation import evaluator
 
-    source = checkpoints.resolve(args.checkpoint)
+    source = param_sources.resolve(args.checkpoint)
     output_dir = storage.path(args.output_dir)
     if source.kind == "run" and output_dir.is_relative_to(source.path):
         raise UserError(f"--output_dir={args.output_dir} is inside the checkpoints folder "

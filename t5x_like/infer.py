@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-from t5x_like import checkpoints, cli_flags, errors, runs, storage
+from t5x_like import cli_flags, errors, param_sources, runs, storage
 from t5x_like.config import split_overrides
 from t5x_like.errors import UserError
 
@@ -71,7 +71,7 @@ def run(args, overrides) -> int:
     from t5x_like.data.dataset_providers import with_vocabulary
     from t5x_like.evaluation import evaluator
 
-    source = checkpoints.resolve(args.checkpoint)
+    source = param_sources.resolve(args.checkpoint)
     steps = source.steps()
     if not steps:
         raise UserError(f"{source.path} holds no complete checkpoint.")

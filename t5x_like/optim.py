@@ -60,10 +60,9 @@ def decay_mask(params):
 def trainable_mask(params, bitfit: bool = False, added: bool = False):
     """True where a parameter trains. Everything, unless parameter-efficient tuning is
     on: then a fine-tuning head (``head/...``) trains, the parameters LoRA, adapters,
-    prefixes and prompts added (``added``; ``models.peft.is_peft_param``) and, with
+    prefixes and prompts added (``added``; ``models.peft_modules.is_peft_param``) and, with
     ``bitfit`` (Ben Zaken et al.), the bias terms; the rest of the model stays frozen."""
-    from t5x_like.models import peft
-
+    from t5x_like.models import peft_modules as peft
     def trains(path, leaf) -> bool:
         if not (bitfit or added):
             return True

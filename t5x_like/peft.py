@@ -1,7 +1,7 @@
 """``peft merge``: fold a parameter-efficient run's LoRA into its base.
 
 A PEFT run's checkpoints hold only what trains and name their base
-(``checkpoints/peft_state.py`` says how); merging joins them again:
+(``param_sources/peft_partial.py`` says how); merging joins them again:
 
     python -m t5x_like.peft merge --peft=WORKDIR_OR_STEP --out=FOLDER [--base=PATH]
 
@@ -17,7 +17,7 @@ import sys
 
 from t5x_like import errors, storage
 from t5x_like.errors import UserError
-from t5x_like.models.peft import plain_dicts
+from t5x_like.models.peft_modules import plain_dicts
 
 # -- the merge command -------------------------------------------------------------------------
 
@@ -40,11 +40,11 @@ def merge(peft_path: str, out: str, base_path: str | None = None) -> dict:
     summary (step, how many kernels merged)."""
     from flax import traverse_util
 
-    from t5x_like import checkpoints, runs
+    from t5x_like import param_sources, runs
     from t5x_like.convert import pretrained
-    from t5x_like.models import peft as peft_modules
+    from t5x_like.models import peft_modules
 
-    source = checkpoints.resolve(peft_path, "--peft")
+    source = param_sources.resolve(peft_path, "--peft")
     if source.kind != "run":
         raise UserError(f"--peft={peft_path} is a pretrained folder, not a PEFT run; pass the "
                         "workdir (or checkpoints/<step>) of a run trained with config.peft.")
@@ -53,11 +53,11 @@ def merge(peft_path: str, out: str, base_path: str | None = None) -> dict:
         raise UserError(f"--peft={peft_path} holds no complete checkpoint yet.")
     step = steps[-1]
     saved = source.saved_config(step)
-    config = checkpoints.config_from_saved(saved)
+    config = param_sources.config_from_saved(saved)
     settings = peft_modules.PeftSettings.from_config(config.peft)
     check_foldable(settings, peft_path)
     # A run without init_from saved its whole model; else its base is joined back.
-    params = checkpoints.load_params(source, step, config, base_path=base_path,
+    params = param_sources.load_params(source, step, config, base_path=base_path,
                                      where=f"--peft={peft_path}")
     merged = peft_modules.merge_lora(params, settings)
     count = sum(1 for key in traverse_util.flatten_dict(plain_dicts(params))

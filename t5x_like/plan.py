@@ -23,9 +23,9 @@ import argparse
 import json
 import sys
 
-from t5x_like import cli_flags, errors, planner, runs
+from t5x_like import aot_planner, cli_flags, errors, runs
 
-GiB = planner.GiB
+GiB = aot_planner.GiB
 
 
 def format_decode_report(r: dict) -> str:
@@ -140,11 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     cli_flags.add_module_flag(parser)
     args = parser.parse_args(rest)
     cli_flags.import_modules(args.module)
-    planner.prepare_compiler_environment()
-    planner.parse_topology(args.topology)
+    aot_planner.prepare_compiler_environment()
+    aot_planner.parse_topology(args.topology)
     config = runs.resolve_spec(runs.load_config(args.config, overrides))
-    compile_plan, formatter = ((planner.plan_decode, format_decode_report) if args.decode
-                               else (planner.plan, format_report))
+    compile_plan, formatter = ((aot_planner.plan_decode, format_decode_report) if args.decode
+                               else (aot_planner.plan, format_report))
     report = compile_plan(config, args.topology, args.num_slices)
     print(json.dumps(report, indent=2) if args.json else formatter(report))
     return 0

@@ -13,9 +13,9 @@ from typing import Any
 import jax
 from flax import traverse_util
 
-from t5x_like import checkpointing, checkpoints, distill, errors, run_guard, structures
-from t5x_like.checkpoints import peft_state
-from t5x_like.models import peft as peft_modules
+from t5x_like import checkpoint_store, distill, errors, param_sources, run_guard, structures
+from t5x_like.models import peft_modules
+from t5x_like.param_sources import peft_partial
 from t5x_like.run_holding import chief_log
 
 
@@ -32,8 +32,8 @@ class Start:
     restore_s: float = 0.0
 
 
-def open_checkpointer(spec, workdir, is_chief: bool) -> checkpointing.Checkpointer:
-    return checkpointing.Checkpointer(workdir / "checkpoints", keep=spec.checkpoint.keep,
+def open_checkpointer(spec, workdir, is_chief: bool) -> checkpoint_store.Checkpointer:
+    return checkpoint_store.Checkpointer(workdir / "checkpoints", keep=spec.checkpoint.keep,
                                       keep_every=spec.checkpoint.keep_every_steps,
                                       log=chief_log(is_chief),
                                       local_dir=spec.checkpoint.local_dir or None)
@@ -70,7 +70,7 @@ def _resumed(restored, checkpointer) -> Start:
                      + ("; the input stream starts over" if data_state is None else ""))
     lines.append(f"Resumed from {checkpointer.step_folder(restored.step)} at step "
                  f"{restored.step}.")
-    return Start(state, data_state, saved.get(peft_state.IDENTITY_KEY), "\n".join(lines))
+    return Start(state, data_state, saved.get(peft_partial.IDENTITY_KEY), "\n".join(lines))
 
 
 def _restore_step(checkpointer, resolved, step: int):
@@ -91,13 +91,13 @@ def _restore_step(checkpointer, resolved, step: int):
             # An intended optimizer change: the params and step carry over, the optimizer
             # state starts fresh (restored first in the layout it was saved in).
             from t5x_like import trainer as trainer_lib
-            saved_spec = checkpoints.config_from_saved(saved)
-            old, data_state = checkpoints.restore_state(
+            saved_spec = param_sources.config_from_saved(saved)
+            old, data_state = param_sources.restore_state(
                 checkpointer, step, trainer_lib.build_trainer(saved_spec, trainer.mesh), saved,
                 saved_spec, where)
             state = trainer.state_from_params(jax.device_get(old.params)).replace(step=old.step)
         else:
-            state, data_state = checkpoints.restore_state(checkpointer, step, trainer, saved,
+            state, data_state = param_sources.restore_state(checkpointer, step, trainer, saved,
                                                           spec, where)
     except errors.UserError:
         raise  # a refusal (the PEFT base is gone or changed), not damage
@@ -107,7 +107,7 @@ def _restore_step(checkpointer, resolved, step: int):
             raise errors.UserError(
                 f"checkpoint.allow_resume_changes lets {', '.join(model_changes)} change, but "
                 f"the checkpoint's arrays do not fit the changed model "
-                f"({checkpointing.one_line(e)}). Only changes that keep every parameter's shape "
+                f"({checkpoint_store.one_line(e)}). Only changes that keep every parameter's shape "
                 "can resume; use a new --workdir with init_from to start from these weights "
                 "otherwise.") from None
         raise
@@ -122,9 +122,9 @@ def pretrained_state(spec, trainer):
     fine-tuning or continued pretraining: a params-only folder (``convert import``), or a
     training workdir / checkpoint step (its newest step's params; the optimizer state is
     left behind). What the base lacks starts fresh: a new head, LoRA and adapters."""
-    params, step = checkpoints.base_params(spec.init_from, spec, trainer.mesh)
-    identity = (peft_state.base_identity(spec.init_from, step, params)
-                if peft_state.saves_partial(spec) else None)
+    params, step = param_sources.base_params(spec.init_from, spec, trainer.mesh)
+    identity = (peft_partial.base_identity(spec.init_from, step, params)
+                if peft_partial.saves_partial(spec) else None)
     if "backbone" in trainer.abstract_state.params and "backbone" not in params:
         params = {"backbone": params}  # a pretrained body under a new head
     expected = traverse_util.flatten_dict(peft_modules.plain_dicts(trainer.abstract_state.params))

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     cli_flags.import_modules(args.module)
     config = runs.resolve_spec(runs.load_config(args.config, [
         o[len("--config."):] for o in overrides if o.startswith("--config.")]))
-    from t5x_like.models import peft
+    from t5x_like.models import peft_modules as peft
     settings = peft.PeftSettings.from_config(config.peft)
     shapes = trainer.parameter_shapes(config.model, settings)
     if settings.any or config.peft.bitfit:

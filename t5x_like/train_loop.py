@@ -29,9 +29,9 @@ from t5x_like import (
     watchdog,
 )
 from t5x_like import trainer as trainer_lib
-from t5x_like.checkpoints import peft_state
 from t5x_like.data import pipeline
 from t5x_like.evaluation import in_training
+from t5x_like.param_sources import peft_partial
 from t5x_like.run_holding import RunHolding
 
 
@@ -126,7 +126,7 @@ class Loop:
             runs.keep_tokenizer(workdir, self.resolved.asked_vocabulary)
         trains = ""
         if self.trainer.trainable is not None:
-            count = trainer_lib.param_count(peft_state.trainable_only(self.state.params,
+            count = trainer_lib.param_count(peft_partial.trainable_only(self.state.params,
                                                                       self.trainer.trainable))
             trains = f" ({count:,} trainable)"
         devices = self.resolved.devices
@@ -140,7 +140,7 @@ class Loop:
         """Saved with every checkpoint: the spec, streams, fingerprint and PEFT base."""
         saved = self.resolved.run_config
         if self.peft_base:
-            saved[peft_state.IDENTITY_KEY] = self.peft_base
+            saved[peft_partial.IDENTITY_KEY] = self.peft_base
         return saved
 
     def next_batch(self):
@@ -205,7 +205,7 @@ class Loop:
             for evaluator in due:
                 self.holding.watchdog.doing(f"{evaluator.DOING} at step", step)
                 with self.holding.goodput.timed("evaluation"):
-                    evaluated.update(evaluator.evaluate(params, step))
+                    evaluated.update(evaluator.metrics(params, step))
                 self.holding.watchdog.done(f"{evaluator.DOING} at step", step)
             record.update(evaluated)
             self.last_eval = evaluated
@@ -219,7 +219,7 @@ class Loop:
     def _checkpoint(self, step: int, force: bool = False) -> None:
         """Each process holds its own streams' states; process 0 writes the merged one."""
         data_state = pipeline.merge_states(partitioning.gather_json(self.train_batches.get_state()))
-        state = (peft_state.saved_view(self.state, self.trainer) if self.peft_base else self.state)
+        state = (peft_partial.saved_view(self.state, self.trainer) if self.peft_base else self.state)
         self.holding.watchdog.doing("checkpoint save at step", step)
         self.checkpointer.save(step, state, data_state, self.run_config, force=force)
         self.holding.watchdog.done("checkpoint save at step", step)

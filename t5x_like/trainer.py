@@ -318,7 +318,7 @@ def _place(expected, params, what: str = "Pretrained params"):
 
 def trainable_for(config):
     """``params -> bool tree`` of what trains under ``config.peft`` (None: everything)."""
-    from t5x_like.models import peft as peft_modules
+    from t5x_like.models import peft_modules
     peft = spec_of(config).peft
     added = peft_modules.PeftSettings.from_config(peft).any
     if not (peft.bitfit or added):
@@ -394,7 +394,7 @@ def param_count(params) -> int:
 def parameter_shapes(model_config, peft_settings=None) -> dict:
     """Every parameter's shape (``jax.ShapeDtypeStruct``) of a model spec's model (or a
     model section's), with ``peft_settings``' added modules: nothing is allocated."""
-    from t5x_like.models import peft
+    from t5x_like.models import peft_modules as peft
     model = structures.build_model(model_config)
     model = peft.with_peft(model, peft_settings or peft.PeftSettings())
     lengths = {"encoder_input_tokens": 8, "decoder_input_tokens": 8, "decoder_target_tokens": 8}

@@ -21,9 +21,9 @@ import time
 from typing import Any
 
 from t5x_like import cli_flags, config, runs, storage
-from t5x_like.checkpoints.source import check_same_model, resolve
 from t5x_like.config import RunSpec
 from t5x_like.errors import ConfigError, UserError
+from t5x_like.param_sources.source import check_same_model, resolve
 
 
 @dataclasses.dataclass
@@ -223,10 +223,10 @@ def _checked_resume(spec, workdir, fingerprint: dict) -> Resume | None:
 def _saved_configs_newest_first(spec, workdir):
     """``(step, saved config)`` of the workdir's checkpoints whose config item reads,
     newest first, read straight from the step folders (``config/metadata``)."""
-    from t5x_like import checkpointing
+    from t5x_like import checkpoint_store
     folders = [workdir / "checkpoints"]
     if spec.checkpoint.local_dir:
-        folders.insert(0, checkpointing.local_tier(spec.checkpoint.local_dir,
+        folders.insert(0, checkpoint_store.local_tier(spec.checkpoint.local_dir,
                                                    workdir / "checkpoints"))
     steps = {}
     for folder in folders:

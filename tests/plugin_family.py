@@ -25,6 +25,7 @@ class ConvLMSpec(OneStack, ModelSpec):
 
     FAMILY = "conv_lm"
     DEFAULTS = dict(vocab_size=8192, dropout_rate=0.0, num_layers=2)
+    EXAMPLE_CONFIG = "plugin_family_config.py"
 
     def check_run(self, run):
         require(not run.data.pack, "model.family='conv_lm' reads one document a row; its "
@@ -89,5 +90,4 @@ class ConvLMStructure(DecoderStructure):
 
 families.register(families.Family(
     "conv_lm", ConvLMSpec, ConvLM, ConvLMStructure,
-    rules={"*": (("taps", None),)},  # the kernel's taps are replicated on every rule set
-    example_config="tests/plugin_family_config.py"))
+    rules={"*": (("taps", None),)}))  # the kernel's taps are replicated on every rule set

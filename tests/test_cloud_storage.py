@@ -106,17 +106,17 @@ def test_text_sources_read_bucket_files_like_local_ones(gcs, tmp_path):
 
 
 def test_checkpoint_manifest_and_damage_check_work_in_a_bucket(gcs):
-    from t5x_like import checkpointing, storage
+    from t5x_like import checkpoint_store, storage
     folder = storage.path("gs://t5xl-test/manifest/3")
     (folder / "state").mkdir(parents=True, exist_ok=True)
     (folder / "state" / "data").write_bytes(b"\x00" * 100)
     (folder / "config").mkdir(parents=True, exist_ok=True)
     (folder / "config" / "metadata").write_text("{}")
-    checkpointing.write_manifest(folder)
-    assert checkpointing.has_manifest(folder)
-    assert checkpointing.manifest_problem(folder) is None
+    checkpoint_store.write_manifest(folder)
+    assert checkpoint_store.has_manifest(folder)
+    assert checkpoint_store.manifest_problem(folder) is None
     (folder / "state" / "data").write_bytes(b"\x01" * 100)
-    assert "does not match its checksum" in checkpointing.manifest_problem(folder)
+    assert "does not match its checksum" in checkpoint_store.manifest_problem(folder)
 
 
 def test_a_missing_bucket_is_refused_before_any_work(gcs):

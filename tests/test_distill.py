@@ -109,11 +109,11 @@ def test_a_student_distils_from_a_frozen_sharded_teacher(tmp_path):
     assert any("soft_target_loss" in r for r in records)
     assert np.isfinite(result["eval"]["eval_loss"])
 
-    from t5x_like import checkpoints
+    from t5x_like import param_sources
     mesh = partitioning.make_mesh({"data": 1}, jax.devices()[:1])
-    teacher_params, _ = checkpoints.base_params(str(teacher_dir), encoder_run_config(num_layers=3),
+    teacher_params, _ = param_sources.base_params(str(teacher_dir), encoder_run_config(num_layers=3),
                                             mesh)
-    student_params, _ = checkpoints.base_params(str(tmp_path / "student"), config, mesh)
+    student_params, _ = param_sources.base_params(str(tmp_path / "student"), config, mesh)
     # One student: a two-layer tree of the same parts, nothing of the teacher added.
     assert set(student_params) == set(teacher_params) - {"layers_2"}
     # Started from the teacher's layers 0 and 2, then trained: close to them, not equal.

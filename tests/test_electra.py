@@ -206,7 +206,7 @@ def batch():
     tokens = rng.integers(5, 120, size=(3, 16))
     mask = np.arange(16)[None, :] < np.array([[16], [10], [7]])
     types_ = (np.arange(16)[None, :] >= np.array([[8], [5], [3]])).astype(int) * mask
-    return np.where(mask, tokens, 0), types_, mask
+    return np.where(mask, tokens, 0).astype(np.int32), types_.astype(np.int32), mask
 
 
 def hf_logits(model, tokens, types_, mask):

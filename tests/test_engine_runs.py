@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 
-from t5x_like import checkpointing, errors, partitioning, train
+from t5x_like import checkpoint_store, errors, partitioning, train
 from t5x_like import trainer as trainer_lib
 
 # Adam at lr 1e30 makes every weight ~1e30 after one step, so step 2's loss is NaN.
@@ -31,7 +31,7 @@ def saved_steps(workdir) -> list[int]:
 def restore_params(config, workdir, step, mesh_shape=None):
     mesh = partitioning.make_mesh(mesh_shape or {"data": 8, "fsdp": 1, "tensor": 1})
     trainer = trainer_lib.build_trainer(config, mesh)
-    checkpointer = checkpointing.Checkpointer(pathlib.Path(workdir) / "checkpoints", keep=10)
+    checkpointer = checkpoint_store.Checkpointer(pathlib.Path(workdir) / "checkpoints", keep=10)
     try:
         state, _, _ = checkpointer.restore(step, trainer.abstract_state)
     finally:

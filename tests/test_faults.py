@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 
-from t5x_like import checkpointing, cli_flags, errors, run_guard, runs, train
+from t5x_like import checkpoint_store, cli_flags, errors, run_guard, runs, train
 from t5x_like.errors import UserError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -40,7 +40,7 @@ def abstract_of(state):
 def saved_run(tmp_path_factory) -> pathlib.Path:
     """A workdir whose checkpoints/ holds steps 5 and 10, both sealed with manifests."""
     workdir = tmp_path_factory.mktemp("saved_run")
-    checkpointer = checkpointing.Checkpointer(workdir / "checkpoints", keep=3)
+    checkpointer = checkpoint_store.Checkpointer(workdir / "checkpoints", keep=3)
     for step in (5, 10):
         checkpointer.save(step, small_state(step), {"position": step}, {"task": "t"})
     checkpointer.close()
@@ -54,7 +54,7 @@ def fresh_copy(saved_run, tmp_path) -> pathlib.Path:
 
 
 def restore(workdir, log=None):
-    checkpointer = checkpointing.Checkpointer(workdir / "checkpoints", keep=3,
+    checkpointer = checkpoint_store.Checkpointer(workdir / "checkpoints", keep=3,
                                               log=log or (lambda line: None))
     abstract = abstract_of(small_state(0))
     try:
@@ -107,7 +107,7 @@ def test_every_kind_of_file_damaged_falls_back_to_the_previous_step(saved_run, t
     re-sealed."""
     kinds = kinds_of_files(saved_run)
     assert {"state/manifest.ocdbt", "config/metadata", "data/metadata", "_CHECKPOINT_METADATA",
-            checkpointing.MANIFEST} <= set(kinds), kinds
+            checkpoint_store.MANIFEST} <= set(kinds), kinds
     assert any(k.endswith("<array data>") for k in kinds)
     rng = random.Random(0)
     trials = 0
@@ -120,9 +120,9 @@ def test_every_kind_of_file_damaged_falls_back_to_the_previous_step(saved_run, t
             restored = restore(workdir, lines.append)
             trials += 1
             state, data, _ = restored.value
-            if relative == checkpointing.MANIFEST:
+            if relative == checkpoint_store.MANIFEST:
                 assert restored.step == 10 and not restored.moved_aside, (kind, how)
-                assert checkpointing.has_manifest(workdir / "checkpoints" / "10")
+                assert checkpoint_store.has_manifest(workdir / "checkpoints" / "10")
                 continue
             assert restored.step == 5, (kind, how)
             assert float(state["params"]["b"][0, 0]) == 5.0 and data == {"position": 5}
@@ -145,7 +145,7 @@ def test_checkpoints_without_a_manifest_fall_back_on_the_restore_error(
     bytes are only sure to be found through the manifest's checksums.)"""
     workdir = fresh_copy(saved_run, tmp_path)
     folder = workdir / "checkpoints" / "10"
-    (folder / checkpointing.MANIFEST).unlink()
+    (folder / checkpoint_store.MANIFEST).unlink()
     damage(folder / relative, how, random.Random(1))
     lines = []
     restored = restore(workdir, lines.append)
@@ -161,7 +161,7 @@ def test_a_step_with_state_but_no_data_item_falls_back(saved_run, tmp_path, with
     folder = workdir / "checkpoints" / "10"
     shutil.rmtree(folder / "data")
     if not with_manifest:
-        (folder / checkpointing.MANIFEST).unlink()
+        (folder / checkpoint_store.MANIFEST).unlink()
     restored = restore(workdir)
     assert restored.step == 5 and (workdir / "damaged_checkpoints" / "10" / "state").is_dir()
 
@@ -170,7 +170,7 @@ def test_when_no_step_restores_nothing_is_moved_and_all_are_named(saved_run, tmp
     workdir = fresh_copy(saved_run, tmp_path)
     for step in (5, 10):
         (workdir / "checkpoints" / str(step) / "state" / "manifest.ocdbt").write_bytes(b"x")
-    with pytest.raises(checkpointing.CheckpointsUnreadable) as error:
+    with pytest.raises(checkpoint_store.CheckpointsUnreadable) as error:
         restore(workdir)
     message = str(error.value)
     assert "checkpoints/5" in message and "checkpoints/10" in message
@@ -180,16 +180,16 @@ def test_when_no_step_restores_nothing_is_moved_and_all_are_named(saved_run, tmp
 
 def test_intact_checkpoint_of_another_model_is_refused_not_moved(saved_run, tmp_path):
     workdir = fresh_copy(saved_run, tmp_path)
-    checkpointer = checkpointing.Checkpointer(workdir / "checkpoints", keep=3)
+    checkpointer = checkpoint_store.Checkpointer(workdir / "checkpoints", keep=3)
     other = abstract_of({"params": {"w": jnp.zeros(7)}, "opt_state": {}})
-    with pytest.raises(checkpointing.IntactButIncompatible, match="matches its manifest"):
+    with pytest.raises(checkpoint_store.IntactButIncompatible, match="matches its manifest"):
         checkpointer.restore_newest(lambda step: checkpointer.restore(step, other))
     checkpointer.close()
     assert not (workdir / "damaged_checkpoints").exists()
 
 
 def test_rotation_never_deletes_the_newest_verified_step(tmp_path):
-    checkpointer = checkpointing.Checkpointer(tmp_path / "checkpoints", keep=2, keep_every=0)
+    checkpointer = checkpoint_store.Checkpointer(tmp_path / "checkpoints", keep=2, keep_every=0)
     checkpointer._verified = {5}
     assert checkpointer.steps_to_delete([5, 10, 15, 20]) == [10]
     checkpointer._verified = {5, 20}
@@ -198,23 +198,23 @@ def test_rotation_never_deletes_the_newest_verified_step(tmp_path):
 
 
 def test_saves_are_sealed_and_rotated(tmp_path):
-    checkpointer = checkpointing.Checkpointer(tmp_path / "checkpoints", keep=2)
+    checkpointer = checkpoint_store.Checkpointer(tmp_path / "checkpoints", keep=2)
     for step in (1, 2, 3, 4):
         checkpointer.save(step, small_state(step), {"position": step}, {})
     checkpointer.close()
     assert checkpointer.all_steps() == [3, 4]
     for step in (3, 4):
         folder = tmp_path / "checkpoints" / str(step)
-        assert checkpointing.manifest_problem(folder) is None
-        assert checkpointing.has_manifest(folder)
+        assert checkpoint_store.manifest_problem(folder) is None
+        assert checkpoint_store.has_manifest(folder)
 
 
 KILL_SCRIPT = textwrap.dedent("""
     import os, sys
     os.environ["JAX_PLATFORMS"] = "cpu"
     import jax.numpy as jnp
-    from t5x_like import checkpointing
-    c = checkpointing.Checkpointer(sys.argv[1], keep=3)
+    from t5x_like import checkpoint_store
+    c = checkpoint_store.Checkpointer(sys.argv[1], keep=3)
     step = 0
     while True:
         step += 1
@@ -245,7 +245,7 @@ def test_kill_9_during_async_saves_always_leaves_a_restorable_run(tmp_path):
         finally:
             process.kill()
             process.wait(timeout=60)
-        checkpointer = checkpointing.Checkpointer(directory, keep=3)
+        checkpointer = checkpoint_store.Checkpointer(directory, keep=3)
         abstract = {"params": {"w": jax.ShapeDtypeStruct((1 << 19,), jnp.float32)},
                     "opt_state": {"count": jax.ShapeDtypeStruct((), jnp.int32)}}
         restored = checkpointer.restore_newest(
@@ -361,7 +361,8 @@ QUICK = ["--config=configs/quickstart.py"]
 
 
 @pytest.mark.parametrize("flag, expected", [
-    ("--config.optimizer.learning_rate=nan", "optimizer.learning_rate=nan must be a finite"),
+    ("--config.optimizer.learning_rate=nan",
+     "'optimizer.learning_rate' must be a finite number >= 0, got nan"),
     ("--config.optimizer.learning_rate=-1", "must be a finite number >= 0"),
     ("--config.optimizer.b2=1.5", "optimizer.b2=1.5 is a decay rate"),
     ("--config.divergence.loss_spike_factor=0.5", "ordinary noise"),
@@ -527,14 +528,14 @@ def test_an_empty_data_file_names_the_file_not_the_shard_count(tmp_path):
 
 def test_eval_of_a_damaged_step_is_one_message(saved_run, tmp_path):
     """eval/infer open checkpoints read-only: a damaged step is named, never moved."""
-    from t5x_like import checkpoints
+    from t5x_like import param_sources
     workdir = fresh_copy(saved_run, tmp_path)
     folder = workdir / "checkpoints" / "10"
     damage(folder / "data" / "metadata", "truncate", random.Random(2))
-    source = checkpoints.resolve(str(workdir))
+    source = param_sources.resolve(str(workdir))
     with pytest.raises(UserError, match=r"checkpoints/10 is damaged \(data/metadata is"):
         source.restore_params(10, trainer=None)  # refused before any array is read
-    (folder / checkpointing.MANIFEST).unlink()
+    (folder / checkpoint_store.MANIFEST).unlink()
     (folder / "config" / "metadata").unlink()
     with pytest.raises(UserError, match="checkpoints/10 has no readable config"):
         source.saved_config(10)

@@ -14,7 +14,7 @@ from test_head_finetuning import encoder_config
 from test_train_families import family_config
 
 import t5x_like.data as td
-from t5x_like import checkpoints, config_lib, partitioning, structures, train
+from t5x_like import config_lib, param_sources, partitioning, structures, train
 from t5x_like import trainer as trainer_lib
 from t5x_like.builtin_tasks import pretraining as tasks
 from t5x_like.data import pipeline
@@ -133,7 +133,7 @@ def test_a_tiny_validation_split_is_evaluated_whole_with_the_default_streams(
     rows = _validation_rows(config, 10)
     assert len(rows) == 4
     _, trainer = trainer_lib.build_on_devices(config, jax.devices()[:1], 1)
-    params = checkpoints.load_params(checkpoints.resolve(str(tmp_path / "run")), 2, config)
+    params = param_sources.load_params(param_sources.resolve(str(tmp_path / "run")), 2, config)
     sums = _eval_sums(trainer, trainer.state_from_params(params).params, rows)
     assert result["eval"]["eval_loss"] == pytest.approx(
         float(sums["loss_sum"]) / float(sums["num_target_tokens"]), rel=1e-5)

@@ -10,7 +10,7 @@ import pytest
 from conftest import tiny_config
 from storage_emulators import gcs_fixture  # noqa: F401  (the module's `gcs` fixture)
 
-from t5x_like import checkpointing, goodput_events, storage, train
+from t5x_like import checkpoint_store, goodput_events, storage, train
 from t5x_like.errors import ConfigError
 
 
@@ -31,12 +31,12 @@ def resumed_from(err: str, workdir) -> tuple[str, int]:
 
 
 def durable_steps(workdir) -> list[int]:
-    return checkpointing.Checkpointer.durable_steps(
+    return checkpoint_store.Checkpointer.durable_steps(
         type("C", (), {"directory": storage.path(workdir) / "checkpoints"})())
 
 
 def local_steps(local_dir, workdir) -> list[int]:
-    folder = checkpointing.local_tier(local_dir, storage.path(workdir) / "checkpoints")
+    folder = checkpoint_store.local_tier(local_dir, storage.path(workdir) / "checkpoints")
     return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
 
 
@@ -48,7 +48,7 @@ def test_local_tier_resumes_from_local_then_bucket_and_survives_a_corrupt_local_
 
     # Killed after the local saves, before any upload: the uploads never run.
     with monkeypatch.context() as patch:
-        patch.setattr(checkpointing._Uploader, "upload", lambda self, step: None)
+        patch.setattr(checkpoint_store._Uploader, "upload", lambda self, step: None)
         assert run(workdir, first, 4) == 4
     assert local_steps(first, workdir) == [2, 4] and durable_steps(workdir) == []
     assert "Resumed from" not in capsys.readouterr().err
@@ -63,8 +63,8 @@ def test_local_tier_resumes_from_local_then_bucket_and_survives_a_corrupt_local_
     assert step == 4 and folder.startswith(str(first)), folder  # the local copy, not the bucket
     assert durable_steps(workdir) == [2, 4, 6]
     bucket_step = storage.path(workdir) / "checkpoints" / "6"
-    assert (bucket_step / checkpointing.COMMIT_SUCCESS).exists()
-    assert checkpointing.manifest_problem(bucket_step) is None
+    assert (bucket_step / checkpoint_store.COMMIT_SUCCESS).exists()
+    assert checkpoint_store.manifest_problem(bucket_step) is None
 
     # A host with an empty local dir restores from the bucket.
     assert run(workdir, fresh, 8) == 8
@@ -74,7 +74,7 @@ def test_local_tier_resumes_from_local_then_bucket_and_survives_a_corrupt_local_
     assert 8 in durable_steps(workdir)
 
     # A corrupted local copy of the newest step: the bucket's copy of the same step.
-    local8 = checkpointing.local_tier(fresh, storage.path(workdir) / "checkpoints") / "8"
+    local8 = checkpoint_store.local_tier(fresh, storage.path(workdir) / "checkpoints") / "8"
     victim = max((p for p in pathlib.Path(local8).rglob("*") if p.is_file() and "/d/" in str(p)),
                  key=lambda p: p.stat().st_size)
     victim.write_bytes(b"\x00" * 7)

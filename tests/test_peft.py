@@ -128,10 +128,10 @@ def test_summary_prints_the_trainable_fraction(override, expected):
 
 from flax import traverse_util  # noqa: E402
 
-from t5x_like import checkpoints, structures  # noqa: E402
+from t5x_like import param_sources, structures  # noqa: E402
 from t5x_like import peft as peft_runs  # noqa: E402
-from t5x_like.checkpoints import peft_state  # noqa: E402
-from t5x_like.models import peft as peft_modules  # noqa: E402
+from t5x_like.models import peft_modules  # noqa: E402
+from t5x_like.param_sources import peft_partial  # noqa: E402
 
 LORA = {"lora.rank": 4, "lora.alpha": 8.0}
 ADAPTERS = {"adapter.size": 8}
@@ -407,32 +407,32 @@ def short_run(config, steps: int):
 
 
 def test_a_peft_checkpoint_holds_what_trains_and_joins_only_its_own_base(tmp_path):
-    from t5x_like import checkpointing
+    from t5x_like import checkpoint_store
     config = tiny_decoder(**LORA, **ADAPTERS)
     trainer = trainer_lib.build_trainer(config, one_device_mesh())
     state = trainer.init_state(0)
     full = flat(state.params)
     base = {k: v for k, v in full.items() if not peft_modules.is_peft_param(tuple(k.split("/")))}
     base = traverse_util.unflatten_dict(base, sep="/")
-    view = peft_state.saved_view(state, trainer)
+    view = peft_partial.saved_view(state, trainer)
     assert set(flat(view.params)) == {k for k in full
                                       if peft_modules.is_peft_param(tuple(k.split("/")))}
-    identity = peft_state.base_identity(str(tmp_path / "base"), None, base)
-    checkpointer = checkpointing.Checkpointer(tmp_path / "checkpoints", keep=1, async_save=False)
+    identity = peft_partial.base_identity(str(tmp_path / "base"), None, base)
+    checkpointer = checkpoint_store.Checkpointer(tmp_path / "checkpoints", keep=1, async_save=False)
     checkpointer.save(1, view, {}, {"peft_base": identity})
     checkpointer.close()
-    reader = checkpointing.Checkpointer(tmp_path / "checkpoints", keep=1, async_save=False,
+    reader = checkpoint_store.Checkpointer(tmp_path / "checkpoints", keep=1, async_save=False,
                                         read_only=True)
-    restored, _, saved = reader.restore(1, peft_state.abstract_saved_state(trainer))
+    restored, _, saved = reader.restore(1, peft_partial.abstract_saved_state(trainer))
     reader.close()
-    joined = flat(checkpoints.join(restored.params, base, trainer))
+    joined = flat(param_sources.join(restored.params, base, trainer))
     assert joined.keys() == full.keys()
     for key, value in full.items():
         np.testing.assert_array_equal(joined[key], value)
-    checkpoints.check_base(saved["peft_base"], base, "the checkpoint", "the base")
+    param_sources.check_base(saved["peft_base"], base, "the checkpoint", "the base")
     other = jax.tree.map(lambda x: x + 1e-7, base)  # one ulp-sized change is another base
     with pytest.raises(errors.UserError, match="holds other params"):
-        checkpoints.check_base(saved["peft_base"], other, "the checkpoint", "the base")
+        param_sources.check_base(saved["peft_base"], other, "the checkpoint", "the base")
 
 
 EVAL_CLOZE = ["--task=embedded_austen_cloze", "--max_examples=8", "--batch_size=8",
@@ -480,12 +480,12 @@ def _exported_logits_equal_the_lora_model(tmp_path, config):
     import torch
     import transformers
 
-    from t5x_like import checkpoints
+    from t5x_like import param_sources
     from t5x_like.convert.__main__ import export_hf
     export_hf(str(tmp_path / "merged"), str(tmp_path / "hf"))
     hf = transformers.GPT2LMHeadModel.from_pretrained(str(tmp_path / "hf")).eval()
     trainer = trainer_lib.build_trainer(config, one_device_mesh())
-    source = checkpoints.resolve(str(tmp_path / "lora"))
+    source = param_sources.resolve(str(tmp_path / "lora"))
     params = jax.device_get(source.restore_params(source.steps()[-1], trainer))
     tokens = np.random.default_rng(0).integers(4, 8192, size=(2, 16))
     ours = structures.for_config(config).model.apply({"params": params}, tokens)

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from t5x_like import planner
+from t5x_like import aot_planner
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 QUICKSTART = str(REPO / "configs" / "quickstart.py")
@@ -55,8 +55,8 @@ def test_cpu_plan_prints_a_readable_report_in_mib():
     ("v5e:4by4", "2 or 3 positive sizes"),
 ])
 def test_bad_topologies_are_named(topology, message):
-    with pytest.raises(planner.PlanError, match=message):
-        planner.parse_topology(topology)
+    with pytest.raises(aot_planner.PlanError, match=message):
+        aot_planner.parse_topology(topology)
 
 
 def test_batch_that_does_not_divide_the_topology_is_a_config_error():
@@ -141,9 +141,9 @@ def test_scanned_layers_roofline_uses_model_flops_and_counts_loop_bytes_per_trip
 
 @pytest.mark.parametrize("topology, slices", [("cpu:8", 2), ("v5e:2x2", 0)])
 def test_bad_slice_counts_are_named(topology, slices):
-    with pytest.raises(planner.PlanError, match=rf"--num_slices={slices}: give a positive number "
+    with pytest.raises(aot_planner.PlanError, match=rf"--num_slices={slices}: give a positive number "
                                              r"of TPU slices"):
-        planner.topology_devices(topology, slices)
+        aot_planner.topology_devices(topology, slices)
 
 
 def test_decode_plan_counts_one_token_with_the_cross_attention_cache():

@@ -320,9 +320,9 @@ def get_config():
 
 def test_the_nearest_shape_keeps_the_recipe_and_counts_exactly():
     from t5x_like import runs
-    from t5x_like.scaling import planning
+    from t5x_like.scaling import run_sizing
     base = runs.load_and_validate(str(REPO / "configs" / "decoder_modern_1b.py"), [])
-    shape = planning.nearest_shape(base, 7e9)
+    shape = run_sizing.nearest_shape(base, 7e9)
     # The base's grouping (32 query heads over 4 key/value heads) and SwiGLU width ratio.
     assert shape.num_heads == 8 * shape.num_kv_heads and shape.d_model == 128 * shape.num_heads
     assert shape.d_ff / shape.d_model == pytest.approx(5632 / 2048, rel=0.05)
@@ -330,27 +330,27 @@ def test_the_nearest_shape_keeps_the_recipe_and_counts_exactly():
     # Its count is the model's (not the 12 d^2 guess), within half a layer of the target.
     params, _ = sweep.count_params(shape.model_config(base.model), {"targets": 2048})
     assert params == shape.params
-    deeper = planning.nearest_shape(base, 7e9 * 1.15)
+    deeper = run_sizing.nearest_shape(base, 7e9 * 1.15)
     assert deeper.params > shape.params
     assert abs(shape.params - 7e9) < 0.06 * 7e9
 
 
 def test_the_batch_and_learning_rate_follow_deepseek_llms_fits():
-    from t5x_like.scaling import planning
-    sequences, lr = planning.batch_rule(1e21, 2048, 64)
+    from t5x_like.scaling import run_sizing
+    sequences, lr = run_sizing.batch_rule(1e21, 2048, 64)
     tokens = 0.2920 * 1e21 ** 0.3271  # DeepSeek LLM eq. 1, by hand: about 2.8M tokens
     assert sequences % 64 == 0 and abs(sequences * 2048 - tokens) <= 32 * 2048
     assert lr == pytest.approx(0.3118 * 1e21 ** -0.125)
-    assert planning.batch_rule(1e10, 2048, 64)[0] == 64  # never below one row a chip
+    assert run_sizing.batch_rule(1e10, 2048, 64)[0] == 64  # never below one row a chip
 
 
 def test_microbatches_are_the_power_of_two_whose_activations_fit():
-    from t5x_like.scaling import planning
+    from t5x_like.scaling import run_sizing
     report = {"hbm_per_device": 100.0,
               "memory_per_device": {"total": 340.0, "temporaries": 300.0}}
-    assert planning.microbatches_to_fit(report) == 8  # 300 / (100 - 40) = 5 -> 8
+    assert run_sizing.microbatches_to_fit(report) == 8  # 300 / (100 - 40) = 5 -> 8
     report["memory_per_device"] = {"total": 150.0, "temporaries": 20.0}
-    assert planning.microbatches_to_fit(report) is None  # the state alone does not fit
+    assert run_sizing.microbatches_to_fit(report) is None  # the state alone does not fit
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -125,9 +125,9 @@ def load(checkpoint: str, *, step: int | None = None, random_init: bool = False,
     """The newest (or ``step``'s) params of a run or pretrained folder; ``random_init``:
     the same config with fresh params from ``seed`` (the untrained control). ``flag``:
     the option that named ``checkpoint``, for error messages."""
-    from t5x_like import checkpoints, runs
+    from t5x_like import param_sources, runs
 
-    source = checkpoints.resolve(checkpoint, flag)
+    source = param_sources.resolve(checkpoint, flag)
     steps = source.steps()
     if not steps:
         raise UserError(f"{flag}={checkpoint}: {source.path} holds no complete checkpoint.")
@@ -146,7 +146,7 @@ def load(checkpoint: str, *, step: int | None = None, random_init: bool = False,
     if random_init:
         params = _fresh_params(config, seed)
     else:
-        params = checkpoints.load_params(source, step, config)
+        params = param_sources.load_params(source, step, config)
     return EmbeddingModel(config, params, chosen, checkpoint=str(checkpoint),
                           step=None if source.kind == "pretrained" else step,
                           random_init=random_init)

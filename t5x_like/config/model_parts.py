@@ -202,6 +202,15 @@ class ModelSpec(Section):
     DEFAULTS: ClassVar[Mapping] = {}
     SECTIONS: ClassVar[Mapping[str, type]] = {}
     VARIANTS: ClassVar[tuple[str, ...]] = ()
+    #: a config file that starts this family (named when a key belongs to another family)
+    EXAMPLE_CONFIG: ClassVar[str] = ""
+
+    @classmethod
+    def unknown_key_hint(cls, key: str) -> str:
+        example = f" (e.g. --config={cls.EXAMPLE_CONFIG})" if cls.EXAMPLE_CONFIG else ""
+        return (f"model.family={cls.FAMILY!r} has no such key; the model section holds another "
+                "family's keys: if you changed model.family on the command line, start from a "
+                f"config written for that family instead{example}.")
 
     @classmethod
     def sub_section(cls, name: str, value: Mapping):

@@ -123,7 +123,10 @@ def _add_evaluator(config, name: str, kind: str, **values) -> None:
 
 
 def _set_evaluator_key(config, name: str, key: str, text: str, item: str) -> None:
-    """A key of an evaluator not in the config yet: ``kind`` makes it."""
+    """A key of an evaluator not in the config yet: ``kind`` makes it; a key its kind
+    does not have is named with the nearest one it has."""
+    if name in config.evals:
+        raise _unknown(config, f"evals.{name}.{key}", item)
     if key != "kind":
         raise ConfigError(f"--config.{item}: there is no evaluator {name!r}; make one first "
                           f"with --config.evals.{name}.kind=KIND (e.g. benchmark, harness, "

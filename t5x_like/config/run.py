@@ -8,6 +8,7 @@ by the run service (``t5x_like.runs.resolve``) before anything runs.
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Mapping
 from typing import ClassVar
@@ -123,9 +124,11 @@ class CheckpointSpec(Section):
                 f"checkpoint.local_dir={self.local_dir!r} must be a local folder (a fast disk); "
                 "the workdir is where checkpoints go to a bucket.")
         for name in self.allow_resume_changes:
+            close = difflib.get_close_matches(name, RESUME_CHANGE_KEYS, n=1)
+            hint = f"Did you mean {close[0]!r}? " if close else ""
             require(any(name == k or name.startswith(k + ".") for k in RESUME_CHANGE_KEYS),
-                    f"checkpoint.allow_resume_changes names {name!r}, which no resume checks; use "
-                    f"some of {', '.join(RESUME_CHANGE_KEYS)} (or a sub-key such as "
+                    f"checkpoint.allow_resume_changes names {name!r}, which no resume checks. "
+                    f"{hint}Use some of {', '.join(RESUME_CHANGE_KEYS)} (or a sub-key such as "
                     "model.dropout_rate).")
 
 
@@ -235,7 +238,7 @@ class PromptSpec(Section):
 
 @section
 class PeftSpec(Section):
-    """Parameter-efficient tuning (``models/peft.py``): new small parameters or a chosen
+    """Parameter-efficient tuning (``models/peft_modules.py``): new small parameters or a chosen
     subset train, the rest stay frozen with no optimizer state."""
 
     bitfit: bool = False

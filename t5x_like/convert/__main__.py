@@ -295,7 +295,7 @@ def export_vocabulary(value: str, own=None):
 def load_for_export(checkpoint: str):
     """``(model_config, host params, the checkpoint's vocabulary or None)`` of a pretrained
     folder, or of a training run's newest step (or the step folder given)."""
-    from t5x_like import checkpoints, runs
+    from t5x_like import param_sources, runs
 
     folder = storage.path(checkpoint)
     run_config = folder / "config.json"
@@ -306,7 +306,7 @@ def load_for_export(checkpoint: str):
                 f"{checkpoint} is a LoRA run's workdir, not a pretrained folder; fold its LoRA "
                 f"into the base first: python -m t5x_like.peft merge --peft={checkpoint} "
                 "--out=MERGED, then export MERGED.")
-    source = checkpoints.resolve(checkpoint)
+    source = param_sources.resolve(checkpoint)
     if source.kind == "pretrained":
         saved = source.saved_config(0)
         flat = flat_model(saved["model"])
@@ -325,7 +325,7 @@ def load_for_export(checkpoint: str):
                         "`python -m t5x_like.peft merge` first).")
     flat = flat_model(config.model)
     exporter_for(flat)  # before the weights are restored
-    params = checkpoints.load_params(source, step, config)
+    params = param_sources.load_params(source, step, config)
     print(f"convert: exporting step {step} of {source.path.parent}", file=sys.stderr)
     return flat, params, resolved.trained_vocabulary
 

@@ -44,7 +44,7 @@ from lm_eval.models.utils import (
     postprocess_generated_text,
 )
 
-from t5x_like import checkpoints, cli_flags, runs, structures
+from t5x_like import cli_flags, param_sources, runs, structures
 from t5x_like.errors import UserError
 from t5x_like.evaluation import evaluator, few_shot, harness_tasks
 
@@ -74,7 +74,7 @@ def load(checkpoint: str, *, step: int | None = None, vocabulary: str = "checkpo
 
     cli_flags.import_modules([module] if module else [])
 
-    source = checkpoints.resolve(checkpoint)
+    source = param_sources.resolve(checkpoint)
     steps = source.steps()
     if not steps:
         raise UserError(f"{source.path} holds no complete checkpoint; train first or name one "

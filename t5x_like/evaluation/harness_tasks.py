@@ -78,7 +78,8 @@ def evaluate(lm, tasks: list, *, num_fewshot: int | None = None, limit: float = 
 
 def scalars(out: dict, prefix: str = "harness") -> dict[str, float]:
     """``{"harness/<task>/<metric>": value}`` for the metrics file: each task's and
-    group's numbers, without standard errors (the ``none`` filter unnamed)."""
+    group's numbers, without standard errors (the ``none`` filter unnamed); ``prefix``
+    "" leaves ``<task>/<metric>``."""
     record = {}
     for section in ("results", "groups"):
         for task, values in out.get(section, {}).items():
@@ -88,7 +89,7 @@ def scalars(out: dict, prefix: str = "harness") -> dict[str, float]:
                         value, bool):
                     continue
                 name = metric if filter_name in ("", "none") else f"{metric}_{filter_name}"
-                record[f"{prefix}/{task}/{name}"] = float(value)
+                record[f"{prefix}/{task}/{name}" if prefix else f"{task}/{name}"] = float(value)
     return record
 
 

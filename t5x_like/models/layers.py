@@ -387,7 +387,7 @@ class MultiHeadAttention(nn.Module):
         With ``rotary``, ``query_positions``/``key_positions`` (``[batch, length]``)
         say where each token sits (default: 0, 1, 2, ...).
         ``prefix_kv``: learned keys and values ``[prefix, kv_heads, head_dim]`` that every
-        query attends to before the sequence (prefix tuning, ``models.peft``); they sit
+        query attends to before the sequence (prefix tuning, ``models.peft_modules``); they sit
         outside the cache and carry no position.
         ``bias``: an ``attention.AttentionMask`` (computed by ``attention_impl``), a
         dense additive ``[batch, 1 or heads, q, k]`` array or ``attention.SplitBias``,

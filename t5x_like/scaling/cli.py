@@ -33,10 +33,10 @@ import math
 import pathlib
 import sys
 
-from t5x_like import cli_flags, config, errors, planner, runs
+from t5x_like import aot_planner, cli_flags, config, errors, runs
 from t5x_like.errors import UserError
 from t5x_like.scaling import fit as fitting
-from t5x_like.scaling import laws, planning, plots, sweep
+from t5x_like.scaling import laws, plots, run_sizing, sweep
 
 CHINCHILLA_TOKENS_PER_PARAM = 20  # Hoffmann et al.'s rule of thumb (approaches 1 and 2)
 
@@ -75,7 +75,7 @@ def parse(argv):
                    "(v5p:4x4x4, v5e:4x4, ...): needs --config")
     p.add_argument("--config", help="base config of the family to plan: task lengths, "
                    "vocabulary, layer recipe, optimizer, mesh")
-    p.add_argument("--mfu", type=float, default=planning.ASSUMED_MFU,
+    p.add_argument("--mfu", type=float, default=run_sizing.ASSUMED_MFU,
                    help="model FLOPs utilisation assumed for --chip_hours (the planner's "
                         "roofline bound is used where it is lower)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -230,20 +230,20 @@ def run_plan(args) -> dict:
         raise UserError(f"--flops={args.flops}: give a positive compute budget, e.g. 5.76e23.")
     base = None
     if args.topology:
-        planner.parse_topology(args.topology)
+        aot_planner.parse_topology(args.topology)
         cli_flags.import_modules(args.module)
         base = runs.load_and_validate(args.config, args.overrides)
         sweep.depth_keys(base)  # refuses a family without a ladder
     if args.chip_hours is not None:
-        budget = planning.chip_hours_budget(args.chip_hours, args.topology, args.mfu)
+        budget = run_sizing.chip_hours_budget(args.chip_hours, args.topology, args.mfu)
     else:
-        budget = planning.Budget(args.flops, mfu=args.mfu)
+        budget = run_sizing.Budget(args.flops, mfu=args.mfu)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         report = _print_optimum(law, args.law, budget)
     if base is not None:
         # The planner's progress goes to stderr: stdout is the report.
-        run = planning.plan_run(base, law, budget, args.topology,
+        run = run_sizing.plan_run(base, law, budget, args.topology,
                                 log=lambda line: print(line, file=sys.stderr, flush=True))
         with contextlib.redirect_stdout(out):
             _print_run(run, law, args.topology)
@@ -281,9 +281,9 @@ def _print_optimum(law, name: str, budget) -> dict:
 
 def _print_run(run: dict, law, topology: str) -> None:
     shape, plan, budget = run["shape"], run["plan"], run["budget"]
-    print(f"\nthe nearest {plan['config_model']} (d_model/layers near {planning.ASPECT}, "
+    print(f"\nthe nearest {plan['config_model']} (d_model/layers near {run_sizing.ASPECT}, "
           "the base config's recipe):")
-    print(f"  {planning.Shape(**shape).describe()}: N {_count(shape['params'])} "
+    print(f"  {run_sizing.Shape(**shape).describe()}: N {_count(shape['params'])} "
           f"({shape['params']:,}; the law's {_count(run['N_opt'])})")
     print(f"  batch {run['batch_size']:,} sequences x {run['sequence_tokens']} = "
           f"{_count(run['batch_size'] * run['sequence_tokens'])} tokens, peak learning rate "
@@ -324,7 +324,7 @@ def _print_run(run: dict, law, topology: str) -> None:
 def main(argv=None) -> int:
     args = parse(argv)
     if args.command == "plan" and args.topology:
-        planner.prepare_compiler_environment()  # before JAX starts: this is no TPU VM
+        aot_planner.prepare_compiler_environment()  # before JAX starts: this is no TPU VM
     if args.command == "sweep":
         return run_sweep(args)
     if args.overrides and not (args.command == "plan" and args.config):

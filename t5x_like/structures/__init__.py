@@ -53,31 +53,21 @@ from t5x_like.structures.seq2seq import EncoderDecoderStructure
 
 __all__ = ["DECODE_DEFAULTS", "BilmStructure", "DecoderStructure", "ElectraStructure",
            "EncoderDecoderStructure", "EncoderStructure", "Family", "Structure",
-           "build_model", "check_run", "distillable_families", "example_config", "families",
+           "build_model", "check_run", "distillable_families", "families",
            "for_config", "structure_class"]
 
-# The built-in families: spec, Flax module, structure (and the config that starts each).
-for _family in (
-        Family("encoder_decoder", T5Spec, EncoderDecoder, EncoderDecoderStructure,
-               example_config="configs/quickstart.py"),
-        Family("bart", BartSpec, BartEncoderDecoder, EncoderDecoderStructure,
-               example_config="configs/bart_base.py"),
-        Family("decoder", DecoderSpec, DecoderOnly, DecoderStructure,
-               example_config="configs/pretrain/gpt2_tiny.py"),
-        Family("encoder", EncoderSpec, EncoderOnly, EncoderStructure,
-               example_config="configs/pretrain/bert_tiny.py"),
-        Family("electra", ElectraSpec, Electra, ElectraStructure,
-               example_config="configs/pretrain/electra_tiny.py"),
-        Family("bilm", BilmSpec, Bilm, BilmStructure, example_config="configs/pretrain/elmo_tiny.py")):
+# The built-in families: spec, Flax module, structure.
+for _family in (Family("encoder_decoder", T5Spec, EncoderDecoder, EncoderDecoderStructure),
+                Family("bart", BartSpec, BartEncoderDecoder, EncoderDecoderStructure),
+                Family("decoder", DecoderSpec, DecoderOnly, DecoderStructure),
+                Family("encoder", EncoderSpec, EncoderOnly, EncoderStructure),
+                Family("electra", ElectraSpec, Electra, ElectraStructure),
+                Family("bilm", BilmSpec, Bilm, BilmStructure)):
     families.register(_family)
 
 
 def structure_class(family: str) -> type[Structure]:
     return families.get(family).structure
-
-
-def example_config(family: str) -> str:
-    return families.get(family).example_config
 
 
 def distillable_families() -> tuple[str, ...]:
@@ -95,7 +85,7 @@ def check_run(spec) -> None:
 
 @functools.lru_cache(maxsize=32)
 def _cached(model_spec, prefix_attention: str, peft_settings) -> Structure:
-    from t5x_like.models import peft
+    from t5x_like.models import peft_modules as peft
     family = families.get(model_spec.family)
     model = peft.with_peft(family.build_model(model_spec), peft_settings)
     return family.structure.for_model(model, prefix_attention)
@@ -105,8 +95,8 @@ def for_config(config) -> Structure:
     """The structure (with its model) a run spec (or config) describes: ``model``, and
     ``data.prefix_attention`` for decoders; with ``head.kind`` set, a fine-tuning head on
     that body (``structures.head``). ``peft``'s added modules (LoRA, adapters, prefixes,
-    prompts) join the outermost model (``models.peft``)."""
-    from t5x_like.models import peft
+    prompts) join the outermost model (``models.peft_modules``)."""
+    from t5x_like.models import peft_modules as peft
     spec = spec_of(config)
     settings = peft.PeftSettings.from_config(spec.peft)
     if not spec.head.kind:
@@ -118,7 +108,7 @@ def for_config(config) -> Structure:
 @functools.lru_cache(maxsize=32)
 def _cached_head(body: Structure, head, task_name: str, peft_settings) -> Structure:
     from t5x_like.data import get_task_or_mixture
-    from t5x_like.models import peft
+    from t5x_like.models import peft_modules as peft
     from t5x_like.structures.head import HeadStructure
     vocabulary = get_task_or_mixture(task_name).vocabulary
     structure = HeadStructure(body, head, head.labels, vocabulary)

@@ -32,8 +32,7 @@ class Family:
     ``"*"`` for every set. ``converter``: an object with ``MODEL_TYPES`` (the Hugging
     Face ``model_type``s it imports) and the four functions of ``t5x_like/convert``'s
     modules (``model_config_from_hf``, ``params_from_hf``, ``hf_config_from_model_config``,
-    ``params_to_hf``); None: no conversion. ``example_config``: a config file that starts
-    this family, named when a key belongs to another family."""
+    ``params_to_hf``); None: no conversion."""
 
     name: str
     spec: type[ModelSpec]
@@ -41,7 +40,6 @@ class Family:
     structure: type[Structure]
     rules: Mapping[str, tuple] = dataclasses.field(default_factory=dict)
     converter: Any = None
-    example_config: str = ""
 
     def build_model(self, spec: ModelSpec):
         """The family's Flax module for ``spec`` (the structure adds what a model needs

@@ -17,6 +17,7 @@ from typing import Any
 
 from t5x_like.config import register_eval_spec
 from t5x_like.config.evals import EvalSpec
+from t5x_like.evaluation.in_training.base import TrainingEvaluator
 from t5x_like.evaluation.in_training.benchmark import BenchmarkEvaluator
 from t5x_like.evaluation.in_training.harness import HarnessEvaluator
 from t5x_like.evaluation.in_training.held_out import HeldOutLossEvaluator
@@ -36,6 +37,8 @@ class Context:
     num_streams: int
     progress: Any
 
+
+__all__ = ["Context", "KINDS", "TrainingEvaluator", "build", "register"]
 
 KINDS: dict[str, type] = {cls.KIND: cls for cls in (
     HeldOutLossEvaluator, BenchmarkEvaluator, HarnessEvaluator)}

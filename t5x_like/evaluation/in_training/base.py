@@ -34,4 +34,11 @@ class TrainingEvaluator:
         return self.DEFAULT_PREFIX if self.name == self.DEFAULT_NAME else f"{self.name}/"
 
     def evaluate(self, params, step: int) -> dict:
+        """``{metric: value}`` at ``step``; the loop names them (``metrics``)."""
         raise NotImplementedError
+
+    def metrics(self, params, step: int) -> dict:
+        """What the loop logs: ``evaluate``'s metrics under this evaluator's prefix, so
+        two evaluators of one kind never write the same name."""
+        return {f"{self.prefix}{key}": value
+                for key, value in self.evaluate(params, step).items()}

@@ -37,9 +37,9 @@ class BenchmarkEvaluator(TrainingEvaluator):
         from t5x_like.evaluation import results as result_files
         results = self.evaluator.evaluate(params)
         self.context.progress.message(result_files.format_table(step, results))
-        record = {f"{self.prefix}{res.task}/{k}": v for res in results
+        record = {f"{res.task}/{k}": v for res in results
                   for k, v in res.metrics.items()}
         mean = evaluator_lib.average(results)
         if mean is not None:
-            record[f"{self.prefix}average"] = mean
+            record["average"] = mean
         return record

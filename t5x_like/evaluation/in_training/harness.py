@@ -43,4 +43,4 @@ class HarnessEvaluator(TrainingEvaluator):
                                      limit=self.settings.limit)
         self.context.progress.message(f"step {step}: lm-evaluation-harness\n"
                                       f"{harness_tasks.format_table(out)}")
-        return harness_tasks.scalars(out, prefix=self.prefix.rstrip("/"))
+        return harness_tasks.scalars(out, prefix="")

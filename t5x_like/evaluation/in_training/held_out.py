@@ -60,4 +60,4 @@ class HeldOutLossEvaluator(TrainingEvaluator):
                         if name.endswith("_sum") and name not in ("loss_sum", "correct_sum")})
         context.progress.message(f"step {step}: held-out loss {metrics['loss']:.4f}, "
                                  f"accuracy {metrics['accuracy']:.3f}")
-        return {f"{self.prefix}{key}": value for key, value in metrics.items()}
+        return metrics

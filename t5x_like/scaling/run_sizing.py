@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from t5x_like import flops, hardware, planner, structures
+from t5x_like import aot_planner, flops, hardware, structures
 from t5x_like.config import spec_of
 from t5x_like.errors import UserError
 from t5x_like.scaling import sweep
@@ -167,7 +167,7 @@ def chip_hours_budget(chip_hours: float, topology: str, mfu: float) -> Budget:
 
 
 def device_kind(topology: str) -> str:
-    return planner.topology_devices(topology)[0].device_kind
+    return aot_planner.topology_devices(topology)[0].device_kind
 
 
 def microbatches_to_fit(report: dict) -> int | None:
@@ -188,16 +188,16 @@ def _compile(base, shape: Shape, budget_flops: float, length: int, topology: str
     batch, learning_rate = batch_rule(budget_flops, length, chips)
     config = run_config(base, shape, batch, learning_rate, 1, base.optimizer.microbatches)
     log(f"compiling {shape.describe()} at batch {batch} for {topology} ...")
-    report = planner.plan(config, topology)
+    report = aot_planner.plan(config, topology)
     if report["fits"] is False and (k := microbatches_to_fit(report)):
         # Each microbatch splits over every chip: whole multiples of chips x k.
         batch = max(1, round(batch / (chips * k))) * chips * k
         config = run_config(base, shape, batch, learning_rate, 1, k)
         log(f"  does not fit; compiling again with {k} microbatches of {batch // k} ...")
-        report = planner.plan(config, topology)
+        report = aot_planner.plan(config, topology)
     if config.model.numerics.scan_layers and report.get("roofline"):
         log("  counting a layer's compiled FLOPs (1 and 2 layers, unrolled) ...")
-        report = planner.with_layer_flops(report, config, topology)
+        report = aot_planner.with_layer_flops(report, config, topology)
     return config, report
 
 
@@ -206,7 +206,7 @@ def plan_run(base, law, budget: Budget, topology: str, log=print) -> dict:
     planner's report (compiled for real; with more microbatches when the first does not
     fit). A chip-hours budget is lowered to the roofline's MFU where that is lower."""
     sweep.depth_keys(base)
-    devices = planner.topology_devices(topology)
+    devices = aot_planner.topology_devices(topology)
     chips = len(devices)
     length = sum(dict(base.task_feature_lengths).values())
     compiled = {}  # shape -> (config, report)

@@ -1,13 +1,13 @@
 """Reading checkpoints back: where a run's, a step's or a pretrained folder's params
 are (``source``), and the checkpoints of parameter-efficient runs, which hold only
-what trains and name their base (``peft_state``). Used by ``train`` (init_from,
+what trains and name their base (``peft_partial``). Used by ``train`` (init_from,
 resume), ``eval``, ``infer``, ``convert export``, ``peft merge``, distillation, the
 embedding analyses and retrieval.
 
-``peft_state`` (which imports the models) is imported by name where it is needed.
+``peft_partial`` (which imports the models) is imported by name where it is needed.
 """
 
-from t5x_like.checkpoints.source import (
+from t5x_like.param_sources.source import (
     Source,
     base_params,
     check_base,

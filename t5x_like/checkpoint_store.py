@@ -7,7 +7,7 @@ happens later (a bad disk block, a half-copied folder, a stray ``rm``) is found 
 manifest: once a save has finished, the file sizes and CRC32s of its step folder are
 written to ``manifest.t5x_like.json`` in it. A restore checks the manifest first, and
 on any failure moves the step folder aside (into ``damaged_checkpoints/`` beside
-``checkpoints/``: renamed, never deleted) and falls back to the next older step.
+``param_sources/``: renamed, never deleted) and falls back to the next older step.
 Rotation is ours, not orbax's, so that it never deletes the newest step that was
 verified.
 

@@ -12,9 +12,9 @@ import json
 from etils import epath
 
 from t5x_like import storage
-from t5x_like.checkpoints import peft_state
 from t5x_like.config import RunSpec, migrated, model_spec_of, spec_of
 from t5x_like.errors import ConfigError, UserError
+from t5x_like.param_sources import peft_partial
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,8 +32,8 @@ class Source:
 
     def open_checkpointer(self):
         """A read-only checkpointer over the run's steps (close it after use)."""
-        from t5x_like import checkpointing
-        return checkpointing.Checkpointer(self.path, keep=1, async_save=False, read_only=True)
+        from t5x_like import checkpoint_store
+        return checkpoint_store.Checkpointer(self.path, keep=1, async_save=False, read_only=True)
 
     def saved_config(self, step: int) -> dict:
         """The run config saved with ``step`` (pretrained folders: their model, and under
@@ -48,7 +48,7 @@ class Source:
         try:
             return checkpointer.restore_config(step)
         except Exception as e:  # noqa: BLE001 - an unreadable config item is damage
-            from t5x_like.checkpointing import one_line
+            from t5x_like.checkpoint_store import one_line
             raise UserError(f"Checkpoint {self.path / str(step)} has no readable config "
                             f"({one_line(e)}); evaluate another step.") from None
         finally:
@@ -65,9 +65,9 @@ class Source:
                 return trainer.place_params(params)
             except ValueError as e:
                 raise UserError(f"{self.path}: {e}") from None
-        from t5x_like import checkpointing
+        from t5x_like import checkpoint_store
         folder = self.path / str(step)
-        problem = checkpointing.manifest_problem(folder)
+        problem = checkpoint_store.manifest_problem(folder)
         if problem is not None:
             raise UserError(f"Checkpoint {folder} is damaged ({problem}); evaluate another "
                             "step, or resume training, which moves it aside.")
@@ -80,7 +80,7 @@ class Source:
         except UserError:
             raise
         except Exception as e:  # noqa: BLE001 - a read failure is the checkpoint's, not ours
-            raise UserError(f"Checkpoint {folder} does not restore ({checkpointing.one_line(e)}); "
+            raise UserError(f"Checkpoint {folder} does not restore ({checkpoint_store.one_line(e)}); "
                             "evaluate another step, or resume training, which moves a damaged "
                             "step aside.") from None
         finally:
@@ -185,7 +185,7 @@ def load_base(identity: dict, config, mesh, where: str, path: str | None = None)
 
 
 def check_base(identity: dict, params, where: str, path: str) -> None:
-    found = peft_state.params_digest(params)
+    found = peft_partial.params_digest(params)
     if found != identity["digest"]:
         step = f" step {identity['step']}" if identity.get("step") is not None else ""
         raise UserError(f"{where} was trained on the base {identity['path']}{step} (params "
@@ -199,7 +199,7 @@ def join(saved_params, base_params, trainer):
     import jax
     from flax import traverse_util
 
-    from t5x_like.models.peft import plain_dicts  # imports Flax: only when joining
+    from t5x_like.models.peft_modules import plain_dicts  # imports Flax: only when joining
     if "backbone" in trainer.abstract_state.params and "backbone" not in base_params:
         base_params = {"backbone": base_params}
     flat = traverse_util.flatten_dict(plain_dicts(base_params))
@@ -212,11 +212,11 @@ def restore_state(checkpointer, step: int, trainer, saved: dict, config, where: 
     """``(state, data_state)`` of a checkpoint step on ``trainer``: restored whole, or, for a
     PEFT checkpoint, its trainable part joined with the base it names (found at
     ``base_path`` if given)."""
-    identity = saved.get(peft_state.IDENTITY_KEY)
+    identity = saved.get(peft_partial.IDENTITY_KEY)
     if not identity:
         state, data_state, _ = checkpointer.restore(step, trainer.abstract_state)
         return state, data_state
-    view, data_state, _ = checkpointer.restore(step, peft_state.abstract_saved_state(trainer))
+    view, data_state, _ = checkpointer.restore(step, peft_partial.abstract_saved_state(trainer))
     base = load_base(identity, config, trainer.mesh, where, base_path)
     return view.replace(params=join(view.params, base, trainer)), data_state
 

@@ -1,0 +1,134 @@
+"""Plug-ins from the user's own module, as docs/architecture.md prints them: a model
+family (``plugin_family.py``, with its config) trained, evaluated, summarised and
+planned through the ordinary commands, its spec's checks made before anything runs;
+and an evaluator kind (``plugin_evaluator.py``) named in ``config.evals``."""
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from t5x_like import train
+from t5x_like.param_sources import source as param_source
+
+REPO = Path(__file__).resolve().parent.parent
+TESTS = REPO / "tests"
+PAGE = REPO / "docs" / "architecture.md"
+FAMILY_FILES = ("plugin_family.py", "plugin_family_config.py")
+
+
+def _section(title: str) -> str:
+    text = PAGE.read_text()
+    section = text[text.index(f"### {title}\n"):]
+    return section[:section.index("\n### ", 1)]
+
+
+def _blocks(text: str, language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
+
+
+def _commands(section: str) -> list[list[str]]:
+    return [[sys.executable if word == ".venv/bin/python" else word
+             for word in shlex.split(line)]
+            for line in _blocks(section, "sh")[0].splitlines() if line.strip()]
+
+
+def test_the_page_prints_the_plugin_files_as_they_are():
+    family = _blocks(_section("A new model family"), "python")
+    evaluator = _blocks(_section("A new evaluator kind"), "python")
+    assert family == [(TESTS / name).read_text() for name in FAMILY_FILES]
+    assert evaluator == [(TESTS / "plugin_evaluator.py").read_text()]
+
+
+def _main(argv, capsys):
+    code = train.main(argv)
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    return code, captured.out + captured.err
+
+
+@pytest.mark.parametrize("flag, expected", [
+    ("--config.model.kernal_size=3", "Did you mean 'model.kernel_size'"),
+    ("--config.model.kernel_size=0", "'model.kernel_size' must be"),
+    ("--config.data.pack=True", "set --config.data.pack=False"),
+])
+def test_the_plugin_familys_spec_refuses_before_anything_runs(tmp_path, capsys, monkeypatch,
+                                                              flag, expected):
+    monkeypatch.syspath_prepend(str(TESTS))
+    code, err = _main(["--module=plugin_family", f"--config={TESTS / FAMILY_FILES[1]}",
+                       f"--workdir={tmp_path / 'run'}", flag], capsys)
+    assert code == 2 and expected in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_the_plugin_family_commands_run_as_printed(tmp_path):
+    """summary, train, eval and plan of the conv_lm family from the folder holding the
+    page's two files, with nothing under t5x_like/ knowing the family."""
+    for name in FAMILY_FILES:
+        shutil.copy(TESTS / name, tmp_path / name)
+    commands = _commands(_section("A new model family"))
+    assert [argv[2] for argv in commands] == [
+        "t5x_like.summary", "t5x_like.train", "t5x_like.eval", "t5x_like.plan"]
+    outputs = []
+    for argv in commands:
+        result = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True,
+                                timeout=600)
+        assert result.returncode == 0, (argv, result.stderr[-3000:])
+        assert "Traceback" not in result.stderr, (argv, result.stderr[-3000:])
+        outputs.append(result.stdout + result.stderr)
+    summary, trained, evaluated, plan = outputs
+    # d_model 32, kernel 4, 2 layers: taps 4x32 and the gated MLP's 3 * 32 * 128 per layer
+    assert "taps" in summary and "token_embedder" in summary
+    rows = [json.loads(line) for line in
+            (tmp_path / "runs" / "conv_lm" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in rows if "loss" in r]
+    assert len(losses) == 5 and all(np.isfinite(losses))
+    assert "eval_loss" in rows[-1] and losses[-1] < losses[0]
+    assert (tmp_path / "runs" / "conv_lm" / "checkpoints" / "5").is_dir()
+    scores = [json.loads(line) for line in
+              (tmp_path / "runs" / "conv_lm" / "eval" / "metrics.jsonl").read_text().splitlines()]
+    assert [(s["task"], s["step"]) for s in scores] == [("embedded_austen_cloze", 5)]
+    assert 0.0 <= scores[0]["accuracy"] <= 100.0
+    assert "fits" in plan.lower() and "FLOPs" in plan
+
+
+def test_an_evaluator_kind_of_ones_own_logs_under_its_name(tmp_path, capsys, monkeypatch):
+    """The page's command: ``norm/param_norm`` at steps 2 and 4, the global norm of the
+    params saved at step 4."""
+    monkeypatch.syspath_prepend(str(TESTS))
+    monkeypatch.chdir(REPO)
+    argv = _commands(_section("A new evaluator kind"))[0]
+    assert argv[1:3] == ["-m", "t5x_like.train"]
+    argv = [word.replace("runs/", f"{tmp_path}/runs/") for word in argv[3:]]
+    code, out = _main(argv, capsys)
+    assert code == 0, out
+    workdir = tmp_path / "runs" / "norms"
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    norms = {r["step"]: r["norm/param_norm"] for r in rows if "norm/param_norm" in r}
+    assert sorted(norms) == [2, 4]
+    source = param_source.resolve(str(workdir))
+    params = param_source.load_params(
+        source, 4, param_source.config_from_saved(source.saved_config(4)))
+    expected = np.sqrt(sum(np.sum(np.square(np.asarray(leaf, np.float64)))
+                           for leaf in jax.tree.leaves(params)))
+    assert norms[4] == pytest.approx(expected, rel=1e-5)
+    assert norms[2] != norms[4]
+
+
+def test_an_evaluator_kinds_settings_are_checked_by_name(tmp_path, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(TESTS))
+    monkeypatch.chdir(REPO)
+    code, err = _main(["--module=plugin_evaluator", "--config=configs/quickstart.py",
+                       f"--workdir={tmp_path / 'run'}", "--config.evals.norm.kind=param_norm",
+                       "--config.evals.norm.sqared=True"], capsys)
+    assert code == 2 and "Did you mean 'evals.norm.squared'" in err, err
+    assert not (tmp_path / "run").exists()
