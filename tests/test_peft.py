@@ -439,9 +439,9 @@ EVAL_CLOZE = ["--task=embedded_austen_cloze", "--max_examples=8", "--batch_size=
               "--inputs_length=16", "--targets_length=8", "--quiet"]
 
 
-def option_scores(checkpoint, out) -> np.ndarray:
+def option_scores(checkpoint, out, flags=EVAL_CLOZE) -> np.ndarray:
     """Every choice's log-likelihood under ``checkpoint``'s newest step (eval's rank mode)."""
-    assert eval_cli.main([f"--checkpoint={checkpoint}", f"--output_dir={out}", *EVAL_CLOZE]) == 0
+    assert eval_cli.main([f"--checkpoint={checkpoint}", f"--output_dir={out}", *flags]) == 0
     newest = sorted((out / "predictions" / "embedded_austen_cloze").glob("step_*.jsonl"),
                     key=lambda p: int(p.stem.split("_")[1]))[-1]
     return np.array([json.loads(line)["option_scores"]
@@ -473,6 +473,16 @@ def test_a_lora_run_saves_what_trains_resumes_evaluates_and_merges(tmp_path):
     assert peft_scores.shape == (8, 4)
     np.testing.assert_allclose(merged_scores, peft_scores, rtol=1e-5, atol=1e-4)
     assert np.abs(base_scores - peft_scores).max() > 1e-3  # the adapted model is not the base
+    # The merged folder carries the run's lengths: without flags it is read as the run is
+    # (a folder without them would be read at lengths fitted to its positions, 24 + 8).
+    carried = json.loads((tmp_path / "merged" / "run_config.json").read_text())
+    assert carried["task_feature_lengths"] == {"targets": 16}
+    assert carried["task"] == "embedded_en_lm" and carried["batch_size"] == 8
+    no_lengths = [flag for flag in EVAL_CLOZE if "_length=" not in flag]
+    np.testing.assert_allclose(
+        option_scores(tmp_path / "merged", tmp_path / "eval_merged_own", no_lengths),
+        option_scores(tmp_path / "lora", tmp_path / "eval_lora_own", no_lengths),
+        rtol=1e-5, atol=1e-4)
 
 
 def _exported_logits_equal_the_lora_model(tmp_path, config):

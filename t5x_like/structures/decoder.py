@@ -30,7 +30,7 @@ class DecoderStructure(Structure):
         """The default lengths do not fit a small decoder's learned positions: a prompt of
         3/4 of them and a continuation of the rest (--inputs_length and --targets_length
         change it; k-shot scoring reads their sum)."""
-        width = spec.model.positions.max_length
+        width = cls.learned_positions(spec.model)
         if width and sum(spec.task_feature_lengths.values()) > width:
             return {"inputs": width - width // 4, "targets": width // 4}
         return None
@@ -43,7 +43,7 @@ class DecoderStructure(Structure):
 
     @classmethod
     def positions_needed(cls, config, lengths):
-        if config.model.positions.kind == "rotary":
+        if not cls.learned_positions(config.model):
             return 0  # rotary positions have no learned limit
         return sum(lengths.values())
 
@@ -53,16 +53,19 @@ class DecoderStructure(Structure):
         reads them as text in its own window); all tokens share its positions."""
         with_inputs = [t.name for t in tasks if "inputs" in t.output_features]
         if with_inputs and "inputs" not in lengths and not few_shot:
+            limit = cls.learned_positions(config.model)
+            within = (f" (their sum at most model.positions.max_length={limit})"
+                      if limit else "")
             raise UserError(
                 f"Task {with_inputs[0]!r} has inputs, and this decoder's lengths "
-                f"{lengths} have none; give both, e.g. --inputs_length=128 --targets_length=32 "
-                f"(their sum at most model.positions.max_length="
-                f"{config.model.positions.max_length}).")
+                f"{lengths} have none; give both, e.g. --inputs_length=128 --targets_length=32"
+                f"{within}.")
         super().check_eval_lengths(config, lengths, tasks, few_shot)
 
     @classmethod
     def check_decoding(cls, config, num_beams: int) -> None:
-        if num_beams > 1 and len(set(config.model.attention.layer_types)) > 1:
+        attention = getattr(config.model, "attention", None)
+        if num_beams > 1 and len(set(getattr(attention, "layer_types", ()))) > 1:
             raise UserError(f"--num_beams={num_beams}: beam search lays out its cache with one "
                             "attention window for every layer, and this model alternates "
                             "sliding and full layers (model.layer_types); decode greedily "
