@@ -1,9 +1,21 @@
 """Test setup: 8 fake CPU devices, set before JAX is imported anywhere."""
 
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Compiled programs shared by every test of a run: many tests (and the commands they run
+# as subprocesses, which inherit this) compile the same tiny train steps. One cache per
+# pytest run, made by the controller before its workers start, removed when it ends, so
+# no run reads another's executables.
+if "T5XL_TEST_JAX_CACHE" not in os.environ:
+    os.environ["T5XL_TEST_JAX_CACHE"] = tempfile.mkdtemp(prefix="t5xl_jax_cache_")
+    os.environ["T5XL_TEST_JAX_CACHE_OWNER"] = str(os.getpid())
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ["T5XL_TEST_JAX_CACHE"])
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
 import ci_guard
 import pytest
@@ -62,3 +74,8 @@ def structure_loss(family, model, z_loss: float = 1e-4, label_smoothing: float =
 # the run instead, unless tests/ci_guard.py lists it with the reason it cannot run there.
 def pytest_configure(config):
     ci_guard.register(config)
+
+
+def pytest_unconfigure(config):
+    if os.environ.get("T5XL_TEST_JAX_CACHE_OWNER") == str(os.getpid()):
+        shutil.rmtree(os.environ["T5XL_TEST_JAX_CACHE"], ignore_errors=True)

@@ -4,6 +4,7 @@ checkpoints hold only what trains and load only on their own base; ``peft merge`
 LoRA into the base with the same logits."""
 
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -478,11 +479,15 @@ def test_a_lora_run_saves_what_trains_resumes_evaluates_and_merges(tmp_path):
     carried = json.loads((tmp_path / "merged" / "run_config.json").read_text())
     assert carried["task_feature_lengths"] == {"targets": 16}
     assert carried["task"] == "embedded_en_lm" and carried["batch_size"] == 8
-    no_lengths = [flag for flag in EVAL_CLOZE if "_length=" not in flag]
+    no_lengths = [flag for flag in EVAL_CLOZE if "_length=" not in flag] + ["--num_shots=0"]
+    own = option_scores(tmp_path / "lora", tmp_path / "eval_lora_own", no_lengths)
     np.testing.assert_allclose(
-        option_scores(tmp_path / "merged", tmp_path / "eval_merged_own", no_lengths),
-        option_scores(tmp_path / "lora", tmp_path / "eval_lora_own", no_lengths),
+        option_scores(tmp_path / "merged", tmp_path / "eval_merged_own", no_lengths), own,
         rtol=1e-5, atol=1e-4)
+    shutil.copytree(tmp_path / "merged", tmp_path / "bare")  # the control: lengths not kept
+    (tmp_path / "bare" / "run_config.json").unlink()
+    bare = option_scores(tmp_path / "bare", tmp_path / "eval_bare", no_lengths)
+    assert np.abs(bare - own).max() > 1e-3
 
 
 def _exported_logits_equal_the_lora_model(tmp_path, config):
