@@ -262,7 +262,7 @@ def plan_decode(config, topology: str, num_slices: int = 1) -> dict:
     jitted = jax.jit(step, in_shardings=(trainer.state_shardings.params, cache_shardings,
                                          *map(sharding, inputs)),
                      out_shardings=(None, cache_shardings), donate_argnums=1)
-    with trainer_lib._MeshAndRules(mesh, trainer.rules):
+    with trainer_lib._MeshAndRules(mesh, trainer.rules, trainer.context_settings):
         compiled = jitted.lower(trainer.abstract_state.params, cache, *inputs).compile()
     memory = compiled.memory_analysis()
     flops, xla_bytes, traffic, _ = _costs(compiled, compiled.as_text())

@@ -23,7 +23,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from t5x_like.errors import UserError
 
-MESH_AXES = ("dcn", "data", "fsdp", "expert", "tensor")
+MESH_AXES = ("dcn", "data", "fsdp", "expert", "context", "tensor")
 # The expert axis carries batch rows too outside the experts (as MaxText's): a mixture of
 # experts trades tokens for experts over it with all-to-all, a dense model is data
 # parallel over it.
@@ -32,28 +32,40 @@ BATCH_AXES = ("dcn", "data", "fsdp", "expert")
 # slots are split over the other batch axes.
 EXPERT_BATCH_AXES = ("dcn", "data", "fsdp")
 
+# The context axis splits every row's positions (activations' ``length`` and attention's
+# ``kv_length``; ``models/context_parallel.py``); it holds no parameters, so it is data
+# parallel for them: their gradients are summed over it as over the batch axes.
+CONTEXT_RULES = (("length", "context"), ("kv_length", "context"))
+# The axes FSDP splits parameters over (an activation's ``embed`` stays whole: its batch
+# and length already use them).
+PARAMETER_SHARDS = ("fsdp", "context")
+
 # Each rule: logical name -> mesh axis (or tuple of axes, or None = replicated).
 # Every set shards a mixture's experts over the ``expert`` axis (size 1 unless the mesh
-# names one).
+# names one), and rows' positions over the ``context`` axis (size 1 unless named).
 RULE_SETS: dict[str, tuple[tuple[str, object], ...]] = {
     "data_parallel": (
         ("expert", "expert"),
         ("expert_batch", EXPERT_BATCH_AXES),
         ("batch", BATCH_AXES),
+        *CONTEXT_RULES,
     ),
-    # ZeRO-3-like: parameters sharded along their embed dimension over fsdp.
+    # ZeRO-3-like: parameters sharded along their embed dimension over fsdp, and over the
+    # context axis too (as MaxText's): its devices would otherwise each hold them whole.
     "fsdp": (
         ("expert", "expert"),
         ("expert_batch", EXPERT_BATCH_AXES),
         ("batch", BATCH_AXES),
-        ("embed", "fsdp"),
+        *CONTEXT_RULES,
+        ("embed", PARAMETER_SHARDS),
     ),
     # FSDP plus Megatron-style tensor parallelism over heads, MLP and vocabulary.
     "fsdp_tensor": (
         ("expert", "expert"),
         ("expert_batch", EXPERT_BATCH_AXES),
         ("batch", BATCH_AXES),
-        ("embed", "fsdp"),
+        *CONTEXT_RULES,
+        ("embed", PARAMETER_SHARDS),
         ("vocab", "tensor"),
         ("mlp", "tensor"),
         ("heads", "tensor"),

@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from t5x_like import models, optim, partitioning, structures, traced_platform
 from t5x_like.config import check_devices, spec_of
-from t5x_like.models import layers
+from t5x_like.models import context_parallel, layers
 
 
 @flax.struct.dataclass
@@ -99,14 +99,17 @@ class Trainer:
     def __init__(self, model: nn.Module, loss_fn: LossFn, optimizer: optax.GradientTransformation,
                  schedule: optax.Schedule, mesh, rules, model_feature_lengths: Mapping[str, int],
                  seed: int = 0, microbatches: int = 1, loss_normalizer: float | None = None,
-                 skip_nonfinite_updates: bool = False, trainable=None):
+                 skip_nonfinite_updates: bool = False, trainable=None,
+                 context_settings: context_parallel.ContextSettings | None = None):
         """``microbatches`` > 1 accumulates gradients over that many slices of each batch;
         ``loss_normalizer`` divides summed losses by a constant instead of the real
         target-token count; ``skip_nonfinite_updates`` keeps params and optimizer
         state unchanged on a step whose loss or gradient is NaN/Inf; ``trainable``
         (``params -> bool tree``) freezes the rest: no gradient flows into a frozen
-        parameter and the gradient norm counts only trainable ones."""
+        parameter and the gradient norm counts only trainable ones. ``context_settings``:
+        how attention works across a ``context`` mesh axis."""
         self.model = model
+        self.context_settings = context_settings or context_parallel.ContextSettings()
         self.microbatches = int(microbatches)
         self.loss_normalizer = loss_normalizer
         self.skip_nonfinite_updates = skip_nonfinite_updates
@@ -231,7 +234,7 @@ class Trainer:
 
     # -- entry points ---------------------------------------------------------
     def _context(self):
-        return _MeshAndRules(self.mesh, self.rules)
+        return _MeshAndRules(self.mesh, self.rules, self.context_settings)
 
     def init_state(self, seed: int) -> TrainState:
         with self._context():
@@ -356,16 +359,21 @@ def build_trainer(config, mesh) -> Trainer:
                    rules, lengths, seed=spec.seed, microbatches=spec.optimizer.microbatches,
                    loss_normalizer=normalizer,
                    skip_nonfinite_updates=spec.divergence.on_nonfinite_loss == "skip_update",
-                   trainable=trainable)
+                   trainable=trainable,
+                   context_settings=context_parallel.ContextSettings(
+                       spec.partitioning.context_attention,
+                       spec.partitioning.context_load_balance))
 
 
 class _MeshAndRules:
-    """``jax.set_mesh``, flax logical axis rules and the mesh platform's choices of
+    """``jax.set_mesh``, flax logical axis rules, the mesh platform's choices of
     gradient boundaries (``layers.gradient_boundary``) and attention kernels
-    (``traced_platform.target_platform``), entered together."""
+    (``traced_platform.target_platform``), and attention across a context axis
+    (``context_parallel.context_settings``), entered together."""
 
-    def __init__(self, mesh, rules):
+    def __init__(self, mesh, rules, context_settings=None):
         self._mesh, self._rules = mesh, rules
+        self._context_settings = context_settings or context_parallel.ContextSettings()
         self._stack = None
 
     def __enter__(self):
@@ -375,6 +383,7 @@ class _MeshAndRules:
         platform = self._mesh.devices.flat[0].platform
         self._stack.enter_context(layers.gradient_boundaries(platform == "cpu"))
         self._stack.enter_context(traced_platform.target_platform(platform))
+        self._stack.enter_context(context_parallel.context_settings(self._context_settings))
 
     def __exit__(self, *exc):
         self._stack.__exit__(*exc)

@@ -121,6 +121,7 @@ TRAIN = [
     ("mesh.data=3", "mesh="),
     ("mesh.data=-1 mesh.fsdp=-1", "At most one mesh axis may be -1"),
     ("batch_size=12", "does not divide over the data-parallel mesh"),
+    ("mesh.data=2 mesh.context=4", "does not split its rows over a context axis"),
     ("data.streams=3", "data.streams=3"),
     # the workdir's checkpoint: streams and the run fingerprint
     ("data.streams=4", "saved with 8 input streams"),

@@ -64,8 +64,44 @@ def check_devices(spec: RunSpec, num_devices: int, process_count: int = 1,
     if batch % process_count:
         raise ConfigError(f"batch_size={batch} does not divide over {process_count} "
                           f"processes; use a multiple of {process_count}.")
+    check_context(spec, shape["context"])
     resolve_data_streams(spec, process_count)
     return shape
+
+
+def check_context(spec: RunSpec, context: int) -> None:
+    """What a ``mesh.context`` axis needs: a family that splits its rows, every feature
+    length in equal parts (two per device when a causal model is load-balanced), and
+    no attention dropout or peft prefix (neither is built across the axis)."""
+    if context == 1:
+        return
+    model = spec.model
+    kind = type(model).CONTEXT_PARALLEL
+    if not kind:
+        raise ConfigError(
+            f"mesh.context={context}: model.family={model.family!r} does not split its rows "
+            "over a context axis (decoders and BERT-style encoders do); set "
+            "--config.mesh.context=1 and shard it with mesh.fsdp or mesh.tensor.")
+    refusal = model.context_refusal()
+    if refusal:
+        raise ConfigError(f"mesh.context={context}: {refusal}.")
+    if model.dropout_rate > 0:
+        raise ConfigError(
+            f"mesh.context={context} with model.dropout_rate={model.dropout_rate}: attention "
+            "dropout is not built across a context axis; set --config.model.dropout_rate=0 "
+            "(long-context pretraining runs without it).")
+    if spec.peft.prefix.length:
+        raise ConfigError(f"mesh.context={context}: prefix tuning's keys sit outside the split "
+                          "rows; set --config.mesh.context=1 for peft.prefix.")
+    balanced = kind == "causal" and spec.partitioning.context_load_balance
+    parts = 2 * context if balanced else context
+    for name, length in spec.task_feature_lengths.items():
+        if length % parts:
+            why = " (load-balanced: two parts a device)" if balanced else ""
+            raise ConfigError(
+                f"task_feature_lengths.{name}={length} does not split into {parts} equal parts "
+                f"over mesh.context={context}{why}; use a multiple of {parts}, e.g. "
+                f"--config.task_feature_lengths.{name}={-(-length // parts) * parts}.")
 
 
 def default_data_streams(batch_size: int, process_count: int) -> int:

@@ -121,6 +121,7 @@ class DecoderSpec(OneStack, WithExperts, TransformerSpec):
     VARIANTS: ClassVar[tuple[str, ...]] = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma2",
                                            "gemma3_text", "mixtral", "qwen2_moe")
     SECTIONS: ClassVar = {"attention": DecoderAttention, "positions": DecoderPositions}
+    CONTEXT_PARALLEL: ClassVar[str] = "causal"
     DEFAULTS: ClassVar = dict(vocab_size=50257, d_model=768, num_heads=12, head_dim=64, d_ff=3072,
                               num_layers=12, dropout_rate=0.0, mlp_activations=("gelu",),
                               layer_norm_epsilon=1e-5, positions=dict(max_length=1024))
@@ -146,6 +147,12 @@ class DecoderSpec(OneStack, WithExperts, TransformerSpec):
     def rotary(self) -> bool:
         return self.positions.kind == "rotary"
 
+    def context_refusal(self) -> str:
+        if self.attention.logit_softcap:
+            return ("attention.logit_softcap (Gemma 2) is not built into context-parallel "
+                    "attention; set --config.model.attention.logit_softcap=0 or mesh.context=1")
+        return ""
+
 
 @section
 class EncoderSpec(Padded, OneStack, WithExperts, TransformerSpec):
@@ -164,6 +171,7 @@ class EncoderSpec(Padded, OneStack, WithExperts, TransformerSpec):
     VARIANTS: ClassVar[tuple[str, ...]] = ("bert", "roberta", "xlm-roberta", "albert",
                                            "distilbert", "longformer")
     SECTIONS: ClassVar = {"attention": EncoderAttention, "positions": EncoderPositions}
+    CONTEXT_PARALLEL: ClassVar[str] = "bidirectional"
     DEFAULTS: ClassVar = dict(vocab_size=30522, d_model=768, num_heads=12, head_dim=64, d_ff=3072,
                               num_layers=12, dropout_rate=0.0, mlp_activations=("gelu_exact",),
                               layer_norm_epsilon=1e-12, positions=dict(max_length=512))
@@ -174,6 +182,12 @@ class EncoderSpec(Padded, OneStack, WithExperts, TransformerSpec):
         require(not (self.experts.num_experts and self.share_layers and self.experts.every > 1),
                 f"{path}.share_layers repeats one layer, and {path}.experts.every > 1 mixes "
                 "dense and sparse layers; use experts.every=1 or share_layers=False.")
+
+    def context_refusal(self) -> str:
+        if self.attention.global_tokens:
+            return ("Longformer's global tokens attend across the whole row, which context-"
+                    "parallel attention does not build; use its local window with mesh.context=1")
+        return ""
 
 
 @section

@@ -204,6 +204,15 @@ class ModelSpec(Section):
     VARIANTS: ClassVar[tuple[str, ...]] = ()
     #: a config file that starts this family (named when a key belongs to another family)
     EXAMPLE_CONFIG: ClassVar[str] = ""
+    #: how the family's sequence splits over a ``mesh.context`` axis: "" not at all (the
+    #: run is refused), "causal" (decoders: rows load-balanced, ``context_parallel``) or
+    #: "bidirectional" (encoders)
+    CONTEXT_PARALLEL: ClassVar[str] = ""
+
+    def context_refusal(self) -> str:
+        """Why this model cannot split its sequence over a context axis ("" if it can),
+        beyond its family's ``CONTEXT_PARALLEL``: a switch of its own."""
+        return ""
 
     @classmethod
     def unknown_key_hint(cls, key: str) -> str:

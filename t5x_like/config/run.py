@@ -271,19 +271,21 @@ class DistillSpec(Section):
                 "et al.: temperature 2, soft 5, hard 2, cosine 1).")
 
 
-MESH_AXES = ("dcn", "data", "fsdp", "expert", "tensor")
+MESH_AXES = ("dcn", "data", "fsdp", "expert", "context", "tensor")
 
 
 @section
 class MeshSpec(Section):
     """Device mesh axes; -1 takes the remaining devices. ``dcn``: data parallelism across
     TPU slices (multi-slice); 0: the number of slices the devices span (1 off multi-slice
-    TPU), so one config runs anywhere."""
+    TPU), so one config runs anywhere. ``context`` splits every row's positions
+    (``docs/parallelism.md``)."""
 
     dcn: int = 0
     data: int = -1
     fsdp: int = 1
     expert: int = 1
+    context: int = 1
     tensor: int = 1
 
     def check(self, path):
@@ -300,7 +302,16 @@ class MeshSpec(Section):
 
 @section
 class PartitioningSpec(Section):
+    """How arrays map onto the mesh: the rule set for parameters, and how attention
+    works across a ``mesh.context`` axis (``models/context_parallel.py``):
+    ``all_gather`` gathers every layer's keys and values, ``ring`` passes them around
+    the axis with a running softmax (less memory, the same bytes moved);
+    ``context_load_balance`` gives each device of a causal model an early and a late
+    part of every row, so each has as many visible keys as another."""
+
     rules: str = field("fsdp", choices=("data_parallel", "fsdp", "fsdp_tensor"))
+    context_attention: str = field("all_gather", choices=("all_gather", "ring"))
+    context_load_balance: bool = True
 
 
 @section

@@ -59,6 +59,9 @@ class AttentionMask:
     every query of their segment sees, Longformer's global attention; at most
     ``max_global_tokens`` of them per row enter the chunked computation.
     ``position_bias`` (``[1 or batch, heads, q, k]``) is added to the logits.
+    ``order`` (``[length]``, self-attention): the position each slot of the row came
+    from, when a context-parallel model permuted its rows (``context_parallel``); the
+    causal, prefix and window patterns compare those positions.
     """
 
     query_segment_ids: jax.Array
@@ -66,6 +69,7 @@ class AttentionMask:
     prefix: jax.Array | None = None
     global_tokens: jax.Array | None = None
     position_bias: jax.Array | None = None
+    order: jax.Array | None = None
     causal: bool = struct.field(pytree_node=False, default=False)
     window: int = struct.field(pytree_node=False, default=0)
     max_global_tokens: int = struct.field(pytree_node=False, default=0)
@@ -74,13 +78,15 @@ class AttentionMask:
 def self_attention_mask(valid: jax.Array, segment_ids: jax.Array | None = None, *,
                         causal: bool = False, window: int = 0, prefix: jax.Array | None = None,
                         global_tokens: jax.Array | None = None, max_global_tokens: int = 0,
-                        position_bias: jax.Array | None = None) -> AttentionMask:
-    """A sequence attending to itself; ``valid`` (``[batch, length]``) marks real tokens."""
+                        position_bias: jax.Array | None = None,
+                        order: jax.Array | None = None) -> AttentionMask:
+    """A sequence attending to itself; ``valid`` (``[batch, length]``) marks real tokens;
+    ``order``: see ``AttentionMask``."""
     ids = _segment_ids(valid, segment_ids)
     if global_tokens is not None:
         global_tokens = global_tokens.astype(bool) & (ids > 0)
     return AttentionMask(ids, ids, prefix=None if prefix is None else prefix.astype(bool),
-                         global_tokens=global_tokens, position_bias=position_bias,
+                         global_tokens=global_tokens, position_bias=position_bias, order=order,
                          causal=causal or prefix is not None, window=window,
                          max_global_tokens=max_global_tokens)
 
@@ -99,7 +105,7 @@ def _segment_ids(valid, segment_ids):
     return jnp.where(valid, segment_ids, 0).astype(jnp.int32)
 
 
-def _pattern(query_positions, key_positions, mask: AttentionMask, prefix_q=None, prefix_k=None):
+def pattern(query_positions, key_positions, mask: AttentionMask, prefix_q=None, prefix_k=None):
     """Which (query, key) position pairs the mask's pattern allows (segments aside)."""
     offset = query_positions[..., :, None] - key_positions[..., None, :]
     allowed = offset >= 0 if mask.causal else jnp.ones(offset.shape, bool)
@@ -113,7 +119,7 @@ def _pattern(query_positions, key_positions, mask: AttentionMask, prefix_q=None,
     return allowed
 
 
-def _same_segment(query_ids, key_ids):
+def same_segment(query_ids, key_ids):
     return (query_ids[..., :, None] == key_ids[..., None, :]) & (
         query_ids[..., :, None] > 0) & (key_ids[..., None, :] > 0)
 
@@ -122,10 +128,13 @@ def dense_allowed(mask: AttentionMask) -> jax.Array:
     """The boolean ``[batch, 1, q, k]`` mask the description stands for."""
     q_len, k_len = mask.query_segment_ids.shape[1], mask.key_segment_ids.shape[1]
     prefix = None if mask.prefix is None else mask.prefix[:, None, :]
-    allowed = _pattern(jnp.arange(q_len), jnp.arange(k_len), mask, prefix, prefix)
+    query_positions, key_positions = jnp.arange(q_len), jnp.arange(k_len)
+    if mask.order is not None:
+        query_positions = key_positions = mask.order
+    allowed = pattern(query_positions, key_positions, mask, prefix, prefix)
     if mask.global_tokens is not None:
         allowed = allowed | mask.global_tokens[:, None, None, :]
-    return _same_segment(mask.query_segment_ids, mask.key_segment_ids)[:, None] & allowed
+    return same_segment(mask.query_segment_ids, mask.key_segment_ids)[:, None] & allowed
 
 
 @struct.dataclass
@@ -199,6 +208,9 @@ def for_every_layer(mask, config, deterministic: bool):
     global tokens, whose rows need the description."""
     if not isinstance(mask, AttentionMask) or mask.global_tokens is not None:
         return mask
+    axis_size = context_axis()[1]
+    if axis_size > 1 and mask.query_segment_ids.shape[1] % axis_size == 0:
+        return mask  # split over a context axis: context_parallel builds it block by block
     implementation = config.attention.impl
     chosen, why = choose_implementation(
         implementation, mask, platform=traced_platform.current_platform(),
@@ -212,6 +224,18 @@ def for_every_layer(mask, config, deterministic: bool):
         # step) and the CPU train step was tuned with it.
         return SplitBias(dense_bias(mask.replace(position_bias=None)), mask.position_bias)
     return dense_bias(mask)
+
+
+def context_axis() -> tuple[str | None, int]:
+    """``(mesh axis, size)`` that rows' positions are split over while tracing under a
+    mesh and axis rules mapping ``length`` to an axis larger than 1, else ``(None, 1)``."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return None, 1
+    axis = nn.logical_to_mesh_axes(("length",))[0]
+    if not isinstance(axis, str) or mesh.shape.get(axis, 1) == 1:
+        return None, 1
+    return axis, mesh.shape[axis]
 
 
 def cache_bias(length: int, key_valid: jax.Array | None = None, *, window: int = 0,
@@ -375,8 +399,8 @@ def chunked_attention(query, key, value, mask: AttentionMask, *, scale=1.0,
     prefix_q = prefix_k = None
     if mask.prefix is not None:
         prefix_q, prefix_k = in_blocks(mask.prefix), around(mask.prefix)
-    allowed = _pattern(q_pos, k_pos, mask, prefix_q, prefix_k)   # [(b,) n, w, m]
-    allowed = allowed & _same_segment(q_ids, k_ids)
+    allowed = pattern(q_pos, k_pos, mask, prefix_q, prefix_k)   # [(b,) n, w, m]
+    allowed = allowed & same_segment(q_ids, k_ids)
     if mask.global_tokens is not None:
         # Global keys enter once, through their own columns below.
         allowed = allowed & ~around(mask.global_tokens)[:, :, None, :]
@@ -391,7 +415,7 @@ def chunked_attention(query, key, value, mask: AttentionMask, *, scale=1.0,
             x, index.reshape(index.shape + (1,) * (x.ndim - 2)), axis=1)
         global_ids = jnp.where(present, take(mask.key_segment_ids), 0)
         global_logits = jnp.einsum("bnqhd,bghd->bnhqg", q_blocks, take(key)).astype(jnp.float32)
-        global_allowed = _same_segment(q_ids, global_ids[:, None, :])  # [b, n, w, g]
+        global_allowed = same_segment(q_ids, global_ids[:, None, :])  # [b, n, w, g]
         global_logits = jnp.where(global_allowed[:, :, None], global_logits * np.float32(scale),
                                   NEG_INF)
         logits = jnp.concatenate([logits, global_logits], axis=-1)
@@ -536,7 +560,7 @@ def cudnn_attention(query, key, value, mask: AttentionMask, *, scale=1.0,
     window = None
     if mask.window:
         window = (mask.window - 1, 0 if causal_only else mask.window - 1)
-    allowed = _same_segment(mask.query_segment_ids, mask.key_segment_ids)[:, None]
+    allowed = same_segment(mask.query_segment_ids, mask.key_segment_ids)[:, None]
     if mask.prefix is not None:
         allowed = allowed & dense_allowed(AttentionMask(
             mask.query_segment_ids, mask.key_segment_ids, prefix=mask.prefix, causal=True))

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5x_like.config.families import DecoderSpec
-from t5x_like.models import attention, layers, moe, stacking
+from t5x_like.models import attention, context_parallel, layers, moe, stacking
 from t5x_like.models.layers import constrain
 
 # GPT-2 initialises every matrix from N(0, 0.02).
@@ -113,6 +113,7 @@ class DecoderOnly(nn.Module):
         if decoder_positions is None:
             decoder_positions = jnp.broadcast_to(jnp.arange(length), (batch, length))
         types = sorted({cfg.attention.layer_type(i) for i in range(cfg.num_layers)})
+        parts = 0  # > 0: rows load-balanced over a context axis of that size
         if decode and decode_visible is not None:
             if len(types) > 1:
                 raise ValueError("decode_visible (beam search) lays out the cache with one "
@@ -128,10 +129,20 @@ class DecoderOnly(nn.Module):
             bias = {t: attention.cache_bias(cache_length, key_valid, window=cfg.attention.window(t))
                     for t in types}
         else:
+            parts = context_parallel.balanced_parts(length)
+            order = None
+            if parts:  # split over a context axis: rows load-balanced, put back after the stack
+                decoder_input_tokens, decoder_positions, decoder_segment_ids, \
+                    decoder_causal_attention = (
+                        None if x is None else context_parallel.balance(x, parts)
+                        for x in (decoder_input_tokens, decoder_positions, decoder_segment_ids,
+                                  decoder_causal_attention))
+                order = jnp.asarray(context_parallel.balanced_order(length, parts))
             bias = {t: attention.for_every_layer(
                 attention.self_attention_mask(
                     jnp.ones((batch, length), bool), decoder_segment_ids, causal=True,
-                    window=cfg.attention.window(t), prefix=decoder_causal_attention),
+                    window=cfg.attention.window(t), prefix=decoder_causal_attention,
+                    order=order),
                 cfg, deterministic) for t in types}
         token_embedder = layers.Embed(cfg.vocab_size, cfg.d_model, dtype=layers.compute_dtype(cfg),
                                       embedding_init=_gpt2_init, name="token_embedder")
@@ -151,6 +162,8 @@ class DecoderOnly(nn.Module):
                                    cfg.experts, cfg.num_layers,
                                    (lambda i: {"layer_type": cfg.attention.layer_types[i]})
                                    if len(set(cfg.attention.layer_types)) > 1 else None))
+        if parts:
+            x = context_parallel.unbalance(x, parts)
         x = layers.make_norm(cfg.norm, cfg.layer_norm_epsilon, layers.compute_dtype(cfg), "final_norm")(x)
         if return_hidden:
             return x

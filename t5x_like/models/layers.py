@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_like.models import attention, rotary
+from t5x_like.models import attention, context_parallel, rotary
 
 Initializer = Callable[..., jax.Array]
 NEG_INF = attention.NEG_INF
@@ -61,7 +61,7 @@ def _materialized(x):
     one (an optimization barrier is removed before fusion), so consumers of the
     result read memory instead of recomputing ``x``'s producer. The predicate must
     not be a constant, or XLA folds the conditional away; both branches return ``x``."""
-    predicate = jnp.isfinite(x.reshape(-1)[0])
+    predicate = jnp.isfinite(x[(0,) * x.ndim])  # one element: a reshape of a split x gathers it
     return jax.lax.cond(predicate, lambda v: v, lambda v: v + 0, x)
 
 
@@ -455,6 +455,11 @@ class MultiHeadAttention(nn.Module):
             out = attention.reference_attention(query, key, value, None, scale=scale,
                                                 dtype=self.dtype, bias=bias, dropout=dropout,
                                                 logit_softcap=self.logit_softcap)
+        elif context_parallel.splits(query.shape[1]) and query.shape[1] == key.shape[1]:
+            if dropout is not None:
+                raise ValueError("Attention dropout is not built across a context axis; set "
+                                 "model.dropout_rate=0 with mesh.context > 1.")
+            out = context_parallel.attend(query, key, value, mask, scale=scale, dtype=self.dtype)
         else:
             out = attention.attend(query, key, value, mask, implementation=self.attention_impl,
                                    scale=scale, dtype=self.dtype, dropout=dropout)
