@@ -63,7 +63,10 @@ def topology_devices(text: str, num_slices: int = 1) -> list:
                         "for CPU, rehearse slices with --config.mesh.dcn on cpu:N.")
     import jax
     if platform == "cpu":
-        jax.config.update("jax_num_cpu_devices", spec)
+        try:
+            jax.config.update("jax_num_cpu_devices", spec)
+        except RuntimeError:  # JAX already started (in a test): its devices are what there is
+            pass
         devices = jax.devices("cpu")
         if len(devices) < spec:
             raise PlanError(f"--topology=cpu:{spec}: JAX was started with {len(devices)} CPU "
@@ -176,8 +179,14 @@ def plan(config, topology: str, num_slices: int = 1) -> dict:
         report["traffic_note"] = (f"the HLO traffic reader failed ({traffic_error}); bytes "
                                   "count each loop body once, so HBM time is underestimated")
     report.update(_traffic_by_source(traffic, bytes_accessed))
+    communication_s = None
+    if compiler_oom is None:
+        communication = _collectives(hlo_text, mesh_shape, chip)
+        report["collectives_per_device"] = communication
+        if communication is not None and all(row["seconds"] is not None for row in communication):
+            communication_s = sum(row["seconds"] for row in communication)
     if peak and chip and roofline_flops is not None:
-        roof = _roofline(roofline_flops, roofline_bytes, peak, chip)
+        roof = _roofline(roofline_flops, roofline_bytes, peak, chip, communication_s)
         report["roofline"] = dict(roof, mfu=model_flops / (len(devices) * peak * roof["step_s"]))
     consumers = [("temporaries (activations, gradients, collectives' buffers)", temporaries),
                  ("params (all)", params_bytes), ("optimizer state (all)", opt_bytes)]
@@ -324,11 +333,33 @@ def _traffic_by_source(traffic, bytes_accessed) -> dict:
         for source, moved in hlo_traffic.by_source(traffic)[:TRAFFIC_ROWS]]}
 
 
-def _roofline(flops: float, bytes_accessed: float, peak: float, chip) -> dict:
-    """The step time bound ``max(FLOPs / peak, bytes / HBM bandwidth)`` and which bounds it."""
-    compute_s, memory_s = flops / peak, bytes_accessed / chip.hbm_bandwidth
-    return {"compute_s": compute_s, "memory_s": memory_s, "step_s": max(compute_s, memory_s),
-            "bound": "compute" if compute_s >= memory_s else "memory"}
+def _roofline(flops: float, bytes_accessed: float, peak: float, chip,
+              communication_s: float | None = None) -> dict:
+    """The step time bound ``max(FLOPs / peak, bytes / HBM bandwidth, collectives' bytes /
+    link bandwidth)`` and which bounds it. Taking the largest assumes each overlaps the
+    others (XLA runs collectives asynchronously beside compute); their sum would be the
+    pessimistic bound. Without the chip's links, communication is left out."""
+    times = {"compute": flops / peak, "memory": bytes_accessed / chip.hbm_bandwidth}
+    if communication_s is not None:
+        times["communication"] = communication_s
+    bound = max(times, key=times.get)
+    return {"compute_s": times["compute"], "memory_s": times["memory"],
+            "communication_s": communication_s, "step_s": times[bound], "bound": bound}
+
+
+def _collectives(hlo_text: str, mesh_shape: dict, chip) -> list[dict] | None:
+    """The collectives' bytes, counts and seconds per device and step, by the mesh axes
+    they cross (``hlo_collectives``), largest first; None when the HLO is misread."""
+    from t5x_like import hlo_collectives, partitioning
+    shape = {axis: int(mesh_shape.get(axis, 1)) for axis in partitioning.MESH_AXES}
+    try:
+        found = hlo_collectives.analyze(hlo_text, shape)
+    except (ValueError, KeyError, StopIteration):
+        return None
+    seconds = hlo_collectives.communication_seconds(found, chip, shape) or {}
+    rows = [{"axes": axes, "bytes": moved, "count": found.count_by_axes[axes],
+             "seconds": seconds.get(axes)} for axes, moved in found.bytes_by_axes.items()]
+    return sorted(rows, key=lambda row: -row["bytes"])
 
 
 def _out_of_memory_temporaries(message: str) -> tuple[int, str] | None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import re
+from collections.abc import Iterator
 
 _BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "s4": 1, "u4": 1,
           "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4,
@@ -264,47 +265,65 @@ class _Module:
         return float(operands + shape_bytes(instruction.type_text))
 
 
-def analyze(hlo_text: str) -> Traffic:
-    """Counts the traffic of ``compiled.as_text()`` from the entry computation down."""
-    computations = parse(hlo_text)
-    module = _Module(computations)
+def weighted_instructions(computations: dict[str, Computation], branch_cost
+                          ) -> Iterator[tuple[Instruction, int]]:
+    """Every instruction reachable from the entry computation, with how many times one
+    execution runs it: a ``while`` body's by its trip count, its condition's one more
+    time; of a ``conditional``'s branches the one ``branch_cost`` (a computation ->
+    number) rates highest (an upper bound); ``call``s as they are. Fusions are not
+    entered (a caller reads what it needs of them)."""
     entry = next((c for c in computations.values() if c.is_entry), None)
     if entry is None:
         raise ValueError("HLO text without an ENTRY computation")
-    by_source_path: dict[str, float] = collections.defaultdict(float)
-    trips: list[int] = []
-    once = [0.0]
 
-    def walk(computation: Computation, times: int, depth: int = 0):
+    def walk(computation: Computation, times: int, depth: int):
         if depth > 64:
             raise ValueError("HLO call nesting deeper than 64")
         for instruction in computation.instructions:
-            moved = module.instruction_bytes(instruction)
-            if moved:
-                once[0] += moved
-                by_source_path[source_of(instruction.op_name, instruction.opcode)] += moved * times
+            yield instruction, times
             if instruction.opcode == "while":
                 called = dict((k, v) for k, v in _CALLS.findall(instruction.attributes))
                 n = _trip_count(instruction, computations[called["condition"]], computations)
-                trips.append(n)
-                walk(computations[called["body"]], times * n, depth + 1)
-                walk(computations[called["condition"]], times * (n + 1), depth + 1)
+                yield from walk(computations[called["body"]], times * n, depth + 1)
+                yield from walk(computations[called["condition"]], times * (n + 1), depth + 1)
             elif instruction.opcode == "conditional":
                 branches = _BRANCHES.search(instruction.attributes)
                 names = ([b.strip().lstrip("%") for b in branches.group(1).split(",")] if branches
                          else [v for k, v in _CALLS.findall(instruction.attributes)
                                if k.endswith("_computation")])
-                # One branch runs: count the costliest (an upper bound).
-                costs = [(_computation_bytes(module, computations[n]), n) for n in names]
+                costs = [(branch_cost(computations[n]), n) for n in names]
                 if costs:
-                    walk(computations[max(costs)[1]], times, depth + 1)
+                    yield from walk(computations[max(costs)[1]], times, depth + 1)
             elif instruction.opcode == "call":
                 for kind, name in _CALLS.findall(instruction.attributes):
                     if kind == "to_apply":
-                        walk(computations[name], times, depth + 1)
+                        yield from walk(computations[name], times, depth + 1)
 
-    walk(entry, 1)
-    return Traffic(sum(by_source_path.values()), once[0], dict(by_source_path), trips)
+    yield from walk(entry, 1, 0)
+
+
+def trip_count_of(loop: Instruction, computations: dict[str, Computation]) -> int:
+    """How many times a ``while`` instruction runs its body."""
+    called = dict((k, v) for k, v in _CALLS.findall(loop.attributes))
+    return _trip_count(loop, computations[called["condition"]], computations)
+
+
+def analyze(hlo_text: str) -> Traffic:
+    """Counts the traffic of ``compiled.as_text()`` from the entry computation down."""
+    computations = parse(hlo_text)
+    module = _Module(computations)
+    by_source_path: dict[str, float] = collections.defaultdict(float)
+    trips: list[int] = []
+    once = 0.0
+    for instruction, times in weighted_instructions(
+            computations, lambda c: _computation_bytes(module, c)):
+        moved = module.instruction_bytes(instruction)
+        if moved:
+            once += moved
+            by_source_path[source_of(instruction.op_name, instruction.opcode)] += moved * times
+        if instruction.opcode == "while":
+            trips.append(trip_count_of(instruction, computations))
+    return Traffic(sum(by_source_path.values()), once, dict(by_source_path), trips)
 
 
 def _computation_bytes(module: _Module, computation: Computation) -> float:

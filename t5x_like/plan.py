@@ -10,10 +10,11 @@ Compiles the real train step (same Trainer, shardings and donation as
 needed), or for N fake CPU devices with ``cpu:N``. Reports per-device memory
 (arguments, outputs, temporaries), whether it fits the chip's HBM (naming the
 largest consumers when it does not), the compiled FLOPs per step, and a
-roofline step time and MFU: ``max(FLOPs / peak, bytes accessed / HBM bandwidth)``
-per device, an optimistic bound that ignores communication, with the sources
-(forward or backward, module path) that move the most HBM bytes
-(``t5x_like.hlo_traffic``). ``--decode`` plans one generation step instead: memory,
+roofline step time and MFU: ``max(FLOPs / peak, bytes accessed / HBM bandwidth,
+collective bytes / link bandwidth)`` per device, an optimistic bound (each overlapping
+the others), with the sources (forward or backward, module path) that move the most
+HBM bytes (``t5x_like.hlo_traffic``) and the collectives' bytes by the mesh axes they
+cross (``t5x_like.hlo_collectives``). ``--decode`` plans one generation step instead: memory,
 FLOPs and HBM bytes per token, and the roofline's tokens/s.
 """
 
@@ -110,14 +111,28 @@ def format_report(r: dict) -> str:
         lines.append(f"note: {r['traffic_note']}")
     if "roofline" in r:
         roof = r["roofline"]
+        links = ("" if roof.get("communication_s") is None
+                 else f", collectives {roof['communication_s'] * 1e3:.1f} ms")
         lines.append(f"roofline step time: {roof['step_s'] * 1e3:.1f} ms ({roof['bound']}-bound: "
                      f"compute {roof['compute_s'] * 1e3:.1f} ms, HBM {roof['memory_s'] * 1e3:.1f}"
-                     f" ms), MFU at best {100 * roof['mfu']:.1f}%")
+                     f" ms{links}), MFU at best {100 * roof['mfu']:.1f}%")
     elif r["compiled_flops_per_device"] is not None:
         lines.append("roofline: no peak FLOP/s or bandwidth for this device kind (see "
                      "t5x_like.hardware.CHIPS)")
     lines += _traffic_lines(r)
+    lines += _collective_lines(r)
     return "\n".join(lines)
+
+
+def _collective_lines(r: dict) -> list[str]:
+    rows = r.get("collectives_per_device")
+    if not rows:
+        return []
+    lines = ["collectives per device and step, by the mesh axes they cross:"]
+    for row in rows:
+        time = "" if row["seconds"] is None else f"  {row['seconds'] * 1e3:9.2f} ms"
+        lines.append(f"  {row['bytes'] / 1e9:9.3f} GB  {row['count']:6d} ops{time}  {row['axes']}")
+    return lines
 
 
 @errors.command_line("plan")

@@ -8,8 +8,12 @@ parallel one; meshes and models it cannot split are refused before anything comp
 """
 
 import json
+import os
 import pathlib
 import re
+import shlex
+import subprocess
+import sys
 
 import flax.linen as nn
 import jax
@@ -214,3 +218,19 @@ def test_an_encoder_decoder_is_refused_with_the_axes_that_do_split_it():
     config.mesh.data = 2
     with pytest.raises(errors.ConfigError, match="does not split its rows over a context axis"):
         config_lib.check_devices(config_lib.spec_of(config), 8)
+
+
+def test_the_pages_command_trains_as_printed(tmp_path):
+    """docs/parallelism.md's command: a ring context-parallel run of gpt2_tiny."""
+    page = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "parallelism.md").read_text()
+    block = re.search(r"```\n(XLA_FLAGS=.*?)```", page, flags=re.S).group(1)
+    words = shlex.split(block.replace("\\\n", " "))
+    env = dict(os.environ, **dict(w.split("=", 1) for w in words[:1]))
+    command = [sys.executable, *words[2:]]
+    command = [w.replace("/tmp/context_run", str(tmp_path / "run")) for w in command]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600,
+                          cwd=pathlib.Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = _metrics(tmp_path / "run")
+    assert [r["step"] for r in records] == [1, 5, 10]
+    assert records[2]["loss"] < records[0]["loss"]

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -69,6 +70,11 @@ def test_tpu_plan_fits_a_small_model_and_gives_a_roofline():
     out = result.stdout
     assert "4 x TPU v5 lite" in out and "fits: FITS in 16.00 GiB" in out
     assert "roofline step time" in out and "MFU at best" in out
+    # v5e's links are in the table: the collectives' time enters the roofline, and the
+    # gradient's all-reduce over the 4 data-parallel chips is listed by its axis.
+    assert ", collectives " in out
+    assert "collectives per device and step, by the mesh axes they cross:" in out
+    assert re.search(r"^ .* ops +[0-9.]+ ms  data$", out, flags=re.M), out
     # libtpu's notice that it found no chip reads like an error on a machine without one.
     assert "could not determine TPU accelerator type" not in result.stderr, result.stderr
 

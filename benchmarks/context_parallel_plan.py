@@ -1,0 +1,78 @@
+"""A Llama-3.1-8B-shaped decoder at 128k tokens a row on v5p-64 (2x4x4, 32 chips),
+planned ahead of time with and without context parallelism.
+
+    python benchmarks/context_parallel_plan.py [--length 131072] [--rows all]
+
+Each row compiles the real train step with ``t5x_like.plan`` (libtpu's compiler; no TPU
+needed) in bfloat16, scanned layers, full rematerialisation. Without a context axis the
+smallest batch is one row a chip (32 rows: the batch must divide over the 32 data-
+parallel chips), and each chip holds a whole row's activations; with ``mesh.context=C``
+a row's positions split over C chips, so 32 / C rows make a step. Printed: memory per
+chip, whether it fits, the roofline step (compute, HBM, collectives), and the
+collectives' bytes per chip and step by the mesh axes they cross.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from t5x_like import aot_planner, config_lib  # noqa: E402
+
+GiB = 1024**3
+TOPOLOGY = "v5p:2x4x4"
+CHIPS = 32
+
+ROWS = {
+    # name: mesh, context attention
+    "fsdp 32 (no context)": ({"data": 1, "fsdp": 32, "context": 1}, "all_gather"),
+    "fsdp 2 x context 16, ring": ({"data": 1, "fsdp": 2, "context": 16}, "ring"),
+    "fsdp 2 x context 16, all-gather": ({"data": 1, "fsdp": 2, "context": 16}, "all_gather"),
+}
+
+
+def plan_row(mesh: dict, strategy: str, length: int) -> dict:
+    config = config_lib.load_config_file(str(ROOT / "configs/open_decoders.py:llama-3.1-8b"))
+    batch = CHIPS // mesh["context"]
+    config_lib.apply_overrides(config, [
+        f"task_feature_lengths.targets={length}", f"model.positions.max_length={length}",
+        f"batch_size={batch}", "model.numerics.dtype=bfloat16",
+        "model.numerics.scan_layers=True", "model.numerics.remat_policy=full",
+        f"partitioning.context_attention={strategy}",
+        *(f"mesh.{axis}={size}" for axis, size in mesh.items())])
+    return aot_planner.plan(config, TOPOLOGY)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--length", type=int, default=131_072)
+    parser.add_argument("--rows", default="all", help="comma-separated row names, or all")
+    args = parser.parse_args(argv)
+    names = list(ROWS) if args.rows == "all" else args.rows.split(",")
+    print("| mesh | rows x tokens | memory / chip (GiB) | fits | roofline step s (bound) "
+          "| compute / HBM / collectives s | collectives GB / chip by axes |")
+    print("|---|---|---|---|---|---|---|")
+    for name in names:
+        mesh, strategy = ROWS[name]
+        report = plan_row(mesh, strategy, args.length)
+        memory = report["memory_per_device"]["total"] / GiB
+        roof = report.get("roofline") or {}
+        step = (f"{roof['step_s']:.2f} ({roof['bound']})" if roof.get("step_s") is not None
+                else "—")
+        parts = (" / ".join("—" if roof.get(k) is None else f"{roof[k]:.2f}"
+                            for k in ("compute_s", "memory_s", "communication_s"))
+                 if roof else "—")
+        moved = ", ".join(f"{row['axes']} {row['bytes'] / 1e9:.1f}"
+                          for row in report.get("collectives_per_device") or []) or "—"
+        print(f"| {name} | {report['batch_size']} x {args.length:,} | {memory:.1f} "
+              f"| {'yes' if report['fits'] else 'no'} | {step} | {parts} | {moved} |",
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
