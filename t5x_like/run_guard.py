@@ -246,6 +246,8 @@ def interval_record(fetched: list[dict]) -> dict:
     if "skipped_updates" in fetched[0]:
         record["skipped_updates"] = float(sum(m["skipped_updates"] for m in fetched))
     record["learning_rate"] = float(fetched[-1]["learning_rate"])
+    if "batch_checksum" in fetched[0]:  # every step's batch counts, skipped or not
+        record["batch_checksum"] = sum(int(m["batch_checksum"]) for m in fetched) % (2**24)
     return record
 
 

@@ -100,15 +100,18 @@ class Trainer:
                  schedule: optax.Schedule, mesh, rules, model_feature_lengths: Mapping[str, int],
                  seed: int = 0, microbatches: int = 1, loss_normalizer: float | None = None,
                  skip_nonfinite_updates: bool = False, trainable=None,
-                 context_settings: context_parallel.ContextSettings | None = None):
+                 context_settings: context_parallel.ContextSettings | None = None,
+                 log_batch_checksum: bool = False):
         """``microbatches`` > 1 accumulates gradients over that many slices of each batch;
         ``loss_normalizer`` divides summed losses by a constant instead of the real
         target-token count; ``skip_nonfinite_updates`` keeps params and optimizer
         state unchanged on a step whose loss or gradient is NaN/Inf; ``trainable``
         (``params -> bool tree``) freezes the rest: no gradient flows into a frozen
         parameter and the gradient norm counts only trainable ones. ``context_settings``:
-        how attention works across a ``context`` mesh axis."""
+        how attention works across a ``context`` mesh axis. ``log_batch_checksum``: each
+        step's metrics get ``batch_checksum`` (the function below)."""
         self.model = model
+        self.log_batch_checksum = log_batch_checksum
         self.context_settings = context_settings or context_parallel.ContextSettings()
         self.microbatches = int(microbatches)
         self.loss_normalizer = loss_normalizer
@@ -199,6 +202,8 @@ class Trainer:
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics = dict(metrics, learning_rate=self.schedule(state.step), grad_norm=grad_norm)
+        if self.log_batch_checksum:
+            metrics["batch_checksum"] = batch_checksum(batch)
         if self.skip_nonfinite_updates:
             finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
             def keep(new, old):
@@ -362,7 +367,30 @@ def build_trainer(config, mesh) -> Trainer:
                    trainable=trainable,
                    context_settings=context_parallel.ContextSettings(
                        spec.partitioning.context_attention,
-                       spec.partitioning.context_load_balance))
+                       spec.partitioning.context_load_balance),
+                   log_batch_checksum=spec.logging.batch_checksum)
+
+
+CHECKSUM_MODULUS = 2**24
+
+
+def batch_checksum(batch) -> jax.Array:
+    """A checksum of a global batch's integer features (tokens, ids, positions) that
+    depends on every value and its row and position: the sum over features, rows i and
+    positions j of ``value * a(i) * b(j)``, in wrapping 32-bit integers. Integer sums
+    do not depend on their order, so the same rows give the same checksum on any mesh
+    and process count (``logging.batch_checksum``: two runs' batches compared step by
+    step). Reduced mod 2**24 so a float32 metric holds it exactly."""
+    total = jnp.zeros((), jnp.uint32)
+    for name in sorted(batch):
+        value = batch[name]
+        if not jnp.issubdtype(value.dtype, jnp.integer) or value.ndim != 2:
+            continue
+        rows = jnp.arange(value.shape[0], dtype=jnp.uint32) * jnp.uint32(2654435761) + 1
+        positions = jnp.arange(value.shape[1], dtype=jnp.uint32) * jnp.uint32(40503) + 7
+        weighted = value.astype(jnp.uint32) * rows[:, None] * positions[None, :]
+        total = total * jnp.uint32(31) + jnp.sum(weighted, dtype=jnp.uint32)
+    return (total % jnp.uint32(CHECKSUM_MODULUS)).astype(jnp.int32)
 
 
 class _MeshAndRules:

@@ -95,10 +95,14 @@ class LossSpec(Section):
 @section
 class LoggingSpec(Section):
     """``every_steps``: train metrics are averaged and written this often;
-    ``peak_flops_per_device`` for MFU (0: the device kind's, from ``hardware``)."""
+    ``peak_flops_per_device`` for MFU (0: the device kind's, from ``hardware``);
+    ``batch_checksum``: log a checksum of the batches since the last log (the same rows
+    give the same number on any mesh or process count: two runs compared batch by
+    batch, ``docs/parallelism.md``)."""
 
     every_steps: int = field(10, minimum=1)
     peak_flops_per_device: float = field(0.0, minimum=0.0)
+    batch_checksum: bool = False
 
 
 @section
