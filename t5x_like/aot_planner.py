@@ -5,8 +5,9 @@ The service behind ``python -m t5x_like.plan`` (which formats its reports) and
 ``scaling plan --topology`` (which plans the compute-optimal model it picks). TPU
 topologies compile through libtpu's compiler via ``jax.experimental.topologies`` (no TPU
 needed; ``prepare_compiler_environment`` before JAX starts), ``cpu:N`` on fake CPU
-devices. The roofline is ``max(FLOPs / peak, bytes accessed / HBM bandwidth)`` per
-device: an optimistic bound that ignores communication.
+devices. The roofline is ``max(FLOPs / peak, bytes accessed / HBM bandwidth, collective
+bytes / link bandwidth)`` per device (``hlo_collectives``): an optimistic bound, each
+taken to overlap the others.
 """
 
 from __future__ import annotations
@@ -225,10 +226,13 @@ def with_layer_flops(report: dict, config, topology: str) -> dict:
     roof = report["roofline"]
     peak = report["peak_flops_per_device"]
     compute_s = max(compiled, report["model_flops_per_step"] / report["num_devices"]) / peak
-    step_s = max(compute_s, roof["memory_s"])
+    times = {"compute": compute_s, "memory": roof["memory_s"]}
+    if roof.get("communication_s") is not None:
+        times["communication"] = roof["communication_s"]
+    bound = max(times, key=times.get)
+    step_s = times[bound]
     report = dict(report, compiled_flops_per_device=compiled)
-    report["roofline"] = dict(roof, compute_s=compute_s, step_s=step_s,
-                              bound="compute" if compute_s >= roof["memory_s"] else "memory",
+    report["roofline"] = dict(roof, compute_s=compute_s, step_s=step_s, bound=bound,
                               mfu=report["model_flops_per_step"]
                               / (report["num_devices"] * peak * step_s))
     report["note"] = ("scanned layers: compiled FLOPs from the step unrolled at 1 and 2 "

@@ -310,8 +310,10 @@ def _print_run(run: dict, law, topology: str) -> None:
     roof = plan.get("roofline")
     if roof:
         hours = run["roofline_hours"]
-        print(f"  roofline step {roof['step_s']:.3g} s ({roof['bound']}-bound, communication "
-              f"not counted), MFU at best "
+        links = ("collectives not counted" if roof.get("communication_s") is None
+                 else f"collectives {roof['communication_s']:.3g} s")
+        print(f"  roofline step {roof['step_s']:.3g} s ({roof['bound']}-bound: compute "
+              f"{roof['compute_s']:.3g} s, HBM {roof['memory_s']:.3g} s, {links}), MFU at best "
               f"{100 * roof['mfu']:.1f}%: the {run['steps']:,} steps take at least "
               f"{_amount(hours)} hours on the slice ({_amount(hours * run['chips'])} chip-hours)")
         mfu = budget["mfu"]
