@@ -33,8 +33,8 @@ BATCH_AXES = ("dcn", "data", "fsdp", "expert")
 EXPERT_BATCH_AXES = ("dcn", "data", "fsdp")
 
 # The context axis splits every row's positions (activations' ``length`` and attention's
-# ``kv_length``; ``models/context_parallel.py``); it holds no parameters, so it is data
-# parallel for them: their gradients are summed over it as over the batch axes.
+# ``kv_length``; ``models/context_parallel.py``). Parameters' gradients are summed over it
+# as over the batch axes; the FSDP rule sets also shard the parameters over it.
 CONTEXT_RULES = (("length", "context"), ("kv_length", "context"))
 # The axes FSDP splits parameters over (an activation's ``embed`` stays whole: its batch
 # and length already use them).

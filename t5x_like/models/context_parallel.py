@@ -131,8 +131,8 @@ def attend(query, key, value, mask: attention.AttentionMask, *, scale: float = 1
            dtype=jnp.float32) -> jax.Array:
     """Self-attention of ``query [b, L, heads, d]`` over ``key``/``value``
     ``[b, L, kv_heads, d]`` whose ``L`` is split over the context axis, by the
-    strategy of ``context_settings``. The caller checked the mask is one this builds
-    (no position bias, no global tokens; ``models.layers`` routes only those)."""
+    strategy of ``context_settings``. A mask with a position bias or global tokens
+    raises: runs that would need one are refused first (``config.devices.check_context``)."""
     axis, size = attention.context_axis()
     length = query.shape[1]
     if key.shape[1] != length:
