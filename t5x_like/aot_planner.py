@@ -226,11 +226,7 @@ def with_layer_flops(report: dict, config, topology: str) -> dict:
     roof = report["roofline"]
     peak = report["peak_flops_per_device"]
     compute_s = max(compiled, report["model_flops_per_step"] / report["num_devices"]) / peak
-    times = {"compute": compute_s, "memory": roof["memory_s"]}
-    if roof.get("communication_s") is not None:
-        times["communication"] = roof["communication_s"]
-    bound = max(times, key=times.get)
-    step_s = times[bound]
+    bound, step_s = _slowest(compute_s, roof["memory_s"], roof.get("communication_s"))
     report = dict(report, compiled_flops_per_device=compiled)
     report["roofline"] = dict(roof, compute_s=compute_s, step_s=step_s, bound=bound,
                               mfu=report["model_flops_per_step"]
@@ -343,12 +339,21 @@ def _roofline(flops: float, bytes_accessed: float, peak: float, chip,
     link bandwidth)`` and which bounds it. Taking the largest assumes each overlaps the
     others (XLA runs collectives asynchronously beside compute); their sum would be the
     pessimistic bound. Without the chip's links, communication is left out."""
-    times = {"compute": flops / peak, "memory": bytes_accessed / chip.hbm_bandwidth}
+    compute_s, memory_s = flops / peak, bytes_accessed / chip.hbm_bandwidth
+    bound, step_s = _slowest(compute_s, memory_s, communication_s)
+    return {"compute_s": compute_s, "memory_s": memory_s, "communication_s": communication_s,
+            "step_s": step_s, "bound": bound}
+
+
+def _slowest(compute_s: float, memory_s: float, communication_s: float | None
+             ) -> tuple[str, float]:
+    """``(bound, seconds)``: which of the roofline's times is largest (compute wins ties;
+    communication counts only when known)."""
+    times = {"compute": compute_s, "memory": memory_s}
     if communication_s is not None:
         times["communication"] = communication_s
     bound = max(times, key=times.get)
-    return {"compute_s": times["compute"], "memory_s": times["memory"],
-            "communication_s": communication_s, "step_s": times[bound], "bound": bound}
+    return bound, times[bound]
 
 
 def _collectives(hlo_text: str, mesh_shape: dict, chip) -> list[dict] | None:

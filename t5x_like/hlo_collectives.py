@@ -131,12 +131,7 @@ def _groups(attributes: str, num_devices: int) -> list[list[int]] | None:
         return grouped.tolist()
     iota = _IOTA.search(attributes)
     if iota:
-        shape = [int(x) for x in iota.group(1).split(",")]
-        reshape = [int(x) for x in iota.group(2).split(",")]
-        ids = np.arange(math.prod(reshape)).reshape(reshape)
-        if iota.group(3):
-            ids = np.transpose(ids, [int(x) for x in iota.group(3).split(",")])
-        return ids.reshape(shape).tolist()
+        return _iota(iota.group(2), iota.group(3)).reshape(_ints(iota.group(1))).tolist()
     explicit = _EXPLICIT.search(attributes)
     if explicit:
         groups = [[int(x) for x in g.split(",") if x]
@@ -153,12 +148,19 @@ def _device_ids(text: str | None, count: int) -> np.ndarray | None:
     if text.startswith("{"):
         return np.array([int(x) for x in text.strip("{}").split(",") if x])
     iota = _IOTA_IDS.match(text)
-    if not iota:
-        return None
-    ids = np.arange(count).reshape([int(x) for x in iota.group(1).split(",")])
-    if iota.group(2):
-        ids = np.transpose(ids, [int(x) for x in iota.group(2).split(",")])
-    return ids.reshape(-1)
+    return None if not iota else _iota(iota.group(1), iota.group(2)).reshape(-1)
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def _iota(dims: str, permutation: str | None) -> np.ndarray:
+    """XLA's iota tile ``[dims]T(permutation)``: device ids in order, reshaped to
+    ``dims`` and transposed by ``permutation``."""
+    dims_list = _ints(dims)
+    ids = np.arange(math.prod(dims_list)).reshape(dims_list)
+    return np.transpose(ids, _ints(permutation)) if permutation else ids
 
 
 def _axes_crossed(groups: list[list[int]], coords: np.ndarray, axes: tuple[str, ...]) -> str:

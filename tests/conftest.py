@@ -24,6 +24,18 @@ import t5x_like.builtin_tasks  # noqa: F401  (the built-in tasks, as every comma
 from t5x_like import config_lib
 
 
+def set_keys(config, values: dict):
+    """``{"a.b.c": value}`` written into the config's nested sections, values as given
+    (not parsed from text, as ``--config.a.b.c=`` overrides are)."""
+    for key, value in values.items():
+        node = config
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
+    return config
+
+
 def tiny_config(**overrides):
     """A model small enough to compile and train in seconds on fake devices."""
     config = config_lib.default_config()
@@ -43,12 +55,7 @@ def tiny_config(**overrides):
     model.num_decoder_layers = 1
     config.optimizer.learning_rate = 3e-2
     config.optimizer.warmup_steps = 5
-    for key, value in overrides.items():
-        node = config
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node[part]
-        node[leaf] = value
+    set_keys(config, overrides)
     config_lib.validate(config)
     return config
 

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import set_keys
 
 from t5x_like import config_lib, errors, models, partitioning, structures, train
 from t5x_like import trainer as trainer_lib
@@ -161,13 +162,7 @@ def _decoder_run(**overrides):
                 "logging.every_steps": 1, "evals.held_out.every_steps": 0,
                 "checkpoint.every_steps": 2, "model.num_layers": 2, "model.d_model": 64,
                 "model.d_ff": 128, "model.num_heads": 2, **overrides}
-    for key, value in settings.items():
-        node = config
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node[part]
-        node[leaf] = value
-    return config
+    return set_keys(config, settings)
 
 
 @pytest.mark.parametrize("strategy", ["all_gather", "ring"])
