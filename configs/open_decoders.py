@@ -101,6 +101,7 @@ PRESETS = {
     # Llama 3.1 (128K context by the llama3 RoPE rescaling) and 3.2 (tied, factor 32).
     "llama-3.1-8b": _llama(4096, 14_336, 32, 32, 8.0, False),
     "llama-3.1-70b": _llama(8192, 28_672, 80, 64, 8.0, False),
+    "llama-3.1-405b": _llama(16_384, 53_248, 126, 128, 8.0, False),
     "llama-3.2-1b": _llama(2048, 8192, 16, 32, 32.0, True, head_dim=64),
     "llama-3.2-3b": _llama(3072, 8192, 28, 24, 32.0, True),
     # Qwen2.5: biases on q/k/v, 64-wide heads.

@@ -98,6 +98,23 @@ def per_device_bytes(abstract_tree) -> list[tuple[str, int]]:
     return rows
 
 
+def _pipeline(config, mesh_shape) -> dict:
+    """Stages, microbatches, laps and the bubble of a pipelined plan ({} without stages)."""
+    from t5x_like import trainer as trainer_lib
+    from t5x_like.models import pipeline
+
+    part = config.partitioning
+    stages = mesh_shape["stage"] * (mesh_shape["dcn"] if part.pipeline_over_dcn else 1)
+    if stages == 1:
+        return {}
+    settings = trainer_lib.pipeline_settings(config)
+    microbatches = settings.num_microbatches(stages)
+    repeats = settings.repeats(config.model.num_layers, stages)
+    return {"schedule": part.pipeline_schedule, "stages": stages, "microbatches": microbatches,
+            "repeats": repeats, "over_dcn": part.pipeline_over_dcn,
+            "bubble": pipeline.bubble_fraction(stages, microbatches, repeats)}
+
+
 def plan(config, topology: str, num_slices: int = 1) -> dict:
     """Compiles ``config``'s train step for ``topology`` (``num_slices`` of them joined
     over DCN); returns the report as a dict."""
@@ -169,10 +186,14 @@ def plan(config, topology: str, num_slices: int = 1) -> dict:
         "peak_flops_per_device": peak,
     }
     roofline_flops, roofline_bytes = compiled_flops, bytes_accessed
+    staged = _pipeline(config, mesh_shape)
+    if staged:
+        report["pipeline"] = staged
     if compiled_flops and config.model.numerics.scan_layers:
         # XLA counts a scanned layer's loop body once (forward and backward), so the
-        # compiled count misses most of the work: the roofline takes the model FLOPs.
-        roofline_flops = model_flops / len(devices)
+        # compiled count misses most of the work: the roofline takes the model FLOPs,
+        # and a pipeline's stages also compute through the bubble.
+        roofline_flops = model_flops / len(devices) / (1 - staged.get("bubble", 0.0))
         report["note"] = ("scanned layers: XLA counts one layer's loop body once; the roofline "
                           "uses model FLOPs per device, and bytes with each loop body counted "
                           "as many times as it runs")
@@ -260,7 +281,7 @@ def plan_decode(config, topology: str, num_slices: int = 1) -> dict:
     step, cache, inputs = structures.for_config(config).decode_step(
         config.batch_size, config.task_feature_lengths)
     mesh = trainer.mesh
-    batch_axes = tuple(a for a in partitioning.BATCH_AXES if a in mesh.shape)
+    batch_axes = tuple(a for a in partitioning.batch_axes(trainer.rules) if a in mesh.shape)
     split = math.prod(mesh.shape[a] for a in batch_axes)
 
     def sharding(x):
@@ -271,7 +292,8 @@ def plan_decode(config, topology: str, num_slices: int = 1) -> dict:
     jitted = jax.jit(step, in_shardings=(trainer.state_shardings.params, cache_shardings,
                                          *map(sharding, inputs)),
                      out_shardings=(None, cache_shardings), donate_argnums=1)
-    with trainer_lib._MeshAndRules(mesh, trainer.rules, trainer.context_settings):
+    with trainer_lib._MeshAndRules(mesh, trainer.rules, trainer.context_settings,
+                                   trainer.pipeline_settings):
         compiled = jitted.lower(trainer.abstract_state.params, cache, *inputs).compile()
     memory = compiled.memory_analysis()
     flops, xla_bytes, traffic, _ = _costs(compiled, compiled.as_text())

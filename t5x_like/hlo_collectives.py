@@ -14,6 +14,12 @@ The bytes each device sends follow the ring algorithms' counts for an operand of
 bytes on a group of n devices: all-gather (n - 1) S, all-reduce 2 (n - 1) / n S,
 reduce-scatter and all-to-all (n - 1) / n S, collective-permute S. Collectives inside
 fusions (TPU's collective matmuls) are found too.
+
+A multi-slice TPU program is compiled per slice: what crosses the data-center network
+is not a collective over the slice's devices but a host-transfer ``send`` to the
+MegaScale runtime (``_xla_megascale_transfer_type``: ``ONE_TO_ONE`` for a collective
+permute, a pipeline's hand-over between slices; ``ALL_REDUCE`` for a sum over the
+slices). Those are counted as crossing ``dcn``.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ _IOTA = re.compile(r"replica_groups=\[([0-9,]+)\]<=\[([0-9,]+)\](?:T\(([0-9,]+)\
 _MESH = re.compile(r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=(\S+?))?\s*\{([^}]*)\}")
 _IOTA_IDS = re.compile(r"^\(?\[([0-9,]+)\](?:T\(([0-9,]+)\))?\)?$")
 _PAIRS = re.compile(r"source_target_pairs=\{((?:\{[0-9]+,[0-9]+\},?)*)\}")
+_MEGASCALE = re.compile(r'_xla_megascale_transfer_type="?(\w+)')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +70,14 @@ def analyze(hlo_text: str, mesh_shape: Mapping[str, int]) -> Collectives:
     counts: dict[str, int] = collections.defaultdict(int)
     for instruction, times in hlo_traffic.weighted_instructions(computations,
                                                                  lambda c: len(c.instructions)):
+        dcn = _megascale_kind(instruction)
+        if dcn:
+            operand = sum(hlo_traffic.shape_bytes(types.get(o, "")) for o in instruction.operands)
+            slices = mesh_shape.get("dcn", 1)
+            sent["dcn"] += times * (_bytes_sent("all-reduce", operand, slices)
+                                    if dcn == "ALL_REDUCE" else operand)
+            counts["dcn"] += times
+            continue
         for collective in _collectives_in(instruction, computations):
             kind = _kind(collective.opcode)
             groups = _groups(collective.attributes, len(coords))
@@ -75,6 +90,14 @@ def analyze(hlo_text: str, mesh_shape: Mapping[str, int]) -> Collectives:
             sent[crossed] += times * _bytes_sent(kind, operand, size)
             counts[crossed] += times
     return Collectives(dict(sent), dict(counts))
+
+
+def _megascale_kind(instruction) -> str:
+    """``ONE_TO_ONE`` or ``ALL_REDUCE`` for a send over the data-center network, else ""."""
+    if instruction.opcode != "send":
+        return ""
+    found = _MEGASCALE.search(instruction.attributes)
+    return found.group(1) if found else ""
 
 
 def _collectives_in(instruction, computations) -> list:

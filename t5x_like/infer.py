@@ -117,7 +117,8 @@ def run(args, overrides) -> int:
         top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     structure = structures.for_config(config)
     runner = evaluator.ModelRunner(structure, trainer.mesh, trainer.rules,
-                                   trainer.state_shardings.params, lengths, settings)
+                                   trainer.state_shardings.params, lengths, settings,
+                                   trainer.pipeline_settings)
     if structure.name == "head":  # a fine-tuned head: label, value, tag or span text
         converter = structure.feature_converter(lengths, strict=False)
         try:

@@ -23,7 +23,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from t5x_like.errors import UserError
 
-MESH_AXES = ("dcn", "data", "fsdp", "expert", "context", "tensor")
+MESH_AXES = ("dcn", "stage", "data", "fsdp", "expert", "context", "tensor")
 # The expert axis carries batch rows too outside the experts (as MaxText's): a mixture of
 # experts trades tokens for experts over it with all-to-all, a dense model is data
 # parallel over it.
@@ -40,6 +40,12 @@ CONTEXT_RULES = (("length", "context"), ("kv_length", "context"))
 # and length already use them).
 PARAMETER_SHARDS = ("fsdp", "context")
 
+# The stage axis holds pipeline stages (``models/pipeline.py``): a scanned stack's ``layers``
+# are split over it, and the microbatches in flight (``stages``) with them. Across slices
+# (``partitioning.pipeline_over_dcn``) the dcn axis carries stages instead of rows.
+STAGE_AXES = ("stage",)
+STAGE_RULES = (("stages", STAGE_AXES), ("layers", STAGE_AXES))
+
 # Each rule: logical name -> mesh axis (or tuple of axes, or None = replicated).
 # Every set shards a mixture's experts over the ``expert`` axis (size 1 unless the mesh
 # names one), and rows' positions over the ``context`` axis (size 1 unless named).
@@ -49,6 +55,7 @@ RULE_SETS: dict[str, tuple[tuple[str, object], ...]] = {
         ("expert_batch", EXPERT_BATCH_AXES),
         ("batch", BATCH_AXES),
         *CONTEXT_RULES,
+        *STAGE_RULES,
     ),
     # ZeRO-3-like: parameters sharded along their embed dimension over fsdp, and over the
     # context axis too (as MaxText's): its devices would otherwise each hold them whole.
@@ -57,6 +64,7 @@ RULE_SETS: dict[str, tuple[tuple[str, object], ...]] = {
         ("expert_batch", EXPERT_BATCH_AXES),
         ("batch", BATCH_AXES),
         *CONTEXT_RULES,
+        *STAGE_RULES,
         ("embed", PARAMETER_SHARDS),
     ),
     # FSDP plus Megatron-style tensor parallelism over heads, MLP and vocabulary.
@@ -65,6 +73,7 @@ RULE_SETS: dict[str, tuple[tuple[str, object], ...]] = {
         ("expert_batch", EXPERT_BATCH_AXES),
         ("batch", BATCH_AXES),
         *CONTEXT_RULES,
+        *STAGE_RULES,
         ("embed", PARAMETER_SHARDS),
         ("vocab", "tensor"),
         ("mlp", "tensor"),
@@ -73,10 +82,27 @@ RULE_SETS: dict[str, tuple[tuple[str, object], ...]] = {
 }
 
 
-def axis_rules(name: str) -> tuple[tuple[str, object], ...]:
+def axis_rules(name: str, pipeline_over_dcn: bool = False) -> tuple[tuple[str, object], ...]:
+    """Rule set ``name``; ``pipeline_over_dcn`` moves the dcn axis from the rows to the
+    pipeline stages (slices then hold stages, and only activations cross the slow
+    network, once a microbatch and stage boundary)."""
     if name not in RULE_SETS:
         raise ValueError(f"Unknown partitioning.rules {name!r}; choose from {sorted(RULE_SETS)}.")
-    return RULE_SETS[name]
+    if not pipeline_over_dcn:
+        return RULE_SETS[name]
+    over_dcn = {"batch": _without_dcn(BATCH_AXES), "expert_batch": _without_dcn(EXPERT_BATCH_AXES),
+                "stages": ("dcn", *STAGE_AXES), "layers": ("dcn", *STAGE_AXES)}
+    return tuple((logical, over_dcn.get(logical, axes)) for logical, axes in RULE_SETS[name])
+
+
+def _without_dcn(axes: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(a for a in axes if a != "dcn")
+
+
+def batch_axes(rules) -> tuple[str, ...]:
+    """The mesh axes a batch's rows are split over under ``rules``."""
+    axes = dict(rules).get("batch", BATCH_AXES)
+    return (axes,) if isinstance(axes, str) else tuple(axes)
 
 
 def make_mesh(shape: Mapping[str, int], devices=None) -> Mesh:
@@ -142,18 +168,20 @@ def logical_shardings(boxed_tree, mesh: Mesh, rules):
     return nn.logical_to_mesh_sharding(specs, mesh, rules)
 
 
-def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """Batch dimension over the data-parallel axes, everything else replicated."""
-    return NamedSharding(mesh, PartitionSpec(BATCH_AXES))
+def batch_sharding(mesh: Mesh, rules=None) -> NamedSharding:
+    """Batch dimension over the data-parallel axes (``rules``' ``batch``), everything
+    else replicated."""
+    return NamedSharding(mesh, PartitionSpec(batch_axes(rules) if rules else BATCH_AXES))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 
 
-def global_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+def global_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh, rules=None
+                 ) -> dict[str, jax.Array]:
     """Process-local numpy rows -> global ``jax.Array``s sharded over the batch axes."""
-    sharding = batch_sharding(mesh)
+    sharding = batch_sharding(mesh, rules)
     return {key: jax.make_array_from_process_local_data(sharding, value)
             for key, value in local_batch.items()}
 

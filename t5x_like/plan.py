@@ -66,6 +66,17 @@ def _gib(n) -> str:
     return f"{n / GiB:8.2f} GiB" if n >= GiB else f"{n / 1024**2:8.2f} MiB"
 
 
+def _pipeline_lines(r: dict) -> list[str]:
+    p = r.get("pipeline")
+    if not p:
+        return []
+    laps = f", {p['repeats']} laps" if p["schedule"] == "circular" else ""
+    where = ", stages across slices (DCN)" if p["over_dcn"] else ""
+    return [f"pipeline: {p['schedule']}, {p['stages']} stages, {p['microbatches']} microbatches"
+            f"{laps}{where}; bubble {100 * p['bubble']:.1f}% of the stages' time (in the "
+            "roofline)"]
+
+
 def format_report(r: dict) -> str:
     m = r["memory_per_device"]
     lines = [
@@ -74,6 +85,7 @@ def format_report(r: dict) -> str:
         f"({r['num_devices']} x {r['device_kind']}), "
         f"mesh {r['mesh']}, rules {r['rules']}, batch {r['batch_size']}"
         f" in {r['microbatches']} microbatch(es)",
+        *_pipeline_lines(r),
         "memory per device:",
         f"  arguments     {_gib(m['arguments'])}   (params {_gib(m['params']).strip()}, "
         f"optimizer state {_gib(m['optimizer_state']).strip()}, batch)",

@@ -147,7 +147,8 @@ class Loop:
         """The next global batch (this process's rows of it, sharded over the mesh)."""
         self.holding.watchdog.doing("reading the batch of step", self.step + 1)
         with self.holding.goodput.timed("data"):
-            return partitioning.global_batch(next(self.train_batches), self.mesh)
+            return partitioning.global_batch(next(self.train_batches), self.mesh,
+                                            self.trainer.rules)
 
     def train_step(self, batch):
         """One jitted step; the first compiles (its dispatch waits for the compilation)."""

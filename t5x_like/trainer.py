@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from t5x_like import models, optim, partitioning, structures, traced_platform
 from t5x_like.config import check_devices, spec_of
-from t5x_like.models import context_parallel, layers
+from t5x_like.models import context_parallel, layers, pipeline
 
 
 @flax.struct.dataclass
@@ -101,6 +101,7 @@ class Trainer:
                  seed: int = 0, microbatches: int = 1, loss_normalizer: float | None = None,
                  skip_nonfinite_updates: bool = False, trainable=None,
                  context_settings: context_parallel.ContextSettings | None = None,
+                 pipeline_settings: pipeline.PipelineSettings | None = None,
                  log_batch_checksum: bool = False):
         """``microbatches`` > 1 accumulates gradients over that many slices of each batch;
         ``loss_normalizer`` divides summed losses by a constant instead of the real
@@ -108,11 +109,13 @@ class Trainer:
         state unchanged on a step whose loss or gradient is NaN/Inf; ``trainable``
         (``params -> bool tree``) freezes the rest: no gradient flows into a frozen
         parameter and the gradient norm counts only trainable ones. ``context_settings``:
-        how attention works across a ``context`` mesh axis. ``log_batch_checksum``: each
+        how attention works across a ``context`` mesh axis; ``pipeline_settings``: the
+        schedule over a ``stage`` axis. ``log_batch_checksum``: each
         step's metrics get ``batch_checksum`` (the function below)."""
         self.model = model
         self.log_batch_checksum = log_batch_checksum
         self.context_settings = context_settings or context_parallel.ContextSettings()
+        self.pipeline_settings = pipeline_settings or pipeline.PipelineSettings()
         self.microbatches = int(microbatches)
         self.loss_normalizer = loss_normalizer
         self.skip_nonfinite_updates = skip_nonfinite_updates
@@ -139,7 +142,7 @@ class Trainer:
         self.abstract_state = jax.tree.map(
             lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
             abstract_state, self.state_shardings)
-        self.batch_sharding = partitioning.batch_sharding(mesh)
+        self.batch_sharding = partitioning.batch_sharding(mesh, rules)
         self._init = jax.jit(self._init_state, out_shardings=self.state_shardings)
         self.teacher_params = None
         self._jit_steps()
@@ -197,7 +200,8 @@ class Trainer:
                 has_aux=True)(params)
 
         (_, metrics), grads = optim.accumulate_gradients(
-            loss_and_grad, state.params, batch, self.microbatches, partitioning.BATCH_AXES)
+            loss_and_grad, state.params, batch, self.microbatches,
+            partitioning.batch_axes(self.rules))
         grad_norm = optax.tree.norm(grads)
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
@@ -233,13 +237,14 @@ class Trainer:
                 "correct_sum": metrics["accuracy"] * tokens, "num_target_tokens": tokens}
 
     def _abstract_boxed_params(self, model):
-        """``abstract_boxed_params`` traced for this mesh's platform (its attention kernels)."""
-        with traced_platform.target_platform(self.mesh.devices.flat[0].platform):
+        """``abstract_boxed_params`` traced on this mesh: its platform's attention kernels, and
+        a pipeline's parameter layout (``models/pipeline.py``)."""
+        with self._context():
             return abstract_boxed_params(model, self.model_feature_lengths)
 
     # -- entry points ---------------------------------------------------------
     def _context(self):
-        return _MeshAndRules(self.mesh, self.rules, self.context_settings)
+        return _MeshAndRules(self.mesh, self.rules, self.context_settings, self.pipeline_settings)
 
     def init_state(self, seed: int) -> TrainState:
         with self._context():
@@ -353,22 +358,31 @@ def build_trainer(config, mesh) -> Trainer:
     structure = structures.for_config(spec)
     trainable = trainable_for(spec)
     lengths = structure.model_feature_lengths(spec.task_feature_lengths)
-    optimizer, schedule = optim.make_optimizer(
-        spec.optimizer, spec.num_train_steps, trainable,
-        logical_axes=lambda: logical_axes(abstract_boxed_params(structure.model, lengths)))
-    rules = (partitioning.axis_rules(spec.partitioning.rules)
+    rules = (partitioning.axis_rules(spec.partitioning.rules, spec.partitioning.pipeline_over_dcn)
              + structures.families.of(spec.model).axis_rules(spec.partitioning.rules))
+    context_settings = context_parallel.ContextSettings(spec.partitioning.context_attention,
+                                                        spec.partitioning.context_load_balance)
+
+    def traced_logical_axes():  # traced on the mesh: a pipeline's layout depends on it
+        with _MeshAndRules(mesh, rules, context_settings, pipeline_settings(spec)):
+            return logical_axes(abstract_boxed_params(structure.model, lengths))
+    optimizer, schedule = optim.make_optimizer(
+        spec.optimizer, spec.num_train_steps, trainable, logical_axes=traced_logical_axes)
     normalizer = (float(spec.loss.normalizing_constant)
                   if spec.loss.normalization == "constant" else None)
     return Trainer(structure.model, structure.loss_fn(spec.loss), optimizer, schedule, mesh,
                    rules, lengths, seed=spec.seed, microbatches=spec.optimizer.microbatches,
                    loss_normalizer=normalizer,
                    skip_nonfinite_updates=spec.divergence.on_nonfinite_loss == "skip_update",
-                   trainable=trainable,
-                   context_settings=context_parallel.ContextSettings(
-                       spec.partitioning.context_attention,
-                       spec.partitioning.context_load_balance),
+                   trainable=trainable, context_settings=context_settings,
+                   pipeline_settings=pipeline_settings(spec),
                    log_batch_checksum=spec.logging.batch_checksum)
+
+
+def pipeline_settings(spec) -> pipeline.PipelineSettings:
+    p = spec.partitioning
+    return pipeline.PipelineSettings(p.pipeline_schedule, p.pipeline_microbatches,
+                                     p.pipeline_layers_per_stage)
 
 
 CHECKSUM_MODULUS = 2**24
@@ -397,11 +411,13 @@ class _MeshAndRules:
     """``jax.set_mesh``, flax logical axis rules, the mesh platform's choices of
     gradient boundaries (``layers.gradient_boundary``) and attention kernels
     (``traced_platform.target_platform``), and attention across a context axis
-    (``context_parallel.context_settings``), entered together."""
+    (``context_parallel.context_settings``) and the pipeline schedule over a stage axis
+    (``pipeline.pipeline_settings``), entered together."""
 
-    def __init__(self, mesh, rules, context_settings=None):
+    def __init__(self, mesh, rules, context_settings=None, pipeline_settings=None):
         self._mesh, self._rules = mesh, rules
         self._context_settings = context_settings or context_parallel.ContextSettings()
+        self._pipeline_settings = pipeline_settings or pipeline.PipelineSettings()
         self._stack = None
 
     def __enter__(self):
@@ -412,6 +428,7 @@ class _MeshAndRules:
         self._stack.enter_context(layers.gradient_boundaries(platform == "cpu"))
         self._stack.enter_context(traced_platform.target_platform(platform))
         self._stack.enter_context(context_parallel.context_settings(self._context_settings))
+        self._stack.enter_context(pipeline.pipeline_settings(self._pipeline_settings))
 
     def __exit__(self, *exc):
         self._stack.__exit__(*exc)

@@ -112,3 +112,34 @@ def test_a_context_parallel_train_step_moves_keys_over_the_context_axis():
     assert set(plain) == {"data"}
     assert {"context", "data"} <= set(split) and split["context"]["count"] > 4 * 4
     assert all(row["seconds"] is None for row in split.values())  # no links for CPUs
+
+
+_MEGASCALE = ('is_host_transfer=true, frontend_attributes={{_xla_host_transfer_handler_name='
+              '"xla_megascale_runtime",{}_xla_megascale_transfer_type="{}"}}')
+MULTI_SLICE_SENDS = "\n".join([
+    "HloModule pipelined, entry_computation_layout={()->token[]}",
+    "",
+    "ENTRY %main (p: f32[1,2,160,128], q: f32[20,8,128]) -> token[] {",
+    "  %p = f32[1,2,160,128]{3,2,1,0} parameter(0)",
+    "  %q = f32[20,8,128]{2,1,0} parameter(1)",
+    "  %after-all.1 = token[] after-all()",
+    "  %send.1 = (f32[1,2,160,128]{3,2,1,0}, u32[], token[]) send(%p, %after-all.1), "
+    "channel_id=2, " + _MEGASCALE.format("_xla_megascale_target={{100002->200000}},",
+                                         "ONE_TO_ONE"),
+    "  %after-all.2 = token[] after-all()",
+    "  %send.2 = (f32[20,8,128]{2,1,0}, u32[], token[]) send(%q, %after-all.2), channel_id=6, "
+    + _MEGASCALE.format('_xla_megascale_reduce_operation="SUM",', "ALL_REDUCE"),
+    "  %send-done.1 = token[] send-done(%send.1), channel_id=2, is_host_transfer=true",
+    "  ROOT %send-done.2 = token[] send-done(%send.2), channel_id=6, is_host_transfer=true",
+    "}", ""])
+
+
+def test_sends_over_the_data_center_network_count_as_crossing_dcn():
+    """A multi-slice program is compiled per slice; what crosses slices is a MegaScale
+    host transfer: a pipeline's hand-over (one to one: its operand) and a sum over the
+    slices (all-reduce over 4 slices: 2 x 3/4 of its operand)."""
+    shape = dict(SHAPE, dcn=4, data=1, context=1)
+    found = hlo_collectives.analyze(MULTI_SLICE_SENDS, shape)
+    assert found.bytes_by_axes == {"dcn": pytest.approx(2 * 160 * 128 * 4
+                                                        + 2 * 0.75 * 20 * 8 * 128 * 4)}
+    assert found.count_by_axes == {"dcn": 2}

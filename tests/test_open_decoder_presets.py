@@ -11,7 +11,7 @@ from t5x_like import config_lib
 from t5x_like import trainer as trainer_lib
 from t5x_like.convert import __main__ as convert_cli
 
-NAMES = ["llama-3.1-8b", "llama-3.1-70b", "llama-3.2-1b", "llama-3.2-3b", "qwen2.5-0.5b",
+NAMES = ["llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "llama-3.2-1b", "llama-3.2-3b", "qwen2.5-0.5b",
          "qwen2.5-1.5b", "qwen2.5-7b", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b",
          "gemma-2-2b", "gemma-2-9b", "gemma-2-27b", "gemma-3-1b", "gemma-3-4b", "gemma-3-12b",
          "gemma-3-27b"]

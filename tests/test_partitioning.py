@@ -156,7 +156,8 @@ def test_dcn_axis_puts_data_parallelism_across_slices():
     splits the blocks, every other axis (and so every parameter shard) stays inside one."""
     devices = jax.devices()
     mesh = partitioning.make_mesh({"dcn": 2, "data": 1, "fsdp": 4, "tensor": 1})
-    assert dict(mesh.shape) == {"dcn": 2, "data": 1, "fsdp": 4, "expert": 1, "context": 1, "tensor": 1}
+    assert dict(mesh.shape) == {"dcn": 2, "stage": 1, "data": 1, "fsdp": 4, "expert": 1,
+                                "context": 1, "tensor": 1}
     assert set(mesh.devices[0].flat) == set(devices[:4])
     assert set(mesh.devices[1].flat) == set(devices[4:])
     # The batch is split over slices too: each device holds 16 / (2 * 4) rows.
@@ -188,7 +189,7 @@ def test_dcn_zero_follows_the_slices_found():
     config.batch_size = 16
     assert config_lib.validate_for_devices(config, 8)["dcn"] == 1
     assert config_lib.validate_for_devices(config, 8, num_slices=2) == {
-        "dcn": 2, "data": 4, "fsdp": 1, "expert": 1, "context": 1, "tensor": 1}
+        "dcn": 2, "stage": 1, "data": 4, "fsdp": 1, "expert": 1, "context": 1, "tensor": 1}
     config.mesh.dcn = 4
     with pytest.raises(errors.ConfigError, match="span 2 slices but mesh.dcn=4"):
         config_lib.validate_for_devices(config, 8, num_slices=2)

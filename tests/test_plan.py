@@ -83,7 +83,8 @@ def test_multi_slice_plan_puts_the_dcn_axis_across_slices():
     out = json.loads(run_plan(f"--config={QUICKSTART}", "--topology=v5e:2x2", "--num_slices=2",
                               "--json", *TINY).stdout)
     assert out["num_devices"] == 8 and out["num_slices"] == 2 and out["fits"]
-    assert out["mesh"] == {"dcn": 2, "data": 4, "fsdp": 1, "expert": 1, "context": 1, "tensor": 1}
+    assert out["mesh"] == {"dcn": 2, "stage": 1, "data": 4, "fsdp": 1, "expert": 1, "context": 1,
+                           "tensor": 1}
     refused = run_plan(f"--config={QUICKSTART}", "--topology=v5e:2x2", "--num_slices=2",
                        "--config.mesh.dcn=1", *TINY, check=False)
     assert refused.returncode == 2 and "set --config.mesh.dcn=2" in refused.stderr

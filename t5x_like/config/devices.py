@@ -40,13 +40,15 @@ def check_devices(spec: RunSpec, num_devices: int, process_count: int = 1,
         raise ConfigError(f"The devices span {num_slices} slices but mesh.dcn={shape['dcn']}; "
                           f"set --config.mesh.dcn={num_slices} (or 0 to follow the slices).")
     expert = shape.get("expert", 1)  # rows are split over the expert axis too
-    batch_parallel = shape["dcn"] * shape["data"] * shape["fsdp"] * expert
+    over_dcn = spec.partitioning.pipeline_over_dcn
+    row_slices = 1 if over_dcn else shape["dcn"]
+    batch_parallel = row_slices * shape["data"] * shape["fsdp"] * expert
     batch = spec.batch_size
     if batch % batch_parallel:
         fixed = (batch // batch_parallel + 1) * batch_parallel
         raise ConfigError(
             f"batch_size={batch} does not divide over the data-parallel mesh size "
-            f"{batch_parallel} (mesh.dcn={shape['dcn']} x mesh.data={shape['data']} x "
+            f"{batch_parallel} (mesh.dcn={row_slices} x mesh.data={shape['data']} x "
             f"mesh.fsdp={shape['fsdp']} x mesh.expert={expert}); use a multiple of "
             f"{batch_parallel}, e.g. --config.batch_size={fixed}.")
     num_experts = spec.model.expert_count
@@ -65,6 +67,8 @@ def check_devices(spec: RunSpec, num_devices: int, process_count: int = 1,
         raise ConfigError(f"batch_size={batch} does not divide over {process_count} "
                           f"processes; use a multiple of {process_count}.")
     check_context(spec, shape["context"])
+    check_pipeline(spec, shape["stage"] * (shape["dcn"] if over_dcn else 1), shape,
+                   batch // (batch_parallel * microbatches), process_count)
     resolve_data_streams(spec, process_count)
     return shape
 
@@ -102,6 +106,62 @@ def check_context(spec: RunSpec, context: int) -> None:
                 f"task_feature_lengths.{name}={length} does not split into {parts} equal parts "
                 f"over mesh.context={context}{why}; use a multiple of {parts}, e.g. "
                 f"--config.task_feature_lengths.{name}={-(-length // parts) * parts}.")
+
+
+def check_pipeline(spec: RunSpec, stages: int, shape: dict[str, int], rows: int,
+                   process_count: int) -> None:
+    """What pipeline stages need (``models/pipeline.py``): a family with one scanned stack
+    whose layers the stages (and a circular schedule's visits) divide, microbatches that
+    split each device's rows, and nothing the pipeline does not carry between stages.
+    ``rows``: each device's rows of one optimizer microbatch."""
+    if stages == 1:
+        return
+    model, part = spec.model, spec.partitioning
+    where = (f"mesh.stage={shape['stage']} x mesh.dcn={shape['dcn']} (pipeline_over_dcn)"
+             if part.pipeline_over_dcn else f"mesh.stage={stages}")
+    if not type(model).PIPELINE:
+        raise ConfigError(
+            f"{where}: model.family={model.family!r} is not built as a pipeline (decoders and "
+            "BERT-style encoders are; an encoder-decoder's two stacks are not); set "
+            "--config.mesh.stage=1 and shard it with mesh.fsdp or mesh.tensor.")
+    refusal = model.pipeline_refusal()
+    if refusal:
+        raise ConfigError(f"{where}: {refusal}.")
+    why = ("model.numerics.scan_layers=False: stages split a scanned stack; set "
+           "--config.model.numerics.scan_layers=True" if not model.numerics.scan_layers else
+           f"model.dropout_rate={model.dropout_rate}: dropout is not carried through the "
+           "stages; set --config.model.dropout_rate=0" if model.dropout_rate > 0 else
+           "a mixture of experts' router statistics are not carried through the stages; set "
+           "--config.mesh.stage=1 and use mesh.expert" if model.expert_count else
+           f"mesh.context={shape['context']}: context and pipeline axes are not combined; set "
+           "--config.mesh.context=1" if shape["context"] > 1 else
+           "parameter-efficient tuning is not built over stages; set --config.mesh.stage=1"
+           if spec.peft.enabled else
+           f"{process_count} processes: every process of a stage would need the same rows, "
+           "which the input streams do not give yet; run pipelines in one process per slice"
+           if process_count > 1 else "")
+    if why:
+        raise ConfigError(f"{where} with {why}.")
+    layers = model.num_layers
+    per_visit = stages * (part.pipeline_layers_per_stage if part.pipeline_schedule == "circular"
+                          else 1)
+    if layers % per_visit:
+        what = (f"{stages} stages x pipeline_layers_per_stage="
+                f"{part.pipeline_layers_per_stage}" if part.pipeline_schedule == "circular"
+                else f"{stages} stages")
+        raise ConfigError(f"model.num_layers={layers} does not split over {what}; use a mesh.stage "
+                          f"(or pipeline_layers_per_stage) whose product divides {layers}.")
+    microbatches = part.pipeline_microbatches or stages
+    if rows % microbatches:
+        raise ConfigError(
+            f"Each device's {rows} rows a step do not split into partitioning.pipeline_microbatches"
+            f"={microbatches}; use a batch_size giving a multiple of {microbatches} rows a "
+            "device, or fewer microbatches.")
+    if part.pipeline_schedule == "circular" and microbatches < stages:
+        raise ConfigError(
+            f"partitioning.pipeline_microbatches={microbatches} is fewer than the {stages} "
+            "stages: a circular schedule starts a microbatch's next visit as its last one "
+            f"ends; use at least {stages} (or 0: one a stage).")
 
 
 def default_data_streams(batch_size: int, process_count: int) -> int:

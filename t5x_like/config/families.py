@@ -122,6 +122,7 @@ class DecoderSpec(OneStack, WithExperts, TransformerSpec):
                                            "gemma3_text", "mixtral", "qwen2_moe")
     SECTIONS: ClassVar = {"attention": DecoderAttention, "positions": DecoderPositions}
     CONTEXT_PARALLEL: ClassVar[str] = "causal"
+    PIPELINE: ClassVar[bool] = True
     DEFAULTS: ClassVar = dict(vocab_size=50257, d_model=768, num_heads=12, head_dim=64, d_ff=3072,
                               num_layers=12, dropout_rate=0.0, mlp_activations=("gelu",),
                               layer_norm_epsilon=1e-5, positions=dict(max_length=1024))
@@ -172,6 +173,7 @@ class EncoderSpec(Padded, OneStack, WithExperts, TransformerSpec):
                                            "distilbert", "longformer")
     SECTIONS: ClassVar = {"attention": EncoderAttention, "positions": EncoderPositions}
     CONTEXT_PARALLEL: ClassVar[str] = "bidirectional"
+    PIPELINE: ClassVar[bool] = True
     DEFAULTS: ClassVar = dict(vocab_size=30522, d_model=768, num_heads=12, head_dim=64, d_ff=3072,
                               num_layers=12, dropout_rate=0.0, mlp_activations=("gelu_exact",),
                               layer_norm_epsilon=1e-12, positions=dict(max_length=512))
@@ -182,6 +184,12 @@ class EncoderSpec(Padded, OneStack, WithExperts, TransformerSpec):
         require(not (self.experts.num_experts and self.share_layers and self.experts.every > 1),
                 f"{path}.share_layers repeats one layer, and {path}.experts.every > 1 mixes "
                 "dense and sparse layers; use experts.every=1 or share_layers=False.")
+
+    def pipeline_refusal(self) -> str:
+        if self.share_layers:
+            return ("share_layers (ALBERT) applies one layer repeatedly, which has no layers "
+                    "to split over stages; set --config.mesh.stage=1")
+        return ""
 
     def context_refusal(self) -> str:
         if self.attention.global_tokens:

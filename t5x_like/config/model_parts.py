@@ -208,6 +208,13 @@ class ModelSpec(Section):
     #: run is refused), "causal" (decoders: rows load-balanced, ``context_parallel``) or
     #: "bidirectional" (encoders)
     CONTEXT_PARALLEL: ClassVar[str] = ""
+    #: whether the family's one scanned stack runs as a pipeline over a ``mesh.stage`` axis
+    #: (``models/pipeline.py``); encoder-decoders' two stacks would be two pipelines
+    PIPELINE: ClassVar[bool] = False
+
+    def pipeline_refusal(self) -> str:
+        """Why this model cannot run as a pipeline ("" if it can), beyond ``PIPELINE``."""
+        return ""
 
     def context_refusal(self) -> str:
         """Why this model cannot split its sequence over a context axis ("" if it can),

@@ -275,17 +275,19 @@ class DistillSpec(Section):
                 "et al.: temperature 2, soft 5, hard 2, cosine 1).")
 
 
-MESH_AXES = ("dcn", "data", "fsdp", "expert", "context", "tensor")
+MESH_AXES = ("dcn", "stage", "data", "fsdp", "expert", "context", "tensor")
 
 
 @section
 class MeshSpec(Section):
     """Device mesh axes; -1 takes the remaining devices. ``dcn``: data parallelism across
     TPU slices (multi-slice); 0: the number of slices the devices span (1 off multi-slice
-    TPU), so one config runs anywhere. ``context`` splits every row's positions
-    (``docs/parallelism.md``)."""
+    TPU), so one config runs anywhere. ``stage`` holds pipeline stages (a scanned
+    stack's layers split into consecutive groups); ``context`` splits every row's
+    positions (``docs/parallelism.md``)."""
 
     dcn: int = 0
+    stage: int = 1
     data: int = -1
     fsdp: int = 1
     expert: int = 1
@@ -311,11 +313,22 @@ class PartitioningSpec(Section):
     ``all_gather`` gathers every layer's keys and values, ``ring`` passes them around
     the axis with a running softmax (less memory, the same bytes moved);
     ``context_load_balance`` gives each device of a causal model an early and a late
-    part of every row, so each has as many visible keys as another."""
+    part of every row, so each has as many visible keys as another.
+
+    Pipeline stages (``mesh.stage``, ``models/pipeline.py``): each batch (each
+    optimizer microbatch) is cut into ``pipeline_microbatches`` (0: one per stage)
+    that flow through the stages; ``gpipe`` gives each stage one run of consecutive
+    layers, ``circular`` gives it ``pipeline_layers_per_stage`` at a time, visited
+    repeatedly (MaxText's interleaved schedule: a smaller bubble for more hops).
+    ``pipeline_over_dcn``: the slices (``mesh.dcn``) hold stages instead of rows."""
 
     rules: str = field("fsdp", choices=("data_parallel", "fsdp", "fsdp_tensor"))
     context_attention: str = field("all_gather", choices=("all_gather", "ring"))
     context_load_balance: bool = True
+    pipeline_schedule: str = field("gpipe", choices=("gpipe", "circular"))
+    pipeline_microbatches: int = field(0, minimum=0)
+    pipeline_layers_per_stage: int = field(1, minimum=1, doc="circular: layers a stage runs a visit")
+    pipeline_over_dcn: bool = False
 
 
 @section

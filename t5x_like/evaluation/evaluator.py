@@ -96,20 +96,23 @@ class ModelRunner:
     rows batched into global arrays (``infer`` uses it without tasks or metrics)."""
 
     def __init__(self, structure, mesh, rules, param_shardings,
-                 task_feature_lengths: Mapping[str, int], settings: EvalSettings):
+                 task_feature_lengths: Mapping[str, int], settings: EvalSettings,
+                 pipeline_settings=None):
+        """``pipeline_settings``: the training run's schedule over a ``stage`` axis (a
+        circular schedule's parameter layout depends on it)."""
         from t5x_like.trainer import _MeshAndRules
         self.structure = structure
         self.mesh = mesh
-        self.context = lambda: _MeshAndRules(mesh, rules)
+        self.context = lambda: _MeshAndRules(mesh, rules, pipeline_settings=pipeline_settings)
         self.lengths = dict(task_feature_lengths)
         self.settings = settings
-        data_parallel = math.prod(mesh.shape[a] for a in partitioning.BATCH_AXES
+        data_parallel = math.prod(mesh.shape[a] for a in partitioning.batch_axes(rules)
                                   if a in mesh.shape)
         if settings.batch_size % data_parallel:
             raise UserError(f"Eval batch size {settings.batch_size} does not divide over the "
                             f"{data_parallel} data-parallel devices; use a multiple of "
                             f"{data_parallel}.")
-        self.batch_sharding = partitioning.batch_sharding(mesh)
+        self.batch_sharding = partitioning.batch_sharding(mesh, rules)
         self._replicated = partitioning.replicated(mesh)
         self._param_shardings = param_shardings
         self._score = jax.jit(structure.score_batch,
@@ -219,7 +222,7 @@ class Evaluator(ModelRunner):
 
     def __init__(self, structure, mesh, rules, param_shardings, name: str,
                  task_feature_lengths: Mapping[str, int], settings: EvalSettings,
-                 vocabulary=None):
+                 vocabulary=None, pipeline_settings=None):
         if settings.mode not in MODES:
             raise UserError(f"--mode={settings.mode!r}; choose one of {MODES}.")
         self.tasks = leaf_tasks(name, vocabulary)
@@ -234,7 +237,8 @@ class Evaluator(ModelRunner):
             raise UserError(f"A fine-tuned head predicts one task's labels; {name!r} has "
                             f"{len(self.tasks)} tasks. Evaluate the task it was trained on "
                             "(--task=NAME).")
-        super().__init__(structure, mesh, rules, param_shardings, task_feature_lengths, settings)
+        super().__init__(structure, mesh, rules, param_shardings, task_feature_lengths, settings,
+                         pipeline_settings)
         # Every process gets every output (they are replicated); the metric functions,
         # which may be costly (BLEU, ROUGE), run once, on the process that writes.
         self.computes_metrics = jax.process_index() == 0

@@ -105,7 +105,8 @@ def from_params(config, trainer, params, vocabulary, max_length: int = 0, batch_
     settings = evaluator.EvalSettings(batch_size=batch_size or config.batch_size, seed=seed)
     runner = evaluator.ModelRunner(structures.for_config(config), trainer.mesh, trainer.rules,
                                    trainer.state_shardings.params,
-                                   dict(config.task_feature_lengths), settings)
+                                   dict(config.task_feature_lengths), settings,
+                                   trainer.pipeline_settings)
     return LoadedModel(runner, params, vocabulary, int(window), description)
 
 

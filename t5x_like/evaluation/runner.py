@@ -34,4 +34,5 @@ def build_evaluator(config, trainer, name: str, settings, lengths=None, vocabula
     return evaluator.Evaluator(structures.for_config(config), trainer.mesh, trainer.rules,
                                trainer.state_shardings.params, name,
                                lengths or dict(config.task_feature_lengths), settings,
-                               vocabulary=vocabulary)
+                               vocabulary=vocabulary,
+                               pipeline_settings=trainer.pipeline_settings)

@@ -158,7 +158,7 @@ class DecoderOnly(nn.Module):
         x = stacking.run_stack(DecoderBlock, cfg, cfg.num_layers, x, bias, decoder_positions,
                                deterministic, decode, scan=cfg.numerics.scan_layers,
                                remat_policy=cfg.numerics.remat_policy, static_argnums=(2, 3),
-                               layer_attributes=moe.layer_attributes(
+                               pipelined=not decode, layer_attributes=moe.layer_attributes(
                                    cfg.experts, cfg.num_layers,
                                    (lambda i: {"layer_type": cfg.attention.layer_types[i]})
                                    if len(set(cfg.attention.layer_types)) > 1 else None))

@@ -19,6 +19,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
+from t5x_like.models import pipeline
 from t5x_like.models.layers import gradient_boundary
 from t5x_like.models.moe import COLLECTION as ROUTER_COLLECTION
 
@@ -37,7 +38,7 @@ def check_remat_policy(policy: str) -> None:
 
 def run_stack(block_cls: type[nn.Module], config: Any, num_layers: int, x, *args,
               scan: bool = False, remat_policy: str = "none", static_argnums: tuple[int, ...] = (),
-              shared: bool = False, layer_attributes=None):
+              shared: bool = False, layer_attributes=None, pipelined: bool = True):
     """Applies ``num_layers`` blocks ``block_cls(config)`` to ``x``; ``args`` go to every block.
 
     Must be called inside a parent's ``nn.compact`` method (the blocks become the
@@ -47,6 +48,8 @@ def run_stack(block_cls: type[nn.Module], config: Any, num_layers: int, x, *args
     Blocks take ``scanned`` and return ``(x, None)`` when it is set.
     ``layer_attributes(i)``: extra constructor attributes of block ``i`` (Gemma's
     alternating layer types); a loop only, since a scan repeats one block.
+    A scan traced over a pipeline ``stage`` axis runs as a pipeline (``models/pipeline.py``)
+    unless ``pipelined`` is False (decoding steps); its parameters are the same either way.
     """
     check_remat_policy(remat_policy)
     block = block_cls
@@ -66,12 +69,50 @@ def run_stack(block_cls: type[nn.Module], config: Any, num_layers: int, x, *args
         return x
     if layer_attributes is not None:
         raise ValueError("A scanned stack repeats one block; per-layer attributes need a loop.")
-    scanned = nn.scan(block, variable_axes={"params": 0, "cache": 0, ROUTER_COLLECTION: 0},
-                      split_rngs={"params": True, "dropout": True},
-                      in_axes=(nn.broadcast,) * len(args), length=num_layers,
-                      metadata_params={nn.PARTITION_NAME: "layers"})
-    x, _ = scanned(config, scanned=True, name="layers")(x, *args)
-    return x
+    repeats = pipeline.stored_repeats(num_layers)
+    scanned = _scan(block, len(args), num_layers, "layers")
+    if repeats > 1:  # a circular pipeline's layout: [repeats, stages x layers a visit, ...]
+        # stored reshaped, created and applied as the plain stack (the same initial values)
+        scanned = nn.map_variables(
+            scanned, "params", init=True, mutable=True,
+            trans_in_fn=lambda tree: _reshape_layers(tree, lambda shape: (-1,) + shape[2:]),
+            trans_out_fn=lambda tree: _reshape_layers(tree, lambda shape: (repeats, -1) + shape[1:],
+                                                      "circular_repeats"))
+    stack = scanned(config, scanned=True, name="layers")
+    settings, stages = pipeline.current_settings(), pipeline.stage_count()
+    if not (pipelined and stages > 1) or stack.is_initializing():
+        x, _ = stack(x, *args)
+        return x
+    policy = REMAT_POLICIES[remat_policy]
+
+    def layer(params, h, layer_args):
+        def apply(params, h):
+            return block_cls(config).apply({"params": params}, h, *layer_args)
+        if remat_policy != "none":
+            apply = jax.checkpoint(apply, policy=policy)
+        return apply(params, h)
+
+    return pipeline.run(layer, nn.meta.unbox(stack.variables["params"]), x, args, stages=stages,
+                        microbatches=settings.num_microbatches(stages), repeats=repeats)
+
+
+def _reshape_layers(tree, new_shape, new_axis: str | None = None):
+    """Every leaf of a stack's parameter tree reshaped along its leading axes; boxed
+    leaves (initialisation) get ``new_axis`` in front of their logical names, or lose
+    their first name when it is None."""
+    def reshape(leaf):
+        if isinstance(leaf, nn.LogicallyPartitioned):
+            names = (new_axis, *leaf.names) if new_axis else leaf.names[1:]
+            return leaf.replace_boxed(reshape(leaf.value)).replace(names=names)
+        return leaf.reshape(new_shape(leaf.shape))
+    return jax.tree.map(reshape, tree, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+
+
+def _scan(block, num_args: int, length: int, axis_name: str):
+    return nn.scan(block, variable_axes={"params": 0, "cache": 0, ROUTER_COLLECTION: 0},
+                   split_rngs={"params": True, "dropout": True},
+                   in_axes=(nn.broadcast,) * num_args, length=length,
+                   metadata_params={nn.PARTITION_NAME: axis_name})
 
 
 def stack_layer_params(params: Mapping, prefix: str = "layers_") -> dict:

@@ -48,7 +48,8 @@ class HeldOutLossEvaluator(TrainingEvaluator):
         for _ in range(self.num_batches):
             local = next(batches, None)  # None: this process's streams have ended
             batch = partitioning.global_batch(
-                batches.padding_batch() if local is None else local, context.trainer.mesh)
+                batches.padding_batch() if local is None else local, context.trainer.mesh,
+                context.trainer.rules)
             out = context.trainer.eval_step(params, batch)
             totals = out if totals is None else jax.tree.map(lambda a, b: a + b, totals, out)
         totals = jax.device_get(totals)
