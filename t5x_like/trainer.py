@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -46,6 +47,16 @@ def abstract_boxed_params(model: nn.Module, model_feature_lengths: Mapping[str, 
     inputs = models.example_inputs(model, dict(model_feature_lengths))
     variables = jax.eval_shape(lambda: model.init(jax.random.key(0), *inputs))
     return variables["params"]
+
+
+def abstract_boxed_params_for(model: nn.Module, model_feature_lengths: Mapping[str, int], mesh,
+                              settings: pipeline.PipelineSettings):
+    """``abstract_boxed_params`` as traced for ``mesh``: its platform's attention kernels
+    and a pipeline's parameter layout (``settings.stages``), the mesh itself not entered
+    (an example batch of one row would not divide over it)."""
+    with (traced_platform.target_platform(mesh.devices.flat[0].platform),
+          pipeline.pipeline_settings(settings)):
+        return abstract_boxed_params(model, model_feature_lengths)
 
 
 def logical_axes(boxed_params):
@@ -115,7 +126,9 @@ class Trainer:
         self.model = model
         self.log_batch_checksum = log_batch_checksum
         self.context_settings = context_settings or context_parallel.ContextSettings()
-        self.pipeline_settings = pipeline_settings or pipeline.PipelineSettings()
+        self.pipeline_settings = dataclasses.replace(
+            pipeline_settings or pipeline.PipelineSettings(),
+            stages=pipeline.stages_of(mesh, rules))
         self.microbatches = int(microbatches)
         self.loss_normalizer = loss_normalizer
         self.skip_nonfinite_updates = skip_nonfinite_updates
@@ -237,10 +250,9 @@ class Trainer:
                 "correct_sum": metrics["accuracy"] * tokens, "num_target_tokens": tokens}
 
     def _abstract_boxed_params(self, model):
-        """``abstract_boxed_params`` traced on this mesh: its platform's attention kernels, and
-        a pipeline's parameter layout (``models/pipeline.py``)."""
-        with self._context():
-            return abstract_boxed_params(model, self.model_feature_lengths)
+        """``abstract_boxed_params`` for this mesh (``abstract_boxed_params_for``)."""
+        return abstract_boxed_params_for(model, self.model_feature_lengths, self.mesh,
+                                         self.pipeline_settings)
 
     # -- entry points ---------------------------------------------------------
     def _context(self):
@@ -363,9 +375,10 @@ def build_trainer(config, mesh) -> Trainer:
     context_settings = context_parallel.ContextSettings(spec.partitioning.context_attention,
                                                         spec.partitioning.context_load_balance)
 
-    def traced_logical_axes():  # traced on the mesh: a pipeline's layout depends on it
-        with _MeshAndRules(mesh, rules, context_settings, pipeline_settings(spec)):
-            return logical_axes(abstract_boxed_params(structure.model, lengths))
+    staged = dataclasses.replace(pipeline_settings(spec), stages=pipeline.stages_of(mesh, rules))
+
+    def traced_logical_axes():  # for this mesh: a pipeline's layout depends on it
+        return logical_axes(abstract_boxed_params_for(structure.model, lengths, mesh, staged))
     optimizer, schedule = optim.make_optimizer(
         spec.optimizer, spec.num_train_steps, trainable, logical_axes=traced_logical_axes)
     normalizer = (float(spec.loss.normalizing_constant)

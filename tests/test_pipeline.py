@@ -82,7 +82,7 @@ def test_a_pipelined_mesh_gives_one_devices_logits_and_gradients(case):
 
     mesh = partitioning.make_mesh(mesh_shape)
     rules = partitioning.axis_rules("fsdp")
-    settings = pipeline.PipelineSettings(schedule, microbatches, per_visit)
+    settings = pipeline.PipelineSettings(schedule, microbatches, per_visit, mesh_shape["stage"])
     with trainer_lib._MeshAndRules(mesh, rules, pipeline_settings=settings):
         boxed = trainer_lib.abstract_boxed_params(model, {})
         shapes = jax.tree.map(lambda b: b.value.shape, boxed, is_leaf=_is_box)
@@ -211,3 +211,22 @@ def test_a_plan_across_two_slices_reports_the_bubble_and_the_hand_overs_over_dcn
     crossed = {row["axes"]: row for row in report["collectives_per_device"]}
     assert crossed["dcn"]["bytes"] > 0 and crossed["stage"]["bytes"] > 0
     assert report["fits"]
+
+
+def test_the_pages_pipeline_command_trains_as_printed(tmp_path):
+    """docs/parallelism.md's pipeline command: gpt2_tiny over 4 stages."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+    root = pathlib.Path(__file__).resolve().parents[1]
+    page = (root / "docs" / "parallelism.md").read_text()
+    block = re.search(r"```\n(XLA_FLAGS=[^`]*?pipeline_run.*?)```", page, flags=re.S).group(1)
+    words = shlex.split(block.replace("\\\n", " "))
+    env = dict(os.environ, **dict(w.split("=", 1) for w in words[:1]))
+    command = [sys.executable, *words[2:]]
+    command = [w.replace("/tmp/pipeline_run", str(tmp_path / "run")) for w in command]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600,
+                          cwd=root)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(_metrics(tmp_path / "run")) == [1, 5, 10]

@@ -93,7 +93,18 @@ def run_stack(block_cls: type[nn.Module], config: Any, num_layers: int, x, *args
         return apply(params, h)
 
     return pipeline.run(layer, nn.meta.unbox(stack.variables["params"]), x, args, stages=stages,
-                        microbatches=settings.num_microbatches(stages), repeats=repeats)
+                        microbatches=settings.num_microbatches(stages), repeats=repeats,
+                        remat=remat_policy != "none",
+                        layer_axes=_layer_axes(block_cls, config, x, args))
+
+
+def _layer_axes(block_cls, config, x, args):
+    """The logical axis names of one block's parameters (``nn.LogicallyPartitioned``),
+    from its initialisation traced for shapes only."""
+    boxed = jax.eval_shape(lambda: block_cls(config).init(jax.random.key(0), x, *args))
+    return jax.tree.map(lambda leaf: tuple(leaf.names) if isinstance(leaf, nn.LogicallyPartitioned)
+                        else (None,) * leaf.ndim, boxed["params"],
+                        is_leaf=lambda leaf: isinstance(leaf, nn.LogicallyPartitioned))
 
 
 def _reshape_layers(tree, new_shape, new_axis: str | None = None):

@@ -1,0 +1,83 @@
+"""A Llama-3.1-405B-shaped decoder on two v5p-256 slices (2 x 4x4x8, 256 chips) joined
+by the data-center network, planned ahead of time with and without pipeline stages.
+
+    python benchmarks/pipeline_plan.py [--rows all] [--length 4096] [--batch 256]
+
+Each row compiles the real train step with ``t5x_like.plan`` (libtpu's compiler; no TPU
+needed) in bfloat16, scanned layers, full rematerialisation, the same global batch.
+Without stages the slices are data parallel (hybrid FSDP: each slice holds a whole
+copy of the parameters and optimizer state, sharded over its 128 chips); with
+``partitioning.pipeline_over_dcn`` the slices hold the two halves of the 126 layers,
+so a chip holds half as much, and only activations cross the slow network. Printed:
+memory per chip, whether it fits, the bubble, the roofline step (compute with the
+bubble, HBM, collectives), and the collectives' bytes per chip and step by the mesh
+axes they cross.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from t5x_like import aot_planner, config_lib  # noqa: E402
+
+GiB = 1024**3
+TOPOLOGY, SLICES = "v5p:4x4x8", 2
+
+ROWS = {
+    # name: overrides
+    "data over slices (hybrid FSDP)": {"mesh.dcn": 2, "mesh.fsdp": 128},
+    "gpipe: a stage a slice": {"mesh.dcn": 2, "mesh.fsdp": 128,
+                               "partitioning.pipeline_over_dcn": True},
+    "circular: 7 layers a visit": {"mesh.dcn": 2, "mesh.fsdp": 128,
+                                   "partitioning.pipeline_over_dcn": True,
+                                   "partitioning.pipeline_schedule": "circular",
+                                   "partitioning.pipeline_layers_per_stage": 7},
+}
+
+
+def plan_row(overrides: dict, length: int, batch: int) -> dict:
+    config = config_lib.load_config_file(str(ROOT / "configs/open_decoders.py:llama-3.1-405b"))
+    config_lib.apply_overrides(config, [
+        f"task_feature_lengths.targets={length}", f"batch_size={batch}",
+        "model.numerics.dtype=bfloat16", "model.numerics.scan_layers=True",
+        "model.numerics.remat_policy=full", "mesh.data=1", "mesh.stage=1",
+        *(f"{key}={value}" for key, value in overrides.items())])
+    return aot_planner.plan(config, TOPOLOGY, SLICES)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--length", type=int, default=4096)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--rows", default="all", help="comma-separated row names, or all")
+    args = parser.parse_args(argv)
+    names = list(ROWS) if args.rows == "all" else args.rows.split(",")
+    print("| mesh | memory / chip (GiB) | fits | bubble | roofline step s (bound) "
+          "| compute / HBM / collectives s | MFU | collectives GB / chip by axes |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in names:
+        report = plan_row(ROWS[name], args.length, args.batch)
+        memory = report["memory_per_device"]["total"] / GiB
+        roof = report.get("roofline") or {}
+        step = (f"{roof['step_s']:.2f} ({roof['bound']})" if roof.get("step_s") is not None
+                else "—")
+        parts = (" / ".join("—" if roof.get(k) is None else f"{roof[k]:.2f}"
+                            for k in ("compute_s", "memory_s", "communication_s"))
+                 if roof else "—")
+        mfu = f"{100 * roof['mfu']:.0f}%" if roof.get("mfu") else "—"
+        bubble = report.get("pipeline", {}).get("bubble")
+        bubble = "—" if bubble is None else f"{100 * bubble:.1f}%"
+        moved = ", ".join(f"{row['axes']} {row['bytes'] / 1e9:.1f}"
+                          for row in report.get("collectives_per_device") or []) or "—"
+        print(f"| {name} | {memory:.1f} | {'yes' if report['fits'] else 'no'} | {bubble} "
+              f"| {step} | {parts} | {mfu} | {moved} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
