@@ -6,11 +6,16 @@ passes activations between them. With ``mesh.stage=S`` the stack's ``layers``
 parameter axis maps to the stage axis (``partitioning.STAGE_RULES``), and each
 batch is cut into M microbatches that flow through the stages: at every iteration
 each stage runs its layers on the microbatch it holds, then hands the result to
-the next stage (one collective permute of a microbatch's activations), and the
-first stage takes a new microbatch. The program is one ``vmap`` over stages inside
-a ``scan`` over iterations, with the stage dimension sharded over the axis (as
-MaxText's pipeline: GSPMD turns the hand-over into the permute), so forward and
-backward are JAX's own and every schedule's result equals one device's.
+the next stage (a collective permute of a microbatch's activations), and the
+first stage takes a new microbatch. The program is a ``scan`` over iterations
+inside ``shard_map`` over the stage axis alone (the other axes stay with the
+compiler): each device runs its own stage's layers, exactly the code of an
+unpipelined layer, so the compiler shards them as it shards the plain stack.
+(A ``vmap`` over stages left to the compiler, as MaxText writes it, compiled here to
+2x the temporaries on CPU and did not fit a 405B step on TPU that this fits.)
+Forward and backward are JAX's own, and every schedule's result equals one
+device's; the stack's output is summed over the stages from the last one, so every
+device holds it for the layers after the stack.
 
 Schedules (``partitioning.pipeline_schedule``):
 
@@ -42,6 +47,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from t5x_like import traced_platform
 from t5x_like.models.layers import constrain
 
 SCHEDULES = ("gpipe", "circular")
@@ -128,7 +134,7 @@ def stored_repeats(num_layers: int) -> int:
 
 
 def run(layer: Callable, params, x: jax.Array, args, *, stages: int, microbatches: int,
-        repeats: int, remat: bool = False, layer_axes=None) -> jax.Array:
+        repeats: int, remat: bool = False) -> jax.Array:
     """The stack over ``x`` (``[batch, length, embed]``) through ``stages`` stages.
 
     ``layer(layer_params, h, args) -> h`` applies one layer; ``params`` is the stack's
@@ -136,11 +142,10 @@ def run(layer: Callable, params, x: jax.Array, args, *, stages: int, microbatche
     ``[layers, ...]``; ``args`` a tree whose leaves with a leading batch dimension
     travel with their rows (others are shared). ``remat``: each iteration is recomputed
     in the backward pass, so the loop keeps only what flows between iterations (without
-    it, every iteration's per-layer residuals and parameter slices are kept at once)."""
+    it, every iteration's per-layer residuals are kept at once)."""
     batch = x.shape[0]
     m, s, r = microbatches, stages, repeats
-    # [stages, k, ...]: GPipe's stages read their own layers; [laps, stages, k, ...]: a
-    # circular stage picks its lap's (a copy of k layers, not of the stage's all).
+    # [stages, k, ...]; circular: [laps, stages, k, ...], a stage picking its lap's k.
     per_stage = jax.tree.map(lambda p: p.reshape(((r,) if r > 1 else ()) + (s, -1)
                                                  + p.shape[(2 if r > 1 else 1):]), params)
 
@@ -157,54 +162,77 @@ def run(layer: Callable, params, x: jax.Array, args, *, stages: int, microbatche
     args_mb = jax.tree.map(
         lambda a: constrain(split(a), (None, "batch") + (None,) * (a.ndim - 1))
         if travels(a) else a, args)
-    spmd_axes = stage_mesh_axes()
-
-    def stage_step(p, repeat, h, microbatch):
-        if r > 1:
-            p = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, repeat, 0, keepdims=False),
-                             p)
-        a = jax.tree.map(
-            lambda leaf, whole: jax.lax.dynamic_index_in_dim(leaf, microbatch, 0, keepdims=False)
-            if travels(whole) else leaf, args_mb, args)
-
-        def one_layer(h, layer_params):
-            return layer(layer_params, h, a), None
-        h, _ = jax.lax.scan(one_layer, h, p)
-        return h
-
-    stages_step = jax.vmap(stage_step, in_axes=(1 if r > 1 else 0, 0, 0, 0),
-                           spmd_axis_name=spmd_axes if len(spmd_axes) != 1 else spmd_axes[0])
+    axes = stage_mesh_axes()
+    axis = axes if len(axes) != 1 else axes[0]
     total = r * m
-    stage_ids = jnp.arange(s)
 
-    def pinned(p):
-        """The stages' parameters constrained to their own sharding inside the loop, so
-        the gradients summed over its iterations stay sharded as the parameters are
-        (left to the compiler, the sum is kept whole and reduce-scattered after the loop)."""
-        if layer_axes is None:
-            return p
-        lead = (None, "stages", None) if r > 1 else ("stages", None)
-        return jax.tree.map(lambda a, names: constrain(a, lead + tuple(names)), p, layer_axes,
-                            is_leaf=lambda n: isinstance(n, tuple))
+    # Only arrays cross into the per-device program; flags (``deterministic``) stay Python.
+    flat_args, args_tree = jax.tree.flatten(args_mb)
+    flat_whole = jax.tree.leaves(args)
+    arrays = [i for i, leaf in enumerate(flat_args) if isinstance(leaf, jax.Array)]
 
-    def iteration(carry, i):
-        held, done = carry  # each stage's last output; each microbatch's latest lap
-        t = jnp.clip(i - stage_ids, 0, total - 1)
-        first = jnp.where(i < m, x_mb[i % m], done[i % m])
-        inputs = jnp.concatenate([first[None], held[:-1]], axis=0)
-        inputs = constrain(inputs, ("stages", "batch", "length", "embed"))
-        out = stages_step(pinned(per_stage), t // m, inputs, t % m)
-        out = constrain(out, ("stages", "batch", "length", "embed"))
-        finished = i - (s - 1)  # the lap the last stage just ended
-        slot = jnp.clip(finished, 0, total - 1) % m
-        keep = (finished >= 0) & (finished < total)
-        done = constrain(jax.lax.dynamic_update_index_in_dim(
-            done, jnp.where(keep, out[-1], done[slot]), slot, 0), rows)
-        return (out, done), None
+    def rebuild(array_leaves):
+        leaves = list(flat_args)
+        for i, leaf in zip(arrays, array_leaves, strict=True):
+            leaves[i] = leaf
+        return jax.tree.unflatten(args_tree, leaves)
 
-    if remat:
-        iteration = jax.checkpoint(iteration, policy=jax.checkpoint_policies.nothing_saveable)
-    held = constrain(jnp.zeros((s,) + x_mb.shape[1:], x.dtype), ("stages",) + rows[1:])
-    (_, done), _ = jax.lax.scan(iteration, (held, constrain(jnp.zeros_like(x_mb), rows)),
-                                jnp.arange(total + s - 1))
-    return jnp.swapaxes(done, 0, 1).reshape(x.shape)
+    def stage_program(p, x_mb, array_args):
+        args_mb = rebuild(array_args)
+        """One device's stage: its layers (``p``: ``[1, k, ...]``, or ``[laps, 1, k, ...]``)
+        over the iterations, receiving from the stage before it and sending to the next."""
+        p = jax.tree.map(lambda a: a[:, 0] if r > 1 else a[0], p)
+        stage = jax.lax.axis_index(axis)
+        forward = [(j, (j + 1) % s) for j in range(s)]  # the last stage's output goes to 0
+
+        def iteration(carry, i):
+            held, done = carry  # this stage's last output; stage 0's laps, the last stage's
+            received = jax.lax.ppermute(held, axis, forward)
+            # Stage 0 keeps what the last stage finished an iteration ago for its next lap.
+            back = i - s
+            store = (stage == 0) & (back >= 0) & (back < total)
+            slot = jnp.clip(back, 0, total - 1) % m
+            done = jax.lax.dynamic_update_index_in_dim(
+                done, jnp.where(store, received, done[slot]), slot, 0)
+            first = jnp.where(i < m, x_mb[i % m], done[i % m])
+            h = jnp.where(stage == 0, first, received)
+            t = jnp.clip(i - stage, 0, total - 1)
+            layers = (jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(
+                a, t // m, 0, keepdims=False), p) if r > 1 else p)
+            a = jax.tree.unflatten(args_tree, [
+                jax.lax.dynamic_index_in_dim(leaf, t % m, 0, keepdims=False)
+                if travels(whole) else leaf
+                for leaf, whole in zip(jax.tree.leaves(args_mb), flat_whole, strict=True)])
+
+            def one_layer(h, layer_params):
+                return layer(layer_params, h, a), None
+            out, _ = jax.lax.scan(one_layer, h.astype(x.dtype), layers)
+            out = out.astype(x_mb.dtype)
+            # The last stage keeps its microbatches' final laps.
+            finished = i - (s - 1)
+            keep = (stage == s - 1) & (finished >= (r - 1) * m) & (finished < total)
+            last = jnp.clip(finished, 0, total - 1) % m
+            done = jax.lax.dynamic_update_index_in_dim(
+                done, jnp.where(keep, out, done[last]), last, 0)
+            return (out, done), None
+
+        if remat:
+            iteration = jax.checkpoint(iteration,
+                                       policy=jax.checkpoint_policies.nothing_saveable)
+        init = (jnp.zeros(x_mb.shape[1:], x_mb.dtype), jnp.zeros_like(x_mb))
+        (_, done), _ = jax.lax.scan(iteration, init, jnp.arange(total + s - 1))
+        # Every stage returns the last stage's outputs (what the layers after the stack read).
+        return jax.lax.psum(jnp.where(stage == s - 1, done, 0).astype(done.dtype), axis)
+
+    # XLA's CPU compiler aborts on a bfloat16 all-reduce across the stages (its
+    # AllReducePromotion pass), which the output's sum and the input's gradient are: on
+    # CPU the activations cross the stage boundary in float32.
+    crossing = jnp.float32 if traced_platform.current_platform() == "cpu" else x.dtype
+    stacked = jax.sharding.PartitionSpec(*((None, axes) if r > 1 else (axes,)))
+    whole = jax.sharding.PartitionSpec()
+    done = jax.shard_map(
+        stage_program, in_specs=(jax.tree.map(lambda _: stacked, per_stage), whole,
+                                 [whole] * len(arrays)),
+        out_specs=whole, axis_names=set(axes), check_vma=False)(
+            per_stage, x_mb.astype(crossing), [flat_args[i] for i in arrays])
+    return jnp.swapaxes(done, 0, 1).reshape(x.shape).astype(x.dtype)

@@ -80,7 +80,11 @@ def run_stack(block_cls: type[nn.Module], config: Any, num_layers: int, x, *args
                                                       "circular_repeats"))
     stack = scanned(config, scanned=True, name="layers")
     settings, stages = pipeline.current_settings(), pipeline.stage_count()
-    if not (pipelined and stages > 1) or stack.is_initializing():
+    microbatches = settings.num_microbatches(stages)
+    # Rows the microbatches do not divide (an evaluator's own batch) take the plain scan,
+    # on the same parameters: correct, not lean.
+    if (not (pipelined and stages > 1 and x.shape[0] % microbatches == 0)
+            or stack.is_initializing()):
         x, _ = stack(x, *args)
         return x
     policy = REMAT_POLICIES[remat_policy]
@@ -93,18 +97,8 @@ def run_stack(block_cls: type[nn.Module], config: Any, num_layers: int, x, *args
         return apply(params, h)
 
     return pipeline.run(layer, nn.meta.unbox(stack.variables["params"]), x, args, stages=stages,
-                        microbatches=settings.num_microbatches(stages), repeats=repeats,
-                        remat=remat_policy != "none",
-                        layer_axes=_layer_axes(block_cls, config, x, args))
-
-
-def _layer_axes(block_cls, config, x, args):
-    """The logical axis names of one block's parameters (``nn.LogicallyPartitioned``),
-    from its initialisation traced for shapes only."""
-    boxed = jax.eval_shape(lambda: block_cls(config).init(jax.random.key(0), x, *args))
-    return jax.tree.map(lambda leaf: tuple(leaf.names) if isinstance(leaf, nn.LogicallyPartitioned)
-                        else (None,) * leaf.ndim, boxed["params"],
-                        is_leaf=lambda leaf: isinstance(leaf, nn.LogicallyPartitioned))
+                        microbatches=microbatches, repeats=repeats,
+                        remat=remat_policy != "none")
 
 
 def _reshape_layers(tree, new_shape, new_axis: str | None = None):
