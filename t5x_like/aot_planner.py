@@ -98,6 +98,11 @@ def per_device_bytes(abstract_tree) -> list[tuple[str, int]]:
     return rows
 
 
+_SCANNED_NOTE = ("scanned layers: XLA counts one layer's loop body once; the roofline uses model "
+                 "FLOPs per device, and bytes with each loop body counted as many times as it "
+                 "runs")
+
+
 def _pipeline(config, mesh_shape) -> dict:
     """Stages, microbatches, laps and the bubble of a pipelined plan ({} without stages)."""
     from t5x_like import trainer as trainer_lib
@@ -187,16 +192,13 @@ def plan(config, topology: str, num_slices: int = 1) -> dict:
     }
     roofline_flops, roofline_bytes = compiled_flops, bytes_accessed
     staged = _pipeline(config, mesh_shape)
-    if staged:
-        report["pipeline"] = staged
+    report.update({"pipeline": staged} if staged else {})
     if compiled_flops and config.model.numerics.scan_layers:
         # XLA counts a scanned layer's loop body once (forward and backward), so the
         # compiled count misses most of the work: the roofline takes the model FLOPs,
         # and a pipeline's stages also compute through the bubble.
         roofline_flops = model_flops / len(devices) / (1 - staged.get("bubble", 0.0))
-        report["note"] = ("scanned layers: XLA counts one layer's loop body once; the roofline "
-                          "uses model FLOPs per device, and bytes with each loop body counted "
-                          "as many times as it runs")
+        report["note"] = _SCANNED_NOTE
     if compiler_oom is None and traffic is None:
         report["traffic_note"] = (f"the HLO traffic reader failed ({traffic_error}); bytes "
                                   "count each loop body once, so HBM time is underestimated")

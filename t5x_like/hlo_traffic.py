@@ -135,7 +135,7 @@ def parse(hlo_text: str) -> dict[str, Computation]:
         if header:
             current = Computation(header.group(2), bool(header.group(1)), [])
             computations[current.name] = current
-        elif line.startswith("}"):
+        elif line.rstrip() == "}":  # not "}}, metadata=...": a multi-line instruction's tail
             current = None
         elif current is not None:
             instruction = _parse_instruction(line)

@@ -126,3 +126,22 @@ def test_tpu_tiles_pad_the_minor_dimensions():
 def test_sources_are_the_pass_and_the_module_path(op_name, source):
     assert hlo_traffic.source_of(op_name) == source
     assert hlo_traffic.source_of("", "all-reduce") == "compiler all-reduce"
+
+
+def test_an_instruction_printed_over_several_lines_does_not_end_its_computation():
+    """TPU kernels' configs print over lines, one of which may start with ``}}``; the
+    instructions after it belong to the same computation (seen: a 405B plan's gradient
+    sums over the data-center network were all after a splash kernel, and went uncounted)."""
+    text = "\n".join([
+        "HloModule m, entry_computation_layout={()->f32[4]}",
+        "",
+        "ENTRY %main (p: f32[4]) -> f32[4] {",
+        "  %p = f32[4]{0} parameter(0)",
+        '  %k = f32[4]{0} custom-call(%p), custom_call_target="tpu_custom_call", '
+        'backend_config={"a": {',
+        '"b": 1',
+        '}}, metadata={op_name="kernel"}',
+        "  ROOT %n = f32[4]{0} negate(%k)",
+        "}", ""])
+    names = [i.name for i in hlo_traffic.parse(text)["main"].instructions]
+    assert names[-1] == "n" and "k" in names

@@ -140,6 +140,7 @@ PIPELINED = {"mesh.data": 2, "mesh.stage": 2, "mesh.fsdp": 2,
              "partitioning.pipeline_layers_per_stage": 1}
 
 
+@pytest.mark.slow
 def test_a_pipelined_run_logs_the_data_parallel_losses_and_resumes_bit_for_bit(tmp_path):
     train.run(_decoder_run(4, **{"mesh.data": 8}), str(tmp_path / "data"), quiet=True)
     train.run(_decoder_run(4, **PIPELINED), str(tmp_path / "straight"), quiet=True)
@@ -213,6 +214,7 @@ def test_a_plan_across_two_slices_reports_the_bubble_and_the_hand_overs_over_dcn
     assert report["fits"]
 
 
+@pytest.mark.slow
 def test_the_pages_pipeline_command_trains_as_printed(tmp_path):
     """docs/parallelism.md's pipeline command: gpt2_tiny over 4 stages."""
     import os

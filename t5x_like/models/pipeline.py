@@ -150,35 +150,16 @@ def run(layer: Callable, params, x: jax.Array, args, *, stages: int, microbatche
                                                  + p.shape[(2 if r > 1 else 1):]), params)
 
     def split(a):  # rows j * M + i form microbatch i: each keeps the rows' data sharding
-        return jnp.swapaxes(a.reshape((batch // m, m) + a.shape[1:]), 0, 1)
+        cut = jnp.swapaxes(a.reshape((batch // m, m) + a.shape[1:]), 0, 1)
+        return constrain(cut, (None, "batch") + (None,) * (a.ndim - 1))
 
-    def travels(a):
-        return getattr(a, "ndim", 0) >= 2 and a.shape[0] == batch
-
-    rows = (None, "batch", "length", "embed")  # [microbatch, rows, length, embed]
-    x_mb = constrain(split(x), rows)
-    # Unconstrained, a buffer of every microbatch (or a mask) may be left whole on every
-    # device: the microbatches' rows keep the batch's sharding.
-    args_mb = jax.tree.map(
-        lambda a: constrain(split(a), (None, "batch") + (None,) * (a.ndim - 1))
-        if travels(a) else a, args)
+    x_mb = split(x)
+    arrays, args_at = _travelling(args, split, batch)
     axes = stage_mesh_axes()
     axis = axes if len(axes) != 1 else axes[0]
     total = r * m
 
-    # Only arrays cross into the per-device program; flags (``deterministic``) stay Python.
-    flat_args, args_tree = jax.tree.flatten(args_mb)
-    flat_whole = jax.tree.leaves(args)
-    arrays = [i for i, leaf in enumerate(flat_args) if isinstance(leaf, jax.Array)]
-
-    def rebuild(array_leaves):
-        leaves = list(flat_args)
-        for i, leaf in zip(arrays, array_leaves, strict=True):
-            leaves[i] = leaf
-        return jax.tree.unflatten(args_tree, leaves)
-
-    def stage_program(p, x_mb, array_args):
-        args_mb = rebuild(array_args)
+    def stage_program(p, x_mb, arrays):
         """One device's stage: its layers (``p``: ``[1, k, ...]``, or ``[laps, 1, k, ...]``)
         over the iterations, receiving from the stage before it and sending to the next."""
         p = jax.tree.map(lambda a: a[:, 0] if r > 1 else a[0], p)
@@ -189,20 +170,13 @@ def run(layer: Callable, params, x: jax.Array, args, *, stages: int, microbatche
             held, done = carry  # this stage's last output; stage 0's laps, the last stage's
             received = jax.lax.ppermute(held, axis, forward)
             # Stage 0 keeps what the last stage finished an iteration ago for its next lap.
-            back = i - s
-            store = (stage == 0) & (back >= 0) & (back < total)
-            slot = jnp.clip(back, 0, total - 1) % m
-            done = jax.lax.dynamic_update_index_in_dim(
-                done, jnp.where(store, received, done[slot]), slot, 0)
+            done = _put(done, received, i - s, (stage == 0), total, m)
             first = jnp.where(i < m, x_mb[i % m], done[i % m])
             h = jnp.where(stage == 0, first, received)
             t = jnp.clip(i - stage, 0, total - 1)
             layers = (jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(
                 a, t // m, 0, keepdims=False), p) if r > 1 else p)
-            a = jax.tree.unflatten(args_tree, [
-                jax.lax.dynamic_index_in_dim(leaf, t % m, 0, keepdims=False)
-                if travels(whole) else leaf
-                for leaf, whole in zip(jax.tree.leaves(args_mb), flat_whole, strict=True)])
+            a = args_at(arrays, t % m)
 
             def one_layer(h, layer_params):
                 return layer(layer_params, h, a), None
@@ -210,10 +184,8 @@ def run(layer: Callable, params, x: jax.Array, args, *, stages: int, microbatche
             out = out.astype(x_mb.dtype)
             # The last stage keeps its microbatches' final laps.
             finished = i - (s - 1)
-            keep = (stage == s - 1) & (finished >= (r - 1) * m) & (finished < total)
-            last = jnp.clip(finished, 0, total - 1) % m
-            done = jax.lax.dynamic_update_index_in_dim(
-                done, jnp.where(keep, out, done[last]), last, 0)
+            done = _put(done, out, finished, (stage == s - 1) & (finished >= (r - 1) * m),
+                        total, m)
             return (out, done), None
 
         if remat:
@@ -234,5 +206,32 @@ def run(layer: Callable, params, x: jax.Array, args, *, stages: int, microbatche
         stage_program, in_specs=(jax.tree.map(lambda _: stacked, per_stage), whole,
                                  [whole] * len(arrays)),
         out_specs=whole, axis_names=set(axes), check_vma=False)(
-            per_stage, x_mb.astype(crossing), [flat_args[i] for i in arrays])
+            per_stage, x_mb.astype(crossing), arrays)
     return jnp.swapaxes(done, 0, 1).reshape(x.shape).astype(x.dtype)
+
+
+def _put(done, value, lap, mine, total: int, m: int):
+    """``done`` with ``value`` in microbatch slot ``lap % m`` when ``mine`` and ``lap`` is
+    one of the ``total`` microbatch-laps (an iteration in the bubble writes nothing)."""
+    slot = jnp.clip(lap, 0, total - 1) % m
+    keep = mine & (lap >= 0) & (lap < total)
+    return jax.lax.dynamic_update_index_in_dim(done, jnp.where(keep, value, done[slot]),
+                                               slot, 0)
+
+
+def _travelling(args, split, batch: int):
+    """``args``' arrays, those with a leading ``batch`` dimension cut into microbatches
+    (``split``), and ``at(arrays, i)``: the tree again with microbatch ``i`` of each. Only
+    arrays cross into the per-device program; flags (``deterministic``) stay Python."""
+    flat, tree = jax.tree.flatten(args)
+    where = [i for i, leaf in enumerate(flat) if isinstance(leaf, jax.Array)]
+    moving = [flat[i].ndim >= 2 and flat[i].shape[0] == batch for i in where]
+    arrays = [split(flat[i]) if cut else flat[i] for i, cut in zip(where, moving, strict=True)]
+
+    def at(arrays, microbatch):
+        leaves = list(flat)
+        for i, leaf, cut in zip(where, arrays, moving, strict=True):
+            leaves[i] = (jax.lax.dynamic_index_in_dim(leaf, microbatch, 0, keepdims=False)
+                         if cut else leaf)
+        return jax.tree.unflatten(tree, leaves)
+    return arrays, at
