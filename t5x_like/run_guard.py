@@ -59,11 +59,15 @@ def optimizer_state_digest(abstract_opt_state) -> str:
 EXECUTION_ONLY_MODEL_KEYS = ("remat_policy", "variant")
 
 
-def fingerprint(spec, vocabulary, abstract_opt_state) -> dict:
+def fingerprint(spec, vocabulary, abstract_opt_state, stack_layout: str = "layers") -> dict:
     """The run fingerprint saved with every checkpoint (flat ``key -> JSON value``):
-    ``spec_fingerprint`` and the optimizer state's structure."""
+    ``spec_fingerprint``, the optimizer state's structure, and how a scanned stack's
+    parameters are laid out (``stack_layout``: ``layers``, or a circular pipeline's
+    ``N circular laps``, ``models/pipeline.py``), which no other key shows: the shapes
+    differ, the model does not."""
     return {**spec_fingerprint(spec, vocabulary),
-            "optimizer.state": optimizer_state_digest(abstract_opt_state)}
+            "optimizer.state": optimizer_state_digest(abstract_opt_state),
+            "stack.layout": stack_layout}
 
 
 def spec_fingerprint(spec, vocabulary) -> dict:

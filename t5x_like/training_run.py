@@ -72,6 +72,7 @@ def resolve_training(run_config, workdir: str, devices=None, process_count: int 
     from t5x_like import trainer as trainer_lib
     from t5x_like.data import get_task_or_mixture
     from t5x_like.evaluation import in_training
+    from t5x_like.models import pipeline
     started = time.time()
     spec = runs.resolve_spec(run_config)
     storage.check_checkpoint_location(workdir, "--workdir")
@@ -88,7 +89,9 @@ def resolve_training(run_config, workdir: str, devices=None, process_count: int 
                                       partitioning.num_slices(devices))
     trainer = trainer_lib.build_trainer(spec, partitioning.make_mesh(mesh_shape, devices))
     check_peft_fits(spec, trainer.abstract_state.params)
-    fingerprint = run_guard.fingerprint(spec, vocabulary, trainer.abstract_state.opt_state)
+    fingerprint = run_guard.fingerprint(
+        spec, vocabulary, trainer.abstract_state.opt_state,
+        pipeline.stack_layout(trainer.pipeline_settings, getattr(spec.model, "num_layers", 0)))
     teacher = _checked_teacher(spec, vocabulary, trainer)
     _check_init_from(spec)
     resume = _checked_resume(spec, storage.path(workdir), fingerprint)

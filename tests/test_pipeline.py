@@ -146,6 +146,12 @@ def test_a_pipelined_run_logs_the_data_parallel_losses_and_resumes_bit_for_bit(t
     train.run(_decoder_run(4, **PIPELINED), str(tmp_path / "straight"), quiet=True)
     train.run(_decoder_run(2, **PIPELINED), str(tmp_path / "resumed"), quiet=True)
     train.run(_decoder_run(4, **PIPELINED), str(tmp_path / "resumed"), quiet=True)
+    # The same workdir on another layout of the stack (GPipe keeps [layers, ...]) is
+    # refused in one line before anything is restored.
+    with pytest.raises(errors.ConfigError,
+                       match=r"stack.layout: checkpoint '2 circular laps', config 'layers'"):
+        train.run(_decoder_run(6, **dict(PIPELINED, **{"partitioning.pipeline_schedule": "gpipe"})),
+                  str(tmp_path / "resumed"), quiet=True)
     plain, straight, resumed = (_metrics(tmp_path / name)
                                 for name in ("data", "straight", "resumed"))
     assert sorted(resumed) == [1, 2, 3, 4]

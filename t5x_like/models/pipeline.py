@@ -126,6 +126,13 @@ def stage_mesh_axes() -> tuple[str, ...]:
     return (axes,) if isinstance(axes, str) else tuple(axes or ())
 
 
+def stack_layout(settings: PipelineSettings, num_layers: int) -> str:
+    """How a stack of ``num_layers`` is stored under ``settings`` (the run fingerprint's
+    ``stack.layout``): ``layers``, or ``N circular laps``."""
+    laps = settings.repeats(num_layers, settings.stages) if settings.stages > 1 else 1
+    return "layers" if laps == 1 else f"{laps} circular laps"
+
+
 def stored_repeats(num_layers: int) -> int:
     """R while tracing now: the leading ``circular_repeats`` axis a circular pipeline
     stores its stack's parameters with (1: the plain ``[layers, ...]`` layout)."""
