@@ -112,13 +112,7 @@ def stage_count() -> int:
     """S: the devices the ``stages`` logical axis maps to while tracing now (1 without a
     mesh or a stage axis)."""
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty:
-        return 1
-    axes = nn.logical_to_mesh_axes(("stages",))[0]
-    if axes is None:
-        return 1
-    axes = (axes,) if isinstance(axes, str) else axes
-    return math.prod(mesh.shape.get(a, 1) for a in axes)
+    return 1 if mesh.empty else math.prod(mesh.shape.get(a, 1) for a in stage_mesh_axes())
 
 
 def stage_mesh_axes() -> tuple[str, ...]:
