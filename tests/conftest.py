@@ -36,6 +36,20 @@ def set_keys(config, values: dict):
     return config
 
 
+def check_mesh_on_8(config, fragment: str | None) -> None:
+    """A config's spec and 8-device mesh checks: refused with a ``ConfigError`` naming
+    ``fragment``, or (``fragment`` None) accepted."""
+    import re
+
+    from t5x_like import errors
+    if fragment is None:
+        config_lib.check_devices(config_lib.spec_of(config), 8)
+        return
+    with pytest.raises(errors.ConfigError, match=re.escape(fragment)):
+        config_lib.validate(config)
+        config_lib.check_devices(config_lib.spec_of(config), 8)
+
+
 def tiny_config(**overrides):
     """A model small enough to compile and train in seconds on fake devices."""
     config = config_lib.default_config()

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import set_keys
+from conftest import check_mesh_on_8, set_keys
 
 from t5x_like import config_lib, errors, models, partitioning, structures, train
 from t5x_like import trainer as trainer_lib
@@ -198,13 +198,7 @@ REFUSED = [
 
 @pytest.mark.parametrize("overrides,fragment", REFUSED)
 def test_meshes_and_models_a_context_axis_cannot_split_are_refused(overrides, fragment):
-    config = _decoder_run(**overrides)
-    if fragment is None:
-        config_lib.check_devices(config_lib.spec_of(config), 8)
-        return
-    with pytest.raises(errors.ConfigError, match=re.escape(fragment)):
-        config_lib.validate(config)
-        config_lib.check_devices(config_lib.spec_of(config), 8)
+    check_mesh_on_8(_decoder_run(**overrides), fragment)
 
 
 def test_an_encoder_decoder_is_refused_with_the_axes_that_do_split_it():
