@@ -47,6 +47,22 @@ def plan_row(mesh: dict, strategy: str, length: int) -> dict:
     return aot_planner.plan(config, TOPOLOGY)
 
 
+def plan_cells(report: dict) -> tuple[float, str, str, str]:
+    """A plan's table cells: memory per chip (GiB), the roofline step and its bound, the
+    compute / HBM / collectives times, and the collectives' GB per chip by axes (also
+    ``pipeline_plan.py``'s)."""
+    memory = report["memory_per_device"]["total"] / GiB
+    roof = report.get("roofline") or {}
+    step = (f"{roof['step_s']:.2f} ({roof['bound']})" if roof.get("step_s") is not None
+            else "—")
+    parts = (" / ".join("—" if roof.get(k) is None else f"{roof[k]:.2f}"
+                        for k in ("compute_s", "memory_s", "communication_s"))
+             if roof else "—")
+    moved = ", ".join(f"{row['axes']} {row['bytes'] / 1e9:.1f}"
+                      for row in report.get("collectives_per_device") or []) or "—"
+    return memory, step, parts, moved
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--length", type=int, default=131_072)
@@ -59,15 +75,7 @@ def main(argv=None) -> int:
     for name in names:
         mesh, strategy = ROWS[name]
         report = plan_row(mesh, strategy, args.length)
-        memory = report["memory_per_device"]["total"] / GiB
-        roof = report.get("roofline") or {}
-        step = (f"{roof['step_s']:.2f} ({roof['bound']})" if roof.get("step_s") is not None
-                else "—")
-        parts = (" / ".join("—" if roof.get(k) is None else f"{roof[k]:.2f}"
-                            for k in ("compute_s", "memory_s", "communication_s"))
-                 if roof else "—")
-        moved = ", ".join(f"{row['axes']} {row['bytes'] / 1e9:.1f}"
-                          for row in report.get("collectives_per_device") or []) or "—"
+        memory, step, parts, moved = plan_cells(report)
         print(f"| {name} | {report['batch_size']} x {args.length:,} | {memory:.1f} "
               f"| {'yes' if report['fits'] else 'no'} | {step} | {parts} | {moved} |",
               flush=True)

@@ -23,9 +23,12 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from context_parallel_plan import plan_cells  # noqa: E402
+
 from t5x_like import aot_planner, config_lib  # noqa: E402
 
-GiB = 1024**3
 TOPOLOGY, SLICES = "v5p:4x4x8", 2
 
 ROWS = {
@@ -62,18 +65,11 @@ def main(argv=None) -> int:
     print("|---|---|---|---|---|---|---|---|")
     for name in names:
         report = plan_row(ROWS[name], args.length, args.batch)
-        memory = report["memory_per_device"]["total"] / GiB
+        memory, step, parts, moved = plan_cells(report)
         roof = report.get("roofline") or {}
-        step = (f"{roof['step_s']:.2f} ({roof['bound']})" if roof.get("step_s") is not None
-                else "—")
-        parts = (" / ".join("—" if roof.get(k) is None else f"{roof[k]:.2f}"
-                            for k in ("compute_s", "memory_s", "communication_s"))
-                 if roof else "—")
         mfu = f"{100 * roof['mfu']:.0f}%" if roof.get("mfu") else "—"
         bubble = report.get("pipeline", {}).get("bubble")
         bubble = "—" if bubble is None else f"{100 * bubble:.1f}%"
-        moved = ", ".join(f"{row['axes']} {row['bytes'] / 1e9:.1f}"
-                          for row in report.get("collectives_per_device") or []) or "—"
         print(f"| {name} | {memory:.1f} | {'yes' if report['fits'] else 'no'} | {bubble} "
               f"| {step} | {parts} | {mfu} | {moved} |", flush=True)
     return 0
