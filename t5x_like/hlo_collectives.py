@@ -12,8 +12,10 @@ mesh's device order (the compiled program's device ids index ``mesh.devices.flat
 
 The bytes each device sends follow the ring algorithms' counts for an operand of S
 bytes on a group of n devices: all-gather (n - 1) S, all-reduce 2 (n - 1) / n S,
-reduce-scatter and all-to-all (n - 1) / n S, collective-permute S. Collectives inside
-fusions (TPU's collective matmuls) are found too.
+reduce-scatter and all-to-all (n - 1) / n S, collective-permute S; a ragged all-to-all
+(whose rows per peer are known only when it runs) (n - 1) / n of the smaller of its
+send and receive buffers, what it sends when the rows are spread evenly. Collectives
+inside fusions (TPU's collective matmuls) are found too.
 
 A multi-slice TPU program is compiled per slice: what crosses the data-center network
 is not a collective over the slice's devices but a host-transfer ``send`` to the
@@ -85,8 +87,10 @@ def analyze(hlo_text: str, mesh_shape: Mapping[str, int]) -> Collectives:
             if crossed == "":
                 continue  # groups of one device: nothing moves
             size = max((len(g) for g in groups), default=1) if groups is not None else 2
-            operand = sum(hlo_traffic.shape_bytes(types.get(o, ""))
-                          for o in collective.operands)
+            sizes = [hlo_traffic.shape_bytes(types.get(o, "")) for o in collective.operands]
+            # A ragged all-to-all's operands are its send buffer, the receive buffer it
+            # writes into, and offsets: evenly spread, it sends the smaller buffer.
+            operand = min(sizes[:2]) if kind == "ragged-all-to-all" else sum(sizes)
             sent[crossed] += times * _bytes_sent(kind, operand, size)
             counts[crossed] += times
     return Collectives(dict(sent), dict(counts))

@@ -143,3 +143,23 @@ def test_sends_over_the_data_center_network_count_as_crossing_dcn():
     assert found.bytes_by_axes == {"dcn": pytest.approx(2 * 160 * 128 * 4
                                                         + 2 * 0.75 * 20 * 8 * 128 * 4)}
     assert found.count_by_axes == {"dcn": 2}
+
+
+RAGGED = "\n".join([
+    "HloModule ragged, entry_computation_layout={()->f32[64,128]{1,0}}",
+    "",
+    "ENTRY %main (p: f32[16,128], out: f32[64,128], sizes: s32[4]) -> f32[64,128] {",
+    "  %p = f32[16,128]{1,0} parameter(0)",
+    "  %out = f32[64,128]{1,0} parameter(1)",
+    "  %sizes = s32[4]{0} parameter(2)",
+    "  ROOT %ragged-all-to-all.1 = f32[64,128]{1,0} ragged-all-to-all(f32[16,128]{1,0} %p, "
+    "f32[64,128]{1,0} %out, s32[4]{0} %sizes, s32[4]{0} %sizes, s32[4]{0} %sizes, "
+    "s32[4]{0} %sizes), channel_id=1, replica_groups={{0,1,2,3},{4,5,6,7}}",
+    "}", ""])
+
+
+def test_a_ragged_all_to_all_counts_the_rows_it_sends_not_its_receive_buffer():
+    """Dropless experts send 16 rows into a buffer of 64 (room for the worst case):
+    spread evenly over 4 devices, 3/4 of the 16 rows leave the device."""
+    found = hlo_collectives.analyze(RAGGED, SHAPE)
+    assert found.bytes_by_axes == {"context": pytest.approx(0.75 * 16 * 128 * 4)}

@@ -221,6 +221,63 @@ def test_experts_sharded_over_a_2x4_mesh_equal_one_device(family, dispatch, mesh
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-6)
 
 
+def _kept_by_buffers(experts: np.ndarray, devices: int, local: int, buffer_rows: int):
+    """Which assignments ``experts [groups, sources, tokens, k]`` reach their expert
+    through receive buffers of ``buffer_rows``: each destination takes the sources in
+    order, each source's assignments to it sorted by expert (ties in assignment order),
+    and keeps the first ``buffer_rows``."""
+    kept = np.zeros(experts.shape, bool)
+    for g in range(experts.shape[0]):
+        for d in range(devices):
+            arriving = []
+            for s in range(devices):
+                flat = experts[g, s].reshape(-1)
+                mine = [i for i in np.argsort(flat, kind="stable") if flat[i] // local == d]
+                arriving += [(s, i) for i in mine]
+            for s, i in arriving[:buffer_rows]:
+                kept[g, s].reshape(-1)[i] = True
+    return kept
+
+
+@pytest.mark.parametrize("factor", [0.0, 4.0, 1.0])
+def test_expert_parallel_receive_buffers_keep_the_first_arrivals_and_report_the_rest(factor):
+    """(data 2, expert 4), 8 experts (2 a device), routing skewed to the first experts so
+    a buffer of a device's own assignments overflows. The output equals one device's dropless output with the
+    dropped assignments' weights set to zero, and the dropped fraction is theirs."""
+    devices, local, k, d, ff = 4, 2, 2, 8, 16
+    rng = np.random.default_rng(3)
+    x = jnp.asarray(rng.normal(size=(8, 128 // 8, d)), jnp.float32)  # 16 tokens a device
+    experts = np.minimum(rng.geometric(0.45, size=(8, 16, k)) - 1, 2 * devices - 1)
+    weights = jnp.asarray(rng.uniform(size=experts.shape), jnp.float32)
+    kernels = {name: jnp.asarray(rng.normal(size=shape) / 4, jnp.float32) for name, shape in (
+        ("wi_0", (8, d, ff)), ("wi_1", (8, d, ff)), ("wo", (8, ff, d)))}
+    activations = ("silu", "linear")
+    mesh = partitioning.make_mesh({"data": 2, "expert": devices})
+    rules = partitioning.axis_rules("fsdp")
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        out, dropped = jax.jit(lambda *a: moe.expert_parallel_dropless(
+            *a, activations, "ragged_dot", mesh, factor))(x, jnp.asarray(experts), weights,
+                                                          kernels)
+    buffer_rows = moe.receive_buffer_rows(16 * k, devices, factor)
+    assert buffer_rows == {0.0: 128, 4.0: 128, 1.0: 32}[factor]
+    kept = _kept_by_buffers(experts.reshape(2, devices, 16, k), devices, local,
+                            buffer_rows).reshape(experts.shape)
+    expected = moe.dropless_combine(x.reshape(-1, d), jnp.asarray(experts).reshape(-1, k),
+                                    (weights * kept).reshape(-1, k), kernels, activations)
+    np.testing.assert_allclose(np.asarray(out).reshape(-1, d), expected, rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(float(dropped), 1 - kept.mean(), rtol=1e-6)
+    assert (float(dropped) > 0.1) == (factor == 1.0)
+
+
+def test_receive_buffers_are_the_worst_case_or_whole_tiles_of_the_factor():
+    assert moe.receive_buffer_rows(1000, 8, 0.0) == 8000
+    assert moe.receive_buffer_rows(1000, 8, 1.5) == 1500
+    assert moe.receive_buffer_rows(1024, 8, 1.1) == 1152  # 1,126.4 in tiles of 128
+    assert moe.receive_buffer_rows(1000, 8, 20.0) == 8000  # never past the worst case
+    assert moe.megablox_tiling(131072, 4096, 14336) == (512, 1024, 1024)
+    assert moe.megablox_tiling(384, 640, 768) == (128, 128, 128)
+
+
 @pytest.mark.parametrize("override,message", [
     ({"model.num_experts": 4, "model.num_experts_per_token": 5}, "num_experts_per_token=5"),
     ({"model.num_experts": 4, "model.moe_dispatch": "dropful"},

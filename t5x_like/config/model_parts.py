@@ -160,6 +160,10 @@ class Experts(Section):
     capacity_factor: float = 1.25
     group_size: int = field(0, minimum=0, doc="capacity dispatch: tokens per group; 0: a row")
     impl: str = field("auto", choices=EXPERT_IMPLEMENTATIONS)
+    ragged_buffer_factor: float = field(
+        0.0, minimum=0.0, doc="dropless over an expert axis: each device's receive buffer in "
+        "multiples of its own assignments (MaxText's); assignments past it are dropped. "
+        "0: room for the worst case, nothing dropped")
 
     def is_moe_layer(self, index: int) -> bool:
         return self.num_experts > 0 and (index + 1) % self.every == 0

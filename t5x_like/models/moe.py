@@ -26,8 +26,8 @@ Dispatch:
   (``jax.lax.ragged_dot``; on TPU the Pallas megablox kernel where its tiles fit,
   chosen by ``impl`` as ``attention.impl`` chooses attention kernels). Under a mesh
   with an ``expert`` axis it runs as a ``shard_map`` (``expert_parallel_dropless``):
-  tokens gathered along the expert axis, each device's experts on their assignments,
-  the outputs reduce-scattered back.
+  each device sends each expert's device only the rows routed to it (a ragged
+  all-to-all), that device's experts run them, and they come back the same way.
 
 The layer ``sow``s into the ``router`` collection: the weighted auxiliary loss it adds
 (``aux_loss``), the load-balancing loss (Switch's ``E * sum_e f_e * P_e``), the router
@@ -48,15 +48,15 @@ from flax import traverse_util
 
 from t5x_like import traced_platform
 from t5x_like.config.model_parts import Experts
-from t5x_like.models import layers
+from t5x_like.models import layers, ragged_exchange
 from t5x_like.models.layers import constrain
 
 #: the collection the router's statistics and losses are sown into
 COLLECTION = "router"
 
 
-# The megablox kernel's tiles (rows, contraction, columns): where a dimension is not a
-# multiple, ``auto`` falls back to ragged_dot.
+# The megablox kernel needs rows and widths in multiples of this; where one is not,
+# ``auto`` falls back to ragged_dot.
 _MEGABLOX_TILE = 128
 
 
@@ -137,6 +137,18 @@ def _use_megablox(impl: str, rows: int, contraction: int, columns: int,
     return impl == "auto" and fits and traced_platform.current_platform() == "tpu"
 
 
+def megablox_tiling(rows: int, contraction: int, columns: int) -> tuple[int, int, int]:
+    """The megablox kernel's ``(rows, contraction, columns)`` tiles: the largest up to
+    MaxText's defaults (512 rows; 1024 wide) that divide the shapes. The kernel reads its
+    input once per column tile and the expert's kernel once per row tile, so 128-square
+    tiles move about 8x the bytes on Mixtral's shapes. The contraction and column tiles
+    are one size, dividing both widths: the backward pass swaps them."""
+    def largest(sizes, *dims):
+        return next(t for t in sizes if all(d % t == 0 for d in dims))
+    width = largest((1024, 512, 256, _MEGABLOX_TILE), contraction, columns)
+    return largest((512, 256, _MEGABLOX_TILE), rows), width, width
+
+
 def grouped_matmul(x: jax.Array, kernel: jax.Array, group_sizes: jax.Array,
                    impl: str = "auto", partitioned_by_xla: bool = True) -> jax.Array:
     """Rows of ``x [rows, d]`` in contiguous runs per expert times that expert's
@@ -144,7 +156,7 @@ def grouped_matmul(x: jax.Array, kernel: jax.Array, group_sizes: jax.Array,
     if _use_megablox(impl, x.shape[0], x.shape[1], kernel.shape[-1], partitioned_by_xla):
         from jax.experimental.pallas.ops.tpu.megablox import ops as megablox
         return megablox.gmm(x, kernel, group_sizes, x.dtype,
-                            (_MEGABLOX_TILE, _MEGABLOX_TILE, _MEGABLOX_TILE))
+                            megablox_tiling(x.shape[0], x.shape[1], kernel.shape[-1]))
     return jax.lax.ragged_dot(x, kernel, group_sizes)
 
 
@@ -236,38 +248,114 @@ def _gathered_but_experts(kernel: jax.Array, spec) -> jax.Array:
     return kernel
 
 
-def expert_parallel_dropless(x, experts, weights, kernels, activations, impl, mesh):
+def _assignments_by_expert(x, experts):
+    """A device's assignments sorted by expert: ``(order, rows)``, ``rows[i]`` the token
+    of assignment ``order[i]`` (a token's ``k`` choices are ``k`` assignments)."""
+    k = experts.shape[-1]
+    order = jnp.argsort(experts.reshape(-1), stable=True)
+    return order, x.reshape(-1, x.shape[-1])[order // k]
+
+
+def _local_experts_of(counts: jax.Array, rows: int) -> jax.Array:
+    """The local expert of each of ``rows`` received rows, which arrive as runs
+    ``counts [sources, local experts]`` laid end to end (source-major); ``local`` (one
+    past the last) for rows past them."""
+    sources, local = counts.shape
+    ends = jnp.cumsum(counts.reshape(-1))
+    run = jnp.searchsorted(ends, jnp.arange(rows), side="right")
+    return jnp.where(run < sources * local, run % local, local)
+
+
+def receive_buffer_rows(assignments: int, devices: int, factor: float) -> int:
+    """Rows of a device's receive buffer for expert-parallel dropless dispatch:
+    ``factor`` times its own ``assignments`` (in whole megablox tiles where the
+    assignments are), at most the worst case ``devices * assignments`` (every assignment
+    of the axis to this device's experts), which ``factor=0`` asks for."""
+    worst = devices * assignments
+    if not factor:
+        return worst
+    tile = _MEGABLOX_TILE if assignments % _MEGABLOX_TILE == 0 else 1
+    return min(worst, math.ceil(factor * assignments / tile) * tile)
+
+
+def _fitted(runs: jax.Array, buffer_rows: int) -> jax.Array:
+    """``runs [source, destination, local expert]`` cut to what lands inside each
+    destination's buffer of ``buffer_rows``: sources land in order, each its experts'
+    runs in order, and whatever starts past the end is dropped."""
+    flat = jnp.swapaxes(runs, 0, 1).reshape(runs.shape[1], -1)  # [destination, (s, e)]
+    start = ragged_exchange.exclusive_cumsum(flat, axis=1)
+    kept = jnp.clip(buffer_rows - start, 0, flat)
+    return jnp.swapaxes(kept.reshape(runs.shape[1], runs.shape[0], runs.shape[2]), 0, 1)
+
+
+def expert_parallel_dropless(x, experts, weights, kernels, activations, impl, mesh,
+                             buffer_factor: float = 0.0):
     """Dropless dispatch with the experts sharded over the mesh's ``expert`` axis, as a
-    ``shard_map``: each device gathers the tokens of the devices along its expert axis
-    (the rows they route), runs the assignments to its own experts through grouped
-    matmuls (megablox on TPU), and the partial outputs are summed back to the devices
-    that hold the tokens (a reduce-scatter). XLA cannot partition a Pallas kernel or
+    ``shard_map`` (MaxText's ragged all-to-all): each device sorts its assignments by
+    expert and sends each device of its expert axis only the rows routed to that
+    device's experts (``ragged_exchange.ragged_all_to_all``, run lengths exchanged
+    first); the receiver groups what arrived by its local expert, runs grouped matmuls
+    (megablox on TPU), and sends each row back to the device it came from, which
+    weighs and sums a token's ``k`` outputs. XLA cannot partition a Pallas kernel or
     ``ragged_dot`` without gathering every operand; this keeps each expert on its
-    devices."""
+    devices and moves each assignment twice, once each way.
+
+    The receive buffer (``receive_buffer_rows``) holds the worst case unless
+    ``buffer_factor`` makes it smaller: the grouped matmuls and the elementwise work
+    around them run over the whole buffer, so the worst case costs ``devices`` times
+    the balanced work. Assignments past a smaller buffer are dropped (zero output; the
+    residual carries the token). Returns the output and the fraction dropped."""
     from jax.sharding import PartitionSpec
 
     def spec(names):
         return PartitionSpec(*nn.logical_to_mesh_axes(names))
     batch = spec(("batch", None, None))
     kernel_specs = {name: spec(KERNEL_AXES["wo" if name == "wo" else "wi"]) for name in kernels}
-    local = kernels["wo"].shape[0] // mesh.shape["expert"]
+    devices = mesh.shape["expert"]
+    local = kernels["wo"].shape[0] // devices
+    every_device = PartitionSpec(tuple(mesh.axis_names))
 
     def body(x, experts, weights, kernels):
         kernels = {n: _gathered_but_experts(kernel, kernel_specs[n])
                    for n, kernel in kernels.items()}
-        x, experts, weights = (jax.lax.all_gather(a, "expert", axis=0, tiled=True)
-                               for a in (x, experts, weights))
-        first = jax.lax.axis_index("expert") * local
-        out = dropless_combine(x.reshape(-1, x.shape[-1]), experts.reshape(-1, experts.shape[-1]),
-                               weights.reshape(-1, weights.shape[-1]), kernels, activations,
-                               impl, first, partitioned_by_xla=False)
-        return jax.lax.psum_scatter(out.reshape(x.shape), "expert", scatter_dimension=0,
-                                    tiled=True)
+        order, rows = _assignments_by_expert(x, experts)
+        me = jax.lax.axis_index("expert")
+        # runs[s, d, e]: how many assignments device s sends device d's local expert e
+        counts = jnp.bincount(experts.reshape(-1), length=devices * local).astype(jnp.int32)
+        wanted = jax.lax.all_gather(counts.reshape(devices, local), "expert")
+        buffer_rows = receive_buffer_rows(rows.shape[0], devices, buffer_factor)
+        runs = wanted if buffer_rows == devices * rows.shape[0] else _fitted(wanted, buffer_rows)
+        dropped = 1.0 - runs.sum() / jnp.maximum(wanted.sum(), 1)
+        sizes = runs.sum(axis=-1)  # [source, destination]
+        send_sizes, recv_sizes = sizes[me], sizes[:, me]
+        # each source's runs start where its unfitted runs would: dropped rows are skipped
+        send_offsets = ragged_exchange.exclusive_cumsum(wanted.sum(axis=-1)[me])
+        landing_offsets = ragged_exchange.exclusive_cumsum(sizes, axis=0)[me]
+        buffer = jnp.zeros((buffer_rows, rows.shape[1]), rows.dtype)
+        received = ragged_exchange.ragged_all_to_all(
+            rows, buffer, send_offsets, send_sizes, landing_offsets, recv_sizes, "expert")
+        expert_of_row = _local_experts_of(runs[:, me], received.shape[0])
+        grouped = jnp.argsort(expert_of_row, stable=True)
+        y = row_mlp(received[grouped], kernels, activations, runs[:, me].sum(axis=0), impl,
+                    partitioned_by_xla=False)
+        y = jnp.where((expert_of_row[grouped] < local)[:, None], y, 0)
+        y = jnp.zeros_like(y).at[grouped].set(y)
+        # back where each run came from: the source's offset of its run to this device
+        returned = ragged_exchange.ragged_all_to_all(
+            y, jnp.zeros_like(rows), ragged_exchange.exclusive_cumsum(recv_sizes), recv_sizes,
+            ragged_exchange.exclusive_cumsum(wanted.sum(axis=-1), axis=1)[:, me], send_sizes,
+            "expert")
+        k = experts.shape[-1]
+        out = jnp.zeros_like(returned).at[order].set(returned).reshape(-1, k, rows.shape[1])
+        out = jnp.einsum("tkd,tk->td", out, weights.reshape(-1, k).astype(out.dtype))
+        return out.reshape(x.shape), dropped[None]
 
     # Pallas kernels declare no per-axis variation of their outputs, which shard_map's
     # check needs; the collectives above say how every value varies, so it is off.
-    return jax.shard_map(body, mesh=mesh, in_specs=(batch, batch, batch, kernel_specs),
-                         out_specs=batch, check_vma=False)(x, experts, weights, kernels)
+    out, dropped = jax.shard_map(body, mesh=mesh, in_specs=(batch, batch, batch, kernel_specs),
+                                 out_specs=(batch, every_device), check_vma=False)(
+                                     x, experts, weights, kernels)
+    return out, dropped.mean()
 
 
 def _expert_axis_mesh():
@@ -303,7 +391,7 @@ class MoeFeedForward(nn.Module):
         kernels = ExpertKernels(num_experts, self.hidden_dim, tuple(self.activations), self.dtype,
                           self.kernel_init, name="experts")(x.shape[-1])
         if s.dispatch == "dropless":
-            out, dropped = self._dropless(x.astype(self.dtype), experts, weights, kernels), 0.0
+            out, dropped = self._dropless(x.astype(self.dtype), experts, weights, kernels)
         else:
             out, dropped = self._capacity(x.astype(self.dtype), experts, weights, kernels)
         if s.shared_d_ff:
@@ -352,11 +440,11 @@ class MoeFeedForward(nn.Module):
         mesh = _expert_axis_mesh()
         if mesh is not None:
             return expert_parallel_dropless(x, experts, weights, kernels, self.activations,
-                                            s.impl, mesh)
+                                            s.impl, mesh, s.ragged_buffer_factor)
         out = dropless_combine(x.reshape(-1, x.shape[-1]), experts.reshape(-1, experts.shape[-1]),
                                weights.reshape(-1, experts.shape[-1]), kernels, self.activations,
                                s.impl)
-        return out.reshape(x.shape)
+        return out.reshape(x.shape), 0.0
 
 
 def inactive_parameters(shapes, num_experts: int, k: int) -> int:
