@@ -55,8 +55,9 @@ def optimizer_state_digest(abstract_opt_state) -> str:
 
 # Model keys that change how the step runs, not what it computes or stores: a resume
 # may change them freely (e.g. rematerialise to fit a smaller accelerator). The variant
-# is a name (``llama``, ``gemma2``): the switches it stands for are fingerprinted.
-EXECUTION_ONLY_MODEL_KEYS = ("remat_policy", "variant")
+# is a name (``llama``, ``gemma2``): the switches it stands for are fingerprinted. The
+# experts' receive buffer is sized for a mesh (its expert axis), as remat is for a chip.
+EXECUTION_ONLY_MODEL_KEYS = ("remat_policy", "variant", "ragged_buffer_factor")
 
 
 def fingerprint(spec, vocabulary, abstract_opt_state, stack_layout: str = "layers") -> dict:

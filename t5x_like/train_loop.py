@@ -71,7 +71,7 @@ class Loop:
         self.evaluators = in_training.build(self.spec, resolved.evaluators, in_training.Context(
             self.spec, self.trainer, resolved.asked_vocabulary, self._streams("validation"),
             self.host_batches, resolved.num_streams, progress))
-        self._announce(start.message)
+        self._announce("\n".join((*resolved.notices, start.message)).strip())
         self.writer = metrics_writer.MetricsWriter(resolved.workdir, enabled=self.is_chief)
         lengths = dict(self.spec.task_feature_lengths)
         self.tokens_per_step = self.spec.batch_size * sum(lengths.values())

@@ -53,14 +53,17 @@ class TrainingRun:
     evaluators: dict               # {name: prepared}, see evaluation.in_training
     teacher: Any = None            # distill.TeacherSource, checked, params not read
     started: float = 0.0           # when resolving began (goodput counts start-up from it)
+    notices: tuple[str, ...] = ()  # what resolving changed on its own, said at the start
 
     @property
     def run_config(self) -> dict:
         """What every checkpoint saves beside the state: the spec, the resolved stream
-        count and the fingerprint."""
+        count, the fingerprint and the rows each device held at a time (which a resume
+        on another mesh keeps, ``_holding_the_saved_rows``)."""
         tree = self.spec.to_dict()
         tree["data"]["streams"] = self.num_streams
-        return dict(tree, fingerprint=self.fingerprint)
+        return dict(tree, fingerprint=self.fingerprint, **{
+            config.ROWS_PER_DEVICE: config.rows_per_device(self.spec, self.mesh_shape)})
 
 
 def resolve_training(run_config, workdir: str, devices=None, process_count: int | None = None
@@ -87,6 +90,9 @@ def resolve_training(run_config, workdir: str, devices=None, process_count: int 
     devices = jax.devices() if devices is None else list(devices)
     mesh_shape = config.check_devices(spec, len(devices), process_count,
                                       partitioning.num_slices(devices))
+    spec, notices = _holding_the_saved_rows(spec, storage.path(workdir), mesh_shape)
+    if notices:  # the new microbatches meet the mesh's checks too
+        config.check_devices(spec, len(devices), process_count, partitioning.num_slices(devices))
     trainer = trainer_lib.build_trainer(spec, partitioning.make_mesh(mesh_shape, devices))
     check_peft_fits(spec, trainer.abstract_state.params)
     fingerprint = run_guard.fingerprint(
@@ -98,7 +104,36 @@ def resolve_training(run_config, workdir: str, devices=None, process_count: int 
     num_streams = config.resolve_data_streams(spec, process_count,
                                               resume.saved if resume else None)
     return TrainingRun(spec, storage.path(workdir), asked, vocabulary, devices, mesh_shape,
-                       trainer, fingerprint, num_streams, resume, evaluators, teacher, started)
+                       trainer, fingerprint, num_streams, resume, evaluators, teacher, started,
+                       notices)
+
+
+def _holding_the_saved_rows(spec, workdir, mesh_shape) -> tuple[RunSpec, tuple[str, ...]]:
+    """A resume onto a mesh that splits the batch into fewer shards (fewer devices, or
+    devices moved to other axes) would put more rows on each device than the run that
+    saved the checkpoint held at a time, which may not fit: the optimizer microbatches
+    grow until each device holds at most that many, and the global batch stays. Only
+    while ``optimizer.microbatches`` is what the checkpoint saved (another value is the
+    user's choice) and the checkpoint says how many rows it held."""
+    newest = next(_saved_configs_newest_first(spec, workdir), None)
+    if newest is None or not isinstance(newest[1].get(config.ROWS_PER_DEVICE), int):
+        return spec, ()
+    saved, held = newest[1], newest[1][config.ROWS_PER_DEVICE]
+    saved_microbatches = config.migrated(saved)[0].get("optimizer", {}).get("microbatches", 1)
+    if spec.optimizer.microbatches != saved_microbatches or spec.head.kind:
+        return spec, ()  # chosen by the user; heads train without microbatches
+    microbatches = config.microbatches_holding(spec, mesh_shape, held)
+    if microbatches == spec.optimizer.microbatches:
+        return spec, ()
+    rows = spec.batch_size // config.batch_shards(spec, mesh_shape)
+    spec = dataclasses.replace(spec, optimizer=dataclasses.replace(spec.optimizer,
+                                                                   microbatches=microbatches))
+    return spec, (
+        f"This mesh splits each batch of {spec.batch_size} rows into "
+        f"{config.batch_shards(spec, mesh_shape)} shards of {rows} rows; the checkpoint's "
+        f"mesh held {held} rows a device at a time: training in optimizer.microbatches="
+        f"{microbatches} of {rows // microbatches} rows, the same global batch (set "
+        "--config.optimizer.microbatches to choose another).",)
 
 
 def _config_vocabulary(spec):

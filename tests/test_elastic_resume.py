@@ -1,7 +1,9 @@
 """Resuming on another mesh, as docs/parallelism.md promises: a run saved by 2 processes
-of 4 devices resumes on 1 process of 4 devices and on 1 process of 8 devices with
-another axis split, and every later batch is the uninterrupted run's, row for row
-(``logging.batch_checksum``); the losses agree to float rounding."""
+of 4 devices, each a slice of its own (``mesh.dcn=2``), resumes on 1 process of 4
+devices and on 1 process of 8 devices with another axis split, and every later batch is
+the uninterrupted run's, row for row (``logging.batch_checksum``); the losses agree to
+float rounding. Both new meshes would put twice the rows on each device: the run says
+so and trains in 2 microbatches of the rows each device held, the same global batch."""
 
 import json
 import os
@@ -24,7 +26,7 @@ SETTINGS = ["--config=configs/quickstart.py", "--config.model.d_model=32",
             "--config.task_feature_lengths.targets=8", "--config.logging.every_steps=1",
             "--config.checkpoint.every_steps=3", "--config.evals.held_out.every_steps=0",
             "--config.logging.batch_checksum=true"]
-TWO_BY_FOUR = ["--config.mesh.data=2", "--config.mesh.fsdp=4"]
+TWO_SLICES = ["--config.mesh.dcn=2", "--config.mesh.data=1", "--config.mesh.fsdp=4"]
 # Measured on this machine: the resumed runs' losses differ from the uninterrupted
 # run's by at most 1.0e-7 relative, their gradient norms by 1.1e-7 (other shardings sum
 # in another order); the bound leaves room for other CPUs' kernels.
@@ -39,7 +41,7 @@ def _env(devices: int) -> dict:
 def _two_processes(workdir, steps):
     done = subprocess.run(
         [sys.executable, "-m", "t5x_like.launch_local", "--num_processes=2",
-         "--devices_per_process=4", "--timeout_s=240", "--", *SETTINGS, *TWO_BY_FOUR,
+         "--devices_per_process=4", "--timeout_s=240", "--", *SETTINGS, *TWO_SLICES,
          f"--workdir={workdir}", f"--config.num_train_steps={steps}"],
         cwd=REPO, env=_env(4), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -52,6 +54,7 @@ def _one_process(workdir, devices, mesh, steps=6):
         cwd=REPO, env=_env(devices), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Resumed from" in done.stderr, done.stderr[-2000:]
+    return done.stderr
 
 
 def _records(workdir) -> dict[int, dict]:
@@ -72,7 +75,10 @@ def test_a_two_process_run_resumes_on_other_meshes_with_the_same_batches(tmp_pat
     straight = _records(tmp_path / "straight")
     for name, (devices, mesh) in meshes.items():
         shutil.copytree(tmp_path / "saved", tmp_path / name)
-        _one_process(tmp_path / name, devices, mesh)
+        said = _one_process(tmp_path / name, devices, mesh)
+        assert ("into 4 shards of 4 rows; the checkpoint's mesh held 2 rows a device at a "
+                "time: training in optimizer.microbatches=2 of 2 rows, the same global batch"
+                ) in " ".join(said.split()), said[-2000:]
         resumed = _records(tmp_path / name)
         assert sorted(resumed) == list(range(1, 7)), name
         for step in range(4, 7):
@@ -104,3 +110,42 @@ def test_the_batch_checksum_sees_every_value_and_its_place():
                            jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data")))
     assert int(jax.jit(trainer_lib.batch_checksum)({"decoder_input_tokens": split})) == reference
     assert 0 <= reference < trainer_lib.CHECKSUM_MODULUS
+
+
+def _saved_on_8_devices(workdir, **overrides):
+    """A workdir whose newest step's config item is what a run on 8 devices saves (no
+    arrays: resolving reads only the config)."""
+    from conftest import set_keys
+
+    from t5x_like import config_lib, training_run
+    config = set_keys(config_lib.load_config_file("configs/pretrain/gpt2_tiny.py"),
+                      {"batch_size": 16, **overrides})
+    resolved = training_run.resolve_training(config, str(workdir))
+    step = pathlib.Path(workdir) / "checkpoints" / "3" / "config"
+    step.mkdir(parents=True)
+    (step / "metadata").write_text(json.dumps(resolved.run_config))
+    return config
+
+
+@pytest.mark.parametrize("devices,mesh,chosen,expected", [
+    (4, {"data": 4}, None, 2),          # 4 rows a device where 2 were held: 2 microbatches
+    (2, {"data": 2}, None, 4),
+    (8, {"data": 8}, None, 1),          # the same mesh: unchanged, nothing said
+    (4, {"data": 4}, 4, 4),             # the user's microbatches stand
+    (4, {"data": 2, "tensor": 2}, None, 4),
+])
+def test_a_resume_keeps_the_rows_each_device_held(tmp_path, devices, mesh, chosen, expected):
+    from conftest import set_keys
+
+    from t5x_like import training_run
+    config = _saved_on_8_devices(tmp_path, **{"mesh.data": 8})
+    set_keys(config, {f"mesh.{axis}": size for axis, size in mesh.items()})
+    if chosen:
+        set_keys(config, {"optimizer.microbatches": chosen})
+    resolved = training_run.resolve_training(config, str(tmp_path), jax.devices()[:devices])
+    assert resolved.spec.optimizer.microbatches == expected
+    assert resolved.spec.batch_size == 16
+    assert resolved.trainer.microbatches == expected
+    said = " ".join(resolved.notices)
+    assert ("optimizer.microbatches=" in said) == (chosen is None and expected > 1), said
+    assert resolved.run_config["rows_per_device"] == 2 or chosen

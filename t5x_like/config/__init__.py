@@ -13,10 +13,13 @@ service (``t5x_like.runs.resolve``) on top of the spec, before anything runs.
 
 from t5x_like.config import legacy
 from t5x_like.config.devices import (
+    batch_shards,
     check_devices,
     default_data_streams,
+    microbatches_holding,
     resolve_data_streams,
     resolve_mesh_shape,
+    rows_per_device,
 )
 from t5x_like.config.evals import EVAL_SPECS, EvalSpec, register_eval_spec
 from t5x_like.config.families import MODEL_SPECS, model_spec_class, register_model_spec
@@ -25,6 +28,7 @@ from t5x_like.config.model_parts import ModelSpec
 from t5x_like.config.overrides import apply_overrides, parse_value, split_overrides
 from t5x_like.config.run import RESUME_CHANGE_KEYS, RunSpec
 from t5x_like.config.schema import (
+    ROWS_PER_DEVICE,
     as_config_dict,
     default_config,
     migrated,
@@ -36,9 +40,10 @@ from t5x_like.config.schema import (
 )
 from t5x_like.config.sections import FrozenMap, Section
 
-__all__ = ["EVAL_SPECS", "MODEL_SPECS", "RESUME_CHANGE_KEYS", "EvalSpec", "FrozenMap",
+__all__ = ["EVAL_SPECS", "MODEL_SPECS", "RESUME_CHANGE_KEYS", "ROWS_PER_DEVICE", "EvalSpec", "FrozenMap",
            "ModelSpec", "RunSpec", "Section", "apply_overrides", "as_config_dict",
-           "check_devices", "default_config", "default_data_streams", "legacy",
+           "batch_shards", "check_devices", "default_config", "microbatches_holding",
+           "rows_per_device", "default_data_streams", "legacy",
            "load_config_file", "migrated", "model_defaults", "model_of_folder", "model_spec_of",
            "model_spec_class", "parse_value",
            "register_eval_spec", "register_model_spec", "resolve_data_streams",

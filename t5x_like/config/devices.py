@@ -39,10 +39,10 @@ def check_devices(spec: RunSpec, num_devices: int, process_count: int = 1,
     if num_slices > 1 and shape["dcn"] != num_slices:
         raise ConfigError(f"The devices span {num_slices} slices but mesh.dcn={shape['dcn']}; "
                           f"set --config.mesh.dcn={num_slices} (or 0 to follow the slices).")
-    expert = shape.get("expert", 1)  # rows are split over the expert axis too
+    expert = shape.get("expert", 1)
     over_dcn = spec.partitioning.pipeline_over_dcn
     row_slices = 1 if over_dcn else shape["dcn"]
-    batch_parallel = row_slices * shape["data"] * shape["fsdp"] * expert
+    batch_parallel = batch_shards(spec, shape)
     batch = spec.batch_size
     if batch % batch_parallel:
         fixed = (batch // batch_parallel + 1) * batch_parallel
@@ -71,6 +71,26 @@ def check_devices(spec: RunSpec, num_devices: int, process_count: int = 1,
                    batch // (batch_parallel * microbatches), process_count)
     resolve_data_streams(spec, process_count)
     return shape
+
+
+def batch_shards(spec: RunSpec, shape: dict[str, int]) -> int:
+    """How many parts a resolved mesh ``shape`` splits each batch's rows into: the data,
+    FSDP and expert axes (rows cross the expert axis outside the experts) and the slices,
+    unless a pipeline's stages use them."""
+    row_slices = 1 if spec.partitioning.pipeline_over_dcn else shape["dcn"]
+    return row_slices * shape["data"] * shape["fsdp"] * shape.get("expert", 1)
+
+
+def rows_per_device(spec: RunSpec, shape: dict[str, int]) -> int:
+    """The rows each device holds at a time: a batch shard's rows in one microbatch."""
+    return spec.batch_size // (batch_shards(spec, shape) * spec.optimizer.microbatches)
+
+
+def microbatches_holding(spec: RunSpec, shape: dict[str, int], held: int) -> int:
+    """The fewest optimizer microbatches that split each batch shard's rows into parts of
+    at most ``held`` rows (a divisor of the rows, so every part is equal)."""
+    rows = spec.batch_size // batch_shards(spec, shape)
+    return next(m for m in range(1, rows + 1) if rows % m == 0 and rows // m <= held)
 
 
 def check_context(spec: RunSpec, context: int) -> None:

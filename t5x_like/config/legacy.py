@@ -46,7 +46,7 @@ _EXPERTS = {"num_experts": "num_experts", "num_experts_per_token": "num_experts_
             "router_jitter": "router_jitter", "router_aux_loss_weight": "aux_loss_weight",
             "router_z_loss_weight": "z_loss_weight", "moe_dispatch": "dispatch",
             "capacity_factor": "capacity_factor", "moe_group_size": "group_size",
-            "moe_impl": "impl"}
+            "moe_impl": "impl", "ragged_buffer_factor": "ragged_buffer_factor"}
 _ROPE = {"rotary_max_wavelength": "max_wavelength",
          "local_rotary_max_wavelength": "local_max_wavelength", "rope_type": "scaling",
          "rope_factor": "factor", "rope_low_freq_factor": "low_freq_factor",

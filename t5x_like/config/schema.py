@@ -61,13 +61,19 @@ def migrated(config) -> tuple[dict, list]:
     return legacy.migrate(config, _family_defaults)
 
 
+#: what a checkpoint's config item holds beside the spec: the run fingerprint, a partial
+#: PEFT save's base, the rows each device held at a time
+ROWS_PER_DEVICE = "rows_per_device"
+SAVED_BESIDE = ("fingerprint", "peft_base", ROWS_PER_DEVICE)
+
+
 def spec_of(config) -> RunSpec:
     """The checked, frozen spec of a config (a ``ConfigDict`` or mapping in the old or new
     layout; a ``RunSpec`` is returned as it is). Raises ``ConfigError`` naming the key."""
     if isinstance(config, RunSpec):
         return config
     tree, _ = migrated(config)
-    for key in ("fingerprint", "peft_base"):  # saved beside a checkpoint's config
+    for key in SAVED_BESIDE:
         tree.pop(key, None)
     return RunSpec.from_mapping(tree)
 
