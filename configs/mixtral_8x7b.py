@@ -3,10 +3,11 @@ experts, each token routed to 2 (softmax over the two chosen logits), load-balan
 0.02 as Hugging Face trains it. 46.7B parameters, 12.9B active per token; ``convert
 import`` of the Hugging Face checkpoint loads into it.
 
-Pretraining dispatches by capacity (1.25) in groups of 512 tokens, the path that
-partitions over an expert axis (docs/mixture_of_experts.md: dropless dispatch sharded by
-XLA does not fit a v5p-128 yet); ``--config.model.experts.dispatch=dropless`` computes every
-assignment, as Mixtral's own inference does.
+Pretraining dispatches by capacity (1.25) in groups of 512 tokens, as this config has
+since before dropless dispatch was expert-parallel (resumed runs keep it);
+``--config.model.experts.dispatch=dropless`` computes every assignment, as Mixtral's own
+inference does, and with ``--config.model.experts.ragged_buffer_factor=1.25`` plans
+faster on a v5p-128 than capacity dispatch (docs/mixture_of_experts.md).
 
     python -m t5x_like.summary --config=configs/mixtral_8x7b.py
     python -m t5x_like.plan --config=configs/mixtral_8x7b.py --topology=v5p:4x4x8 \\
