@@ -12,7 +12,9 @@ Rotation is ours, not orbax's, so that it never deletes the newest step that was
 verified.
 
 A local tier (``local_dir``: a fast local disk, as on TPU VMs): saves land in
-``local_dir/<workdir name>-<hash>/checkpoints`` and, once sealed, are copied to the
+``local_dir/<workdir name>-<hash>/checkpoints`` (``.../process_<i>/checkpoints`` when
+several processes each write their own shards: ``checkpoint_per_host``) and, once
+sealed, are copied to the
 workdir (a bucket) by a background thread, the top-level ``commit_success.txt`` and the
 manifest last (so a half-copied step is not finalized for orbax, nor sealed for us).
 A restore takes each step from the local copy when it matches its manifest, else from
@@ -37,7 +39,7 @@ from collections.abc import Callable
 import orbax.checkpoint as ocp
 from etils import epath
 
-from t5x_like import storage
+from t5x_like import checkpoint_per_host, storage
 from t5x_like.errors import UserError
 
 MANIFEST = "manifest.t5x_like.json"
@@ -45,13 +47,15 @@ ITEMS = ("state", "data", "config")
 COMMIT_SUCCESS = "commit_success.txt"  # orbax's mark of a finished step in a bucket
 
 
-def local_tier(local_dir, directory) -> epath.Path:
+def local_tier(local_dir, directory, process: int | None = None) -> epath.Path:
     """Where ``directory``'s checkpoints live on the local disk: one folder per workdir
-    (``<name>-<hash of its full path>``), so runs sharing a local disk never mix."""
+    (``<name>-<hash of its full path>``), so runs sharing a local disk never mix, and in
+    it one per process of a multi-process run (``process``), each host's own shards."""
     directory = storage.path(directory)
     workdir = directory.parent
     digest = hashlib.sha256(str(workdir).encode()).hexdigest()[:10]
-    return storage.path(local_dir) / f"{workdir.name or 'workdir'}-{digest}" / directory.name
+    base = storage.path(local_dir) / f"{workdir.name or 'workdir'}-{digest}"
+    return (base if process is None else base / f"process_{process}") / directory.name
 
 
 class CheckpointsUnreadable(UserError):
@@ -82,13 +86,22 @@ def _step_files(folder: epath.Path) -> list[epath.Path]:
             if p.name != MANIFEST and p.name != MANIFEST + ".tmp"]
 
 
-def write_manifest(folder: epath.Path) -> None:
-    """Sizes and CRC32s of every file in a finished step folder, written next to them."""
+def write_manifest(folder: epath.Path, layout: str | None = None) -> None:
+    """Sizes and CRC32s of every file in a finished step folder, written next to them;
+    ``layout``: what a host's own local copy restores onto
+    (``checkpoint_per_host.layout_digest``)."""
     files = {storage.relative_name(p, folder): {"size": storage.file_size(p), "crc32": storage.file_crc32(p)}
              for p in _step_files(folder)}
+    manifest = {"format": 1, "files": files, **({"layout": layout} if layout else {})}
     # Whole or absent (a renamed temporary file on disk, one object write in a bucket).
-    storage.write_atomic(folder / MANIFEST,
-                         json.dumps({"format": 1, "files": files}, indent=1, sort_keys=True))
+    storage.write_atomic(folder / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+
+
+def manifest_layout(folder: epath.Path) -> str | None:
+    try:
+        return json.loads((folder / MANIFEST).read_text()).get("layout")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _manifest_files(folder: epath.Path) -> dict | None:
@@ -176,15 +189,21 @@ class Checkpointer:
         import jax
 
         self.directory = storage.path(directory)
+        self._is_primary = jax.process_index() == 0
+        self._multi_process = jax.process_count() > 1
         # Where orbax saves and restores: the local tier when there is one.
-        self.managed = (local_tier(local_dir, self.directory) if local_dir and not read_only
-                        else self.directory)
+        self.managed = (local_tier(local_dir, self.directory,
+                                   jax.process_index() if self._multi_process else None)
+                        if local_dir and not read_only else self.directory)
+        # Several hosts, each saving its own shards on its own disk (checkpoint_per_host).
+        self._per_host = self._multi_process and self.managed != self.directory
         self._uploads = _Uploader(self) if self.managed != self.directory else None
         self.keep, self.keep_every, self.read_only = keep, keep_every, read_only
         self._log = log or (lambda line: None)
-        self._is_primary = jax.process_index() == 0
-        self._multi_process = jax.process_count() > 1
         self._verified: set[int] = set()
+        self._layouts: dict[int, str] = {}   # per host: each step's layout_digest
+        self._restored_from: dict[int, epath.Path] = {}
+        self._durable_reader = None
         if read_only:
             _drop_read_only_notices()
         options = ocp.CheckpointManagerOptions(max_to_keep=None,  # rotation: see _rotate
@@ -194,7 +213,16 @@ class Checkpointer:
                                                cleanup_tmp_directories=not read_only,
                                                read_only=read_only,
                                                enable_async_checkpointing=async_save)
-        self._manager = ocp.CheckpointManager(self.managed, options=options, item_names=ITEMS)
+        if self._per_host:
+            options = dataclasses.replace(
+                options, multiprocessing_options=checkpoint_per_host.host_options(),
+                save_root_metadata=False, async_options=checkpoint_per_host.async_options())
+            self._manager = ocp.CheckpointManager(
+                self.managed, options=options, item_names=ITEMS,
+                item_handlers=checkpoint_per_host.local_checkpoint_handlers())
+        else:
+            self._manager = ocp.CheckpointManager(self.managed, options=options,
+                                                  item_names=ITEMS)
 
     @property
     def damaged_directory(self) -> epath.Path:
@@ -228,8 +256,11 @@ class Checkpointer:
         # its manifest is written and rotation sees it verified.
         self._manager.wait_until_finished()
         self._seal_and_rotate()
+        if self._per_host:
+            self._layouts[step] = checkpoint_per_host.layout_digest(state)
         return self._manager.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state),
+            state=(ocp.args.PyTreeSave(state) if self._per_host
+                   else ocp.args.StandardSave(state)),
             data=ocp.args.JsonSave(data_state),
             config=ocp.args.JsonSave(config)), force=force)
 
@@ -237,7 +268,7 @@ class Checkpointer:
         if self.read_only:
             return
         steps = self.all_steps()
-        if self._is_primary:
+        if self._is_primary or self._per_host:  # per host: each seals its own copy
             for step in steps:
                 folder = self.step_folder(step)
                 if not folder.is_dir() or has_manifest(folder):
@@ -247,7 +278,7 @@ class Checkpointer:
                 try:
                     if step not in self._verified:  # a restored step needs no re-check
                         self._check_readable(step)
-                    write_manifest(folder)
+                    write_manifest(folder, self._layouts.get(step))
                 except Exception as e:  # noqa: BLE001 - a step that does not verify stays unverified
                     self._log(f"Checkpoint {folder} did not verify after saving ({one_line(e)}); "
                               "older checkpoints are kept until a newer one verifies.")
@@ -281,23 +312,69 @@ class Checkpointer:
         return [s for s in steps if s not in keep]
 
     def _rotate(self, steps: list[int]) -> None:
-        for step in self.steps_to_delete(steps):
-            self._manager.delete(step)
+        doomed = self.steps_to_delete(steps)
+        for step in doomed:
+            if self._per_host:
+                # A host's own folder, which no other host reads: orbax's delete waits for
+                # every host at a barrier, and hosts may hold different steps (one that lost
+                # its disk holds none of the older ones).
+                self.step_folder(step).rmtree()
+            else:
+                self._manager.delete(step)
             self._verified.discard(step)
+        if self._per_host and doomed:
+            self._manager.reload()
 
     # -- restoring --------------------------------------------------------------
     def restore_config(self, step: int) -> dict:
-        """Only the saved config: cheap, and checked before any array is read."""
+        """Only the saved config: cheap, and checked before any array is read. Per host
+        the file is read directly (no collective: hosts may hold different copies)."""
+        if self._per_host:
+            local = self.step_folder(step) / "config" / "metadata"
+            source = local if local.exists() else self.durable_folder(step) / "config" / "metadata"
+            return json.loads(source.read_text())
         return self._manager.restore(step, args=ocp.args.Composite(
             config=ocp.args.JsonRestore())).config
 
     def restore(self, step: int, abstract_state):
-        """Restores onto the shardings carried by ``abstract_state``'s leaves."""
-        restored = self._manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_state),
-            data=ocp.args.JsonRestore(),
-            config=ocp.args.JsonRestore()))
+        """Restores onto the shardings carried by ``abstract_state``'s leaves. Per host:
+        from every host's own copy when all of them fit this layout, else from the
+        workdir's sealed copy (``checkpoint_per_host``)."""
+        from t5x_like import partitioning
+        items = {"data": ocp.args.JsonRestore(), "config": ocp.args.JsonRestore()}
+        if self._per_host and all(partitioning.gather_json(self._local_fits(step,
+                                                                            abstract_state))):
+            manager, items["state"] = self._manager, checkpoint_per_host.restore_args(
+                abstract_state)
+            self._restored_from[step] = self.step_folder(step)
+        elif self._per_host:
+            manager, items["state"] = self._durable(), ocp.args.StandardRestore(abstract_state)
+            self._restored_from[step] = self.durable_folder(step)
+        else:
+            manager, items["state"] = self._manager, ocp.args.StandardRestore(abstract_state)
+            self._restored_from[step] = self.step_folder(step)
+        restored = manager.restore(step, args=ocp.args.Composite(**items))
         return restored.state, restored.data, restored.config
+
+    def restored_folder(self, step: int) -> epath.Path:
+        """Where ``step`` was last restored from (the local or the workdir's copy)."""
+        return self._restored_from.get(step, self.step_folder(step))
+
+    def _local_fits(self, step: int, abstract_state) -> bool:
+        """This host's own copy of ``step`` is sealed, intact, and written for this
+        layout (so it holds every shard this host restores)."""
+        folder = self.step_folder(step)
+        return (folder.is_dir() and has_manifest(folder) and manifest_problem(folder) is None
+                and manifest_layout(folder) == checkpoint_per_host.layout_digest(abstract_state))
+
+    def _durable(self):
+        """A read-only manager of the workdir's copies (per host: what every host can read)."""
+        if self._durable_reader is None:
+            _drop_read_only_notices()
+            self._durable_reader = ocp.CheckpointManager(
+                self.directory, options=ocp.CheckpointManagerOptions(read_only=True, create=False),
+                item_names=ITEMS)
+        return self._durable_reader
 
     def restore_newest(self, restore_step: Callable[[int], object]) -> Restored | None:
         """``restore_step(step)`` for the newest step that restores, newest first.
@@ -310,14 +387,21 @@ class Checkpointer:
         has no checkpoints.
         """
         steps = self.all_steps()
-        if self._uploads is not None:  # the local tier: the workdir's steps are candidates
+        if self._per_host:  # every host tries the same steps: any host's, or the workdir's
+            from t5x_like import partitioning
+            steps = sorted({s for host in partitioning.gather_json(steps) for s in host}
+                           | set(self.durable_steps()))
+        elif self._uploads is not None:  # the local tier: the workdir's steps are candidates
             steps = sorted(set(steps) | set(self.durable_steps()))
         damaged: list[tuple[int, str]] = []
         for step in reversed(steps):
             folder = self.step_folder(step)
-            if self._uploads is not None:
-                self._ready_locally(step)
-            reason = self._agreed(manifest_problem(folder))
+            if self._per_host:
+                reason = self._agreed(self._per_host_problem(step))
+            else:
+                if self._uploads is not None:
+                    self._ready_locally(step)
+                reason = self._agreed(manifest_problem(folder))
             if reason is None:
                 try:
                     value, failure = restore_step(step), None
@@ -349,6 +433,17 @@ class Checkpointer:
                 "this workdir, or use a new --workdir.")
         return None
 
+    def _per_host_problem(self, step: int) -> str | None:
+        """Per host: why neither this host's copy nor the workdir's can be read (None: one
+        can; which one, the restore decides with every host)."""
+        local, durable = self.step_folder(step), self.durable_folder(step)
+        if local.is_dir() and has_manifest(local) and manifest_problem(local) is None:
+            return None
+        if has_manifest(durable):
+            return manifest_problem(durable)
+        return ("this host's copy is missing, unsealed or damaged and the workdir's copy is "
+                "not sealed")
+
     def _agreed(self, problem: str | None) -> str | None:
         """One verdict for every process: a step is damaged if any process found it so
         (each reads only its own shards), so all fall back to the same step."""
@@ -367,19 +462,15 @@ class Checkpointer:
     def _move_aside(self, step: int, reason: str) -> epath.Path:
         """Renames a damaged step folder out of the way (never deletes it), with the
         reason written beside it."""
-        target = self.damaged_directory / str(step)
         if self.read_only:
             return self.step_folder(step)
-        if self._is_primary:
-            self.damaged_directory.mkdir(parents=True, exist_ok=True)
-            suffix = 1
-            while target.exists():
-                target = self.damaged_directory / f"{step}.{suffix}"
-                suffix += 1
-            storage.move_tree(self.step_folder(step), target)
-            (self.damaged_directory / f"{target.name}.reason.txt").write_text(
-                f"{time.strftime('%Y-%m-%d %H:%M:%S')} moved from {self.step_folder(step)}: "
-                f"{reason}\n")
+        target = self.damaged_directory / str(step)
+        if self._is_primary or self._per_host:  # per host: each its own copy
+            if self.step_folder(step).is_dir() or not self._per_host:
+                target = _move_into(self.damaged_directory, self.step_folder(step), step, reason)
+        if self._per_host and self._is_primary and self.durable_folder(step).is_dir():
+            target = _move_into(self.directory.parent / "damaged_checkpoints",
+                                self.durable_folder(step), step, reason)
         if self._multi_process:
             from t5x_like import partitioning
             partitioning.gather_json(step)  # every process waits for the move
@@ -416,6 +507,20 @@ class Checkpointer:
         self._manager.close()
 
 
+def _move_into(damaged: epath.Path, folder: epath.Path, step: int, reason: str) -> epath.Path:
+    """``folder`` renamed into ``damaged`` (``<step>``, or ``<step>.<n>`` beside an earlier
+    one), with the reason written beside it."""
+    damaged.mkdir(parents=True, exist_ok=True)
+    target, suffix = damaged / str(step), 1
+    while target.exists():
+        target = damaged / f"{step}.{suffix}"
+        suffix += 1
+    storage.move_tree(folder, target)
+    (damaged / f"{target.name}.reason.txt").write_text(
+        f"{time.strftime('%Y-%m-%d %H:%M:%S')} moved from {folder}: {reason}\n")
+    return target
+
+
 class _Uploader:
     """Copies sealed local steps to the workdir, oldest first, on one background thread;
     then applies the rotation to the workdir's copies (never deleting the newest)."""
@@ -429,7 +534,7 @@ class _Uploader:
 
     def add(self, steps: list[int]) -> None:
         c = self.checkpointer
-        if not c._is_primary:
+        if not (c._is_primary or c._per_host):
             return
         durable = set(c.durable_steps())
         for step in sorted(steps):
@@ -456,11 +561,30 @@ class _Uploader:
         source = c.step_folder(step)
         if not source.is_dir():
             return  # rotated away locally before its turn
-        storage.copy_tree(source, c.durable_folder(step), last=(COMMIT_SUCCESS, MANIFEST))
+        if c._per_host:
+            if not self._upload_share(step):
+                return
+        else:
+            storage.copy_tree(source, c.durable_folder(step), last=(COMMIT_SUCCESS, MANIFEST))
         durable = c.durable_steps()
         for old in c.steps_to_delete(durable):
             if old < durable[-1]:
                 c.durable_folder(old).rmtree()
+
+    def _upload_share(self, step: int) -> bool:
+        """Per host: this host's share of the step into the workdir, then its mark; host
+        0 seals the union once every host's has landed. True where this host is to apply
+        the rotation to the workdir's copies (host 0, once sealed)."""
+        import jax
+        c = self.checkpointer
+        source, target = c.step_folder(step), c.durable_folder(step)
+        include = ((lambda name: name not in (COMMIT_SUCCESS, MANIFEST)) if c._is_primary
+                   else checkpoint_per_host.host_share)
+        storage.copy_tree(source, target, include=include)
+        checkpoint_per_host.mark_landed(c.directory, step, jax.process_index())
+        return c._is_primary and checkpoint_per_host.seal_when_landed(
+            c.directory, step, jax.process_count(), write_manifest, source / COMMIT_SUCCESS,
+            c._log)
 
     def finish(self) -> None:
         """Waits for every queued upload (a run ends only once its steps are durable)."""

@@ -68,7 +68,7 @@ def _resumed(restored, checkpointer) -> Start:
         lines.append("Resuming with intended changes (checkpoint.allow_resume_changes): "
                      f"{', '.join(changed)}"
                      + ("; the input stream starts over" if data_state is None else ""))
-    lines.append(f"Resumed from {checkpointer.step_folder(restored.step)} at step "
+    lines.append(f"Resumed from {checkpointer.restored_folder(restored.step)} at step "
                  f"{restored.step}.")
     return Start(state, data_state, saved.get(peft_partial.IDENTITY_KEY), "\n".join(lines))
 

@@ -124,13 +124,14 @@ def relative_name(file, folder) -> str:
     return str(file)[len(str(folder)):].lstrip("/")
 
 
-def copy_tree(source, target, last: tuple[str, ...] = ()) -> None:
+def copy_tree(source, target, last: tuple[str, ...] = (), include=None) -> None:
     """A local or remote folder copied file by file into ``target``; the files named in
     ``last`` (relative names) go after all others, so a reader that waits for them sees
-    a complete folder."""
+    a complete folder. ``include(relative name)``: which files to copy (default all)."""
     source, target = path(source), path(target)
     target.mkdir(parents=True, exist_ok=True)
     files = [(relative_name(file, source), file) for file in files_under(source)]
+    files = [(name, file) for name, file in files if include is None or include(name)]
     files.sort(key=lambda item: (item[0] in last, item[0]))
     for relative, file in files:
         destination = target / relative

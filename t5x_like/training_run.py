@@ -81,7 +81,7 @@ def resolve_training(run_config, workdir: str, devices=None, process_count: int 
     storage.check_checkpoint_location(workdir, "--workdir")
     cli_flags.check_writable_folder(workdir)
     process_count = jax.process_count() if process_count is None else process_count
-    _check_local_dir(spec, process_count)
+    _check_local_dir(spec)
     asked = _config_vocabulary(spec)
     vocabulary = asked or get_task_or_mixture(spec.task).vocabulary
     runs.check_model_fits_vocabulary(spec, vocabulary)
@@ -160,16 +160,12 @@ def _prepared_evaluators(in_training, spec, vocabulary) -> dict:
     return prepared
 
 
-def _check_local_dir(spec, process_count: int) -> None:
-    """``checkpoint.local_dir``: single-process, and a folder this process can write."""
+def _check_local_dir(spec) -> None:
+    """``checkpoint.local_dir``: a folder this process can write (each process of a
+    multi-process run writes its own shards there, ``checkpoint_per_host``)."""
     local = spec.checkpoint.local_dir
     if not local:
         return
-    if process_count > 1:
-        raise ConfigError(
-            f"checkpoint.local_dir is single-process for now ({process_count} processes: each "
-            "host's disk would hold only its own shards); leave it empty to save to the "
-            "workdir.")
     try:
         cli_flags.check_writable_folder(local, "checkpoint.local_dir")
     except UserError as e:
@@ -261,11 +257,14 @@ def _checked_resume(spec, workdir, fingerprint: dict) -> Resume | None:
 def _saved_configs_newest_first(spec, workdir):
     """``(step, saved config)`` of the workdir's checkpoints whose config item reads,
     newest first, read straight from the step folders (``config/metadata``)."""
+    import jax
+
     from t5x_like import checkpoint_store
     folders = [workdir / "checkpoints"]
     if spec.checkpoint.local_dir:
+        process = jax.process_index() if jax.process_count() > 1 else None
         folders.insert(0, checkpoint_store.local_tier(spec.checkpoint.local_dir,
-                                                   workdir / "checkpoints"))
+                                                   workdir / "checkpoints", process))
     steps = {}
     for folder in folders:
         if folder.is_dir():

@@ -223,3 +223,87 @@ def test_the_pages_command_trains_as_printed(tmp_path):
     records = _metrics(tmp_path / "run")
     assert [r["step"] for r in records] == [1, 5, 10]
     assert records[2]["loss"] < records[0]["loss"]
+
+
+@pytest.mark.parametrize("balanced,window,packed", [(True, 0, True), (False, 0, False),
+                                                    (True, 300, False)])
+def test_the_splash_kernel_inside_each_shard_equals_one_devices_attention(
+        monkeypatch, balanced, window, packed):
+    """TPU's all-gather path, run in interpret mode on the CPU devices: causal rows of
+    1,024 positions over (data 2, context 4), each device's 256 queries through one
+    splash kernel cut into the axis's query shards, in the balanced order or not, with
+    a window, packed or not; outputs and the gradients of queries, keys and values
+    equal the plain path on one device."""
+    from t5x_like.models import attention
+    batch, length, heads, kv_heads, dim, size = 2, 1024, 4, 2, 32, 4
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.normal(size=(batch, length, heads, dim)), jnp.float32)
+    k, v = (jnp.asarray(rng.normal(size=(batch, length, kv_heads, dim)), jnp.float32)
+            for _ in range(2))
+    segments = (np.repeat([1, 2, 0], [600, 400, 24]) if packed else np.ones(length))
+    segments = jnp.asarray(np.tile(segments, (batch, 1)), jnp.int32)
+
+    def whole(q, k, v):
+        mask = attention.AttentionMask(segments, segments, causal=True, window=window)
+        return attention.reference_attention(q, k, v, mask, scale=0.2)
+
+    def split(q, k, v):
+        parts = size if balanced else 0
+        arrange = (lambda x: context_parallel.balance(x, parts)) if parts else (lambda x: x)
+        order = (jnp.asarray(context_parallel.balanced_order(length, parts)) if parts
+                 else None)
+        mask = attention.AttentionMask(arrange(segments), arrange(segments), causal=True,
+                                       window=window, order=order)
+        out = context_parallel.attend(arrange(q), arrange(k), arrange(v), mask, scale=0.2,
+                                      platform="tpu", interpret=True)
+        return context_parallel.unbalance(out, parts) if parts else out
+
+    def with_grads(attend):
+        def loss(q, k, v):
+            out = attend(q, k, v)
+            return jnp.sum(jnp.sin(out) * (segments > 0)[..., None, None]), out
+        (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
+        return out, grads
+
+    expected = jax.jit(lambda *a: with_grads(whole))(q, k, v)
+    mesh = partitioning.make_mesh(MESH)
+    kernels = []
+    monkeypatch.setattr(context_parallel, "_gathered_splash", _counted(
+        context_parallel._gathered_splash, kernels))
+    with (jax.set_mesh(mesh), nn.logical_axis_rules(partitioning.axis_rules("fsdp")),
+          context_parallel.context_settings(context_parallel.ContextSettings("all_gather",
+                                                                             balanced))):
+        found = jax.jit(lambda *a: with_grads(split))(q, k, v)
+    assert kernels, "the splash path was not taken"
+    live = np.asarray(segments > 0)[..., None, None]
+    np.testing.assert_allclose(np.where(live, found[0], 0), np.where(live, expected[0], 0),
+                               rtol=2e-5, atol=2e-5)
+    for a, b in zip(found[1], expected[1], strict=True):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)
+
+
+def _counted(function, calls: list):
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return function(*args, **kwargs)
+    return counted
+
+
+def test_the_ring_and_other_platforms_keep_the_plain_path(monkeypatch):
+    """Only TPU's all-gather takes the kernel: the ring (whose running softmax needs
+    statistics the kernel does not give back with gradients) and CPU do not."""
+    from t5x_like.models import attention
+    calls = []
+    monkeypatch.setattr(context_parallel, "_gathered_splash", _counted(
+        context_parallel._gathered_splash, calls))
+    x = jnp.ones((2, 1024, 2, 32), jnp.float32)
+    ids = jnp.ones((2, 1024), jnp.int32)
+    mask = attention.AttentionMask(ids, ids, causal=True)
+    mesh = partitioning.make_mesh(MESH)
+    for strategy, platform in (("ring", "tpu"), ("all_gather", "cpu")):
+        with (jax.set_mesh(mesh), nn.logical_axis_rules(partitioning.axis_rules("fsdp")),
+              context_parallel.context_settings(context_parallel.ContextSettings(strategy,
+                                                                                 False))):
+            jax.jit(lambda x: context_parallel.attend(x, x, x, mask, platform=platform)
+                    ).lower(x)
+    assert not calls

@@ -187,7 +187,7 @@ def choose_implementation(requested: str, mask: AttentionMask, *, platform: str,
     if not chunk_reason and (mask.global_tokens is not None or (
             q_len >= CHUNKED_MIN_WINDOWS * mask.window and flash_reason)):
         return "chunked", "local attention over a long sequence"
-    if not flash_reason and platform == "tpu" and not _splash_fits(mask, q_len, k_len):
+    if not flash_reason and platform == "tpu" and not splash_fits(mask, q_len, k_len):
         # Planned for T5-XL at 512 tokens (docs/attention.md): the flash kernel's saved
         # per-row statistics ([batch, heads, q, 128] float32, twice per layer) outgrow
         # the plain path's scores at these lengths: 44.4 against 32.5 GiB per v5p chip.
@@ -259,7 +259,7 @@ def _flash_unsupported(mask, platform, dtype, q_len, k_len, head_dim, dropout) -
     if platform == "tpu":
         if mask.prefix is not None:
             return "a prefix-LM mask differs per example (the TPU kernels' masks are static)"
-        if _splash_fits(mask, q_len, k_len):
+        if splash_fits(mask, q_len, k_len):
             return ""
         # The flash kernel: a bias, or query lengths off splash's grid.
         if k_len % SPLASH_BLOCK:
@@ -311,7 +311,7 @@ def attend(query: jax.Array, key: jax.Array, value: jax.Array, mask: AttentionMa
     if chosen == "chunked":
         return chunked_attention(query, key, value, mask, scale=scale, dtype=dtype)
     if chosen == "flash" and platform == "tpu":
-        if _splash_fits(mask, query.shape[1], key.shape[1]):
+        if splash_fits(mask, query.shape[1], key.shape[1]):
             return splash_attention(query, key, value, mask, scale=scale, interpret=interpret)
         return flash_attention(query, key, value, mask, scale=scale)
     if chosen == "flash":
@@ -353,7 +353,7 @@ def reference_attention(query, key, value, mask: AttentionMask | None, *, scale=
     return out.reshape(batch, q_len, heads, head_dim)
 
 
-def _repeat_kv(x, heads):
+def repeat_kv(x, heads):
     return x if x.shape[2] == heads else jnp.repeat(x, heads // x.shape[2], axis=2)
 
 
@@ -370,7 +370,7 @@ def chunked_attention(query, key, value, mask: AttentionMask, *, scale=1.0,
     against its own block and the neighbours (the previous one only when causal),
     plus the global keys; logits take ``L x (3 window + globals)`` memory, not L²."""
     batch, length, heads, head_dim = query.shape
-    key, value = _repeat_kv(key, heads), _repeat_kv(value, heads)
+    key, value = repeat_kv(key, heads), repeat_kv(value, heads)
     window = mask.window
     blocks = -(-length // window)
     padded = blocks * window
@@ -434,7 +434,7 @@ def global_query_attention(query, key, value, mask: AttentionMask, *, scale=1.0,
     the global rows filled (others zero). ``chunked``: only the global rows are
     computed (``globals x L`` logits), else the dense ``L x L`` reference."""
     batch, length, heads, head_dim = query.shape
-    key, value = _repeat_kv(key, heads), _repeat_kv(value, heads)
+    key, value = repeat_kv(key, heads), repeat_kv(value, heads)
     everything = AttentionMask(mask.query_segment_ids, mask.key_segment_ids)
     is_global = mask.global_tokens[:, :, None, None]
     if not chunked:
@@ -451,25 +451,41 @@ def global_query_attention(query, key, value, mask: AttentionMask, *, scale=1.0,
     return full.at[jnp.arange(batch)[:, None], target].set(out.astype(dtype), mode="drop")
 
 
-def _splash_kernel_mask(mask: AttentionMask, q_len: int, k_len: int, heads: int):
+def splash_kernel_mask(mask: AttentionMask, q_len: int, k_len: int, heads: int,
+                       query_order: np.ndarray | None = None, q_shards: int = 1):
+    """The splash kernel's static mask (full, causal or local) for every head.
+    ``query_order``: the position each query slot came from, where the queries are
+    permuted (a load-balanced context axis); ``q_shards``: the query shards the kernel's
+    mask is cut into (``make_splash_mha(q_seq_shards=...)``)."""
     from jax.experimental.pallas.ops.tpu import splash_attention as splash
     shape = (q_len, k_len)
     if mask.window:
         right = 0 if mask.causal else mask.window - 1
-        one = splash.LocalMask(shape, window_size=(mask.window - 1, right), offset=0)
+        one = splash.LocalMask(shape, window_size=(mask.window - 1, right), offset=0,
+                               shard_count=q_shards)
     elif mask.causal:
-        one = splash.CausalMask(shape)
+        one = splash.CausalMask(shape, shard_count=q_shards)
     else:
-        one = splash.FullMask(shape)
+        return splash.MultiHeadMask([splash.FullMask(shape)] * heads)  # no order to follow
+    if query_order is not None:
+        one.q_sequence = np.asarray(query_order, np.int32)
     return splash.MultiHeadMask([one] * heads)
 
 
-def _splash_fits(mask: AttentionMask, q_len: int, k_len: int) -> bool:
+def splash_block_sizes(block: int):
+    """The splash kernel's blocks, every one ``block`` (forward, dq and dkv passes)."""
+    from jax.experimental.pallas.ops.tpu import splash_attention as splash
+    return splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
+                             block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
+                             block_q_dq=block, block_kv_dq=block)
+
+
+def splash_fits(mask: AttentionMask, q_len: int, k_len: int) -> bool:
     return (mask.position_bias is None and not q_len % SPLASH_BLOCK
             and not k_len % SPLASH_BLOCK)
 
 
-def _heads_first(x):
+def heads_first(x):
     return jnp.swapaxes(x, 1, 2)
 
 
@@ -493,7 +509,7 @@ def flash_attention(query, key, value, mask: AttentionMask, *, scale=1.0) -> jax
     from jax.experimental.pallas.ops.tpu import flash_attention as flash
     batch, q_len, heads, head_dim = query.shape
     k_len = key.shape[1]
-    key, value = _repeat_kv(key, heads), _repeat_kv(value, heads)
+    key, value = repeat_kv(key, heads), repeat_kv(value, heads)
     block_q, block_k = min(SPLASH_BLOCK, q_len), SPLASH_BLOCK
     sizes = flash.BlockSizes(
         block_q=block_q, block_k_major=block_k, block_k=block_k, block_b=1,
@@ -505,8 +521,8 @@ def flash_attention(query, key, value, mask: AttentionMask, *, scale=1.0) -> jax
         if position_bias is not None:
             bias = jnp.broadcast_to(position_bias, (q.shape[0], q.shape[2], q_len, k_len))
         # The kernel scales the biased logits; scaling the queries scales only q.k.
-        return _heads_first(flash.flash_attention(
-            _heads_first(q * np.asarray(scale, q.dtype)), _heads_first(k), _heads_first(v),
+        return heads_first(flash.flash_attention(
+            heads_first(q * np.asarray(scale, q.dtype)), heads_first(k), heads_first(v),
             bias, flash.SegmentIds(q=q_ids, kv=k_ids), causal=mask.causal, sm_scale=1.0,
             block_sizes=sizes))
 
@@ -526,24 +542,21 @@ def splash_attention(query, key, value, mask: AttentionMask, *, scale=1.0,
     from jax.experimental.pallas.ops.tpu import splash_attention as splash
     batch, q_len, heads, head_dim = query.shape
     k_len = key.shape[1]
-    key, value = _repeat_kv(key, heads), _repeat_kv(value, heads)
-    block = min(SPLASH_BLOCK, q_len, k_len)
-    sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
-                              block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
-                              block_q_dq=block, block_kv_dq=block)
-    kernel_mask = _splash_kernel_mask(mask, q_len, k_len, heads)
+    key, value = repeat_kv(key, heads), repeat_kv(value, heads)
+    sizes = splash_block_sizes(min(SPLASH_BLOCK, q_len, k_len))
+    kernel_mask = splash_kernel_mask(mask, q_len, k_len, heads)
 
     def run(q, k, v, q_ids, k_ids):
         local_heads = q.shape[2]
-        local_mask = kernel_mask if local_heads == heads else _splash_kernel_mask(
+        local_mask = kernel_mask if local_heads == heads else splash_kernel_mask(
             mask, q_len, k_len, local_heads)
         kernel = splash.make_splash_mha(local_mask, block_sizes=sizes, head_shards=1,
                                         q_seq_shards=1, interpret=interpret)
         out = jax.vmap(lambda q1, k1, v1, qi, ki: kernel(
             q1, k1, v1, segment_ids=splash.SegmentIds(q=qi, kv=ki)))(
-                _heads_first(q * np.asarray(scale, q.dtype)), _heads_first(k), _heads_first(v),
+                heads_first(q * np.asarray(scale, q.dtype)), heads_first(k), heads_first(v),
                 q_ids, k_ids)
-        return _heads_first(out)
+        return heads_first(out)
 
     args = (query, key, value, mask.query_segment_ids, mask.key_segment_ids)
     qkv_spec = nn.logical_to_mesh_axes(("batch", None, "heads", None))

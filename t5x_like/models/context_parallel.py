@@ -28,8 +28,9 @@ compares the positions each token came from (``AttentionMask.order``), so
 packing (segment ids), causal, prefix-LM and window masks mean what they mean
 unsplit, and the result equals one device's up to the order of float sums.
 
-On CPU and GPU the blocks are computed by the plain path (einsum, float32
-logits); the TPU kernels inside a shard are not wired yet (``docs/parallelism.md``).
+On TPU, all-gather runs the splash kernel inside each shard (``_gathered_splash``);
+the ring, and every strategy on CPU and GPU, compute their blocks by the plain path
+(einsum, float32 logits).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
+from t5x_like import traced_platform
 from t5x_like.models import attention
 
 STRATEGIES = ("all_gather", "ring")
@@ -128,11 +130,15 @@ def balanced_order(length: int, parts: int) -> np.ndarray:
 # -- attention across the axis --------------------------------------------------
 
 def attend(query, key, value, mask: attention.AttentionMask, *, scale: float = 1.0,
-           dtype=jnp.float32) -> jax.Array:
+           dtype=jnp.float32, implementation: str = "auto", platform: str | None = None,
+           interpret: bool = False) -> jax.Array:
     """Self-attention of ``query [b, L, heads, d]`` over ``key``/``value``
     ``[b, L, kv_heads, d]`` whose ``L`` is split over the context axis, by the
     strategy of ``context_settings``. A mask with a position bias or global tokens
-    raises: runs that would need one are refused first (``config.devices.check_context``)."""
+    raises: runs that would need one are refused first (``config.devices.check_context``).
+    On TPU, all-gather runs the splash kernel inside each shard where the whole row's
+    attention would (``implementation`` as ``model.attention.impl``; ``interpret``
+    runs the kernel on CPU, for tests)."""
     axis, size = attention.context_axis()
     length = query.shape[1]
     if key.shape[1] != length:
@@ -155,6 +161,9 @@ def attend(query, key, value, mask: attention.AttentionMask, *, scale: float = 1
     order = (jnp.arange(length, dtype=jnp.int32) if mask.order is None
              else mask.order.astype(jnp.int32))
     prefix = mask.prefix
+    if _splash_applies(mask, query, implementation, platform, dtype, size):
+        return _gathered_splash(query, key, value, mask, axis, size, query_spec, scale,
+                                interpret)
     block = _ring if current_settings().attention == "ring" else _gathered
     pattern = dataclasses.replace(_Pattern.of(mask), axis=axis, size=size)
 
@@ -165,6 +174,70 @@ def attend(query, key, value, mask: attention.AttentionMask, *, scale: float = 1
     args = (query, key, value, mask.query_segment_ids, mask.key_segment_ids, order, prefix)
     specs = (query_spec, key_spec, key_spec, rows_spec, rows_spec, PartitionSpec(axis),
              None if prefix is None else rows_spec)
+    return jax.shard_map(run, mesh=mesh, in_specs=specs, out_specs=query_spec,
+                         check_vma=False)(*args)
+
+
+def _splash_applies(mask, query, implementation, platform, dtype, size) -> bool:
+    """The splash kernel inside each shard: on TPU, for all-gather, where a whole row
+    would take it (``attention.choose_implementation``) and each device's queries are
+    whole kernel blocks. The ring folds blocks into a running softmax whose statistics
+    the kernel does not give back with gradients: it keeps the plain path."""
+    platform = platform or traced_platform.current_platform()
+    if platform != "tpu" or current_settings().attention != "all_gather":
+        return False
+    chosen, _ = attention.choose_implementation(implementation, mask, platform=platform,
+                                                dtype=dtype, head_dim=query.shape[-1])
+    length = query.shape[1]
+    return (chosen == "flash" and attention.splash_fits(mask, length, length)
+            and (length // size) % attention.SPLASH_BLOCK == 0
+            and length % (size * size) == 0)
+
+
+def _block(queries: int) -> int:
+    """The kernel's block for a shard of ``queries``: the largest up to 512 (MaxText's)
+    dividing it. Long rows need large blocks: the kernel's mask is mapped block by
+    block when it is built, ``(L / block)^2`` blocks."""
+    return next(b for b in (512, 256, attention.SPLASH_BLOCK) if queries % b == 0)
+
+
+def _gathered_splash(query, key, value, mask, axis, size, query_spec, scale, interpret):
+    """All-gather with the splash kernel: each device gathers the row's keys and values
+    (back in their positions' order where the row is load-balanced) and its queries
+    attend to them through one kernel whose mask spans the whole row, cut into the
+    axis's query shards (``make_splash_mha(q_seq_shards=C)``, as MaxText's): each
+    device's kernel gets the block map of its own queries, which the mask places by
+    the positions they came from (``q_sequence``), so the balanced order is causal."""
+    from jax.experimental.pallas.ops.tpu import splash_attention as splash
+    batch, length, heads, _ = query.shape
+    parts = balanced_parts(length) if mask.order is not None else 0
+    order = balanced_order(length, parts) if parts else None
+    mesh = jax.sharding.get_abstract_mesh()
+    local_heads = heads // _size(mesh, query_spec[2])
+    kernel = splash.make_splash_mha(
+        attention.splash_kernel_mask(mask, length, length, local_heads, order, size),
+        block_sizes=attention.splash_block_sizes(_block(length // size)),
+        head_shards=1, q_seq_shards=size, interpret=interpret)
+    kernel_spec = kernel.manual_sharding_spec(
+        jax.sharding.NamedSharding(mesh, PartitionSpec(None, axis)))
+    key_spec = PartitionSpec(query_spec[0], axis, query_spec[2], None)
+    rows_spec = PartitionSpec(query_spec[0], axis)
+    if key.shape[2] != heads:
+        key, value = attention.repeat_kv(key, heads), attention.repeat_kv(value, heads)
+
+    def run(kernel, q, k, v, q_ids, k_ids):
+        def whole_row(x):
+            x = jax.lax.all_gather(x, axis, axis=1, tiled=True)
+            return unbalance(x, parts) if parts else x
+        k, v, k_ids = whole_row(k), whole_row(v), whole_row(k_ids)
+        out = jax.vmap(lambda q1, k1, v1, qi, ki: kernel(
+            q1, k1, v1, segment_ids=splash.SegmentIds(q=qi, kv=ki)))(
+                attention.heads_first(q * np.asarray(scale, q.dtype)), attention.heads_first(k),
+                attention.heads_first(v), q_ids, k_ids)
+        return attention.heads_first(out)
+
+    args = (kernel, query, key, value, mask.query_segment_ids, mask.key_segment_ids)
+    specs = (kernel_spec, query_spec, key_spec, key_spec, rows_spec, rows_spec)
     return jax.shard_map(run, mesh=mesh, in_specs=specs, out_specs=query_spec,
                          check_vma=False)(*args)
 

@@ -459,7 +459,8 @@ class MultiHeadAttention(nn.Module):
             if dropout is not None:
                 raise ValueError("Attention dropout is not built across a context axis; set "
                                  "model.dropout_rate=0 with mesh.context > 1.")
-            out = context_parallel.attend(query, key, value, mask, scale=scale, dtype=self.dtype)
+            out = context_parallel.attend(query, key, value, mask, scale=scale, dtype=self.dtype,
+                                          implementation=self.attention_impl)
         else:
             out = attention.attend(query, key, value, mask, implementation=self.attention_impl,
                                    scale=scale, dtype=self.dtype, dropout=dropout)
