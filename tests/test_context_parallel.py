@@ -304,6 +304,6 @@ def test_the_ring_and_other_platforms_keep_the_plain_path(monkeypatch):
         with (jax.set_mesh(mesh), nn.logical_axis_rules(partitioning.axis_rules("fsdp")),
               context_parallel.context_settings(context_parallel.ContextSettings(strategy,
                                                                                  False))):
-            jax.jit(lambda x: context_parallel.attend(x, x, x, mask, platform=platform)
-                    ).lower(x)
+            jax.jit(lambda x, platform=platform: context_parallel.attend(
+                x, x, x, mask, platform=platform)).lower(x)
     assert not calls
