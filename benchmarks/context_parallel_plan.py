@@ -2,6 +2,7 @@
 planned ahead of time with and without context parallelism.
 
     python benchmarks/context_parallel_plan.py [--length 131072] [--rows all]
+    python benchmarks/context_parallel_plan.py --rows "fsdp 2 x context 16, all-gather"
 
 Each row compiles the real train step with ``t5x_like.plan`` (libtpu's compiler; no TPU
 needed) in bfloat16, scanned layers, full rematerialisation. Without a context axis the
@@ -66,9 +67,9 @@ def plan_cells(report: dict) -> tuple[float, str, str, str]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--length", type=int, default=131_072)
-    parser.add_argument("--rows", default="all", help="comma-separated row names, or all")
+    parser.add_argument("--rows", default="all", help="row names separated by ';', or all")
     args = parser.parse_args(argv)
-    names = list(ROWS) if args.rows == "all" else args.rows.split(",")
+    names = list(ROWS) if args.rows == "all" else [n.strip() for n in args.rows.split(";")]
     print("| mesh | rows x tokens | memory / chip (GiB) | fits | roofline step s (bound) "
           "| compute / HBM / collectives s | collectives GB / chip by axes |")
     print("|---|---|---|---|---|---|---|")

@@ -222,14 +222,18 @@ def _gathered_splash(query, key, value, mask, axis, size, query_spec, scale, int
         jax.sharding.NamedSharding(mesh, PartitionSpec(None, axis)))
     key_spec = PartitionSpec(query_spec[0], axis, query_spec[2], None)
     rows_spec = PartitionSpec(query_spec[0], axis)
-    if key.shape[2] != heads:
+    if key.shape[2] != heads and local_heads != heads:
+        # Query heads split over the tensor axis need their own key/value heads.
         key, value = attention.repeat_kv(key, heads), attention.repeat_kv(value, heads)
+    elif key.shape[2] != heads:
+        key_spec = PartitionSpec(query_spec[0], axis, None, None)  # gathered, then repeated
 
     def run(kernel, q, k, v, q_ids, k_ids):
         def whole_row(x):
             x = jax.lax.all_gather(x, axis, axis=1, tiled=True)
             return unbalance(x, parts) if parts else x
         k, v, k_ids = whole_row(k), whole_row(v), whole_row(k_ids)
+        k, v = attention.repeat_kv(k, q.shape[2]), attention.repeat_kv(v, q.shape[2])
         out = jax.vmap(lambda q1, k1, v1, qi, ki: kernel(
             q1, k1, v1, segment_ids=splash.SegmentIds(q=qi, kv=ki)))(
                 attention.heads_first(q * np.asarray(scale, q.dtype)), attention.heads_first(k),
