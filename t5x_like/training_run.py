@@ -54,6 +54,7 @@ class TrainingRun:
     teacher: Any = None            # distill.TeacherSource, checked, params not read
     started: float = 0.0           # when resolving began (goodput counts start-up from it)
     notices: tuple[str, ...] = ()  # what resolving changed on its own, said at the start
+    microbatches_asked: int = 0    # the config's optimizer.microbatches (0: the spec's)
 
     @property
     def run_config(self) -> dict:
@@ -63,7 +64,9 @@ class TrainingRun:
         tree = self.spec.to_dict()
         tree["data"]["streams"] = self.num_streams
         return dict(tree, fingerprint=self.fingerprint, **{
-            config.ROWS_PER_DEVICE: config.rows_per_device(self.spec, self.mesh_shape)})
+            config.ROWS_PER_DEVICE: config.rows_per_device(self.spec, self.mesh_shape),
+            config.MICROBATCHES_ASKED: (self.microbatches_asked
+                                        or self.spec.optimizer.microbatches)})
 
 
 def resolve_training(run_config, workdir: str, devices=None, process_count: int | None = None
@@ -90,6 +93,7 @@ def resolve_training(run_config, workdir: str, devices=None, process_count: int 
     devices = jax.devices() if devices is None else list(devices)
     mesh_shape = config.check_devices(spec, len(devices), process_count,
                                       partitioning.num_slices(devices))
+    asked_microbatches = spec.optimizer.microbatches
     spec, notices = _holding_the_saved_rows(spec, storage.path(workdir), mesh_shape)
     if notices:  # the new microbatches meet the mesh's checks too
         config.check_devices(spec, len(devices), process_count, partitioning.num_slices(devices))
@@ -105,7 +109,7 @@ def resolve_training(run_config, workdir: str, devices=None, process_count: int 
                                               resume.saved if resume else None)
     return TrainingRun(spec, storage.path(workdir), asked, vocabulary, devices, mesh_shape,
                        trainer, fingerprint, num_streams, resume, evaluators, teacher, started,
-                       notices)
+                       notices, asked_microbatches)
 
 
 def _holding_the_saved_rows(spec, workdir, mesh_shape) -> tuple[RunSpec, tuple[str, ...]]:
@@ -113,14 +117,15 @@ def _holding_the_saved_rows(spec, workdir, mesh_shape) -> tuple[RunSpec, tuple[s
     devices moved to other axes) would put more rows on each device than the run that
     saved the checkpoint held at a time, which may not fit: the optimizer microbatches
     grow until each device holds at most that many, and the global batch stays. Only
-    while ``optimizer.microbatches`` is what the checkpoint saved (another value is the
-    user's choice) and the checkpoint says how many rows it held."""
+    while ``optimizer.microbatches`` is what the checkpoint's run asked for (another
+    value is the user's choice) and the checkpoint says how many rows it held."""
     newest = next(_saved_configs_newest_first(spec, workdir), None)
     if newest is None or not isinstance(newest[1].get(config.ROWS_PER_DEVICE), int):
         return spec, ()
     saved, held = newest[1], newest[1][config.ROWS_PER_DEVICE]
-    saved_microbatches = config.migrated(saved)[0].get("optimizer", {}).get("microbatches", 1)
-    if spec.optimizer.microbatches != saved_microbatches or spec.head.kind:
+    asked = saved.get(config.MICROBATCHES_ASKED) or config.migrated(saved)[0].get(
+        "optimizer", {}).get("microbatches", 1)
+    if spec.optimizer.microbatches != asked or spec.head.kind:
         return spec, ()  # chosen by the user; heads train without microbatches
     microbatches = config.microbatches_holding(spec, mesh_shape, held)
     if microbatches == spec.optimizer.microbatches:

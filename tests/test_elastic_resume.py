@@ -149,3 +149,20 @@ def test_a_resume_keeps_the_rows_each_device_held(tmp_path, devices, mesh, chose
     said = " ".join(resolved.notices)
     assert ("optimizer.microbatches=" in said) == (chosen is None and expected > 1), said
     assert resolved.run_config["rows_per_device"] == 2 or chosen
+    assert resolved.run_config["microbatches_asked"] == (chosen or 1)
+
+
+def test_microbatches_grown_once_keep_growing_on_the_next_resume(tmp_path):
+    """A run resumed on 4 devices trains in 2 microbatches; its checkpoint says the config
+    asked for 1, so resuming it again (still asking for 1) keeps the 2 rows a device."""
+    from conftest import set_keys
+
+    from t5x_like import training_run
+    config = _saved_on_8_devices(tmp_path, **{"mesh.data": 8})
+    set_keys(config, {"mesh.data": 4})
+    resumed = training_run.resolve_training(config, str(tmp_path), jax.devices()[:4])
+    step = tmp_path / "checkpoints" / "6" / "config"
+    step.mkdir(parents=True)
+    (step / "metadata").write_text(json.dumps(resumed.run_config))
+    again = training_run.resolve_training(config, str(tmp_path), jax.devices()[:4])
+    assert again.spec.optimizer.microbatches == 2 and again.notices

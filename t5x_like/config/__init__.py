@@ -28,6 +28,7 @@ from t5x_like.config.model_parts import ModelSpec
 from t5x_like.config.overrides import apply_overrides, parse_value, split_overrides
 from t5x_like.config.run import RESUME_CHANGE_KEYS, RunSpec
 from t5x_like.config.schema import (
+    MICROBATCHES_ASKED,
     ROWS_PER_DEVICE,
     as_config_dict,
     default_config,
@@ -40,7 +41,8 @@ from t5x_like.config.schema import (
 )
 from t5x_like.config.sections import FrozenMap, Section
 
-__all__ = ["EVAL_SPECS", "MODEL_SPECS", "RESUME_CHANGE_KEYS", "ROWS_PER_DEVICE", "EvalSpec", "FrozenMap",
+__all__ = ["EVAL_SPECS", "MODEL_SPECS", "RESUME_CHANGE_KEYS", "MICROBATCHES_ASKED",
+           "ROWS_PER_DEVICE", "EvalSpec", "FrozenMap",
            "ModelSpec", "RunSpec", "Section", "apply_overrides", "as_config_dict",
            "batch_shards", "check_devices", "default_config", "microbatches_holding",
            "rows_per_device", "default_data_streams", "legacy",

@@ -62,9 +62,11 @@ def migrated(config) -> tuple[dict, list]:
 
 
 #: what a checkpoint's config item holds beside the spec: the run fingerprint, a partial
-#: PEFT save's base, the rows each device held at a time
+#: PEFT save's base, the rows each device held at a time and the optimizer microbatches
+#: the config asked for (the spec's may have grown to keep those rows)
 ROWS_PER_DEVICE = "rows_per_device"
-SAVED_BESIDE = ("fingerprint", "peft_base", ROWS_PER_DEVICE)
+MICROBATCHES_ASKED = "microbatches_asked"
+SAVED_BESIDE = ("fingerprint", "peft_base", ROWS_PER_DEVICE, MICROBATCHES_ASKED)
 
 
 def spec_of(config) -> RunSpec:
