@@ -94,7 +94,8 @@ def resolve_training(run_config, workdir: str, devices=None, process_count: int 
     mesh_shape = config.check_devices(spec, len(devices), process_count,
                                       partitioning.num_slices(devices))
     asked_microbatches = spec.optimizer.microbatches
-    spec, notices = _holding_the_saved_rows(spec, storage.path(workdir), mesh_shape)
+    newest = _newest_saved_config(spec, storage.path(workdir))
+    spec, notices = _holding_the_saved_rows(spec, newest, mesh_shape)
     if notices:  # the new microbatches meet the mesh's checks too
         config.check_devices(spec, len(devices), process_count, partitioning.num_slices(devices))
     trainer = trainer_lib.build_trainer(spec, partitioning.make_mesh(mesh_shape, devices))
@@ -104,7 +105,7 @@ def resolve_training(run_config, workdir: str, devices=None, process_count: int 
         pipeline.stack_layout(trainer.pipeline_settings, getattr(spec.model, "num_layers", 0)))
     teacher = _checked_teacher(spec, vocabulary, trainer)
     _check_init_from(spec)
-    resume = _checked_resume(spec, storage.path(workdir), fingerprint)
+    resume = _checked_resume(spec, newest, fingerprint)
     num_streams = config.resolve_data_streams(spec, process_count,
                                               resume.saved if resume else None)
     return TrainingRun(spec, storage.path(workdir), asked, vocabulary, devices, mesh_shape,
@@ -112,14 +113,13 @@ def resolve_training(run_config, workdir: str, devices=None, process_count: int 
                        notices, asked_microbatches)
 
 
-def _holding_the_saved_rows(spec, workdir, mesh_shape) -> tuple[RunSpec, tuple[str, ...]]:
+def _holding_the_saved_rows(spec, newest, mesh_shape) -> tuple[RunSpec, tuple[str, ...]]:
     """A resume onto a mesh that splits the batch into fewer shards (fewer devices, or
     devices moved to other axes) would put more rows on each device than the run that
     saved the checkpoint held at a time, which may not fit: the optimizer microbatches
     grow until each device holds at most that many, and the global batch stays. Only
     while ``optimizer.microbatches`` is what the checkpoint's run asked for (another
     value is the user's choice) and the checkpoint says how many rows it held."""
-    newest = next(_saved_configs_newest_first(spec, workdir), None)
     if newest is None or not isinstance(newest[1].get(config.ROWS_PER_DEVICE), int):
         return spec, ()
     saved, held = newest[1], newest[1][config.ROWS_PER_DEVICE]
@@ -245,23 +245,24 @@ def _check_init_from(spec) -> None:
         raise ConfigError(str(e)) from None
 
 
-def _checked_resume(spec, workdir, fingerprint: dict) -> Resume | None:
-    """The newest step of the workdir (or its local tier) whose config reads, checked
-    against this run's fingerprint. A damaged newer step is left to the restore, which
-    moves it aside."""
+def _checked_resume(spec, newest, fingerprint: dict) -> Resume | None:
+    """The newest step of the workdir (or its local tier) whose config reads
+    (``_newest_saved_config``), checked against this run's fingerprint. A damaged newer
+    step is left to the restore, which moves it aside."""
     from t5x_like import run_guard
-    for step, saved in _saved_configs_newest_first(spec, workdir):
-        changed = run_guard.check_resume(saved, fingerprint,
-                                         spec.checkpoint.allow_resume_changes)
-        layout = config.migrated(saved)[0]
-        return Resume(step, dict(layout, fingerprint=saved.get("fingerprint"),
-                                 peft_base=saved.get("peft_base")), changed)
-    return None
+    if newest is None:
+        return None
+    step, saved = newest
+    changed = run_guard.check_resume(saved, fingerprint, spec.checkpoint.allow_resume_changes)
+    layout = config.migrated(saved)[0]
+    return Resume(step, dict(layout, fingerprint=saved.get("fingerprint"),
+                             peft_base=saved.get("peft_base")), changed)
 
 
-def _saved_configs_newest_first(spec, workdir):
-    """``(step, saved config)`` of the workdir's checkpoints whose config item reads,
-    newest first, read straight from the step folders (``config/metadata``)."""
+def _newest_saved_config(spec, workdir) -> tuple[int, dict] | None:
+    """``(step, saved config)`` of the newest of the workdir's checkpoints whose config
+    item reads, read straight from the step folders (``config/metadata``); read once,
+    for the rows a resume keeps and the fingerprint it checks."""
     import jax
 
     from t5x_like import checkpoint_store
@@ -282,4 +283,5 @@ def _saved_configs_newest_first(spec, workdir):
         except (OSError, ValueError):
             continue  # damaged: the restore moves it aside
         if isinstance(saved, dict):
-            yield step, saved
+            return step, saved
+    return None
