@@ -480,12 +480,23 @@ def splash_block_sizes(block: int):
                              block_q_dq=block, block_kv_dq=block)
 
 
+def splash_rows(kernel, q, k, v, q_ids, k_ids, scale) -> jax.Array:
+    """A splash ``kernel`` over every row of ``q [b, q, heads, d]`` against ``k``/``v``
+    (as many heads), with the rows' segment ids; the queries scaled first."""
+    from jax.experimental.pallas.ops.tpu import splash_attention as splash
+    out = jax.vmap(lambda q1, k1, v1, qi, ki: kernel(
+        q1, k1, v1, segment_ids=splash.SegmentIds(q=qi, kv=ki)))(
+            _heads_first(q * np.asarray(scale, q.dtype)), _heads_first(k), _heads_first(v),
+            q_ids, k_ids)
+    return _heads_first(out)
+
+
 def splash_fits(mask: AttentionMask, q_len: int, k_len: int) -> bool:
     return (mask.position_bias is None and not q_len % SPLASH_BLOCK
             and not k_len % SPLASH_BLOCK)
 
 
-def heads_first(x):
+def _heads_first(x):
     return jnp.swapaxes(x, 1, 2)
 
 
@@ -521,8 +532,8 @@ def flash_attention(query, key, value, mask: AttentionMask, *, scale=1.0) -> jax
         if position_bias is not None:
             bias = jnp.broadcast_to(position_bias, (q.shape[0], q.shape[2], q_len, k_len))
         # The kernel scales the biased logits; scaling the queries scales only q.k.
-        return heads_first(flash.flash_attention(
-            heads_first(q * np.asarray(scale, q.dtype)), heads_first(k), heads_first(v),
+        return _heads_first(flash.flash_attention(
+            _heads_first(q * np.asarray(scale, q.dtype)), _heads_first(k), _heads_first(v),
             bias, flash.SegmentIds(q=q_ids, kv=k_ids), causal=mask.causal, sm_scale=1.0,
             block_sizes=sizes))
 
@@ -552,11 +563,7 @@ def splash_attention(query, key, value, mask: AttentionMask, *, scale=1.0,
             mask, q_len, k_len, local_heads)
         kernel = splash.make_splash_mha(local_mask, block_sizes=sizes, head_shards=1,
                                         q_seq_shards=1, interpret=interpret)
-        out = jax.vmap(lambda q1, k1, v1, qi, ki: kernel(
-            q1, k1, v1, segment_ids=splash.SegmentIds(q=qi, kv=ki)))(
-                heads_first(q * np.asarray(scale, q.dtype)), heads_first(k), heads_first(v),
-                q_ids, k_ids)
-        return heads_first(out)
+        return splash_rows(kernel, q, k, v, q_ids, k_ids, scale)
 
     args = (query, key, value, mask.query_segment_ids, mask.key_segment_ids)
     qkv_spec = nn.logical_to_mesh_axes(("batch", None, "heads", None))

@@ -234,11 +234,7 @@ def _gathered_splash(query, key, value, mask, axis, size, query_spec, scale, int
             return unbalance(x, parts) if parts else x
         k, v, k_ids = whole_row(k), whole_row(v), whole_row(k_ids)
         k, v = attention.repeat_kv(k, q.shape[2]), attention.repeat_kv(v, q.shape[2])
-        out = jax.vmap(lambda q1, k1, v1, qi, ki: kernel(
-            q1, k1, v1, segment_ids=splash.SegmentIds(q=qi, kv=ki)))(
-                attention.heads_first(q * np.asarray(scale, q.dtype)), attention.heads_first(k),
-                attention.heads_first(v), q_ids, k_ids)
-        return attention.heads_first(out)
+        return attention.splash_rows(kernel, q, k, v, q_ids, k_ids, scale)
 
     args = (kernel, query, key, value, mask.query_segment_ids, mask.key_segment_ids)
     specs = (kernel_spec, query_spec, key_spec, key_spec, rows_spec, rows_spec)
