@@ -129,9 +129,9 @@ def seal_when_landed(directory, step: int, processes: int,
                      write_manifest: Callable, commit_source, log: Callable[[str], None],
                      timeout_s: float = LANDING_TIMEOUT_S) -> bool:
     """Host 0, once its own share is uploaded: waits for every host's, then writes
-    orbax's ``commit_success`` and, last, the manifest of the union (the seal). False (and one line logged)
-    when a host's share did not land: the step stays unsealed, and the next run's
-    uploads try again."""
+    orbax's ``commit_success`` and, last, the manifest of the union (the seal). False
+    (and one line logged) when a host's share did not land: the step stays unsealed,
+    and the next run's uploads try again."""
     folder = storage.path(directory) / str(step)
     missing = wait_until_landed(directory, step, processes, timeout_s)
     if missing:

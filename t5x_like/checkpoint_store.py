@@ -119,6 +119,11 @@ def has_manifest(folder: epath.Path) -> bool:
     return _manifest_files(folder) is not None
 
 
+def sealed_and_intact(folder: epath.Path) -> bool:
+    """A step folder with a manifest its files match."""
+    return folder.is_dir() and has_manifest(folder) and manifest_problem(folder) is None
+
+
 def manifest_problem(folder: epath.Path) -> str | None:
     """Why the folder does not match its manifest (None: it matches, or it has no
     readable manifest)."""
@@ -364,7 +369,7 @@ class Checkpointer:
         """This host's own copy of ``step`` is sealed, intact, and written for this
         layout (so it holds every shard this host restores)."""
         folder = self.step_folder(step)
-        return (folder.is_dir() and has_manifest(folder) and manifest_problem(folder) is None
+        return (sealed_and_intact(folder)
                 and manifest_layout(folder) == checkpoint_per_host.layout_digest(abstract_state))
 
     def _durable(self):
@@ -436,8 +441,8 @@ class Checkpointer:
     def _per_host_problem(self, step: int) -> str | None:
         """Per host: why neither this host's copy nor the workdir's can be read (None: one
         can; which one, the restore decides with every host)."""
-        local, durable = self.step_folder(step), self.durable_folder(step)
-        if local.is_dir() and has_manifest(local) and manifest_problem(local) is None:
+        durable = self.durable_folder(step)
+        if sealed_and_intact(self.step_folder(step)):
             return None
         if has_manifest(durable):
             return manifest_problem(durable)
@@ -483,7 +488,7 @@ class Checkpointer:
         copy is missing, unsealed or damaged and the workdir has it sealed, the local copy
         is moved aside (damaged) and the workdir's copied down."""
         local, durable = self.step_folder(step), self.durable_folder(step)
-        if local.is_dir() and has_manifest(local) and manifest_problem(local) is None:
+        if sealed_and_intact(local):
             return
         if not (durable / MANIFEST).exists():
             return  # nothing better in the workdir: the local copy is judged as it is
