@@ -283,6 +283,8 @@ def test_receive_buffers_are_the_worst_case_or_whole_tiles_of_the_factor():
     ({"model.num_experts": 4, "model.moe_dispatch": "dropful"},
      "'model.experts.dispatch' is 'dropful'"),
     ({"model.num_experts": 4, "model.moe_every": 2, "model.scan_layers": True}, "scan_layers"),
+    ({"model.num_experts": 4, "model.experts.ragged_buffer_factor": -1.0},
+     "model.experts.ragged_buffer_factor"),
 ])
 def test_expert_settings_that_cannot_be_built_are_refused_naming_the_key(override, message):
     with pytest.raises(errors.ConfigError, match=message):
