@@ -14,7 +14,7 @@ teacher runs inside the jitted train step beside the student.
   layers taken evenly spaced with the first and last kept (12 -> 6: 0, 2, 4, 7, 9,
   11, DistilBERT's choice), everything else copied; ``fresh`` initialises it.
 
-The teacher's parameters are an argument of the step (``Trainer.attach_teacher``),
+The teacher's parameters are an argument of the step (``Trainer.attach_frozen``),
 sharded by their logical axes like the student's, with no optimizer state and no
 gradient; checkpoints hold the student alone. Evaluation scores the student's own
 objective. Encoders distil over every real token, decoders and encoder-decoders over
@@ -203,8 +203,9 @@ def student_from_teacher(teacher_params: dict, student_params: dict,
 # -- the objective --------------------------------------------------------------------------
 
 def make_loss_fn(student, teacher, loss_config, distill_config):
-    """The train/eval loss: with ``teacher_params`` (training) the three distillation
-    terms; without (evaluation) the student's own objective, the number to compare."""
+    """The train/eval loss: with ``frozen_params`` (the teacher's; training) the three
+    distillation terms; without (evaluation) the student's own objective, the number to
+    compare."""
     from t5x_like import objectives
     own = student.loss_fn(loss_config)
     temperature = float(distill_config.temperature)
@@ -213,12 +214,12 @@ def make_loss_fn(student, teacher, loss_config, distill_config):
     label_smoothing = float(loss_config.label_smoothing)
 
     def loss_fn(model, params, batch, rng, normalizer=None, num_sequences=None,
-                teacher_params=None):
-        if teacher_params is None:
+                frozen_params=None):
+        if frozen_params is None:
             return own(model, params, batch, rng, normalizer=normalizer,
                        num_sequences=num_sequences)
         deterministic = rng is None
-        taught = teacher.forward(teacher.model, jax.lax.stop_gradient(teacher_params), batch)
+        taught = teacher.forward(teacher.model, jax.lax.stop_gradient(frozen_params), batch)
         learned = student.forward(model, params, batch, rng=rng, deterministic=deterministic)
         hard, token_metrics = objectives.token_objective(
             learned["logits"], learned["targets"], learned["weights"], z_loss=0.0,

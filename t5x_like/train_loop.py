@@ -22,6 +22,7 @@ from t5x_like import (
     hardware,
     metrics_writer,
     partitioning,
+    preference,
     run_guard,
     runs,
     starting_state,
@@ -55,6 +56,7 @@ class Loop:
         self.is_chief = jax.process_index() == 0
         self.checkpointer = None
         teacher_params = self._attach_teacher()
+        self._attach_reference()
         self.checkpointer = starting_state.open_checkpointer(self.spec, resolved.workdir,
                                                              self.is_chief)
         start = starting_state.start(resolved, self.checkpointer, teacher_params)
@@ -74,7 +76,8 @@ class Loop:
         self._announce("\n".join((*resolved.notices, start.message)).strip())
         self.writer = metrics_writer.MetricsWriter(resolved.workdir, enabled=self.is_chief)
         lengths = dict(self.spec.task_feature_lengths)
-        self.tokens_per_step = self.spec.batch_size * sum(lengths.values())
+        self.tokens_per_step = (self.spec.batch_size * sum(lengths.values())
+                                * self.trainer_structure().rows_per_example)
         self.flops_per_step = 3.0 * self.trainer_structure().forward_flops_per_sequence(
             self.spec.model, lengths) * self.spec.batch_size
         self.peak = hardware.peak_flops(resolved.devices[0].device_kind,
@@ -93,9 +96,20 @@ class Loop:
         if teacher is None:
             return None
         structure, params = distill.load_teacher(self.spec, teacher, self.mesh)
-        self.trainer.attach_teacher(structure.model, params, distill.make_loss_fn(
+        self.trainer.attach_frozen(structure.model, params, distill.make_loss_fn(
             self.trainer_structure(), structure, self.spec.loss, self.spec.distill))
         return params
+
+    def _attach_reference(self) -> None:
+        """DPO's frozen reference in the train and eval steps."""
+        reference = self.resolved.reference
+        if reference is None:
+            return
+        structure, params = preference.load_reference(self.spec, reference, self.mesh)
+        self.trainer.attach_frozen(
+            structure.model, params,
+            self.trainer_structure().loss_fn(self.spec.loss, reference=structure),
+            in_evaluation=True)
 
     def _streams(self, split: str):
         lengths = dict(self.spec.task_feature_lengths)

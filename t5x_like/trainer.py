@@ -34,9 +34,12 @@ class TrainState:
 LossFn = Callable[..., tuple[jax.Array, dict]]
 
 
-def loss_weights(batch) -> jax.Array:
-    """The batch's loss-weight feature (``decoder_loss_weights`` or ``encoder_loss_weights``)."""
+def loss_weights(batch) -> jax.Array | None:
+    """The batch's loss-weight feature (``decoder_loss_weights`` or ``encoder_loss_weights``;
+    None for rows without one, preference pairs, whose losses average over pairs)."""
     keys = [k for k in batch if k.endswith("_loss_weights")]
+    if not keys:
+        return None
     if len(keys) != 1:
         raise ValueError(f"Expected one *_loss_weights feature in the batch, found {sorted(batch)}.")
     return batch[keys[0]]
@@ -157,7 +160,7 @@ class Trainer:
             abstract_state, self.state_shardings)
         self.batch_sharding = partitioning.batch_sharding(mesh, rules)
         self._init = jax.jit(self._init_state, out_shardings=self.state_shardings)
-        self.teacher_params = None
+        self.frozen_params = None
         self._jit_steps()
         self._schedule_free = optim.is_schedule_free(abstract_opt_state)
         self._evaluation_params = jax.jit(
@@ -168,18 +171,21 @@ class Trainer:
                                       opt_state=self.optimizer.init(params)),
             in_shardings=(self.state_shardings.params,), out_shardings=self.state_shardings)
 
-    def _jit_steps(self, teacher_shardings=None) -> None:
-        """The jitted train and eval steps; with ``teacher_shardings`` the train step takes
-        the teacher's params as a third argument (``attach_teacher``)."""
-        teacher = () if teacher_shardings is None else (teacher_shardings,)
+    def _jit_steps(self, frozen_shardings=None, in_evaluation: bool = False) -> None:
+        """The jitted train and eval steps; with ``frozen_shardings`` the train step (and
+        with ``in_evaluation`` the eval step) takes a frozen model's params (a teacher, a
+        reference) as a last argument (``attach_frozen``)."""
+        frozen = () if frozen_shardings is None else (frozen_shardings,)
+        self._frozen_in_evaluation = in_evaluation and frozen_shardings is not None
         self._train_step = jax.jit(
             self._train_step_fn,
-            in_shardings=(self.state_shardings, self.batch_sharding, *teacher),
+            in_shardings=(self.state_shardings, self.batch_sharding, *frozen),
             out_shardings=(self.state_shardings, partitioning.replicated(self.mesh)),
             donate_argnums=(0,))
         self._eval_step = jax.jit(
             self._eval_step_fn,
-            in_shardings=(self.state_shardings.params, self.batch_sharding),
+            in_shardings=(self.state_shardings.params, self.batch_sharding,
+                          *(frozen if in_evaluation else ())),
             out_shardings=partitioning.replicated(self.mesh))
 
     # -- pure functions, traced under the mesh and axis rules ----------------
@@ -189,7 +195,7 @@ class Trainer:
         return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                           opt_state=self.optimizer.init(params))
 
-    def _train_step_fn(self, state: TrainState, batch, teacher_params=None):
+    def _train_step_fn(self, state: TrainState, batch, frozen_params=None):
         # Dropout randomness derives from (seed, step): resumed runs replay it exactly.
         rng = jax.random.fold_in(jax.random.key(self.seed + 1), state.step)
         normalizer = self.loss_normalizer
@@ -197,13 +203,14 @@ class Trainer:
         if self.microbatches > 1:
             # Every microbatch divides by the whole batch's tokens (and sequences, for
             # per-sequence terms): the summed gradient is the whole batch's gradient.
-            if normalizer is None:
-                normalizer = jnp.maximum(loss_weights(batch).sum(), 1.0)
+            weights = loss_weights(batch)
+            if normalizer is None and weights is not None:
+                normalizer = jnp.maximum(weights.sum(), 1.0)
             kwargs["num_sequences"] = jax.tree.leaves(batch)[0].shape[0]
         if normalizer is not None:
             kwargs["normalizer"] = normalizer
-        if teacher_params is not None:  # distillation: the frozen teacher (attach_teacher)
-            kwargs["teacher_params"] = teacher_params
+        if frozen_params is not None:  # a teacher or a reference (attach_frozen)
+            kwargs["frozen_params"] = frozen_params
 
         def loss_and_grad(params, microbatch, index):
             micro_rng = jax.random.fold_in(rng, index)
@@ -239,10 +246,11 @@ class Trainer:
         return jax.tree.map(lambda p, t: p if t else jax.lax.stop_gradient(p), params,
                             self.trainable)
 
-    def _eval_step_fn(self, params, batch):
+    def _eval_step_fn(self, params, batch, frozen_params=None):
         """Token-weighted sums: ``loss_sum``, ``correct_sum`` and ``<metric>_sum`` for the
         objective's other metrics (ELECTRA's discriminator accuracy, BERT's NSP loss)."""
-        _, metrics = self.loss_fn(self.model, params, batch, None)
+        frozen = {} if frozen_params is None else {"frozen_params": frozen_params}
+        _, metrics = self.loss_fn(self.model, params, batch, None, **frozen)
         tokens = metrics["num_target_tokens"]
         sums = {f"{name}_sum": value * tokens for name, value in metrics.items()
                 if name not in ("loss", "accuracy", "num_target_tokens")}
@@ -285,23 +293,27 @@ class Trainer:
         model's parameter tree (evaluation needs no optimizer state)."""
         return _place(self.abstract_state.params, params)
 
-    def attach_teacher(self, model: nn.Module, params, loss_fn: LossFn) -> None:
-        """Distillation: ``params`` (host arrays of ``model``) become a frozen argument of
-        every train step, placed by the teacher's own logical axes on this mesh (no
-        optimizer state, no gradient); ``loss_fn`` takes them as ``teacher_params``.
-        Evaluation keeps calling ``loss_fn`` without them: the student's objective."""
+    def attach_frozen(self, model: nn.Module, params, loss_fn: LossFn,
+                      in_evaluation: bool = False) -> None:
+        """A frozen model beside the trained one (distillation's teacher, DPO's reference):
+        ``params`` (host arrays of ``model``) become an argument of every train step (and
+        with ``in_evaluation`` of every eval step), placed by the model's own logical axes
+        on this mesh (sharded as the trained params are, no optimizer state, no
+        gradient); ``loss_fn`` takes them as ``frozen_params``. Without
+        ``in_evaluation`` evaluation calls ``loss_fn`` without them (distillation scores
+        the student's own objective)."""
         boxed = self._abstract_boxed_params(model)
         shardings = partitioning.logical_shardings(boxed, self.mesh, self.rules)
         abstract = jax.tree.map(
             lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
             nn.unbox(boxed), shardings)
-        self.teacher_params = _place(abstract, params, what="Teacher params")
+        self.frozen_params = _place(abstract, params, what="Frozen params")
         self.loss_fn = loss_fn  # traced afresh: the steps are jitted again below
-        self._jit_steps(shardings)
+        self._jit_steps(shardings, in_evaluation)
 
     def _step_args(self, state, batch) -> tuple:
-        return (state, batch) if self.teacher_params is None else (state, batch,
-                                                                   self.teacher_params)
+        return (state, batch) if self.frozen_params is None else (state, batch,
+                                                                  self.frozen_params)
 
     def train_step(self, state: TrainState, batch) -> tuple[TrainState, dict]:
         with self._context():
@@ -314,6 +326,8 @@ class Trainer:
 
     def eval_step(self, params, batch) -> dict:
         with self._context():
+            if self._frozen_in_evaluation:
+                return self._eval_step(params, batch, self.frozen_params)
             return self._eval_step(params, batch)
 
 

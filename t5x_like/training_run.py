@@ -8,8 +8,8 @@ initialises, and loops.
 task, labels, what the family can do), the workdir and ``checkpoint.local_dir``, the
 vocabulary and the task's steps, the evaluators (``evaluation.in_training``: mixtures,
 packages, harness tasks), the mesh on the devices, the trainer (shapes only, nothing
-compiled), PEFT fitting the model, the distillation teacher and ``init_from`` (their
-configs, not their arrays), and the workdir's newest checkpoint against this run's
+compiled), PEFT fitting the model, the distillation teacher, DPO's reference and
+``init_from`` (their configs, not their arrays), and the workdir's newest checkpoint against this run's
 fingerprint and input streams.
 """
 
@@ -52,6 +52,7 @@ class TrainingRun:
     resume: Resume | None
     evaluators: dict               # {name: prepared}, see evaluation.in_training
     teacher: Any = None            # distill.TeacherSource, checked, params not read
+    reference: Any = None          # preference.ReferenceSource (DPO), checked, params not read
     started: float = 0.0           # when resolving began (goodput counts start-up from it)
     notices: tuple[str, ...] = ()  # what resolving changed on its own, said at the start
     microbatches_asked: int = 0    # the config's optimizer.microbatches (0: the spec's)
@@ -104,13 +105,14 @@ def resolve_training(run_config, workdir: str, devices=None, process_count: int 
         spec, vocabulary, trainer.abstract_state.opt_state,
         pipeline.stack_layout(trainer.pipeline_settings, getattr(spec.model, "num_layers", 0)))
     teacher = _checked_teacher(spec, vocabulary, trainer)
+    reference = _checked_reference(spec, vocabulary)
     _check_init_from(spec)
     resume = _checked_resume(spec, newest, fingerprint)
     num_streams = config.resolve_data_streams(spec, process_count,
                                               resume.saved if resume else None)
     return TrainingRun(spec, storage.path(workdir), asked, vocabulary, devices, mesh_shape,
-                       trainer, fingerprint, num_streams, resume, evaluators, teacher, started,
-                       notices, asked_microbatches)
+                       trainer, fingerprint, num_streams, resume, evaluators, teacher,
+                       reference, started, notices, asked_microbatches)
 
 
 def _holding_the_saved_rows(spec, newest, mesh_shape) -> tuple[RunSpec, tuple[str, ...]]:
@@ -223,6 +225,20 @@ def _checked_teacher(spec, vocabulary, trainer):
     except UserError as e:
         raise ConfigError(str(e)) from None
     return teacher
+
+
+def _checked_reference(spec, vocabulary):
+    """DPO's reference: its config read and checked against the policy (its params are
+    read when the loop starts)."""
+    from t5x_like import preference
+    if not preference.needed(spec):
+        return None
+    try:
+        reference = preference.reference_source(spec)
+        preference.check_reference(spec, reference, vocabulary)
+    except UserError as e:
+        raise ConfigError(str(e)) from None
+    return reference
 
 
 def _check_init_from(spec) -> None:

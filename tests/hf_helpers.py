@@ -150,3 +150,14 @@ def tiny_gpt2_with_tokenizer(folder, n_positions: int = 160):
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return model, tokenizer
+
+
+def tiny_hf_tokenizer(vocab_size: int = 100):
+    """A word-level tokenizer over ``vocab_size`` made-up words (``<pad>`` 0, ``<s>`` 1,
+    ``</s>`` 2): what TRL's trainers want as a processing class beside a tiny model."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, vocab_size)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>")

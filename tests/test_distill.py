@@ -67,7 +67,7 @@ def test_a_teacher_distilled_into_itself_at_t1_gives_no_soft_target_gradient(fam
                                               hard_weight=0.0, cosine_weight=0.0))
     loss_fn = distill.make_loss_fn(structure, structure, config.loss, settings)
     distil = jax.jit(jax.grad(lambda p, t: loss_fn(structure.model, p, batch, None,
-                                                   teacher_params=t), has_aux=True))
+                                                   frozen_params=t), has_aux=True))
     grads, metrics = distil(params, params)
     assert float(metrics["soft_target_loss"]) == pytest.approx(0.0, abs=1e-6)
     assert float(metrics["cosine_loss"]) == pytest.approx(0.0, abs=1e-5)

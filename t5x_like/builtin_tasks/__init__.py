@@ -14,6 +14,7 @@ write ``import t5x_like.builtin_tasks`` before looking a built-in task up.
 | ``instructions`` | ``embedded_bench``'s instruction templates, ``*_instruct`` tasks, held-out split |
 | ``glue_instructions`` | the same for GLUE and SuperGLUE, split by T0's held-out clusters |
 | ``multilingual`` | XLM-R and mBART tasks and mixtures on the multilingual vocabulary |
+| ``preferences`` | preference pairs from the benchmark data (``embedded_austen_cloze_preference``) |
 | ``retrieval`` | ``embedded_bible_web_to_kjv``: KJV verses as a retrieval corpus, WEB queries |
 """
 
@@ -23,9 +24,11 @@ from t5x_like.builtin_tasks import (
     glue_instructions,
     instructions,
     multilingual,
+    preferences,
     pretraining,
     retrieval,
     tfds,
 )
 
-__all__ = ["bench", "glue", "glue_instructions", "instructions", "multilingual", "pretraining", "retrieval", "tfds"]
+__all__ = ["bench", "glue", "glue_instructions", "instructions", "multilingual", "preferences",
+           "pretraining", "retrieval", "tfds"]

@@ -275,6 +275,37 @@ class DistillSpec(Section):
                 "et al.: temperature 2, soft 5, hard 2, cosine 1).")
 
 
+PREFERENCE_OBJECTIVES = ("", "dpo", "simpo", "orpo", "reward_model")
+DPO_LOSS_TYPES = ("sigmoid", "robust", "ipo", "hinge")
+
+
+@section
+class PreferenceSpec(Section):
+    """Learning from preference pairs (``structures/preference.py``, ``docs/
+    preference_tuning.md``); ``objective`` "" is off. ``dpo``: a policy against a frozen
+    ``reference`` ("" takes init_from, the model it starts from); ``simpo`` and ``orpo``
+    need none; ``reward_model``: a scalar head trained with the Bradley-Terry loss.
+    TRL's defaults: beta 0.1 (SimPO's paper uses 2.0 with gamma 0.5 x beta)."""
+
+    objective: str = field("", choices=PREFERENCE_OBJECTIVES)
+    loss_type: str = field("sigmoid", choices=DPO_LOSS_TYPES, doc="dpo's loss")
+    beta: float = field(0.1, minimum=0.0)
+    label_smoothing: float = field(0.0, minimum=0.0,
+                                   doc="sigmoid: cDPO; robust: the label flip rate")
+    simpo_gamma: float = field(0.5, minimum=0.0, doc="simpo: the target reward margin")
+    reference: str = field("", doc="dpo: the frozen reference; '' is init_from")
+    center_rewards: float = field(0.0, minimum=0.0,
+                                  doc="reward_model: weight of (r_chosen + r_rejected)^2")
+
+    def check(self, path):
+        require(finite(self.beta) and (self.beta > 0 or self.objective in ("", "reward_model")),
+                f"preference.beta={self.beta!r} must be a finite number > 0 (TRL's default "
+                "0.1).")
+        require(self.label_smoothing < 0.5,
+                f"preference.label_smoothing={self.label_smoothing} is the chance a label is "
+                "wrong and must be below 0.5, e.g. 0.1.")
+
+
 MESH_AXES = ("dcn", "stage", "data", "fsdp", "expert", "context", "tensor")
 
 
@@ -356,6 +387,7 @@ class RunSpec(Section):
     head: HeadSpec = field(HeadSpec())
     peft: PeftSpec = field(PeftSpec())
     distill: DistillSpec = field(DistillSpec())
+    preference: PreferenceSpec = field(PreferenceSpec())
     mesh: MeshSpec = field(MeshSpec())
     partitioning: PartitioningSpec = field(PartitioningSpec())
 
@@ -393,6 +425,7 @@ class RunSpec(Section):
         self._check_head()
         self._check_peft()
         self._check_distill()
+        self._check_preference()
         self.model.check_run(self)
 
     def _check_head(self) -> None:
@@ -429,6 +462,34 @@ class RunSpec(Section):
                 "set there are no token distributions to match. Distil first, then fine-tune the "
                 "student's checkpoint.")
         require(not self.peft.enabled, "distill trains the whole student; turn peft off for it.")
+
+    def _check_preference(self) -> None:
+        objective = self.preference.objective
+        if not objective:
+            return
+        key = f"preference.objective={objective!r}"
+        require(self.model.family == "decoder",
+                f"{key} trains a decoder (a policy, or a reward model on its final states); "
+                f"model.family is {self.model.family!r}. Start from a decoder checkpoint.")
+        require(not self.head.kind and not self.distill.teacher,
+                f"{key} trains on preference pairs; leave head.kind and distill.teacher empty.")
+        require(not self.data.pack, f"{key}: pairs are batched, not packed; set "
+                                    "--config.data.pack=False.")
+        require({"inputs", "targets"} <= set(self.task_feature_lengths),
+                f"{key} reads a prompt (task_feature_lengths.inputs, the start id included) "
+                "and a response (targets); set both, e.g. --config.task_feature_lengths="
+                "\"{'inputs': 128, 'targets': 128}\".")
+        require(objective != "dpo" or self.preference.reference or self.init_from,
+                "preference.objective='dpo' compares the policy with a frozen reference, and "
+                "neither preference.reference nor init_from names one; set "
+                "--config.init_from=SFT_CHECKPOINT (the reference by default).")
+        require(objective != "orpo" or self.optimizer.microbatches == 1,
+                "preference.objective='orpo' averages its NLL over the batch's tokens, which "
+                "microbatches would split; use optimizer.microbatches=1.")
+        require(self.preference.loss_type != "robust" or objective != "dpo"
+                or self.preference.label_smoothing > 0,
+                "preference.loss_type='robust' models flipped labels; give it "
+                "preference.label_smoothing > 0 (the flip rate, e.g. 0.1).")
 
     def evaluators(self, kind: str) -> dict:
         """``{name: spec}`` of the evaluators of ``kind``."""

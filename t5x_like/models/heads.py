@@ -97,3 +97,27 @@ class WithHead(nn.Module):
             return jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
         weights = valid[..., None].astype(hidden.dtype)
         return (hidden * weights).sum(axis=1) / jnp.maximum(weights.sum(axis=1), 1.0)
+
+
+class RewardModel(nn.Module):
+    """A reward model (InstructGPT; TRL's ``AutoModelForSequenceClassification`` with one
+    label): the backbone's final-normed hidden state at each row's last real token
+    (``mask``: 1 on real tokens, which may include id 0) through a bias-free projection
+    to one number. Parameters: ``backbone`` (a pretrained decoder drops in) and
+    ``head``."""
+
+    init_features: ClassVar[tuple[str, ...]] = ("input_tokens",)
+
+    backbone: nn.Module
+
+    @nn.compact
+    def __call__(self, input_tokens, mask=None, deterministic: bool = True):
+        if mask is None:
+            mask = input_tokens != getattr(self.backbone.config, "pad_id", 0)
+        hidden, _ = self.backbone.head_features(input_tokens, None, deterministic=deterministic)
+        last = jnp.maximum(mask.astype(jnp.int32).sum(axis=1) - 1, 0)
+        vector = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
+        reward = layers.DenseGeneral(1, kernel_axes=("embed", None), use_bias=False,
+                                     kernel_init=nn.initializers.normal(stddev=0.02),
+                                     dtype=hidden.dtype, name="head")(vector)
+        return reward[:, 0].astype(jnp.float32)

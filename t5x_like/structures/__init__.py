@@ -99,10 +99,26 @@ def for_config(config) -> Structure:
     from t5x_like.models import peft_modules as peft
     spec = spec_of(config)
     settings = peft.PeftSettings.from_config(spec.peft)
+    if spec.preference.objective:
+        return _cached_preference(spec.model, spec.preference, settings)
     if not spec.head.kind:
         return _cached(spec.model, spec.data.prefix_attention, settings)
     body = _cached(spec.model, spec.data.prefix_attention, peft.PeftSettings())
     return _cached_head(body, spec.head, spec.task, settings)
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_preference(model_spec, preference, peft_settings) -> Structure:
+    """A preference objective's structure on a decoder body read causally: the policy
+    (PEFT on the body, so LoRA trains the policy) or the reward model (PEFT on the
+    whole, as on a head)."""
+    from t5x_like.models import peft_modules as peft
+    from t5x_like.structures.preference import PreferenceStructure, RewardStructure
+    if preference.objective != "reward_model":
+        return PreferenceStructure(_cached(model_spec, "causal", peft_settings), preference)
+    structure = RewardStructure(_cached(model_spec, "causal", peft.PeftSettings()), preference)
+    structure.model = peft.with_peft(structure.model, peft_settings)
+    return structure
 
 
 @functools.lru_cache(maxsize=32)

@@ -132,6 +132,9 @@ class Structure:
     #: the model keys that set the depth of its transformer stacks, which a scaling
     #: sweep's shape ladder sets together (empty: no such ladder, e.g. two towers or LSTMs)
     depth_keys: tuple[str, ...] = ()
+    #: model rows per example (a preference pair is two: its chosen and rejected rows),
+    #: what the loop's tokens per second count
+    rows_per_example = 1
 
     def __init__(self, model):
         self.model = model

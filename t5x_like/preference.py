@@ -1,0 +1,94 @@
+"""DPO's frozen reference (``preference.reference``, by default the ``init_from`` the
+policy starts from): found and checked when the run resolves (its config only), loaded
+when the loop starts, and handed to the train and eval steps as frozen params
+(``Trainer.attach_frozen``): placed by its logical axes on the run's mesh, so sharded
+as the policy is (FSDP included), run forward only, never updated, never saved.
+
+A reference must read the policy's token ids: a decoder of the same vocabulary size,
+trained (when it is a run of this framework) with the same tokenizer. Its size may
+differ from the policy's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from t5x_like.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class ReferenceSource:
+    """The reference read: where its params are, its model spec, and its run's
+    fingerprint (None for a pretrained folder)."""
+
+    path: str
+    model: object
+    fingerprint: dict | None
+
+
+def needed(spec) -> bool:
+    return spec.preference.objective == "dpo"
+
+
+def reference_path(spec) -> str:
+    return spec.preference.reference or spec.init_from
+
+
+def reference_source(spec) -> ReferenceSource:
+    """The reference's checkpoint and model, read without loading parameters."""
+    from t5x_like import param_sources
+    from t5x_like.config import model_spec_of
+    path = reference_path(spec)
+    key = "preference.reference" if spec.preference.reference else "init_from (the reference)"
+    try:
+        source = param_sources.resolve(path, key)
+    except UserError as e:
+        raise UserError(f"{key}: {e}") from None
+    steps = source.steps()
+    if not steps:
+        raise UserError(f"{key}={path!r} holds no complete checkpoint yet.")
+    saved = source.saved_config(steps[-1])
+    return ReferenceSource(path, model_spec_of(saved["model"]), saved.get("fingerprint"))
+
+
+def check_reference(spec, reference: ReferenceSource, vocabulary) -> None:
+    """One message for each reference the policy cannot be compared with."""
+    from t5x_like.run_guard import vocabulary_identity
+    path, model = reference.path, reference.model
+    if model.family != "decoder":
+        raise UserError(f"preference.reference={path!r} is a {model.family!r} model; DPO's "
+                        "reference is a decoder (the SFT model the policy starts from).")
+    if model.vocab_size != spec.model.vocab_size:
+        raise UserError(
+            f"preference.reference={path!r} has {model.vocab_size} vocabulary entries and the "
+            f"policy model.vocab_size={spec.model.vocab_size}: their log-probabilities would "
+            "be of different tokens. Use a reference trained with the policy's tokenizer "
+            "(its SFT checkpoint).")
+    if reference.fingerprint:
+        ours = vocabulary_identity(vocabulary)
+        theirs = {k: v for k, v in reference.fingerprint.items() if k.startswith("vocabulary.")}
+        differs = sorted(k for k in theirs if theirs[k] != ours.get(k))
+        if differs:
+            raise UserError(
+                f"preference.reference={path!r} was trained with another tokenizer than task "
+                f"{spec.task!r} uses ({', '.join(differs)} differ): its log-probabilities are "
+                "of other pieces. Use a reference trained with the policy's tokenizer.")
+
+
+def reference_spec(spec, reference: ReferenceSource):
+    """The run spec the reference is built and read with: a plain decoder of its own
+    model reading causally, its checkpoint as ``init_from``."""
+    return spec.replace(model=reference.model, init_from=reference.path,
+                        peft=type(spec.peft)(), head=type(spec.head)(),
+                        preference=type(spec.preference)(),
+                        data=spec.data.replace(prefix_attention="causal"))
+
+
+def load_reference(spec, reference: ReferenceSource, mesh):
+    """``(reference structure, host params)``: a ``PreferenceStructure`` on the
+    reference's decoder, whose ``side_log_probs`` the policy's loss reads."""
+    from t5x_like import param_sources, structures
+    from t5x_like.structures.preference import PreferenceStructure
+    plain = reference_spec(spec, reference)
+    params, _ = param_sources.base_params(reference.path, plain, mesh)
+    return PreferenceStructure(structures.for_config(plain), spec.preference), params
