@@ -6,7 +6,8 @@
 * ``setup``: set-up finished (``restore_s`` of it restoring a checkpoint;
   ``resumed_from``: the step it resumed from, 0 for a new run);
 * ``steps``: at every log step, for the steps since the last record: ``step`` (the
-  last one), ``data_s`` (waiting for input), ``checkpoint_save_s``, ``evaluation_s``,
+  last one), ``data_s`` (waiting for input), ``rollout_s`` (online RL sampling and
+  scoring completions, ``rl.py``), ``checkpoint_save_s``, ``evaluation_s``,
   ``compile_s`` (the first step of a run: compilation included);
 * ``end``: the run ended (``status``: done, preempted, error) after ``checkpoint_save_s``
   waiting for the last saves; ``hang``: the watchdog stopped it.
@@ -35,9 +36,9 @@ import uuid
 from t5x_like import storage
 
 EVENTS_NAME = "goodput.jsonl"
-CAUSES = ("productive", "startup", "checkpoint_restore", "compile", "data",
+CAUSES = ("productive", "startup", "checkpoint_restore", "compile", "data", "rollout",
           "checkpoint_save", "evaluation", "lost_to_restart", "hang", "between_runs", "other")
-_MEASURED = ("compile", "data", "checkpoint_save", "evaluation")
+_MEASURED = ("compile", "data", "rollout", "checkpoint_save", "evaluation")
 
 
 class Recorder:

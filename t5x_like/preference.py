@@ -1,6 +1,7 @@
-"""DPO's frozen reference (``preference.reference``, by default the ``init_from`` the
-policy starts from): found and checked when the run resolves (its config only), loaded
-when the loop starts, and handed to the train and eval steps as frozen params
+"""The frozen reference of DPO (``preference.reference``) and of GRPO's KL term
+(``rl.reference`` with ``rl.beta`` > 0), by default the ``init_from`` the policy starts
+from: found and checked when the run resolves (its config only), loaded when the loop
+starts, and handed to the train and eval steps as frozen params
 (``Trainer.attach_frozen``): placed by its logical axes on the run's mesh, so sharded
 as the policy is (FSDP included), run forward only, never updated, never saved.
 
@@ -27,19 +28,25 @@ class ReferenceSource:
 
 
 def needed(spec) -> bool:
-    return spec.preference.objective == "dpo"
+    return spec.preference.objective == "dpo" or bool(spec.rl.algorithm and spec.rl.beta)
+
+
+def _key(spec) -> str:
+    """The config key naming the reference."""
+    if spec.preference.reference:
+        return "preference.reference"
+    return "rl.reference" if spec.rl.reference else "init_from (the reference)"
 
 
 def reference_path(spec) -> str:
-    return spec.preference.reference or spec.init_from
+    return spec.preference.reference or spec.rl.reference or spec.init_from
 
 
 def reference_source(spec) -> ReferenceSource:
     """The reference's checkpoint and model, read without loading parameters."""
     from t5x_like import param_sources
     from t5x_like.config import model_spec_of
-    path = reference_path(spec)
-    key = "preference.reference" if spec.preference.reference else "init_from (the reference)"
+    path, key = reference_path(spec), _key(spec)
     try:
         source = param_sources.resolve(path, key)
     except UserError as e:
@@ -53,14 +60,15 @@ def reference_source(spec) -> ReferenceSource:
 
 def check_reference(spec, reference: ReferenceSource, vocabulary) -> None:
     """One message for each reference the policy cannot be compared with."""
+    from t5x_like import structures
     from t5x_like.run_guard import vocabulary_identity
-    path, model = reference.path, reference.model
-    if model.family != "decoder":
-        raise UserError(f"preference.reference={path!r} is a {model.family!r} model; DPO's "
-                        "reference is a decoder (the SFT model the policy starts from).")
+    path, model, key = reference.path, reference.model, _key(spec)
+    if not structures.structure_class(model.family).generates_after_prompt:
+        raise UserError(f"{key}={path!r} is a {model.family!r} model; the reference is a "
+                        "decoder (the SFT model the policy starts from).")
     if model.vocab_size != spec.model.vocab_size:
         raise UserError(
-            f"preference.reference={path!r} has {model.vocab_size} vocabulary entries and the "
+            f"{key}={path!r} has {model.vocab_size} vocabulary entries and the "
             f"policy model.vocab_size={spec.model.vocab_size}: their log-probabilities would "
             "be of different tokens. Use a reference trained with the policy's tokenizer "
             "(its SFT checkpoint).")
@@ -70,25 +78,22 @@ def check_reference(spec, reference: ReferenceSource, vocabulary) -> None:
         differs = sorted(k for k in theirs if theirs[k] != ours.get(k))
         if differs:
             raise UserError(
-                f"preference.reference={path!r} was trained with another tokenizer than task "
+                f"{key}={path!r} was trained with another tokenizer than task "
                 f"{spec.task!r} uses ({', '.join(differs)} differ): its log-probabilities are "
                 "of other pieces. Use a reference trained with the policy's tokenizer.")
 
 
 def reference_spec(spec, reference: ReferenceSource):
-    """The run spec the reference is built and read with: a plain decoder of its own
-    model reading causally, its checkpoint as ``init_from``."""
+    """The run spec the reference is built and read with: the run's objective on the
+    reference's own model (no PEFT), its checkpoint as ``init_from``."""
     return spec.replace(model=reference.model, init_from=reference.path,
-                        peft=type(spec.peft)(), head=type(spec.head)(),
-                        preference=type(spec.preference)(),
-                        data=spec.data.replace(prefix_attention="causal"))
+                        peft=type(spec.peft)(), head=type(spec.head)())
 
 
 def load_reference(spec, reference: ReferenceSource, mesh):
-    """``(reference structure, host params)``: a ``PreferenceStructure`` on the
-    reference's decoder, whose ``side_log_probs`` the policy's loss reads."""
+    """``(reference structure, host params)``: the run's structure on the reference's
+    decoder, whose log-probabilities the policy's loss reads."""
     from t5x_like import param_sources, structures
-    from t5x_like.structures.preference import PreferenceStructure
     plain = reference_spec(spec, reference)
     params, _ = param_sources.base_params(reference.path, plain, mesh)
-    return PreferenceStructure(structures.for_config(plain), spec.preference), params
+    return structures.for_config(plain), params

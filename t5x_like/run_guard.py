@@ -172,11 +172,16 @@ class DivergenceMonitor:
         self._zero_run = 0
         self._losses = collections.deque(maxlen=max(median_window, 1))
 
-    def check(self, step: int, loss: float, grad_norm: float) -> tuple[str, int] | None:
+    def check(self, step: int, loss: float, grad_norm: float,
+              no_signal: bool = False) -> tuple[str, int] | None:
         """``(why, first bad step)`` if the run has diverged by ``step``, else None. Call
-        once per step, in order."""
+        once per step, in order. ``no_signal``: a step with nothing to learn from by
+        construction (online RL whose every group of completions got equal rewards: zero
+        advantages, zero gradient), which the rules pass over."""
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             return None  # the NaN/Inf rule (on_nonfinite_loss) owns these
+        if no_signal:
+            return None
         if self.zero_grad_steps:
             self._zero_run = self._zero_run + 1 if grad_norm == 0.0 else 0
             if self._zero_run >= self.zero_grad_steps:
@@ -220,7 +225,8 @@ class StabilityChecks:
                 "--config.divergence.on_nonfinite_loss=skip_update to skip such steps.")
         first = step - len(fetched) + 1
         for offset, m in enumerate(fetched):
-            found = self.monitor.check(first + offset, float(m["loss"]), float(m["grad_norm"]))
+            found = self.monitor.check(first + offset, float(m["loss"]), float(m["grad_norm"]),
+                                       no_signal=float(m.get("groups_without_signal", 0.0)) >= 1.0)
             if found is not None:
                 raise Diverged(self._stop(step, *found))
 

@@ -23,6 +23,7 @@ from t5x_like import (
     metrics_writer,
     partitioning,
     preference,
+    rl,
     run_guard,
     runs,
     starting_state,
@@ -63,13 +64,18 @@ class Loop:
         self.state, self.peft_base = start.state, start.peft_base
         holding.goodput.event("setup", restore_s=round(start.restore_s, 6),
                               resumed_from=int(self.state.step))
-        self.train_batches = self.host_batches(self._streams("train"))
+        self.train_batches = self.host_batches(self._streams("train"),
+                                               batch_size=self.spec.prompts_per_step())
         if start.data_state is not None:
             try:
                 self.train_batches.set_state(start.data_state)
             except ValueError as e:
                 raise errors.UserError(str(e)) from None
         self.start_step = self.step = int(self.state.step)
+        self.rollouts = (rl.Rollouts(self.spec, self.trainer, self.trainer_structure(),
+                                     resolved.vocabulary, self.train_batches)
+                         if self.spec.rl.algorithm else None)
+        self.rollout_metrics = {}
         self.evaluators = in_training.build(self.spec, resolved.evaluators, in_training.Context(
             self.spec, self.trainer, resolved.asked_vocabulary, self._streams("validation"),
             self.host_batches, resolved.num_streams, progress))
@@ -119,12 +125,14 @@ class Loop:
                                  feature_converter=converter, seed=self.spec.seed,
                                  vocabulary=self.resolved.asked_vocabulary)
 
-    def host_batches(self, streams, padding=None):
-        """This process's rows of each global batch, from its V/P of the V input streams
-        (``data/streams.py``), so batches depend on V only; with ``padding``, a one-pass
-        read whose short batches are padded."""
-        return pipeline.HostBatchIterator(streams, self.spec.batch_size, self.resolved.num_streams,
-                                          jax.process_count(), jax.process_index(), padding)
+    def host_batches(self, streams, padding=None, batch_size=None):
+        """This process's rows of each global batch (of ``batch_size`` rows, default the
+        run's), from its V/P of the V input streams (``data/streams.py``), so batches
+        depend on V only; with ``padding``, a one-pass read whose short batches are
+        padded."""
+        return pipeline.HostBatchIterator(streams, batch_size or self.spec.batch_size,
+                                          self.resolved.num_streams, jax.process_count(),
+                                          jax.process_index(), padding)
 
     def _announce(self, start_message: str) -> None:
         """The resolved config in the workdir (and the tokenizer the run asked for), and
@@ -158,11 +166,21 @@ class Loop:
         return saved
 
     def next_batch(self):
-        """The next global batch (this process's rows of it, sharded over the mesh)."""
-        self.holding.watchdog.doing("reading the batch of step", self.step + 1)
-        with self.holding.goodput.timed("data"):
-            return partitioning.global_batch(next(self.train_batches), self.mesh,
-                                            self.trainer.rules)
+        """The next global batch (this process's rows of it, sharded over the mesh); in
+        online RL the rollouts of the next step's prompts (``rl.Rollouts``)."""
+        if self.rollouts is not None:
+            self.holding.watchdog.doing("rollouts of step", self.step + 1,
+                                        watchdog.COMPILE_PATIENCE
+                                        if self.step == self.start_step else 1.0)
+            with self.holding.goodput.timed("rollout"):
+                rollout = self.rollouts.next(self.state.params, self.step)
+            self.rollout_metrics = rollout.metrics
+            local = rollout.batch
+        else:
+            self.holding.watchdog.doing("reading the batch of step", self.step + 1)
+            with self.holding.goodput.timed("data"):
+                local = next(self.train_batches)
+        return partitioning.global_batch(local, self.mesh, self.trainer.rules)
 
     def train_step(self, batch):
         """One jitted step; the first compiles (its dispatch waits for the compilation)."""
@@ -171,6 +189,7 @@ class Loop:
                     watchdog.COMPILE_PATIENCE if compiling else 1.0)
         with self.holding.goodput.timed("compile") if compiling else contextlib.nullcontext():
             self.state, metrics = self.trainer.train_step(self.state, batch)
+        metrics = {**metrics, **self.rollout_metrics}
         self.step += 1
         watch.done("train step", self.step)
         return metrics

@@ -106,6 +106,7 @@ def resolve_training(run_config, workdir: str, devices=None, process_count: int 
         pipeline.stack_layout(trainer.pipeline_settings, getattr(spec.model, "num_layers", 0)))
     teacher = _checked_teacher(spec, vocabulary, trainer)
     reference = _checked_reference(spec, vocabulary)
+    _check_rl(spec)
     _check_init_from(spec)
     resume = _checked_resume(spec, newest, fingerprint)
     num_streams = config.resolve_data_streams(spec, process_count,
@@ -239,6 +240,15 @@ def _checked_reference(spec, vocabulary):
     except UserError as e:
         raise ConfigError(str(e)) from None
     return reference
+
+
+def _check_rl(spec) -> None:
+    """Online RL's rewards, reward model and positions (``rl.check``)."""
+    from t5x_like import rl
+    try:
+        rl.check(spec)
+    except UserError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _check_init_from(spec) -> None:

@@ -40,7 +40,7 @@ def test_accounting_of_a_killed_run_and_a_hung_resume():
     assert result["wall_s"] == pytest.approx(160.0 - 100.0)
     assert sum(causes.values()) == pytest.approx(result["wall_s"], abs=1e-9)
     expected = {"startup": 3.0 + 3.0, "checkpoint_restore": 2.0, "compile": 6.0 + 4.0,
-                "data": 1.5, "checkpoint_save": 2.0, "evaluation": 1.0,
+                "data": 1.5, "rollout": 0.0, "checkpoint_save": 2.0, "evaluation": 1.0,
                 # run a's steps 5-8 (8 s) were trained again by run b
                 "lost_to_restart": 8.0, "hang": 10.0, "between_runs": 14.0,
                 "productive": 0.5 + 4.0 + 1.0, "other": 0.0}

@@ -190,3 +190,11 @@ def test_a_reference_of_another_vocabulary_is_refused(sft_run, tmp_path):
 def test_preference_settings_that_cannot_work_are_refused(tmp_path, overrides, message):
     with pytest.raises(errors.ConfigError, match=message):
         spec_of(set_keys(dpo_config(tmp_path), overrides))
+
+
+def test_preference_tuning_of_an_encoder_is_refused_naming_the_fix(tmp_path):
+    from t5x_like import runs
+    config = dpo_config(tmp_path)
+    config.model = config_lib.model_defaults("encoder")
+    with pytest.raises(errors.ConfigError, match="does not continue a prompt.*decoder checkpoint"):
+        runs.resolve_spec(config)

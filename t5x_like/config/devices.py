@@ -208,15 +208,18 @@ def resolve_data_streams(spec: RunSpec, process_count: int, saved_config: dict |
             "input streams, which fix the order of the data. Set "
             f"--config.data.streams={saved} (or 0: take the checkpoint's) to resume, or use a "
             "new --workdir.")
-    streams = asked or saved or default_data_streams(spec.batch_size, process_count)
+    streams = asked or saved or default_data_streams(spec.prompts_per_step(), process_count)
     origin = (f"data.streams={asked}" if asked else
               f"data.streams=0 resumes with the checkpoint's {saved} streams" if saved else
               f"data.streams=0 gives {streams} streams here")
-    if spec.batch_size % streams:
+    rows = spec.prompts_per_step()
+    if rows % streams:
+        what = (f"batch_size={spec.batch_size}" if rows == spec.batch_size else
+                f"The {rows} prompts a step samples (batch_size / rl.num_generations)")
         raise ConfigError(
-            f"batch_size={spec.batch_size} does not split over the input streams ({origin}); use "
-            f"a batch_size that is a multiple of {streams}, or set --config.data.streams to a "
-            f"divisor of {spec.batch_size} that the process count divides.")
+            f"{what} does not split over the input streams ({origin}); use a batch_size that "
+            f"is a multiple of {streams}, or set --config.data.streams to a divisor of {rows} "
+            "that the process count divides.")
     if streams % process_count:
         hint = (f"run on a process count that divides {saved}" if saved else
                 f"set --config.data.streams to a multiple of {process_count}")

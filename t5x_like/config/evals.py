@@ -85,10 +85,24 @@ class HarnessSpec(EvalSpec):
         return super().enabled and bool(self.tasks.strip(","))
 
 
+@section
+class RolloutsSpec(EvalSpec):
+    """Online RL's evaluation (``rl.py``): greedy completions of ``batches`` batches of the
+    task's validation prompts, their mean reward (and each reward's); with ``samples`` >
+    1 also the mean of the best of that many sampled completions per prompt
+    (best-of-n)."""
+
+    every_steps: int = field(200, minimum=-1)
+    batches: int = field(8, minimum=1)
+    samples: int = field(1, minimum=1)
+
+    KIND: ClassVar[str] = "rollouts"
+
+
 # kind -> its settings; a kind of your own registers with
 # t5x_like.evaluation.in_training.register (its settings and its evaluator together).
 EVAL_SPECS: dict[str, type[EvalSpec]] = {
-    cls.KIND: cls for cls in (HeldOutLossSpec, BenchmarkSpec, HarnessSpec)}
+    cls.KIND: cls for cls in (HeldOutLossSpec, BenchmarkSpec, HarnessSpec, RolloutsSpec)}
 
 
 def register_eval_spec(spec_class: type[EvalSpec]) -> None:

@@ -306,6 +306,56 @@ class PreferenceSpec(Section):
                 "wrong and must be below 0.5, e.g. 0.1.")
 
 
+RL_ALGORITHMS = ("", "grpo")
+GRPO_LOSS_TYPES = ("dapo", "grpo", "bnpo")
+
+
+@section
+class RlSpec(Section):
+    """Online reinforcement learning (``rl.py``, ``structures/reinforcement.py``):
+    ``algorithm`` "" is off; ``grpo`` samples ``num_generations`` completions of each
+    prompt with our own decoding (batch_size counts completions), scores them with the
+    registered ``rewards`` (weighted by ``reward_weights``, 1 each by default) and a
+    ``reward_model`` checkpoint, and takes one clipped-ratio step on group-normalised
+    advantages with ``beta`` times a KL estimate to the frozen ``reference`` ("" is
+    init_from). TRL's defaults: 8 generations, epsilon 0.2, beta 0, loss_type dapo."""
+
+    algorithm: str = field("", choices=RL_ALGORITHMS)
+    num_generations: int = field(8, minimum=2)
+    temperature: float = field(1.0, minimum=0.0)
+    top_p: float = field(1.0, minimum=0.0)
+    top_k: int = field(0, minimum=0)
+    beta: float = field(0.0, minimum=0.0, doc="weight of the KL term to the reference")
+    epsilon: float = field(0.2, minimum=0.0)
+    epsilon_high: float = field(0.0, minimum=0.0, doc="0: epsilon (DAPO raises it)")
+    scale_rewards: str = field("group", choices=("group", "batch", "none"))
+    loss_type: str = field("dapo", choices=GRPO_LOSS_TYPES)
+    rewards: tuple[str, ...] = ("exact_answer",)
+    reward_weights: tuple[float, ...] = ()
+    reward_model: str = field("", doc="a reward_model run whose scores join the rewards")
+    reference: str = field("", doc="beta > 0: the frozen reference; '' is init_from")
+
+    def check(self, path):
+        if not self.algorithm:
+            return
+        require(finite(self.temperature) and self.temperature > 0,
+                f"rl.temperature={self.temperature} must be > 0: the group's completions are "
+                "sampled (TRL's default 1.0).")
+        require(0.0 < self.top_p <= 1.0, f"rl.top_p={self.top_p} must be in (0, 1].")
+        require(self.rewards or self.reward_model,
+                "rl.algorithm='grpo' needs something to score completions: rl.rewards (names "
+                "registered with t5x_like.rewards.RewardRegistry) or rl.reward_model.")
+        require(not self.reward_weights or len(self.reward_weights) == len(self.rewards)
+                + bool(self.reward_model),
+                f"rl.reward_weights has {len(self.reward_weights)} weights for "
+                f"{len(self.rewards) + bool(self.reward_model)} rewards (rl.rewards, then "
+                "rl.reward_model); give one each, or none for 1 each.")
+
+    @property
+    def epsilon_upper(self) -> float:
+        return self.epsilon_high or self.epsilon
+
+
 MESH_AXES = ("dcn", "stage", "data", "fsdp", "expert", "context", "tensor")
 
 
@@ -388,6 +438,7 @@ class RunSpec(Section):
     peft: PeftSpec = field(PeftSpec())
     distill: DistillSpec = field(DistillSpec())
     preference: PreferenceSpec = field(PreferenceSpec())
+    rl: RlSpec = field(RlSpec())
     mesh: MeshSpec = field(MeshSpec())
     partitioning: PartitioningSpec = field(PartitioningSpec())
 
@@ -426,6 +477,7 @@ class RunSpec(Section):
         self._check_peft()
         self._check_distill()
         self._check_preference()
+        self._check_rl()
         self.model.check_run(self)
 
     def _check_head(self) -> None:
@@ -468,9 +520,6 @@ class RunSpec(Section):
         if not objective:
             return
         key = f"preference.objective={objective!r}"
-        require(self.model.family == "decoder",
-                f"{key} trains a decoder (a policy, or a reward model on its final states); "
-                f"model.family is {self.model.family!r}. Start from a decoder checkpoint.")
         require(not self.head.kind and not self.distill.teacher,
                 f"{key} trains on preference pairs; leave head.kind and distill.teacher empty.")
         require(not self.data.pack, f"{key}: pairs are batched, not packed; set "
@@ -490,6 +539,39 @@ class RunSpec(Section):
                 or self.preference.label_smoothing > 0,
                 "preference.loss_type='robust' models flipped labels; give it "
                 "preference.label_smoothing > 0 (the flip rate, e.g. 0.1).")
+
+    def _check_rl(self) -> None:
+        rl = self.rl
+        if not rl.algorithm:
+            return
+        key = f"rl.algorithm={rl.algorithm!r}"
+        require(not (self.head.kind or self.distill.teacher or self.preference.objective),
+                f"{key} trains the policy on its own rollouts; leave head.kind, "
+                "distill.teacher and preference.objective empty.")
+        require(not self.data.pack, f"{key}: rollouts are one prompt per row; set "
+                                    "--config.data.pack=False.")
+        require({"inputs", "targets"} <= set(self.task_feature_lengths),
+                f"{key} reads prompts of task_feature_lengths.inputs tokens and samples "
+                "completions of task_feature_lengths.targets; set both.")
+        require(self.batch_size % rl.num_generations == 0,
+                f"batch_size={self.batch_size} counts completions and must be a multiple of "
+                f"rl.num_generations={rl.num_generations} (the completions of one prompt).")
+        require(not rl.beta or rl.reference or self.init_from,
+                f"rl.beta={rl.beta} keeps the policy near a frozen reference, and neither "
+                "rl.reference nor init_from names one; set --config.init_from=SFT_CHECKPOINT.")
+        held_out = [name for name, e in self.evals.items()
+                    if e.kind == "held_out_loss" and e.enabled]
+        require(not held_out,
+                f"{key} trains on rollouts, which evals.{held_out[0] if held_out else ''} "
+                "(the held-out loss of the task's rows) does not read; evaluate with "
+                "--config.evals.held_out.kind=rollouts (greedy completions of validation "
+                "prompts, their rewards) or turn it off with "
+                "--config.evals.held_out.every_steps=0.")
+
+    def prompts_per_step(self) -> int:
+        """The task's rows one step reads: every one is sampled ``rl.num_generations``
+        times in RL, once otherwise."""
+        return self.batch_size // (self.rl.num_generations if self.rl.algorithm else 1)
 
     def evaluators(self, kind: str) -> dict:
         """``{name: spec}`` of the evaluators of ``kind``."""

@@ -145,20 +145,18 @@ def group_advantages(rewards, group_size: int, scale: str = "group") -> jax.Arra
     return advantages / (std + 1e-4)
 
 
-GRPO_AGGREGATIONS = ("grpo", "bnpo", "dr_grpo", "dapo")
+GRPO_AGGREGATIONS = ("grpo", "bnpo", "dapo")
 
 
 def grpo_loss(logps, old_logps, ref_logps, advantages, mask, *, beta: float,
               epsilon_low: float = 0.2, epsilon_high: float = 0.2,
-              aggregation: str = "dapo", max_completion_length: int | None = None,
-              num_tokens=None):
+              aggregation: str = "dapo", num_tokens=None):
     """``(loss, metrics)`` of GRPO on completions ``[batch, length]``: per token
     ``-min(r A, clip(r, 1-ε_low, 1+ε_high) A) + β KL`` with ``r = exp(log π - log π_old)``
     and the k3 estimate ``KL = exp(ref - log π) - (ref - log π) - 1`` (``ref_logps`` None
     or ``beta`` 0: no KL term). ``aggregation`` (TRL's ``loss_type``): ``grpo`` averages
     each completion over its tokens then the batch; ``bnpo`` and ``dapo`` divide the sum
-    by the token count (``num_tokens``: the whole batch's, when microbatched); ``dr_grpo``
-    by ``batch * max_completion_length``."""
+    by the token count (``num_tokens``: the whole batch's, when microbatched)."""
     ratio = jnp.exp(logps - old_logps)
     clipped = jnp.clip(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high)
     advantages = advantages[:, None]
@@ -172,8 +170,6 @@ def grpo_loss(logps, old_logps, ref_logps, advantages, mask, *, beta: float,
         loss = ((per_token * mask).sum(-1) / jnp.maximum(mask.sum(-1), 1.0)).mean()
     elif aggregation in ("bnpo", "dapo"):
         loss = (per_token * mask).sum() / (tokens if num_tokens is None else num_tokens)
-    elif aggregation == "dr_grpo":
-        loss = (per_token * mask).sum() / (per_token.shape[0] * max_completion_length)
     else:
         raise ValueError(f"Unknown GRPO aggregation {aggregation!r}; one of {GRPO_AGGREGATIONS}.")
 

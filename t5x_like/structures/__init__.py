@@ -76,8 +76,16 @@ def distillable_families() -> tuple[str, ...]:
 
 
 def check_run(spec) -> None:
-    """What the family's structure can do, checked against the run: distillation is built
-    for some structures only."""
+    """What the family's structure can do, checked against the run: preference tuning
+    and RL for structures that continue a prompt, distillation for some structures."""
+    generates = structure_class(spec.model.family).generates_after_prompt
+    for key, value in (("preference.objective", spec.preference.objective),
+                       ("rl.algorithm", spec.rl.algorithm)):
+        if value and not generates:
+            raise ConfigError(f"{key}={value!r} trains a decoder policy (or a reward model on "
+                              f"one) on prompts and their responses; model.family="
+                              f"{spec.model.family!r} does not continue a prompt. Start from a "
+                              "decoder checkpoint.")
     if spec.distill.teacher and not structure_class(spec.model.family).distillable:
         raise ConfigError(f"distill works with model.family in {distillable_families()}; "
                           f"{spec.model.family!r} is not one of them.")
@@ -101,6 +109,8 @@ def for_config(config) -> Structure:
     settings = peft.PeftSettings.from_config(spec.peft)
     if spec.preference.objective:
         return _cached_preference(spec.model, spec.preference, settings)
+    if spec.rl.algorithm:
+        return _cached_rollouts(spec.model, spec.rl, settings)
     if not spec.head.kind:
         return _cached(spec.model, spec.data.prefix_attention, settings)
     body = _cached(spec.model, spec.data.prefix_attention, peft.PeftSettings())
@@ -119,6 +129,13 @@ def _cached_preference(model_spec, preference, peft_settings) -> Structure:
     structure = RewardStructure(_cached(model_spec, "causal", peft.PeftSettings()), preference)
     structure.model = peft.with_peft(structure.model, peft_settings)
     return structure
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_rollouts(model_spec, rl, peft_settings) -> Structure:
+    """Online RL's policy: a decoder (PEFT on it) read causally."""
+    from t5x_like.structures.reinforcement import RolloutStructure
+    return RolloutStructure(_cached(model_spec, "causal", peft_settings), rl)
 
 
 @functools.lru_cache(maxsize=32)

@@ -21,6 +21,7 @@ from t5x_like.evaluation.in_training.base import TrainingEvaluator
 from t5x_like.evaluation.in_training.benchmark import BenchmarkEvaluator
 from t5x_like.evaluation.in_training.harness import HarnessEvaluator
 from t5x_like.evaluation.in_training.held_out import HeldOutLossEvaluator
+from t5x_like.evaluation.in_training.rollouts import RolloutsEvaluator
 
 
 @dataclasses.dataclass
@@ -41,7 +42,7 @@ class Context:
 __all__ = ["Context", "KINDS", "TrainingEvaluator", "build", "register"]
 
 KINDS: dict[str, type] = {cls.KIND: cls for cls in (
-    HeldOutLossEvaluator, BenchmarkEvaluator, HarnessEvaluator)}
+    HeldOutLossEvaluator, BenchmarkEvaluator, HarnessEvaluator, RolloutsEvaluator)}
 
 
 def register(evaluator_class: type) -> None:

@@ -1,0 +1,311 @@
+"""Online RL's rollouts (``config.rl``): each step samples completions of the task's
+prompts with the policy being trained, scores them, and hands the trainer a batch of
+rollout rows (``structures/reinforcement.py``).
+
+One step, in ``Rollouts.next``:
+
+1. the next ``batch_size / num_generations`` rows of the task's stream (this process's
+   share; their position is the checkpoint's data state, as any run's), each prompt
+   repeated ``num_generations`` times, consecutive;
+2. completions sampled by ``decoding.generate_padded`` (temperature, top-k, top-p) with
+   the current params, jitted on the run's mesh (no second framework, no copy of the
+   weights), with the key ``fold_in(key(seed + 2), step)``: the rollout randomness is a
+   function of the step, which the checkpoint holds, so a resumed run samples exactly
+   what an uninterrupted one did;
+3. rewards: each of ``rl.rewards`` (``t5x_like.rewards.RewardRegistry``) on the decoded
+   completions and the rows' prompt and answer texts, and ``rl.reward_model``'s scores
+   (a ``preference.objective='reward_model'`` checkpoint, run jitted on the same mesh),
+   weighted and summed;
+4. advantages normalised within each prompt's group (``objectives.preference.
+   group_advantages``), and the rows: the start id, the prompt, the completion up to
+   and with its EOS.
+
+What it logs beside the update's metrics: the mean reward and each reward's mean, the
+share of groups whose rewards are all equal (no signal), the completions' mean length,
+and the rollout's time and tokens per second (goodput books the rollout apart from the
+update).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from t5x_like.errors import UserError
+
+
+@dataclasses.dataclass
+class Rollout:
+    """One step's rows (process-local numpy) and what it logs."""
+
+    batch: dict
+    metrics: dict
+
+
+def reward_functions(spec):
+    """``[(name, fn, weight)]`` of ``rl.rewards`` (the reward model's weight comes last)."""
+    from t5x_like.rewards import RewardRegistry
+    weights = spec.rl.reward_weights or (1.0,) * (len(spec.rl.rewards) + bool(spec.rl.reward_model))
+    found = []
+    for name, weight in zip(spec.rl.rewards, weights, strict=False):
+        try:
+            found.append((name, RewardRegistry.get(name), float(weight)))
+        except KeyError:
+            raise UserError(f"rl.rewards names {name!r}, which is not a registered reward; "
+                            f"registered: {', '.join(RewardRegistry.names()) or 'none'} "
+                            "(add yours with t5x_like.rewards.RewardRegistry.add in a "
+                            "--module).") from None
+    return found
+
+
+def check(spec) -> None:
+    """What can be checked before anything runs: the rewards are registered, a reward
+    model is a reward-model run, learned positions hold prompt and completion."""
+    if not spec.rl.algorithm:
+        return
+    reward_functions(spec)
+    from t5x_like import structures
+    limit = structures.structure_class(spec.model.family).learned_positions(spec.model)
+    lengths = spec.task_feature_lengths
+    needed = 1 + int(lengths["inputs"]) + int(lengths["targets"])
+    if limit and needed > limit:
+        raise UserError(f"Rollouts hold the start id, a prompt of {lengths['inputs']} and a "
+                        f"completion of {lengths['targets']} tokens ({needed} positions); the "
+                        f"model has model.positions.max_length={limit}. Shorten "
+                        "task_feature_lengths.inputs.")
+    if spec.rl.reward_model:
+        reward_model_spec(spec)
+
+
+def reward_model_spec(spec):
+    """The run spec of ``rl.reward_model``'s checkpoint (a reward-model run)."""
+    from t5x_like import param_sources
+    path = spec.rl.reward_model
+    try:
+        source = param_sources.resolve(path, "rl.reward_model")
+        steps = source.steps()
+        if not steps:
+            raise UserError(f"rl.reward_model={path!r} holds no complete checkpoint yet.")
+        saved = param_sources.config_from_saved(source.saved_config(steps[-1]))
+    except UserError as e:
+        raise UserError(f"rl.reward_model: {e}") from None
+    if saved.preference.objective != "reward_model":
+        raise UserError(f"rl.reward_model={path!r} is not a reward model (its run trained "
+                        f"preference.objective={saved.preference.objective!r}); train one with "
+                        "--config.preference.objective=reward_model.")
+    if saved.model.vocab_size != spec.model.vocab_size:
+        raise UserError(f"rl.reward_model={path!r} reads {saved.model.vocab_size} token ids and "
+                        f"the policy writes {spec.model.vocab_size}; use a reward model trained "
+                        "with the policy's tokenizer.")
+    return saved
+
+
+class Rollouts:
+    """The rollout side of an RL run (see the module docstring)."""
+
+    def __init__(self, spec, trainer, structure, vocabulary, prompt_batches):
+        self.spec, self.trainer, self.structure = spec, trainer, structure
+        self.vocabulary = vocabulary
+        self.prompt_batches = prompt_batches  # HostBatchIterator of the task's rows
+        self.group = spec.rl.num_generations
+        lengths = dict(spec.task_feature_lengths)
+        self.prompt_width = 1 + int(lengths["inputs"])
+        self.completion_length = int(lengths["targets"])
+        self.rewards = reward_functions(spec)
+        self.eos_id = int(getattr(structure.model.config, "eos_id", 1))
+        self._sample = jax.jit(self._sample_fn, static_argnames=("greedy",))
+        self._reward_model = self._load_reward_model() if spec.rl.reward_model else None
+        self.last_rewards: dict[str, np.ndarray] = {}  # score's values per reward, and "reward"
+
+    # -- sampling ---------------------------------------------------------------------------
+    def _sample_fn(self, params, tokens, lengths, rng, greedy=False):
+        from t5x_like import decoding
+        rl = self.spec.rl
+        return decoding.generate_padded(
+            self.structure.model, params, tokens, lengths,
+            max_new_tokens=self.completion_length, rng=rng,
+            temperature=0.0 if greedy else rl.temperature, top_k=rl.top_k, top_p=rl.top_p,
+            eos_id=self.eos_id)
+
+    def sample(self, params, rows: dict, rng, greedy: bool = False):
+        """``(prompt tokens [n, 1 + inputs], prompt lengths [n], completions [n, targets])``
+        of this process's decoder ``rows`` (host numpy), sampled on the mesh."""
+        from t5x_like import partitioning
+        from t5x_like.structures.decoder import prompts_from_batch
+        prompts, lengths = (np.asarray(x) for x in prompts_from_batch(rows))
+        prompts = prompts[:, :self.prompt_width]
+        lengths = np.minimum(lengths, self.prompt_width).astype(np.int32)
+        mesh, rules = self.trainer.mesh, self.trainer.rules
+        placed = partitioning.global_batch({"tokens": prompts, "lengths": lengths}, mesh, rules)
+        with self.trainer._context():
+            completions = self._sample(params, placed["tokens"], placed["lengths"], rng,
+                                       greedy=greedy)
+        return prompts, lengths, _local_rows(completions, prompts.shape[0])
+
+    # -- texts and rewards ------------------------------------------------------------------
+    def _texts(self, tokens) -> str:
+        ids = [int(t) for t in tokens]
+        if self.eos_id in ids:
+            ids = ids[:ids.index(self.eos_id)]
+        return self.vocabulary.decode([t for t in ids if t != 0])
+
+    def examples(self, rows: dict) -> list[dict]:
+        """Each row's prompt and answer texts (the inputs and the targets it was built
+        from), what reward functions compare completions with."""
+        targets, weights = rows["decoder_target_tokens"], rows["decoder_loss_weights"]
+        out = []
+        for tokens, row_weights in zip(targets, weights, strict=True):
+            answer = [t for t, w in zip(tokens, row_weights, strict=True) if w > 0]
+            first = int(np.argmax(row_weights > 0)) if row_weights.any() else len(tokens)
+            out.append({"prompt": self._texts(tokens[:first]), "answer": self._texts(answer)})
+        return out
+
+    def score(self, params_for_rm, prompts, lengths, completions, examples):
+        """``(total reward [n], {name: mean})``: the weighted sum of every reward."""
+        texts = [self._texts(c) for c in completions]
+        total = np.zeros(len(texts), np.float64)
+        means, self.last_rewards = {}, {}
+        for name, fn, weight in self.rewards:
+            try:
+                values = list(fn(texts, examples))
+            except Exception as e:  # noqa: BLE001
+                raise UserError(f"rl.rewards: reward {name!r} raised {type(e).__name__}: {e}; "
+                                "fix the function (it gets the completions' texts and one "
+                                "{'prompt', 'answer'} dict each).") from None
+            if len(values) != len(texts):
+                raise UserError(f"rl.rewards: reward {name!r} returned {len(values)} values "
+                                f"for {len(texts)} completions; return one each.")
+            try:
+                array = np.asarray([0.0 if v is None else float(v) for v in values], np.float64)
+            except (TypeError, ValueError):
+                raise UserError(f"rl.rewards: reward {name!r} returned a value that is not a "
+                                f"number ({values[:3]!r}...); return floats (or None).") from None
+            means[name] = float(array.mean())
+            self.last_rewards[name] = array
+            total += weight * array
+        if self._reward_model is not None:
+            weight = (self.spec.rl.reward_weights or (1.0,) * (len(self.rewards) + 1))[-1]
+            scores = self._reward_model_scores(prompts, lengths, completions)
+            means["reward_model"] = float(scores.mean())
+            self.last_rewards["reward_model"] = scores
+            total += float(weight) * scores
+        self.last_rewards["reward"] = total
+        return total.astype(np.float32), means
+
+    def _load_reward_model(self):
+        from t5x_like import param_sources, structures
+        from t5x_like import trainer as trainer_lib
+        spec = reward_model_spec(self.spec).replace(partitioning=self.spec.partitioning)
+        structure = structures.for_config(spec)
+        params, _ = param_sources.base_params(self.spec.rl.reward_model, spec, self.trainer.mesh)
+        reward_trainer = trainer_lib.build_trainer(spec, self.trainer.mesh)
+        placed = reward_trainer.place_params(params)
+        scorer = jax.jit(structure.rewards)
+        return structure, placed, scorer, reward_trainer
+
+    def _reward_model_scores(self, prompts, lengths, completions) -> np.ndarray:
+        from t5x_like import partitioning
+        _, params, scorer, reward_trainer = self._reward_model
+        tokens, mask, _ = self.rows(prompts, lengths, completions)
+        placed = partitioning.global_batch({"tokens": tokens, "mask": mask},
+                                           reward_trainer.mesh, reward_trainer.rules)
+        with reward_trainer._context():
+            scores = scorer(params, placed["tokens"], placed["mask"])
+        return _local_rows(scores, tokens.shape[0]).astype(np.float64)
+
+    # -- rows -------------------------------------------------------------------------------
+    def rows(self, prompts, lengths, completions):
+        """``rollout_rows`` at this run's widths and EOS."""
+        return rollout_rows(prompts, lengths, completions, self.eos_id,
+                            self.prompt_width + self.completion_length)
+
+    # -- a step -----------------------------------------------------------------------------
+    def next(self, params, step: int) -> Rollout:
+        """The rollout rows of the step after ``step`` (see the module docstring)."""
+        from t5x_like.objectives.preference import group_advantages
+        began = time.monotonic()
+        rows = next(self.prompt_batches)
+        repeated = {key: np.repeat(value, self.group, axis=0) for key, value in rows.items()}
+        rng = jax.random.fold_in(jax.random.key(self.spec.seed + 2), step)
+        prompts, lengths, completions = self.sample(params, repeated, rng)
+        examples = self.examples(repeated)
+        rewards, means = self.score(params, prompts, lengths, completions, examples)
+        advantages = np.asarray(group_advantages(jnp.asarray(rewards), self.group,
+                                                 self.spec.rl.scale_rewards), np.float32)
+        tokens, _, weights = self.rows(prompts, lengths, completions)
+        grouped = rewards.reshape(-1, self.group)
+        seconds = time.monotonic() - began
+        completion_tokens = float(weights.sum())
+        metrics = {"reward": float(rewards.mean()), "reward_std": float(rewards.std()),
+                   **{f"rewards/{name}": value for name, value in means.items()},
+                   "groups_without_signal": float(np.mean(grouped.std(axis=1) == 0)),
+                   "completion_length": completion_tokens / len(rewards),
+                   "rollout_seconds": seconds,
+                   "rollout_tokens_per_sec": completion_tokens / max(seconds, 1e-9)}
+        return Rollout({"tokens": tokens, "completion_loss_weights": weights,
+                        "advantages": advantages}, metrics)
+
+    # -- evaluation -------------------------------------------------------------------------
+    def evaluate(self, params, batches, num_batches: int, samples: int = 1,
+                 step: int = 0) -> dict:
+        """Mean reward (and each reward's) of greedy completions of ``num_batches`` of
+        ``batches`` (decoder rows of held-out prompts; rows of padding count for
+        nothing); with ``samples`` > 1 also the best of that many sampled completions per
+        prompt (best-of-n)."""
+        totals, count, best_total = {}, 0.0, 0.0
+        for index in range(num_batches):
+            rows = next(batches)
+            real = (rows["decoder_loss_weights"].sum(axis=1) > 0).astype(np.float64)
+            prompts, lengths, completions = self.sample(params, rows, None, greedy=True)
+            rewards, _ = self.score(params, prompts, lengths, completions, self.examples(rows))
+            for name, values in self.last_rewards.items():
+                totals[name] = totals.get(name, 0.0) + float((values * real).sum())
+            if samples > 1:
+                repeated = {key: np.repeat(value, samples, axis=0) for key, value in rows.items()}
+                rng = jax.random.fold_in(jax.random.key(self.spec.seed + 3),
+                                         step * 1000 + index)
+                p, n, c = self.sample(params, repeated, rng)
+                sampled, _ = self.score(params, p, n, c, self.examples(repeated))
+                best_total += float((sampled.reshape(-1, samples).max(axis=1) * real).sum())
+            count += float(real.sum())
+        out = {name: value / max(count, 1.0) for name, value in totals.items()}
+        if samples > 1:
+            out[f"best_of_{samples}_reward"] = best_total / max(count, 1.0)
+        out["prompts"] = count
+        return out
+
+
+def rollout_rows(prompts, lengths, completions, eos_id: int, width: int):
+    """``(tokens [n, width], mask (1 on real tokens), completion weights [n, width - 1])``:
+    each prompt (its first ``lengths`` tokens, the start id included), then its
+    completion up to and with its first ``eos_id`` (all of it when it has none); the
+    weights mark the positions whose next token is the completion's."""
+    n = len(prompts)
+    tokens = np.zeros((n, width), np.int32)
+    mask = np.zeros((n, width), np.int32)
+    weights = np.zeros((n, width - 1), np.float32)
+    for i in range(n):
+        completion = [int(t) for t in completions[i]]
+        if eos_id in completion:
+            completion = completion[:completion.index(eos_id) + 1]
+        length = int(lengths[i])
+        row = [int(t) for t in prompts[i][:length]] + completion
+        tokens[i, :len(row)] = row
+        mask[i, :len(row)] = 1
+        weights[i, length - 1:length - 1 + len(completion)] = 1.0
+    return tokens, mask, weights
+
+
+def _local_rows(array, rows: int) -> np.ndarray:
+    """This process's ``rows`` of a global array whose rows were laid out by process
+    (``partitioning.global_batch``)."""
+    if jax.process_count() == 1:
+        return np.asarray(jax.device_get(array))
+    from jax.experimental import multihost_utils
+    gathered = np.asarray(multihost_utils.process_allgather(array, tiled=True))
+    start = jax.process_index() * rows
+    return gathered[start:start + rows]

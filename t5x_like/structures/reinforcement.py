@@ -1,0 +1,114 @@
+"""The structure of online RL (``config.rl``): a decoder policy updated on its own
+rollouts. A rollout batch (``rl.py`` builds it, one row per sampled completion) holds
+``tokens`` (the start id, the prompt, the completion: ``1 + inputs + targets``),
+``completion_loss_weights`` (1 at each position whose next token is the completion's)
+and ``advantages`` (one per row). The model reads ``tokens[:, :-1]``, so a row takes the
+positions of a prefix-LM row of the same lengths.
+
+GRPO's loss (``objectives.preference.grpo_loss``) with one update per rollout, as TRL's
+default ``num_iterations=1``: the old policy is the current one (its log-probabilities
+under ``stop_gradient``, so the ratio is 1 and its gradient is the policy gradient),
+and the KL term reads the frozen reference's (``frozen_params``) when ``rl.beta`` > 0;
+both at the sampling temperature.
+``dapo`` and ``bnpo`` divide by the batch's completion tokens: the trainer's
+normalizer over microbatches, so microbatches add up to the whole batch's loss.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from t5x_like.errors import UserError
+from t5x_like.objectives import preference as losses
+from t5x_like.structures.base import Structure
+
+
+class RolloutStructure(Structure):
+    """A decoder policy trained by GRPO on rollout rows (see the module docstring)."""
+
+    name = "rollouts"
+    distillable = False
+    weights_feature = "completion_loss_weights"
+    targets_feature = "tokens"
+
+    def __init__(self, body: Structure, settings):
+        super().__init__(body.model)
+        self.body = body
+        self.settings = settings
+
+    @property
+    def needs_reference(self) -> bool:
+        return bool(self.settings.beta)
+
+    def width(self, task_feature_lengths) -> int:
+        lengths = dict(task_feature_lengths)
+        return 1 + int(lengths["inputs"]) + int(lengths["targets"])
+
+    def feature_converter(self, task_feature_lengths, pack=False):
+        """The prompt rows: the body decoder's prefix-LM rows read causally (each prompt
+        is what precedes its first target position, as ``predict_batch`` reads it)."""
+        return self.body.feature_converter(task_feature_lengths, pack)
+
+    def model_feature_lengths(self, task_feature_lengths):
+        width = self.width(task_feature_lengths)
+        return {"tokens": width, "completion_loss_weights": width - 1,
+                **{name: width - 1 for name in type(self.model).init_features}}
+
+    def abstract_batch(self, task_feature_lengths, batch_size, sharding=None):
+        width = self.width(task_feature_lengths)
+        return {"tokens": jax.ShapeDtypeStruct((batch_size, width), jnp.int32, sharding=sharding),
+                "completion_loss_weights": jax.ShapeDtypeStruct((batch_size, width - 1),
+                                                                jnp.float32, sharding=sharding),
+                "advantages": jax.ShapeDtypeStruct((batch_size,), jnp.float32, sharding=sharding)}
+
+    def apply_model(self, model, params, batch, rng=None, deterministic=True, **options):
+        return self.body.apply_model(model, params, batch, rng, deterministic, **options)
+
+    def token_log_probs(self, model, params, tokens, rng=None) -> jax.Array:
+        """Each position's log-probability of the row's next token ``[rows, width - 1]``
+        under the distribution the completions were sampled from: the logits divided by
+        ``rl.temperature`` (as TRL's GRPO reads them, for the policy and the reference)."""
+        logits = self.apply_model(model, params, {"decoder_input_tokens": tokens[:, :-1]}, rng,
+                                  deterministic=rng is None)
+        return losses.per_token_log_probs(logits.astype(jnp.float32) / self.settings.temperature,
+                                          tokens[:, 1:])
+
+    def loss_fn(self, loss_config, reference: Structure | None = None):
+        settings = self.settings
+
+        def loss_fn(model, params, batch, rng, normalizer=None, num_sequences=None,
+                    frozen_params=None):
+            mask = batch["completion_loss_weights"]
+            logps = self.token_log_probs(model, params, batch["tokens"], rng)
+            ref_logps = None
+            if settings.beta:
+                if frozen_params is None:
+                    raise ValueError("GRPO with rl.beta > 0 needs the reference's params.")
+                ref_logps = reference.token_log_probs(
+                    reference.model, jax.lax.stop_gradient(frozen_params), batch["tokens"])
+            loss, metrics = losses.grpo_loss(
+                logps, jax.lax.stop_gradient(logps), ref_logps, batch["advantages"], mask,
+                beta=settings.beta, epsilon_low=settings.epsilon,
+                epsilon_high=settings.epsilon_upper, aggregation=settings.loss_type,
+                num_tokens=normalizer)
+            if settings.loss_type == "grpo" and num_sequences is not None:
+                loss = loss * mask.shape[0] / num_sequences  # a microbatch's share of rows
+            metrics = {**metrics, "loss": loss, "num_target_tokens": mask.sum()}
+            return loss, metrics
+        return loss_fn
+
+    def predict_batch(self, params, batch, *, rng=None, **decode):
+        return self.body.predict_batch(params, batch, rng=rng, **decode)
+
+    def score_batch(self, params, batch):
+        raise UserError("An RL run's checkpoint scores as a plain decoder: evaluate it with "
+                        "--config.rl.algorithm= (the policy is a decoder).")
+
+    def forward_flops_per_sequence(self, model, lengths):
+        """Per completion: the update's forward (train counts 3x), the rollout's sampling
+        (one forward over the row, counted as 1/3 so train's 3x gives it once) and the
+        reference's forward when beta > 0 (likewise)."""
+        width = self.width(lengths) - 1
+        extra = (1.0 + (1.0 if self.needs_reference else 0.0)) / 3.0
+        return (1.0 + extra) * self.body.forward_flops_per_sequence(model, {"targets": width})
