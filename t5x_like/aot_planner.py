@@ -123,16 +123,23 @@ def _pipeline(config, mesh_shape) -> dict:
 def plan(config, topology: str, num_slices: int = 1) -> dict:
     """Compiles ``config``'s train step for ``topology`` (``num_slices`` of them joined
     over DCN); returns the report as a dict."""
-    from t5x_like import flops, hardware, structures
+    from t5x_like import flops, hardware, preference, structures
     from t5x_like import trainer as trainer_lib
 
     config = spec_of(config)
     devices = topology_devices(topology, num_slices)
     mesh_shape, trainer = trainer_lib.build_on_devices(config, devices, process_count=1)
-    batch = structures.for_config(config).abstract_batch(
-        config.task_feature_lengths, config.batch_size, trainer.batch_sharding)
+    structure = structures.for_config(config)
+    batch = structure.abstract_batch(config.task_feature_lengths, config.batch_size,
+                                     trainer.batch_sharding)
+    if preference.needed(config):  # DPO's reference, GRPO's KL: the policy's model, frozen
+        reference = preference.planned_reference(config)
+        trainer.attach_frozen(reference.model, None,
+                              structure.loss_fn(config.loss, reference=reference))
     lowered = trainer.lower_train_step(trainer.abstract_state, batch)
     state_rows = per_device_bytes(trainer.abstract_state)
+    if trainer.frozen_params is not None:
+        state_rows += per_device_bytes({"frozen_params": trainer.frozen_params})
     compiler_oom = None
     try:
         compiled = lowered.compile()
@@ -174,6 +181,7 @@ def plan(config, topology: str, num_slices: int = 1) -> dict:
                                              config.batch_size)
     params_bytes = sum(b for p, b in state_rows if p.startswith("params/"))
     opt_bytes = sum(b for p, b in state_rows if p.startswith("opt_state/"))
+    frozen_bytes = sum(b for p, b in state_rows if p.startswith("frozen_params/"))
     report = {
         "config_model": config.model.family, "topology": topology, "num_slices": num_slices,
         "device_kind": kind,
@@ -181,7 +189,8 @@ def plan(config, topology: str, num_slices: int = 1) -> dict:
         "batch_size": config.batch_size, "microbatches": config.optimizer.microbatches,
         "memory_per_device": {"arguments": arguments, "outputs": outputs, "aliased": aliased,
                               "temporaries": temporaries, "code": code, "total": total,
-                              "params": params_bytes, "optimizer_state": opt_bytes},
+                              "params": params_bytes, "optimizer_state": opt_bytes,
+                              "frozen_params": frozen_bytes},
         "hbm_per_device": chip.hbm_bytes if chip else None,
         "fits": (total <= chip.hbm_bytes and compiler_oom is None) if chip else None,
         "compiler_out_of_memory": compiler_oom[1] if compiler_oom else None,

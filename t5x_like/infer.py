@@ -6,6 +6,9 @@
 reads that task's ``--split`` instead (its targets are written beside each prediction).
 The newest checkpoint of a workdir is used. Decoding flags as in ``eval``: greedy by
 default, ``--num_beams``, or sampling with ``--temperature``/``--top_k``/``--top_p``.
+
+A reward model (``preference.objective=reward_model``) scores texts instead: each line of
+``--input_file`` holds a ``prompt`` and a ``response``, and the output its ``reward``.
 """
 
 from __future__ import annotations
@@ -62,6 +65,62 @@ def read_inputs(path: str) -> list[str]:
     return texts
 
 
+def read_responses(path: str) -> list[tuple[str, str]]:
+    """``(prompt, response)`` of each line of a reward model's ``--input_file``."""
+    file = storage.path(path)
+    if not file.is_file():
+        raise UserError(f"--input_file={path}: no such file.")
+    pairs = []
+    for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}:{number} is not JSON ({e.msg}).") from None
+        if not (isinstance(record, dict) and isinstance(record.get("prompt"), str)
+                and isinstance(record.get("response"), str)):
+            raise UserError(f'{path}:{number}: a reward model scores {{"prompt": "...", '
+                            '"response": "..."}} lines.')
+        pairs.append((record["prompt"], record["response"]))
+    if not pairs:
+        raise UserError(f"{path} holds no lines to score.")
+    return pairs
+
+
+def score_rewards(args, config, source, step, vocabulary) -> list[dict]:
+    """A reward model's score of each ``prompt``/``response`` line of ``--input_file``, the
+    response ended with EOS as its training pairs were."""
+    import jax
+
+    from t5x_like import partitioning, structures
+    from t5x_like import trainer as trainer_lib
+    if not args.input_file:
+        raise UserError("A reward model scores texts: pass --input_file with one "
+                        '{"prompt": ..., "response": ...} per line.')
+    pairs = read_responses(args.input_file)[:args.max_examples or None]
+    structure = structures.for_config(config)
+    lengths = dict(config.task_feature_lengths)
+    eos = [] if vocabulary.eos_id is None else [int(vocabulary.eos_id)]
+    rows = [structure.scoring_rows(list(vocabulary.encode(p)),
+                                   list(vocabulary.encode(r)) + eos, lengths) for p, r in pairs]
+    _, trainer = trainer_lib.build_on_devices(config)
+    params = source.restore_params(step, trainer)
+    batch_size = args.batch_size or config.batch_size
+    scorer = jax.jit(structure.rewards)
+    rewards = []
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start:start + batch_size]
+        chunk = chunk + [{k: v * 0 for k, v in chunk[0].items()}] * (batch_size - len(chunk))
+        batch = partitioning.global_batch({k: np.stack([r[k] for r in chunk]) for k in chunk[0]},
+                                          trainer.mesh, trainer.rules)
+        with trainer._context():
+            rewards.extend(np.asarray(jax.device_get(scorer(params, batch["tokens"],
+                                                            batch["mask"]))).tolist())
+    return [{"prompt": p, "response": r, "reward": float(value)}
+            for (p, r), value in zip(pairs, rewards, strict=False)]
+
+
 def run(args, overrides) -> int:
     import jax
 
@@ -79,6 +138,16 @@ def run(args, overrides) -> int:
     resolved = runs.resolve_checkpoint(source, step, args.config, overrides, args.vocabulary)
     config, trained, asked = (resolved.spec, resolved.trained_vocabulary,
                               resolved.asked_vocabulary)
+    if config.preference.objective == "reward_model":
+        vocabulary = asked or trained or builtin.embedded_vocabulary()
+        records = score_rewards(args, config, source, step, vocabulary)
+        if jax.process_index() == 0:
+            out = storage.path(args.output_file)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            storage.write_atomic(out, "".join(json.dumps(r, ensure_ascii=False) + "\n"
+                                              for r in records))
+            print(f"wrote {len(records)} rewards to {out} (checkpoint step {step})", flush=True)
+        return 0
     structures.structure_class(config.model.family).check_decoding(config, args.num_beams)
     lengths = dict(config.task_feature_lengths)
     if args.inputs_length:

@@ -90,6 +90,13 @@ def reference_spec(spec, reference: ReferenceSource):
                         peft=type(spec.peft)(), head=type(spec.head)())
 
 
+def planned_reference(spec):
+    """The reference the planner compiles with: the policy's own model without PEFT (the
+    usual case, DPO from the SFT model it starts from; no checkpoint is read)."""
+    from t5x_like import structures
+    return structures.for_config(spec.replace(peft=type(spec.peft)()))
+
+
 def load_reference(spec, reference: ReferenceSource, mesh):
     """``(reference structure, host params)``: the run's structure on the reference's
     decoder, whose log-probabilities the policy's loss reads."""

@@ -107,7 +107,7 @@ class Loop:
         return params
 
     def _attach_reference(self) -> None:
-        """DPO's frozen reference in the train and eval steps."""
+        """The frozen reference (DPO's, or GRPO's KL term) in the train and eval steps."""
         reference = self.resolved.reference
         if reference is None:
             return

@@ -301,13 +301,16 @@ class Trainer:
         on this mesh (sharded as the trained params are, no optimizer state, no
         gradient); ``loss_fn`` takes them as ``frozen_params``. Without
         ``in_evaluation`` evaluation calls ``loss_fn`` without them (distillation scores
-        the student's own objective)."""
+        the student's own objective). ``params`` None places their shapes alone, for
+        ``lower_train_step`` (the planner)."""
         boxed = self._abstract_boxed_params(model)
         shardings = partitioning.logical_shardings(boxed, self.mesh, self.rules)
         abstract = jax.tree.map(
             lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
             nn.unbox(boxed), shardings)
-        self.frozen_params = _place(abstract, params, what="Frozen params")
+        # None: abstract params (shapes and shardings), for ahead-of-time compilation
+        self.frozen_params = (abstract if params is None
+                              else _place(abstract, params, what="Frozen params"))
         self.loss_fn = loss_fn  # traced afresh: the steps are jitted again below
         self._jit_steps(shardings, in_evaluation)
 

@@ -10,7 +10,16 @@ import numpy as np
 import pytest
 from conftest import set_keys
 
-from t5x_like import config_lib, errors, param_sources, preference, structures, train
+from t5x_like import (
+    config_lib,
+    errors,
+    infer,
+    param_sources,
+    preference,
+    runs,
+    structures,
+    train,
+)
 from t5x_like import trainer as trainer_lib
 from t5x_like.config import spec_of
 from t5x_like.data import preference as preference_data
@@ -129,6 +138,37 @@ def test_reward_model_and_simpo_train_from_the_decoder(sft_run, tmp_path, object
     records = metrics_of(workdir)
     assert len(records) == 4 and all(np.isfinite(r["loss"]) for r in records)
     assert 0.0 <= records[-1]["accuracy"] <= 1.0
+    source = param_sources.resolve(str(workdir))
+    spec = runs.resolve_checkpoint(source, source.steps()[-1]).spec
+    if objective == "simpo":  # a policy evaluates, infers and scores as the decoder it is
+        assert spec.preference.objective == "" and spec.data.prefix_attention == "causal"
+        assert structures.for_config(spec).name == "decoder"
+        return
+    # a reward model scores texts with infer
+    lines = [{"prompt": "It was a truth universally", "response": "acknowledged"},
+             {"prompt": "It was a truth universally", "response": "banana"},
+             {"prompt": "It was a truth universally", "response": "acknowledged"}]
+    (tmp_path / "texts.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert infer.main([f"--checkpoint={workdir}", f"--input_file={tmp_path / 'texts.jsonl'}",
+                       f"--output_file={tmp_path / 'rewards.jsonl'}"]) == 0
+    scored = [json.loads(line) for line in (tmp_path / "rewards.jsonl").open()]
+    rewards = [r["reward"] for r in scored]
+    assert [r["response"] for r in scored] == [x["response"] for x in lines]
+    assert rewards[0] == pytest.approx(rewards[2], abs=1e-6) and rewards[0] != rewards[1]
+    # the same number as the structure's own, on the pair row the model trained on
+    structure = structures.for_config(spec)
+    vocabulary = spec_vocabulary(spec)
+    row = structure.scoring_rows(vocabulary.encode(lines[1]["prompt"]),
+                                 vocabulary.encode(lines[1]["response"]) + [vocabulary.eos_id],
+                                 spec.task_feature_lengths)
+    params = param_sources.base_params(str(workdir), spec, None)[0]
+    direct = structure.rewards(params, row["tokens"][None], row["mask"][None])
+    assert float(direct[0]) == pytest.approx(rewards[1], rel=1e-4, abs=1e-5)
+
+
+def spec_vocabulary(spec):
+    from t5x_like.data import get_task_or_mixture
+    return get_task_or_mixture(spec.task).vocabulary
 
 
 @pytest.mark.parametrize("row,message", [
@@ -198,3 +238,26 @@ def test_preference_tuning_of_an_encoder_is_refused_naming_the_fix(tmp_path):
     config.model = config_lib.model_defaults("encoder")
     with pytest.raises(errors.ConfigError, match="does not continue a prompt.*decoder checkpoint"):
         runs.resolve_spec(config)
+
+
+def test_dpo_with_lora_trains_the_adapters_against_the_full_reference(sft_run, tmp_path):
+    """LoRA on the policy; the reference is init_from's full params. The policy starts
+    as the reference (LoRA's B is zero), so step 1's loss is ln 2; the checkpoint keeps
+    what trained."""
+    workdir = tmp_path / "dpo_lora"
+    train.run(dpo_config(sft_run, **{"peft.lora.rank": 4, "num_train_steps": 3,
+                                     "optimizer.learning_rate": 1e-2}), str(workdir), quiet=True)
+    logged = metrics_of(workdir)
+    assert logged[0]["loss"] == pytest.approx(np.log(2.0), abs=1e-5)
+    assert logged[-1]["rewards_margin"] != 0.0
+    saved = json.loads((workdir / "config.json").read_text())
+    assert saved["peft"]["lora"]["rank"] == 4 and saved["preference"]["objective"] == "dpo"
+
+
+def test_plan_compiles_dpo_with_its_reference_sharded_like_the_policy(tmp_path):
+    """The planner compiles DPO's step with an abstract reference (the policy's model):
+    its bytes per device are the params', sharded the same way over FSDP."""
+    from t5x_like import aot_planner
+    report = aot_planner.plan(dpo_config(tmp_path, **{"mesh.fsdp": 8}), "cpu:8")
+    memory = report["memory_per_device"]
+    assert memory["frozen_params"] == memory["params"] > 0

@@ -203,6 +203,14 @@ class RewardStructure(_PairStructure):
     def rewards(self, params, tokens, mask) -> jax.Array:
         return self.apply_model(self.model, params, {"tokens": tokens, "mask": mask})
 
+    def scoring_rows(self, prompt_ids, response_ids, task_feature_lengths) -> dict:
+        """``{"tokens", "mask"}`` of one prompt and response, laid out as the pairs' rows
+        the model trained on (``rewards`` scores them): what ``infer`` scores a text with."""
+        converter = self.feature_converter(task_feature_lengths)
+        row = converter.convert_example({"prompt": prompt_ids, "chosen": response_ids,
+                                         "rejected": response_ids}, task_feature_lengths)
+        return {"tokens": row["chosen_tokens"], "mask": row["chosen_mask"]}
+
     def loss_fn(self, loss_config, reference=None):
         center = float(self.settings.center_rewards)
 

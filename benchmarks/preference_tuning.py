@@ -1,0 +1,262 @@
+"""Learning from preferences and rewards at our scale (``docs/preference_tuning.md``):
+
+(a) DPO on the embedded cloze pairs from the small GPT-2's pretraining run: held-out
+    pair accuracy before and after (by the policy's own likelihood, and by DPO's
+    implicit reward), the cloze task's own 4-way accuracy, and the LM's held-out loss
+    on the embedded corpus (what DPO does to the model's language modelling);
+(b) GRPO on ``embedded_arithmetic`` from an SFT'd model: greedy exact match on the 500
+    held-out prompts over training, against the SFT model and against best-of-8
+    sampling from it;
+(c) tokens per second of DPO's updates, GRPO's rollouts and GRPO's updates.
+
+    .venv/bin/python benchmarks/preference_tuning.py run --runs=runs/preference
+    .venv/bin/python benchmarks/preference_tuning.py table --runs=runs/preference
+
+``run`` trains what is missing (pretraining 500 steps, DPO, SFT, GRPO with the configs
+in ``configs/``) and writes ``RUNS/results.json``; ``table`` prints it. Numbers are
+from one seed on this machine's CPU (8 fake devices): a small run, read as such.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+
+
+def train(config: str, workdir: pathlib.Path, *overrides: str) -> None:
+    if (workdir / "checkpoints").is_dir() and any((workdir / "checkpoints").iterdir()):
+        done = json.loads((workdir / "metrics.jsonl").read_text().splitlines()[-1])
+        print(f"  {workdir.name}: trained to step {done['step']} already")
+        return
+    subprocess.run([PYTHON, "-m", "t5x_like.train", f"--config={config}",
+                    f"--workdir={workdir}", *overrides], check=True, cwd=ROOT)
+
+
+def records(workdir: pathlib.Path) -> list[dict]:
+    return [json.loads(line) for line in (workdir / "metrics.jsonl").open()]
+
+
+# -- (a) DPO ----------------------------------------------------------------------------------
+
+def pair_scores(spec, params_path: str, reference_path: str, split: str = "validation"):
+    """Per held-out pair: the policy's summed log-likelihood of both responses, and DPO's
+    implicit reward margin against the reference (``(chosen logp, rejected logp,
+    margin)`` arrays, with each pair's cloze point)."""
+    import jax
+    import numpy as np
+
+    from t5x_like import param_sources, partitioning, structures
+    from t5x_like import trainer as trainer_lib
+    from t5x_like.data import pipeline
+    from t5x_like.preference import load_reference, reference_source
+    _, trainer = trainer_lib.build_on_devices(spec)
+    structure = structures.for_config(spec)
+    policy = trainer.place_params(param_sources.base_params(params_path, spec, trainer.mesh)[0])
+    ref_structure, ref_host = load_reference(spec.replace(init_from=reference_path),
+                                             reference_source(spec.replace(
+                                                 init_from=reference_path)), trainer.mesh)
+    reference = trainer.place_params(ref_host)
+
+    @jax.jit
+    def logps(params, batch):
+        return (structure.side_log_probs(structure.model, params, batch, "chosen")[0],
+                structure.side_log_probs(structure.model, params, batch, "rejected")[0])
+    lengths = dict(spec.task_feature_lengths)
+    rows = pipeline.build_dataset(spec.task, split, lengths, seed=0, shuffle=False, repeat=False,
+                                  feature_converter=structure.feature_converter(lengths))
+    batches = pipeline.HostBatchIterator(rows, spec.batch_size, padding={
+        k: np.zeros_like(v) for k, v in next(iter(rows)).items()})
+    out = {"chosen": [], "rejected": [], "ref_chosen": [], "ref_rejected": [], "real": []}
+    with trainer._context():
+        for local in batches:
+            batch = partitioning.global_batch(local, trainer.mesh, trainer.rules)
+            for name, params in (("", policy), ("ref_", reference)):
+                chosen, rejected = jax.device_get(logps(params, batch))
+                out[f"{name}chosen"].append(chosen)
+                out[f"{name}rejected"].append(rejected)
+            out["real"].append(local["chosen_response"].sum(-1) > 0)
+    del ref_structure
+    return {key: np.concatenate(values) for key, values in out.items()}
+
+
+def dpo_metrics(scores, beta: float) -> dict:
+    import numpy as np
+    real = scores["real"]
+    chosen, rejected = scores["chosen"][real], scores["rejected"][real]
+    margin = beta * ((chosen - scores["ref_chosen"][real])
+                     - (rejected - scores["ref_rejected"][real]))
+    # three pairs per cloze point, in order: right when the answer beats all three
+    cloze = (chosen > rejected).reshape(-1, 3).all(axis=1)
+    return {"pairs": int(real.sum()), "likelihood_pair_accuracy": float(np.mean(chosen > rejected)),
+            "implicit_reward_accuracy": float(np.mean(margin > 0)),
+            "cloze_accuracy": float(cloze.mean())}
+
+
+def lm_held_out_loss(checkpoint: pathlib.Path, batches: int = 8) -> float:
+    """The checkpoint's loss per token on ``embedded_en_lm``'s validation rows (the first
+    ``batches`` batches), read as the plain decoder it is."""
+    import jax
+    import numpy as np
+
+    from t5x_like import config_lib, param_sources, partitioning, structures
+    from t5x_like import runs as runs_lib
+    from t5x_like import trainer as trainer_lib
+    from t5x_like.data import pipeline
+    spec = runs_lib.resolve_spec(config_lib.load_config_file("configs/pretrain/gpt2_tiny.py"))
+    _, trainer = trainer_lib.build_on_devices(spec)
+    params = trainer.place_params(param_sources.base_params(str(checkpoint), spec,
+                                                            trainer.mesh)[0])
+    structure = structures.for_config(spec)
+    lengths = dict(spec.task_feature_lengths)
+    rows = pipeline.build_dataset(spec.task, "validation", lengths, seed=0, shuffle=False,
+                                  repeat=False, feature_converter=structure.feature_converter(lengths))
+    host = pipeline.HostBatchIterator(rows, spec.batch_size, padding={
+        k: np.zeros_like(v) for k, v in next(iter(rows)).items()})
+    loss, tokens = 0.0, 0.0
+    for _, local in zip(range(batches), host, strict=False):
+        out = jax.device_get(trainer.eval_step(params, partitioning.global_batch(
+            local, trainer.mesh, trainer.rules)))
+        loss += float(out["loss_sum"])
+        tokens += float(out["num_target_tokens"])
+    return loss / max(tokens, 1.0)
+
+
+def run_dpo(runs: pathlib.Path, results: dict) -> None:
+    from t5x_like import config_lib
+    from t5x_like import runs as runs_lib
+    pretrained = runs / "pt_gpt2"
+    train("configs/pretrain/gpt2_tiny.py", pretrained, "--config.num_train_steps=500",
+          "--config.evals.held_out.every_steps=500", "--config.checkpoint.every_steps=500")
+    dpo = runs / "dpo_gpt2"
+    train("configs/preference/gpt2_tiny_dpo_cloze.py", dpo, f"--config.init_from={pretrained}")
+    config = config_lib.load_config_file("configs/preference/gpt2_tiny_dpo_cloze.py")
+    config.init_from = str(pretrained)
+    spec = runs_lib.resolve_spec(config)
+    before = dpo_metrics(pair_scores(spec, str(pretrained), str(pretrained)), spec.preference.beta)
+    after = dpo_metrics(pair_scores(spec, str(dpo), str(pretrained)), spec.preference.beta)
+    logged = records(dpo)
+    before["lm_held_out_loss"] = lm_held_out_loss(pretrained)
+    after["lm_held_out_loss"] = lm_held_out_loss(dpo)
+    results["dpo"] = {"before": before, "after": after,
+                      "train_tokens_per_sec": _median([r["tokens_per_sec"] for r in logged[1:]]),
+                      "final": {k: logged[-1][k] for k in logged[-1]
+                                if k.startswith(("eval_", "rewards_", "loss", "accuracy"))}}
+
+
+# -- (b) GRPO ---------------------------------------------------------------------------------
+
+def rollout_eval(spec_config: str, checkpoint: pathlib.Path, samples: int) -> dict:
+    """Greedy mean rewards (and best-of-``samples``) of ``checkpoint`` on the held-out
+    prompts, with ``spec_config``'s rewards."""
+    import numpy as np
+
+    from t5x_like import config_lib, param_sources, rl, structures
+    from t5x_like import runs as runs_lib
+    from t5x_like import trainer as trainer_lib
+    from t5x_like.data import get_task_or_mixture, pipeline
+    config = config_lib.load_config_file(spec_config)
+    config.init_from = str(checkpoint)
+    spec = runs_lib.resolve_spec(config)
+    _, trainer = trainer_lib.build_on_devices(spec)
+    structure = structures.for_config(spec)
+    params = trainer.place_params(param_sources.base_params(str(checkpoint), spec,
+                                                            trainer.mesh)[0])
+    lengths = dict(spec.task_feature_lengths)
+    rows = pipeline.build_dataset(spec.task, "validation", lengths, seed=0, shuffle=False,
+                                  repeat=False, feature_converter=structure.feature_converter(lengths))
+    padding = {k: np.zeros_like(v) for k, v in next(iter(rows)).items()}
+    batches = pipeline.HostBatchIterator(rows, spec.batch_size, padding=padding)
+    rollouts = rl.Rollouts(spec, trainer, structure, get_task_or_mixture(spec.task).vocabulary,
+                           None)
+
+    def filled():
+        yield from batches
+        while True:
+            yield batches.padding_batch()
+    count = -(-500 // spec.batch_size)
+    return rollouts.evaluate(params, filled(), count, samples=samples)
+
+
+def run_grpo(runs: pathlib.Path, results: dict) -> None:
+    sft = runs / "sft_arith"
+    train("configs/finetune/gpt2_tiny_arithmetic_sft.py", sft)
+    grpo = runs / "grpo_arith"
+    train("configs/rl/gpt2_tiny_grpo_arithmetic.py", grpo, f"--config.init_from={sft}")
+    rl_config = "configs/rl/gpt2_tiny_grpo_arithmetic.py"
+    sft_eval = rollout_eval(rl_config, sft, samples=8)
+    logged = records(grpo)
+    curve = [{"step": r["step"], "exact_match": r["eval_exact_answer"],
+              "train_reward": r["reward"]} for r in logged if "eval_exact_answer" in r]
+    final = rollout_eval(rl_config, grpo, samples=1)
+    update_tokens, rollout_tokens = [], []
+    width = 1 + 8 + 5
+    for r in logged[1:]:
+        step_s = 1.0 / r["steps_per_sec"]
+        update_s = max(step_s - r["rollout_seconds"], 1e-9)
+        update_tokens.append(64 * width / update_s)
+        rollout_tokens.append(r["rollout_tokens_per_sec"])
+    results["grpo"] = {"sft": sft_eval, "curve": curve, "final": final,
+                       "rollout_completion_tokens_per_sec": _median(rollout_tokens),
+                       "update_tokens_per_sec": _median(update_tokens),
+                       "train_reward": [(r["step"], r["reward"]) for r in logged]}
+
+
+def _median(values):
+    import statistics
+    return statistics.median(values) if values else float("nan")
+
+
+def table(results: dict) -> None:
+    dpo, grpo = results.get("dpo"), results.get("grpo")
+    if dpo:
+        print("(a) DPO on embedded_austen_cloze_preference (held-out pairs: "
+              f"{dpo['before']['pairs']})")
+        print(f"| {'':32} | {'before (pretrained)':>20} | {'after DPO':>10} |")
+        print(f"|{'-' * 34}|{'-' * 22}|{'-' * 12}|")
+        for key in ("likelihood_pair_accuracy", "implicit_reward_accuracy", "cloze_accuracy",
+                    "lm_held_out_loss"):
+            print(f"| {key:32} | {dpo['before'][key]:20.3f} | {dpo['after'][key]:10.3f} |")
+        print(f"DPO update: {dpo['train_tokens_per_sec']:,.0f} tokens/s (both rows of a pair)")
+    if grpo:
+        sft = grpo["sft"]
+        print("\n(b) GRPO on embedded_arithmetic (500 held-out prompts, greedy exact match)")
+        print(f"| {'model':30} | {'exact match':>11} |")
+        print(f"|{'-' * 32}|{'-' * 13}|")
+        print(f"| {'SFT':30} | {sft['exact_answer']:11.3f} |")
+        print(f"| {'SFT, best of 8 samples (T=1)':30} | {sft['best_of_8_reward']:11.3f} |")
+        for point in grpo["curve"]:
+            print(f"| {'GRPO step ' + str(point['step']):30} | {point['exact_match']:11.3f} |")
+        print(f"| {'GRPO final':30} | {grpo['final']['exact_answer']:11.3f} |")
+        print(f"\n(c) rollouts: {grpo['rollout_completion_tokens_per_sec']:,.0f} completion "
+              f"tokens/s; updates: {grpo['update_tokens_per_sec']:,.0f} tokens/s")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=("run", "table"))
+    parser.add_argument("--runs", default="runs/preference")
+    parser.add_argument("--only", choices=("dpo", "grpo"), default=None)
+    args = parser.parse_args(argv)
+    runs = pathlib.Path(args.runs).resolve()
+    runs.mkdir(parents=True, exist_ok=True)
+    path = runs / "results.json"
+    results = json.loads(path.read_text()) if path.exists() else {}
+    if args.command == "run":
+        import t5x_like.builtin_tasks  # noqa: F401
+        if args.only in (None, "dpo"):
+            run_dpo(runs, results)
+        if args.only in (None, "grpo"):
+            run_grpo(runs, results)
+        path.write_text(json.dumps(results, indent=2))
+    table(results)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
