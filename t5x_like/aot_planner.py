@@ -123,7 +123,7 @@ def _pipeline(config, mesh_shape) -> dict:
 def plan(config, topology: str, num_slices: int = 1) -> dict:
     """Compiles ``config``'s train step for ``topology`` (``num_slices`` of them joined
     over DCN); returns the report as a dict."""
-    from t5x_like import flops, hardware, preference, structures
+    from t5x_like import flops, hardware, structures
     from t5x_like import trainer as trainer_lib
 
     config = spec_of(config)
@@ -132,14 +132,9 @@ def plan(config, topology: str, num_slices: int = 1) -> dict:
     structure = structures.for_config(config)
     batch = structure.abstract_batch(config.task_feature_lengths, config.batch_size,
                                      trainer.batch_sharding)
-    if preference.needed(config):  # DPO's reference, GRPO's KL: the policy's model, frozen
-        reference = preference.planned_reference(config)
-        trainer.attach_frozen(reference.model, None,
-                              structure.loss_fn(config.loss, reference=reference))
+    state_rows = per_device_bytes(trainer.abstract_state) + _planned_reference(
+        config, trainer, structure)
     lowered = trainer.lower_train_step(trainer.abstract_state, batch)
-    state_rows = per_device_bytes(trainer.abstract_state)
-    if trainer.frozen_params is not None:
-        state_rows += per_device_bytes({"frozen_params": trainer.frozen_params})
     compiler_oom = None
     try:
         compiled = lowered.compile()
@@ -179,9 +174,7 @@ def plan(config, topology: str, num_slices: int = 1) -> dict:
     peak = hardware.peak_flops(kind, config.logging.peak_flops_per_device)
     model_flops = flops.train_flops_per_step(config.model, config.task_feature_lengths,
                                              config.batch_size)
-    params_bytes = sum(b for p, b in state_rows if p.startswith("params/"))
-    opt_bytes = sum(b for p, b in state_rows if p.startswith("opt_state/"))
-    frozen_bytes = sum(b for p, b in state_rows if p.startswith("frozen_params/"))
+    state_bytes = _state_bytes(state_rows)
     report = {
         "config_model": config.model.family, "topology": topology, "num_slices": num_slices,
         "device_kind": kind,
@@ -189,8 +182,7 @@ def plan(config, topology: str, num_slices: int = 1) -> dict:
         "batch_size": config.batch_size, "microbatches": config.optimizer.microbatches,
         "memory_per_device": {"arguments": arguments, "outputs": outputs, "aliased": aliased,
                               "temporaries": temporaries, "code": code, "total": total,
-                              "params": params_bytes, "optimizer_state": opt_bytes,
-                              "frozen_params": frozen_bytes},
+                              **state_bytes},
         "hbm_per_device": chip.hbm_bytes if chip else None,
         "fits": (total <= chip.hbm_bytes and compiler_oom is None) if chip else None,
         "compiler_out_of_memory": compiler_oom[1] if compiler_oom else None,
@@ -221,13 +213,39 @@ def plan(config, topology: str, num_slices: int = 1) -> dict:
     if peak and chip and roofline_flops is not None:
         roof = _roofline(roofline_flops, roofline_bytes, peak, chip, communication_s)
         report["roofline"] = dict(roof, mfu=model_flops / (len(devices) * peak * roof["step_s"]))
+    report.update(_largest(state_rows, state_bytes, temporaries))
+    return report
+
+
+def _largest(state_rows, state_bytes: dict, temporaries: int) -> dict:
+    """What takes the most memory per device: by kind, and the four largest arrays."""
     consumers = [("temporaries (activations, gradients, collectives' buffers)", temporaries),
-                 ("params (all)", params_bytes), ("optimizer state (all)", opt_bytes)]
+                 ("params (all)", state_bytes["params"]),
+                 ("optimizer state (all)", state_bytes["optimizer_state"])]
     consumers.sort(key=lambda row: -row[1])
     largest_arrays = sorted(state_rows, key=lambda row: -row[1])[:4]
-    report["largest_consumers"] = [{"name": n, "bytes": b} for n, b in consumers]
-    report["largest_arrays"] = [{"name": n, "bytes": b} for n, b in largest_arrays]
-    return report
+    return {"largest_consumers": [{"name": n, "bytes": b} for n, b in consumers],
+            "largest_arrays": [{"name": n, "bytes": b} for n, b in largest_arrays]}
+
+
+def _state_bytes(state_rows) -> dict[str, int]:
+    """Bytes per device of the params, the optimizer state and a frozen reference."""
+    return {name: sum(b for path, b in state_rows if path.startswith(prefix))
+            for name, prefix in (("params", "params/"), ("optimizer_state", "opt_state/"),
+                                 ("frozen_params", "frozen_params/"))}
+
+
+def _planned_reference(config, trainer, structure) -> list[tuple[str, int]]:
+    """DPO's reference or GRPO's KL reference in the planned step: the policy's own model,
+    frozen and abstract (``Trainer.attach_frozen`` with no params); its bytes per device
+    as ``frozen_params/...`` rows (none when the run has no reference)."""
+    from t5x_like import preference
+    if not preference.needed(config):
+        return []
+    reference = preference.planned_reference(config)
+    trainer.attach_frozen(reference.model, None,
+                          structure.loss_fn(config.loss, reference=reference))
+    return per_device_bytes({"frozen_params": trainer.frozen_params})
 
 
 def _unscanned(model):

@@ -164,7 +164,7 @@ class Rollouts:
             out.append({"prompt": self._texts(tokens[:first]), "answer": self._texts(answer)})
         return out
 
-    def score(self, params_for_rm, prompts, lengths, completions, examples):
+    def score(self, prompts, lengths, completions, examples):
         """``(total reward [n], {name: mean})``: the weighted sum of every reward."""
         texts = [self._texts(c) for c in completions]
         total = np.zeros(len(texts), np.float64)
@@ -233,7 +233,7 @@ class Rollouts:
         rng = jax.random.fold_in(jax.random.key(self.spec.seed + 2), step)
         prompts, lengths, completions = self.sample(params, repeated, rng)
         examples = self.examples(repeated)
-        rewards, means = self.score(params, prompts, lengths, completions, examples)
+        rewards, means = self.score(prompts, lengths, completions, examples)
         advantages = np.asarray(group_advantages(jnp.asarray(rewards), self.group,
                                                  self.spec.rl.scale_rewards), np.float32)
         tokens, _, weights = self.rows(prompts, lengths, completions)
@@ -261,7 +261,7 @@ class Rollouts:
             rows = next(batches)
             real = (rows["decoder_loss_weights"].sum(axis=1) > 0).astype(np.float64)
             prompts, lengths, completions = self.sample(params, rows, None, greedy=True)
-            rewards, _ = self.score(params, prompts, lengths, completions, self.examples(rows))
+            rewards, _ = self.score(prompts, lengths, completions, self.examples(rows))
             for name, values in self.last_rewards.items():
                 totals[name] = totals.get(name, 0.0) + float((values * real).sum())
             if samples > 1:
@@ -269,7 +269,7 @@ class Rollouts:
                 rng = jax.random.fold_in(jax.random.key(self.spec.seed + 3),
                                          step * 1000 + index)
                 p, n, c = self.sample(params, repeated, rng)
-                sampled, _ = self.score(params, p, n, c, self.examples(repeated))
+                sampled, _ = self.score(p, n, c, self.examples(repeated))
                 best_total += float((sampled.reshape(-1, samples).max(axis=1) * real).sum())
             count += float(real.sum())
         out = {name: value / max(count, 1.0) for name, value in totals.items()}

@@ -12,8 +12,6 @@ SFT'd small GPT-2, which is also the frozen reference of the KL term:
 import importlib.util
 import pathlib
 
-from t5x_like import config_lib
-
 _spec = importlib.util.spec_from_file_location(
     "_sft", pathlib.Path(__file__).resolve().parents[1] / "finetune" / "gpt2_tiny_arithmetic_sft.py")
 _sft = importlib.util.module_from_spec(_spec)
