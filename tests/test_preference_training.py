@@ -261,3 +261,23 @@ def test_plan_compiles_dpo_with_its_reference_sharded_like_the_policy(tmp_path):
     report = aot_planner.plan(dpo_config(tmp_path, **{"mesh.fsdp": 8}), "cpu:8")
     memory = report["memory_per_device"]
     assert memory["frozen_params"] == memory["params"] > 0
+
+
+def test_eval_scores_a_reward_model_on_held_out_pairs(sft_run, tmp_path):
+    """``eval`` of a reward model on a preference task: its pair accuracy and margin, the
+    numbers its structure gives on the same rows."""
+    from t5x_like import eval as eval_cli
+    workdir = tmp_path / "rm"
+    train.run(dpo_config(sft_run, **{"preference.objective": "reward_model",
+                                     "num_train_steps": 2}), str(workdir), quiet=True)
+    out = tmp_path / "rm_eval"
+    assert eval_cli.main([f"--checkpoint={workdir}", "--task=embedded_austen_cloze_preference",
+                          f"--output_dir={out}", "--max_examples=16", "--quiet"]) == 0
+    line = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    records = [json.loads(x) for x in (out / "predictions" / "embedded_austen_cloze_preference"
+                                       / "step_2.jsonl").read_text().splitlines()]
+    assert len(records) == 16
+    wins = np.mean([r["chosen_reward"] > r["rejected_reward"] for r in records])
+    assert line["accuracy"] == pytest.approx(wins)
+    assert line["margin"] == pytest.approx(np.mean([r["chosen_reward"] - r["rejected_reward"]
+                                                    for r in records]), abs=1e-6)

@@ -227,7 +227,7 @@ class Evaluator(ModelRunner):
             raise UserError(f"--mode={settings.mode!r}; choose one of {MODES}.")
         self.tasks = leaf_tasks(name, vocabulary)
         for task in self.tasks:
-            if not task.has_metrics and not task.label_options:
+            if not task.has_metrics and not task.label_options and not _scores_pairs(structure):
                 raise UserError(
                     f"Task {task.name!r} has no metric_fns or score_metric_fns, so there is "
                     "nothing to report. Register it with metric_fns=[...] (see "
@@ -265,6 +265,8 @@ class Evaluator(ModelRunner):
         s = self.settings
         if self.structure.name == "head":
             return "head"
+        if _scores_pairs(self.structure):
+            return "pairs"
         has_options = bool(task.label_options) or "options" in examples[0]
         if s.num_shots is not None and has_options and self.structure.scores_choices_as_lm_eval:
             return "lm_eval"
@@ -285,6 +287,8 @@ class Evaluator(ModelRunner):
         mode = self.mode_for(task, examples)
         if mode == "lm_eval":
             return self._lm_eval(params, task, examples)
+        if mode == "pairs":
+            return self._pairs(params, task, examples)
         converter = self.structure.feature_converter(self.lengths, pack=False)
         vocabulary = task.output_features["targets"].vocabulary
         targets_text = [_text(ex.get("targets_pretokenized", "")) for ex in examples]
@@ -399,6 +403,43 @@ class Evaluator(ModelRunner):
 
     def evaluate(self, params) -> list[TaskResult]:
         return [self.evaluate_task(params, task) for task in self.tasks]
+
+    def _pairs(self, params, task, examples) -> TaskResult:
+        """A reward model on preference pairs (``structures/preference.py``): how often it
+        scores the chosen response above the rejected one (``accuracy``) and by how much
+        (``margin``); each pair's two rewards are its record."""
+        from t5x_like.data.preference import SIDES
+        if not hasattr(self, "_rewards"):
+            self._rewards = jax.jit(
+                lambda p, b: self.structure.rewards(p, b["tokens"], b["mask"]),
+                in_shardings=(self._param_shardings, self.batch_sharding),
+                out_shardings=self._replicated)
+        converter = self.structure.feature_converter(self.lengths)
+        try:
+            rows = [converter.convert_example(ex, self.lengths) for ex in examples]
+        except KeyError as e:
+            raise UserError(f"Task {task.name!r}: {e.args[0]}") from None
+        rewards = {}
+        for side in SIDES:
+            side_rows = [{"tokens": r[f"{side}_tokens"], "mask": r[f"{side}_mask"]}
+                         for r in rows]
+            out = []
+            for start in range(0, len(side_rows), self.settings.batch_size):
+                batch, count = self._global(side_rows, start)
+                with self.context():
+                    out.append(np.asarray(jax.device_get(self._rewards(params, batch)))[:count])
+            rewards[side] = np.concatenate(out)
+        chosen, rejected = rewards["chosen"], rewards["rejected"]
+        metrics = {"accuracy": float(np.mean(chosen > rejected)),
+                   "margin": float(np.mean(chosen - rejected))}
+        records = [{"chosen_reward": float(c), "rejected_reward": float(r)}
+                   for c, r in zip(chosen, rejected, strict=True)]
+        return TaskResult(task.name, "pairs", metrics, records)
+
+
+def _scores_pairs(structure) -> bool:
+    """A reward model: it scores texts, and evaluates on preference pairs."""
+    return structure.name == "reward"
 
 
 def _with_eos_target(example, vocabulary) -> dict:
