@@ -58,9 +58,8 @@ def pair_scores(spec, params_path: str, reference_path: str, split: str = "valid
     _, trainer = trainer_lib.build_on_devices(spec)
     structure = structures.for_config(spec)
     policy = trainer.place_params(param_sources.base_params(params_path, spec, trainer.mesh)[0])
-    ref_structure, ref_host = load_reference(spec.replace(init_from=reference_path),
-                                             reference_source(spec.replace(
-                                                 init_from=reference_path)), trainer.mesh)
+    referenced = spec.replace(init_from=reference_path)
+    _, ref_host = load_reference(referenced, reference_source(referenced), trainer.mesh)
     reference = trainer.place_params(ref_host)
 
     @jax.jit
@@ -81,7 +80,6 @@ def pair_scores(spec, params_path: str, reference_path: str, split: str = "valid
                 out[f"{name}chosen"].append(chosen)
                 out[f"{name}rejected"].append(rejected)
             out["real"].append(local["chosen_response"].sum(-1) > 0)
-    del ref_structure
     return {key: np.concatenate(values) for key, values in out.items()}
 
 

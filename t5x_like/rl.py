@@ -148,10 +148,12 @@ class Rollouts:
 
     # -- texts and rewards ------------------------------------------------------------------
     def _texts(self, tokens) -> str:
+        """The text of ``tokens`` up to their first EOS (what follows it is padding; id 0
+        is a real token in some tokenizers, GPT-2's "!", so nothing else is dropped)."""
         ids = [int(t) for t in tokens]
         if self.eos_id in ids:
             ids = ids[:ids.index(self.eos_id)]
-        return self.vocabulary.decode([t for t in ids if t != 0])
+        return self.vocabulary.decode(ids)
 
     def examples(self, rows: dict) -> list[dict]:
         """Each row's prompt and answer texts (the inputs and the targets it was built

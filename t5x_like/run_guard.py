@@ -85,8 +85,11 @@ def spec_fingerprint(spec, vocabulary) -> dict:
     fp["task_feature_lengths"] = _as_plain(dict(spec.task_feature_lengths))
     fp.update(vocabulary_identity(vocabulary))
     fp["optimizer.name"] = spec.optimizer.name
-    if spec.preference.objective:  # only when set: older runs' fingerprints stay as saved
+    # only when set: older runs' fingerprints stay as they were saved
+    if spec.preference.objective:
         fp["preference.objective"] = spec.preference.objective
+    if spec.rl.algorithm:
+        fp["rl.algorithm"] = spec.rl.algorithm
     peft = spec.peft  # what trains and what was added (dropout is free to change)
     fp.update({"peft.bitfit": bool(peft.bitfit), "peft.lora.rank": peft.lora.rank,
                "peft.lora.alpha": peft.lora.alpha, "peft.lora.targets": peft.lora.targets,

@@ -172,12 +172,12 @@ class RenderChat(ExampleStep):
             raise ValueError(f"Task {ctx.task_name!r}: RenderChat needs a Hugging Face "
                              "tokenizer folder as the targets vocabulary (one with a chat "
                              f"template); it has {vocabulary!r}.")
-        _template(vocabulary.folder)
+        template_of(vocabulary.folder)
         ctx.length("targets")
 
     def map(self, example, rng, ctx):
         vocabulary = ctx.vocabulary("targets")
-        template = _template(vocabulary.folder)
+        template = template_of(vocabulary.folder)
         window = ctx.length("targets")
         messages = list(example["messages"])
         whole, all_spans = template.assistant_spans(messages)
@@ -228,7 +228,8 @@ class ConversationToPairs(ExampleStep):
 _TEMPLATES: dict[str, ChatTemplate] = {}
 
 
-def _template(folder) -> ChatTemplate:
+def template_of(folder) -> ChatTemplate:
+    """The chat template of a tokenizer folder, read once per process."""
     key = str(folder)
     if key not in _TEMPLATES:
         _TEMPLATES[key] = ChatTemplate(folder)
@@ -236,4 +237,4 @@ def _template(folder) -> ChatTemplate:
 
 
 __all__ = ["ChatTemplate", "ConversationSource", "ConversationToPairs", "RenderChat",
-           "assistant_mask", "conversation"]
+           "assistant_mask", "conversation", "template_of"]

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from t5x_like.data.chat import ROLES, _template
+from t5x_like.data.chat import ROLES, template_of
 from t5x_like.data.feature_converters import FeatureConverter
 from t5x_like.data.preprocessors.base import Context, ExampleStep
 from t5x_like.data.sources import JsonlSource
@@ -129,7 +129,7 @@ class TokenizePair(ExampleStep):
                 raise ValueError(f"Task {ctx.task_name!r}: conversational preference rows are "
                                  "rendered with a chat template, and the prompt vocabulary "
                                  f"{vocabulary!r} is not a Hugging Face tokenizer folder.")
-            template = _template(vocabulary.folder)
+            template = template_of(vocabulary.folder)
             prompt = template.render(example["prompt"], add_generation_prompt=True)
             out["prompt"] = np.asarray(vocabulary.encode(prompt), np.int32)
             for side in SIDES:

@@ -175,8 +175,8 @@ class PreferenceStructure(_PairStructure):
 
     def forward_flops_per_sequence(self, model, lengths):
         """Per pair: the policy's two rows (trained: 3x a forward), and for DPO the
-        reference's two forwards, counted as 2/3 of a row each so that train's 3x gives
-        them once."""
+        reference's forward over both rows, counted as 2/3 of a row so that train's 3x
+        gives one forward per row."""
         rows = 2.0 + (2.0 / 3.0 if self.needs_reference else 0.0)
         return self._rows_flops(model, lengths, rows)
 
