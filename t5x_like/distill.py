@@ -53,22 +53,15 @@ def teacher_source(spec) -> TeacherSource:
     from t5x_like import param_sources
     from t5x_like.config import model_spec_of
     path = spec.distill.teacher
-    try:
-        source = param_sources.resolve(path, "distill.teacher")
-    except UserError as e:
-        raise UserError(f"distill.teacher: {e}") from None
-    steps = source.steps()
-    if not steps:
-        raise UserError(f"distill.teacher={path!r} holds no complete checkpoint yet.")
-    saved = source.saved_config(steps[-1])
-    return TeacherSource(path, source, steps[-1], model_spec_of(saved["model"]),
+    source, step, saved = param_sources.newest_saved(path, "distill.teacher")
+    return TeacherSource(path, source, step, model_spec_of(saved["model"]),
                          saved.get("fingerprint"))
 
 
 def check_teacher(spec, teacher: TeacherSource, student_vocabulary) -> None:
     """One message for each teacher the student cannot learn from."""
     from t5x_like import structures
-    from t5x_like.run_guard import vocabulary_identity
+    from t5x_like.run_guard import vocabulary_differences
     path, model, student = teacher.path, teacher.model, spec.model
     if model.family not in structures.distillable_families():
         raise UserError(f"distill.teacher={path!r} is a {model.family!r} model; teachers are "
@@ -85,11 +78,9 @@ def check_teacher(spec, teacher: TeacherSource, student_vocabulary) -> None:
             "the two distributions entry by entry; use a teacher trained with the student's "
             "vocabulary.")
     if teacher.fingerprint:
-        ours = vocabulary_identity(student_vocabulary)
-        theirs = {k: v for k, v in teacher.fingerprint.items() if k.startswith("vocabulary.")}
-        differs = {k: (theirs[k], ours.get(k)) for k in theirs if theirs[k] != ours.get(k)}
+        differs = vocabulary_differences(teacher.fingerprint, student_vocabulary)
         if differs:
-            detail = ", ".join(f"{k} {a!r} vs {b!r}" for k, (a, b) in sorted(differs.items()))
+            detail = ", ".join(f"{k} {a!r} vs {b!r}" for k, (a, b) in differs.items())
             raise UserError(
                 f"distill.teacher={path!r} was trained with another vocabulary than task "
                 f"{spec.task!r} uses ({detail}; teacher vs student). Token ids would mean "

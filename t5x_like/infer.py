@@ -44,19 +44,25 @@ def parse_args(argv):
     return parser.parse_args(rest), overrides
 
 
-def read_inputs(path: str) -> list[str]:
+def _input_lines(path: str, example: str = ""):
+    """``(line number, record)`` of each non-empty line of ``--input_file``; a line that
+    is not JSON is refused naming it (``example``: what a line looks like, said then)."""
     file = storage.path(path)
     if not file.is_file():
         raise UserError(f"--input_file={path}: no such file.")
-    texts = []
     for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            yield number, json.loads(line)
         except json.JSONDecodeError as e:
-            raise UserError(f"{path}:{number} is not JSON ({e.msg}); write one object per line, "
-                            'e.g. {"inputs": "translate English to Spanish: Hello"}.') from None
+            raise UserError(f"{path}:{number} is not JSON ({e.msg}){example}.") from None
+
+
+def read_inputs(path: str) -> list[str]:
+    texts = []
+    for number, record in _input_lines(path, '; write one object per line, e.g. {"inputs": '
+                                              '"translate English to Spanish: Hello"}'):
         if not isinstance(record, dict) or not isinstance(record.get("inputs"), str):
             raise UserError(f'{path}:{number} needs an "inputs" string, e.g. {{"inputs": "..."}}.')
         texts.append(record["inputs"])
@@ -67,17 +73,8 @@ def read_inputs(path: str) -> list[str]:
 
 def read_responses(path: str) -> list[tuple[str, str]]:
     """``(prompt, response)`` of each line of a reward model's ``--input_file``."""
-    file = storage.path(path)
-    if not file.is_file():
-        raise UserError(f"--input_file={path}: no such file.")
     pairs = []
-    for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path}:{number} is not JSON ({e.msg}).") from None
+    for number, record in _input_lines(path):
         if not (isinstance(record, dict) and isinstance(record.get("prompt"), str)
                 and isinstance(record.get("response"), str)):
             raise UserError(f'{path}:{number}: a reward model scores {{"prompt": "...", '
@@ -91,10 +88,9 @@ def read_responses(path: str) -> list[tuple[str, str]]:
 def score_rewards(args, config, source, step, vocabulary) -> list[dict]:
     """A reward model's score of each ``prompt``/``response`` line of ``--input_file``, the
     response ended with EOS as its training pairs were."""
-    import jax
-
-    from t5x_like import partitioning, structures
+    from t5x_like import structures
     from t5x_like import trainer as trainer_lib
+    from t5x_like.evaluation import evaluator
     if not args.input_file:
         raise UserError("A reward model scores texts: pass --input_file with one "
                         '{"prompt": ..., "response": ...} per line.')
@@ -105,20 +101,13 @@ def score_rewards(args, config, source, step, vocabulary) -> list[dict]:
     rows = [structure.scoring_rows(list(vocabulary.encode(p)),
                                    list(vocabulary.encode(r)) + eos, lengths) for p, r in pairs]
     _, trainer = trainer_lib.build_on_devices(config)
-    params = source.restore_params(step, trainer)
-    batch_size = args.batch_size or config.batch_size
-    scorer = jax.jit(structure.rewards)
-    rewards = []
-    for start in range(0, len(rows), batch_size):
-        chunk = rows[start:start + batch_size]
-        chunk = chunk + [{k: v * 0 for k, v in chunk[0].items()}] * (batch_size - len(chunk))
-        batch = partitioning.global_batch({k: np.stack([r[k] for r in chunk]) for k in chunk[0]},
-                                          trainer.mesh, trainer.rules)
-        with trainer._context():
-            rewards.extend(np.asarray(jax.device_get(scorer(params, batch["tokens"],
-                                                            batch["mask"]))).tolist())
+    runner = evaluator.ModelRunner(
+        structure, trainer.mesh, trainer.rules, trainer.state_shardings.params, lengths,
+        evaluator.EvalSettings(batch_size=args.batch_size or config.batch_size),
+        trainer.pipeline_settings)
+    rewards = runner.reward_rows(source.restore_params(step, trainer), rows)
     return [{"prompt": p, "response": r, "reward": float(value)}
-            for (p, r), value in zip(pairs, rewards, strict=False)]
+            for (p, r), value in zip(pairs, rewards, strict=True)]
 
 
 def run(args, overrides) -> int:

@@ -46,22 +46,15 @@ def reference_source(spec) -> ReferenceSource:
     """The reference's checkpoint and model, read without loading parameters."""
     from t5x_like import param_sources
     from t5x_like.config import model_spec_of
-    path, key = reference_path(spec), _key(spec)
-    try:
-        source = param_sources.resolve(path, key)
-    except UserError as e:
-        raise UserError(f"{key}: {e}") from None
-    steps = source.steps()
-    if not steps:
-        raise UserError(f"{key}={path!r} holds no complete checkpoint yet.")
-    saved = source.saved_config(steps[-1])
+    path = reference_path(spec)
+    _, _, saved = param_sources.newest_saved(path, _key(spec))
     return ReferenceSource(path, model_spec_of(saved["model"]), saved.get("fingerprint"))
 
 
 def check_reference(spec, reference: ReferenceSource, vocabulary) -> None:
     """One message for each reference the policy cannot be compared with."""
     from t5x_like import structures
-    from t5x_like.run_guard import vocabulary_identity
+    from t5x_like.run_guard import vocabulary_differences
     path, model, key = reference.path, reference.model, _key(spec)
     if not structures.structure_class(model.family).generates_after_prompt:
         raise UserError(f"{key}={path!r} is a {model.family!r} model; the reference is a "
@@ -73,9 +66,7 @@ def check_reference(spec, reference: ReferenceSource, vocabulary) -> None:
             "be of different tokens. Use a reference trained with the policy's tokenizer "
             "(its SFT checkpoint).")
     if reference.fingerprint:
-        ours = vocabulary_identity(vocabulary)
-        theirs = {k: v for k, v in reference.fingerprint.items() if k.startswith("vocabulary.")}
-        differs = sorted(k for k in theirs if theirs[k] != ours.get(k))
+        differs = list(vocabulary_differences(reference.fingerprint, vocabulary))
         if differs:
             raise UserError(
                 f"{key}={path!r} was trained with another tokenizer than task "

@@ -85,14 +85,8 @@ def reward_model_spec(spec):
     """The run spec of ``rl.reward_model``'s checkpoint (a reward-model run)."""
     from t5x_like import param_sources
     path = spec.rl.reward_model
-    try:
-        source = param_sources.resolve(path, "rl.reward_model")
-        steps = source.steps()
-        if not steps:
-            raise UserError(f"rl.reward_model={path!r} holds no complete checkpoint yet.")
-        saved = param_sources.config_from_saved(source.saved_config(steps[-1]))
-    except UserError as e:
-        raise UserError(f"rl.reward_model: {e}") from None
+    saved = param_sources.config_from_saved(
+        param_sources.newest_saved(path, "rl.reward_model")[2])
     if saved.preference.objective != "reward_model":
         raise UserError(f"rl.reward_model={path!r} is not a reward model (its run trained "
                         f"preference.objective={saved.preference.objective!r}); train one with "

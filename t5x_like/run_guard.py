@@ -43,6 +43,15 @@ def vocabulary_identity(vocabulary) -> dict:
     return kept
 
 
+def vocabulary_differences(fingerprint: dict, vocabulary) -> dict[str, tuple]:
+    """``{key: (the run's value, this vocabulary's)}`` for each vocabulary key of a saved
+    run's ``fingerprint`` that ``vocabulary`` does not share (sorted by key): whether
+    another run's model reads this tokenizer's ids (a teacher, a reference)."""
+    ours = vocabulary_identity(vocabulary)
+    return {key: (value, ours.get(key)) for key, value in sorted(fingerprint.items())
+            if key.startswith("vocabulary.") and value != ours.get(key)}
+
+
 def optimizer_state_digest(abstract_opt_state) -> str:
     """The optimizer state's tree structure and leaf shapes, hashed: what a checkpoint's
     optimizer state must match to restore (Adafactor's factored moments are not Adam's)."""

@@ -32,7 +32,6 @@ input/target pairs (``ConversationToPairs``).
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 from collections.abc import Mapping, Sequence
 
@@ -81,18 +80,7 @@ class ConversationSource(JsonlSource):
     ``validation``."""
 
     def load_files(self, split, paths):
-        records = []
-        for path, index, line in self._split_lines(split, paths):
-            where = f"{path}:{index + 1}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not valid JSON ({e.msg} at column {e.colno}).") \
-                    from None
-            if not isinstance(record, dict):
-                raise ValueError(f"{where}: a JSON {type(record).__name__}, not an object.")
-            records.append({"messages": conversation(record, where)})
-        return records
+        return [{"messages": conversation(record, where)} for where, record in self._objects(split, paths)]
 
 
 class ChatTemplate:

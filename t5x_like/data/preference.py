@@ -23,7 +23,6 @@ device, and read the same prompt ids.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 
 import numpy as np
@@ -91,18 +90,7 @@ class PreferenceSource(JsonlSource):
     ``validation``."""
 
     def load_files(self, split, paths):
-        records = []
-        for path, index, line in self._split_lines(split, paths):
-            where = f"{path}:{index + 1}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not valid JSON ({e.msg} at column {e.colno}).") \
-                    from None
-            if not isinstance(record, dict):
-                raise ValueError(f"{where}: a JSON {type(record).__name__}, not an object.")
-            records.append(preference_pair(record, where))
-        return records
+        return [preference_pair(record, where) for where, record in self._objects(split, paths)]
 
 
 @dataclasses.dataclass(frozen=True)

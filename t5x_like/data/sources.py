@@ -280,6 +280,21 @@ class JsonlSource(FileSource):
             records.append(record)
         return records
 
+    def _objects(self, split, paths):
+        """``(path:line, object)`` of each line of ``split``, refused naming its file and
+        line when it is not a JSON object: what a source of one row shape per line
+        (conversations, preference pairs) checks before its own checks."""
+        for path, index, line in self._split_lines(split, paths):
+            where = f"{path}:{index + 1}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: not valid JSON ({e.msg} at column {e.colno}).") \
+                    from None
+            if not isinstance(record, dict):
+                raise ValueError(f"{where}: a JSON {type(record).__name__}, not an object.")
+            yield where, record
+
     def origin(self, split, index):
         """``path:line`` of record ``index`` of ``split``."""
         for seen, (path, line_index, _) in enumerate(self._split_lines(split, self.files())):

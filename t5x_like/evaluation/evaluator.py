@@ -151,14 +151,28 @@ class ModelRunner:
         self.rows_made += len(made)
         return batch, count
 
-    def score_rows(self, params, rows: Sequence[dict]) -> np.ndarray:
+    def _per_row(self, step, params, rows: Sequence[dict]) -> np.ndarray:
+        """``step(params, batch)``'s one number per row, batch by batch (the padding rows
+        of the last batch dropped)."""
         out = []
         for start in range(0, len(rows), self.settings.batch_size):
             batch, count = self._global(rows, start)
             with self.context():
-                scores = self._score(params, batch)
-            out.append(np.asarray(jax.device_get(scores))[:count])
+                values = step(params, batch)
+            out.append(np.asarray(jax.device_get(values))[:count])
         return np.concatenate(out) if out else np.zeros((0,), np.float32)
+
+    def score_rows(self, params, rows: Sequence[dict]) -> np.ndarray:
+        return self._per_row(self._score, params, rows)
+
+    def reward_rows(self, params, rows: Sequence[dict]) -> np.ndarray:
+        """A reward model's reward of each ``{"tokens", "mask"}`` row."""
+        if not hasattr(self, "_rewards"):
+            self._rewards = jax.jit(
+                lambda p, b: self.structure.rewards(p, b["tokens"], b["mask"]),
+                in_shardings=(self._param_shardings, self.batch_sharding),
+                out_shardings=self._replicated)
+        return self._per_row(self._rewards, params, rows)
 
     def continuation_rows(self, params, rows: Sequence[dict]) -> tuple[np.ndarray, np.ndarray]:
         """``(summed log-likelihoods, is_greedy)`` of each row's weighted targets (the
@@ -409,26 +423,14 @@ class Evaluator(ModelRunner):
         scores the chosen response above the rejected one (``accuracy``) and by how much
         (``margin``); each pair's two rewards are its record."""
         from t5x_like.data.preference import SIDES
-        if not hasattr(self, "_rewards"):
-            self._rewards = jax.jit(
-                lambda p, b: self.structure.rewards(p, b["tokens"], b["mask"]),
-                in_shardings=(self._param_shardings, self.batch_sharding),
-                out_shardings=self._replicated)
         converter = self.structure.feature_converter(self.lengths)
         try:
             rows = [converter.convert_example(ex, self.lengths) for ex in examples]
         except KeyError as e:
             raise UserError(f"Task {task.name!r}: {e.args[0]}") from None
-        rewards = {}
-        for side in SIDES:
-            side_rows = [{"tokens": r[f"{side}_tokens"], "mask": r[f"{side}_mask"]}
-                         for r in rows]
-            out = []
-            for start in range(0, len(side_rows), self.settings.batch_size):
-                batch, count = self._global(side_rows, start)
-                with self.context():
-                    out.append(np.asarray(jax.device_get(self._rewards(params, batch)))[:count])
-            rewards[side] = np.concatenate(out)
+        rewards = {side: self.reward_rows(params, [
+            {"tokens": r[f"{side}_tokens"], "mask": r[f"{side}_mask"]} for r in rows])
+            for side in SIDES}
         chosen, rejected = rewards["chosen"], rewards["rejected"]
         metrics = {"accuracy": float(np.mean(chosen > rejected)),
                    "margin": float(np.mean(chosen - rejected))}

@@ -15,9 +15,10 @@ from t5x_like.param_sources.source import (
     config_from_saved,
     join,
     load_params,
+    newest_saved,
     resolve,
     restore_state,
 )
 
 __all__ = ["Source", "base_params", "check_base", "check_same_model", "config_from_saved", "join",
-           "load_params", "resolve", "restore_state"]
+           "load_params", "newest_saved", "resolve", "restore_state"]

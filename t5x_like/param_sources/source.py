@@ -158,6 +158,20 @@ def resolve(path: str, flag: str = "--checkpoint") -> Source:
                     "model_config.json).")
 
 
+def newest_saved(path: str, key: str) -> tuple[Source, int, dict]:
+    """``(source, step, saved config)`` of the newest checkpoint at ``path``, a run,
+    step or pretrained folder a config ``key`` names (a teacher, a reference, a reward
+    model), read without its arrays; refused naming ``key``."""
+    try:
+        source = resolve(path, key)
+    except UserError as e:
+        raise UserError(f"{key}: {e}") from None
+    steps = source.steps()
+    if not steps:
+        raise UserError(f"{key}={path!r} holds no complete checkpoint yet.")
+    return source, steps[-1], source.saved_config(steps[-1])
+
+
 def config_from_saved(saved: dict) -> RunSpec:
     """The spec a run's checkpoint was saved with (its config in either layout; keys added
     since take their defaults; the fingerprint and a PEFT run's base identity saved
