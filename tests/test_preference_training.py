@@ -131,7 +131,7 @@ def _pair_batch(spec):
 
 
 @pytest.mark.parametrize("objective", ["reward_model", "simpo"])
-def test_reward_model_and_simpo_train_from_the_decoder(sft_run, tmp_path, objective):
+def test_reward_model_and_simpo_train_from_the_decoder(sft_run, tmp_path, objective, capsys):
     workdir = tmp_path / objective
     train.run(dpo_config(sft_run, **{"preference.objective": objective,
                                      "preference.beta": 2.0}), str(workdir), quiet=True)
@@ -164,6 +164,12 @@ def test_reward_model_and_simpo_train_from_the_decoder(sft_run, tmp_path, object
     params = param_sources.base_params(str(workdir), spec, None)[0]
     direct = structure.rewards(params, row["tokens"][None], row["mask"][None])
     assert float(direct[0]) == pytest.approx(rewards[1], rel=1e-4, abs=1e-5)
+    for line, message in (("not json", "bad.jsonl:1 is not JSON"),
+                          ('{"prompt": "a"}', 'bad.jsonl:1: a reward model scores')):
+        (tmp_path / "bad.jsonl").write_text(line + "\n")
+        assert infer.main([f"--checkpoint={workdir}", f"--input_file={tmp_path / 'bad.jsonl'}",
+                           f"--output_file={tmp_path / 'bad_rewards.jsonl'}"]) == 2
+        assert message in capsys.readouterr().err
 
 
 def spec_vocabulary(spec):
@@ -226,6 +232,7 @@ def test_a_reference_of_another_vocabulary_is_refused(sft_run, tmp_path):
     ({"preference.label_smoothing": 0.5}, "below 0.5"),
     ({"preference.objective": "orpo", "optimizer.microbatches": 2}, "microbatches=1"),
     ({"task_feature_lengths": {"targets": 8}}, "task_feature_lengths.inputs"),
+    ({"preference.beta": 0.0}, "must be a finite number > 0"),
 ])
 def test_preference_settings_that_cannot_work_are_refused(tmp_path, overrides, message):
     with pytest.raises(errors.ConfigError, match=message):

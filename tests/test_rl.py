@@ -196,11 +196,18 @@ def test_grpo_trains_from_sft_and_resumes_exactly_rollouts_included(arithmetic_s
         assert [r[key] for r in resumed] == [r[key] for r in logged], key
 
 
-def test_a_reward_that_raises_stops_the_run_naming_it(arithmetic_sft, tmp_path):
-    def broken(completions, examples):
-        raise KeyError("score")
-    RewardRegistry.add("broken_reward", broken)
-    with pytest.raises(errors.UserError, match="reward 'broken_reward' raised KeyError"):
+def _raises(completions, examples):
+    raise KeyError("score")
+
+
+@pytest.mark.parametrize("reward,message", [
+    (_raises, "reward 'broken_reward' raised KeyError"),
+    (lambda completions, examples: [1.0], r"returned 1 values for 8 completions; return one each"),
+    (lambda completions, examples: ["good"] * len(completions), "not a number"),
+])
+def test_a_reward_that_fails_stops_the_run_naming_it(arithmetic_sft, tmp_path, reward, message):
+    RewardRegistry.add("broken_reward", reward)
+    with pytest.raises(errors.UserError, match=message):
         train.run(rl_config(arithmetic_sft, **{"rl.rewards": ("broken_reward",)}),
                   str(tmp_path / "rl"), quiet=True)
 
@@ -212,6 +219,8 @@ def test_a_reward_that_raises_stops_the_run_naming_it(arithmetic_sft, tmp_path):
     ({"evals.held_out.kind": "held_out_loss"}, "kind=rollouts"),
     ({"rl.temperature": 0.0}, "must be > 0"),
     ({"rl.reward_weights": (1.0,)}, "1 weights for 2 rewards"),
+    ({"rl.top_p": 1.5}, r"must be in \(0, 1\]"),
+    ({"rl.beta": 0.04, "init_from": ""}, "neither rl.reference nor init_from"),
 ])
 def test_rl_settings_that_cannot_work_are_refused(arithmetic_sft, tmp_path, overrides, message):
     overrides = {k: (v.format(sft=arithmetic_sft) if isinstance(v, str) else v)
