@@ -128,6 +128,7 @@ def plan(config, topology: str, num_slices: int = 1) -> dict:
 
     config = spec_of(config)
     devices = topology_devices(topology, num_slices)
+    hardware.check_quantization(config.quantization.kind, devices[0].device_kind)
     mesh_shape, trainer = trainer_lib.build_on_devices(config, devices, process_count=1)
     structure = structures.for_config(config)
     batch = structure.abstract_batch(config.task_feature_lengths, config.batch_size,
@@ -210,11 +211,36 @@ def plan(config, topology: str, num_slices: int = 1) -> dict:
         report["collectives_per_device"] = communication
         if communication is not None and all(row["seconds"] is not None for row in communication):
             communication_s = sum(row["seconds"] for row in communication)
+    if compiler_oom is None and config.quantization.kind:
+        report["quantization"] = _quantized_rates(config, hlo_text, kind, peak)
     if peak and chip and roofline_flops is not None:
-        roof = _roofline(roofline_flops, roofline_bytes, peak, chip, communication_s)
+        roof = _roofline(roofline_flops, roofline_bytes, _roofline_peak(report), chip,
+                         communication_s)
         report["roofline"] = dict(roof, mfu=model_flops / (len(devices) * peak * roof["step_s"]))
     report.update(_largest(state_rows, state_bytes, temporaries))
     return report
+
+
+def _quantized_rates(config, hlo_text: str, device_kind: str, peak: float | None) -> dict:
+    """What of a quantized step's matmuls runs on int8 or fp8 units (``hlo_matmuls``), the
+    chip's rate for them, and the one rate the roofline's compute time takes: each FLOP
+    at its own peak, ``1 / (share / quantized peak + (1 - share) / peak)``. MFU stays
+    against the bfloat16 peak, as MaxText reports it, so runs compare."""
+    from t5x_like import hardware, hlo_matmuls
+    kind = config.quantization.kind
+    share = hlo_matmuls.low_precision_share(hlo_matmuls.matmul_flops_by_dtype(hlo_text))
+    quantized_peak = hardware.peak_for(device_kind, kind, config.logging.peak_flops_per_device)
+    effective = (1.0 / (share / quantized_peak + (1.0 - share) / peak)
+                 if peak and quantized_peak else None)
+    return {"kind": kind, "matmul_share": share, "peak_flops_per_device": quantized_peak,
+            "effective_peak_flops_per_device": effective}
+
+
+def _roofline_peak(report: dict) -> float:
+    """The rate the roofline divides FLOPs by: a quantized step's effective peak, else the
+    bfloat16 one."""
+    quantized = report.get("quantization") or {}
+    return quantized.get("effective_peak_flops_per_device") or report["peak_flops_per_device"]
 
 
 def _largest(state_rows, state_bytes: dict, temporaries: int) -> dict:
@@ -275,7 +301,8 @@ def with_layer_flops(report: dict, config, topology: str) -> dict:
     compiled = counts[0] + (layers - 1) * layer
     roof = report["roofline"]
     peak = report["peak_flops_per_device"]
-    compute_s = max(compiled, report["model_flops_per_step"] / report["num_devices"]) / peak
+    compute_s = (max(compiled, report["model_flops_per_step"] / report["num_devices"])
+                 / _roofline_peak(report))
     bound, step_s = _slowest(compute_s, roof["memory_s"], roof.get("communication_s"))
     report = dict(report, compiled_flops_per_device=compiled)
     report["roofline"] = dict(roof, compute_s=compute_s, step_s=step_s, bound=bound,

@@ -77,6 +77,17 @@ def _pipeline_lines(r: dict) -> list[str]:
             "roofline)"]
 
 
+def _quantization_lines(r: dict) -> list[str]:
+    q = r.get("quantization")
+    if not q:
+        return []
+    peak = ("" if not q["peak_flops_per_device"] else
+            f" at {q['peak_flops_per_device'] / 1e12:,.0f} TFLOP/s, the rest at "
+            f"{r['peak_flops_per_device'] / 1e12:,.0f} (bf16); MFU is against the bf16 peak")
+    return [f"quantization: {q['kind']}: {100 * q['matmul_share']:.1f}% of the matmul FLOPs "
+            f"run in {q['kind']}{peak}"]
+
+
 def format_report(r: dict) -> str:
     m = r["memory_per_device"]
     lines = [
@@ -119,6 +130,7 @@ def format_report(r: dict) -> str:
                      f"model FLOPs per step: {r['model_flops_per_step']:.3e}")
     if "note" in r:
         lines.append(f"note: {r['note']}")
+    lines += _quantization_lines(r)
     if "traffic_note" in r:
         lines.append(f"note: {r['traffic_note']}")
     if "roofline" in r:

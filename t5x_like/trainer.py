@@ -21,7 +21,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from t5x_like import models, optim, partitioning, structures, traced_platform
 from t5x_like.config import check_devices, spec_of
-from t5x_like.models import context_parallel, layers, pipeline
+from t5x_like.models import context_parallel, layers, pipeline, quantization
 
 
 @flax.struct.dataclass
@@ -57,9 +57,15 @@ def abstract_boxed_params_for(model: nn.Module, model_feature_lengths: Mapping[s
     """``abstract_boxed_params`` as traced for ``mesh``: its platform's attention kernels
     and a pipeline's parameter layout (``settings.stages``), the mesh itself not entered
     (an example batch of one row would not divide over it)."""
+    with _traced_for(mesh, settings):
+        return abstract_boxed_params(model, model_feature_lengths)
+
+
+@contextlib.contextmanager
+def _traced_for(mesh, settings: pipeline.PipelineSettings):
     with (traced_platform.target_platform(mesh.devices.flat[0].platform),
           pipeline.pipeline_settings(settings)):
-        return abstract_boxed_params(model, model_feature_lengths)
+        yield
 
 
 def logical_axes(boxed_params):
@@ -116,7 +122,8 @@ class Trainer:
                  skip_nonfinite_updates: bool = False, trainable=None,
                  context_settings: context_parallel.ContextSettings | None = None,
                  pipeline_settings: pipeline.PipelineSettings | None = None,
-                 log_batch_checksum: bool = False):
+                 log_batch_checksum: bool = False,
+                 quant_settings: quantization.QuantSettings | None = None):
         """``microbatches`` > 1 accumulates gradients over that many slices of each batch;
         ``loss_normalizer`` divides summed losses by a constant instead of the real
         target-token count; ``skip_nonfinite_updates`` keeps params and optimizer
@@ -125,8 +132,10 @@ class Trainer:
         parameter and the gradient norm counts only trainable ones. ``context_settings``:
         how attention works across a ``context`` mesh axis; ``pipeline_settings``: the
         schedule over a ``stage`` axis. ``log_batch_checksum``: each
-        step's metrics get ``batch_checksum`` (the function below)."""
-        self.model = model
+        step's metrics get ``batch_checksum`` (the function below). ``quant_settings``:
+        the train and eval steps run ``model`` with Qwix's quantized matmuls
+        (``models.quantization``); its parameters stay float."""
+        self.quant_settings = quant_settings or quantization.QuantSettings()
         self.log_batch_checksum = log_batch_checksum
         self.context_settings = context_settings or context_parallel.ContextSettings()
         self.pipeline_settings = dataclasses.replace(
@@ -142,6 +151,9 @@ class Trainer:
         self.mesh = mesh
         self.rules = rules
         self.model_feature_lengths = dict(model_feature_lengths)
+        with _traced_for(self.mesh, self.pipeline_settings):  # as the params are traced
+            self.model = quantization.with_quantized_training(
+                model, self.quant_settings, self.model_feature_lengths)
 
         boxed = self._abstract_boxed_params(model)
         param_shardings = partitioning.logical_shardings(boxed, mesh, rules)
@@ -264,7 +276,10 @@ class Trainer:
 
     # -- entry points ---------------------------------------------------------
     def _context(self):
-        return _MeshAndRules(self.mesh, self.rules, self.context_settings, self.pipeline_settings)
+        # Qwix's quantized matmuls carry their own gradients, which the CPU backward forms
+        # (``layers.contract``'s custom gradient) would replace with float ones.
+        return _MeshAndRules(self.mesh, self.rules, self.context_settings, self.pipeline_settings,
+                             cpu_forms=not self.quant_settings.on)
 
     def init_state(self, seed: int) -> TrainState:
         with self._context():
@@ -406,7 +421,8 @@ def build_trainer(config, mesh) -> Trainer:
                    skip_nonfinite_updates=spec.divergence.on_nonfinite_loss == "skip_update",
                    trainable=trainable, context_settings=context_settings,
                    pipeline_settings=pipeline_settings(spec),
-                   log_batch_checksum=spec.logging.batch_checksum)
+                   log_batch_checksum=spec.logging.batch_checksum,
+                   quant_settings=quantization.QuantSettings.from_config(spec.quantization))
 
 
 def pipeline_settings(spec) -> pipeline.PipelineSettings:
@@ -444,8 +460,10 @@ class _MeshAndRules:
     (``context_parallel.context_settings``) and the pipeline schedule over a stage axis
     (``pipeline.pipeline_settings``), entered together."""
 
-    def __init__(self, mesh, rules, context_settings=None, pipeline_settings=None):
+    def __init__(self, mesh, rules, context_settings=None, pipeline_settings=None,
+                 cpu_forms: bool = True):
         self._mesh, self._rules = mesh, rules
+        self._cpu_forms = cpu_forms
         self._context_settings = context_settings or context_parallel.ContextSettings()
         self._pipeline_settings = pipeline_settings or pipeline.PipelineSettings()
         self._stack = None
@@ -455,7 +473,8 @@ class _MeshAndRules:
         self._stack.enter_context(jax.set_mesh(self._mesh))
         self._stack.enter_context(nn.logical_axis_rules(self._rules))
         platform = self._mesh.devices.flat[0].platform
-        self._stack.enter_context(layers.gradient_boundaries(platform == "cpu"))
+        self._stack.enter_context(layers.gradient_boundaries(platform == "cpu"
+                                                             and self._cpu_forms))
         self._stack.enter_context(traced_platform.target_platform(platform))
         self._stack.enter_context(context_parallel.context_settings(self._context_settings))
         self._stack.enter_context(pipeline.pipeline_settings(self._pipeline_settings))

@@ -20,7 +20,7 @@ import json
 import time
 from typing import Any
 
-from t5x_like import cli_flags, config, runs, storage
+from t5x_like import cli_flags, config, hardware, runs, storage
 from t5x_like.config import RunSpec
 from t5x_like.errors import ConfigError, UserError
 from t5x_like.param_sources.source import check_same_model, resolve
@@ -92,6 +92,7 @@ def resolve_training(run_config, workdir: str, devices=None, process_count: int 
     runs.check_task_steps(spec, asked)
     evaluators = _prepared_evaluators(in_training, spec, asked)
     devices = jax.devices() if devices is None else list(devices)
+    hardware.check_quantization(spec.quantization.kind, devices[0].device_kind)
     mesh_shape = config.check_devices(spec, len(devices), process_count,
                                       partitioning.num_slices(devices))
     asked_microbatches = spec.optimizer.microbatches

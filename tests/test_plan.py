@@ -185,3 +185,29 @@ def test_decode_plan_of_an_encoder_is_refused():
                       "--topology=cpu:8", "--decode", check=False)
     assert result.returncode == 2 and "does not generate text" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_an_int8_plan_runs_its_int8_matmuls_at_the_int8_peak():
+    result = run_plan(f"--config={QUICKSTART}", "--topology=v5p:2x2x1", *TINY, "--json",
+                      "--config.quantization.kind=int8", "--config.model.numerics.dtype=bfloat16")
+    report = json.loads(result.stdout)
+    q, roof = report["quantization"], report["roofline"]
+    # projections in int8; attention scores and the (here large: 8k x 32) logits in bf16
+    assert 0.1 < q["matmul_share"] < 0.5
+    bf16, int8 = report["peak_flops_per_device"], q["peak_flops_per_device"]
+    assert (bf16, int8) == (459e12, 918e12)
+    assert roof["compute_s"] == pytest.approx(
+        report["compiled_flops_per_device"] * (q["matmul_share"] / int8
+                                               + (1 - q["matmul_share"]) / bf16))
+    text = run_plan(f"--config={QUICKSTART}", "--topology=v5p:2x2x1", *TINY,
+                    "--config.quantization.kind=int8").stdout
+    assert re.search(r"quantization: int8: [0-9.]+% of the matmul FLOPs run in int8 at 918 "
+                     r"TFLOP/s, the rest at 459 \(bf16\)", text), text
+
+
+def test_fp8_on_a_tpu_without_fp8_units_is_refused_before_compiling():
+    result = run_plan(f"--config={QUICKSTART}", "--topology=v6e:2x2", *TINY,
+                      "--config.quantization.kind=fp8", check=False)
+    assert result.returncode == 2
+    assert ("quantization.kind='fp8' needs fp8 matmul units, which TPU v6 lite does not have; "
+            "use --config.quantization.kind=int8.") in result.stderr

@@ -306,6 +306,35 @@ class PreferenceSpec(Section):
                 "wrong and must be below 0.5, e.g. 0.1.")
 
 
+QUANTIZATION_KINDS = ("", "int8", "fp8")
+QUANTIZED_LAYERS = ("attention", "mlp", "experts", "output")
+
+
+@section
+class QuantizationSpec(Section):
+    """Quantized training through Qwix (``models/quantization.py``, ``docs/
+    low_precision.md``); ``kind`` "" is off. ``int8``: weights, activations and
+    gradients in int8; ``fp8``: weights and activations in float8_e4m3fn, gradients in
+    float8_e5m2. Scales are computed in the step from each tensor (absmax), per channel
+    or per tensor (``scales``). ``layers``: the matmuls quantized, found by module type in
+    any family: ``attention`` projections, ``mlp`` projections, ``experts`` (a mixture
+    of experts' expert matmuls, with dropless dispatch), ``output`` (the vocabulary
+    projection). The checkpoint keeps float weights: quantization is in the step."""
+
+    kind: str = field("", choices=QUANTIZATION_KINDS)
+    scales: str = field("per_channel", choices=("per_channel", "per_tensor"))
+    layers: tuple[str, ...] = ("attention", "mlp", "experts")
+
+    def check(self, path):
+        unknown = sorted(set(self.layers) - set(QUANTIZED_LAYERS))
+        require(not unknown, f"quantization.layers names {unknown}, which are not layers Qwix "
+                             f"quantizes here; choose from {list(QUANTIZED_LAYERS)}.")
+        require(not self.kind or self.layers,
+                f"quantization.kind={self.kind!r} with no quantization.layers quantizes "
+                "nothing; name some, e.g. --config.quantization.layers=\"('attention', "
+                "'mlp')\", or set --config.quantization.kind=.")
+
+
 RL_ALGORITHMS = ("", "grpo")
 GRPO_LOSS_TYPES = ("dapo", "grpo", "bnpo")
 
@@ -439,6 +468,7 @@ class RunSpec(Section):
     distill: DistillSpec = field(DistillSpec())
     preference: PreferenceSpec = field(PreferenceSpec())
     rl: RlSpec = field(RlSpec())
+    quantization: QuantizationSpec = field(QuantizationSpec())
     mesh: MeshSpec = field(MeshSpec())
     partitioning: PartitioningSpec = field(PartitioningSpec())
 
