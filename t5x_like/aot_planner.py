@@ -327,14 +327,15 @@ def plan_decode(config, topology: str, num_slices: int = 1) -> dict:
     import jax
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from t5x_like import hardware, partitioning, structures
+    from t5x_like import hardware, int8_weights, partitioning, structures
     from t5x_like import trainer as trainer_lib
 
     config = spec_of(config)
     config = config.replace(model=_unscanned(config.model))
     devices = topology_devices(topology, num_slices)
     mesh_shape, trainer = trainer_lib.build_on_devices(config, devices, process_count=1)
-    step, cache, inputs = structures.for_config(config).decode_step(
+    weights = int8_weights.weights_for(config, structures.for_config(config), trainer)
+    step, cache, inputs = weights.structure.decode_step(
         config.batch_size, config.task_feature_lengths)
     mesh = trainer.mesh
     batch_axes = tuple(a for a in partitioning.batch_axes(trainer.rules) if a in mesh.shape)
@@ -345,17 +346,17 @@ def plan_decode(config, topology: str, num_slices: int = 1) -> dict:
                 else PartitionSpec())
         return NamedSharding(mesh, spec)
     cache_shardings = jax.tree.map(sharding, cache)
-    jitted = jax.jit(step, in_shardings=(trainer.state_shardings.params, cache_shardings,
+    jitted = jax.jit(step, in_shardings=(weights.shardings, cache_shardings,
                                          *map(sharding, inputs)),
                      out_shardings=(None, cache_shardings), donate_argnums=1)
     with trainer_lib._MeshAndRules(mesh, trainer.rules, trainer.context_settings,
                                    trainer.pipeline_settings):
-        compiled = jitted.lower(trainer.abstract_state.params, cache, *inputs).compile()
+        compiled = jitted.lower(weights.abstract_params, cache, *inputs).compile()
     memory = compiled.memory_analysis()
     flops, xla_bytes, traffic, _ = _costs(compiled, compiled.as_text())
     hbm_bytes = (xla_bytes * traffic.total_bytes / traffic.loop_bodies_once_bytes
                  if traffic is not None and traffic.loop_bodies_once_bytes else xla_bytes)
-    state_rows = per_device_bytes(trainer.abstract_state)
+    state_rows = per_device_bytes({"params": weights.abstract_params})
     kind = devices[0].device_kind
     chip = hardware.chip_for(kind)
     peak = hardware.peak_flops(kind, config.logging.peak_flops_per_device)
@@ -367,6 +368,7 @@ def plan_decode(config, topology: str, num_slices: int = 1) -> dict:
         "device_kind": kind, "num_devices": len(devices), "mesh": mesh_shape,
         "rules": config.partitioning.rules, "batch_size": config.batch_size,
         "lengths": dict(config.task_feature_lengths),
+        "weights": config.quantization.weights or "float",
         "memory_per_device": {
             "params": sum(b for p, b in state_rows if p.startswith("params/")),
             "cache": sum(b for _, b in per_device_bytes(jax.tree.map(

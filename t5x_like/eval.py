@@ -91,9 +91,8 @@ def run(args, overrides) -> int:
             for step in todo:
                 if setup is None:
                     setup = _setup(source, step, args, overrides, name)
-                config, trainer, ev = setup
-                params = source.restore_params(step, trainer)
-                results = ev.evaluate(params)
+                config, trainer, ev, weights = setup
+                results = ev.evaluate(weights.restore(source, step, trainer))
                 writer.write(step, results, args.split)
                 if is_chief and not args.quiet:
                     print(result_files.format_table(step, results), flush=True)
@@ -130,7 +129,7 @@ def _say_skipped(steps: list[int], output_dir, split: str, say) -> None:
 def _setup(source, step, args, overrides, name):
     import jax
 
-    from t5x_like import structures
+    from t5x_like import int8_weights, structures
     from t5x_like import trainer as trainer_lib
     from t5x_like.evaluation import evaluator
 
@@ -154,7 +153,9 @@ def _setup(source, step, args, overrides, name):
         alpha=args.alpha, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         seed=args.seed, mode=args.mode, num_shots=args.num_shots,
         few_shot_seed=args.few_shot_seed)
-    return config, trainer, runner.build_evaluator(config, trainer, name, settings, lengths, asked)
+    weights = int8_weights.weights_for(config, structures.for_config(config), trainer)
+    return config, trainer, runner.build_evaluator(config, trainer, name, settings, lengths, asked,
+                                                   weights), weights
 
 
 @errors.command_line("eval")

@@ -113,7 +113,7 @@ def score_rewards(args, config, source, step, vocabulary) -> list[dict]:
 def run(args, overrides) -> int:
     import jax
 
-    from t5x_like import structures
+    from t5x_like import int8_weights, structures
     from t5x_like import trainer as trainer_lib
     from t5x_like.builtin_tasks import pretraining as builtin
     from t5x_like.data.dataset_providers import with_vocabulary
@@ -168,15 +168,15 @@ def run(args, overrides) -> int:
             examples.append({"inputs": np.asarray(tokens, np.int32), "inputs_pretokenized": text})
 
     _, trainer = trainer_lib.build_on_devices(config)
-    params = source.restore_params(step, trainer)
+    weights = int8_weights.weights_for(config, structures.for_config(config), trainer)
+    params = weights.restore(source, step, trainer)
     settings = evaluator.EvalSettings(
         batch_size=args.batch_size or config.batch_size, max_decode_length=max_decode_length,
         num_beams=args.num_beams, alpha=args.alpha, temperature=args.temperature,
         top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-    structure = structures.for_config(config)
-    runner = evaluator.ModelRunner(structure, trainer.mesh, trainer.rules,
-                                   trainer.state_shardings.params, lengths, settings,
-                                   trainer.pipeline_settings)
+    structure = weights.structure
+    runner = evaluator.ModelRunner(structure, trainer.mesh, trainer.rules, weights.shardings,
+                                   lengths, settings, trainer.pipeline_settings)
     if structure.name == "head":  # a fine-tuned head: label, value, tag or span text
         converter = structure.feature_converter(lengths, strict=False)
         try:

@@ -33,7 +33,8 @@ def format_decode_report(r: dict) -> str:
     m = r["memory_per_device"]
     lines = [f"plan --decode: {r['config_model']} on {r['topology']} ({r['num_devices']} x "
              f"{r['device_kind']}), mesh {r['mesh']}, rules {r['rules']}, batch "
-             f"{r['batch_size']}, cache of {r['lengths']}",
+             f"{r['batch_size']}, cache of {r['lengths']}"
+             + (", int8 attention and MLP weights" if r.get("weights") == "int8" else ""),
              f"memory per device: the step's arguments {_gib(m['arguments']).strip()} (the "
              f"params it reads, cache {_gib(m['cache']).strip()}, inputs; all params held: "
              f"{_gib(m['params']).strip()}), temporaries {_gib(m['temporaries']).strip()}, "

@@ -57,12 +57,12 @@ def abstract_boxed_params_for(model: nn.Module, model_feature_lengths: Mapping[s
     """``abstract_boxed_params`` as traced for ``mesh``: its platform's attention kernels
     and a pipeline's parameter layout (``settings.stages``), the mesh itself not entered
     (an example batch of one row would not divide over it)."""
-    with _traced_for(mesh, settings):
+    with traced_for(mesh, settings):
         return abstract_boxed_params(model, model_feature_lengths)
 
 
 @contextlib.contextmanager
-def _traced_for(mesh, settings: pipeline.PipelineSettings):
+def traced_for(mesh, settings: pipeline.PipelineSettings):
     with (traced_platform.target_platform(mesh.devices.flat[0].platform),
           pipeline.pipeline_settings(settings)):
         yield
@@ -151,7 +151,7 @@ class Trainer:
         self.mesh = mesh
         self.rules = rules
         self.model_feature_lengths = dict(model_feature_lengths)
-        with _traced_for(self.mesh, self.pipeline_settings):  # as the params are traced
+        with traced_for(self.mesh, self.pipeline_settings):  # as the params are traced
             self.model = quantization.with_quantized_training(
                 model, self.quant_settings, self.model_feature_lengths)
 

@@ -319,11 +319,14 @@ class QuantizationSpec(Section):
     or per tensor (``scales``). ``layers``: the matmuls quantized, found by module type in
     any family: ``attention`` projections, ``mlp`` projections, ``experts`` (a mixture
     of experts' expert matmuls, with dropless dispatch), ``output`` (the vocabulary
-    projection). The checkpoint keeps float weights: quantization is in the step."""
+    projection). The checkpoint keeps float weights: quantization is in the step.
+    ``weights``: ``int8`` makes eval, infer and the harness read the attention and MLP
+    kernels in int8 (``int8_weights.py``), their scales saved beside the checkpoint."""
 
     kind: str = field("", choices=QUANTIZATION_KINDS)
     scales: str = field("per_channel", choices=("per_channel", "per_tensor"))
     layers: tuple[str, ...] = ("attention", "mlp", "experts")
+    weights: str = field("", choices=("", "int8"), doc="int8: eval/infer/harness weights")
 
     def check(self, path):
         unknown = sorted(set(self.layers) - set(QUANTIZED_LAYERS))

@@ -44,7 +44,7 @@ from lm_eval.models.utils import (
     postprocess_generated_text,
 )
 
-from t5x_like import cli_flags, param_sources, runs, structures
+from t5x_like import cli_flags, int8_weights, param_sources, runs, structures
 from t5x_like.errors import UserError
 from t5x_like.evaluation import evaluator, few_shot, harness_tasks
 
@@ -64,12 +64,13 @@ class LoadedModel:
 
 
 def load(checkpoint: str, *, step: int | None = None, vocabulary: str = "checkpoint",
-         batch_size: int = 0, max_length: int = 0, seed: int = 0, module: str = ""
-         ) -> LoadedModel:
+         batch_size: int = 0, max_length: int = 0, seed: int = 0, module: str = "",
+         weights: str = "") -> LoadedModel:
     """A decoder checkpoint on the mesh its config names, with its own tokenizer (or
     ``vocabulary``: a tokenizer path), refused with a ``UserError`` before any
     compilation when it cannot answer the harness. The built-in tasks (and ``module``'s)
-    are registered first: a run's tokenizer may be its training task's."""
+    are registered first: a run's tokenizer may be its training task's. ``weights``
+    ``int8``: its attention and MLP kernels read in int8 (``int8_weights``)."""
     from t5x_like import trainer as trainer_lib
 
     cli_flags.import_modules([module] if module else [])
@@ -83,29 +84,33 @@ def load(checkpoint: str, *, step: int | None = None, vocabulary: str = "checkpo
         raise UserError(f"step={step}: {source.path} holds steps {steps}; pick one of those.")
     step = steps[-1] if step is None else step
     config = runs.resolve_checkpoint(source, step).spec
+    if weights:
+        config = config.replace(quantization=config.quantization.replace(weights=weights))
     harness_tasks.check_decoder(config, checkpoint,
                                 "Evaluate it with `t5xl eval` on a task or mixture.")
     tokenizer = runs.resolve_checkpoint(source, step, vocabulary=vocabulary or "checkpoint",
                                         vocabulary_flag="vocabulary").asked_vocabulary
     runs.check_fits(config, tokenizer, "lm-eval's requests")
     _, trainer = trainer_lib.build_on_devices(config)
-    params = source.restore_params(step, trainer)
+    weights = int8_weights.weights_for(config, structures.for_config(config), trainer)
+    params = weights.restore(source, step, trainer)
     return from_params(config, trainer, params, tokenizer, max_length, batch_size, seed,
-                       f"{source.path} step {step}")
+                       f"{source.path} step {step}", weights)
 
 
 def from_params(config, trainer, params, vocabulary, max_length: int = 0, batch_size: int = 0,
-                seed: int = 0, description: str = "") -> LoadedModel:
+                seed: int = 0, description: str = "", weights=None) -> LoadedModel:
     """A model already on ``trainer``'s mesh (training's own params, between steps);
     ``max_length`` 0 is the model's positions (else its task lengths' sum); ``seed``
-    seeds sampling (``do_sample``)."""
+    seeds sampling (``do_sample``); ``weights`` (``int8_weights.weights_for``): the
+    structure and shardings ``params`` are for, else the float model's."""
     positions = getattr(config.model, "positions", None)
     window = max_length or getattr(positions, "max_length", 0) or sum(
         config.task_feature_lengths.values())
     settings = evaluator.EvalSettings(batch_size=batch_size or config.batch_size, seed=seed)
-    runner = evaluator.ModelRunner(structures.for_config(config), trainer.mesh, trainer.rules,
-                                   trainer.state_shardings.params,
-                                   dict(config.task_feature_lengths), settings,
+    weights = weights or int8_weights.FloatWeights(structures.for_config(config), trainer)
+    runner = evaluator.ModelRunner(weights.structure, trainer.mesh, trainer.rules,
+                                   weights.shardings, dict(config.task_feature_lengths), settings,
                                    trainer.pipeline_settings)
     return LoadedModel(runner, params, vocabulary, int(window), description)
 
@@ -125,14 +130,15 @@ class T5xLikeLM(TemplateLM):
     """lm-eval's model for a t5x_like decoder checkpoint (``model_args``:
     ``checkpoint=PATH`` and optionally ``step``, ``vocabulary`` (a tokenizer path;
     default the checkpoint's own), ``max_length``, ``max_gen_toks``, ``batch_size``,
-    ``seed``, ``module`` (a module registering the task a run trained on))."""
+    ``seed``, ``module`` (a module registering the task a run trained on), ``weights``
+    (``int8``: int8 attention and MLP kernels))."""
 
     backend = "causal"
 
     def __init__(self, checkpoint: str = "", step: int | None = None,
                  vocabulary: str = "checkpoint", max_length: int = 0, max_gen_toks: int = 256,
                  batch_size: int | str | None = None, seed: int = 0, module: str = "",
-                 loaded: LoadedModel | None = None, **ignored):
+                 weights: str = "", loaded: LoadedModel | None = None, **ignored):
         super().__init__()
         if loaded is None:
             if not checkpoint:
@@ -141,7 +147,7 @@ class T5xLikeLM(TemplateLM):
             size = 0 if batch_size in (None, "auto") else int(str(batch_size).split(":")[0])
             loaded = load(checkpoint, step=None if step is None else int(step),
                           vocabulary=vocabulary, batch_size=size, max_length=int(max_length),
-                          seed=int(seed), module=module)
+                          seed=int(seed), module=module, weights=weights)
         self.loaded = loaded
         self.vocabulary = loaded.vocabulary
         self._max_length = loaded.max_length

@@ -26,13 +26,17 @@ def check_lengths(config, lengths: dict[str, int], tasks, few_shot: bool = False
                                                                      few_shot)
 
 
-def build_evaluator(config, trainer, name: str, settings, lengths=None, vocabulary=None):
+def build_evaluator(config, trainer, name: str, settings, lengths=None, vocabulary=None,
+                    weights=None):
     """The evaluator for a run config on the trainer's mesh (used by ``train`` too);
-    ``vocabulary`` re-tokenizes the tasks (a checkpoint's own tokenizer)."""
+    ``vocabulary`` re-tokenizes the tasks (a checkpoint's own tokenizer); ``weights``
+    (``int8_weights.weights_for``): the structure and param shardings it runs, else the
+    float model's."""
     from t5x_like import structures
     from t5x_like.evaluation import evaluator
-    return evaluator.Evaluator(structures.for_config(config), trainer.mesh, trainer.rules,
-                               trainer.state_shardings.params, name,
+    structure = weights.structure if weights else structures.for_config(config)
+    shardings = weights.shardings if weights else trainer.state_shardings.params
+    return evaluator.Evaluator(structure, trainer.mesh, trainer.rules, shardings, name,
                                lengths or dict(config.task_feature_lengths), settings,
                                vocabulary=vocabulary,
                                pipeline_settings=trainer.pipeline_settings)

@@ -16,6 +16,7 @@ import functools
 from collections.abc import Callable, Iterator, Sequence
 
 import flax.linen as nn
+from flax.linen.dtypes import promote_dtype
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -176,8 +177,9 @@ class DenseGeneral(nn.Module):
 
         kernel = self.param("kernel", nn.with_logical_partitioning(init, self.kernel_axes),
                             in_shape + features, jnp.float32)
-        kernel = kernel.astype(self.dtype)
-        x = x.astype(self.dtype)
+        # Flax's promote_dtype, not .astype: int8 weights (Qwix's, models/quantization.py)
+        # stay int8 through it, to be multiplied as they are.
+        x, kernel = promote_dtype(x, kernel, dtype=self.dtype)
         y = contract(x, kernel, axes)
         if self.use_bias:
             bias_axes = tuple(self.kernel_axes[len(axes):])

@@ -151,3 +151,24 @@ def with_quantized_training(model: nn.Module, settings: QuantSettings, lengths=N
     rules = training_rules(settings, quantized_matmuls(model, lengths))
     return qwix.quantize_model(model, qwix.QtProvider(rules),
                                methods=_intercepted_methods(model))
+
+
+#: the layers whose kernels decoding reads in int8 (weights only: activations stay in
+#: the compute dtype, and the output projection keeps its precision, as is usual)
+WEIGHT_LAYERS = ("attention", "mlp")
+
+
+def with_int8_weights(model: nn.Module, lengths=None) -> nn.Module:
+    """``model`` whose attention and MLP kernels are int8 with one scale per output
+    channel (Qwix's post-training quantization): its params are ``qwix.quantize_params``
+    of the float ones, and each matmul multiplies by the int8 values, then the scales."""
+    matmuls = quantized_matmuls(model, lengths)
+    paths = [p for layer in WEIGHT_LAYERS for p in matmuls.get(layer, ())]
+    if not paths:
+        raise UserError(f"quantization.weights='int8' quantizes attention and MLP kernels, and "
+                        f"this model has none Qwix can reach (it has {sorted(matmuls)}); "
+                        "set --config.quantization.weights=.")
+    rule = qwix.QuantizationRule(module_path="|".join(re.escape(p) for p in paths),
+                                 op_names=("dot_general",), weight_qtype=jnp.int8)
+    return qwix.quantize_model(model, qwix.PtqProvider([rule]),
+                               methods=_intercepted_methods(model))
