@@ -16,10 +16,10 @@ import functools
 from collections.abc import Callable, Iterator, Sequence
 
 import flax.linen as nn
-from flax.linen.dtypes import promote_dtype
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax.linen.dtypes import promote_dtype
 
 from t5x_like.models import attention, context_parallel, rotary
 
