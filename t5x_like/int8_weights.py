@@ -59,6 +59,12 @@ class Int8Weights:
     ``restore``) turns each restored float params tree into the int8 one."""
 
     def __init__(self, structure, trainer):
+        numerics = getattr(getattr(structure.model, "config", None), "numerics", None)
+        if getattr(numerics, "scan_layers", False):
+            raise UserError("quantization.weights='int8' quantizes each layer's kernels, and "
+                            "this model scans its layers (one stacked kernel a projection, "
+                            "which Qwix's post-training quantization does not split); evaluate "
+                            "it with float weights: --config.quantization.weights=.")
         lengths = trainer.model_feature_lengths
         model = quantization.with_int8_weights(structure.model, lengths)
         inputs = example_inputs(structure.model, lengths)

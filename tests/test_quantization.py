@@ -484,3 +484,13 @@ def test_int8_weights_on_a_model_without_attention_or_mlp_kernels_are_refused():
     assert isinstance(model, bilm.Bilm)
     with pytest.raises(errors.UserError, match="set --config.quantization.weights=."):
         quantization.with_int8_weights(model)
+
+
+def test_int8_weights_of_a_scanned_stack_are_refused_with_the_fix():
+    config = decoder(**{"model.numerics.scan_layers": True, "quantization.weights": "int8"})
+    trainer = trainer_lib.build_trainer(config, partitioning.make_mesh(
+        {"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1]))
+    with pytest.raises(errors.UserError, match="this model scans its layers .* "
+                                               "--config.quantization.weights=.$"):
+        int8_weights.weights_for(config_lib.spec_of(config), structures.for_config(config),
+                                 trainer)

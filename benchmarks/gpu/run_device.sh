@@ -11,11 +11,14 @@
 #       && cp benchmarks/model_step.py benchmarks/decode_speed.py .whl/snap/benchmarks/
 # (.whl/snap is a frozen copy of the package, so concurrent edits of the tree do not travel
 # into the measurement.) Then run, through the device tool, with carry [".whl"]:
-#   bash benchmarks/gpu/run_device.sh [extra gpu_bench.py flags]
+#   bash benchmarks/gpu/run_device.sh [--script low_precision_bench.py] [extra flags]
+# (--script picks the benchmark in benchmarks/gpu/; gpu_bench.py by default.)
 # It installs ml_collections (missing there) into /tmp/site, falls back to the pinned
 # flax/optax if t5x_like does not import with the machine's own, and writes $OUT/log.txt and
 # $OUT/results.json.
 set -u
+SCRIPT=gpu_bench.py
+if [ "${1:-}" = "--script" ]; then SCRIPT=$2; shift 2; fi
 OUT=${OUT:-/tmp/gpu_bench_out}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/log.txt") 2>&1
@@ -32,7 +35,7 @@ if ! python3 -c "$check"; then
 fi
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false TF_CPP_MIN_LOG_LEVEL=1 \
     TOKENIZERS_PARALLELISM=false
-timeout -s INT "${GPU_BENCH_TIMEOUT:-380}" python3 benchmarks/gpu/gpu_bench.py \
+timeout -s INT "${GPU_BENCH_TIMEOUT:-380}" python3 "benchmarks/gpu/$SCRIPT" \
     --src .whl/snap --out "$OUT/results.json" "$@"
 echo "rc=$?"
 nvidia-smi --query-gpu=memory.used,clocks.sm,temperature.gpu --format=csv,noheader

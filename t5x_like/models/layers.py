@@ -180,7 +180,7 @@ class DenseGeneral(nn.Module):
         # Flax's promote_dtype, not .astype: int8 weights (Qwix's, models/quantization.py)
         # stay int8 through it, to be multiplied as they are.
         x, kernel = promote_dtype(x, kernel, dtype=self.dtype)
-        y = contract(x, kernel, axes)
+        y = contract(x, kernel, axes).astype(self.dtype)  # (int8 kernels' scales are float32)
         if self.use_bias:
             bias_axes = tuple(self.kernel_axes[len(axes):])
             bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, bias_axes),
