@@ -494,3 +494,14 @@ def test_int8_weights_of_a_scanned_stack_are_refused_with_the_fix():
                                                "--config.quantization.weights=.$"):
         int8_weights.weights_for(config_lib.spec_of(config), structures.for_config(config),
                                  trainer)
+
+
+def test_the_harness_model_reads_int8_weights_when_asked(lm_checkpoint):
+    from t5x_like.evaluation import harness_model
+    loaded = harness_model.load(str(lm_checkpoint), weights="int8")
+    kernel = loaded.params["layers_0"]["attention"]["query"]["kernel"]
+    assert kernel.array.qvalue.dtype == jnp.int8
+    assert loaded.runner.structure.model is not structures.for_config(
+        runs.resolve_checkpoint(param_sources.resolve(str(lm_checkpoint)), 2).spec).model
+    with pytest.raises(errors.UserError, match="give weights=int8"):
+        harness_model.load(str(lm_checkpoint), weights="int4")

@@ -84,6 +84,9 @@ def load(checkpoint: str, *, step: int | None = None, vocabulary: str = "checkpo
         raise UserError(f"step={step}: {source.path} holds steps {steps}; pick one of those.")
     step = steps[-1] if step is None else step
     config = runs.resolve_checkpoint(source, step).spec
+    if weights not in ("", "int8"):
+        raise UserError(f"model_args weights={weights!r}: give weights=int8 (int8 attention and "
+                        "MLP kernels) or leave it out (the checkpoint's own weights).")
     if weights:
         config = config.replace(quantization=config.quantization.replace(weights=weights))
     harness_tasks.check_decoder(config, checkpoint,
