@@ -1,0 +1,145 @@
+"""Parquet shards as a task source: ``ParquetSource`` reads rows on demand, one row group
+at a time, so a corpus of many gigabytes (FineWeb, The Stack, Dolma) trains without being
+rewritten as JSONL or loaded whole.
+
+A split is a lazy sequence over the files' rows in path order: a row is found by index
+(the files' and their row groups' row counts come from the Parquet footers, read once),
+and its row group is read when first asked for and kept while the next rows are read.
+Every ``holdout_every``-th row of a file is ``validation`` (as ``JsonlSource`` holds out
+every N-th line). With at least as many files as input streams each stream reads whole
+files (``FileSource``'s file-level sharding). Files may sit on object storage
+(``gs://``, ``s3://``): they are opened through ``t5x_like.storage``.
+
+A column the mapping names and a file lacks is an error naming the file and its
+columns; a null value is an error naming the file, the row and the column.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+from t5x_like import storage
+from t5x_like.data.sources import FileSource
+
+
+@dataclasses.dataclass(frozen=True)
+class ParquetSource(FileSource):
+    """Records of Parquet files: ``fields`` maps record keys to columns (a column name
+    alone is ``{"text": column}``)."""
+
+    file_patterns: Sequence[str]
+    fields: str | Mapping[str, str] = "text"
+    holdout_every: int = 100
+
+    def __post_init__(self):
+        super().__post_init__()
+        fields = {"text": self.fields} if isinstance(self.fields, str) else dict(self.fields)
+        if not fields or not all(isinstance(v, str) for v in fields.values()):
+            raise ValueError(f"ParquetSource fields={self.fields!r}; give a column name or a "
+                             "mapping of record keys to column names.")
+        object.__setattr__(self, "fields", tuple(fields.items()))  # hashable: sources are cached
+
+    def load_files(self, split, paths):
+        return ParquetRows(tuple(paths), self.fields, split, self.holdout_every)
+
+    def origin(self, split, index):
+        rows = self.get(split)
+        return rows.origin(index) if isinstance(rows, ParquetRows) else super().origin(split,
+                                                                                        index)
+
+
+def _split_rows(rows: int, split: str, every: int) -> int:
+    """How many of a file's ``rows`` rows are in ``split``."""
+    held = rows // every if every else 0
+    return held if split == "validation" else rows - held
+
+
+def _file_row(k: int, split: str, every: int) -> int:
+    """The file row of the ``k``-th row of ``split`` (every ``every``-th row is held out)."""
+    if not every:
+        return k
+    if split == "validation":
+        return k * every + every - 1
+    return k + k // (every - 1)
+
+
+class ParquetRows(Sequence):
+    """The rows of ``split`` of Parquet files, by index, read a row group at a time."""
+
+    def __init__(self, paths: tuple[str, ...], fields: tuple[tuple[str, str], ...], split: str,
+                 holdout_every: int):
+        self._paths, self._fields = paths, fields
+        self._split, self._every = split, holdout_every
+        self._groups: list[list[int]] = []  # per file: the first row of each row group
+        counts = []
+        for path in paths:
+            metadata = self._file(path).metadata
+            columns = set(metadata.schema.names)
+            missing = [column for _, column in fields if column not in columns]
+            if missing:
+                raise ValueError(f"{path}: no column {', '.join(map(repr, missing))} (its columns: "
+                                 f"{', '.join(sorted(columns))}); set ParquetSource's fields to "
+                                 "the columns to read.")
+            starts, total = [], 0
+            for group in range(metadata.num_row_groups):
+                starts.append(total)
+                total += metadata.row_group(group).num_rows
+            self._groups.append(starts + [total])
+            counts.append(_split_rows(total, split, holdout_every))
+        self._starts = [0]
+        for count in counts:
+            self._starts.append(self._starts[-1] + count)
+        self._cache: dict = {}
+
+    def __getstate__(self):  # open files and read row groups stay in their process
+        return {k: v for k, v in self.__dict__.items()
+                if k not in ("_cache", "_handles")} | {"_cache": {}}
+
+    def _file(self, path: str):
+        import pyarrow.parquet as pq
+        handles = self.__dict__.setdefault("_handles", {})
+        if path not in handles:
+            handles[path] = pq.ParquetFile(storage.path(path).open("rb"))
+        return handles[path]
+
+    def __len__(self) -> int:
+        return self._starts[-1]
+
+    def _locate(self, index: int) -> tuple[int, int]:
+        """``(file number, row in the file)`` of the split's ``index``-th row."""
+        file = bisect.bisect_right(self._starts, index) - 1
+        return file, _file_row(index - self._starts[file], self._split, self._every)
+
+    def origin(self, index: int) -> str:
+        file, row = self._locate(index)
+        return f"{self._paths[file]} row {row}"
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if not -len(self) <= index < len(self):
+            raise IndexError(index)
+        file, row = self._locate(index % len(self))
+        starts = self._groups[file]
+        group = bisect.bisect_right(starts, row) - 1
+        columns = self._row_group(file, group)
+        record = {}
+        for key, column in self._fields:
+            value = columns[column][row - starts[group]]
+            if value is None:
+                raise ValueError(f"{self._paths[file]} row {row}: column {column!r} is null; "
+                                 "every row needs a value in the columns ParquetSource reads.")
+            record[key] = value
+        return record
+
+    def _row_group(self, file: int, group: int) -> dict:
+        key = (file, group)
+        if key not in self._cache:
+            if len(self._cache) >= 4:  # a few groups: streams read in order, shards apart
+                self._cache.pop(next(iter(self._cache)))
+            table = self._file(self._paths[file]).read_row_group(
+                group, columns=sorted({column for _, column in self._fields}))
+            self._cache[key] = table.to_pydict()
+        return self._cache[key]
