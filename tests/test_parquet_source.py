@@ -1,6 +1,6 @@
-"""``ParquetSource``: the rows pyarrow reads, split, sharded by whole files, read a row group
-at a time; a task over it streams and resumes exactly; a missing column and a null value
-are errors naming the file (and the row)."""
+"""``ParquetSource`` and ``HfDatasetSource``: the rows pyarrow and ``datasets`` read, split,
+sharded (Parquet by whole files), read lazily; a task over each streams and resumes
+exactly; a missing column and a null value are errors naming the file (and the row)."""
 
 import itertools
 import json
@@ -15,6 +15,7 @@ import t5x_like.data as td
 from t5x_like.builtin_tasks import pretraining as tasks
 from t5x_like.data import pipeline
 from t5x_like.data.parquet import ParquetRows
+from t5x_like.data.sources import SPLITS
 
 ROWS = (23, 9, 31)  # rows per file; row groups of 7
 
@@ -99,3 +100,70 @@ def test_a_missing_column_names_the_file_and_a_null_names_the_row(corpus):
         rows[1]
     with pytest.raises(ValueError, match="give a column name or a mapping"):
         td.ParquetSource(str(corpus / "nulls.parquet"), {})
+
+
+# -- a Hugging Face datasets folder -----------------------------------------------------
+
+
+@pytest.fixture
+def saved(tmp_path):
+    from datasets import Dataset, DatasetDict
+    rows = {"content": [f"row {i}" for i in range(17)], "url": [f"u{i}" for i in range(17)]}
+    Dataset.from_dict(rows).save_to_disk(str(tmp_path / "one"))
+    DatasetDict({"train": Dataset.from_dict(rows),
+                 "validation": Dataset.from_dict({"content": ["held"], "url": ["h"]})}
+                ).save_to_disk(str(tmp_path / "dict"))
+    return tmp_path
+
+
+def test_a_saved_dataset_reads_as_datasets_reads_it(saved):
+    from datasets import load_from_disk
+    own = load_from_disk(str(saved / "one"))
+    source = td.HfDatasetSource(str(saved / "one"), {"text": "content", "id": "url"},
+                                holdout_every=4)
+    expected = {split: [{"text": r["content"], "id": r["url"]} for i, r in enumerate(own)
+                        if (i % 4 == 3) == (split == "validation")] for split in SPLITS}
+    for split in SPLITS:
+        assert list(source.get(split)) == expected[split]
+    assert source.origin("validation", 1) == f"{saved / 'one'} row 7"
+    rows = source.get("train")
+    assert list(pickle.loads(pickle.dumps(rows))) == list(rows)
+    shards = [list(source.shard("train", i, 3)) for i in range(3)]
+    assert sorted(r["id"] for s in shards for r in s) == sorted(r["id"] for r in expected["train"])
+
+
+def test_a_saved_dataset_dict_gives_its_own_splits(saved):
+    source = td.HfDatasetSource(str(saved / "dict"), "content")
+    assert source.splits == ("train", "validation")
+    assert [r["text"] for r in source.get("validation")] == ["held"]
+    assert len(source.get("train")) == 17
+
+
+def test_a_task_over_a_saved_dataset_resumes_exactly(saved):
+    name = "hf_datasets_lm_test"
+    td.TaskRegistry.add(name, td.HfDatasetSource(str(saved / "one"), "content"),
+                        preprocessors=tasks.lm_steps(), output_features=tasks.features("targets"))
+    try:
+        def iterator():
+            return pipeline.HostBatchIterator(td.get_dataset(name, {"targets": 8}, seed=1), 2)
+        straight = list(itertools.islice(iter(iterator()), 5))
+        interrupted = iterator()
+        list(itertools.islice(iter(interrupted), 2))
+        resumed = iterator()
+        resumed.set_state(json.loads(json.dumps(interrupted.get_state())))
+        for a, b in zip(straight[2:], itertools.islice(iter(resumed), 3), strict=True):
+            assert all(np.array_equal(a[k], b[k]) for k in a)
+    finally:
+        td.TaskRegistry.remove(name)
+
+
+def test_a_saved_dataset_without_the_column_or_with_a_null_is_named(saved):
+    from datasets import Dataset
+    with pytest.raises(ValueError, match=r"one: no column 'body' \(its columns: content, url\)"):
+        td.HfDatasetSource(str(saved / "one"), "body").get("train")
+    Dataset.from_dict({"content": ["a", None]}).save_to_disk(str(saved / "nulls"))
+    rows = td.HfDatasetSource(str(saved / "nulls"), "content", holdout_every=0).get("train")
+    with pytest.raises(ValueError, match=r"nulls row 1: column 'content' is null"):
+        rows[1]
+    with pytest.raises(ValueError, match="not a folder `save_to_disk` wrote"):
+        td.HfDatasetSource(str(saved / "absent"), "content").get("train")

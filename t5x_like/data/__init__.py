@@ -19,6 +19,7 @@ from t5x_like.data.dataset_providers import (
     temperature_rates,
 )
 from t5x_like.data.feature_converters import DecoderFeatureConverter, EncDecFeatureConverter, EncoderFeatureConverter
+from t5x_like.data.hf_datasets import HfDatasetSource
 from t5x_like.data.parquet import ParquetSource
 from t5x_like.data.pipeline import build_dataset, get_dataset
 from t5x_like.data.sources import FunctionSource, InMemorySource, JsonlSource, TextFilesSource, TfdsSource
@@ -27,7 +28,7 @@ from t5x_like.data.vocabularies import ByteVocabulary, SentencePieceVocabulary, 
 
 __all__ = [
     "ByteVocabulary", "DecoderFeatureConverter", "EncDecFeatureConverter",
-    "EncoderFeatureConverter", "Feature", "FunctionSource", "HostBatchIterator", "InMemorySource",
+    "EncoderFeatureConverter", "Feature", "FunctionSource", "HfDatasetSource", "HostBatchIterator", "InMemorySource",
     "JsonlSource", "Mixture", "MixtureRegistry", "ParquetSource", "SentencePieceVocabulary", "Task", "TaskRegistry",
     "TemplateRegistry", "TextFilesSource", "TfdsSource", "WordPieceVocabulary", "build_dataset", "get_dataset",
     "get_task_or_mixture", "instruction_task", "merge_states", "preprocessors", "rate_num_examples",

@@ -1,0 +1,115 @@
+"""A Hugging Face ``datasets`` folder as a task source: what ``Dataset.save_to_disk`` (or
+``DatasetDict.save_to_disk``) wrote, read offline and memory-mapped (Arrow), row by row.
+
+A ``DatasetDict`` folder gives its ``train`` and ``validation`` splits; a single
+``Dataset`` holds out every ``holdout_every``-th row as ``validation``, as the file
+sources do. Rows are read by index from the memory-mapped Arrow files, so a folder
+larger than memory streams and resumes exactly like every source. A column the mapping
+names and the folder lacks is an error naming the folder and its columns; a null value
+one naming the row and the column.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+from t5x_like.data.parquet import _file_row, _split_rows
+from t5x_like.data.sources import SPLITS, Source
+
+
+@dataclasses.dataclass(frozen=True)
+class HfDatasetSource(Source):
+    """Records of a ``save_to_disk`` folder: ``fields`` maps record keys to columns (a
+    column name alone is ``{"text": column}``)."""
+
+    path: str
+    fields: str | Mapping[str, str] = "text"
+    holdout_every: int = 100
+
+    def __post_init__(self):
+        fields = {"text": self.fields} if isinstance(self.fields, str) else dict(self.fields)
+        if not fields or not all(isinstance(v, str) for v in fields.values()):
+            raise ValueError(f"HfDatasetSource fields={self.fields!r}; give a column name or a "
+                             "mapping of record keys to column names.")
+        object.__setattr__(self, "fields", tuple(fields.items()))
+
+    @property
+    def splits(self):
+        from datasets import DatasetDict
+        saved = _load(self.path)
+        if isinstance(saved, DatasetDict):
+            return tuple(s for s in SPLITS if s in saved)
+        return SPLITS if self.holdout_every else ("train",)
+
+    def load(self, split):
+        return HfRows(self.path, self.fields, split, self.holdout_every)
+
+    def origin(self, split, index):
+        return self.get(split).origin(index)
+
+
+def _load(path: str):
+    """The folder's ``Dataset`` or ``DatasetDict``, memory-mapped (cached per process)."""
+    from datasets import load_from_disk
+    loaded = _LOADED.get(path)
+    if loaded is None:
+        try:
+            loaded = _LOADED[path] = load_from_disk(path)
+        except FileNotFoundError as e:
+            raise ValueError(f"{path}: not a folder `save_to_disk` wrote ({e}); give "
+                             "HfDatasetSource the folder of a saved Dataset or DatasetDict.") \
+                from None
+    return loaded
+
+
+_LOADED: dict = {}
+
+
+class HfRows(Sequence):
+    """The rows of ``split`` of a saved dataset folder, by index."""
+
+    def __init__(self, path: str, fields: tuple[tuple[str, str], ...], split: str,
+                 holdout_every: int):
+        from datasets import DatasetDict
+        self._path, self._fields, self._split = path, fields, split
+        saved = _load(path)
+        self._key = split if isinstance(saved, DatasetDict) else None
+        self._every = 0 if self._key else holdout_every
+        dataset = self._dataset()
+        missing = [c for _, c in fields if c not in dataset.column_names]
+        if missing:
+            raise ValueError(f"{path}: no column {', '.join(map(repr, missing))} (its columns: "
+                             f"{', '.join(dataset.column_names)}); set HfDatasetSource's fields "
+                             "to the columns to read.")
+        self._len = (len(dataset) if self._key else
+                     _split_rows(len(dataset), split, self._every))
+
+    def _dataset(self):
+        saved = _load(self._path)
+        return saved[self._key] if self._key else saved
+
+    def __len__(self) -> int:
+        return self._len
+
+    def _row(self, index: int) -> int:
+        return index if self._key else _file_row(index, self._split, self._every)
+
+    def origin(self, index: int) -> str:
+        where = f" split {self._key!r}" if self._key else ""
+        return f"{self._path}{where} row {self._row(index)}"
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if not -len(self) <= index < len(self):
+            raise IndexError(index)
+        index %= len(self)
+        row = self._dataset()[self._row(index)]
+        record = {}
+        for key, column in self._fields:
+            if row[column] is None:
+                raise ValueError(f"{self.origin(index)}: column {column!r} is null; every row "
+                                 "needs a value in the columns HfDatasetSource reads.")
+            record[key] = row[column]
+        return record
