@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from t5x_like.data.parquet import _file_row, _split_rows
 from t5x_like.data.sources import SPLITS, Source
+from t5x_like.errors import install_hint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +52,11 @@ class HfDatasetSource(Source):
 
 def _load(path: str):
     """The folder's ``Dataset`` or ``DatasetDict``, memory-mapped (cached per process)."""
-    from datasets import load_from_disk
+    try:
+        from datasets import load_from_disk
+    except ImportError:
+        raise ImportError("HfDatasetSource reads save_to_disk folders with `datasets`; "
+                          f"install it: {install_hint('data')}") from None
     loaded = _LOADED.get(path)
     if loaded is None:
         try:

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 
 from t5x_like import storage
 from t5x_like.data.sources import FileSource
+from t5x_like.errors import install_hint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +99,11 @@ class ParquetRows(Sequence):
                 if k not in ("_cache", "_handles")} | {"_cache": {}}
 
     def _file(self, path: str):
-        import pyarrow.parquet as pq
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise ImportError(f"ParquetSource reads Parquet with pyarrow; install it: "
+                              f"{install_hint('data')}") from None
         handles = self.__dict__.setdefault("_handles", {})
         if path not in handles:
             handles[path] = pq.ParquetFile(storage.path(path).open("rb"))
