@@ -69,24 +69,31 @@ def test_streams_read_whole_files_and_every_row_once(corpus):
     assert list(pickle.loads(pickle.dumps(rows))) == list(rows)
 
 
-def test_a_task_over_parquet_resumes_exactly(corpus):
-    name = "parquet_lm_test"
-    td.TaskRegistry.add(name, td.ParquetSource(str(corpus / "part-*.parquet"), "content",
-                                               holdout_every=5),
-                        preprocessors=tasks.lm_steps(), output_features=tasks.features("targets"))
+def assert_task_resumes_exactly(name, source, length: int, batch: int, stop: int, total: int):
+    """A causal-LM task over ``source``: batches after a resume from the state saved at
+    ``stop`` equal a straight run's."""
+    td.TaskRegistry.add(name, source, preprocessors=tasks.lm_steps(),
+                        output_features=tasks.features("targets"))
     try:
         def iterator():
-            return pipeline.HostBatchIterator(td.get_dataset(name, {"targets": 16}, seed=3), 4)
-        straight = list(itertools.islice(iter(iterator()), 6))
+            return pipeline.HostBatchIterator(td.get_dataset(name, {"targets": length}, seed=3),
+                                              batch)
+        straight = list(itertools.islice(iter(iterator()), total))
         interrupted = iterator()
-        list(itertools.islice(iter(interrupted), 2))
-        state = json.loads(json.dumps(interrupted.get_state()))
+        list(itertools.islice(iter(interrupted), stop))
         resumed = iterator()
-        resumed.set_state(state)
-        for a, b in zip(straight[2:], itertools.islice(iter(resumed), 4), strict=True):
+        resumed.set_state(json.loads(json.dumps(interrupted.get_state())))
+        for a, b in zip(straight[stop:], itertools.islice(iter(resumed), total - stop),
+                        strict=True):
             assert all(np.array_equal(a[k], b[k]) for k in a)
     finally:
         td.TaskRegistry.remove(name)
+
+
+def test_a_task_over_parquet_resumes_exactly(corpus):
+    assert_task_resumes_exactly(
+        "parquet_lm_test", td.ParquetSource(str(corpus / "part-*.parquet"), "content",
+                                            holdout_every=5), 16, 4, 2, 6)
 
 
 def test_a_missing_column_names_the_file_and_a_null_names_the_row(corpus):
@@ -140,21 +147,8 @@ def test_a_saved_dataset_dict_gives_its_own_splits(saved):
 
 
 def test_a_task_over_a_saved_dataset_resumes_exactly(saved):
-    name = "hf_datasets_lm_test"
-    td.TaskRegistry.add(name, td.HfDatasetSource(str(saved / "one"), "content"),
-                        preprocessors=tasks.lm_steps(), output_features=tasks.features("targets"))
-    try:
-        def iterator():
-            return pipeline.HostBatchIterator(td.get_dataset(name, {"targets": 8}, seed=1), 2)
-        straight = list(itertools.islice(iter(iterator()), 5))
-        interrupted = iterator()
-        list(itertools.islice(iter(interrupted), 2))
-        resumed = iterator()
-        resumed.set_state(json.loads(json.dumps(interrupted.get_state())))
-        for a, b in zip(straight[2:], itertools.islice(iter(resumed), 3), strict=True):
-            assert all(np.array_equal(a[k], b[k]) for k in a)
-    finally:
-        td.TaskRegistry.remove(name)
+    assert_task_resumes_exactly("hf_datasets_lm_test",
+                                td.HfDatasetSource(str(saved / "one"), "content"), 8, 2, 2, 5)
 
 
 def test_a_saved_dataset_without_the_column_or_with_a_null_is_named(saved):

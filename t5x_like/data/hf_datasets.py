@@ -12,10 +12,16 @@ one naming the row and the column.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
-from t5x_like.data.parquet import _file_row, _split_rows
-from t5x_like.data.sources import SPLITS, Source
+from t5x_like.data.sources import (
+    SPLITS,
+    ColumnRows,
+    Source,
+    column_fields,
+    rows_in_split,
+    split_row,
+)
 from t5x_like.errors import install_hint
 
 
@@ -29,11 +35,7 @@ class HfDatasetSource(Source):
     holdout_every: int = 100
 
     def __post_init__(self):
-        fields = {"text": self.fields} if isinstance(self.fields, str) else dict(self.fields)
-        if not fields or not all(isinstance(v, str) for v in fields.values()):
-            raise ValueError(f"HfDatasetSource fields={self.fields!r}; give a column name or a "
-                             "mapping of record keys to column names.")
-        object.__setattr__(self, "fields", tuple(fields.items()))
+        object.__setattr__(self, "fields", column_fields(self.fields, "HfDatasetSource"))
 
     @property
     def splits(self):
@@ -71,8 +73,10 @@ def _load(path: str):
 _LOADED: dict = {}
 
 
-class HfRows(Sequence):
+class HfRows(ColumnRows):
     """The rows of ``split`` of a saved dataset folder, by index."""
+
+    kind = "HfDatasetSource"
 
     def __init__(self, path: str, fields: tuple[tuple[str, str], ...], split: str,
                  holdout_every: int):
@@ -88,7 +92,7 @@ class HfRows(Sequence):
                              f"{', '.join(dataset.column_names)}); set HfDatasetSource's fields "
                              "to the columns to read.")
         self._len = (len(dataset) if self._key else
-                     _split_rows(len(dataset), split, self._every))
+                     rows_in_split(len(dataset), split, self._every))
 
     def _dataset(self):
         saved = _load(self._path)
@@ -98,23 +102,11 @@ class HfRows(Sequence):
         return self._len
 
     def _row(self, index: int) -> int:
-        return index if self._key else _file_row(index, self._split, self._every)
+        return index if self._key else split_row(index, self._split, self._every)
 
     def origin(self, index: int) -> str:
         where = f" split {self._key!r}" if self._key else ""
         return f"{self._path}{where} row {self._row(index)}"
 
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        if not -len(self) <= index < len(self):
-            raise IndexError(index)
-        index %= len(self)
-        row = self._dataset()[self._row(index)]
-        record = {}
-        for key, column in self._fields:
-            if row[column] is None:
-                raise ValueError(f"{self.origin(index)}: column {column!r} is null; every row "
-                                 "needs a value in the columns HfDatasetSource reads.")
-            record[key] = row[column]
-        return record
+    def _values(self, index: int) -> dict:
+        return self._dataset()[self._row(index)]

@@ -21,7 +21,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from t5x_like import storage
-from t5x_like.data.sources import FileSource
+from t5x_like.data.sources import ColumnRows, FileSource, column_fields, rows_in_split, split_row
 from t5x_like.errors import install_hint
 
 
@@ -36,11 +36,7 @@ class ParquetSource(FileSource):
 
     def __post_init__(self):
         super().__post_init__()
-        fields = {"text": self.fields} if isinstance(self.fields, str) else dict(self.fields)
-        if not fields or not all(isinstance(v, str) for v in fields.values()):
-            raise ValueError(f"ParquetSource fields={self.fields!r}; give a column name or a "
-                             "mapping of record keys to column names.")
-        object.__setattr__(self, "fields", tuple(fields.items()))  # hashable: sources are cached
+        object.__setattr__(self, "fields", column_fields(self.fields, "ParquetSource"))
 
     def load_files(self, split, paths):
         return ParquetRows(tuple(paths), self.fields, split, self.holdout_every)
@@ -51,23 +47,10 @@ class ParquetSource(FileSource):
                                                                                         index)
 
 
-def _split_rows(rows: int, split: str, every: int) -> int:
-    """How many of a file's ``rows`` rows are in ``split``."""
-    held = rows // every if every else 0
-    return held if split == "validation" else rows - held
-
-
-def _file_row(k: int, split: str, every: int) -> int:
-    """The file row of the ``k``-th row of ``split`` (every ``every``-th row is held out)."""
-    if not every:
-        return k
-    if split == "validation":
-        return k * every + every - 1
-    return k + k // (every - 1)
-
-
-class ParquetRows(Sequence):
+class ParquetRows(ColumnRows):
     """The rows of ``split`` of Parquet files, by index, read a row group at a time."""
+
+    kind = "ParquetSource"
 
     def __init__(self, paths: tuple[str, ...], fields: tuple[tuple[str, str], ...], split: str,
                  holdout_every: int):
@@ -88,7 +71,7 @@ class ParquetRows(Sequence):
                 starts.append(total)
                 total += metadata.row_group(group).num_rows
             self._groups.append(starts + [total])
-            counts.append(_split_rows(total, split, holdout_every))
+            counts.append(rows_in_split(total, split, holdout_every))
         self._starts = [0]
         for count in counts:
             self._starts.append(self._starts[-1] + count)
@@ -115,29 +98,18 @@ class ParquetRows(Sequence):
     def _locate(self, index: int) -> tuple[int, int]:
         """``(file number, row in the file)`` of the split's ``index``-th row."""
         file = bisect.bisect_right(self._starts, index) - 1
-        return file, _file_row(index - self._starts[file], self._split, self._every)
+        return file, split_row(index - self._starts[file], self._split, self._every)
 
     def origin(self, index: int) -> str:
         file, row = self._locate(index)
         return f"{self._paths[file]} row {row}"
 
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        if not -len(self) <= index < len(self):
-            raise IndexError(index)
-        file, row = self._locate(index % len(self))
+    def _values(self, index: int) -> dict:
+        file, row = self._locate(index)
         starts = self._groups[file]
         group = bisect.bisect_right(starts, row) - 1
         columns = self._row_group(file, group)
-        record = {}
-        for key, column in self._fields:
-            value = columns[column][row - starts[group]]
-            if value is None:
-                raise ValueError(f"{self._paths[file]} row {row}: column {column!r} is null; "
-                                 "every row needs a value in the columns ParquetSource reads.")
-            record[key] = value
-        return record
+        return {column: columns[column][row - starts[group]] for _, column in self._fields}
 
     def _row_group(self, file: int, group: int) -> dict:
         key = (file, group)

@@ -34,6 +34,61 @@ def _is_validation_line(line_index: int, holdout_every: int) -> bool:
     return holdout_every > 0 and line_index % holdout_every == holdout_every - 1
 
 
+def rows_in_split(rows: int, split: str, holdout_every: int) -> int:
+    """How many of ``rows`` rows (of one file) are in ``split`` when every
+    ``holdout_every``-th is held out (``_is_validation_line``)."""
+    held = rows // holdout_every if holdout_every else 0
+    return held if split == "validation" else rows - held
+
+
+def split_row(k: int, split: str, holdout_every: int) -> int:
+    """The file row of the ``k``-th row of ``split`` (``_is_validation_line``'s holdout)."""
+    if not holdout_every:
+        return k
+    if split == "validation":
+        return k * holdout_every + holdout_every - 1
+    return k + k // (holdout_every - 1)
+
+
+def column_fields(fields, kind: str) -> tuple[tuple[str, str], ...]:
+    """A column source's ``fields`` (a column name, or record keys to columns) as
+    ``((key, column), ...)``: hashable, since sources are cached."""
+    mapping = {"text": fields} if isinstance(fields, str) else dict(fields)
+    if not mapping or not all(isinstance(v, str) for v in mapping.values()):
+        raise ValueError(f"{kind} fields={fields!r}; give a column name or a mapping of record "
+                         "keys to column names.")
+    return tuple(mapping.items())
+
+
+class ColumnRows(Sequence):
+    """A split of a columnar source (Parquet, a datasets folder) read by index: subclasses
+    give ``__len__``, ``origin(index)`` and ``_values(index)`` (column -> value)."""
+
+    kind = ""
+    _fields: tuple[tuple[str, str], ...] = ()
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if not -len(self) <= index < len(self):
+            raise IndexError(index)
+        index %= len(self)
+        values = self._values(index)
+        record = {}
+        for key, column in self._fields:
+            if values[column] is None:
+                raise ValueError(f"{self.origin(index)}: column {column!r} is null; every row "
+                                 f"needs a value in the columns {self.kind} reads.")
+            record[key] = values[column]
+        return record
+
+    def origin(self, index: int) -> str:
+        raise NotImplementedError
+
+    def _values(self, index: int):
+        raise NotImplementedError
+
+
 @dataclasses.dataclass(frozen=True)
 class TextLineSource:
     """Documents are lines of UTF-8 text files (plain or ``.gz``), read in path order.
