@@ -1,6 +1,6 @@
 """``t5xl``: one command with subcommands, each the same as its ``python -m`` module.
 
-    t5xl train --config=configs/quickstart.py --workdir=/tmp/run
+    t5xl train --config=quickstart --workdir=/tmp/run   (a packaged config by name, or a path)
     t5xl eval --checkpoint=/tmp/run --mixture=embedded_bench --output_dir=/tmp/run_eval
     t5xl summary --config=configs/t5_1_1_base.py
     t5xl convert import --hf_dir=HF_FOLDER --out=CONVERTED
@@ -13,6 +13,7 @@ import sys
 
 COMMANDS = {
     "train": ("t5x_like.train", "pretrain, fine-tune or continue a run"),
+    "configs": ("t5x_like.packaged_configs", "list the packaged configs (--config=NAME) and show one"),
     "eval": ("t5x_like.eval", "evaluate checkpoints on a benchmark task or mixture"),
     "harness": ("t5x_like.harness", "run lm-evaluation-harness tasks on a decoder checkpoint"),
     "infer": ("t5x_like.infer", "generate for a task's split or a JSONL file"),
@@ -33,10 +34,28 @@ COMMANDS = {
 }
 
 
+def version() -> str:
+    """This package's version (as installed, else the source's), with JAX's and Flax's."""
+    from importlib import metadata
+
+    import t5x_like
+
+    def installed(name: str, fallback: str = "not installed") -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return fallback
+    return (f"t5x_like {installed('t5x_like', t5x_like.__version__)} (jax {installed('jax')}, "
+            f"flax {installed('flax')}; python {sys.version.split()[0]})")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("--version", "-V"):
+        print(version())
+        return 0
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        lines = ["usage: t5xl COMMAND [ARGS...]", "", "commands:"]
+        lines = ["usage: t5xl COMMAND [ARGS...]   (t5xl --version)", "", "commands:"]
         lines += [f"  {name:<8} {help_text}  (python -m {module.removesuffix('.__main__')})"
                   for name, (module, help_text) in COMMANDS.items()]
         if argv and argv[0] not in ("-h", "--help"):

@@ -1,6 +1,7 @@
 """What config files import: ``from t5x_like import config_lib`` then
-``config_lib.default_config()`` (every key at its default, in the sectioned layout) and
-``config_lib.model_defaults(family)``. The spec itself is ``t5x_like.config``; the
+``config_lib.default_config()`` (every key at its default, in the sectioned layout),
+``config_lib.model_defaults(family)``, or ``config_lib.packaged_config("quickstart")`` to
+start from a config the package carries. The spec itself is ``t5x_like.config``; the
 names here accept a ``ConfigDict`` (old spellings included) as well as a ``RunSpec``.
 """
 
@@ -17,6 +18,7 @@ from t5x_like.config import (
     model_defaults,
     model_of_folder,
     model_spec_of,
+    packaged_config,
     parse_value,
     resolve_mesh_shape,
     spec_of,
@@ -28,7 +30,7 @@ from t5x_like.errors import ConfigError
 
 __all__ = ["ConfigError", "RunSpec", "apply_overrides", "as_config_dict", "default_config",
            "default_data_streams", "load_config_file", "model_defaults", "model_of_folder",
-           "model_spec_of", "parse_value",
+           "model_spec_of", "packaged_config", "parse_value",
            "resolve_data_streams", "resolve_mesh_shape", "spec_of", "split_overrides",
            "t5_pretraining_config", "validate", "validate_for_devices"]
 

@@ -12,6 +12,8 @@ import functools
 import sys
 from collections.abc import Callable, Sequence
 
+from t5x_like import resources
+
 
 class UserError(ValueError):
     """A problem with what the user asked for (flags, files, tasks, checkpoints), with the
@@ -29,8 +31,11 @@ class MissingFile(UserError, FileNotFoundError):
 
 
 def install_hint(extra: str = "") -> str:
-    """The one way every message spells an install: the README's line, from the
-    repository root, with the tested versions of ``constraints.txt``."""
+    """The one way every message spells an install. From a clone: the README's line, from
+    the repository root, with the tested versions of ``constraints.txt``; from an
+    installed wheel: the package's extra."""
+    if resources.installed_package():
+        return f'pip install "t5x_like[{extra}]"' if extra else "pip install t5x_like"
     target = f'".[{extra}]"' if extra else "."
     return f"pip install -c constraints.txt -e {target}"
 

@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"{args.devices_per_process} must both be at least 1.")
     if not passed:
         parser.error("give the trainer's arguments after --, e.g. -- "
-                     "--config=configs/quickstart.py --workdir=/tmp/run2x4")
+                     "--config=quickstart --workdir=/tmp/run2x4")
     return launch(args.num_processes, args.devices_per_process, passed, args.module,
                   args.timeout_s)
 

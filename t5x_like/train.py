@@ -23,8 +23,8 @@ import sys
 
 from t5x_like import cli_flags, config, errors, goodput_events, runs
 
-USAGE = ("python -m t5x_like.train --config=FILE --workdir=DIR [--config.KEY=VALUE ...]\n"
-         "  e.g. python -m t5x_like.train --config=configs/quickstart.py --workdir=/tmp/t5x_like_run "
+USAGE = ("python -m t5x_like.train --config=FILE_OR_NAME --workdir=DIR [--config.KEY=VALUE ...]\n"
+         "  e.g. python -m t5x_like.train --config=quickstart --workdir=/tmp/t5x_like_run "
          "--config.num_train_steps=100")
 
 

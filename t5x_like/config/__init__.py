@@ -23,7 +23,7 @@ from t5x_like.config.devices import (
 )
 from t5x_like.config.evals import EVAL_SPECS, EvalSpec, register_eval_spec
 from t5x_like.config.families import MODEL_SPECS, model_spec_class, register_model_spec
-from t5x_like.config.files import load_config_file
+from t5x_like.config.files import load_config_file, packaged_config
 from t5x_like.config.model_parts import ModelSpec
 from t5x_like.config.overrides import apply_overrides, parse_value, split_overrides
 from t5x_like.config.run import RESUME_CHANGE_KEYS, RunSpec
@@ -46,7 +46,7 @@ __all__ = ["EVAL_SPECS", "MODEL_SPECS", "RESUME_CHANGE_KEYS", "MICROBATCHES_ASKE
            "ModelSpec", "RunSpec", "Section", "apply_overrides", "as_config_dict",
            "batch_shards", "check_devices", "default_config", "microbatches_holding",
            "rows_per_device", "default_data_streams", "legacy",
-           "load_config_file", "migrated", "model_defaults", "model_of_folder", "model_spec_of",
+           "load_config_file", "migrated", "packaged_config", "model_defaults", "model_of_folder", "model_spec_of",
            "model_spec_class", "parse_value",
            "register_eval_spec", "register_model_spec", "resolve_data_streams",
            "resolve_mesh_shape", "spec_of", "split_overrides", "t5_pretraining_config"]

@@ -59,7 +59,7 @@ class T5Spec(TwoStacks, WithExperts, TransformerSpec):
     logits_via_embedding: bool = False
 
     FAMILY: ClassVar[str] = "encoder_decoder"
-    EXAMPLE_CONFIG: ClassVar[str] = "configs/quickstart.py"
+    EXAMPLE_CONFIG: ClassVar[str] = "quickstart"
     VARIANTS: ClassVar[tuple[str, ...]] = ("t5", "mt5", "switch_transformers")
     SECTIONS: ClassVar = {"attention": Attention, "positions": RelativePositions}
     DEFAULTS: ClassVar = dict(vocab_size=32128, d_model=512, num_heads=6, head_dim=64, d_ff=1024,
@@ -88,7 +88,7 @@ class BartSpec(Padded, TwoStacks, WithExperts, TransformerSpec):
     decoder_start_id: int = field(2, minimum=0)
 
     FAMILY: ClassVar[str] = "bart"
-    EXAMPLE_CONFIG: ClassVar[str] = "configs/bart_base.py"
+    EXAMPLE_CONFIG: ClassVar[str] = "bart_base"
     VARIANTS: ClassVar[tuple[str, ...]] = ("bart", "mbart")
     SECTIONS: ClassVar = {"attention": Attention, "positions": LearnedPositions}
     DEFAULTS: ClassVar = dict(vocab_size=50265, d_model=768, num_heads=12, head_dim=64, d_ff=3072,
@@ -117,7 +117,7 @@ class DecoderSpec(OneStack, WithExperts, TransformerSpec):
     bos_id: int = field(0, minimum=0, doc="the first input of every sequence")
 
     FAMILY: ClassVar[str] = "decoder"
-    EXAMPLE_CONFIG: ClassVar[str] = "configs/pretrain/gpt2_tiny.py"
+    EXAMPLE_CONFIG: ClassVar[str] = "pretrain/gpt2_tiny"
     VARIANTS: ClassVar[tuple[str, ...]] = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma2",
                                            "gemma3_text", "mixtral", "qwen2_moe")
     SECTIONS: ClassVar = {"attention": DecoderAttention, "positions": DecoderPositions}
@@ -168,7 +168,7 @@ class EncoderSpec(Padded, OneStack, WithExperts, TransformerSpec):
     max_span_length: int = field(10, minimum=1)
 
     FAMILY: ClassVar[str] = "encoder"
-    EXAMPLE_CONFIG: ClassVar[str] = "configs/pretrain/bert_tiny.py"
+    EXAMPLE_CONFIG: ClassVar[str] = "pretrain/bert_tiny"
     VARIANTS: ClassVar[tuple[str, ...]] = ("bert", "roberta", "xlm-roberta", "albert",
                                            "distilbert", "longformer")
     SECTIONS: ClassVar = {"attention": EncoderAttention, "positions": EncoderPositions}
@@ -222,7 +222,7 @@ class ElectraSpec(Padded, OneStack, TransformerSpec):
     type_vocab_size: int = field(2, minimum=0)
 
     FAMILY: ClassVar[str] = "electra"
-    EXAMPLE_CONFIG: ClassVar[str] = "configs/pretrain/electra_tiny.py"
+    EXAMPLE_CONFIG: ClassVar[str] = "pretrain/electra_tiny"
     VARIANTS: ClassVar[tuple[str, ...]] = ("electra",)
     SECTIONS: ClassVar = {"attention": Attention, "positions": LearnedPositions}
     DEFAULTS: ClassVar = dict(vocab_size=30522, d_model=256, num_heads=4, head_dim=64, d_ff=1024,
@@ -270,7 +270,7 @@ class BilmSpec(Padded, ModelSpec):
     eos_id: int = field(1, minimum=0)
 
     FAMILY: ClassVar[str] = "bilm"
-    EXAMPLE_CONFIG: ClassVar[str] = "configs/pretrain/elmo_tiny.py"
+    EXAMPLE_CONFIG: ClassVar[str] = "pretrain/elmo_tiny"
     VARIANTS: ClassVar[tuple[str, ...]] = ("elmo",)
     DEFAULTS: ClassVar = dict(vocab_size=8192, dropout_rate=0.1)
 

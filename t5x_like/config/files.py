@@ -1,11 +1,15 @@
 """Config files: a Python module with ``get_config() -> ml_collections.ConfigDict`` that
 starts from ``config_lib.default_config()``. ``path:ARG`` calls ``get_config(ARG)``
-(ml_collections' convention). Old spellings in the file are moved to the sectioned
-layout as it is read, so an override of the new spelling applies on top of them.
+(ml_collections' convention). A packaged config is named by its path under ``configs/``
+without ``.py`` (``quickstart``, ``pretrain/t5_tiny``): from a clone or an installed
+wheel, from any directory. Old spellings in the file are moved to the sectioned layout as
+it is read, so an override of the new spelling applies on top of them.
 """
 
 from __future__ import annotations
 
+import difflib
+import importlib.machinery
 import importlib.util
 import inspect
 import pathlib
@@ -14,6 +18,7 @@ import traceback
 
 import ml_collections
 
+from t5x_like import resources
 from t5x_like.config import legacy, schema
 from t5x_like.errors import ConfigError
 
@@ -22,10 +27,9 @@ def load_config_file(path: str, run_spec: bool = True) -> ml_collections.ConfigD
     """The config ``path`` (or ``path:ARG``) makes, in the sectioned layout (``run_spec``
     False: as the file made it, for configs of other things, such as retrieval runs)."""
     path, argument = _split_argument(path)
-    file = pathlib.Path(path)
-    if not file.is_file():
-        raise ConfigError(f"Config file {path!r} does not exist. Pass --config=configs/quickstart.py "
-                          "or another file in configs/.")
+    file = _located(path)
+    if file is None:
+        raise ConfigError(_missing_config_message(path))
     module = _run_module(file, path)
     if not hasattr(module, "get_config"):
         raise ConfigError(f"Config file {path!r} has no get_config() function; define one that "
@@ -43,15 +47,51 @@ def load_config_file(path: str, run_spec: bool = True) -> ml_collections.ConfigD
     return schema.as_config_dict(tree)
 
 
+def packaged_config(name: str, argument: str | None = None) -> ml_collections.ConfigDict:
+    """Packaged config ``name`` (``quickstart``, ``gpt2_small``) in the sectioned layout: a
+    user's own config file starts from it and changes what it needs."""
+    if resources.config_file(name) is None:
+        raise ConfigError(_missing_config_message(name))
+    return load_config_file(name if argument is None else f"{name}:{argument}")
+
+
+def _located(path: str) -> pathlib.Path | None:
+    """The file ``path`` names: a file (relative to here or absolute), else a packaged
+    config by name."""
+    file = pathlib.Path(path)
+    return file if file.is_file() else resources.config_file(path)
+
+
 def _split_argument(path: str) -> tuple[str, str | None]:
-    if pathlib.Path(path).is_file() or ":" not in path:
+    if _located(path) is not None or ":" not in path:
         return path, None
     head, argument = path.rsplit(":", 1)
-    return (head, argument) if pathlib.Path(head).is_file() else (path, None)
+    return (head, argument) if _located(head) is not None else (path, None)
+
+
+def _close_names(path: str, names: list[str]) -> list[str]:
+    """Packaged names near ``path``: the same file in another folder first, then spellings."""
+    query = path.removesuffix(".py").removeprefix("configs/")
+    same_file = [n for n in names if n.rsplit("/", 1)[-1] == query.rsplit("/", 1)[-1]]
+    spelled = difflib.get_close_matches(query, names, n=3, cutoff=0.75)
+    return (same_file + [n for n in spelled if n not in same_file])[:3]
+
+
+def _missing_config_message(path: str) -> str:
+    names = resources.config_names()
+    close = [repr(n) for n in _close_names(path, names)]
+    either = ", ".join(close[:-1]) + " or " + close[-1] if len(close) > 1 else "".join(close)
+    hint = f"; did you mean {either}?" if close else "."
+    return (f"Config {path!r} is neither a file nor a packaged config{hint} Pass a path, or one "
+            f"of the {len(names)} packaged names (`t5xl configs` lists them), e.g. "
+            "--config=quickstart.")
 
 
 def _run_module(file: pathlib.Path, path: str):
-    spec = importlib.util.spec_from_file_location(f"_t5x_like_config_{file.stem}", file)
+    name = f"_t5x_like_config_{file.stem}"
+    # The loader is named: a config file without the .py suffix is still Python.
+    spec = importlib.util.spec_from_file_location(
+        name, file, loader=importlib.machinery.SourceFileLoader(name, str(file)))
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)

@@ -1,13 +1,14 @@
 """The corpus and vocabulary embedded in the repository's ``data/`` folder.
 
-They make the quickstart and the tests run offline. ``T5X_LIKE_DATA_DIR``
-points elsewhere (for an installed package run outside the repository).
+They make the quickstart and the tests run offline. An installed wheel carries its own
+copy (``t5x_like.resources``); ``T5X_LIKE_DATA_DIR`` points at another.
 """
 
 from __future__ import annotations
 
-import os
 import pathlib
+
+from t5x_like import resources
 
 ENGLISH_FILES = ("en/austen.txt.gz", "en/kjv_bible.txt.gz",
                  "en/shakespeare.txt.gz", "en/web_bible.txt.gz")
@@ -19,13 +20,7 @@ SENTENCEPIECE_SIZE = 8192 - NUM_EXTRA_IDS
 
 
 def data_dir() -> pathlib.Path:
-    env = os.environ.get("T5X_LIKE_DATA_DIR")
-    if env:
-        return pathlib.Path(env)
-    repo_data = pathlib.Path(__file__).resolve().parents[2] / "data"
-    if repo_data.is_dir():
-        return repo_data
-    return pathlib.Path.cwd() / "data"
+    return resources.data_dir()
 
 
 def english_files() -> list[str]:
