@@ -130,8 +130,8 @@ def main() -> None:
         consumer, tokens, roofline, compute = CONSUMERS[row["name"]]
         need, need_peak = tokens / roofline / HOSTS, tokens / compute / HOSTS
         print(f"| {row['name']} | {row['tokens/s']:,.0f} | {row['tokens/cpu-s']:,.0f} | {consumer} "
-              f"| {need:,.0f} | {need_peak:,.0f} | {need / row['tokens/cpu-s']:.1f} "
-              f"({need_peak / row['tokens/cpu-s']:.1f} at 100% MFU) |")
+              f"| {need:,.0f} | {need_peak:,.0f} | {need / row['tokens/cpu-s']:.2f} "
+              f"({need_peak / row['tokens/cpu-s']:.2f} at 100% MFU) |")
 
 
 if __name__ == "__main__":

@@ -69,6 +69,45 @@ def test_streams_read_whole_files_and_every_row_once(corpus):
     assert list(pickle.loads(pickle.dumps(rows))) == list(rows)
 
 
+def _one_epoch_texts(name, source, shuffle: bool, shard=(0, 1), seed: int = 0) -> list[str]:
+    """The raw rows a task's stream reads in one epoch (no steps: the text as read)."""
+    td.TaskRegistry.add(name, source, preprocessors=(), output_features=tasks.features("text"))
+    try:
+        ds = td.TaskRegistry.get(name).get_dataset("train", {"text": 64}, seed=seed,
+                                                    shuffle=shuffle, num_epochs=1,
+                                                    shard_index=shard[0], num_shards=shard[1])
+        return [row["text"] for row in ds]
+    finally:
+        td.TaskRegistry.remove(name)
+
+
+@pytest.mark.parametrize("streams", [1, 2, 5])  # 5 streams over 3 files: every 5th row each
+def test_a_shuffled_stream_reads_row_groups_whole_and_every_row_once(corpus, monkeypatch,
+                                                                     streams):
+    """Training reads a row group once per epoch (not a group per row, as a global random
+    order would), in an order permuted by the seed, and still reads every row once."""
+    reads = []
+    real = pq.ParquetFile.read_row_group
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group",
+                        lambda self, i, **kw: reads.append(i) or real(self, i, **kw))
+    source = td.ParquetSource(str(corpus / "part-*.parquet"), "content", holdout_every=5,
+                              shuffle_window=6)
+    expected = sorted(r["text"] for r in pyarrow_rows(corpus, "train", 5))
+    shards = [_one_epoch_texts(f"pq_epoch_{i}", source, True, (i, streams)) for i in range(streams)]
+    assert sorted(t for shard in shards for t in shard) == expected
+    groups = sum(-(-n // 7) for n in ROWS)
+    assert len(reads) <= groups * streams  # each stream reads a group at most once
+    in_order = _one_epoch_texts("pq_in_order", source, False, (0, streams))
+    assert in_order == [t["text"] for t in list(source.shard("train", 0, streams))]
+    assert shards[0] != in_order and sorted(shards[0]) == sorted(in_order)
+    assert _one_epoch_texts("pq_seed_1", source, True, (0, streams), seed=1) != shards[0]
+
+
+def test_a_shuffle_window_that_is_not_a_positive_count_is_refused(corpus):
+    with pytest.raises(ValueError, match="shuffle_window=0; use a positive number of rows"):
+        td.ParquetSource(str(corpus / "part-*.parquet"), "content", shuffle_window=0)
+
+
 def assert_task_resumes_exactly(name, source, length: int, batch: int, stop: int, total: int):
     """A causal-LM task over ``source``: batches after a resume from the state saved at
     ``stop`` equal a straight run's."""

@@ -154,7 +154,7 @@ class Task:
         ctx = self.context(split, task_feature_lengths, records if cached is None else
                            cache_lib.SourceShard(self.source, split, shard_index, num_shards))
         seed = shard_seed(seed, shard_index, num_shards)
-        if getattr(records, "sequential", False):  # TFRecord files: read in order, windowed
+        if getattr(records, "windowed", False):  # TFRecord, Parquet: read in order, windowed
             ds = records.dataset(seed, shuffle, num_epochs)
         else:
             # Index -> record through a plain map: grain's MapDataset.source records metrics

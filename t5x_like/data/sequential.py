@@ -81,6 +81,7 @@ class SequentialRecords(Sequence):
     """
 
     sequential = True  # steps that draw random other documents (NSP) refuse these
+    windowed = True  # a stream reads through ``dataset`` (Task.get_dataset)
 
     def __init__(self, segments: Sequence[Segment], window: int = 2048):
         if window < 1:

@@ -222,6 +222,15 @@ class Strided(Sequence):
             raise IndexError(index)
         return self._records[self._start + (index % self._len) * self._step]
 
+    @property
+    def windowed(self) -> bool:
+        """Records read in windows (Parquet row groups) are strided the same way."""
+        return hasattr(self._records, "in_windows")
+
+    def dataset(self, seed: int, shuffle: bool, num_epochs: int | None):
+        records = self._records.in_windows(self._start, self._step)
+        return records.dataset(seed, shuffle, num_epochs)
+
 
 @functools.lru_cache(maxsize=64)
 def _cached_files(source, split: str, paths: tuple[str, ...]) -> Sequence[dict]:
