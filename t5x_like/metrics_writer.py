@@ -1,4 +1,5 @@
-"""Where metrics go: ``metrics.jsonl``, TensorBoard event files and the console.
+"""Where metrics go: ``metrics.jsonl``, the run's trackers (TensorBoard event files,
+W&B, MLflow: ``trackers.py``) and the console.
 
 Only process 0 writes; other processes get a writer that does nothing, so the
 loop never needs to ask which process it is on.
@@ -7,43 +8,44 @@ loop never needs to ask which process it is on.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TextIO
 
-from tensorboardX import SummaryWriter
-
-from t5x_like import storage
+from t5x_like import storage, trackers
+from t5x_like.config.run import TrackingSpec
 
 
 class MetricsWriter:
-    def __init__(self, workdir, enabled: bool = True):
+    """Each logged step as a line of ``metrics.jsonl`` and to every tracker, the same
+    scalars to each (``trackers``: any of tensorboard, wandb, mlflow)."""
+
+    def __init__(self, workdir, enabled: bool = True, tracker_names: Sequence[str] = ("tensorboard",),
+                 tracking: TrackingSpec | None = None, run_config: Mapping | None = None):
         self.enabled = enabled
         self._jsonl = None
-        self._tb = None
+        self._trackers = []
         if enabled:
             workdir = storage.path(workdir)
             workdir.mkdir(parents=True, exist_ok=True)
             self._jsonl = storage.AppendLog(workdir / "metrics.jsonl")
-            # tensorboardX writes gs:// (google-cloud-storage) and s3:// (boto3) itself.
-            self._tb = SummaryWriter(logdir=os.fspath(workdir / "tensorboard"))
+            self._trackers = trackers.open_trackers(workdir, tuple(tracker_names),
+                                                    tracking or TrackingSpec(), run_config or {})
 
     def write(self, step: int, metrics: Mapping[str, float]) -> None:
         if not self.enabled:
             return
-        record = {"step": int(step)}
-        record.update({k: float(v) for k, v in metrics.items()})
-        self._jsonl.append(json.dumps(record) + "\n")
-        for key, value in metrics.items():
-            self._tb.add_scalar(key, float(value), global_step=int(step))
-        self._tb.flush()
+        scalars = {k: float(v) for k, v in metrics.items()}
+        self._jsonl.append(json.dumps({"step": int(step), **scalars}) + "\n")
+        for tracker in self._trackers:
+            tracker.write(int(step), scalars)
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         if self.enabled:
             self._jsonl.close()
-            self._tb.close()
+            for tracker in self._trackers:
+                tracker.close(failed)
 
 
 def _format_duration(seconds: float) -> str:

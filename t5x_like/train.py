@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import shlex
 import sys
 
-from t5x_like import cli_flags, config, errors, goodput_events, runs
+from t5x_like import cli_flags, config, errors, goodput_events, runs, trackers
 
 USAGE = ("python -m t5x_like.train --config=FILE_OR_NAME --workdir=DIR [--config.KEY=VALUE ...]\n"
          "  e.g. python -m t5x_like.train --config=quickstart --workdir=/tmp/t5x_like_run "
@@ -81,7 +82,9 @@ def _summary(workdir, latest, last_train, last_eval, config_path, spec, override
     lines += [
         f"  checkpoint        {workdir / 'checkpoints' / str(latest)}",
         f"  metrics           {workdir / 'metrics.jsonl'}",
-        "  TensorBoard       " + tensorboard_command(workdir / "tensorboard"),
+        *(["  TensorBoard       " + tensorboard_command(workdir / "tensorboard")]
+          if "tensorboard" in spec.trackers else []),
+        *_tracker_lines(workdir, spec),
         f"  resolved config   {workdir / 'config.json'}",
         "  continue training (resumes from the checkpoint):",
         "    " + shlex.join(
@@ -91,6 +94,22 @@ def _summary(workdir, latest, last_train, last_eval, config_path, spec, override
             + [f"--config.num_train_steps={spec.num_train_steps * 2}"]),
     ]
     return "\n".join(lines)
+
+
+def _tracker_lines(workdir, spec) -> list[str]:
+    """Where the W&B and MLflow runs are (their ids, kept for a resume)."""
+    lines = []
+    if "wandb" in spec.trackers:
+        run_id = trackers.saved_run_id(workdir, "wandb", spec.tracking)
+        offline = spec.tracking.wandb_mode == "offline" or os.environ.get("WANDB_MODE") == "offline"
+        where = (f"offline, upload with: wandb sync {workdir / 'wandb'}/offline-run-*-{run_id}"
+                 if offline else f"project {spec.tracking.project or 't5x_like'}")
+        lines.append(f"  W&B run           {run_id} ({where})")
+    if "mlflow" in spec.trackers:
+        run_id = trackers.saved_run_id(workdir, "mlflow", spec.tracking)
+        lines.append(f"  MLflow run        {run_id} (experiment "
+                     f"{spec.tracking.project or 't5x_like'}, {trackers.mlflow_uri(spec.tracking)})")
+    return lines
 
 
 def tensorboard_command(logdir) -> str:

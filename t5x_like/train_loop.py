@@ -80,7 +80,9 @@ class Loop:
             self.spec, self.trainer, resolved.asked_vocabulary, self._streams("validation"),
             self.host_batches, resolved.num_streams, progress))
         self._announce("\n".join((*resolved.notices, start.message)).strip())
-        self.writer = metrics_writer.MetricsWriter(resolved.workdir, enabled=self.is_chief)
+        self.writer = metrics_writer.MetricsWriter(
+            resolved.workdir, enabled=self.is_chief, tracker_names=self.spec.trackers,
+            tracking=self.spec.tracking, run_config=self.run_config)
         lengths = dict(self.spec.task_feature_lengths)
         self.tokens_per_step = (self.spec.batch_size * sum(lengths.values())
                                 * self.trainer_structure().rows_per_example)
@@ -267,13 +269,14 @@ class Loop:
         self.holding.watchdog.doing("closing: waiting for the last checkpoint save")
         with self.holding.goodput.timed("checkpoint_save"):
             self.checkpointer.close()
-        self.writer.close()
+        self.writer.close(failed=self.holding.status not in ("done", "preempted"))
         self.progress.close()
 
     def account(self) -> dict:
         """Goodput over the workdir's runs, written as TensorBoard scalars (process 0)."""
         account = goodput_events.account(goodput_events.read_events(self.resolved.workdir))
-        goodput_events.write_tensorboard(self.resolved.workdir, account, self.step)
+        if "tensorboard" in self.spec.trackers:
+            goodput_events.write_tensorboard(self.resolved.workdir, account, self.step)
         return account
 
 

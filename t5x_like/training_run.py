@@ -20,7 +20,7 @@ import json
 import time
 from typing import Any
 
-from t5x_like import cli_flags, config, hardware, runs, storage
+from t5x_like import cli_flags, config, hardware, runs, storage, trackers
 from t5x_like.config import RunSpec
 from t5x_like.errors import ConfigError, UserError
 from t5x_like.param_sources.source import check_same_model, resolve
@@ -86,6 +86,7 @@ def resolve_training(run_config, workdir: str, devices=None, process_count: int 
     cli_flags.check_writable_folder(workdir)
     process_count = jax.process_count() if process_count is None else process_count
     _check_local_dir(spec)
+    trackers.check_installed(spec.trackers)
     asked = _config_vocabulary(spec)
     vocabulary = asked or get_task_or_mixture(spec.task).vocabulary
     runs.check_model_fits_vocabulary(spec, vocabulary)

@@ -105,6 +105,25 @@ class LoggingSpec(Section):
     batch_checksum: bool = False
 
 
+TRACKERS = ("tensorboard", "wandb", "mlflow")
+
+
+@section
+class TrackingSpec(Section):
+    """What the ``trackers`` (``trackers.py``) name the run. ``project``: the W&B project
+    and the MLflow experiment ("": t5x_like); ``name``: the run's name ("": the workdir's
+    last part). ``wandb_mode``: "" follows WANDB_MODE (online when unset); ``offline``
+    writes the run under WORKDIR/wandb for ``wandb sync``. ``mlflow_uri``: "" follows
+    MLFLOW_TRACKING_URI, else MLflow's default (``sqlite:///mlflow.db`` in the working
+    directory). A resumed run continues the same tracker runs (``WORKDIR/trackers.json``)."""
+
+    project: str = ""
+    name: str = ""
+    wandb_entity: str = ""
+    wandb_mode: str = field("", choices=("", "online", "offline"))
+    mlflow_uri: str = ""
+
+
 @section
 class CheckpointSpec(Section):
     """Saved ``every_steps``; the newest ``keep`` are kept, plus every ``keep_every_steps``-th
@@ -462,6 +481,8 @@ class RunSpec(Section):
     optimizer: OptimizerSpec = field(OptimizerSpec())
     loss: LossSpec = field(LossSpec())
     logging: LoggingSpec = field(LoggingSpec())
+    trackers: tuple[str, ...] = field(("tensorboard",), doc="any of tensorboard, wandb, mlflow")
+    tracking: TrackingSpec = field(TrackingSpec())
     checkpoint: CheckpointSpec = field(CheckpointSpec())
     evals: FrozenMap = field(evals_lib.default_evals())
     divergence: DivergenceSpec = field(DivergenceSpec())
@@ -506,6 +527,9 @@ class RunSpec(Section):
                 f"batch_size={self.batch_size} does not split into data.streams="
                 f"{self.data.streams} equal parts; use a batch_size that is a multiple of "
                 f"{self.data.streams} or a data.streams that divides {self.batch_size}.")
+        unknown = sorted(set(self.trackers) - set(TRACKERS))
+        require(not unknown, f"trackers names {unknown}; choose any of {list(TRACKERS)}, e.g. "
+                             "--config.trackers=tensorboard,wandb.")
         self._check_head()
         self._check_peft()
         self._check_distill()
