@@ -21,9 +21,10 @@ import difflib
 import json
 import logging
 import sys
+import threading
 import time
 
-from t5x_like import cli_flags, errors, storage
+from t5x_like import cli_flags, errors, progress, storage
 from t5x_like.data import cache
 from t5x_like.errors import UserError
 
@@ -253,12 +254,56 @@ def main(argv=None) -> int:
         cache.invalidate(args.output_dir, name)
     options = _pipeline_options(beam_args)
     started = time.perf_counter()
-    with beam.Pipeline(options=options) as pipeline:
-        build_pipeline(pipeline, units, {n: fingerprints[n] for n in building}, args.output_dir,
-                       args.module)
+    with ShardsWritten(args.output_dir, units):
+        with beam.Pipeline(options=options) as pipeline:
+            build_pipeline(pipeline, units, {n: fingerprints[n] for n in building},
+                           args.output_dir, args.module)
     seconds = time.perf_counter() - started
     _report(args.output_dir, building, seconds)
     return 0
+
+
+class ShardsWritten:
+    """Progress of a pipeline however it runs (in this process, worker processes, Dataflow):
+    a thread counts the shard files in the output folders every ``interval_s`` (a shard
+    appears whole, renamed or copied into place when written)."""
+
+    def __init__(self, output_dir: str, units, interval_s: float = 2.0):
+        self._folders: dict[str, set[str]] = {}
+        for unit in units:
+            self._folders.setdefault(unit.task, set()).add(unit.shard_name)
+        self._root, self._interval_s = storage.path(output_dir), interval_s
+        self._stop = threading.Event()
+        self._meter = progress.Meter("cache_tasks", len(units), "shards",
+                                     from_first_advance=False)
+        self._thread = threading.Thread(target=self._watch, name="cache-progress", daemon=True)
+
+    def written(self) -> int:
+        count = 0
+        for task, names in self._folders.items():
+            folder = self._root / task
+            if folder.exists():
+                count += len(names & {p.name for p in folder.iterdir()})
+        return count
+
+    def _watch(self) -> None:
+        while True:
+            done = self.written()
+            if done > self._meter.done:
+                self._meter.advance(done - self._meter.done)
+            if self._stop.wait(self._interval_s):
+                return
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        if exc[0] is None and self.written() > self._meter.done:
+            self._meter.advance(self.written() - self._meter.done)
+        self._meter.close()
 
 
 def _folder(output_dir: str, name: str) -> str:

@@ -16,7 +16,7 @@ import argparse
 import sys
 import time
 
-from t5x_like import cli_flags, errors, param_sources, runs, storage
+from t5x_like import cli_flags, errors, param_sources, progress, runs, storage
 from t5x_like.config import split_overrides
 from t5x_like.errors import UserError
 from t5x_like.evaluation import results as result_files
@@ -154,8 +154,10 @@ def _setup(source, step, args, overrides, name):
         seed=args.seed, mode=args.mode, num_shots=args.num_shots,
         few_shot_seed=args.few_shot_seed)
     weights = int8_weights.weights_for(config, structures.for_config(config), trainer)
-    return config, trainer, runner.build_evaluator(config, trainer, name, settings, lengths, asked,
-                                                   weights), weights
+    ev = runner.build_evaluator(config, trainer, name, settings, lengths, asked, weights)
+    if jax.process_index() == 0 and not args.quiet:
+        ev.meter = progress.Meter  # each task's batches: rows/s and ETA on stderr
+    return config, trainer, ev, weights
 
 
 @errors.command_line("eval")

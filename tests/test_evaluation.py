@@ -1,6 +1,7 @@
 """Evaluation: structures' score/predict, the evaluator's modes, few-shot requests, eval CLI."""
 
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -182,7 +183,7 @@ def test_eval_cli_resumes_without_duplicates_and_watches(tmp_path, monkeypatch, 
     assert [(row["step"], row["task"]) for row in lines] == [
         (2, "test_eval_copy"), (2, "test_eval_rank"), (4, "test_eval_copy"), (4, "test_eval_rank")]
     assert (out / "predictions" / "test_eval_rank" / "step_4.jsonl").is_file()
-    capsys.readouterr()
+    assert "rows/s" not in capsys.readouterr().err  # --quiet: no progress either
     # Nothing new: no line added, and it says why each step was skipped.
     assert eval_cli.main([a for a in args if a != "--quiet"]) == 0
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 4
@@ -190,9 +191,17 @@ def test_eval_cli_resumes_without_duplicates_and_watches(tmp_path, monkeypatch, 
             "skipped") in capsys.readouterr().out
     # An interrupted evaluation of step 4 (its lines never written) is redone once.
     (out / "metrics.jsonl").write_text("\n".join(json.dumps(row) for row in lines[:2]) + "\n")
-    assert eval_cli.main(args) == 0
+    monkeypatch.setenv("T5XL_PROGRESS_INTERVAL_S", "0")  # a progress line per batch
+    assert eval_cli.main([a for a in args if a != "--quiet"]) == 0
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == [2, 2, 4, 4]
+    err = capsys.readouterr().err
+    # Each task's batch loops: done of total, then (from the second batch) a rate and ETA.
+    assert re.search(r"^test_eval_copy generating: 8/8 rows \(100%\)", err, flags=re.M), err
+    assert re.search(r"^test_eval_rank scoring: 16/16 rows \(100%\), \S+ rows/s, ETA 00:00$",
+                     err, flags=re.M), err
+    assert re.search(r"^test_eval_rank scoring: 16 rows in 00:\d\d \(\S+ rows/s\)$", err,
+                     flags=re.M), err
     # --watch: a checkpoint written while it waits is evaluated, then it stops at the
     # run's last step.
     trained = []

@@ -5,6 +5,7 @@ local YAML and JSONL (offline)."""
 
 import json
 import os
+import re
 
 import lm_eval  # the dev extra installs it: a missing one must fail, not skip
 import pytest
@@ -119,15 +120,21 @@ def test_our_backend_equals_the_hugging_face_backend(setup, theirs):
     assert not any(stop in a for a, _ in generated for stop in (".", "\n", "e"))
 
 
-def test_the_harness_command_writes_the_same_results(setup, theirs, tmp_path, capsys):
+def test_the_harness_command_writes_the_same_results(setup, theirs, tmp_path, capsys,
+                                                    monkeypatch):
     """``t5xl harness`` over --include_path: lm-eval's table, the results JSON and the
-    samples, equal to the Hugging Face backend's."""
+    samples, equal to the Hugging Face backend's; the requests' progress on stderr."""
+    monkeypatch.setenv("T5XL_PROGRESS_INTERVAL_S", "0")
     out = tmp_path / "results.json"
     assert harness_cli.main([f"--checkpoint={setup / 'ours'}", "--tasks=t5xl_cloze,t5xl_generate",
                              f"--include_path={setup / 'tasks'}", "--bootstrap_iters=0",
                              "--batch_size=16", f"--output_path={out}", "--log_samples"]) == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "t5xl_cloze" in printed and "acc_norm" in printed and "exact_match" in printed
+    for kind in ("loglikelihood", "generate_until"):
+        assert re.search(rf"^t5x_like {kind}: (\d+)/\1 requests \(100%\)", captured.err,
+                         flags=re.M), captured.err
     results = json.loads(out.read_text())["results"]
     for task, key in [("t5xl_cloze", "acc,none"), ("t5xl_cloze", "acc_norm,none"),
                       ("t5xl_generate", "exact_match,none")]:

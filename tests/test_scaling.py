@@ -271,7 +271,7 @@ def test_a_two_by_two_sweep_trains_every_point_then_skips_them(tmp_path, capsys)
             "--budgets=2.4e10,4.8e10", "--sizes=2"]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
-    assert out.count("; ETA ") == 4, out
+    assert out.count("FLOP/s; ETA ") == 4, out
     rows = [json.loads(line) for line in (tmp_path / "sw" / "results.jsonl").read_text()
             .splitlines()]
     assert len(rows) == 4 and len({r["budget"] for r in rows}) == 2

@@ -11,6 +11,7 @@ import pathlib
 
 import numpy as np
 
+from t5x_like import progress
 from t5x_like.errors import MissingFile, UserError, install_hint
 
 
@@ -80,9 +81,14 @@ def read_weights(folder: str | pathlib.Path) -> dict[str, np.ndarray]:
             " Save the model there with save_pretrained, which writes safetensors.")
         raise MissingFile(f"No model.safetensors in {folder}.{hint}")
     weights: dict[str, np.ndarray] = {}
-    for name in files:
-        for key, value in _load_safetensors(folder / name, st_numpy).items():
-            weights[key] = value.astype(np.float32) if value.dtype.kind == "f" else value
+    sizes = {name: (folder / name).stat().st_size if (folder / name).is_file() else 0
+             for name in files}
+    with progress.Meter(f"reading {folder.name}", sum(sizes.values()), "B",
+                        from_first_advance=False) as meter:
+        for name in files:
+            for key, value in _load_safetensors(folder / name, st_numpy).items():
+                weights[key] = value.astype(np.float32) if value.dtype.kind == "f" else value
+            meter.advance(sizes[name])
     return weights
 
 

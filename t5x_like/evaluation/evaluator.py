@@ -33,7 +33,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from t5x_like import metrics, partitioning
+from t5x_like import metrics, partitioning, progress
 from t5x_like.errors import UserError
 from t5x_like.evaluation import few_shot
 
@@ -123,6 +123,13 @@ class ModelRunner:
                                      out_shardings=self._replicated)
         self._predict = {}
         self.rows_made = 0  # rows this process converted (its share, multi-process)
+        # Progress of each batch loop: silent inside training; the eval command shows it.
+        self.meter = progress.Silent
+        self.meter_label = ""
+
+    def _meter(self, doing: str, rows: Sequence) -> progress.Meter | progress.Silent:
+        label = f"{self.meter_label} {doing}" if self.meter_label else doing
+        return self.meter(label, len(rows), "rows")
 
     # -- running the model ------------------------------------------------------------------
     def _global(self, rows: Sequence[dict], start: int) -> tuple[dict, int]:
@@ -155,11 +162,13 @@ class ModelRunner:
         """``step(params, batch)``'s one number per row, batch by batch (the padding rows
         of the last batch dropped)."""
         out = []
-        for start in range(0, len(rows), self.settings.batch_size):
-            batch, count = self._global(rows, start)
-            with self.context():
-                values = step(params, batch)
-            out.append(np.asarray(jax.device_get(values))[:count])
+        with self._meter("scoring", rows) as meter:
+            for start in range(0, len(rows), self.settings.batch_size):
+                batch, count = self._global(rows, start)
+                with self.context():
+                    values = step(params, batch)
+                out.append(np.asarray(jax.device_get(values))[:count])
+                meter.advance(count)
         return np.concatenate(out) if out else np.zeros((0,), np.float32)
 
     def score_rows(self, params, rows: Sequence[dict]) -> np.ndarray:
@@ -178,12 +187,14 @@ class ModelRunner:
         """``(summed log-likelihoods, is_greedy)`` of each row's weighted targets (the
         lm-evaluation-harness backend's ``loglikelihood``)."""
         scores, greedy = [], []
-        for start in range(0, len(rows), self.settings.batch_size):
-            batch, count = self._global(rows, start)
-            with self.context():
-                out = jax.device_get(self._continuation(params, batch))
-            scores.append(np.asarray(out[0])[:count])
-            greedy.append(np.asarray(out[1])[:count])
+        with self._meter("scoring", rows) as meter:
+            for start in range(0, len(rows), self.settings.batch_size):
+                batch, count = self._global(rows, start)
+                with self.context():
+                    out = jax.device_get(self._continuation(params, batch))
+                scores.append(np.asarray(out[0])[:count])
+                greedy.append(np.asarray(out[1])[:count])
+                meter.advance(count)
         if not scores:
             return np.zeros((0,), np.float32), np.zeros((0,), bool)
         return np.concatenate(scores), np.concatenate(greedy)
@@ -204,12 +215,14 @@ class ModelRunner:
                 predict, in_shardings=(self._param_shardings, self.batch_sharding, None),
                 out_shardings=self._replicated)
         out = []
-        for index, start in enumerate(range(0, len(rows), s.batch_size)):
-            rng = jax.random.fold_in(jax.random.key(s.seed), index)
-            batch, count = self._global(rows, start)
-            with self.context():
-                tokens = self._predict[key](params, batch, rng)
-            out.append(np.asarray(jax.device_get(tokens))[:count])
+        with self._meter("generating", rows) as meter:
+            for index, start in enumerate(range(0, len(rows), s.batch_size)):
+                rng = jax.random.fold_in(jax.random.key(s.seed), index)
+                batch, count = self._global(rows, start)
+                with self.context():
+                    tokens = self._predict[key](params, batch, rng)
+                out.append(np.asarray(jax.device_get(tokens))[:count])
+                meter.advance(count)
         return np.concatenate(out) if out else np.zeros((0, max_decode_length), np.int32)
 
 
@@ -297,6 +310,7 @@ class Evaluator(ModelRunner):
 
     # -- evaluation -----------------------------------------------------------------------
     def evaluate_task(self, params, task) -> TaskResult:
+        self.meter_label = task.name
         examples = self.examples(task)
         mode = self.mode_for(task, examples)
         if mode == "lm_eval":

@@ -44,7 +44,7 @@ from lm_eval.models.utils import (
     postprocess_generated_text,
 )
 
-from t5x_like import cli_flags, int8_weights, param_sources, runs, structures
+from t5x_like import cli_flags, int8_weights, param_sources, progress, runs, structures
 from t5x_like.errors import UserError
 from t5x_like.evaluation import evaluator, few_shot, harness_tasks
 
@@ -151,6 +151,9 @@ class T5xLikeLM(TemplateLM):
             loaded = load(checkpoint, step=None if step is None else int(step),
                           vocabulary=vocabulary, batch_size=size, max_length=int(max_length),
                           seed=int(seed), module=module, weights=weights)
+        # Requests done, rate and ETA when run on its own (harness, lm_eval); training's
+        # harness evaluations have the train line.
+        self.meter = progress.Meter if checkpoint else progress.Silent
         self.loaded = loaded
         self.vocabulary = loaded.vocabulary
         self._max_length = loaded.max_length
@@ -187,16 +190,20 @@ class T5xLikeLM(TemplateLM):
             yield chunk, bucket(max(lengths[i] for i in chunk), limit)
 
     # -- scoring ----------------------------------------------------------------------------
-    def _score(self, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+    def _score(self, pairs: list[tuple[list[int], list[int]]], disable_tqdm: bool = False
+               ) -> list[tuple[float, bool]]:
         """``(log-likelihood, is_greedy)`` of each ``(context, continuation)``."""
         loaded = self.loaded
         out: list[tuple[float, bool]] = [(0.0, False)] * len(pairs)
         inputs = [len(context) + len(continuation) - 1 for context, continuation in pairs]
-        for chunk, width in self._batches(inputs, self.max_length):
-            rows = [few_shot.request_row(*pairs[i], width) for i in chunk]
-            scores, greedy = loaded.runner.continuation_rows(loaded.params, rows)
-            for i, score, is_greedy in zip(chunk, scores, greedy, strict=True):
-                out[i] = (float(score), bool(is_greedy))
+        meter = progress.Silent if disable_tqdm else self.meter
+        with meter(f"{NAME} loglikelihood", len(pairs), "requests") as shown:
+            for chunk, width in self._batches(inputs, self.max_length):
+                rows = [few_shot.request_row(*pairs[i], width) for i in chunk]
+                scores, greedy = loaded.runner.continuation_rows(loaded.params, rows)
+                for i, score, is_greedy in zip(chunk, scores, greedy, strict=True):
+                    out[i] = (float(score), bool(is_greedy))
+                shown.advance(len(chunk))
         return out
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs):
@@ -205,7 +212,7 @@ class T5xLikeLM(TemplateLM):
                 raise UserError(f"A continuation of {len(continuation_tokens)} tokens does not "
                                 f"fit max_length={self.max_length}; raise max_length in "
                                 f"model_args (continuation {continuation[:40]!r}).")
-        results = self._score([(list(c), list(k)) for _, c, k in requests])
+        results = self._score([(list(c), list(k)) for _, c, k in requests], disable_tqdm)
         for (pair, _, _), result in zip(requests, results, strict=True):
             self.cache_hook.add_partial("loglikelihood", pair, result)
         return results
@@ -220,7 +227,7 @@ class T5xLikeLM(TemplateLM):
                 windows.append(window)
                 owners.append(index)
         totals = [0.0] * len(requests)
-        for owner, (score, _) in zip(owners, self._score(windows), strict=True):
+        for owner, (score, _) in zip(owners, self._score(windows, disable_tqdm), strict=True):
             totals[owner] += score
         for req, total in zip(requests, totals, strict=True):
             self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
@@ -234,15 +241,17 @@ class T5xLikeLM(TemplateLM):
             groups.setdefault(json.dumps(req.args[1], sort_keys=True, default=str), []).append(
                 index)
         out = [""] * len(requests)
-        for indices in groups.values():
-            texts = self._generate([requests[i].args[0] for i in indices],
-                                   requests[indices[0]].args[1])
-            for i, text in zip(indices, texts, strict=True):
-                out[i] = text
-                self.cache_hook.add_partial("generate_until", requests[i].args, text)
+        meter = progress.Silent if disable_tqdm else self.meter
+        with meter(f"{NAME} generate_until", len(requests), "requests") as shown:
+            for indices in groups.values():
+                texts = self._generate([requests[i].args[0] for i in indices],
+                                       requests[indices[0]].args[1], shown)
+                for i, text in zip(indices, texts, strict=True):
+                    out[i] = text
+                    self.cache_hook.add_partial("generate_until", requests[i].args, text)
         return out
 
-    def _generate(self, contexts: list[str], gen_kwargs: dict) -> list[str]:
+    def _generate(self, contexts: list[str], gen_kwargs: dict, shown) -> list[str]:
         kwargs = normalize_gen_kwargs(gen_kwargs, self.max_gen_toks)
         until = handle_stop_sequences(kwargs.pop("until", None),
                                       eos=self.tok_decode([self.eot_token_id]) or None)
@@ -266,6 +275,7 @@ class T5xLikeLM(TemplateLM):
             for i, row in zip(chunk, tokens, strict=True):
                 texts[i] = postprocess_generated_text(self.tok_decode(self._until_eos(row)),
                                                       stop=until, think_end_token=None)
+            shown.advance(len(chunk))
         return texts
 
     def _until_eos(self, tokens) -> list[int]:

@@ -40,7 +40,7 @@ import time
 import jax
 import numpy as np
 
-from t5x_like import config, flops, runs, structures, trainer
+from t5x_like import config, flops, progress, runs, structures, trainer
 from t5x_like.config import model_spec_of
 from t5x_like.errors import UserError
 
@@ -255,7 +255,8 @@ def run_sweep(config_path: str, overrides: list[str], output_dir: str, budgets, 
             spent += seconds
             remaining -= point.flops
             eta = spent / done_flops * remaining
-            log(f"{head}: loss {loss:.4f} in {_duration(seconds)}; ETA {_duration(eta)}")
+            log(f"{head}: loss {loss:.4f} in {_duration(seconds)} at "
+                f"{progress.amount(done_flops / spent)}FLOP/s; ETA {_duration(eta)}")
         else:
             log(f"{head}: loss {loss:.4f} (finished before, skipped)")
         rows.append(dict(budget=point.budget, params=point.params,

@@ -1,0 +1,117 @@
+"""``t5x_like.progress``: done of total, a rate that leaves out the first step's compile,
+an ETA; redrawn in place on a terminal, one line per interval elsewhere. And the long
+commands show it: ``eval``, ``convert import``, ``cache_tasks``, the harness model."""
+
+import io
+import itertools
+
+import numpy as np
+import pytest
+
+from t5x_like import progress
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+class Clock:
+    """A clock the test sets: ``clock.now = 10``."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_off_a_terminal_one_line_per_interval_with_rate_and_eta():
+    stream, clock = io.StringIO(), Clock()
+    meter = progress.Meter("task scoring", 100, "rows", stream=stream, interval_s=30,
+                           clock=clock)
+    # advances at 10 s (the first: compile included), 20, 40, 70; closed at 80
+    for clock.now, n in ((10, 10), (20, 10), (40, 20), (70, 30)):
+        meter.advance(n)
+    clock.now = 80
+    meter.close()
+    lines = stream.getvalue().splitlines()
+    # 40 and 70 are 30 s after the last line; the rate counts from the first advance:
+    # (40 - 10) rows in 30 s = 1/s at 40 s, 60 rows left -> ETA 01:00.
+    assert lines == ["task scoring: 40/100 rows (40%), 1 rows/s, ETA 01:00",
+                     "task scoring: 70/100 rows (70%), 1 rows/s, ETA 00:30",
+                     "task scoring: 70 rows in 01:20 (0.88 rows/s)"]
+    assert "\r" not in stream.getvalue()
+
+
+def test_short_work_off_a_terminal_prints_nothing():
+    stream, clock = io.StringIO(), Clock()
+    with progress.Meter("quick", 4, stream=stream, interval_s=30, clock=clock) as meter:
+        for clock.now in (1, 2):
+            meter.advance(2)
+        clock.now = 3
+    assert stream.getvalue() == ""
+
+
+def test_on_a_terminal_the_line_is_redrawn_in_place_and_ended():
+    stream, clock = Terminal(), Clock()
+    meter = progress.Meter("reading", 4e9, "B", stream=stream, from_first_advance=False,
+                           clock=clock)
+    for clock.now in (1, 2):
+        meter.advance(1e9)
+    clock.now = 3
+    meter.close()
+    text = stream.getvalue()
+    assert text.startswith("\rreading: 1.0G/4.0G B (25%), 1.0G B/s, ETA 00:03\x1b[K")
+    assert "\rreading: 2.0G/4.0G B (50%), 1.0G B/s, ETA 00:02\x1b[K" in text
+    assert text.endswith("\rreading: 2.0G B in 00:03 (666.7M B/s)\x1b[K\n")
+
+
+def test_the_interval_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("T5XL_PROGRESS_INTERVAL_S", "0")
+    assert progress.Meter("x", 1, stream=io.StringIO()).interval_s == 0.0
+
+
+def test_amounts_and_durations_read_at_a_glance():
+    assert [progress.amount(v) for v in (7, 0.5, 12_300, 4.5e6, 1.25e12)] == [
+        "7", "0.50", "12.3k", "4.5M", "1.2T"]
+    assert [progress.duration(s) for s in (59, 61, 3723, float("nan"))] == [
+        "00:59", "01:01", "1:02:03", "--:--"]
+
+
+def test_convert_import_shows_the_bytes_read(tmp_path, monkeypatch, capsys):
+    from t5x_like.convert import hf_io
+    monkeypatch.setenv("T5XL_PROGRESS_INTERVAL_S", "0")
+    weights = {"a": np.ones((4, 4), np.float32), "b": np.zeros((8,), np.float32)}
+    hf_io.write_folder(tmp_path / "hf", {"model_type": "x"}, weights)
+    read = hf_io.read_weights(tmp_path / "hf")
+    assert sorted(read) == ["a", "b"]
+    err = capsys.readouterr().err.splitlines()
+    size = (tmp_path / "hf" / "model.safetensors").stat().st_size
+    assert err[0].startswith(f"reading hf: {size}/{size} B (100%), ")
+    assert err[-1].startswith(f"reading hf: {size} B in 00:00")
+
+
+@pytest.mark.parametrize("on_terminal", [False, True])
+def test_cache_tasks_counts_the_shards_as_they_appear(tmp_path, on_terminal, monkeypatch):
+    from t5x_like import cache_tasks
+
+    class Unit:
+        def __init__(self, task, name):
+            self.task, self.shard_name = task, name
+    stream = Terminal() if on_terminal else io.StringIO()
+    monkeypatch.setattr("sys.stderr", stream)
+    monkeypatch.setenv("T5XL_PROGRESS_INTERVAL_S", "0")
+    units = [Unit("t", f"train-{i}.array_record") for i in range(3)]
+    with cache_tasks.ShardsWritten(str(tmp_path), units, interval_s=0.01) as watch:
+        (tmp_path / "t").mkdir()
+        for unit in units[:2]:
+            (tmp_path / "t" / unit.shard_name).write_text("x")
+        (tmp_path / "t" / "train-2.array_record.tmp-1").write_text("partial")
+        for _ in itertools.takewhile(lambda _: watch.written() < 2, itertools.count()):
+            pass
+    text = stream.getvalue()
+    if on_terminal:  # redrawn at most every 0.2 s, then ended with the count
+        assert "\rcache_tasks: 2 shards in 00:00" in text and text.endswith("\n")
+    else:  # every interval (0 here): one line per count seen
+        assert "cache_tasks: 2/3 shards (67%)" in text and "\r" not in text
