@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import t5x_like.data as td
+from t5x_like import errors
 from t5x_like.builtin_tasks import pretraining as tasks
 from t5x_like.data import pipeline
 from t5x_like.data.parquet import ParquetRows
@@ -198,5 +199,53 @@ def test_a_saved_dataset_without_the_column_or_with_a_null_is_named(saved):
     rows = td.HfDatasetSource(str(saved / "nulls"), "content", holdout_every=0).get("train")
     with pytest.raises(ValueError, match=r"nulls row 1: column 'content' is null"):
         rows[1]
-    with pytest.raises(ValueError, match="not a folder `save_to_disk` wrote"):
+    with pytest.raises(errors.MissingFile, match=r"absent does not exist; give HfDatasetSource "
+                                                 "the folder save_to_disk wrote"):
         td.HfDatasetSource(str(saved / "absent"), "content").get("train")
+    (saved / "empty").mkdir()
+    with pytest.raises(ValueError, match="not a folder `save_to_disk` wrote nor a prepared"):
+        td.HfDatasetSource(str(saved / "empty"), "content").get("train")
+
+
+# -- a dataset in the datasets cache ----------------------------------------------------
+
+
+@pytest.fixture
+def cached(tmp_path):
+    """A dataset load_dataset prepared in a cache folder (from local Parquet files: the
+    packaged parquet builder, offline): train in two Arrow shards, validation in one."""
+    import datasets
+    files = {"train": [], "validation": []}
+    for name, part, rows in (("train", 0, 20), ("train", 1, 10), ("validation", 0, 5)):
+        path = tmp_path / f"{name}-{part}.parquet"
+        pq.write_table(pa.table({"content": [f"{name} {part} {i}" for i in range(rows)]}), path)
+        files[name].append(str(path))
+    loaded = datasets.load_dataset("parquet", data_files=files, num_proc=2,
+                                   cache_dir=str(tmp_path / "cache"))
+    assert len(list((tmp_path / "cache").rglob("parquet-train-0000?-of-00002.arrow"))) == 2
+    return tmp_path, loaded
+
+
+def test_a_dataset_in_the_cache_reads_as_datasets_reads_it(cached):
+    root, loaded = cached
+    by_name = td.HfDatasetSource("parquet", "content", cache_dir=str(root / "cache"))
+    assert by_name.splits == ("train", "validation")
+    for split in SPLITS:
+        assert [r["text"] for r in by_name.get(split)] == loaded[split]["content"]
+    folder, = (root / "cache" / "parquet").glob("*/*/*/dataset_info.json")
+    by_folder = td.HfDatasetSource(str(folder.parent), "content")
+    assert list(by_folder.get("train")) == list(by_name.get("train"))
+    assert_task_resumes_exactly("hf_cache_lm_test", by_name, 8, 2, 2, 5)
+
+
+def test_a_name_not_in_the_cache_lists_what_is_there(cached):
+    root, _ = cached
+    with pytest.raises(errors.MissingFile, match=r"'HuggingFaceFW/fineweb' is neither a folder "
+                                                 r"nor a dataset in the datasets cache .* \(it "
+                                                 r"holds: parquet\); load it once"):
+        td.HfDatasetSource("HuggingFaceFW/fineweb", "text", cache_dir=str(root / "cache")).get("train")
+    config = next((root / "cache" / "parquet").iterdir()).name
+    with pytest.raises(ValueError, match=rf"parquet: the cache holds config\(s\) {config}; "
+                                         r"set HfDatasetSource's config to one of them \(not "
+                                         r"'en'\)"):
+        td.HfDatasetSource("parquet", "content", config="en", cache_dir=str(root / "cache")).get("train")
