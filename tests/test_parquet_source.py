@@ -147,6 +147,9 @@ def test_a_missing_column_names_the_file_and_a_null_names_the_row(corpus):
         rows[1]
     with pytest.raises(ValueError, match="give a column name or a mapping"):
         td.ParquetSource(str(corpus / "nulls.parquet"), {})
+    with pytest.raises(errors.MissingFile, match=r"No file matches '.*absent-\*\.parquet'\. "
+                                                 r"Check the path"):
+        td.ParquetSource(str(corpus / "absent-*.parquet"), "content").get("train")
 
 
 # -- a Hugging Face datasets folder -----------------------------------------------------

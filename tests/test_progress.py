@@ -4,6 +4,7 @@ commands show it: ``eval``, ``convert import``, ``cache_tasks``, the harness mod
 
 import io
 import itertools
+import json
 
 import numpy as np
 import pytest
@@ -79,17 +80,32 @@ def test_amounts_and_durations_read_at_a_glance():
         "00:59", "01:01", "1:02:03", "--:--"]
 
 
-def test_convert_import_shows_the_bytes_read(tmp_path, monkeypatch, capsys):
+def test_convert_shows_the_bytes_written_and_read_shard_by_shard(tmp_path, monkeypatch, capsys):
+    """Export writes shards as save_pretrained does past its shard size (here 100 bytes),
+    import reads them back through the index; each shows its bytes as it goes."""
+    from safetensors.numpy import load_file
+
     from t5x_like.convert import hf_io
     monkeypatch.setenv("T5XL_PROGRESS_INTERVAL_S", "0")
-    weights = {"a": np.ones((4, 4), np.float32), "b": np.zeros((8,), np.float32)}
-    hf_io.write_folder(tmp_path / "hf", {"model_type": "x"}, weights)
+    weights = {"a": np.ones((4, 4), np.float32), "b": np.arange(8, dtype=np.float32),
+               "c": np.full((10,), 2, np.float32)}
+    hf_io.write_folder(tmp_path / "hf", {"model_type": "x"}, weights, max_shard_bytes=100)
+    index = json.loads((tmp_path / "hf" / "model.safetensors.index.json").read_text())
+    assert index == {"metadata": {"total_size": 136},  # 64 + 32 + 40 bytes
+                     "weight_map": {"a": "model-00001-of-00002.safetensors",
+                                    "b": "model-00001-of-00002.safetensors",
+                                    "c": "model-00002-of-00002.safetensors"}}
+    assert sorted(load_file(str(tmp_path / "hf" / "model-00002-of-00002.safetensors"))) == ["c"]
     read = hf_io.read_weights(tmp_path / "hf")
-    assert sorted(read) == ["a", "b"]
+    assert all(np.array_equal(read[k], weights[k]) for k in weights) and len(read) == 3
     err = capsys.readouterr().err.splitlines()
-    size = (tmp_path / "hf" / "model.safetensors").stat().st_size
-    assert err[0].startswith(f"reading hf: {size}/{size} B (100%), ")
-    assert err[-1].startswith(f"reading hf: {size} B in 00:00")
+    assert err[:2] == [line for line in err if line.startswith("writing hf: ")][:2]
+    assert err[0].startswith("writing hf: 96/136 B (71%), ")
+    assert err[1].startswith("writing hf: 136/136 B (100%), ")
+    sizes = [(tmp_path / "hf" / f"model-0000{i}-of-00002.safetensors").stat().st_size
+             for i in (1, 2)]
+    assert any(line.startswith(f"reading hf: {sizes[0]}/{sum(sizes)} B (") for line in err)
+    assert err[-1].startswith(f"reading hf: {sum(sizes)} B in 00:00")
 
 
 @pytest.mark.parametrize("on_terminal", [False, True])

@@ -92,10 +92,35 @@ def read_weights(folder: str | pathlib.Path) -> dict[str, np.ndarray]:
     return weights
 
 
-def write_folder(folder: str | pathlib.Path, config: dict, weights: dict[str, np.ndarray]) -> None:
+MAX_SHARD_BYTES = 5 * 2**30  # save_pretrained's default max_shard_size, "5GB"
+
+
+def write_folder(folder: str | pathlib.Path, config: dict, weights: dict[str, np.ndarray],
+                 max_shard_bytes: int = MAX_SHARD_BYTES) -> None:
+    """``model.safetensors`` and ``config.json``; past ``max_shard_bytes``, shards
+    ``model-0000i-of-0000n.safetensors`` with their ``model.safetensors.index.json``, as
+    ``save_pretrained`` writes them (tensors in order, a shard closed before it would
+    pass the limit), with the bytes written shown as they go."""
     folder = pathlib.Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    _safetensors_numpy().save_file(
-        {k: np.ascontiguousarray(v) for k, v in weights.items()}, str(folder / "model.safetensors"),
-        metadata={"format": "pt"})
+    shards, size = [[]], 0
+    for name, value in weights.items():
+        if shards[-1] and size + value.nbytes > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += value.nbytes
+    names = (["model.safetensors"] if len(shards) == 1 else
+             [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
+    total = sum(v.nbytes for v in weights.values())
+    with progress.Meter(f"writing {folder.name}", total, "B", from_first_advance=False) as meter:
+        for file, keys in zip(names, shards, strict=True):
+            _safetensors_numpy().save_file({k: np.ascontiguousarray(weights[k]) for k in keys},
+                                           str(folder / file), metadata={"format": "pt"})
+            meter.advance(sum(weights[k].nbytes for k in keys))
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": total},
+                 "weight_map": {k: file for file, keys in zip(names, shards, strict=True)
+                                for k in keys}}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
