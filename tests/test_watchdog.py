@@ -108,7 +108,12 @@ def _check_hang(tmp_path, workdir, result, ended: float, process_count: int, slo
     trip_s = ended - blocked_at
     print(f"watchdog tripped {trip_s:.1f} s after the data source blocked "
           f"(hang_timeout_s={HANG_TIMEOUT_S}, {process_count} process(es))")
-    assert HANG_TIMEOUT_S <= trip_s < HANG_TIMEOUT_S + BOUND_S
+    # One process: nothing finished for hang_timeout_s after its source blocked. Two: the
+    # other process waits in the step's collective from when it got there, which on a
+    # loaded machine can be seconds before the slow one's source blocks, so its watchdog
+    # may trip sooner after the block (measured 1.4 s once in a full suite run).
+    earliest = HANG_TIMEOUT_S if process_count == 1 else 0
+    assert earliest <= trip_s < HANG_TIMEOUT_S + BOUND_S
     [folder] = (workdir / "hangs").iterdir()
     for i in range(process_count):
         assert "Thread" in (folder / f"process_{i}.txt").read_text()
