@@ -7,7 +7,8 @@ runs: their ids are kept in ``WORKDIR/trackers.json`` (W&B's ``resume="allow"`` 
 same id; MLflow logs on into the same run). Only process 0 tracks.
 
 W&B and MLflow are optional extras (``wandb``, ``mlflow``); a run that names one that is
-not installed is refused before anything runs (``check_installed``).
+not installed, or W&B online without an API key, is refused before anything runs
+(``check_ready``).
 """
 
 from __future__ import annotations
@@ -31,14 +32,32 @@ MLFLOW_PARAM_LENGTH = 6000  # MLflow refuses longer parameter values
 MLFLOW_BATCH = 100  # params per log_batch call
 
 
-def check_installed(trackers) -> None:
-    """Refuses, before anything runs, a tracker whose library is missing."""
+def check_ready(trackers, tracking) -> None:
+    """Refuses, before anything runs, a tracker whose library is missing, and W&B online
+    without an API key (it would stop the run after the restore, asking for a login)."""
     for name in trackers:
         module, extra = LIBRARIES[name]
         if importlib.util.find_spec(module) is None:
             raise errors.UserError(f"trackers names {name!r}, which needs {module}; install it "
                                    f"({errors.install_hint(extra)}) or leave {name} out of "
                                    "--config.trackers.")
+    mode = tracking.wandb_mode or os.environ.get("WANDB_MODE", "online")
+    if "wandb" in trackers and mode not in ("offline", "disabled", "dryrun") and not _wandb_key():
+        raise errors.UserError("trackers names 'wandb' online and no W&B API key is set; run "
+                               "`wandb login` or set WANDB_API_KEY, or log offline with "
+                               "--config.tracking.wandb_mode=offline (then `wandb sync`).")
+
+
+def _wandb_key() -> bool:
+    """An API key where W&B looks: WANDB_API_KEY, or its host in ~/.netrc (``wandb login``)."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    import netrc
+    host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("//")[-1].split("/")[0]
+    try:
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
 
 
 def flat_params(tree: Mapping, prefix: str = "") -> dict[str, str]:

@@ -86,7 +86,7 @@ def resolve_training(run_config, workdir: str, devices=None, process_count: int 
     cli_flags.check_writable_folder(workdir)
     process_count = jax.process_count() if process_count is None else process_count
     _check_local_dir(spec)
-    trackers.check_installed(spec.trackers)
+    trackers.check_ready(spec.trackers, spec.tracking)
     asked = _config_vocabulary(spec)
     vocabulary = asked or get_task_or_mixture(spec.task).vocabulary
     runs.check_model_fits_vocabulary(spec, vocabulary)

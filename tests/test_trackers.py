@@ -130,10 +130,27 @@ def test_a_missing_tracker_library_is_refused_naming_the_extra(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "wandb" else real(name, *a))
+    offline = TrackingSpec(wandb_mode="offline")
     with pytest.raises(errors.UserError, match=r"trackers names 'wandb', which needs wandb; "
                                                r"install it \(pip install .*wandb"):
-        trackers.check_installed(("tensorboard", "wandb"))
-    trackers.check_installed(("tensorboard", "mlflow"))
+        trackers.check_ready(("tensorboard", "wandb"), offline)
+    trackers.check_ready(("tensorboard", "mlflow"), offline)
+
+
+def test_wandb_online_without_a_key_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))  # none there
+    with pytest.raises(errors.UserError, match=r"no W&B API key is set; run `wandb login` or "
+                                               r"set WANDB_API_KEY, or log offline"):
+        trackers.check_ready(("wandb",), TrackingSpec())
+    trackers.check_ready(("wandb",), TrackingSpec(wandb_mode="offline"))
+    (tmp_path / "netrc").write_text("machine api.wandb.ai\n  login user\n  password k3y\n")
+    (tmp_path / "netrc").chmod(0o600)
+    trackers.check_ready(("wandb",), TrackingSpec())  # what `wandb login` writes
+    monkeypatch.setenv("NETRC", str(tmp_path / "none"))
+    monkeypatch.setenv("WANDB_API_KEY", "k3y")
+    trackers.check_ready(("wandb",), TrackingSpec())
 
 
 def test_an_unknown_tracker_is_a_config_error():
