@@ -179,7 +179,10 @@ class Loop:
             self.rollout_metrics = rollout.metrics
             local = rollout.batch
         else:
-            self.holding.watchdog.doing("reading the batch of step", self.step + 1)
+            # The first batch starts the input streams (files opened, workers started).
+            self.holding.watchdog.doing("reading the batch of step", self.step + 1,
+                                        watchdog.COMPILE_PATIENCE
+                                        if self.step == self.start_step else 1.0)
             with self.holding.goodput.timed("data"):
                 local = next(self.train_batches)
         return partitioning.global_batch(local, self.mesh, self.trainer.rules)

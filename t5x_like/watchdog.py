@@ -2,7 +2,8 @@
 stacks written down, and the run exits :data:`HANG_EXIT_CODE` so the scheduler restarts it.
 
 A thread per process watches for progress (``done``: a train step, an evaluation, a
-checkpoint save). When none has finished for ``hang_timeout_s`` (the first step, which compiles:
+checkpoint save). When none has finished for ``hang_timeout_s`` (the first step, which compiles
+and starts the input streams, from the end of set-up on:
 :data:`COMPILE_PATIENCE` times that) it
 
 1. writes the stacks of all this process's threads (``faulthandler``) to
@@ -83,8 +84,10 @@ class HangWatchdog:
         # How long a process that fired waits for the others' files.
         self.grace_s = grace_s if grace_s is not None else min(60.0, max(10.0, timeout_s / 4))
         self.last_done = ("set-up", None)
+        # Until the first step's own phases: the rest of start-up (the input streams'
+        # first reads, evaluators) has the first step's patience.
         self.doing_now = ("the first step", None)
-        self.patience = 1.0
+        self.patience = COMPILE_PATIENCE
         self.last_time, self._wall = time.monotonic(), time.time()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
