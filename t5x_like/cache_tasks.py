@@ -301,8 +301,9 @@ class ShardsWritten:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
-        if exc[0] is None and self.written() > self._meter.done:
-            self._meter.advance(self.written() - self._meter.done)
+        written = self.written() if exc[0] is None else 0
+        if written > self._meter.done:
+            self._meter.advance(written - self._meter.done)
         self._meter.close()
 
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TextIO
 
-from t5x_like import storage, trackers
+from t5x_like import progress, storage, trackers
 from t5x_like.config.run import TrackingSpec
 
 
@@ -48,13 +48,6 @@ class MetricsWriter:
                 tracker.close(failed)
 
 
-def _format_duration(seconds: float) -> str:
-    seconds = int(max(seconds, 0))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:02d}:{secs:02d}"
-
-
 class Progress:
     """A one-line progress bar on a terminal, plain log lines elsewhere (CI, files)."""
 
@@ -82,7 +75,7 @@ class Progress:
         if not self.enabled:
             return
         eta = self.eta_seconds(step)
-        eta_text = "--:--" if eta != eta else _format_duration(eta)
+        eta_text = progress.duration(eta)  # --:-- while unknown
         fields = f"loss {metrics['loss']:.3f}"
         if "accuracy" in metrics:
             fields += f"  acc {metrics['accuracy']:.3f}"

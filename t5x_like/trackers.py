@@ -41,8 +41,8 @@ def check_ready(trackers, tracking) -> None:
             raise errors.UserError(f"trackers names {name!r}, which needs {module}; install it "
                                    f"({errors.install_hint(extra)}) or leave {name} out of "
                                    "--config.trackers.")
-    mode = tracking.wandb_mode or os.environ.get("WANDB_MODE", "online")
-    if "wandb" in trackers and mode not in ("offline", "disabled", "dryrun") and not _wandb_key():
+    if ("wandb" in trackers and wandb_mode(tracking) not in ("offline", "disabled", "dryrun")
+            and not _wandb_key()):
         raise errors.UserError("trackers names 'wandb' online and no W&B API key is set; run "
                                "`wandb login` or set WANDB_API_KEY, or log offline with "
                                "--config.tracking.wandb_mode=offline (then `wandb sync`).")
@@ -72,6 +72,16 @@ def flat_params(tree: Mapping, prefix: str = "") -> dict[str, str]:
     return out
 
 
+def project(tracking) -> str:
+    """The W&B project and the MLflow experiment."""
+    return tracking.project or "t5x_like"
+
+
+def wandb_mode(tracking) -> str:
+    """The config's W&B mode, else WANDB_MODE, else online."""
+    return tracking.wandb_mode or os.environ.get("WANDB_MODE", "online")
+
+
 def run_name(workdir, tracking) -> str:
     return tracking.name or str(workdir).rstrip("/").rsplit("/", 1)[-1]
 
@@ -80,7 +90,7 @@ def saved_key(name: str, tracking) -> str:
     """Where a tracker's run id is kept in trackers.json: a run continues only in the same
     W&B project or MLflow store (another one starts a run of its own there)."""
     if name == "wandb":
-        return f"wandb {tracking.wandb_entity}/{tracking.project or 't5x_like'}"
+        return f"wandb {tracking.wandb_entity}/{project(tracking)}"
     if name == "mlflow":
         return f"mlflow {tracking.mlflow_uri or os.environ.get('MLFLOW_TRACKING_URI', '')}"
     return name
@@ -113,7 +123,7 @@ class WandbTracker:
         self.run_id = saved_id or "".join(secrets.choice(string.ascii_lowercase + string.digits)
                                            for _ in range(8))
         self._run = wandb.init(
-            project=tracking.project or "t5x_like", entity=tracking.wandb_entity or None,
+            project=project(tracking), entity=tracking.wandb_entity or None,
             name=run_name(workdir, tracking), id=self.run_id, resume="allow",
             mode=tracking.wandb_mode or None,
             dir=None if storage.is_remote(workdir) else os.fspath(local))
@@ -137,10 +147,9 @@ class MlflowTracker:
             self.run_id = saved_id
             self._client.update_run(saved_id, status="RUNNING")
         else:
-            name = tracking.project or "t5x_like"
-            experiment = self._client.get_experiment_by_name(name)
+            experiment = self._client.get_experiment_by_name(project(tracking))
             experiment_id = (experiment.experiment_id if experiment is not None
-                             else self._client.create_experiment(name))
+                             else self._client.create_experiment(project(tracking)))
             self.run_id = self._client.create_run(
                 experiment_id, run_name=run_name(workdir, tracking),
                 tags={"t5x_like.workdir": str(workdir)}).info.run_id
@@ -174,11 +183,15 @@ def mlflow_uri(tracking) -> str:
     return MlflowClient(tracking_uri=tracking.mlflow_uri or None).tracking_uri
 
 
+def _saved_ids(workdir) -> dict[str, str]:
+    """``WORKDIR/trackers.json``: run ids by ``saved_key`` (empty before the first run)."""
+    ids_path = storage.path(workdir) / IDS_FILE
+    return json.loads(ids_path.read_text()) if ids_path.exists() else {}
+
+
 def saved_run_id(workdir, name: str, tracking) -> str:
     """The run id ``name`` logs to in this workdir ("" before its first run)."""
-    ids_path = storage.path(workdir) / IDS_FILE
-    saved = json.loads(ids_path.read_text()) if ids_path.exists() else {}
-    return saved.get(saved_key(name, tracking), "")
+    return _saved_ids(workdir).get(saved_key(name, tracking), "")
 
 
 KINDS = {"tensorboard": TensorBoardTracker, "wandb": WandbTracker, "mlflow": MlflowTracker}
@@ -186,12 +199,11 @@ KINDS = {"tensorboard": TensorBoardTracker, "wandb": WandbTracker, "mlflow": Mlf
 
 def open_trackers(workdir, trackers, tracking, run_config: Mapping) -> list:
     """The trackers ``trackers`` names, continuing the runs this workdir started before."""
-    ids_path = storage.path(workdir) / IDS_FILE
-    saved = json.loads(ids_path.read_text()) if ids_path.exists() else {}
+    saved = _saved_ids(workdir)
     keys = [saved_key(name, tracking) for name in trackers]
     opened = [KINDS[name](workdir, tracking, run_config, saved.get(key, ""))
               for name, key in zip(trackers, keys, strict=True)]
     ids = dict(saved) | {key: t.run_id for key, t in zip(keys, opened, strict=True) if t.run_id}
     if ids != saved:
-        storage.write_atomic(ids_path, json.dumps(ids, indent=1))
+        storage.write_atomic(storage.path(workdir) / IDS_FILE, json.dumps(ids, indent=1))
     return opened

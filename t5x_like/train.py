@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 import shlex
 import sys
 
@@ -101,14 +100,14 @@ def _tracker_lines(workdir, spec) -> list[str]:
     lines = []
     if "wandb" in spec.trackers:
         run_id = trackers.saved_run_id(workdir, "wandb", spec.tracking)
-        offline = spec.tracking.wandb_mode == "offline" or os.environ.get("WANDB_MODE") == "offline"
         where = (f"offline, upload with: wandb sync {workdir / 'wandb'}/offline-run-*-{run_id}"
-                 if offline else f"project {spec.tracking.project or 't5x_like'}")
+                 if trackers.wandb_mode(spec.tracking) == "offline"
+                 else f"project {trackers.project(spec.tracking)}")
         lines.append(f"  W&B run           {run_id} ({where})")
     if "mlflow" in spec.trackers:
         run_id = trackers.saved_run_id(workdir, "mlflow", spec.tracking)
         lines.append(f"  MLflow run        {run_id} (experiment "
-                     f"{spec.tracking.project or 't5x_like'}, {trackers.mlflow_uri(spec.tracking)})")
+                     f"{trackers.project(spec.tracking)}, {trackers.mlflow_uri(spec.tracking)})")
     return lines
 
 
