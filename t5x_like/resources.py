@@ -66,7 +66,10 @@ def config_names() -> list[str]:
 def config_file(name: str) -> pathlib.Path | None:
     """The file of packaged config ``name`` (``quickstart``, ``pretrain/t5_tiny``), or None."""
     folder = configs_dir()
-    if folder is None or name.endswith(".py") or name.startswith(("/", ".")):
+    parts = pathlib.PurePosixPath(name).parts
+    # Not a path out of the folder, nor a helper module (_bases): what config_names lists.
+    if (folder is None or name.endswith(".py") or name.startswith("/")
+            or any(part.startswith(("_", ".")) for part in parts)):
         return None
     file = folder / f"{name}.py"
-    return file if file.is_file() and name in config_names() else None
+    return file if file.is_file() else None
