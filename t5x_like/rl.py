@@ -18,12 +18,18 @@ One step, in ``Rollouts.next``:
    weighted and summed;
 4. advantages normalised within each prompt's group (``objectives.preference.
    group_advantages``), and the rows: the start id, the prompt, the completion up to
-   and with its EOS.
+   and with its EOS;
+5. with ``rl.iterations`` > 1, the sampling policy's log-probability of each row's next
+   tokens (``old_log_probs``), jitted on the mesh with the params that sampled the
+   completions: the batch serves ``rl.iterations`` updates (the loop reuses it,
+   ``train_loop.Loop``), and every one of them reads its ratio against these.
 
 What it logs beside the update's metrics: the mean reward and each reward's mean, the
 share of groups whose rewards are all equal (no signal), the completions' mean length,
 and the rollout's time and tokens per second (goodput books the rollout apart from the
-update).
+update). A batch reused for a later update logs only ``REUSED_METRICS`` of these: the
+rollout happened once, so its reward and time are logged once, on the step that
+sampled it.
 """
 
 from __future__ import annotations
@@ -37,13 +43,24 @@ import numpy as np
 
 from t5x_like.errors import UserError
 
+# What of a rollout's metrics the later updates of its batch log again: properties of
+# the batch the update reads, not of the sampling. The divergence rules read
+# ``groups_without_signal`` on every step (a batch without signal gives every one of its
+# updates a zero gradient).
+REUSED_METRICS = ("groups_without_signal",)
+
 
 @dataclasses.dataclass
 class Rollout:
-    """One step's rows (process-local numpy) and what it logs."""
+    """One rollout's rows (process-local numpy) and what its sampling step logs."""
 
     batch: dict
     metrics: dict
+
+    @property
+    def reused_metrics(self) -> dict:
+        """What a later update of this batch logs (``REUSED_METRICS``)."""
+        return {key: self.metrics[key] for key in REUSED_METRICS}
 
 
 def reward_functions(spec):
@@ -112,6 +129,8 @@ class Rollouts:
         self.rewards = reward_functions(spec)
         self.eos_id = int(getattr(structure.model.config, "eos_id", 1))
         self._sample = jax.jit(self._sample_fn, static_argnames=("greedy",))
+        self._log_probs = (jax.jit(self._log_probs_fn)
+                           if structure.keeps_old_log_probs else None)
         self._reward_model = self._load_reward_model() if spec.rl.reward_model else None
         self.last_rewards: dict[str, np.ndarray] = {}  # score's values per reward, and "reward"
 
@@ -139,6 +158,22 @@ class Rollouts:
             completions = self._sample(params, placed["tokens"], placed["lengths"], rng,
                                        greedy=greedy)
         return prompts, lengths, _local_rows(completions, prompts.shape[0])
+
+    def _log_probs_fn(self, params, tokens):
+        # The trainer's model: the one the update's loss reads (quantized training's too),
+        # so the first update of a batch has a ratio of 1.
+        return self.structure.token_log_probs(self.trainer.model, params, tokens)
+
+    def old_log_probs(self, params, tokens) -> np.ndarray:
+        """``[n, width - 1]``: each next token's log-probability under ``params`` (the
+        policy that sampled ``tokens``, this process's rollout rows) at the sampling
+        temperature, computed on the mesh as the update computes its own."""
+        from t5x_like import partitioning
+        placed = partitioning.global_batch({"tokens": tokens}, self.trainer.mesh,
+                                           self.trainer.rules)
+        with self.trainer._context():
+            values = self._log_probs(params, placed["tokens"])
+        return _local_rows(values, tokens.shape[0]).astype(np.float32)
 
     # -- texts and rewards ------------------------------------------------------------------
     def _texts(self, tokens) -> str:
@@ -221,7 +256,8 @@ class Rollouts:
 
     # -- a step -----------------------------------------------------------------------------
     def next(self, params, step: int) -> Rollout:
-        """The rollout rows of the step after ``step`` (see the module docstring)."""
+        """The rollout rows of the step after ``step``, sampled with ``params`` (see the
+        module docstring)."""
         from t5x_like.objectives.preference import group_advantages
         began = time.monotonic()
         rows = next(self.prompt_batches)
@@ -233,6 +269,9 @@ class Rollouts:
         advantages = np.asarray(group_advantages(jnp.asarray(rewards), self.group,
                                                  self.spec.rl.scale_rewards), np.float32)
         tokens, _, weights = self.rows(prompts, lengths, completions)
+        batch = {"tokens": tokens, "completion_loss_weights": weights, "advantages": advantages}
+        if self._log_probs is not None:
+            batch["old_log_probs"] = self.old_log_probs(params, tokens)
         grouped = rewards.reshape(-1, self.group)
         seconds = time.monotonic() - began
         completion_tokens = float(weights.sum())
@@ -242,8 +281,7 @@ class Rollouts:
                    "completion_length": completion_tokens / len(rewards),
                    "rollout_seconds": seconds,
                    "rollout_tokens_per_sec": completion_tokens / max(seconds, 1e-9)}
-        return Rollout({"tokens": tokens, "completion_loss_weights": weights,
-                        "advantages": advantages}, metrics)
+        return Rollout(batch, metrics)
 
     # -- evaluation -------------------------------------------------------------------------
     def evaluate(self, params, batches, num_batches: int, samples: int = 1,

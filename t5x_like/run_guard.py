@@ -265,9 +265,15 @@ def where_the_next_run_starts(checkpointer) -> str:
 
 def interval_record(fetched: list[dict]) -> dict:
     """Means over the steps since the last log; skipped (non-finite) steps are left out
-    of the means and counted in ``skipped_updates``."""
+    of the means and counted in ``skipped_updates``. A key some steps lack (a rollout's
+    reward, logged by the step that sampled it and not by the later updates of its
+    batch) is the mean over the steps that have it."""
     kept = [m for m in fetched if not m.get("skipped_updates", 0.0)] or fetched
-    record = {key: float(np.mean([m[key] for m in kept])) for key in fetched[0]}
+    keys = dict.fromkeys(key for m in fetched for key in m)
+    record = {}
+    for key in keys:
+        values = [m[key] for m in kept if key in m] or [m[key] for m in fetched if key in m]
+        record[key] = float(np.mean(values))
     if "skipped_updates" in fetched[0]:
         record["skipped_updates"] = float(sum(m["skipped_updates"] for m in fetched))
     record["learning_rate"] = float(fetched[-1]["learning_rate"])

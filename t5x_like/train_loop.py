@@ -75,7 +75,10 @@ class Loop:
         self.rollouts = (rl.Rollouts(self.spec, self.trainer, self.trainer_structure(),
                                      resolved.vocabulary, self.train_batches)
                          if self.spec.rl.algorithm else None)
-        self.rollout_metrics = {}
+        self.rollout_metrics, self.rollout, self.rollout_batch = {}, None, None
+        # Steps between rollouts (rl.iterations): a stop (preemption) waits for the end of
+        # the current rollout batch's updates, as checkpoints do (config checks).
+        self.updates_per_batch = self.spec.rl.iterations if self.rollouts is not None else 1
         self.evaluators = in_training.build(self.spec, resolved.evaluators, in_training.Context(
             self.spec, self.trainer, resolved.asked_vocabulary, self._streams("validation"),
             self.host_batches, resolved.num_streams, progress))
@@ -92,6 +95,7 @@ class Loop:
                                         self.spec.logging.peak_flops_per_device)
         self.stability = run_guard.StabilityChecks(self.spec, self.checkpointer)
         self.last_train, self.last_eval, self.pending, self.preempted = {}, {}, [], False
+        self.stop_agreed = False  # a SIGTERM the processes agreed on, waiting for a boundary
         self.interval_start, self.interval_steps = time.monotonic(), 0
 
     def trainer_structure(self):
@@ -171,21 +175,32 @@ class Loop:
         """The next global batch (this process's rows of it, sharded over the mesh); in
         online RL the rollouts of the next step's prompts (``rl.Rollouts``)."""
         if self.rollouts is not None:
-            self.holding.watchdog.doing("rollouts of step", self.step + 1,
-                                        watchdog.COMPILE_PATIENCE
-                                        if self.step == self.start_step else 1.0)
-            with self.holding.goodput.timed("rollout"):
-                rollout = self.rollouts.next(self.state.params, self.step)
-            self.rollout_metrics = rollout.metrics
-            local = rollout.batch
-        else:
-            # The first batch starts the input streams (files opened, workers started).
-            self.holding.watchdog.doing("reading the batch of step", self.step + 1,
-                                        watchdog.COMPILE_PATIENCE
-                                        if self.step == self.start_step else 1.0)
-            with self.holding.goodput.timed("data"):
-                local = next(self.train_batches)
+            return self._rollout_batch()
+        # The first batch starts the input streams (files opened, workers started).
+        self.holding.watchdog.doing("reading the batch of step", self.step + 1,
+                                    watchdog.COMPILE_PATIENCE
+                                    if self.step == self.start_step else 1.0)
+        with self.holding.goodput.timed("data"):
+            local = next(self.train_batches)
         return partitioning.global_batch(local, self.mesh, self.trainer.rules)
+
+    def _rollout_batch(self):
+        """A new rollout every ``rl.iterations`` steps (at steps that are multiples of it,
+        and at a run's first step), the same batch for the updates in between (TRL's
+        ``generate_every``); the sampling step logs the rollout's metrics, the others
+        ``Rollout.reused_metrics``."""
+        if self.rollout_batch is not None and self.step % self.updates_per_batch:
+            self.rollout_metrics = self.rollout.reused_metrics
+            return self.rollout_batch
+        self.holding.watchdog.doing("rollouts of step", self.step + 1,
+                                    watchdog.COMPILE_PATIENCE
+                                    if self.step == self.start_step else 1.0)
+        with self.holding.goodput.timed("rollout"):
+            self.rollout = self.rollouts.next(self.state.params, self.step)
+        self.rollout_metrics = self.rollout.metrics
+        self.rollout_batch = partitioning.global_batch(self.rollout.batch, self.mesh,
+                                                       self.trainer.rules)
+        return self.rollout_batch
 
     def train_step(self, batch):
         """One jitted step; the first compiles (its dispatch waits for the compilation)."""
@@ -207,7 +222,9 @@ class Loop:
         due = [e for e in self.evaluators if e.due(step)]
         do_checkpoint = (step % self.spec.checkpoint.every_steps == 0
                          or step == self.spec.num_train_steps)
-        self.preempted = self._preemption_agreed(step, do_checkpoint)
+        agreed = self._preemption_agreed(step, do_checkpoint)  # every process calls it
+        self.stop_agreed = self.stop_agreed or agreed
+        self.preempted = self.stop_agreed and step % self.updates_per_batch == 0
         if (step % self.spec.logging.every_steps == 0 or step == self.start_step + 1 or due
                 or self.preempted or do_checkpoint):
             self.holding.watchdog.doing("fetching the metrics of step", step)
@@ -221,7 +238,9 @@ class Loop:
 
     def _preemption_agreed(self, step: int, do_checkpoint: bool) -> bool:
         """One process alone may get SIGTERM: processes agree at log and checkpoint steps
-        (a cheap all-gather), so they save and stop at the same step."""
+        (a cheap all-gather), so they save and stop at the same step (``after_step``: the
+        first step from the agreed one on that ends a rollout batch; every process sees
+        the same agreed step, so the same stop)."""
         requested = self.holding.preemption.requested
         if jax.process_count() == 1:
             return requested

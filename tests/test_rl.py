@@ -1,9 +1,15 @@
 """Online RL (GRPO): the loss and the group advantages against TRL's ``GRPOTrainer`` on the
-same tiny Llama, rollouts and rewards; sampling that a key reproduces; a run through
-``train`` from an SFT checkpoint that resumes exactly (rollouts included); the one-line
-refusals of rewards that cannot work."""
+same tiny Llama, rollouts and rewards, and the loss and every gradient with one and two
+updates per rollout (``rl.iterations``); sampling that a key reproduces; runs through
+``train`` from an SFT checkpoint that resume exactly (rollouts included; with two updates
+per rollout, stopped by a SIGTERM at a rollout boundary); the kept old log-probabilities
+split by gradient accumulation; the one-line refusals of rewards and settings that cannot
+work."""
 
+import copy
 import json
+import os
+import signal
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +24,7 @@ from test_preference_training import decoder_config
 
 from t5x_like import config_lib, errors, rl, structures, train
 from t5x_like.config import spec_of
+from t5x_like.convert import __main__ as convert_cli
 from t5x_like.objectives import preference as losses
 from t5x_like.rewards import RewardRegistry
 
@@ -105,6 +112,137 @@ def test_grpo_loss_and_advantages_equal_trl(models, tmp_path, loss_type, scale, 
     if beta:
         assert float(metrics["kl"]) == pytest.approx(logged["kl"], rel=1e-5, abs=1e-6)
     assert float(metrics["num_completion_tokens"]) == float(rolled["completion_mask"].sum())
+
+
+def trl_grpo(policy_hf, ref_hf, tmp_path, rollouts, num_iterations, **settings):
+    """TRL's ``GRPOTrainer`` on a copy of the tiny Llama (its updates stay in the copy),
+    handed the fixed rollouts, with ``ref_hf`` as its reference when ``beta`` > 0."""
+    from trl import GRPOConfig, GRPOTrainer
+    from trl.trainer.grpo_trainer import add_fused_lm_head
+    prompts, completions, rewards = rollouts
+
+    def rollout_func(prompt_texts, trainer):
+        return {"prompt_ids": [prompts[i // G] for i in range(len(prompt_texts))],
+                "completion_ids": completions, "logprobs": [[0.0] * len(c) for c in completions]}
+
+    def reward(prompts, completions, completion_ids, **kwargs):
+        return rewards
+    policy = copy.deepcopy(policy_hf)
+    folder = tmp_path / f"policy_{num_iterations}"
+    policy.save_pretrained(folder)
+    policy.config._name_or_path = str(folder)
+    trainer = GRPOTrainer(
+        model=policy, reward_funcs=[reward], rollout_func=rollout_func,
+        args=GRPOConfig(output_dir=str(tmp_path / "trl"), report_to=[], use_cpu=True, bf16=False,
+                        num_generations=G, per_device_train_batch_size=2 * G,
+                        max_completion_length=COMPLETION, num_iterations=num_iterations,
+                        **settings),
+        train_dataset=Dataset.from_list([{"prompt": "w3 w4"}] * 8),
+        processing_class=tiny_hf_tokenizer())
+    if settings.get("beta"):
+        reference = copy.deepcopy(ref_hf)
+        add_fused_lm_head(reference, temperature=settings["temperature"])
+        trainer.ref_model = reference.eval()
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    return trainer
+
+
+def trl_loss_and_gradients(trainer, rolled):
+    """TRL's ``_compute_loss`` on ``rolled`` and the gradient of every parameter (by its
+    Hugging Face name), as its ``training_step`` back-propagates it."""
+    trainer.model.zero_grad(set_to_none=True)
+    loss = trainer._compute_loss(trainer.model, rolled)
+    loss.backward()
+    gradients = {name: p.grad.detach().numpy().copy() for name, p in trainer.model.named_parameters()}
+    logged = {key: values[-1] for key, values in trainer._metrics["train"].items()}
+    return float(loss.detach()), gradients, logged
+
+
+def assert_gradients_close(ours: dict, theirs: dict, what: str):
+    """Every parameter's gradient within 1e-5, relative where an entry exceeds 1."""
+    assert set(ours) == set(theirs), what
+    for name, expected in theirs.items():
+        error = np.abs(ours[name] - expected) / np.maximum(1.0, np.abs(expected))
+        assert error.max() <= 1e-5, f"{what}: {name} differs by {error.max():.3g}"
+
+
+# TRL 1.16 multiplies the KL term by the ratio by default (use_bias_correction_kl, the
+# DeepSeek-V3.2 gradient); ours is the GRPO paper's k3 term, TRL's with it off.
+TRL_GRPO_SETTINGS = dict(temperature=0.7, epsilon=0.2, epsilon_high=0.28,
+                         use_bias_correction_kl=False)
+
+
+@pytest.mark.parametrize("loss_type,beta", [("grpo", 0.0), ("dapo", 0.04), ("bnpo", 0.0),
+                                            ("dr_grpo", 0.04)])
+def test_grpo_loss_and_gradients_equal_trl_over_two_iterations(models, tmp_path,  # noqa: F811
+                                                               loss_type, beta):
+    """One update per rollout (``rl.iterations=1``, TRL's ``num_iterations=1``) and two
+    (``num_iterations=2``): TRL keeps the sampling policy's log-probabilities, takes a
+    first update (ratio 1), and its second reads the changed policy against them, so
+    tokens are clipped. At each update our loss and the gradient of every parameter (ours
+    exported to Hugging Face names by the converter) equal TRL's ``_compute_loss`` and
+    its backward pass; the kept log-probabilities equal TRL's ``old_per_token_logps``.
+    Between the two updates TRL's policy takes an SGD step of its gradients (learning
+    rate 1), and our params are that policy imported."""
+    (policy_hf, policy_config, policy_params), (ref_hf, ref_config, ref_params) = models
+    prompts, completions, rewards = rollouts = fixed_rollouts()
+    settings = dict(TRL_GRPO_SETTINGS, beta=beta, loss_type=loss_type)
+    flat = convert_cli.flat_model(policy_config)
+    converter = convert_cli.exporter_for(flat)
+    lengths = [len(prompts[i // G]) for i in range(2 * G)]
+    tokens, _, weights = rl.rollout_rows([prompts[i // G] for i in range(2 * G)], lengths,
+                                         completions, eos_id=2, width=7 + COMPLETION)
+    batch = {"tokens": jnp.asarray(tokens), "completion_loss_weights": jnp.asarray(weights),
+             "advantages": losses.group_advantages(jnp.asarray(rewards, jnp.float32), G)}
+    reference = rl_structure(ref_config, beta=beta, temperature=settings["temperature"])
+    rl_settings = {k: v for k, v in settings.items() if k != "use_bias_correction_kl"}
+
+    def ours(iterations, params, batch):
+        """Our loss, metrics and gradients (by Hugging Face name), op by op: each op's
+        compilation is shared by every case, where a jitted step would compile per case."""
+        structure = rl_structure(policy_config, iterations=iterations, **rl_settings)
+        loss_fn = structure.loss_fn(None, reference=reference)
+        (loss, metrics), gradients = jax.value_and_grad(
+            lambda p: loss_fn(structure.model, p, batch, None, frozen_params=ref_params),
+            has_aux=True)(params)
+        return float(loss), converter.params_to_hf(jax.device_get(gradients), flat), metrics
+
+    once = trl_grpo(policy_hf, ref_hf, tmp_path, rollouts, 1, **settings)
+    with torch.no_grad():
+        rolled = once._generate_and_score_completions([{"prompt": "w3 w4"}] * (2 * G))
+    assert "old_per_token_logps" not in rolled  # one update: the current policy's, detached
+    loss, gradients, _ = trl_loss_and_gradients(once, rolled)
+    our_loss, our_gradients, _ = ours(1, policy_params, batch)
+    assert our_loss == pytest.approx(loss, rel=1e-5, abs=1e-6)
+    assert_gradients_close(our_gradients, gradients, "one iteration")
+
+    twice = trl_grpo(policy_hf, ref_hf, tmp_path, rollouts, 2, **settings)
+    with torch.no_grad():
+        rolled = twice._generate_and_score_completions([{"prompt": "w3 w4"}] * (2 * G))
+    kept = rl_structure(policy_config, iterations=2, **rl_settings)
+    old = kept.token_log_probs(kept.model, policy_params, batch["tokens"])
+    completion = rolled["completion_mask"].numpy() > 0
+    np.testing.assert_allclose(np.asarray(old)[weights > 0],
+                               rolled["old_per_token_logps"].numpy()[completion], atol=1e-5)
+    batch = {**batch, "old_log_probs": old}
+    for update in (1, 2):
+        loss, gradients, logged = trl_loss_and_gradients(twice, rolled)
+        params = policy_params if update == 1 else converter.params_from_hf(
+            {k: v.detach().numpy() for k, v in twice.model.state_dict().items()}, flat)
+        our_loss, our_gradients, metrics = ours(2, params, batch)
+        assert our_loss == pytest.approx(loss, rel=1e-5, abs=1e-6), update
+        assert_gradients_close(our_gradients, gradients, f"update {update} of 2")
+        for ours_key, trl_key in (("clip_ratio_low", "clip_ratio/low_mean"),
+                                  ("clip_ratio_high", "clip_ratio/high_mean"),
+                                  ("clip_ratio_region", "clip_ratio/region_mean")):
+            assert float(metrics[ours_key]) == pytest.approx(logged[trl_key], abs=1e-6)
+        if update == 1:
+            assert logged["clip_ratio/region_mean"] == 0.0  # the ratio is 1
+            with torch.no_grad():  # SGD, learning rate 1
+                for parameter in twice.model.parameters():
+                    parameter -= parameter.grad
+    assert logged["clip_ratio/low_mean"] > 0 and logged["clip_ratio/high_mean"] > 0
 
 
 def test_sampling_with_a_key_is_reproducible_and_top_k_one_is_greedy(models):  # noqa: F811
@@ -196,6 +334,97 @@ def test_grpo_trains_from_sft_and_resumes_exactly_rollouts_included(arithmetic_s
         assert [r[key] for r in resumed] == [r[key] for r in logged], key
 
 
+PREEMPT = {"armed": False}
+
+
+def preempt_once(completions, examples):
+    """A reward of 0 that, once armed, sends this process SIGTERM as it scores (the
+    first rollout of a run): a preemption in the middle of that rollout's updates."""
+    if PREEMPT["armed"]:
+        PREEMPT["armed"] = False
+        os.kill(os.getpid(), signal.SIGTERM)
+    return [0.0] * len(completions)
+
+
+@pytest.mark.slow
+def test_grpo_two_iterations_per_rollout_resume_exactly_from_a_rollout_boundary(arithmetic_sft,
+                                                                                tmp_path):
+    """``rl.iterations=2``: a rollout every other step, its batch reused by the next
+    update, which (at a large learning rate) clips tokens; a SIGTERM during the first
+    rollout stops the run after that batch's second update (checkpoints are every 4
+    steps, so only the preemption saves step 2), and the resumed run logs what an
+    uninterrupted one does, step for step."""
+    RewardRegistry.add("preempt_once", preempt_once)
+    config = rl_config(arithmetic_sft, **{
+        "rl.iterations": 2, "rl.rewards": ("exact_answer", "text_length", "preempt_once"),
+        "optimizer.learning_rate": 0.03, "checkpoint.every_steps": 4})
+    straight = tmp_path / "straight"
+    train.run(config, str(straight), quiet=True)
+    logged = records(straight)
+    assert [r["step"] for r in logged] == [1, 2, 3, 4]
+    sampled, reused = logged[0::2], logged[1::2]
+    assert all("reward" in r and "rollout_seconds" in r for r in sampled)
+    assert not any("reward" in r or "rollout_seconds" in r for r in reused)
+    assert all("groups_without_signal" in r and "kl" in r for r in logged)
+    assert all(r["clip_ratio_region"] == 0.0 for r in sampled)  # first update: ratio 1
+    assert max(r["clip_ratio_region"] for r in reused) > 0.0  # the reused batch clips
+
+    interrupted = tmp_path / "interrupted"
+    PREEMPT["armed"] = True
+    result = train.run(config, str(interrupted), quiet=True)
+    assert not PREEMPT["armed"] and result["step"] == 2  # not 1: the batch's updates end
+    assert sorted(p.name for p in (interrupted / "checkpoints").iterdir()
+                  if p.name.isdigit()) == ["2"]
+    train.run(config, str(interrupted), quiet=True)
+    resumed = records(interrupted)
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
+    for key in ("loss", "kl", "clip_ratio_low", "clip_ratio_high", "grad_norm"):
+        assert [r[key] for r in resumed] == [r[key] for r in logged], key
+    for key in ("reward", "rewards/text_length", "completion_length"):
+        assert [r[key] for r in resumed[0::2]] == [r[key] for r in sampled], key
+
+
+@pytest.mark.slow
+def test_old_log_probs_split_with_microbatches_as_the_rest_of_the_rollout():
+    """``rl.iterations=2``: a batch laid out by ``abstract_batch`` (so ``old_log_probs``
+    among its features), sharded over a 4-way data mesh, gives one train step the same
+    gradient norm and clip ratios whole and in two microbatches (each microbatch reads
+    its own rows' old log-probabilities), with old log-probabilities off the current
+    policy's so the clip acts."""
+    from t5x_like import partitioning
+    from t5x_like import trainer as trainer_lib
+    mesh = partitioning.make_mesh({"data": 4}, jax.devices()[:4])
+    lengths = {"inputs": 8, "targets": 4}
+    steps = {}
+    for microbatches in (1, 2):
+        config = rl_config("unused", **{"rl.iterations": 2, "rl.beta": 0.0, "mesh.data": 4,
+                                        "optimizer.microbatches": microbatches})
+        spec = spec_of(config)
+        structure = structures.for_config(spec)
+        trainer = trainer_lib.build_trainer(spec, mesh)
+        state = trainer.init_state(0)
+        rng = np.random.default_rng(0)
+        abstract = structure.abstract_batch(lengths, spec.batch_size)
+        assert abstract["old_log_probs"].shape == (8, 12)
+        weights = np.zeros((8, 12), np.float32)
+        weights[:, 8:] = 1.0
+        tokens = rng.integers(3, 100, size=(8, 13)).astype(np.int32)
+        current = structure.token_log_probs(structure.model, state.params, jnp.asarray(tokens))
+        batch = {"tokens": tokens, "completion_loss_weights": weights,
+                 "advantages": rng.normal(size=8).astype(np.float32),
+                 "old_log_probs": np.asarray(current) + rng.normal(0, 0.3, (8, 12)).astype(
+                     np.float32)}
+        assert {k: (v.shape, v.dtype) for k, v in batch.items()} == {
+            k: (v.shape, v.dtype) for k, v in abstract.items()}
+        _, metrics = trainer.train_step(state, partitioning.global_batch(batch, mesh,
+                                                                         trainer.rules))
+        steps[microbatches] = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    whole, split = steps[1], steps[2]
+    assert whole["clip_ratio_region"] > 0
+    for key in ("grad_norm", "clip_ratio_low", "clip_ratio_high", "num_target_tokens"):
+        assert split[key] == pytest.approx(whole[key], rel=1e-5, abs=1e-7), key
+
+
 def _raises(completions, examples):
     raise KeyError("score")
 
@@ -221,6 +450,11 @@ def test_a_reward_that_fails_stops_the_run_naming_it(arithmetic_sft, tmp_path, r
     ({"rl.reward_weights": (1.0,)}, "1 weights for 2 rewards"),
     ({"rl.top_p": 1.5}, r"must be in \(0, 1\]"),
     ({"rl.beta": 0.04, "init_from": ""}, "neither rl.reference nor init_from"),
+    ({"rl.iterations": 3}, r"num_train_steps=4 is not a multiple of rl.iterations=3 .*"
+                           r"--config.num_train_steps=6\."),
+    ({"rl.iterations": 2, "checkpoint.every_steps": 3},
+     r"checkpoint.every_steps=3 is not a multiple of rl.iterations=2 .*"
+     r"--config.checkpoint.every_steps=4\."),
 ])
 def test_rl_settings_that_cannot_work_are_refused(arithmetic_sft, tmp_path, overrides, message):
     overrides = {k: (v.format(sft=arithmetic_sft) if isinstance(v, str) else v)

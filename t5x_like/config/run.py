@@ -358,7 +358,7 @@ class QuantizationSpec(Section):
 
 
 RL_ALGORITHMS = ("", "grpo")
-GRPO_LOSS_TYPES = ("dapo", "grpo", "bnpo")
+GRPO_LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo")
 
 
 @section
@@ -367,9 +367,10 @@ class RlSpec(Section):
     ``algorithm`` "" is off; ``grpo`` samples ``num_generations`` completions of each
     prompt with our own decoding (batch_size counts completions), scores them with the
     registered ``rewards`` (weighted by ``reward_weights``, 1 each by default) and a
-    ``reward_model`` checkpoint, and takes one clipped-ratio step on group-normalised
-    advantages with ``beta`` times a KL estimate to the frozen ``reference`` ("" is
-    init_from). TRL's defaults: 8 generations, epsilon 0.2, beta 0, loss_type dapo."""
+    ``reward_model`` checkpoint, and takes ``iterations`` clipped-ratio steps on each
+    rollout batch's group-normalised advantages with ``beta`` times a KL estimate to the
+    frozen ``reference`` ("" is init_from). TRL's defaults: 8 generations, epsilon 0.2,
+    beta 0, loss_type dapo, one iteration."""
 
     algorithm: str = field("", choices=RL_ALGORITHMS)
     num_generations: int = field(8, minimum=2)
@@ -381,6 +382,10 @@ class RlSpec(Section):
     epsilon_high: float = field(0.0, minimum=0.0, doc="0: epsilon (DAPO raises it)")
     scale_rewards: str = field("group", choices=("group", "batch", "none"))
     loss_type: str = field("dapo", choices=GRPO_LOSS_TYPES)
+    iterations: int = field(1, minimum=1, doc=(
+        "updates per rollout batch (TRL's num_iterations, the paper's mu); > 1 keeps the "
+        "sampling policy's log-probs as the ratio's denominator, and num_train_steps and "
+        "checkpoint.every_steps must be multiples of it"))
     rewards: tuple[str, ...] = ("exact_answer",)
     reward_weights: tuple[float, ...] = ()
     reward_model: str = field("", doc="a reward_model run whose scores join the rewards")
@@ -616,6 +621,7 @@ class RunSpec(Section):
         require(not rl.beta or rl.reference or self.init_from,
                 f"rl.beta={rl.beta} keeps the policy near a frozen reference, and neither "
                 "rl.reference nor init_from names one; set --config.init_from=SFT_CHECKPOINT.")
+        self._check_rollout_boundaries()
         held_out = [name for name, e in self.evals.items()
                     if e.kind == "held_out_loss" and e.enabled]
         require(not held_out,
@@ -624,6 +630,20 @@ class RunSpec(Section):
                 "--config.evals.held_out.kind=rollouts (greedy completions of validation "
                 "prompts, their rewards) or turn it off with "
                 "--config.evals.held_out.every_steps=0.")
+
+    def _check_rollout_boundaries(self) -> None:
+        """With ``rl.iterations`` > 1 a rollout batch serves that many consecutive updates,
+        and a run stops or saves only between batches: a checkpoint inside one could not
+        resume it (the batch and the policy that sampled it are not saved), so the steps
+        that end a run or save one must end a batch."""
+        iterations = self.rl.iterations
+        for key, steps in (("num_train_steps", self.num_train_steps),
+                           ("checkpoint.every_steps", self.checkpoint.every_steps)):
+            fix = -(-steps // iterations) * iterations
+            require(steps % iterations == 0,
+                    f"{key}={steps} is not a multiple of rl.iterations={iterations} (a rollout "
+                    "batch's updates are never split by a checkpoint); use "
+                    f"--config.{key}={fix}.")
 
     def prompts_per_step(self) -> int:
         """The task's rows one step reads: every one is sampled ``rl.num_generations``

@@ -145,18 +145,24 @@ def group_advantages(rewards, group_size: int, scale: str = "group") -> jax.Arra
     return advantages / (std + 1e-4)
 
 
-GRPO_AGGREGATIONS = ("grpo", "bnpo", "dapo")
+GRPO_AGGREGATIONS = ("grpo", "bnpo", "dapo", "dr_grpo")
 
 
 def grpo_loss(logps, old_logps, ref_logps, advantages, mask, *, beta: float,
               epsilon_low: float = 0.2, epsilon_high: float = 0.2,
-              aggregation: str = "dapo", num_tokens=None):
+              aggregation: str = "dapo", num_tokens=None, max_completion_length: int = 0):
     """``(loss, metrics)`` of GRPO on completions ``[batch, length]``: per token
     ``-min(r A, clip(r, 1-ε_low, 1+ε_high) A) + β KL`` with ``r = exp(log π - log π_old)``
     and the k3 estimate ``KL = exp(ref - log π) - (ref - log π) - 1`` (``ref_logps`` None
     or ``beta`` 0: no KL term). ``aggregation`` (TRL's ``loss_type``): ``grpo`` averages
     each completion over its tokens then the batch; ``bnpo`` and ``dapo`` divide the sum
-    by the token count (``num_tokens``: the whole batch's, when microbatched)."""
+    by the token count (``num_tokens``: the whole batch's, when microbatched);
+    ``dr_grpo`` (Liu et al. 2025) by the constant ``rows x max_completion_length``, so a
+    completion's length does not weigh its tokens.
+
+    ``old_logps`` are the sampling policy's: ``stop_gradient(logps)`` when each rollout
+    takes one update (``r`` is 1, its gradient the policy gradient), the rollout's own
+    when it takes several (``r`` moves away from 1 and the clip acts)."""
     ratio = jnp.exp(logps - old_logps)
     clipped = jnp.clip(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high)
     advantages = advantages[:, None]
@@ -170,6 +176,11 @@ def grpo_loss(logps, old_logps, ref_logps, advantages, mask, *, beta: float,
         loss = ((per_token * mask).sum(-1) / jnp.maximum(mask.sum(-1), 1.0)).mean()
     elif aggregation in ("bnpo", "dapo"):
         loss = (per_token * mask).sum() / (tokens if num_tokens is None else num_tokens)
+    elif aggregation == "dr_grpo":
+        if max_completion_length < 1:
+            raise ValueError("dr_grpo divides by the completions' maximum length; pass "
+                             "max_completion_length.")
+        loss = (per_token * mask).sum() / (mask.shape[0] * max_completion_length)
     else:
         raise ValueError(f"Unknown GRPO aggregation {aggregation!r}; one of {GRPO_AGGREGATIONS}.")
 
@@ -179,6 +190,7 @@ def grpo_loss(logps, old_logps, ref_logps, advantages, mask, *, beta: float,
     high = (ratio > 1.0 + epsilon_high) & (advantages > 0)
     metrics = {"clip_ratio_low": token_mean(low.astype(jnp.float32)),
                "clip_ratio_high": token_mean(high.astype(jnp.float32)),
+               "clip_ratio_region": token_mean((low | high).astype(jnp.float32)),
                "num_completion_tokens": mask.sum()}
     if kl is not None:
         metrics["kl"] = token_mean(kl)

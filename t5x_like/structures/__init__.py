@@ -110,7 +110,8 @@ def for_config(config) -> Structure:
     if spec.preference.objective:
         return _cached_preference(spec.model, spec.preference, settings)
     if spec.rl.algorithm:
-        return _cached_rollouts(spec.model, spec.rl, settings)
+        completion_length = int(dict(spec.task_feature_lengths).get("targets", 0))
+        return _cached_rollouts(spec.model, spec.rl, settings, completion_length)
     if not spec.head.kind:
         return _cached(spec.model, spec.data.prefix_attention, settings)
     body = _cached(spec.model, spec.data.prefix_attention, peft.PeftSettings())
@@ -132,10 +133,11 @@ def _cached_preference(model_spec, preference, peft_settings) -> Structure:
 
 
 @functools.lru_cache(maxsize=32)
-def _cached_rollouts(model_spec, rl, peft_settings) -> Structure:
-    """Online RL's policy: a decoder (PEFT on it) read causally."""
+def _cached_rollouts(model_spec, rl, peft_settings, completion_length: int) -> Structure:
+    """Online RL's policy: a decoder (PEFT on it) read causally; ``completion_length``
+    (``task_feature_lengths.targets``) is Dr. GRPO's constant normaliser."""
     from t5x_like.structures.reinforcement import RolloutStructure
-    return RolloutStructure(_cached(model_spec, "causal", peft_settings), rl)
+    return RolloutStructure(_cached(model_spec, "causal", peft_settings), rl, completion_length)
 
 
 @functools.lru_cache(maxsize=32)

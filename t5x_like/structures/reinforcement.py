@@ -2,16 +2,22 @@
 rollouts. A rollout batch (``rl.py`` builds it, one row per sampled completion) holds
 ``tokens`` (the start id, the prompt, the completion: ``1 + inputs + targets``),
 ``completion_loss_weights`` (1 at each position whose next token is the completion's)
-and ``advantages`` (one per row). The model reads ``tokens[:, :-1]``, so a row takes the
-positions of a prefix-LM row of the same lengths.
+and ``advantages`` (one per row); with ``rl.iterations`` > 1 also ``old_log_probs``
+``[rows, width - 1]``, the sampling policy's log-probability of each next token. The
+model reads ``tokens[:, :-1]``, so a row takes the positions of a prefix-LM row of the
+same lengths.
 
-GRPO's loss (``objectives.preference.grpo_loss``) with one update per rollout, as TRL's
-default ``num_iterations=1``: the old policy is the current one (its log-probabilities
-under ``stop_gradient``, so the ratio is 1 and its gradient is the policy gradient),
-and the KL term reads the frozen reference's (``frozen_params``) when ``rl.beta`` > 0;
-both at the sampling temperature.
+GRPO's loss (``objectives.preference.grpo_loss``). With one update per rollout (TRL's
+default ``num_iterations=1``) the old policy is the current one: its log-probabilities
+under ``stop_gradient``, so the ratio is 1 and its gradient is the policy gradient. With
+``rl.iterations`` = μ > 1 each rollout batch serves μ updates and the old policy is the
+one that sampled it: ``old_log_probs``, computed when the batch was sampled, so from the
+second update on the ratio moves away from 1 and the clip acts (TRL's
+``old_per_token_logps``). The KL term reads the frozen reference's (``frozen_params``)
+when ``rl.beta`` > 0; all at the sampling temperature.
 ``dapo`` and ``bnpo`` divide by the batch's completion tokens: the trainer's
-normalizer over microbatches, so microbatches add up to the whole batch's loss.
+normalizer over microbatches, so microbatches add up to the whole batch's loss; ``grpo``
+and ``dr_grpo`` scale a microbatch by its share of the batch's rows.
 """
 
 from __future__ import annotations
@@ -32,10 +38,17 @@ class RolloutStructure(Structure):
     weights_feature = "completion_loss_weights"
     targets_feature = "tokens"
 
-    def __init__(self, body: Structure, settings):
+    def __init__(self, body: Structure, settings, completion_length: int = 0):
         super().__init__(body.model)
         self.body = body
         self.settings = settings
+        self.completion_length = completion_length  # dr_grpo's constant normaliser
+
+    @property
+    def keeps_old_log_probs(self) -> bool:
+        """Whether rollout batches carry their sampling policy's log-probabilities: only
+        when a batch serves several updates (with one, they equal the current policy's)."""
+        return self.settings.iterations > 1
 
     @property
     def needs_reference(self) -> bool:
@@ -60,7 +73,10 @@ class RolloutStructure(Structure):
         return {"tokens": jax.ShapeDtypeStruct((batch_size, width), jnp.int32, sharding=sharding),
                 "completion_loss_weights": jax.ShapeDtypeStruct((batch_size, width - 1),
                                                                 jnp.float32, sharding=sharding),
-                "advantages": jax.ShapeDtypeStruct((batch_size,), jnp.float32, sharding=sharding)}
+                "advantages": jax.ShapeDtypeStruct((batch_size,), jnp.float32, sharding=sharding),
+                **({"old_log_probs": jax.ShapeDtypeStruct((batch_size, width - 1), jnp.float32,
+                                                          sharding=sharding)}
+                   if self.keeps_old_log_probs else {})}
 
     def apply_model(self, model, params, batch, rng=None, deterministic=True, **options):
         return self.body.apply_model(model, params, batch, rng, deterministic, **options)
@@ -87,12 +103,14 @@ class RolloutStructure(Structure):
                     raise ValueError("GRPO with rl.beta > 0 needs the reference's params.")
                 ref_logps = reference.token_log_probs(
                     reference.model, jax.lax.stop_gradient(frozen_params), batch["tokens"])
+            old_logps = (batch["old_log_probs"] if self.keeps_old_log_probs
+                         else jax.lax.stop_gradient(logps))
             loss, metrics = losses.grpo_loss(
-                logps, jax.lax.stop_gradient(logps), ref_logps, batch["advantages"], mask,
+                logps, old_logps, ref_logps, batch["advantages"], mask,
                 beta=settings.beta, epsilon_low=settings.epsilon,
                 epsilon_high=settings.epsilon_upper, aggregation=settings.loss_type,
-                num_tokens=normalizer)
-            if settings.loss_type == "grpo" and num_sequences is not None:
+                num_tokens=normalizer, max_completion_length=self.completion_length)
+            if settings.loss_type in ("grpo", "dr_grpo") and num_sequences is not None:
                 loss = loss * mask.shape[0] / num_sequences  # a microbatch's share of rows
             metrics = {**metrics, "loss": loss, "num_target_tokens": mask.sum()}
             return loss, metrics
@@ -106,9 +124,11 @@ class RolloutStructure(Structure):
                         "--config.rl.algorithm= (the policy is a decoder).")
 
     def forward_flops_per_sequence(self, model, lengths):
-        """Per completion: the update's forward (train counts 3x), the rollout's sampling
-        (one forward over the row, counted as 1/3 so train's 3x gives it once) and the
-        reference's forward when beta > 0 (likewise)."""
+        """Per completion and step: the update's forward (train counts 3x), the rollout's
+        sampling (one forward over the row, counted as 1/3 so train's 3x gives it once;
+        once per ``rl.iterations`` steps, as is the forward of its old log-probabilities
+        when kept) and the reference's forward when beta > 0 (every step)."""
         width = self.width(lengths) - 1
-        extra = (1.0 + (1.0 if self.needs_reference else 0.0)) / 3.0
+        rollout = (2.0 if self.keeps_old_log_probs else 1.0) / self.settings.iterations
+        extra = (rollout + (1.0 if self.needs_reference else 0.0)) / 3.0
         return (1.0 + extra) * self.body.forward_flops_per_sequence(model, {"targets": width})
