@@ -60,25 +60,41 @@ class Collectives:
         return sum(self.bytes_by_axes.values())
 
 
-def analyze(hlo_text: str, mesh_shape: Mapping[str, int]) -> Collectives:
-    """The collectives of ``compiled.as_text()`` on a mesh of ``mesh_shape`` (axis ->
-    size, in the mesh's order)."""
+@dataclasses.dataclass(frozen=True)
+class Found:
+    """One collective of a compiled program: its kind (``all-gather``, ``collective-permute``,
+    ...; ``dcn-send`` for a MegaScale transfer), the mesh axes it crosses (``"?"`` unread),
+    its operands' HLO types, the bytes each device sends per execution, and how many
+    times one execution of the program runs it (loop trip counts)."""
+
+    kind: str
+    axes: str
+    operand_types: tuple[str, ...]
+    bytes_sent: float
+    times: int
+
+
+def listed(hlo_text: str, mesh_shape: Mapping[str, int]) -> list[Found]:
+    """Every collective of ``compiled.as_text()`` on a mesh of ``mesh_shape`` (axis ->
+    size, in the mesh's order) that moves something: groups of one device are left out.
+    What a test asks of a program (the ring's permutes carry key blocks over
+    ``context``) reads this; ``analyze`` sums it."""
     computations = hlo_traffic.parse(hlo_text)
     types = {i.name: i.type_text for c in computations.values() for i in c.instructions}
     axes = tuple(mesh_shape)
     coords = np.stack(np.unravel_index(np.arange(math.prod(mesh_shape.values())),
                                        tuple(mesh_shape.values())), axis=1)
-    sent: dict[str, float] = collections.defaultdict(float)
-    counts: dict[str, int] = collections.defaultdict(int)
+    found = []
     for instruction, times in hlo_traffic.weighted_instructions(computations,
                                                                  lambda c: len(c.instructions)):
         dcn = _megascale_kind(instruction)
         if dcn:
-            operand = sum(hlo_traffic.shape_bytes(types.get(o, "")) for o in instruction.operands)
+            operand_types = tuple(types.get(o, "") for o in instruction.operands)
+            operand = sum(hlo_traffic.shape_bytes(t) for t in operand_types)
             slices = mesh_shape.get("dcn", 1)
-            sent["dcn"] += times * (_bytes_sent("all-reduce", operand, slices)
-                                    if dcn == "ALL_REDUCE" else operand)
-            counts["dcn"] += times
+            found.append(Found("dcn-send", "dcn", operand_types,
+                               _bytes_sent("all-reduce", operand, slices)
+                               if dcn == "ALL_REDUCE" else operand, times))
             continue
         for collective in _collectives_in(instruction, computations):
             kind = _kind(collective.opcode)
@@ -87,12 +103,24 @@ def analyze(hlo_text: str, mesh_shape: Mapping[str, int]) -> Collectives:
             if crossed == "":
                 continue  # groups of one device: nothing moves
             size = max((len(g) for g in groups), default=1) if groups is not None else 2
-            sizes = [hlo_traffic.shape_bytes(types.get(o, "")) for o in collective.operands]
+            operand_types = tuple(types.get(o, "") for o in collective.operands)
+            sizes = [hlo_traffic.shape_bytes(t) for t in operand_types]
             # A ragged all-to-all's operands are its send buffer, the receive buffer it
             # writes into, and offsets: evenly spread, it sends the smaller buffer.
             operand = min(sizes[:2]) if kind == "ragged-all-to-all" else sum(sizes)
-            sent[crossed] += times * _bytes_sent(kind, operand, size)
-            counts[crossed] += times
+            found.append(Found(kind, crossed, operand_types, _bytes_sent(kind, operand, size),
+                               times))
+    return found
+
+
+def analyze(hlo_text: str, mesh_shape: Mapping[str, int]) -> Collectives:
+    """The collectives of ``compiled.as_text()`` on a mesh of ``mesh_shape`` (axis ->
+    size, in the mesh's order), summed by the axes they cross."""
+    sent: dict[str, float] = collections.defaultdict(float)
+    counts: dict[str, int] = collections.defaultdict(int)
+    for collective in listed(hlo_text, mesh_shape):
+        sent[collective.axes] += collective.times * collective.bytes_sent
+        counts[collective.axes] += collective.times
     return Collectives(dict(sent), dict(counts))
 
 

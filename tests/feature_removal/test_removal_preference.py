@@ -1,0 +1,106 @@
+"""Removals of the preference and RL features. The checks are TRL's own trainers on the
+same tiny Llama and batch (losses and gradients), and a DPO run through ``train``
+whose reference is compared with a snapshot taken before it."""
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+from removals import Removal, existing, proving_tests
+from test_preference_parity import models  # noqa: F401  (the fixture the TRL checks read)
+from test_preference_training import dpo_config, sft_run  # noqa: F401
+
+from t5x_like import train
+from t5x_like.objectives import preference as losses
+from t5x_like.structures import preference as preference_structures
+
+
+def _digest(folder) -> dict:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def dpo_moves_away_from_a_frozen_reference(request):
+    """DPO through ``train`` from an SFT checkpoint: step 1's loss is ln 2 (the policy is
+    its reference), later steps' implicit rewards part (the reference stays where it
+    was), and the reference checkpoint's files are byte for byte what they were before
+    the run."""
+    sft = request.getfixturevalue("sft_run")
+    before = _digest(sft)
+    workdir = request.getfixturevalue("tmp_path") / "dpo"
+    train.run(dpo_config(sft, **{"evals.held_out.every_steps": 0}), str(workdir), quiet=True)
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").open()]
+    assert records[0]["loss"] == pytest.approx(np.log(2.0), abs=1e-5)
+    assert abs(records[-1]["rewards_margin"]) > 1e-4, records[-1]
+    assert abs(records[-1]["rewards_chosen"]) > 1e-4, records[-1]
+    assert _digest(sft) == before
+
+
+def _reference_is_the_policy(monkeypatch):
+    """DPO's reference log-probabilities read the params being trained."""
+    original = preference_structures.PreferenceStructure.loss_fn
+
+    def loss_fn(self, loss_config, reference=None):
+        inner = original(self, loss_config, reference)
+
+        def without_reference(model, params, batch, rng, normalizer=None, num_sequences=None,
+                              frozen_params=None):
+            return inner(model, params, batch, rng, normalizer, num_sequences,
+                         frozen_params=params)
+        return without_reference
+    monkeypatch.setattr(preference_structures.PreferenceStructure, "loss_fn", loss_fn)
+
+
+def _no_length_normalisation(monkeypatch):
+    """Each side's log-probability count reads 1: SimPO and ORPO use sums, not means."""
+    original = preference_structures.PreferenceStructure.side_log_probs
+
+    def side_log_probs(self, model, params, batch, side, rng=None):
+        logps, count, tokens = original(self, model, params, batch, side, rng)
+        return logps, count * 0 + 1, tokens
+    monkeypatch.setattr(preference_structures.PreferenceStructure, "side_log_probs",
+                        side_log_probs)
+
+
+def _grpo_without_clipping(monkeypatch):
+    original = losses.grpo_loss
+
+    def unclipped(*args, **kwargs):
+        return original(*args, **{**kwargs, "epsilon_low": np.inf, "epsilon_high": np.inf})
+    monkeypatch.setattr(losses, "grpo_loss", unclipped)
+
+
+def _grpo_without_kl(monkeypatch):
+    original = losses.grpo_loss
+    monkeypatch.setattr(losses, "grpo_loss", lambda *a, **kw: original(*a, **{**kw, "beta": 0.0}))
+
+
+SIMPO = existing("test_preference_parity.py::test_simpo_equals_trl_cpo_trainer")
+ORPO = existing("test_preference_parity.py::test_orpo_equals_trl_orpo_trainer")
+GRPO_TWO_ITERATIONS = existing(
+    "test_rl.py::test_grpo_loss_and_gradients_equal_trl_over_two_iterations",
+    loss_type="dapo", beta=0.04)
+
+REMOVALS = [
+    Removal("DPO reference", "DPO's reference log-probs read the policy being trained",
+            "a DPO run's rewards part from 0 after step 1 (loss ln 2 there); the reference's "
+            "files unchanged against a snapshot taken before", _reference_is_the_policy,
+            dpo_moves_away_from_a_frozen_reference),
+    Removal("SimPO length normalisation", "every response's token count reads 1 (sums)",
+            "loss and rewards equal TRL's CPOTrainer (loss_type=simpo)",
+            _no_length_normalisation, SIMPO[1], holds_in=SIMPO[0]),
+    Removal("ORPO length normalisation", "every response's token count reads 1 (sums)",
+            "loss, log-odds and rewards equal TRL's ORPOTrainer",
+            _no_length_normalisation, ORPO[1], holds_in=ORPO[0]),
+    Removal("GRPO clipping", "`grpo_loss` with epsilon infinite (the ratio never clipped)",
+            "loss and every gradient equal TRL's GRPOTrainer on the second update of a "
+            "rollout (ratio away from 1, TRL's clip_ratio > 0)", _grpo_without_clipping,
+            GRPO_TWO_ITERATIONS[1], holds_in=GRPO_TWO_ITERATIONS[0]),
+    Removal("GRPO KL penalty", "`grpo_loss` with beta 0", "the same TRL comparison at beta "
+            "0.04 (loss, gradients, the logged KL)", _grpo_without_kl,
+            GRPO_TWO_ITERATIONS[1], holds_in=GRPO_TWO_ITERATIONS[0]),
+]
+
+test_the_check_holds_with_the_feature, test_the_check_fails_without_the_feature = proving_tests(
+    REMOVALS)
