@@ -4,8 +4,9 @@ it and fails without it.
 A ``Removal`` names a headline feature, a monkeypatch that takes it out while leaving
 the program runnable (tests only: the package has no switch for it), and the
 discriminating check it must break. ``proving_tests(REMOVALS)`` gives a module its two
-parametrised tests: the check holds as the code is, and the check fails (an
-``AssertionError``, not a crash) with the removal applied. Every removal is listed
+parametrised tests: the check holds as the code is, and the check fails (one of its
+assertions, an ``AssertionError`` or pytest's failure; not a crash) with the removal
+applied. Every removal is listed
 in docs/testing.md's table (``test_removal_docs.py`` holds the two together).
 
 JAX caches traces by function: a check that jits a function traced before the
@@ -59,8 +60,10 @@ def fresh_caches() -> None:
             value.cache_clear()
 
 
-def proving_tests(removals: list[Removal]):
-    """The two parametrised tests of a module's ``removals``."""
+def proving_tests(removals: list[Removal]) -> dict[str, Callable]:
+    """A module's tests of its ``removals`` (``globals().update(...)`` them): each check
+    holds with the feature (those whose check is not a test of the suite already), and
+    each check fails with its removal."""
     module = inspect.stack()[1].frame.f_globals["__name__"]
     REGISTRY[module] = list(removals)
     own = [r for r in removals if not r.holds_in]
@@ -75,13 +78,16 @@ def proving_tests(removals: list[Removal]):
         fresh_caches()
         removal.remove(monkeypatch)
         try:
-            with pytest.raises(AssertionError):
+            with pytest.raises((AssertionError, pytest.fail.Exception)):
                 removal.verify(request)
         finally:
             monkeypatch.undo()
             fresh_caches()
 
-    return test_the_check_holds_with_the_feature, test_the_check_fails_without_the_feature
+    tests = {"test_the_check_fails_without_the_feature": test_the_check_fails_without_the_feature}
+    if own:  # an empty parametrisation would be reported as skipped
+        tests["test_the_check_holds_with_the_feature"] = test_the_check_holds_with_the_feature
+    return tests
 
 
 # -- what checks read ---------------------------------------------------------------
@@ -126,3 +132,32 @@ def existing(test: str, **parameters) -> tuple[str, Callable]:
         function(**parameters, **{f: request.getfixturevalue(f) for f in fixtures})
     shown = "-".join(str(v) for v in parameters.values())
     return f"tests/{test}" + (f"[{shown}]" if shown else ""), check
+
+
+def all_removals() -> list[Removal]:
+    """Every module's removals, in file order (the modules are imported to register)."""
+    import importlib
+    import pathlib
+    for path in sorted(pathlib.Path(__file__).parent.glob("test_removal_*.py")):
+        importlib.import_module(path.stem)
+    return [r for module in sorted(REGISTRY) for r in REGISTRY[module]]
+
+
+def table() -> str:
+    """docs/testing.md's table of removals, as the suite defines them."""
+    rows = ["| feature | removal (a monkeypatch in the test) | the check that catches it | "
+            "check holds in |", "| --- | --- | --- | --- |"]
+    for module in sorted(REGISTRY):
+        for r in REGISTRY[module]:
+            where = f"`{r.holds_in}`" if r.holds_in else f"`tests/feature_removal/{module}.py`"
+            rows.append(f"| {r.feature} | {r.removal} | {r.check} | {where} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":  # python tests/feature_removal/removals.py: the docs table
+    import pathlib
+    import sys
+    sys.path[:0] = [str(pathlib.Path(__file__).parents[1])]  # tests/, for conftest and helpers
+    import removals  # the module the suite's modules register in (not this __main__)
+    removals.all_removals()
+    print(removals.table())

@@ -210,5 +210,4 @@ REMOVALS = [
             _ignored_in("t5x_like/evaluation/harness_model.py"), harness_reads_int8_weights),
 ]
 
-test_the_check_holds_with_the_feature, test_the_check_fails_without_the_feature = proving_tests(
-    REMOVALS)
+globals().update(proving_tests(REMOVALS))

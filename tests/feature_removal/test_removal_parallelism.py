@@ -311,5 +311,4 @@ REMOVALS = [
             _dropless_as_capacity, dropless_drops_nothing),
 ]
 
-test_the_check_holds_with_the_feature, test_the_check_fails_without_the_feature = proving_tests(
-    REMOVALS)
+globals().update(proving_tests(REMOVALS))

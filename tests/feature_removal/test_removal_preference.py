@@ -102,5 +102,4 @@ REMOVALS = [
             GRPO_TWO_ITERATIONS[1], holds_in=GRPO_TWO_ITERATIONS[0]),
 ]
 
-test_the_check_holds_with_the_feature, test_the_check_fails_without_the_feature = proving_tests(
-    REMOVALS)
+globals().update(proving_tests(REMOVALS))
