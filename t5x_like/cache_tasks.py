@@ -17,6 +17,7 @@ OUTPUT_DIR; see docs/preprocessing_cache.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import json
 import logging
@@ -254,13 +255,40 @@ def main(argv=None) -> int:
         cache.invalidate(args.output_dir, name)
     options = _pipeline_options(beam_args)
     started = time.perf_counter()
-    with ShardsWritten(args.output_dir, units):
+    with ShardsWritten(args.output_dir, units), _data_errors_unwrapped():
         with beam.Pipeline(options=options) as pipeline:
             build_pipeline(pipeline, units, {n: fingerprints[n] for n in building},
                            args.output_dir, args.module)
     seconds = time.perf_counter() - started
     _report(args.output_dir, building, seconds)
     return 0
+
+
+class _DropDataErrorTracebacks(logging.Filter):
+    """Beam logs a failed DoFn's traceback before it re-raises; a data error is said once,
+    as its one line, by the command line."""
+
+    def filter(self, record):
+        return not (record.exc_info and errors.data_error_in(record.exc_info[1]))
+
+
+@contextlib.contextmanager
+def _data_errors_unwrapped():
+    """A bad record a Beam worker met reaches the command line as its ``DataError`` (one
+    line), not as the exception the runner wrapped it in: Beam re-raises it with the
+    step's name over the original in this process, and as a traceback's text from
+    worker processes (``errors.data_error_in``). Every other failure passes as it is."""
+    beam_logger, quiet = logging.getLogger("apache_beam.runners.common"), _DropDataErrorTracebacks()
+    beam_logger.addFilter(quiet)
+    try:
+        yield
+    except Exception as e:
+        found = errors.data_error_in(e)
+        if found is None:
+            raise
+        raise found from None
+    finally:
+        beam_logger.removeFilter(quiet)
 
 
 class ShardsWritten:

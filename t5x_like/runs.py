@@ -16,7 +16,7 @@ import ml_collections
 
 from t5x_like import config, storage
 from t5x_like.config import RunSpec
-from t5x_like.errors import ConfigError, UserError
+from t5x_like.errors import ConfigError, DataError, UserError
 from t5x_like.param_sources.source import Source, check_same_model, config_from_saved
 
 
@@ -68,6 +68,8 @@ def with_head_labels(spec: RunSpec) -> RunSpec:
     if head.kind in ("classification", "token_classification") and not head.labels:
         try:
             labels = tuple(head_features.labels_from_task(provider, head.kind))
+        except DataError:
+            raise  # a bad row, named as itself
         except ValueError as e:
             raise ConfigError(str(e)) from None
         return spec.replace(head=head.replace(labels=labels))

@@ -54,8 +54,13 @@ def run(run_config, workdir: str, config_path: str = "CONFIG", quiet: bool = Fal
         loop = train_loop.Loop(resolved, holding)
         try:
             while loop.step < resolved.spec.num_train_steps:
-                metrics = loop.train_step(loop.next_batch())
-                loop.after_step(metrics)
+                # A bad row met mid-run says at which step; the loop ends before the
+                # step's checkpoint, so the workdir keeps only the steps before it.
+                with errors.at_step(loop.step + 1):
+                    batch = loop.next_batch()
+                metrics = loop.train_step(batch)
+                with errors.at_step(loop.step):
+                    loop.after_step(metrics)
                 if loop.preempted:
                     break
             holding.status = "preempted" if loop.preempted else "done"

@@ -63,6 +63,7 @@ from t5x_like.data.dataset_providers import MixtureRegistry, TaskRegistry, rate_
 from t5x_like.data.preprocessors.base import ExampleStep, StreamStep
 from t5x_like.data.preprocessors.text import as_text
 from t5x_like.data.sources import TfdsSource
+from t5x_like.errors import DataError
 
 GLUE_VERSION = "2.0.0"
 SUPER_GLUE_VERSION = "1.0.2"
@@ -311,8 +312,8 @@ def record_squad(targets, predictions) -> dict:
             continue
         seen.add(target["group"])
         if not target["value"]:
-            raise ValueError(f"ReCoRD query {target['group']} has no answers (the test split "
-                             "is unlabelled); evaluate on validation.")
+            raise DataError(f"ReCoRD query {target['group']} has no answers (the test split "
+                            "is unlabelled); evaluate on validation.")
         answers.append(target["value"])
         predicted.append(prediction["value"])
     return metrics.squad(answers, predicted)

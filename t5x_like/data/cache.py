@@ -43,7 +43,7 @@ import numpy as np
 from t5x_like import storage
 from t5x_like.data import preprocessors as pp
 from t5x_like.data import sources, vocabularies
-from t5x_like.errors import UserError
+from t5x_like.errors import DataError, UserError
 
 FORMAT_VERSION = 1
 INFO_FILE = "info.json"
@@ -444,9 +444,14 @@ def write_shard(task, unit: Unit, records: Sequence[dict], output_dir: str) -> d
         writer = ArrayRecordWriter(local, "group_size:1")
         if not writer.ok():
             raise OSError(f"cannot write {local}")
-        for example in preprocess(examples, steps, ctx):
-            add_stats(stats, example, task.output_features)
-            writer.write(encode(example))
+        try:
+            for example in preprocess(examples, steps, ctx):
+                add_stats(stats, example, task.output_features)
+                writer.write(encode(example))
+        except DataError as e:  # about one example: named with its record
+            if not e.lookup:
+                raise
+            raise sources.located(e, [task.source], unit.split, f"Task {task.name!r}") from None
         writer.close()
         if remote:
             from etils import epath
@@ -653,8 +658,8 @@ class CachedSplit:
         counts = [shard["records"] for shard in shards]
         total = sum(counts)
         if total == 0:
-            raise ValueError(f"split {self.split!r} has no examples (the cache in {self.folder} "
-                             "holds none): the data files were empty when it was built.")
+            raise DataError(f"split {self.split!r} has no examples (the cache in {self.folder} "
+                            "holds none): the data files were empty when it was built.")
         starts = np.cumsum([0] + counts[:-1])
         if self.info.get("file_sharded") and num_shards > 1 and \
                 self.info.get("num_files", 0) >= num_shards:
@@ -667,7 +672,7 @@ class CachedSplit:
             if not len(indices):
                 sources_read = sorted({shard["source_file"] for shard in shards
                                        if shard["file_index"] in mine})
-                raise ValueError(
+                raise DataError(
                     f"Shard {shard_index} of {num_shards} reads the files {sources_read}, which "
                     f"hold no {self.split!r} examples; use fewer shards (in training: a smaller "
                     "data_streams) or fewer, larger files.")

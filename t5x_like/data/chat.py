@@ -40,6 +40,7 @@ import numpy as np
 from t5x_like.data.hf_tokenizers import read_json, token_text
 from t5x_like.data.preprocessors.base import Context, ExampleStep
 from t5x_like.data.sources import JsonlSource
+from t5x_like.errors import DataError
 
 ROLES = ("system", "user", "assistant", "tool")
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
@@ -52,25 +53,27 @@ def conversation(record: Mapping, where: str) -> list[dict]:
     if "messages" in record:
         messages = record["messages"]
         if not isinstance(messages, list) or not messages:
-            raise ValueError(f"{where}: 'messages' must be a non-empty list of "
-                             "{'role': ..., 'content': ...} objects.")
+            raise DataError("'messages' must be a non-empty list of {'role': ..., 'content': "
+                            "...} objects.", where=where, field="messages")
         for number, message in enumerate(messages, 1):
             if not isinstance(message, dict) or "role" not in message or "content" not in message:
-                raise ValueError(f"{where}: message {number} is not a {{'role': ..., "
-                                 f"'content': ...}} object: {str(message)[:80]}")
+                raise DataError(f"message {number} is not a {{'role': ..., 'content': ...}} "
+                                f"object: {str(message)[:80]}", where=where, field="messages")
             if message["role"] not in ROLES:
-                raise ValueError(f"{where}: message {number} has role {message['role']!r}; "
-                                 f"the roles are {', '.join(ROLES)}.")
+                raise DataError(f"message {number} has role {message['role']!r}; the roles "
+                                f"are {', '.join(ROLES)}.", where=where, field="role")
             if not isinstance(message["content"], str):
-                raise ValueError(f"{where}: message {number}'s content is not text.")
+                raise DataError(f"message {number}'s content is not text.", where=where,
+                                field="content")
         if not any(m["role"] == "assistant" for m in messages):
-            raise ValueError(f"{where}: no assistant message, so nothing to learn from.")
+            raise DataError("no assistant message, so nothing to learn from.", where=where,
+                            field="messages")
         return [{"role": m["role"], "content": m["content"]} for m in messages]
     if "prompt" in record and "response" in record:
         return [{"role": "user", "content": str(record["prompt"])},
                 {"role": "assistant", "content": str(record["response"])}]
-    raise ValueError(f"{where}: a conversation row needs 'messages' (a list of role/content "
-                     f"objects) or 'prompt' and 'response'; it has {sorted(record)}.")
+    raise DataError(f"a conversation row needs 'messages' (a list of role/content objects) or "
+                    f"'prompt' and 'response'; it has {sorted(record)}.", where=where)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -96,9 +99,9 @@ class ChatTemplate:
         if template is None and jinja_file.is_file():
             template = jinja_file.read_text()
         if not template:
-            raise ValueError(f"The tokenizer in {folder} has no chat template (no "
-                             "'chat_template' in tokenizer_config.json, no "
-                             "chat_template.jinja); use a chat model's tokenizer folder.")
+            raise DataError(f"The tokenizer in {folder} has no chat template (no "
+                            "'chat_template' in tokenizer_config.json, no "
+                            "chat_template.jinja); use a chat model's tokenizer folder.")
         self.template = template
         specials = {**read_json(folder / "special_tokens_map.json"), **config}
         self.special_tokens = {name: token_text(specials[name]) for name in SPECIAL_TOKEN_NAMES
@@ -126,10 +129,10 @@ class ChatTemplate:
             before = self.render(messages[:i], add_generation_prompt=True)
             through = self.render(messages[:i + 1])
             if not (through.startswith(before) and text.startswith(through)):
-                raise ValueError("The chat template renders a conversation's beginning "
-                                 "differently from the whole (it rewrites earlier turns), so "
-                                 "the assistant's tokens cannot be placed; pick a template "
-                                 "whose renderings are prefixes of each other.")
+                raise DataError("The chat template renders a conversation's beginning "
+                                "differently from the whole (it rewrites earlier turns), so "
+                                "the assistant's tokens cannot be placed; pick a template "
+                                "whose renderings are prefixes of each other.")
             spans.append((len(before), len(through)))
         return text, spans
 
@@ -179,10 +182,11 @@ class RenderChat(ExampleStep):
             if len(ids) <= window:
                 break
         else:
-            raise ValueError(f"Task {ctx.task_name!r}: a conversation's first assistant turn "
-                             f"ends at token {len(ids)}, beyond the window of {window} "
-                             f"(targets length); raise it or shorten the conversation "
-                             f"starting {messages[0]['content'][:60]!r}.")
+            raise DataError(f"Task {ctx.task_name!r}: a conversation's first assistant turn "
+                            f"ends at token {len(ids)}, beyond the window of {window} "
+                            f"(targets length); raise it or shorten the conversation "
+                            f"starting {messages[0]['content'][:60]!r}.", field="messages",
+                            value=example["messages"])
         return {**example, "targets": np.asarray(ids, np.int32),
                 "loss_mask": assistant_mask(offsets, spans), "targets_pretokenized": text}
 

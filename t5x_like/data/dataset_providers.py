@@ -20,7 +20,8 @@ import numpy as np
 
 from t5x_like.data import cache as cache_lib
 from t5x_like.data import preprocessors as pp
-from t5x_like.data.sources import Source
+from t5x_like.data.sources import Source, located
+from t5x_like.errors import DataError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +150,8 @@ class Task:
                 # repeating stream (training) needs examples, so it repeats one of them.
                 total = len(read(0, 1))
                 records = read(shard_index % total, total)
+        except DataError as e:
+            raise e.within(f"Task {self.name!r}") from None
         except ValueError as e:
             raise ValueError(f"Task {self.name!r}: {e}") from None
         ctx = self.context(split, task_feature_lengths, records if cached is None else
@@ -166,8 +169,50 @@ class Task:
         # Reading a list by index needs no threads; grain's thread prefetch costs more than it saves.
         ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
         if cached is not None:  # the steps after the marker, on the cached examples
-            return cached.apply_steps(ds, self.preprocessors, ctx, seed)
-        return pp.apply_steps(ds, self.preprocessors, ctx, seed)
+            ds = cached.apply_steps(ds, self.preprocessors, ctx, seed)
+        else:
+            ds = pp.apply_steps(ds, self.preprocessors, ctx, seed)
+        return naming_records(ds, self, split)
+
+
+def naming_records(ds: grain.IterDataset, provider, split: str) -> grain.IterDataset:
+    """``ds`` as it is, except that a ``DataError`` raised while reading it without its
+    place, but with what its record holds or lacks (``DataError.lookup``: a step or a
+    feature converter sees the example, not its record), is re-raised naming the record
+    of ``provider``'s tasks it came from (``Source.locate``). The state is ``ds``'s, so
+    checkpoints of the stream are unchanged."""
+    return _NamingRecords(ds, provider, split)
+
+
+class _NamingRecordsIterator(grain.DatasetIterator):
+    def __init__(self, parent, provider, split: str):
+        super().__init__(parent)
+        self._provider, self._split = provider, split
+
+    def __next__(self):
+        try:
+            return next(self._parent)
+        except DataError as e:
+            if not e.lookup:
+                raise
+            found = located(e, [task.source for task in self._provider.tasks], self._split,
+                            f"Task {self._provider.name!r}")
+            raise found.with_traceback(e.__traceback__) from None
+
+    def get_state(self):
+        return self._parent.get_state()
+
+    def set_state(self, state):
+        self._parent.set_state(state)
+
+
+class _NamingRecords(grain.IterDataset):
+    def __init__(self, parent, provider, split: str):
+        super().__init__(parent)
+        self._provider, self._split = provider, split
+
+    def __iter__(self):
+        return _NamingRecordsIterator(self._parent.__iter__(), self._provider, self._split)
 
 
 def shard_seed(seed: int, shard_index: int, num_shards: int) -> int:

@@ -18,15 +18,12 @@ from collections.abc import Mapping
 import grain
 import numpy as np
 
-from t5x_like.errors import UserError
+from t5x_like.errors import MissingField
 
 
-class MissingFeatures(UserError, KeyError):
+class MissingFeatures(MissingField):
     """An example reached the feature converter without a feature the model needs: the
     task's data or preprocessors, not ours (``pipeline`` names the record)."""
-
-    def __str__(self):  # KeyError would print the message in quotes
-        return str(self.args[0]) if self.args else ""
 
 
 def pad_or_trim(tokens, length: int, dtype=np.int32) -> np.ndarray:

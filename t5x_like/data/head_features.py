@@ -24,6 +24,7 @@ import numpy as np
 
 from t5x_like.data.feature_converters import pad_or_trim
 from t5x_like.data.preprocessors.text import as_text
+from t5x_like.errors import DataError, MissingField
 
 KINDS = ("classification", "regression", "token_classification", "span_extraction")
 
@@ -100,10 +101,10 @@ class HeadFeatureConverter:
             return self._index[text]
         if not self.strict:
             return -1
-        raise ValueError(f"Label {text!r} is not one of the head's {len(self.labels)} labels "
-                         f"({self.labels[:8]}{'...' if len(self.labels) > 8 else ''}). Set "
-                         "head.labels to every label of the task, or leave it empty to take "
-                         "them from the train split.")
+        raise DataError(f"Label {text!r} is not one of the head's {len(self.labels)} labels "
+                        f"({self.labels[:8]}{'...' if len(self.labels) > 8 else ''}). Set "
+                        "head.labels to every label of the task, or leave it empty to take "
+                        "them from the train split.", field="targets", value=text)
 
     # -- conversion -----------------------------------------------------------------------
     def convert_example(self, example: Mapping, task_feature_lengths: Mapping[str, int]) -> dict:
@@ -140,8 +141,9 @@ class HeadFeatureConverter:
             try:
                 row["labels"] = np.float32(float(target))
             except ValueError:
-                raise ValueError(f"A regression head needs numeric targets; got {target!r}. "
-                                 "Use head.kind=classification for label words.") from None
+                raise DataError(f"A regression head needs numeric targets; got {target!r}. "
+                                "Use head.kind=classification for label words.",
+                                field="targets", value=target) from None
         else:
             row["labels"] = np.int32(self._label_id(target))
         return row
@@ -151,9 +153,9 @@ class HeadFeatureConverter:
             # Predicting for raw text: its whitespace-separated words, no tags.
             example = dict(example, words=as_text(example["inputs_pretokenized"]).split())
         if "words" not in example or ("tags" not in example and self.strict):
-            raise KeyError("A token_classification head needs examples with 'words' and "
-                           f"'tags' lists (as embedded_ud_pos has); this one has "
-                           f"{sorted(example)}.")
+            raise MissingField("A token_classification head needs examples with 'words' and "
+                               f"'tags' lists (as embedded_ud_pos has); this one has "
+                               f"{sorted(example)}.", field="tags", lacks=("words", "tags"))
         words = _strings(example["words"])
         tags = _strings(example["tags"]) if "tags" in example else [""] * len(words)
         pieces, labels, weights = [], [], []
@@ -174,8 +176,9 @@ class HeadFeatureConverter:
     def _span(self, example, length):
         for key in ("question", "context"):
             if key not in example:
-                raise KeyError(f"A span_extraction head needs examples with 'question', "
-                               f"'context' and 'answers'; this one lacks {key!r}.")
+                raise MissingField(f"A span_extraction head needs examples with 'question', "
+                                   f"'context' and 'answers'; this one lacks {key!r}.",
+                                   field=key, lacks=(key,))
         question, context = as_text(example["question"]), as_text(example["context"])
         answers = _strings(example.get("answers", []))
         start_char, answer = next(((context.find(a), a) for a in answers if a and a in context),
@@ -240,6 +243,6 @@ def labels_from_task(task, kind: str, split: str = "train") -> list[str]:
         elif "tags" in example:
             seen.update(_strings(example["tags"]))
     if not seen:
-        raise ValueError(f"Task {task.name!r} yielded no labels from its {split!r} split; "
-                         "set head.labels.")
+        raise DataError(f"Task {task.name!r} yielded no labels from its {split!r} split; "
+                        "set head.labels.")
     return sorted(seen)

@@ -27,7 +27,7 @@ from t5x_like.data.sources import (
     rows_in_split,
     split_row,
 )
-from t5x_like.errors import MissingFile, install_hint
+from t5x_like.errors import DataError, MissingFile, install_hint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,10 +89,10 @@ def _read(path: str, config: str, cache_dir: str):
                           "save_to_disk wrote, a prepared folder of the datasets cache, or a "
                           "dataset's name in the cache.")
     if folder.exists():
-        raise ValueError(f"{path}: not a folder `save_to_disk` wrote nor a prepared dataset of "
-                         "the datasets cache (no dataset_dict.json, state.json or "
-                         "dataset_info.json); give HfDatasetSource one of those, or a dataset's "
-                         "name in the cache.")
+        raise DataError("not a folder `save_to_disk` wrote nor a prepared dataset of the "
+                        "datasets cache (no dataset_dict.json, state.json or "
+                        "dataset_info.json); give HfDatasetSource one of those, or a dataset's "
+                        "name in the cache.", where=path)
     return _prepared(_cached_folder(path, config, cache_dir))
 
 
@@ -111,9 +111,9 @@ def _cached_folder(name: str, config: str, cache_dir: str) -> pathlib.Path:
                           "folder save_to_disk wrote.")
     configs = sorted(p.name for p in folder.iterdir() if p.is_dir())
     if config not in configs and not (not config and len(configs) == 1):
-        raise ValueError(f"{name}: the cache holds config(s) {', '.join(configs)}; set "
-                         f"HfDatasetSource's config to one of them"
-                         f"{f' (not {config!r})' if config else ''}.")
+        raise DataError(f"the cache holds config(s) {', '.join(configs)}; set "
+                        f"HfDatasetSource's config to one of them"
+                        f"{f' (not {config!r})' if config else ''}.", where=name)
     done = [info.parent for info in (folder / (config or configs[0])).glob("*/*/dataset_info.json")
             if not info.parent.name.endswith(".incomplete")]
     if not done:
@@ -142,9 +142,9 @@ def _prepared(folder: pathlib.Path):
         parts = [Dataset.from_file(str(f)) for f in files]
         splits[split] = parts[0] if len(parts) == 1 else concatenate_datasets(parts)
         if "num_examples" in about and len(splits[split]) != about["num_examples"]:
-            raise ValueError(f"{folder}: split {split!r} has {len(splits[split])} rows, its "
-                             f"dataset_info.json says {about['num_examples']}; the cache is "
-                             "incomplete, load the dataset again.")
+            raise DataError(f"split {split!r} has {len(splits[split])} rows, its "
+                            f"dataset_info.json says {about['num_examples']}; the cache is "
+                            "incomplete, load the dataset again.", where=str(folder))
     return DatasetDict(splits)
 
 
@@ -167,9 +167,9 @@ class HfRows(ColumnRows):
         dataset = self._dataset()
         missing = [c for _, c in fields if c not in dataset.column_names]
         if missing:
-            raise ValueError(f"{self._path}: no column {', '.join(map(repr, missing))} (its columns: "
-                             f"{', '.join(dataset.column_names)}); set HfDatasetSource's fields "
-                             "to the columns to read.")
+            raise DataError(f"no column {', '.join(map(repr, missing))} (its columns: "
+                            f"{', '.join(dataset.column_names)}); set HfDatasetSource's fields "
+                            "to the columns to read.", where=self._path, field=missing[0])
         self._len = (len(dataset) if self._key else
                      rows_in_split(len(dataset), split, self._every))
 

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from t5x_like import storage
 from t5x_like.data import sequential
 from t5x_like.data.sources import ColumnRows, FileSource, column_fields, rows_in_split, split_row
-from t5x_like.errors import install_hint
+from t5x_like.errors import DataError, install_hint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,9 +78,9 @@ class ParquetRows(ColumnRows):
             columns = set(metadata.schema.names)
             missing = [column for _, column in fields if column not in columns]
             if missing:
-                raise ValueError(f"{path}: no column {', '.join(map(repr, missing))} (its columns: "
-                                 f"{', '.join(sorted(columns))}); set ParquetSource's fields to "
-                                 "the columns to read.")
+                raise DataError(f"no column {', '.join(map(repr, missing))} (its columns: "
+                                f"{', '.join(sorted(columns))}); set ParquetSource's fields to "
+                                "the columns to read.", where=path, field=missing[0])
             starts, total = [], 0
             for group in range(metadata.num_row_groups):
                 starts.append(total)

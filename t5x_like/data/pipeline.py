@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping
 import grain
 
 from t5x_like.data import feature_converters
-from t5x_like.data.dataset_providers import get_task_or_mixture
+from t5x_like.data.dataset_providers import get_task_or_mixture, naming_records
 from t5x_like.data.streams import HostBatchIterator, merge_states  # noqa: F401  (re-exported)
 
 
@@ -47,6 +47,7 @@ def get_dataset(name: str, task_feature_lengths: Mapping[str, int], split: str =
             ds = ds.map(_RequireFeatures(name, split, tuple(required),
                                          type(feature_converter).__name__))
         ds = feature_converter.apply(ds, lengths)
+        ds = naming_records(ds, provider, split)  # a converter's error about one example
     if num_workers > 0:
         _mark_absl_flags_parsed()
         ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers))

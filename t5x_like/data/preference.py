@@ -31,20 +31,21 @@ from t5x_like.data.chat import ROLES, template_of
 from t5x_like.data.feature_converters import FeatureConverter
 from t5x_like.data.preprocessors.base import Context, ExampleStep
 from t5x_like.data.sources import JsonlSource
+from t5x_like.errors import DataError
 
 SIDES = ("chosen", "rejected")
 
 
 def _messages(value, where: str, what: str, roles=ROLES) -> list[dict]:
     if not isinstance(value, list) or not value:
-        raise ValueError(f"{where}: {what} must be text or a non-empty list of "
-                         "{'role': ..., 'content': ...} messages.")
+        raise DataError(f"{what} must be text or a non-empty list of "
+                        "{'role': ..., 'content': ...} messages.", where=where, field=what.strip("'"))
     for number, message in enumerate(value, 1):
         if (not isinstance(message, dict) or not isinstance(message.get("content"), str)
                 or message.get("role") not in roles):
-            raise ValueError(f"{where}: {what}'s message {number} is not a {{'role': one of "
-                             f"{', '.join(roles)}, 'content': text}} object: "
-                             f"{str(message)[:80]}")
+            raise DataError(f"{what}'s message {number} is not a {{'role': one of "
+                            f"{', '.join(roles)}, 'content': text}} object: {str(message)[:80]}",
+                            where=where, field=what.strip("'"))
     return [{"role": m["role"], "content": m["content"]} for m in value]
 
 
@@ -55,9 +56,9 @@ def preference_pair(record: Mapping, where: str) -> dict:
     missing = [k for k in ("prompt", "chosen", "rejected")
                if (prompt if k == "prompt" else record.get(k)) is None]
     if missing:
-        raise ValueError(f"{where}: a preference row needs 'prompt', 'chosen' and 'rejected' "
-                         f"(text, or lists of chat messages); it lacks {missing} (it has "
-                         f"{sorted(record)}).")
+        raise DataError(f"a preference row needs 'prompt', 'chosen' and 'rejected' (text, or "
+                        f"lists of chat messages); it lacks {missing} (it has {sorted(record)}).",
+                        where=where, field=missing[0])
     conversational = isinstance(prompt, list)
     pair = {"conversational": conversational}
     if conversational:
@@ -70,16 +71,17 @@ def preference_pair(record: Mapping, where: str) -> dict:
     else:
         for key in ("prompt", *SIDES):
             if not isinstance(record[key], str):
-                raise ValueError(f"{where}: {key!r} is {type(record[key]).__name__}; with a "
-                                 "text prompt, 'chosen' and 'rejected' are text too (or give "
-                                 "the prompt as a list of chat messages).")
+                raise DataError(f"{key!r} is {type(record[key]).__name__}; with a text prompt, "
+                                "'chosen' and 'rejected' are text too (or give the prompt as a "
+                                "list of chat messages).", where=where, field=key)
             pair[key] = record[key]
     if record["chosen"] == record["rejected"]:
-        raise ValueError(f"{where}: 'chosen' and 'rejected' are the same response, so there "
-                         "is no preference to learn; drop the row.")
+        raise DataError("'chosen' and 'rejected' are the same response, so there is no "
+                        "preference to learn; drop the row.", where=where, field="rejected")
     margin = record.get("margin", 0.0)
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not np.isfinite(margin):
-        raise ValueError(f"{where}: 'margin' must be a finite number, got {margin!r}.")
+        raise DataError(f"'margin' must be a finite number, got {margin!r}.", where=where,
+                        field="margin")
     pair["margin"] = float(margin)
     return pair
 
@@ -114,19 +116,20 @@ class TokenizePair(ExampleStep):
         if example.get("conversational"):
             vocabulary = ctx.vocabulary("prompt")
             if not hasattr(vocabulary, "folder"):
-                raise ValueError(f"Task {ctx.task_name!r}: conversational preference rows are "
-                                 "rendered with a chat template, and the prompt vocabulary "
-                                 f"{vocabulary!r} is not a Hugging Face tokenizer folder.")
+                raise DataError(f"Task {ctx.task_name!r}: conversational preference rows are "
+                                "rendered with a chat template, and the prompt vocabulary "
+                                f"{vocabulary!r} is not a Hugging Face tokenizer folder.",
+                                field="prompt", value=example["prompt"])
             template = template_of(vocabulary.folder)
             prompt = template.render(example["prompt"], add_generation_prompt=True)
             out["prompt"] = np.asarray(vocabulary.encode(prompt), np.int32)
             for side in SIDES:
                 whole = template.render(example["prompt"] + example[side])
                 if not whole.startswith(prompt):
-                    raise ValueError(f"Task {ctx.task_name!r}: the chat template renders the "
-                                     "prompt differently inside the whole conversation, so "
-                                     "the response cannot be told apart; pick a template "
-                                     "whose renderings are prefixes of each other.")
+                    raise DataError(f"Task {ctx.task_name!r}: the chat template renders the "
+                                    "prompt differently inside the whole conversation, so the "
+                                    "response cannot be told apart; pick a template whose "
+                                    "renderings are prefixes of each other.")
                 out[side] = np.asarray(vocabulary.encode(whole[len(prompt):]), np.int32)
             return out
         for key in ("prompt", *SIDES):

@@ -14,13 +14,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.util
+import itertools
 import json
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 
 from t5x_like import storage
-from t5x_like.errors import MissingFile, install_hint
+from t5x_like.errors import DataError, MissingFile, install_hint
 
 # "Genesis 1:1<TAB>In the beginning ..." -> the verse text only.
 _VERSE_KEY = re.compile(r"^[^\t]*\d+:\d+\t")
@@ -77,8 +78,9 @@ class ColumnRows(Sequence):
         record = {}
         for key, column in self._fields:
             if values[column] is None:
-                raise ValueError(f"{self.origin(index)}: column {column!r} is null; every row "
-                                 f"needs a value in the columns {self.kind} reads.")
+                raise DataError(f"column {column!r} is null; every row needs a value in the "
+                                f"columns {self.kind} reads.", where=self.origin(index),
+                                field=column)
             record[key] = values[column]
         return record
 
@@ -168,13 +170,27 @@ class Source:
         fields that other records have count (a field the preprocessors make is no
         record's). For error messages: it reads the whole split."""
         records = self.get(split)
-        present = {f for record in records for f in fields if f in record}
-        for index, record in enumerate(records):
-            lacking = [f for f in fields if f in present and f not in record]
-            if lacking:
-                return (f"{self.origin(split, index)} has no {', '.join(map(repr, lacking))} "
-                        f"(its fields: {', '.join(map(repr, record)) or 'none'})")
-        return None
+        index = _first_lacking(records, fields)
+        if index is None:
+            return None
+        record = records[index]
+        present = {f for other in records for f in fields if f in other}
+        lacking = [f for f in fields if f in present and f not in record]
+        return (f"{self.origin(split, index)} has no {', '.join(map(repr, lacking))} "
+                f"(its fields: {', '.join(map(repr, record)) or 'none'})")
+
+    def locate(self, split: str, lookup: Mapping) -> str | None:
+        """Where the record a ``DataError``'s ``lookup`` describes is (``value``: the first
+        record holding it in a field; ``lacks``: the first lacking one of those fields
+        that other records have), among the split's first ``LOCATE_LIMIT`` records; None
+        when none is. For error messages, which a step raises without knowing its record."""
+        head = list(itertools.islice(iter(self.get(split)), LOCATE_LIMIT))
+        if "lacks" in lookup:
+            index = _first_lacking(head, lookup["lacks"])
+        else:
+            index = next((i for i, record in enumerate(head)
+                          if any(_same(v, lookup["value"]) for v in record.values())), None)
+        return None if index is None else self.origin(split, index)
 
     def get(self, split: str) -> Sequence[dict]:
         if split not in self.splits:
@@ -195,8 +211,44 @@ class Source:
         records = self.get(split)
         if not records:
             files = self.files() if hasattr(self, "files") else ()
-            raise ValueError(_empty_split(split, files))
+            raise DataError(_empty_split(split, files))
         return Strided(records, shard_index, num_shards)
+
+
+def located(error: DataError, sources: Sequence[Source], split: str, context: str) -> DataError:
+    """``error`` (raised about one example by a step or a converter, which see the example,
+    not its record) at the first record of ``sources`` its look-up finds
+    (``Source.locate``); a look-up that fails or finds nothing leaves it said within
+    ``context`` (e.g. ``Task 'x'``)."""
+    for source in sources:
+        try:
+            where = source.locate(split, error.lookup) if split in source.splits else None
+        except Exception:  # noqa: BLE001 - the data's own error is the one to report
+            where = None
+        if where:
+            return error.located(where)
+    return error.located(None).within(context)
+
+
+LOCATE_LIMIT = 100_000  # records a failed step's look-up reads at most (a huge split: not all)
+
+
+def _first_lacking(records: Sequence[dict], fields: Sequence[str]) -> int | None:
+    """The index of the first record lacking one of ``fields`` that another record has."""
+    present = {f for record in records for f in fields if f in record}
+    return next((index for index, record in enumerate(records)
+                 if any(f in present and f not in record for f in fields)), None)
+
+
+def _same(a, b) -> bool:
+    """``a`` is ``b``'s value: the same type and equal (``1`` is not ``True``; arrays
+    compare whole)."""
+    if type(a) is not type(b):
+        return False
+    try:
+        return bool(a == b)
+    except ValueError:  # an array: == is elementwise
+        return bool(getattr(a, "shape", None) == getattr(b, "shape", None) and (a == b).all())
 
 
 def _empty_split(split: str, paths=()) -> str:
@@ -283,9 +335,9 @@ class FileSource(Source):
         paths = tuple(files[shard_index::num_shards])
         records = _cached_files(self, split, paths)
         if not records and not _cached_files(self, split, tuple(files)):
-            raise ValueError(_empty_split(split, files))  # fewer shards would not help
+            raise DataError(_empty_split(split, files))  # fewer shards would not help
         if not records:
-            raise ValueError(
+            raise DataError(
                 f"Shard {shard_index} of {num_shards} reads the files {list(paths)}, which hold "
                 f"no {split!r} examples; use fewer shards (in training: a smaller data_streams) "
                 "or fewer, larger files.")
@@ -335,12 +387,12 @@ class JsonlSource(FileSource):
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{index + 1}: not valid JSON ({e.msg} at column "
-                                 f"{e.colno}); JsonlSource needs one JSON object per "
-                                 "line.") from None
+                raise DataError(f"not valid JSON ({e.msg} at column {e.colno}); JsonlSource "
+                                "needs one JSON object per line.",
+                                where=f"{path}:{index + 1}") from None
             if not isinstance(record, dict):
-                raise ValueError(f"{path}:{index + 1}: a JSON {type(record).__name__}, not "
-                                 "an object; JsonlSource needs one object per line.")
+                raise DataError(f"a JSON {type(record).__name__}, not an object; JsonlSource "
+                                "needs one object per line.", where=f"{path}:{index + 1}")
             records.append(record)
         return records
 
@@ -353,10 +405,10 @@ class JsonlSource(FileSource):
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not valid JSON ({e.msg} at column {e.colno}).") \
-                    from None
+                raise DataError(f"not valid JSON ({e.msg} at column {e.colno}).",
+                                where=where) from None
             if not isinstance(record, dict):
-                raise ValueError(f"{where}: a JSON {type(record).__name__}, not an object.")
+                raise DataError(f"a JSON {type(record).__name__}, not an object.", where=where)
             yield where, record
 
     def origin(self, split, index):
@@ -463,6 +515,10 @@ class TfdsSource(Source):
             raise ValueError(f"Unknown split {split!r}; this source has splits {self.splits}.")
         return dict(self.split_map)[split]
 
+    def origin(self, split, index):
+        """The TFDS split and the record's index in it (TFRecord and array_record alike)."""
+        return f"TFDS dataset {self.name!r} split {self._tfds_split(split)!r} record {index}"
+
     def get(self, split):
         return self.load(split)
 
@@ -489,7 +545,7 @@ class TfdsSource(Source):
             segments = sequential.stride_segments(pieces, shard_index, num_shards)
         records = sequential.SequentialRecords(segments, self.shuffle_window)
         if len(records) == 0 and sum(n for _, n in pieces) == 0:
-            raise ValueError(_empty_split(split))
+            raise DataError(_empty_split(split))
         return records  # empty when the split has fewer examples than shards
 
     def _import_builder_module(self):
@@ -550,8 +606,8 @@ class TfdsSource(Source):
         try:
             wanted = info.splits[tfds_split].file_instructions
         except (KeyError, ValueError) as e:
-            raise ValueError(f"TFDS dataset {self.name!r} has no split {tfds_split!r} (it has "
-                             f"{sorted(info.splits)}): {e}") from None
+            raise DataError(f"TFDS dataset {self.name!r} has no split {tfds_split!r} (it has "
+                            f"{sorted(info.splits)}): {e}") from None
         # Where each file starts in the split it belongs to: tfds.load slices by that index.
         file_start = {}
         for split_name, split_info in info.splits.items():

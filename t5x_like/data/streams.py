@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 import grain
 import numpy as np
 
+from t5x_like.errors import DataError, data_error_in
+
 # make_stream(shard_index=v, num_shards=V) -> the examples of stream v.
 StreamFactory = Callable[..., grain.IterDataset]
 
@@ -88,8 +90,20 @@ class HostBatchIterator:
         return self
 
     def __next__(self) -> dict[str, np.ndarray]:
-        if self.padding is not None:
-            return self._next_padded()
+        """The next batch. A data error raised while reading it reaches the caller as
+        itself, not as the exception a worker process or a library wrapped it in
+        (``errors.data_error_in``); every other error passes as it is."""
+        try:
+            return self._next_padded() if self.padding is not None else self._next_full()
+        except DataError:
+            raise
+        except Exception as e:
+            found = data_error_in(e)
+            if found is None:
+                raise
+            raise found from None
+
+    def _next_full(self) -> dict[str, np.ndarray]:
         rows = []
         for iterator in self._iterators:
             rows.extend(next(iterator))

@@ -89,6 +89,25 @@ def check_run(spec) -> None:
     if spec.distill.teacher and not structure_class(spec.model.family).distillable:
         raise ConfigError(f"distill works with model.family in {distillable_families()}; "
                           f"{spec.model.family!r} is not one of them.")
+    _check_head_features(spec)
+
+
+def _check_head_features(spec) -> None:
+    """A fine-tuning head or a reward model reads its body's ``head_features`` (the final
+    hidden states, and a pooled vector where the body has one): a family's module without
+    that method is refused here, naming what to add, rather than failing inside the model."""
+    reads = ("head.kind", spec.head.kind) if spec.head.kind else (
+        ("preference.objective", "reward_model")
+        if spec.preference.objective == "reward_model" else None)
+    module = families.get(spec.model.family).module
+    if reads and not hasattr(module, "head_features"):
+        raise ConfigError(
+            f"{reads[0]}={reads[1]!r} reads the body's final hidden states, and "
+            f"model.family={spec.model.family!r}'s module {module.__module__}."
+            f"{module.__qualname__} has no head_features method; add "
+            "`head_features(self, input_tokens, token_type_ids=None, deterministic=True) -> "
+            "(hidden [batch, length, d_model], pooled or None)` to it (models/decoder.py has "
+            "one), or train without a head.")
 
 
 @functools.lru_cache(maxsize=32)

@@ -37,10 +37,26 @@ def _summed_log_likelihood(logits, target, weights) -> jax.Array:
     return ((target - jax.nn.logsumexp(logits, axis=-1)) * weights).sum(axis=-1)
 
 
-def _final_hidden(state) -> jax.Array:
-    """The states a family ``sow``s as ``final_hidden`` before its vocabulary projection."""
-    found = [value for key, value in traverse_util.flatten_dict(state["intermediates"]).items()
+FINAL_HIDDEN_SOW = 'self.sow("intermediates", "final_hidden", x)'
+
+
+def _final_hidden(state, model) -> jax.Array:
+    """The states a family ``sow``s as ``final_hidden`` before its vocabulary projection.
+    Optional in a family's module: only what compares hidden states (distillation) asks
+    for them, and a module that does not sow them is told so in one line naming its
+    family and the call to add."""
+    found = [value for key, value in
+             traverse_util.flatten_dict(dict(state.get("intermediates", {}))).items()
              if key[-1] == "final_hidden"]
+    if not found:
+        config = getattr(model, "config", None)
+        family = getattr(config, "family", None) or type(model).__name__
+        raise UserError(
+            f"model.family={family!r}: its module {type(model).__module__}."
+            f"{type(model).__qualname__} does not sow its final hidden state, which "
+            "distillation compares (its cosine loss, teacher against student); add "
+            f"`{FINAL_HIDDEN_SOW}` in its __call__, on the states its vocabulary projection "
+            "reads (after the final norm).")
     return found[0][0]
 
 
@@ -253,22 +269,29 @@ class Structure:
         raise NotImplementedError
 
     def logits(self, params, batch) -> jax.Array:
-        return self.forward(self.model, params, batch)["logits"]
+        """What scoring reads; no hidden states are asked for, so a family whose module
+        does not sow them is scored and evaluated all the same."""
+        return self.forward(self.model, params, batch, hidden=False)["logits"]
 
-    def forward(self, model, params, batch, rng=None, deterministic: bool = True) -> dict:
+    def forward(self, model, params, batch, rng=None, deterministic: bool = True,
+                hidden: bool = True) -> dict:
         """What distillation compares (``distill.py``): ``logits``, the final ``hidden``
-        states, the objective's ``targets`` and ``weights``, and the ``positions``
-        ``[batch, length]`` whose distributions and states the student matches.
+        states (with ``hidden``), the objective's ``targets`` and ``weights``, and the
+        ``positions`` ``[batch, length]`` whose distributions and states the student
+        matches.
 
         Here, for the token structures (seq2seq and decoder): ``apply_model``'s logits
-        and the ``final_hidden`` states the model sows, over the positions the loss
-        weights mark."""
+        and the ``final_hidden`` states the model sows (``_final_hidden``: optional in a
+        family's module, refused in one line where asked for and not sown), over the
+        positions the loss weights mark."""
+        weights = batch[self.weights_feature]
+        out = {"targets": batch[self.targets_feature], "weights": weights,
+               "positions": (weights > 0).astype(jnp.float32)}
+        if not hidden:
+            return {"logits": self.apply_model(model, params, batch, rng, deterministic), **out}
         logits, state = self.apply_model(model, params, batch, rng, deterministic,
                                          mutable=["intermediates"])
-        weights = batch[self.weights_feature]
-        return {"logits": logits, "hidden": _final_hidden(state),
-                "targets": batch[self.targets_feature], "weights": weights,
-                "positions": (weights > 0).astype(jnp.float32)}
+        return {"logits": logits, "hidden": _final_hidden(state, model), **out}
 
     def score_batch(self, params, batch) -> jax.Array:
         """Per-example summed log-likelihood of the targets (``[batch]``, float32)."""

@@ -49,7 +49,8 @@ class BilmStructure(DecoderStructure):
                                              **options)
         return loss_fn
 
-    def forward(self, model, params, batch, rng=None, deterministic=True):
+    def forward(self, model, params, batch, rng=None, deterministic=True, hidden=True):
+        # ``hidden`` is always given: the model's outputs hold it, nothing is sown.
         tokens = batch["decoder_target_tokens"]
         out = self.apply_model(model, params, batch, rng, deterministic, return_layers=True)
         fwd_t, fwd_w, _, _ = bilm_objective.lm_targets(tokens, model.config.pad_id)

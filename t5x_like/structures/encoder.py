@@ -72,7 +72,8 @@ class EncoderStructure(Structure):
                                       normalizer)
         return loss_fn
 
-    def forward(self, model, params, batch, rng=None, deterministic=True):
+    def forward(self, model, params, batch, rng=None, deterministic=True, hidden=True):
+        # ``hidden`` is always given: the model's outputs hold it, nothing is sown.
         out = self.apply_model(model, params, batch, rng, deterministic)
         real = batch["encoder_input_tokens"] != model.config.pad_id
         return {"logits": out["mlm_logits"], "hidden": out["hidden"],

@@ -15,6 +15,7 @@ import numpy as np
 
 from t5x_like.data.preprocessors.base import ExampleStep
 from t5x_like.data.preprocessors.text import as_text, check_minimum_length
+from t5x_like.errors import DataError
 
 IS_NEXT, NOT_NEXT = 0, 1
 
@@ -87,8 +88,8 @@ class NextSentencePairs(ExampleStep):
                              "documents, which TFRecord files cannot serve fast; prepare the "
                              "dataset as array_record (tfds build --file_format=array_record).")
         if len(ctx.source) < 2:
-            raise ValueError(f"Task {ctx.task_name!r}: next-sentence pairs need a split with at "
-                             f"least 2 documents, {ctx.split!r} has {len(ctx.source)}.")
+            raise DataError(f"Task {ctx.task_name!r}: next-sentence pairs need a split with at "
+                            f"least 2 documents, {ctx.split!r} has {len(ctx.source)}.")
 
     def map(self, example, rng, ctx):
         vocab = ctx.vocabulary("inputs")

@@ -31,6 +31,7 @@ import numpy as np
 
 from t5x_like.data.preprocessors.base import Context, ExampleStep
 from t5x_like.data.preprocessors.text import as_text
+from t5x_like.errors import DataError, MissingField
 
 OPTIONS_FIELD = "options"  # the placeholder, and an example's own list of choices
 TARGET_FIELD = "target"  # the placeholder of the right answer's text
@@ -58,8 +59,8 @@ class Template:
             try:
                 fields(pattern)
             except ValueError as e:
-                raise ValueError(f"Template {self.name!r}: {pattern!r} is not a format "
-                                 f"pattern ({e}).") from None
+                raise DataError(f"Template {self.name!r}: {pattern!r} is not a format "
+                                f"pattern ({e}).") from None
 
     @property
     def lists_options(self) -> bool:
@@ -76,8 +77,8 @@ class Template:
         missing = sorted(f for f in fields(self.inputs) | fields(self.targets)
                          if f not in values)
         if missing:
-            raise ValueError(f"Template {self.name!r} needs the example's {missing}; it has "
-                             f"{sorted(values)}.")
+            raise MissingField(f"Template {self.name!r} needs the example's {missing}; it has "
+                               f"{sorted(values)}.", field=missing[0], lacks=missing)
         return {"inputs": self.inputs.format(**values), "targets": self.targets.format(**values)}
 
     def choices(self, example: Mapping, label_options: Sequence[str] = ()) -> tuple[str, ...]:
@@ -99,10 +100,15 @@ class Template:
         label = _integer(example.get("label"))
         by_label = self.answer_choices or self.choice_fields or "targets" not in example
         if by_label and label is not None and choices:
+            if label >= len(choices):
+                raise DataError(f"Template {self.name!r}: the example's label {label} is not "
+                                f"an index of its {len(choices)} answer choices "
+                                f"{list(choices)}.", field="label", value=example["label"])
             return UNLABELLED if label < 0 else choices[label]
         if "targets" not in example:
-            raise ValueError(f"Template {self.name!r}: the example has neither targets nor a "
-                             "label among answer choices to answer with.")
+            raise MissingField(f"Template {self.name!r}: the example has neither targets nor "
+                               "a label among answer choices to answer with.",
+                               field="targets", lacks=("targets", "label"))
         return as_text(example["targets"])
 
 

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from t5x_like.data.preprocessors.base import Context, ExampleStep
+from t5x_like.errors import DataError, MissingField
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,8 +24,10 @@ class Rekey(ExampleStep):
         out = {}
         for new, old in self.key_map.items():
             if old is not None and old not in example:
-                raise KeyError(f"Task {ctx.task_name!r}: Rekey wants {old!r} but the example has "
-                               f"{sorted(example)}; fix the key map {dict(self.key_map)}.")
+                raise MissingField(f"Task {ctx.task_name!r}: Rekey wants {old!r} but the example "
+                                   f"has {sorted(example)}; fix the key map "
+                                   f"{dict(self.key_map)} or the record.", field=old,
+                                   lacks=(old,))
             out[new] = "" if old is None else example[old]
         return out
 
@@ -36,6 +39,17 @@ def as_text(value) -> str:
     if isinstance(value, np.ndarray) and value.ndim == 0:
         return as_text(value.item())
     return str(value)
+
+
+def _check_text(value, key: str, ctx: Context) -> None:
+    """Refuses a value that has no text to tokenize: a JSON null, object or list of
+    non-integers (a number is read as its digits: a label such as 1 or 3.5 stays text)."""
+    if value is None or isinstance(value, Mapping) or isinstance(value, (list, tuple)):
+        kind = "null" if value is None else type(value).__name__
+        raise DataError(f"Task {ctx.task_name!r}: feature {key!r} is {kind} "
+                        f"({str(value)[:60]}), not text; Tokenize reads text or a list of token "
+                        "ids. Fix the record, or map the field to text in a step before "
+                        "Tokenize.", field=key, value=value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,9 +75,11 @@ class Tokenize(ExampleStep):
         out = dict(example)
         for key in keys:
             value = example[key]
-            if isinstance(value, (list, np.ndarray)) and np.asarray(value).dtype.kind in "iu":
+            if isinstance(value, (list, np.ndarray)) and (
+                    np.asarray(value).dtype.kind in "iu" or (isinstance(value, list) and not value)):
                 out[key] = np.asarray(value, np.int32)  # already token ids: leave them
                 continue
+            _check_text(value, key, ctx)
             if self.copy_pretokenized:
                 out[f"{key}_pretokenized"] = as_text(value)
             out[key] = np.asarray(ctx.vocabulary(key).encode(as_text(value)), dtype=np.int32)
