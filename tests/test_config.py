@@ -66,7 +66,8 @@ def test_wrong_type_in_config_file_is_a_config_error(tmp_path):
                     "    c = config_lib.default_config()\n"
                     "    c.num_train_steps = 'ten'\n"
                     "    return c\n")
-    with pytest.raises(errors.ConfigError, match="num_train_steps"):
+    with pytest.raises(errors.ConfigError, match="Could not override field 'num_train_steps'.*"
+                                                 "Use a value of the key's type"):
         config_lib.load_config_file(str(path))
 
 

@@ -3,8 +3,8 @@ an ETA; redrawn in place on a terminal, one line per interval elsewhere. And the
 commands show it: ``eval``, ``convert import``, ``cache_tasks``, the harness model."""
 
 import io
-import itertools
 import json
+import time
 
 import numpy as np
 import pytest
@@ -124,8 +124,10 @@ def test_cache_tasks_counts_the_shards_as_they_appear(tmp_path, on_terminal, mon
         for unit in units[:2]:
             (tmp_path / "t" / unit.shard_name).write_text("x")
         (tmp_path / "t" / "train-2.array_record.tmp-1").write_text("partial")
-        for _ in itertools.takewhile(lambda _: watch.written() < 2, itertools.count()):
-            pass
+        deadline = time.monotonic() + 10  # a broken watcher fails here, not hangs
+        while watch.written() < 2:
+            assert time.monotonic() < deadline, f"the watcher counted {watch.written()} of 2"
+            time.sleep(0.005)
     text = stream.getvalue()
     if on_terminal:  # redrawn at most every 0.2 s, then ended with the count
         assert "\rcache_tasks: 2 shards in 00:00" in text and text.endswith("\n")

@@ -121,7 +121,7 @@ def test_evaluators_are_made_by_name_and_typed_by_kind():
     (["optimizer.name=adam"], "'optimizer.name' is 'adam'; choose one of"),
     (["model.experts.num_expert=4"], "Did you mean 'model.experts.num_experts'"),
     (["checkpoint.keep_every_steps=300"], "not a multiple of checkpoint.every_steps"),
-    (["mesh.data=3", "mesh.fsdp=-1", "mesh.tensor=-1"], "mesh"),
+    (["mesh.data=3", "mesh.fsdp=-1", "mesh.tensor=-1"], "At most one mesh axis may be -1"),
 ])
 def test_every_refusal_names_its_key(overrides, expected):
     with pytest.raises(ConfigError) as e:
