@@ -148,7 +148,10 @@ def test_a_resume_keeps_the_rows_each_device_held(tmp_path, devices, mesh, chose
     assert resolved.trainer.microbatches == expected
     said = " ".join(resolved.notices)
     assert ("optimizer.microbatches=" in said) == (chosen is None and expected > 1), said
-    assert resolved.run_config["rows_per_device"] == 2 or chosen
+    # The rows each device holds in a microbatch: 16 rows over the data-parallel devices,
+    # cut into the microbatches (2 where 8 devices held them; 1 where the user asked for 4).
+    data_parallel = mesh.get("data", 1)
+    assert resolved.run_config["rows_per_device"] == 16 // data_parallel // expected
     assert resolved.run_config["microbatches_asked"] == (chosen or 1)
 
 
