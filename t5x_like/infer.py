@@ -177,20 +177,12 @@ def run(args, overrides) -> int:
     structure = weights.structure
     runner = evaluator.ModelRunner(structure, trainer.mesh, trainer.rules, weights.shardings,
                                    lengths, settings, trainer.pipeline_settings)
-    if structure.name == "head":  # a fine-tuned head: label, value, tag or span text
-        converter = structure.feature_converter(lengths, strict=False)
-        try:
-            rows = [converter.convert_example(ex, lengths) for ex in examples]
-        except KeyError as e:
-            raise UserError(f"{e.args[0]} Pass --task=NAME for a task with those fields.") from None
-        predictions = structure.label_texts(runner.predict_rows(params, rows, 0), rows)
-    else:
-        converter = structure.feature_converter(lengths, pack=False)
-        rows = [converter.convert_example(
-            dict(ex, targets=np.asarray([vocabulary.eos_id], np.int32)), lengths)
-            for ex in examples]
-        tokens = runner.predict_rows(params, rows, max_decode_length)
-        predictions = [evaluator._decode(vocabulary, row) for row in tokens]
+    # The structure says what a row is and what its output reads as: generated text, or a
+    # fine-tuned head's label, value, tag or span.
+    rows = structure.infer_rows(examples, lengths, vocabulary.eos_id)
+    outputs = runner.predict_rows(params, rows, max_decode_length if structure.writes_text else 0)
+    predictions = structure.output_texts(outputs, rows,
+                                         lambda tokens: evaluator._decode(vocabulary, tokens))
     if jax.process_index() == 0:
         out = storage.path(args.output_file)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -260,10 +260,7 @@ class Evaluator(ModelRunner):
                     "nothing to report. Register it with metric_fns=[...] (see "
                     "t5x_like.metrics) or evaluate a benchmark task such as "
                     "embedded_bench.")
-        if structure.name == "head" and len(self.tasks) > 1:
-            raise UserError(f"A fine-tuned head predicts one task's labels; {name!r} has "
-                            f"{len(self.tasks)} tasks. Evaluate the task it was trained on "
-                            "(--task=NAME).")
+        structure.check_evaluated_tasks(name, self.tasks)
         super().__init__(structure, mesh, rules, param_shardings, task_feature_lengths, settings,
                          pipeline_settings)
         # Every process gets every output (they are replicated); the metric functions,
@@ -290,10 +287,8 @@ class Evaluator(ModelRunner):
 
     def mode_for(self, task, examples) -> str:
         s = self.settings
-        if self.structure.name == "head":
-            return "head"
-        if _scores_pairs(self.structure):
-            return "pairs"
+        if self.structure.evaluation_mode:  # a head's labels, a reward model's pairs
+            return self.structure.evaluation_mode
         has_options = bool(task.label_options) or "options" in examples[0]
         if s.num_shots is not None and has_options and self.structure.scores_choices_as_lm_eval:
             return "lm_eval"
@@ -455,7 +450,7 @@ class Evaluator(ModelRunner):
 
 def _scores_pairs(structure) -> bool:
     """A reward model: it scores texts, and evaluates on preference pairs."""
-    return structure.name == "reward"
+    return structure.evaluation_mode == "pairs"
 
 
 def _with_eos_target(example, vocabulary) -> dict:

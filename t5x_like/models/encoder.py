@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from t5x_like.config.families import EncoderSpec
-from t5x_like.models import attention, layers, moe, stacking
+from t5x_like.models import attention, layers, moe, peft_modules, stacking
 from t5x_like.models.layers import constrain
 
 _bert_init = nn.initializers.normal(stddev=0.02)
@@ -95,6 +95,15 @@ OUTPUT_HEADS = ("mlm", "replaced_token")
 class EncoderOnly(nn.Module):
     #: the batch features ``__call__`` takes first, in order (``models.example_inputs``)
     init_features: ClassVar[tuple[str, ...]] = ("encoder_input_tokens",)
+    #: prompt tuning: the prompt goes after each row's first token ([CLS]), and the
+    #: outputs per position drop it again
+    PROMPT_SITE: ClassVar[peft_modules.PromptSite] = peft_modules.PromptSite(
+        "input_tokens", 1,
+        aligned=(("token_type_ids", 0), ("input_mask", True), ("span_mask", False)),
+        unpacked=("segment_ids", "positions"),
+        packed_refusal="Prompt tuning puts its prompt after each row's first token; packed "
+                       "rows (segment ids, positions) are not supported: set pack=False.",
+        trimmed=("mlm_logits", "hidden", "sbo_logits"))
 
     config: EncoderSpec
     # A SharedEmbeddings owned by a parent module (ELECTRA); None: this model's own tables.

@@ -262,56 +262,70 @@ def _insert(x, offset: int, length: int, value):
     return jnp.concatenate([x[:, :offset], filler, x[:, offset:]], axis=1)
 
 
+@dataclasses.dataclass(frozen=True)
+class PromptSite:
+    """How a family's module takes prompt tuning's prompt (its class attribute
+    ``PROMPT_SITE``; modules without one are left alone): ``length`` placeholder ids go
+    into the rows of its ``tokens`` argument at column ``offset``. ``owner``: the prompt
+    is this module's parameter and replaces those ids' embeddings (False: the module only
+    sees the longer rows, as T5's decoder's cross-attention mask over the encoder's).
+    ``aligned``: ``(argument, fill)`` lengthened alike; ``unpacked``: arguments that must
+    be None (packed rows cannot take the prompt; ``packed_refusal`` says so);
+    ``trimmed``: outputs whose prompt columns are cut back out."""
+
+    tokens: str
+    offset: int = 0
+    owner: bool = True
+    aligned: tuple[tuple[str, object], ...] = ()
+    unpacked: tuple[str, ...] = ()
+    packed_refusal: str = ""
+    trimmed: tuple[str, ...] = ()
+
+
 def _prompt_call(length: int, module, next_fun, args, kwargs):
     """Prompt tuning's changes to the calls it touches; ``NotImplemented`` elsewhere."""
-    from t5x_like.models import encoder, t5
     if isinstance(module, layers.Embed):
-        site = _PROMPT_SITE.get()
-        if site is None or module.name != "token_embedder":
-            return NotImplemented
-        owner, offset = site
-        table = module.embedding
-        prompt = owner.param(
-            PROMPT_PARAM, nn.with_logical_partitioning(
-                lambda key, shape, dtype=jnp.float32: jnp.take(
-                    table, prompt_init_ids(shape[0], table.shape[0]), axis=0).astype(dtype),
-                (None, "embed")), (length, module.features), jnp.float32)
-        x = next_fun(*args, **kwargs)
-        return jax.lax.dynamic_update_slice_in_dim(
-            x, jnp.broadcast_to(prompt.astype(x.dtype)[None], (x.shape[0],) + prompt.shape),
-            offset, axis=1)
-    if isinstance(module, t5.Encoder):  # (input_tokens, deterministic, segment_ids=None)
-        bound = inspect.signature(type(module).__call__).bind(module, *args, **kwargs)
-        if bound.arguments.get("segment_ids") is not None:
-            raise ValueError("Prompt tuning puts its prompt in front of each row; packed rows "
-                             "(segment ids) are not supported: set pack=False.")
-        bound.arguments["input_tokens"] = _insert(bound.arguments["input_tokens"], 0, length,
-                                                  _placeholder(module.config))
-        with _prompt_site(module, 0):
-            return next_fun(*bound.args[1:], **bound.kwargs)
-    if isinstance(module, t5.Decoder):  # its cross-attention sees the prompt positions
-        bound = inspect.signature(type(module).__call__).bind(module, *args, **kwargs)
-        bound.arguments["encoder_input_tokens"] = _insert(
-            bound.arguments["encoder_input_tokens"], 0, length, _placeholder(module.config))
+        return _prompted_embeddings(length, module, next_fun, args, kwargs)
+    site = getattr(type(module), "PROMPT_SITE", None)
+    if site is None:
+        return NotImplemented
+    bound = inspect.signature(type(module).__call__).bind(module, *args, **kwargs)
+    given = bound.arguments
+    if any(given.get(name) is not None for name in site.unpacked):
+        raise ValueError(site.packed_refusal)
+    given[site.tokens] = _insert(given[site.tokens], site.offset, length,
+                                 _placeholder(module.config))
+    for name, value in site.aligned:
+        if given.get(name) is not None:
+            given[name] = _insert(given[name], site.offset, length, value)
+    if not site.owner:
         return next_fun(*bound.args[1:], **bound.kwargs)
-    if isinstance(module, encoder.EncoderOnly):
-        bound = inspect.signature(type(module).__call__).bind(module, *args, **kwargs)
-        given = bound.arguments
-        if given.get("segment_ids") is not None or given.get("positions") is not None:
-            raise ValueError("Prompt tuning puts its prompt after each row's first token; "
-                             "packed rows (segment ids, positions) are not supported: set "
-                             "pack=False.")
-        given["input_tokens"] = _insert(given["input_tokens"], 1, length,
-                                        _placeholder(module.config))
-        for name, value in (("token_type_ids", 0), ("input_mask", True), ("span_mask", False)):
-            if given.get(name) is not None:
-                given[name] = _insert(given[name], 1, length, value)
-        with _prompt_site(module, 1):
-            out = next_fun(*bound.args[1:], **bound.kwargs)
-        keep = lambda x: jnp.concatenate([x[:, :1], x[:, 1 + length:]], axis=1)  # noqa: E731
-        return {k: keep(v) if k in ("mlm_logits", "hidden", "sbo_logits") else v
-                for k, v in out.items()}
-    return NotImplemented
+    with _prompt_site(module, site.offset):
+        out = next_fun(*bound.args[1:], **bound.kwargs)
+    if not site.trimmed:
+        return out
+    def keep(x):
+        return jnp.concatenate([x[:, :site.offset], x[:, site.offset + length:]], axis=1)
+    return {k: keep(v) if k in site.trimmed else v for k, v in out.items()}
+
+
+def _prompted_embeddings(length: int, module, next_fun, args, kwargs):
+    """The token embedder of the module that owns the prompt (its site is entered): the
+    placeholder rows' embeddings are the prompt's."""
+    site = _PROMPT_SITE.get()
+    if site is None or module.name != "token_embedder":
+        return NotImplemented
+    owner, offset = site
+    table = module.embedding
+    prompt = owner.param(
+        PROMPT_PARAM, nn.with_logical_partitioning(
+            lambda key, shape, dtype=jnp.float32: jnp.take(
+                table, prompt_init_ids(shape[0], table.shape[0]), axis=0).astype(dtype),
+            (None, "embed")), (length, module.features), jnp.float32)
+    x = next_fun(*args, **kwargs)
+    return jax.lax.dynamic_update_slice_in_dim(
+        x, jnp.broadcast_to(prompt.astype(x.dtype)[None], (x.shape[0],) + prompt.shape),
+        offset, axis=1)
 
 
 def _placeholder(config) -> int:

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from t5x_like.config.families import T5Spec
-from t5x_like.models import attention, layers, moe, stacking
+from t5x_like.models import attention, layers, moe, peft_modules, stacking
 from t5x_like.models.layers import constrain
 
 
@@ -74,6 +74,12 @@ class DecoderLayer(nn.Module):
 
 
 class Encoder(nn.Module):
+    #: prompt tuning: the prompt goes in front of each row's tokens
+    PROMPT_SITE: ClassVar[peft_modules.PromptSite] = peft_modules.PromptSite(
+        "input_tokens", 0, unpacked=("segment_ids",),
+        packed_refusal="Prompt tuning puts its prompt in front of each row; packed rows "
+                       "(segment ids) are not supported: set pack=False.")
+
     config: T5Spec
     embedder: layers.Embed
 
@@ -100,6 +106,10 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
+    #: prompt tuning: its cross-attention sees the encoder's rows with the prompt in front
+    PROMPT_SITE: ClassVar[peft_modules.PromptSite] = peft_modules.PromptSite(
+        "encoder_input_tokens", 0, owner=False)
+
     config: T5Spec
     embedder: layers.Embed
 

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import traverse_util
 
 from t5x_like import objectives
@@ -151,6 +152,13 @@ class Structure:
     #: model rows per example (a preference pair is two: its chosen and rejected rows),
     #: what the loop's tokens per second count
     rows_per_example = 1
+    #: the mode ``eval`` always uses for this structure's checkpoints ("" : the task and
+    #: the flags choose; ``head``: a fine-tuned head's labels; ``pairs``: a reward model's
+    #: scores of preference pairs)
+    evaluation_mode = ""
+    #: whether ``infer`` writes generated text (else the structure's own outputs: labels,
+    #: values, tags or spans, with nothing to decode)
+    writes_text = True
 
     def __init__(self, model):
         self.model = model
@@ -312,6 +320,22 @@ class Structure:
 
     def predict_batch(self, params, batch, *, rng=None, **decode) -> jax.Array:
         raise NotImplementedError
+
+    # -- what eval and infer ask of a checkpoint ----------------------------------------------
+    def check_evaluated_tasks(self, name: str, tasks) -> None:
+        """Refuses (``UserError``) an evaluation of ``tasks`` (``name``'s leaves) this
+        structure cannot answer; any number of tasks by default."""
+
+    def infer_rows(self, examples, task_feature_lengths, eos_id: int) -> list[dict]:
+        """``infer``'s batch rows of ``examples`` (their ``inputs`` tokenized): prompts
+        whose targets are a lone EOS, so a decoder's prompt ends where they begin."""
+        converter = self.feature_converter(task_feature_lengths, pack=False)
+        return [converter.convert_example(dict(ex, targets=np.asarray([eos_id], np.int32)),
+                                          task_feature_lengths) for ex in examples]
+
+    def output_texts(self, outputs, rows, decode) -> list[str]:
+        """``infer``'s text of each row's output (``decode``: tokens -> text)."""
+        return [decode(row) for row in outputs]
 
     def decode_step(self, batch_size: int, lengths: Mapping[str, int]):
         """One token of generation over a filled cache, for ``plan --decode``:

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5x_like import objectives
-from t5x_like.errors import ConfigError
+from t5x_like.errors import ConfigError, UserError
 from t5x_like.models import heads
 from t5x_like.structures.base import Structure, dropout_rngs
 
@@ -30,6 +30,8 @@ LOSSES = {"classification": objectives.classification_loss,
 
 class HeadStructure(Structure):
     name = "head"
+    evaluation_mode = "head"
+    writes_text = False
 
     def __init__(self, body: Structure, head_config, labels: Sequence[str],
                  vocabulary):
@@ -49,6 +51,25 @@ class HeadStructure(Structure):
     @property
     def wraps_cls_sep(self) -> bool:
         return self.body.name == "encoder"
+
+    # -- what eval and infer ask of a checkpoint -----------------------------------------------
+    def check_evaluated_tasks(self, name, tasks) -> None:
+        if len(tasks) > 1:
+            raise UserError(f"A fine-tuned head predicts one task's labels; {name!r} has "
+                            f"{len(tasks)} tasks. Evaluate the task it was trained on "
+                            "(--task=NAME).")
+
+    def infer_rows(self, examples, task_feature_lengths, eos_id: int) -> list[dict]:
+        """Rows of whatever fields the examples hold (no labels needed to predict them)."""
+        converter = self.feature_converter(task_feature_lengths, strict=False)
+        try:
+            return [converter.convert_example(ex, task_feature_lengths) for ex in examples]
+        except KeyError as e:
+            raise UserError(f"{e.args[0]} Pass --task=NAME for a task with those fields.") from None
+
+    def output_texts(self, outputs, rows, decode) -> list[str]:
+        """The label, value, tag or span text of each row."""
+        return self.label_texts(outputs, rows)
 
     # -- data -------------------------------------------------------------------------------
     def feature_converter(self, task_feature_lengths, pack=False, strict=True):

@@ -191,6 +191,7 @@ class RewardStructure(_PairStructure):
     loss (``margin`` from the rows, ``preference.center_rewards``)."""
 
     name = "reward"
+    evaluation_mode = "pairs"
 
     def __init__(self, body: Structure, settings):
         super().__init__(body, settings, RewardModel(body.model))
