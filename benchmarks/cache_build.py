@@ -2,7 +2,7 @@
 worker processes, and reading the task cached vs uncached.
 
     .venv/bin/python benchmarks/cache_build.py [--tasks embedded_en_span_corruption]
-        [--workers 0,1,2] [--repeats 3] [--examples_per_shard 20000] [--read 20000]
+        [--workers 0,1,2] [--repeats 3] [--examples_per_shard 20000] [--read 20000] [--smoke]
 
 Each row runs ``python -m t5x_like.cache_tasks`` in a fresh process into a new folder
 with ``--direct_running_mode=multi_processing --direct_num_workers=N`` (N = 0: the
@@ -18,6 +18,9 @@ corpus: English with the 8k SentencePiece vocabulary, and the multilingual mixtu
 four byte-level tasks). ``--read N`` then times the first N training examples of
 ``--read_task`` through ``Task.get_dataset`` from the source and from the cache (the
 steps after the marker still run: chunking and the objective's random choices).
+
+``--smoke``: one build of the English task's validation split in the command's own process
+(``--workers 0``) and 20 examples read from it, a check that the script runs.
 """
 
 from __future__ import annotations
@@ -38,9 +41,12 @@ import time
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def build(tasks: str, workers: int, examples_per_shard: int, folder: str) -> dict:
+def build(tasks: str, workers: int, examples_per_shard: int, folder: str,
+          splits: str = "") -> dict:
     command = [sys.executable, "-m", "t5x_like.cache_tasks", f"--tasks={tasks}",
                f"--output_dir={folder}", f"--examples_per_shard={examples_per_shard}"]
+    if splits:
+        command.append(f"--splits={splits}")
     if workers:
         command += ["--direct_running_mode=multi_processing", f"--direct_num_workers={workers}"]
     cpu_before = _children_cpu()
@@ -67,8 +73,8 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def read_rate(task_name: str, n: int, cache_dir: str) -> tuple[float, float]:
-    """Examples/s of the first ``n`` training examples, uncached and cached."""
+def read_rate(task_name: str, n: int, cache_dir: str, split: str = "train") -> tuple[float, float]:
+    """Examples/s of the first ``n`` examples of ``split``, uncached and cached."""
     importlib.import_module("t5x_like.data")  # registers the built-in tasks
     from t5x_like.data import cache, dataset_providers
     cache.add_cache_dirs(cache_dir)
@@ -76,7 +82,7 @@ def read_rate(task_name: str, n: int, cache_dir: str) -> tuple[float, float]:
     lengths = {"inputs": 512, "targets": 114}
     rates = []
     for use_cached in (False, True):
-        ds = task.get_dataset("train", lengths, seed=0, use_cached=use_cached)
+        ds = task.get_dataset(split, lengths, seed=0, use_cached=use_cached)
         iterator = iter(ds)
         next(iterator)  # opened, vocabulary and source loaded
         started = time.perf_counter()
@@ -86,7 +92,7 @@ def read_rate(task_name: str, n: int, cache_dir: str) -> tuple[float, float]:
     return rates[0], rates[1]
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", default="embedded_en_span_corruption,"
@@ -98,7 +104,13 @@ def main() -> None:
     parser.add_argument("--read", type=int, default=20_000,
                         help="Also time reading N examples cached vs uncached (0: skip).")
     parser.add_argument("--read_task", default="embedded_en_span_corruption")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true",
+                        help="one small build and read: a check that the script runs")
+    args = parser.parse_args(argv)
+    splits, read_split = "", "train"
+    if args.smoke:
+        args.tasks, args.workers, args.repeats, args.read = args.read_task, "0", 1, 20
+        splits = read_split = "validation"
     print(f"cores: {os.cpu_count()}; load average before: {os.getloadavg()[0]:.2f}; "
           f"tasks: {args.tasks}")
     best: dict[int, dict] = {}
@@ -107,7 +119,7 @@ def main() -> None:
         for repeat in range(args.repeats):
             for workers in [int(w) for w in args.workers.split(",")]:
                 last = os.path.join(tmp, f"workers{workers}-{repeat}")
-                row = build(args.tasks, workers, args.examples_per_shard, last)
+                row = build(args.tasks, workers, args.examples_per_shard, last, splits)
                 print(f"  run {repeat + 1}: workers={workers} {row['seconds']:.1f} s",
                       flush=True)
                 if workers not in best or row["seconds"] < best[workers]["seconds"]:
@@ -123,10 +135,10 @@ def main() -> None:
                   f"{row['examples'] / row['seconds']:,.0f} |")
         if args.read:
             print()
-            print(f"| task (first {args.read:,} train examples, 512/114) | uncached examples/s "
-                  "| cached examples/s |")
+            print(f"| task (first {args.read:,} {read_split} examples, 512/114) | uncached "
+                  "examples/s | cached examples/s |")
             print("|---|---:|---:|")
-            uncached, cached = read_rate(args.read_task, args.read, last)
+            uncached, cached = read_rate(args.read_task, args.read, last, read_split)
             print(f"| {args.read_task} | {uncached:,.0f} | {cached:,.0f} |")
 
 

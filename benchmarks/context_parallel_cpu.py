@@ -2,14 +2,17 @@
 decoder with every row whole on its device (data parallel) against rows split over a
 ``context`` axis (all-gather and ring attention), at the same global batch.
 
-    .venv/bin/python benchmarks/context_parallel_cpu.py [--length 1024] [--steps 5]
+    .venv/bin/python benchmarks/context_parallel_cpu.py [--length 1024] [--steps 5] [--smoke]
 
 Fake devices share this machine's cores, so the times show the cost of the machinery
 (the extra collectives, the ring's recomputed folds, the load-balancing permutes), not
 a speed-up: on real chips the point is that a row no longer has to fit one chip. Each
 row prints the compile time, the fastest of ``--steps`` steps after one warm-up, the
 loss of the first step (equal across rows: the same model, batch and seed) and the
-per-device temporary memory XLA reports for the compiled step.
+per-device temporary memory XLA reports for the compiled step. ``--smoke``: the rows of
+``SMOKE_ROWS`` (data parallel, all-gather and ring: every code path; the context-8 rows
+repeat them on a wider axis) with a 1-layer, 32-wide model of the recipe, 64 tokens a row
+and one timed step, a check that the script runs.
 """
 
 from __future__ import annotations
@@ -34,10 +37,14 @@ ROWS = [
     ("context 8, all-gather", {"data": 1, "context": 8}, "all_gather"),
     ("context 8, ring", {"data": 1, "context": 8}, "ring"),
 ]
+SMOKE_ROWS = ("data 8", "data 2 x context 4, all-gather", "data 2 x context 4, ring")
 
 
-def config_for(mesh: dict, strategy: str, length: int, batch: int):
+def config_for(mesh: dict, strategy: str, length: int, batch: int, smoke: bool = False):
     config = config_lib.load_config_file("configs/pretrain/gpt2_tiny.py")
+    if smoke:
+        import _smoke
+        _smoke.tiny_model(config.model)
     config.task_feature_lengths = {"targets": length}
     config.model.positions.max_length = length
     config.batch_size = batch
@@ -74,19 +81,25 @@ def measure(config, steps: int) -> dict:
             "temp_mib": temp / 2**20}
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--length", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=5)
-    args = parser.parse_args()
-    print(f"gpt2_tiny (4 layers, d_model 128), {args.batch} rows x {args.length} tokens, "
+    parser.add_argument("--smoke", action="store_true", help="tiny model and sizes")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.length, args.steps = 64, 1
+    model = "1 layer, d_model 32" if args.smoke else "4 layers, d_model 128"
+    print(f"gpt2_tiny ({model}), {args.batch} rows x {args.length} tokens, "
           f"{jax.device_count()} fake CPU devices\n")
     print("| mesh | compile s | step s | step vs data 8 | first loss | temp MiB / device |")
     print("|---|---|---|---|---|---|")
     base = None
     for name, mesh, strategy in ROWS:
-        row = measure(config_for(mesh, strategy, args.length, args.batch), args.steps)
+        if args.smoke and name not in SMOKE_ROWS:
+            continue
+        row = measure(config_for(mesh, strategy, args.length, args.batch, args.smoke), args.steps)
         base = base or row["step_s"]
         print(f"| {name} | {row['compile_s']:.1f} | {row['step_s']:.3f} | "
               f"{row['step_s'] / base:.2f}x | {row['loss']:.6f} | {row['temp_mib']:.1f} |",

@@ -3,6 +3,7 @@ planned ahead of time with and without context parallelism.
 
     python benchmarks/context_parallel_plan.py [--length 131072] [--rows all]
     python benchmarks/context_parallel_plan.py --rows "fsdp 2 x context 16, all-gather"
+    python benchmarks/context_parallel_plan.py --smoke   # tiny: a check that it runs
 
 Each row compiles the real train step with ``t5x_like.plan`` (libtpu's compiler; no TPU
 needed) in bfloat16, scanned layers, full rematerialisation. Without a context axis the
@@ -11,6 +12,10 @@ parallel chips), and each chip holds a whole row's activations; with ``mesh.cont
 a row's positions split over C chips, so 32 / C rows make a step. Printed: memory per
 chip, whether it fits, the roofline step (compute, HBM, collectives), and the
 collectives' bytes per chip and step by the mesh axes they cross.
+
+``--smoke``: every row's strategy with a 1-layer, 32-wide model of the same config at 256
+tokens a row on v5p:2x2x1 (4 chips: fsdp 4, or fsdp 2 x context 2), a check that the
+script runs (libtpu's compile of even a tiny model takes seconds).
 """
 
 from __future__ import annotations
@@ -34,18 +39,29 @@ ROWS = {
     "fsdp 2 x context 16, ring": ({"data": 1, "fsdp": 2, "context": 16}, "ring"),
     "fsdp 2 x context 16, all-gather": ({"data": 1, "fsdp": 2, "context": 16}, "all_gather"),
 }
+# --smoke: the same strategies on 4 chips.
+SMOKE_TOPOLOGY, SMOKE_CHIPS, SMOKE_LENGTH = "v5p:2x2x1", 4, 256
+SMOKE_ROWS = {
+    "fsdp 4 (no context)": ({"data": 1, "fsdp": 4, "context": 1}, "all_gather"),
+    "fsdp 2 x context 2, ring": ({"data": 1, "fsdp": 2, "context": 2}, "ring"),
+    "fsdp 2 x context 2, all-gather": ({"data": 1, "fsdp": 2, "context": 2}, "all_gather"),
+}
 
 
-def plan_row(mesh: dict, strategy: str, length: int) -> dict:
+def plan_row(mesh: dict, strategy: str, length: int, smoke: bool = False) -> dict:
     config = config_lib.load_config_file(str(ROOT / "configs/open_decoders.py:llama-3.1-8b"))
-    batch = CHIPS // mesh["context"]
+    if smoke:
+        import _smoke
+        _smoke.tiny_model(config.model)
+    chips, topology = (SMOKE_CHIPS, SMOKE_TOPOLOGY) if smoke else (CHIPS, TOPOLOGY)
+    batch = chips // mesh["context"]
     config_lib.apply_overrides(config, [
         f"task_feature_lengths.targets={length}", f"model.positions.max_length={length}",
         f"batch_size={batch}", "model.numerics.dtype=bfloat16",
         "model.numerics.scan_layers=True", "model.numerics.remat_policy=full",
         f"partitioning.context_attention={strategy}",
         *(f"mesh.{axis}={size}" for axis, size in mesh.items())])
-    return aot_planner.plan(config, TOPOLOGY)
+    return aot_planner.plan(config, topology)
 
 
 def plan_cells(report: dict) -> tuple[float, str, str, str]:
@@ -68,14 +84,20 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--length", type=int, default=131_072)
     parser.add_argument("--rows", default="all", help="row names separated by ';', or all")
+    parser.add_argument("--smoke", action="store_true",
+                        help="a tiny model on 4 chips: a check that the script runs")
     args = parser.parse_args(argv)
-    names = list(ROWS) if args.rows == "all" else [n.strip() for n in args.rows.split(";")]
+    rows = SMOKE_ROWS if args.smoke else ROWS
+    if args.smoke:
+        args.length = SMOKE_LENGTH
+    aot_planner.prepare_compiler_environment()  # this machine is no TPU VM
+    names = list(rows) if args.rows == "all" else [n.strip() for n in args.rows.split(";")]
     print("| mesh | rows x tokens | memory / chip (GiB) | fits | roofline step s (bound) "
           "| compute / HBM / collectives s | collectives GB / chip by axes |")
     print("|---|---|---|---|---|---|---|")
     for name in names:
-        mesh, strategy = ROWS[name]
-        report = plan_row(mesh, strategy, args.length)
+        mesh, strategy = rows[name]
+        report = plan_row(mesh, strategy, args.length, args.smoke)
         memory, step, parts, moved = plan_cells(report)
         print(f"| {name} | {report['batch_size']} x {args.length:,} | {memory:.1f} "
               f"| {'yes' if report['fits'] else 'no'} | {step} | {parts} | {moved} |",

@@ -1,7 +1,7 @@
 """Input-pipeline throughput per objective, one process, on the embedded corpus.
 
     .venv/bin/python benchmarks/data_pipeline.py [--examples 1000] [--rows span_corruption,mlm]
-        [--repeats 3] [--no-seqio] [--streams 1,8 --batches 40]
+        [--repeats 3] [--no-seqio] [--streams 1,8 --batches 40] [--smoke]
 
 For each objective: examples/s, tokens/s and tokens per CPU second (all threads of
 the process) of finished model batches (the feature converter's output; tokens =
@@ -17,7 +17,11 @@ for each V given.
 When ``seqio`` and ``t5`` (and TensorFlow) are installed (benchmarks/requirements-seqio.txt,
 a separate venv), the same run compares one epoch of span corruption with packing,
 512/114, file order, on both sides: ours, and T5's task (seqio + t5 tf.data) on the
-same documents and vocabulary, single process with tf.data on one thread.
+same documents and vocabulary, single process with tf.data on one thread; without them
+our side of that comparison still runs and the seqio row says it is not installed.
+
+``--smoke``: every row on a few examples (the epoch row on as many), the fill ratios on
+200 documents, and the streams on one batch of each count: a check that the script runs.
 """
 
 from __future__ import annotations
@@ -85,30 +89,32 @@ def report(name: str, seconds: float, cpu_seconds: float, tokens: int, examples:
     return row
 
 
-def run_row(name: str, num_examples: int) -> dict:
+def run_row(name: str, num_examples: int, warm_up: int = 20) -> dict:
     task, lengths, converter = ROWS[name]
     iterator = iter(td.get_dataset(task, lengths, feature_converter=converter(), seed=0))
-    time_stream(iterator, 20)  # warm-up: corpus read, vocabulary tables
+    time_stream(iterator, warm_up)  # warm-up: corpus read, vocabulary tables
     return report(name, *time_stream(iterator, num_examples))
 
 
-def span_corruption_epoch() -> dict:
-    """Ours, for the seqio comparison: one epoch of the training split in file order."""
+def span_corruption_epoch(num_examples: int | None = None, warm_up: int = 20) -> dict:
+    """Ours, for the seqio comparison: one epoch of the training split in file order
+    (its first ``num_examples`` examples when given: a smoke run)."""
     task, lengths, converter = ROWS["span_corruption"]
     iterator = iter(td.get_dataset(task, lengths, feature_converter=converter(), seed=0,
                                    shuffle=False, num_epochs=1))
-    time_stream(iterator, 20)
-    return report("span_corruption, epoch", *time_stream(iterator))
+    time_stream(iterator, warm_up)
+    return report("span_corruption, epoch", *time_stream(iterator, num_examples))
 
 
-def streams_row(num_streams: int, num_batches: int, batch_size: int = 64) -> float:
+def streams_row(num_streams: int, num_batches: int, batch_size: int = 64,
+                warm_up: int = 8) -> float:
     """Tokens/s of global batches (span corruption, packed) drawn from ``num_streams``
     streams, all run by this process."""
     make_stream = functools.partial(pipeline.build_dataset, "embedded_en_span_corruption",
                                     "train", {"inputs": INPUTS, "targets": TARGETS}, seed=0,
                                     shuffle=True, pack=True)
     batches = td.HostBatchIterator(make_stream, batch_size, num_streams)
-    time_stream(batches, 8)  # warm-up: corpus read, vocabulary tables, packing bins filling
+    time_stream(batches, warm_up)  # warm-up: corpus read, vocabulary tables, packing bins filling
     start, tokens = time.perf_counter(), 0
     for batch in itertools.islice(batches, num_batches):
         tokens += sum(int(np.count_nonzero(batch[k])) for k in TOKEN_FEATURES)
@@ -139,7 +145,7 @@ def fill_ratios(num_docs: int = 4000, length: int = 512) -> None:
               f"({len(rows)} rows, {real / seconds:,.0f} tokens/s)")
 
 
-def seqio_span_corruption() -> dict | None:
+def seqio_span_corruption(num_examples: int | None = None, warm_up: int = 20) -> dict | None:
     """seqio + t5 tf.data span corruption with packing, same documents and vocabulary.
 
     T5's own task definition (c4_v220_span_corruption: rekey, tokenize,
@@ -184,8 +190,8 @@ def seqio_span_corruption() -> dict | None:
     options.threading.private_threadpool_size = 1
     options.threading.max_intra_op_parallelism = 1
     iterator = ds.with_options(options).as_numpy_iterator()
-    time_stream(iterator, 20)
-    return report("seqio span_corruption, epoch", *time_stream(iterator))
+    time_stream(iterator, warm_up)
+    return report("seqio span_corruption, epoch", *time_stream(iterator, num_examples))
 
 
 # TPU v5p: 459 TFLOP/s bf16 peak per chip, 4 chips and 208 vCPUs per host (ct5p-hightpu-4t).
@@ -217,7 +223,7 @@ def v5p_estimate(results: dict) -> None:
               f"({needed / per_core / V5P_HOST_VCPUS:.0%} of the host's vCPUs)")
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--examples", type=int, default=1000)
@@ -229,19 +235,30 @@ def main() -> None:
     parser.add_argument("--streams", help="time the trainer's input for these stream counts, "
                         "e.g. 1,8, instead of the objective rows")
     parser.add_argument("--batches", type=int, default=40, help="global batches of 64 per count")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true",
+                        help="a few examples a row: a check that every row runs")
+    args = parser.parse_args(argv)
+    warm_up, epoch_examples, docs = 20, None, 4000
+    if args.smoke:
+        args.examples, args.batches, args.repeats = 5, 1, 1
+        warm_up, epoch_examples, docs = 2, 5, 200
     if args.streams:
+        print("| streams | rows per stream | tokens/s |\n| --- | --- | --- |")
         for count in args.streams.split(","):
-            streams_row(int(count), args.batches)
+            streams_row(int(count), args.batches, warm_up=min(warm_up, 8))
         return
-    runs = [(name, functools.partial(run_row, name, args.examples))
+    runs = [(name, functools.partial(run_row, name, args.examples, warm_up))
             for name in args.rows.split(",") if name]
+    seqio_installed = all(importlib.util.find_spec(m) for m in ("seqio", "t5", "tensorflow"))
     if not args.no_seqio:
-        if all(importlib.util.find_spec(m) for m in ("seqio", "t5", "tensorflow")):
-            runs += [("epoch", span_corruption_epoch), ("seqio", seqio_span_corruption)]
+        runs.append(("epoch", functools.partial(span_corruption_epoch, epoch_examples, warm_up)))
+        if seqio_installed:
+            runs.append(("seqio", functools.partial(seqio_span_corruption, epoch_examples,
+                                                    warm_up)))
         else:
-            print("seqio/t5/tensorflow not installed: seqio comparison skipped (install "
-                  "benchmarks/requirements-seqio.txt in a separate venv, see docs/benchmarks.md).")
+            print("seqio/t5/tensorflow not installed: our side of the seqio comparison runs "
+                  "alone (install benchmarks/requirements-seqio.txt in a separate venv, see "
+                  "docs/benchmarks.md).")
     results = {}
     for _ in range(args.repeats):
         for key, run in runs:
@@ -258,8 +275,10 @@ def main() -> None:
         ours, theirs = results["epoch"], results["seqio"]
         print(f"| ratio ours / seqio | | | {ours['tokens/s'] / theirs['tokens/s']:.2f}x | "
               f"{ours['tokens/cpu-s'] / theirs['tokens/cpu-s']:.2f}x |")
+    elif not args.no_seqio:
+        print("| seqio span_corruption, epoch | not installed | | | |")
     print()
-    fill_ratios()
+    fill_ratios(docs)
     v5p_estimate(results)
 
 

@@ -2,7 +2,10 @@
 
     .venv/bin/python benchmarks/decode_speed.py [--repeats 5] [--batch 8] [--new_tokens 64]
         [--prompt_length N] [--rows gpt2_greedy,gpt2_beam,t5_greedy,t5_beam]
-        [--dtype float32] [--torch_threads 0]
+        [--dtype float32] [--torch_threads 0] [--smoke]
+
+``--smoke``: every row at tiny sizes (1-layer, 32-wide models of the same configs, batch
+2, 8-token prompts, 4 new tokens, one timed call), a check that the script runs.
 
 Rows: GPT-2 small (``configs/gpt2_small.py``) and T5 v1.1 small
 (``configs/t5_1_1_small.py``), each greedy and beam search with 4 beams. Our
@@ -67,6 +70,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5x_like import config_lib, decoding, models, structures
+from t5x_like.convert import __main__ as convert_cli
 from t5x_like.convert import hf_gpt2, hf_io, hf_t5
 
 ROWS = {
@@ -81,10 +85,20 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NO_EOS = -1  # never an argmax, so no row ends early on our side
 
 
-def load_model_config(config_name: str, dtype: str):
+def load_model_config(config_name: str, dtype: str, smoke: bool = False):
     config = config_lib.load_config_file(os.path.join(REPO, "configs", f"{config_name}.py"))
-    config.model.dtype = dtype
+    config.model.numerics.dtype = dtype
+    if smoke:
+        import _smoke
+        _smoke.tiny_model(config.model, vocab_size=512)
     return config.model
+
+
+def export_config(model_config) -> dict:
+    """The model as the exporters read it: their flat view (``convert.flat_model``, what
+    ``convert export`` hands them; a config's sectioned ``to_dict()`` hides keys such as
+    ``positions.max_length`` from them), in float32, the dtype of the exported weights."""
+    return dict(convert_cli.flat_model(model_config), dtype="float32")
 
 
 def init_params(model, seed: int = 0):
@@ -197,7 +211,7 @@ def theirs(hf_model, family: str, tokens: np.ndarray, beams: int, new_tokens: in
     return result
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default=",".join(ROWS))
@@ -211,7 +225,11 @@ def main() -> None:
                         help="PyTorch CPU threads; 0: one per core")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                         help="compute dtype; parameters stay float32")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny models and sizes: a check that every row runs")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.batch, args.new_tokens, args.prompt_length, args.repeats = 2, 4, 8, 1
     rows = args.rows.split(",")
     unknown = sorted(set(rows) - set(ROWS))
     if unknown:
@@ -238,12 +256,12 @@ def main() -> None:
         config_name, beams = ROWS[row]
         if config_name not in loaded:
             loaded.clear()  # one model pair in memory at a time
-            model_config = load_model_config(config_name, args.dtype)
+            model_config = load_model_config(config_name, args.dtype, args.smoke)
             params = init_params(structures.build_model(model_config))
-            export_config = dict(model_config.to_dict(), dtype="float32")
             loaded[config_name] = (model_config, params,
-                                   hf_model_with_same_weights(config_name, export_config, params,
-                                                              device))
+                                   hf_model_with_same_weights(config_name,
+                                                              export_config(model_config),
+                                                              params, device))
         model_config, params, hf_model = loaded[config_name]
         family = model_config["family"]
         length = args.prompt_length or DEFAULT_PROMPT_LENGTH[config_name]

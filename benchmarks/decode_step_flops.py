@@ -2,6 +2,7 @@
 
     python benchmarks/decode_step_flops.py                       # t5_1_1_xl, batch 8
     python benchmarks/decode_step_flops.py --config=t5_1_1_small --batch=32
+    python benchmarks/decode_step_flops.py --smoke   # tiny: a check that it runs
 
 Without the cache every step projects the whole encoder output into every decoder
 layer's cross-attention keys and values again (``cached_cross=False``, what each step
@@ -20,15 +21,20 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
-def step_flops(config_name: str, batch: int, cached: bool) -> float:
+def step_flops(config_name: str, batch: int, cached: bool, smoke: bool = False) -> float:
     import jax
     import jax.numpy as jnp
     import ml_collections
 
     from t5x_like import config_lib, decoding, structures
     config = config_lib.load_config_file(str(ROOT / "configs" / f"{config_name}.py"))
+    if smoke:  # a 1-layer, 32-wide model of the config's family, 16 inputs, 8 targets
+        import _smoke
+        _smoke.tiny_model(config.model)
+        config.task_feature_lengths = {"inputs": 16, "targets": 8}
     model_config = ml_collections.ConfigDict(dict(config.model.to_dict(), scan_layers=False,
                                                   remat_policy="none"))
     model = structures.build_model(model_config)
@@ -55,9 +61,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="t5_1_1_xl")
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--smoke", action="store_true",
+                        help="the config's model at 1 layer, 32 wide, batch 2: a check that it runs")
     args = parser.parse_args(argv)
-    before = step_flops(args.config, args.batch, cached=False)
-    after = step_flops(args.config, args.batch, cached=True)
+    if args.smoke:
+        args.batch = 2
+    before = step_flops(args.config, args.batch, cached=False, smoke=args.smoke)
+    after = step_flops(args.config, args.batch, cached=True, smoke=args.smoke)
     print(f"| config | batch | step FLOPs, projecting the encoder output | step FLOPs, cross "
           f"cache | ratio |\n| --- | --- | --- | --- | --- |\n| {args.config} | {args.batch} "
           f"| {before:.4g} | {after:.4g} | {before / after:.1f}x |")

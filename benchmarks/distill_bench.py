@@ -7,13 +7,15 @@ fine-tuned on three embedded_bench tasks: scores, parameters, inference speed.
         --config.distill.teacher= --config.distill.student_init=fresh
     .venv/bin/python benchmarks/distill_bench.py run --runs=runs     # fine-tunes and evaluates
     .venv/bin/python benchmarks/distill_bench.py table --runs=runs   # prints the table
+    .venv/bin/python benchmarks/distill_bench.py run --smoke         # tiny: a check that it runs
 
 The teacher is ``bert_tiny`` (4 layers, 1,000 steps); the students have 2 layers
 (500 steps): one distilled from the teacher and started from its layers 0 and 3,
 one trained on masked LM alone from a fresh init. All three fine-tune with
 ``configs/finetune/bert_tiny_head.py`` (400 steps of 32) into
 ``RUNS/distill_<model>_<task>``. Inference speed is the encoder's forward pass on
-a batch of 32 x 128 tokens, measured alone by ``table`` (median of 20).
+a batch of 32 x 128 tokens, measured alone by ``table`` (median of 20). ``--smoke``: as
+``peft_bench.py``'s (speed on 4 x 16 tokens, median of 2).
 """
 
 from __future__ import annotations
@@ -24,7 +26,15 @@ import sys
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from peft_bench import TASKS, bench_main, finetune_and_evaluate, head_overrides, score  # noqa: E402
+from peft_bench import (  # noqa: E402
+    PT_BERT,
+    SMOKE,
+    TASKS,
+    bench_main,
+    finetune_and_evaluate,
+    head_overrides,
+    score,
+)
 
 CONFIG = "configs/finetune/bert_tiny_head.py"
 MODELS = {"teacher": ("pt_bert", 4), "distilled": ("pt_distil", 2), "no_teacher": ("pt_small", 2)}
@@ -51,18 +61,23 @@ def size_and_speed(layers: int) -> tuple[int, float]:
 
     from t5x_like import config_lib, structures, trainer
     config = config_lib.load_config_file("configs/pretrain/bert_tiny.py")
+    if SMOKE["run"]:
+        import _smoke
+        _smoke.tiny_model(config.model, layers=None)
     config.model.num_layers = layers
     model = structures.build_model(config.model)
-    tokens = jnp.asarray(np.random.default_rng(0).integers(5, 8000, size=(32, 128)), jnp.int32)
+    rows, length, repeats = (4, 16, 2) if SMOKE["run"] else (32, 128, 20)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(5, 8000, size=(rows, length)),
+                         jnp.int32)
     params = jax.jit(model.init)(jax.random.key(0), tokens)["params"]
     forward = jax.jit(lambda p, t: model.apply({"params": p}, t)["mlm_logits"])
     jax.block_until_ready(forward(params, tokens))
     times = []
-    for _ in range(20):
+    for _ in range(repeats):
         start = time.perf_counter()
         jax.block_until_ready(forward(params, tokens))
         times.append(time.perf_counter() - start)
-    return trainer.param_count(params), 32 / statistics.median(times)
+    return trainer.param_count(params), rows / statistics.median(times)
 
 
 def table(runs: pathlib.Path, model_names, tasks) -> str:
@@ -87,5 +102,21 @@ def table(runs: pathlib.Path, model_names, tasks) -> str:
     return "\n".join(lines)
 
 
+def pretraining_runs(runs: pathlib.Path, models) -> list:
+    """The pretraining runs of the chosen models, teacher first (``bench_main``'s
+    ``--smoke``): the distilled student reads ``RUNS/pt_bert``."""
+    made = {"teacher": [PT_BERT],
+            "distilled": [PT_BERT, ("pt_distil", "configs/pretrain/distil_bert_tiny.py",
+                                    [f"--config.distill.teacher={runs / 'pt_bert'}"])],
+            "no_teacher": [("pt_small", "configs/pretrain/distil_bert_tiny.py",
+                            ["--config.distill.teacher=", "--config.distill.student_init=fresh"])]}
+    wanted = [run for model in models for run in made[model]]
+    return [run for index, run in enumerate(wanted) if run not in wanted[:index]]
+
+
+def main(argv=None) -> None:
+    bench_main(__doc__, "models", MODELS, run_all, table, argv, pretraining_runs)
+
+
 if __name__ == "__main__":
-    bench_main(__doc__, "models", MODELS, run_all, table)
+    main()

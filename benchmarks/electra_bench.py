@@ -5,6 +5,7 @@ size pretrained for the same model FLOPs, both fine-tuned on three embedded_benc
     .venv/bin/python -m t5x_like.train --config=configs/pretrain/electra_tiny.py --workdir=runs/pt_electra
     .venv/bin/python benchmarks/electra_bench.py run --runs=runs     # fine-tunes and evaluates
     .venv/bin/python benchmarks/electra_bench.py table --runs=runs   # prints the table
+    .venv/bin/python benchmarks/electra_bench.py run --smoke         # tiny: a check that it runs
 
 The BERT (``bert_tiny``: 4 layers, 128 wide, 1,000 steps of 32 x 128) and the ELECTRA
 (a discriminator of the same shape, a generator a quarter of its width, 956 steps:
@@ -12,7 +13,8 @@ The BERT (``bert_tiny``: 4 layers, 128 wide, 1,000 steps of 32 x 128) and the EL
 head recipe (400 steps of 32, one head per task) into ``RUNS/electra_<model>_<task>``
 and are evaluated on the first 200 test examples. A finished run is skipped.
 The table adds each model's pretraining FLOPs, its last held-out pretraining
-metrics and the fine-tuned scores.
+metrics and the fine-tuned scores. ``--smoke``: as ``peft_bench.py``'s (the generator 2
+layers, 16 wide).
 """
 
 from __future__ import annotations
@@ -22,12 +24,24 @@ import pathlib
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from peft_bench import TASKS, bench_main, finetune_and_evaluate, head_overrides, score  # noqa: E402
+from peft_bench import (  # noqa: E402
+    PT_BERT,
+    SMOKE,
+    TASKS,
+    bench_main,
+    finetune_and_evaluate,
+    head_overrides,
+    score,
+)
 
 MODELS = {"bert": ("configs/finetune/bert_tiny_head.py", "pt_bert",
                    "configs/pretrain/bert_tiny.py"),
           "electra": ("configs/finetune/electra_tiny_head.py", "pt_electra",
                       "configs/pretrain/electra_tiny.py")}
+# --smoke: the generator narrower than the (32-wide) discriminator, as in the recipe.
+SMOKE_GENERATOR = ["--config.model.generator.d_model=16", "--config.model.generator.num_heads=1",
+                   "--config.model.generator.head_dim=16", "--config.model.generator.d_ff=32",
+                   "--config.model.generator.num_layers=2"]
 
 
 def run_dir(runs: pathlib.Path, model: str, task: str) -> pathlib.Path:
@@ -39,7 +53,9 @@ def run_all(runs: pathlib.Path, model_names, tasks) -> None:
         config, pretrained, _ = MODELS[model]
         for task in tasks:
             finetune_and_evaluate(run_dir(runs, model, task), config, task,
-                                  head_overrides(runs / pretrained, task))
+                                  head_overrides(runs / pretrained, task)
+                                  + (SMOKE_GENERATOR if SMOKE["run"] and model == "electra"
+                                     else []))
 
 
 def pretraining(runs: pathlib.Path, model: str) -> tuple[float, dict]:
@@ -73,5 +89,16 @@ def table(runs: pathlib.Path, model_names, tasks) -> str:
     return "\n".join(lines)
 
 
+def pretraining_runs(runs: pathlib.Path, models) -> list:
+    """The pretraining runs the chosen models fine-tune from (``bench_main``'s ``--smoke``)."""
+    made = {"bert": PT_BERT,
+            "electra": ("pt_electra", "configs/pretrain/electra_tiny.py", SMOKE_GENERATOR)}
+    return [made[model] for model in models]
+
+
+def main(argv=None) -> None:
+    bench_main(__doc__, "models", MODELS, run_all, table, argv, pretraining_runs)
+
+
 if __name__ == "__main__":
-    bench_main(__doc__, "models", MODELS, run_all, table)
+    main()

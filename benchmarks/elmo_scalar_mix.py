@@ -10,11 +10,18 @@ biLM of the same shape (the control).
 
     python -m t5x_like.train --config=configs/pretrain/elmo_tiny.py --workdir=runs/pt_elmo
     python benchmarks/elmo_scalar_mix.py --checkpoint=runs/pt_elmo --random_init
+    python benchmarks/elmo_scalar_mix.py --smoke   # tiny: a check that it runs
+
+``--smoke``: a tiny ELMo pretrained for 2 steps into a temporary folder (unless
+``--checkpoint`` names one), 30 training and 10 validation sentences of 16 tokens, 2 tagger
+steps, with the random-init control: a check that the script runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import pathlib
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -91,12 +98,12 @@ def train_tagger(train_x, train_y, test_x, test_y, num_tags, mix: bool, steps: i
 
 
 def load_params(checkpoint: str, random_init: bool):
-    """The run config and its newest params (``hidden_states.load`` without its
+    """The run's spec and its newest params (``hidden_states.load`` without its
     transformer-layer lookup); ``random_init``: fresh params of the same config."""
     from t5x_like import param_sources, runs
     source = param_sources.resolve(checkpoint)
     step = source.steps()[-1]
-    config = runs.run_config(source, step, None, [])
+    config = runs.resolve_checkpoint(source, step).spec
     if random_init:
         return config, hidden_states._fresh_params(config, 0)  # noqa: SLF001
     return config, param_sources.load_params(source, step, config)
@@ -124,16 +131,37 @@ def run(checkpoint, random_init, args, data):
     return results
 
 
+# --smoke's ELMo: the recipe's char CNN and 2 biLSTM layers, narrow, on 16-token rows.
+SMOKE_ELMO = ["--config.model.lstm_dim=32", "--config.model.projection_dim=16",
+              "--config.model.filter_counts=(4,4,8,8,8)", "--config.task_feature_lengths.targets=16"]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint", default="runs/pt_elmo")
+    parser.add_argument("--checkpoint", default="")
     parser.add_argument("--train_sentences", type=int, default=3000)
     parser.add_argument("--test_sentences", type=int, default=1000)
     parser.add_argument("--max_tokens", type=int, default=64)
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--random_init", action="store_true",
                         help="also report an untrained biLM of the same shape")
+    parser.add_argument("--smoke", action="store_true",
+                        help="a tiny ELMo and few sentences: a check that the script runs")
     args = parser.parse_args(argv)
+    if not args.smoke:
+        return report(args, args.checkpoint or "runs/pt_elmo")
+    import _smoke
+    _smoke.IN_PROCESS = True
+    args.train_sentences, args.test_sentences, args.max_tokens, args.steps = 30, 10, 16, 2
+    args.random_init = True
+    with tempfile.TemporaryDirectory(prefix="elmo_smoke_") as scratch:
+        checkpoint = args.checkpoint or _smoke.pretrain(
+            pathlib.Path(scratch) / "pt_elmo", "configs/pretrain/elmo_tiny.py", *SMOKE_ELMO)
+        return report(args, str(checkpoint))
+
+
+def report(args, checkpoint: str) -> int:
+    """The tables of ``checkpoint``'s biLM (and of a random init of it)."""
     splits = bench_tasks.ud_pos_examples(bench_tasks._ud_paths())  # noqa: SLF001
     from t5x_like.builtin_tasks import pretraining as tasks
     vocab = tasks.embedded_vocabulary()
@@ -144,7 +172,7 @@ def main(argv=None) -> int:
           f"{len(test[2])} validation words, {len(tag_ids)} tags; linear tagger, "
           f"{args.steps} full-batch Adam steps")
     runs = [("pretrained", False)] + ([("random init", True)] if args.random_init else [])
-    table = {name: run(args.checkpoint, random, args, (train, test, tag_ids))
+    table = {name: run(checkpoint, random, args, (train, test, tag_ids))
              for name, random in runs}
     print("\n| features | " + " | ".join(name for name, _ in runs) + " |")
     print("|---|" + "---|" * len(runs))

@@ -2,6 +2,7 @@
 model from random init and from its pretrained checkpoint, per task and metric.
 
     .venv/bin/python benchmarks/embedded_bench_table.py --runs=runs [--split=test] [--max_examples=200]
+    .venv/bin/python benchmarks/embedded_bench_table.py --smoke   # tiny: a check that it runs
 
 Model columns read ``RUNS/ft_<model>_<init>/eval_<split>/metrics.jsonl`` (text-to-text
 runs, ``python -m t5x_like.eval --mixture=embedded_bench``) and
@@ -10,6 +11,12 @@ missing run prints ``-``. The majority baseline is computed here on the same exa
 with each task's own metric functions: every example gets the most frequent train
 target (for tagging, the most frequent tag at every word; for the cloze, the option at
 the most frequent answer position).
+
+``--smoke``: the majority baseline on 4 examples of each task, and one model cell from a
+real run: a BERT head trained from random init for 2 steps on ``embedded_spam`` and
+evaluated on 4 test examples into ``RUNS/ft_bert_spam_rand`` (a temporary ``--runs``
+unless one is given; the other cells print ``-``): a check that the script runs and reads
+what ``eval`` writes.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import collections
 import itertools
 import json
 import pathlib
+import tempfile
 
 from t5x_like.builtin_tasks import bench as bench_tasks
 from t5x_like.data import get_task_or_mixture
@@ -59,7 +67,7 @@ def read_metrics(path: pathlib.Path) -> dict[str, dict[str, float]]:
     if not path.is_file():
         return {}
     out, steps = {}, {}
-    for line in path.readas_text().splitlines():
+    for line in path.read_text().splitlines():
         record = json.loads(line)
         if record["step"] >= steps.get(record["task"], -1):
             steps[record["task"]] = record["step"]
@@ -67,14 +75,42 @@ def read_metrics(path: pathlib.Path) -> dict[str, dict[str, float]]:
     return out
 
 
-def main() -> None:
+def smoke_run(runs: pathlib.Path, split: str, max_examples: int) -> None:
+    """``--smoke``'s one model cell: ``RUNS/ft_bert_spam_rand`` trained (2 steps, a tiny
+    BERT from random init) and evaluated as the table's runs are."""
+    import _smoke
+    _smoke.IN_PROCESS = True
+    workdir = runs / "ft_bert_spam_rand"
+    _, model, lengths = _smoke.PRETRAINED["pt_bert"]
+    _smoke.cli("t5x_like.train", ["--config=configs/finetune/bert_tiny_head.py",
+                                  f"--workdir={workdir}", "--quiet", "--config.init_from=",
+                                  "--config.task=embedded_spam", *_smoke.TINY_RUN, *model,
+                                  *lengths], cwd=_smoke.REPO)
+    _smoke.cli("t5x_like.eval", [f"--checkpoint={workdir}", "--task=embedded_spam",
+                                 f"--split={split}", f"--max_examples={max_examples}",
+                                 f"--output_dir={workdir / f'eval_{split}'}", "--quiet"])
+
+
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", default="runs")
+    parser.add_argument("--runs", default="")
     parser.add_argument("--split", default="test")
     parser.add_argument("--max_examples", type=int, default=200)
-    args = parser.parse_args()
-    runs = pathlib.Path(args.runs)
+    parser.add_argument("--smoke", action="store_true",
+                        help="4 examples a task, one tiny run: a check that the script runs")
+    args = parser.parse_args(argv)
+    if not args.smoke:
+        return table(pathlib.Path(args.runs or "runs"), args)
+    args.max_examples = 4
+    with tempfile.TemporaryDirectory(prefix="embedded_bench_smoke_") as scratch:
+        runs = pathlib.Path(args.runs or scratch)
+        smoke_run(runs, args.split, args.max_examples)
+        table(runs, args)
+
+
+def table(runs: pathlib.Path, args) -> None:
+    """The table: per task and metric, the majority baseline and every model column."""
     eval_dir = f"eval_{args.split}"
     text_runs = {(model, init): read_metrics(runs / f"ft_{model}_{init}" / eval_dir /
                                              "metrics.jsonl")

@@ -8,6 +8,7 @@ removing top principal components (Mu & Viswanath 2018), and UPOS linear probes
     .venv/bin/python -m t5x_like.train --config=configs/pretrain/gpt2_tiny.py --workdir=runs/pt_gpt2
     .venv/bin/python -m t5x_like.train --config=configs/pretrain/t5_tiny.py --workdir=runs/pt_t5
     .venv/bin/python benchmarks/embedding_geometry.py --runs=runs --images=docs/images/embeddings
+    .venv/bin/python benchmarks/embedding_geometry.py --smoke   # tiny: a check that it runs
 
 Texts (fixed, seeded): ``--corpus_sentences`` sentences of the embedded corpus's
 validation documents and ``--ud_geometry`` sentences of UD EWT dev (the analyses of
@@ -15,6 +16,10 @@ geometry), ``--probe_train`` sentences of UD EWT train and ``--probe_test`` of U
 test (the probes; the embedded_ud_pos task's splits and order). Each model embeds them
 all once through ``t5x_like.embed``'s code (``analysis.extraction``), into a
 scratch folder; word vectors are the mean of each word's subwords.
+
+``--smoke``: tiny pretraining runs (2 steps, 32 wide) made in a temporary ``--runs``
+unless it holds them, 10 sentences of each set (5 probe test), PNGs into a temporary
+folder unless ``--images`` is given: a check that the script runs.
 """
 
 from __future__ import annotations
@@ -209,8 +214,8 @@ def write_plots(results: dict, base: dict, images: pathlib.Path, top_k: int,
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", default="runs")
-    parser.add_argument("--images", default="docs/images/embeddings")
+    parser.add_argument("--runs", default="")
+    parser.add_argument("--images", default="")
     parser.add_argument("--models", default=",".join(MODELS), help="Comma list of " + ", ".join(MODELS))
     parser.add_argument("--no_random", action="store_true", help="Skip the random-init controls.")
     parser.add_argument("--corpus_sentences", type=int, default=1000)
@@ -218,7 +223,24 @@ def main(argv=None) -> int:
     parser.add_argument("--probe_train", type=int, default=1000)
     parser.add_argument("--probe_test", type=int, default=500)
     parser.add_argument("--results", default="", help="Also write the numbers as JSON here.")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny runs and few sentences: a check that the script runs")
     args = parser.parse_args(argv)
+    if not args.smoke:
+        return report(args, args.runs or "runs", args.images or "docs/images/embeddings")
+    import _smoke
+    _smoke.IN_PROCESS = True
+    args.corpus_sentences = args.ud_geometry = args.probe_train = 10
+    args.probe_test = 5
+    with tempfile.TemporaryDirectory(prefix="embedding_geometry_smoke_") as scratch:
+        runs = pathlib.Path(args.runs or scratch)
+        for name in args.models.split(","):
+            _smoke.pretrained(runs, MODELS[name])
+        return report(args, str(runs), args.images or str(pathlib.Path(scratch) / "images"))
+
+
+def report(args, runs: str, images: str) -> int:
+    """Embeds the texts with each model of ``runs``, prints the tables, draws the PNGs."""
 
     started = time.time()
     items, tags = inputs(args)
@@ -228,7 +250,7 @@ def main(argv=None) -> int:
     results, base = {}, None
     with tempfile.TemporaryDirectory() as scratch:
         for name in args.models.split(","):
-            checkpoint = pathlib.Path(args.runs) / MODELS[name]
+            checkpoint = pathlib.Path(runs) / MODELS[name]
             for random_init in ([False] if args.no_random else [False, True]):
                 label = name + (RANDOM if random_init else "")
                 folder = pathlib.Path(scratch) / re.sub(r"\W+", "_", label)
@@ -241,11 +263,11 @@ def main(argv=None) -> int:
     print(f"\nprobe words: {base['train_words']} train, {base['test_words']} test; "
           f"majority-tag baseline {base['majority']:.3f}, word-form baseline {base['word_form']:.3f}")
     print_tables(results, top_k)
-    write_plots(results, base, pathlib.Path(args.images), top_k, embeddings.meta["d_model"])
+    write_plots(results, base, pathlib.Path(images), top_k, embeddings.meta["d_model"])
     if args.results:
         pathlib.Path(args.results).write_text(json.dumps({"results": results, "baselines": base},
                                                          indent=1))
-    print(f"\nPNGs in {args.images}; total {time.time() - started:.0f}s")
+    print(f"\nPNGs in {images}; total {time.time() - started:.0f}s")
     return 0
 
 

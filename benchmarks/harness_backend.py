@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/harness_backend.py --checkpoint=runs/pt_gpt2 \
         [--tasks=austen_suite] [--include_path=data/lm_eval] [--limit=0] [--batch_size=16]
+    .venv/bin/python benchmarks/harness_backend.py --smoke   # tiny: a check that it runs
 
 Exports the decoder checkpoint to a Hugging Face folder with ``convert export`` (its
 tokenizer included), then runs the same harness tasks twice through lm-eval's
@@ -11,6 +12,10 @@ metric of both, their difference, how many requests got the same answer
 (log-likelihood within 1e-4 and is_greedy, or the same generated text), and each
 side's wall time (ours a second time too, its programs then compiled).
 Needs the ``lm_eval`` extra.
+
+``--smoke``: a tiny GPT-2 pretraining run (2 steps, 1 layer, 32 wide; made in a temporary
+``--runs`` unless it holds ``pt_gpt2``) unless ``--checkpoint`` is given, the first 4
+documents of each task, batches of 8: a check that the script runs.
 """
 
 from __future__ import annotations
@@ -57,22 +62,38 @@ def same_answers(ours, theirs) -> tuple[int, int]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--checkpoint", default="", help="required but in --smoke")
     parser.add_argument("--tasks", default="austen_suite")
     parser.add_argument("--include_path", default=str(ROOT / "data" / "lm_eval"))
     parser.add_argument("--limit", type=int, default=0)
     parser.add_argument("--batch_size", type=int, default=16)
+    parser.add_argument("--smoke", action="store_true",
+                        help="a tiny checkpoint and few documents: a check that the script runs")
+    parser.add_argument("--runs", default="", help="--smoke: where the tiny pt_gpt2 run is made")
     args = parser.parse_args(argv)
     os.chdir(ROOT)  # the task files name their data relative to the repository
+    if not args.smoke:
+        if not args.checkpoint:
+            parser.error("--checkpoint is required")
+        return compare(args, args.checkpoint)
+    import _smoke
+    _smoke.IN_PROCESS = True
+    args.limit, args.batch_size = 4, 8  # 8: a batch divides over 8 (fake) devices
+    with tempfile.TemporaryDirectory(prefix="harness_backend_smoke_") as scratch:
+        return compare(args, args.checkpoint or str(_smoke.pretrained(
+            pathlib.Path(args.runs or scratch), "pt_gpt2")))
 
+
+def compare(args, checkpoint: str) -> int:
+    """Both backends on ``checkpoint``'s decoder: the table and the agreement line."""
     from t5x_like.convert import __main__ as convert_cli
     from t5x_like.evaluation import harness_model
     from t5x_like.evaluation import lm_eval_harness as hf_side
 
     names = args.tasks.split(",")
-    ours_lm = harness_model.T5xLikeLM(checkpoint=args.checkpoint, batch_size=args.batch_size)
+    ours_lm = harness_model.T5xLikeLM(checkpoint=checkpoint, batch_size=args.batch_size)
     with tempfile.TemporaryDirectory(prefix="harness_backend_") as folder:
-        assert convert_cli.main(["export", f"--checkpoint={args.checkpoint}",
+        assert convert_cli.main(["export", f"--checkpoint={checkpoint}",
                                  f"--out={folder}"]) == 0
         theirs_lm = hf_side.load_model(folder, ours_lm.max_length, args.batch_size)
         theirs, theirs_s = run(theirs_lm, names, args.include_path, args.limit)

@@ -19,6 +19,7 @@ then::
 
     python benchmarks/lm_eval_parity.py \
         --checkpoint=runs/pt_gpt2 [--num_shots 0,2] [--limit N] [--max_length 0]
+    python benchmarks/lm_eval_parity.py --smoke   # tiny: a check that it runs
 
 ``--checkpoint``: a training workdir (its newest step), one step folder, or a
 ``convert import`` folder. ``--max_length`` (tokens a scored row may hold, the left
@@ -29,6 +30,10 @@ sides the same window, or the k-shot numbers differ for that reason alone. Print
 one row per shot count: both accuracies, the largest log-likelihood difference over
 all choices, and whether the prompts (text and token ids) are identical; exits 1
 when the accuracies or prompts differ.
+
+``--smoke``: a tiny GPT-2 pretraining run (2 steps, 1 layer, 32 wide; made in a temporary
+``--runs`` unless it holds ``pt_gpt2``) unless ``--checkpoint`` is given, the first 4 test
+examples, batches of 8: a check that the script runs, parity included.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ LM_EVAL_TASK = "t5x_like_austen_cloze"
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--checkpoint", default="", help="required but in --smoke")
     parser.add_argument("--num_shots", default="0,2", help="Comma-separated shot counts.")
     parser.add_argument("--limit", type=int, default=0, help="First N test examples; 0 = all.")
     parser.add_argument("--split", default="test")
@@ -55,7 +60,15 @@ def parse_args(argv):
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--seed", type=int, default=1234, help="Few-shot sampling seed.")
     parser.add_argument("--work_dir", help="Where the export and data go (default: a temp dir).")
-    return parser.parse_args(argv)
+    parser.add_argument("--smoke", action="store_true",
+                        help="a tiny checkpoint and few examples: a check that the script runs")
+    parser.add_argument("--runs", default="", help="--smoke: where the tiny pt_gpt2 run is made")
+    args = parser.parse_args(argv)
+    if not (args.checkpoint or args.smoke):
+        parser.error("--checkpoint is required")
+    if args.smoke:
+        args.limit, args.batch_size = 4, 8  # 8: a batch divides over 8 (fake) devices
+    return args
 
 
 # -- our side ------------------------------------------------------------------------------
@@ -64,9 +77,7 @@ def restore(checkpoint: str):
     """``(step, config, trainer, params, vocabulary)`` of the newest step, as
     ``t5x_like.eval`` loads it; the vocabulary is the checkpoint's own (an imported
     tokenizer), else the task's."""
-    import jax
-
-    from t5x_like import config_lib, param_sources, partitioning, runs
+    from t5x_like import param_sources, runs
     from t5x_like import trainer as trainer_lib
 
     source = param_sources.resolve(checkpoint)
@@ -74,16 +85,13 @@ def restore(checkpoint: str):
     if not steps:
         sys.exit(f"{checkpoint} holds no complete checkpoint yet.")
     step = steps[-1]
-    config = runs.run_config(source, step, None, [])
+    resolved = runs.resolve_checkpoint(source, step)
+    config = resolved.spec
     if config.model.family != "decoder":
         sys.exit(f"{checkpoint} is a {config.model.family} model; lm-eval parity needs a decoder.")
-    devices = jax.devices()
-    shape = config_lib.validate_for_devices(config, len(devices), jax.process_count(),
-                                            partitioning.num_slices(devices))
-    trainer = trainer_lib.build_trainer(config, partitioning.make_mesh(shape, devices))
+    _, trainer = trainer_lib.build_on_devices(config)
     from t5x_like.data import get_task_or_mixture
-    vocabulary = (runs.trained_vocabulary(source, source.saved_config(step))
-                  or get_task_or_mixture(TASK).vocabulary)
+    vocabulary = resolved.trained_vocabulary or get_task_or_mixture(TASK).vocabulary
     return step, config, trainer, source.restore_params(step, trainer), vocabulary
 
 
@@ -156,6 +164,18 @@ def print_table(rows: dict[int, dict], examples: int, width: int, step: int) -> 
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if not args.smoke:
+        return compare(args, args.checkpoint)
+    import _smoke
+    _smoke.IN_PROCESS = True
+    with tempfile.TemporaryDirectory(prefix="lm_eval_parity_smoke_") as scratch:
+        args.work_dir = args.work_dir or str(pathlib.Path(scratch) / "work")
+        return compare(args, args.checkpoint or str(_smoke.pretrained(
+            pathlib.Path(args.runs or scratch), "pt_gpt2")))
+
+
+def compare(args, checkpoint: str) -> int:
+    """Both sides on ``checkpoint``; prints the table, returns 0 when they agree."""
     work = pathlib.Path(args.work_dir or tempfile.mkdtemp(prefix="lm_eval_parity_")).absolute()
     work.mkdir(parents=True, exist_ok=True)
     # lm-eval reads the JSONL through `datasets`: keep its cache here and off the network.
@@ -165,8 +185,8 @@ def main(argv=None) -> int:
 
     from t5x_like.evaluation import lm_eval_harness
 
-    step, config, trainer, params, vocabulary = restore(args.checkpoint)
-    width = args.max_length or config.model.max_length
+    step, config, trainer, params, vocabulary = restore(checkpoint)
+    width = args.max_length or config.model.positions.max_length
     hf_dir = export_hf(config, params, vocabulary, work)
     task_dir = work / "lm_eval_task"
     data = lm_eval_harness.write_task(task_dir, TASK, args.split, LM_EVAL_TASK)

@@ -5,6 +5,7 @@ roofline step time with the plain attention path against the fused or chunked on
     python benchmarks/long_context_plan.py --only=decoder   # decoder_modern_1b at 8k/32k
     python benchmarks/long_context_plan.py --only=longformer
     python benchmarks/long_context_plan.py --remat_rows     # only the rows with remat="full"
+    python benchmarks/long_context_plan.py --smoke          # tiny: a check that it runs
 
 Each row compiles the real train step with ``t5x_like.plan`` (libtpu's compiler via
 ``jax.experimental.topologies``; no TPU needed, ``pip install -c constraints.txt -e ".[tpu]"``).
@@ -13,6 +14,11 @@ every chip (fsdp), one sequence per chip; ``flash`` is the Pallas splash kernel.
 Longformer base (window 512, CLS global) runs one sequence per chip on v5e:4x4;
 ``chunked`` computes the window in blocks. Temporaries over the chip's HBM are what
 the compiler reported when it refused the program.
+
+``--smoke``: one row per attention path (decoder: xla and flash; Longformer: xla and
+chunked) with 1-layer, 32-wide models of the same configs, 256 tokens, on 4 chips
+(v5p:2x2x1, v5e:2x2): a check that the script runs (libtpu's compile of even a tiny model
+takes seconds). ``--remat_rows`` keeps the rows with remat, one per path.
 """
 
 from __future__ import annotations
@@ -29,39 +35,48 @@ from t5x_like import aot_planner, config_lib  # noqa: E402
 GiB = 1024**3
 
 
-def decoder_rows():
-    for topology, chips in (("v5p:2x2x1", 4), ("v5e:4x4", 16)):
-        for length in (8192, 32768):
+def decoder_rows(smoke: bool = False):
+    topologies, lengths = (((("v5p:2x2x1", 4),), (256,)) if smoke else
+                           ((("v5p:2x2x1", 4), ("v5e:4x4", 16)), (8192, 32768)))
+    for topology, chips in topologies:
+        for length in lengths:
             for impl, remat in (("xla", None), ("flash", None), ("flash", "full")):
-                if remat and length < 32768:
+                if remat and length < lengths[-1]:
                     continue
-                overrides = [f"task_feature_lengths.targets={length}", f"model.max_length={length}",
-                             f"batch_size={chips}", "mesh.data=1", "mesh.fsdp=-1",
-                             "model.dtype=bfloat16", f"model.attention_impl={impl}"]
+                overrides = [f"task_feature_lengths.targets={length}",
+                             f"model.positions.max_length={length}", f"batch_size={chips}",
+                             "mesh.data=1", "mesh.fsdp=-1", "model.numerics.dtype=bfloat16",
+                             f"model.attention.impl={impl}"]
                 yield "configs/decoder_modern_1b.py", topology, length, impl, remat, overrides
 
 
-def longformer_rows():
-    for length in (4096, 8192, 16384):
+def longformer_rows(smoke: bool = False):
+    topology, batch, lengths = ("v5e:2x2", 4, (256,)) if smoke else ("v5e:4x4", 16,
+                                                                      (4096, 8192, 16384))
+    for length in lengths:
         for impl, remat in (("xla", None), ("chunked", None), ("chunked", "full")):
-            overrides = [f"task_feature_lengths.inputs={length}", f"model.max_length={length + 2}",
-                         "batch_size=16", "model.dtype=bfloat16", "model.scan_layers=True",
-                         f"model.attention_impl={impl}"]
-            yield "configs/longformer_base.py", "v5e:4x4", length, impl, remat, overrides
+            overrides = [f"task_feature_lengths.inputs={length}",
+                         f"model.positions.max_length={length + 2}", f"batch_size={batch}",
+                         "model.numerics.dtype=bfloat16", "model.numerics.scan_layers=True",
+                         f"model.attention.impl={impl}"]
+            yield "configs/longformer_base.py", topology, length, impl, remat, overrides
 
 
-def run(rows) -> list[dict]:
+def run(rows, smoke: bool = False) -> list[dict]:
     results = []
     for config_path, topology, length, impl, remat, overrides in rows:
         config = config_lib.load_config_file(str(ROOT / config_path))
-        config_lib.apply_overrides(config, overrides + ([f"model.remat_policy={remat}"]
+        if smoke:
+            import _smoke
+            _smoke.tiny_model(config.model)
+        config_lib.apply_overrides(config, overrides + ([f"model.numerics.remat_policy={remat}"]
                                                         if remat else []))
         report = aot_planner.plan(config, topology)
         memory = report["memory_per_device"]
         roofline = report.get("roofline") or {}
         results.append({
             "config": pathlib.Path(config_path).stem, "topology": topology, "length": length,
-            "attention": impl, "remat": remat or config.model.remat_policy,
+            "attention": impl, "remat": remat or config.model.numerics.remat_policy,
             "temporaries_gib": memory["temporaries"] / GiB,
             "total_gib": memory["total"] / GiB, "hbm_gib": (report["hbm_per_device"] or 0) / GiB,
             "fits": report["fits"], "step_s": roofline.get("step_s"),
@@ -87,13 +102,18 @@ def main(argv=None) -> int:
     parser.add_argument("--only", choices=("decoder", "longformer"))
     parser.add_argument("--remat_rows", action="store_true",
                         help="only the rows that add remat to the fused/chunked path")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny models on 4 chips: a check that the script runs")
     args = parser.parse_args(argv)
+    aot_planner.prepare_compiler_environment()  # this machine is no TPU VM
     print(HEADER)
     keep = (lambda row: row[4] is not None) if args.remat_rows else (lambda row: True)
+    if args.smoke and not args.remat_rows:  # one row per attention path
+        keep = lambda row: row[4] is None  # noqa: E731
     if args.only in (None, "decoder"):
-        run(filter(keep, decoder_rows()))
+        run(filter(keep, decoder_rows(args.smoke)), args.smoke)
     if args.only in (None, "longformer"):
-        run(filter(keep, longformer_rows()))
+        run(filter(keep, longformer_rows(args.smoke)), args.smoke)
     return 0
 
 

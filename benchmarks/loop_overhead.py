@@ -1,19 +1,23 @@
 """Loop overhead of ``train.py``: data, metrics and async checkpoints as % of step time.
 
-    python benchmarks/loop_overhead.py [--steps 200] [--repeats 2]
+    python benchmarks/loop_overhead.py [--steps 200] [--repeats 2] [--smoke]
 
 For the quickstart config, on this machine's devices:
 
 1. the bare jitted train step, back to back on one batch already on device;
 2. the real loop (``train.run``: data pipeline, host->device batches, metrics
-   fetch + metrics.jsonl + TensorBoard every log_every_steps, an async orbax
-   checkpoint every checkpoint_every_steps), timed from its metrics.jsonl
+   fetch + metrics.jsonl + TensorBoard every logging.every_steps, an async orbax
+   checkpoint every checkpoint.every_steps), timed from its metrics.jsonl
    intervals after the first (compiling) step; evaluation is left out of the
    intervals, as it is not overhead of training.
 
 Overhead = loop time per step / bare step time - 1; the target is under 5 %.
 Each measurement is repeated and the fastest kept (this machine is shared).
 The component rows time each part alone, on the host, for the same steps.
+
+``--smoke``: the quickstart recipe with a 1-layer, 32-wide model, batches of 8 rows of
+32/8 tokens, 4 steps logged every step and checkpointed every 2, once: a check that the
+script runs (its percentages mean nothing at that size).
 """
 
 from __future__ import annotations
@@ -36,10 +40,16 @@ from t5x_like import trainer as trainer_lib  # noqa: E402
 from t5x_like.data import pipeline  # noqa: E402
 
 
-def quickstart(steps: int):
+def quickstart(steps: int, smoke: bool = False):
     config = config_lib.load_config_file(str(REPO / "configs" / "quickstart.py"))
+    if smoke:
+        import _smoke
+        _smoke.tiny_model(config.model)
+        config.batch_size, config.task_feature_lengths = 8, {"inputs": 32, "targets": 8}
+        config.logging.every_steps, config.checkpoint.every_steps = 1, 2
+        config.evals.held_out.batches = 1
     config.num_train_steps = steps
-    config.eval_every_steps = 10 * steps  # only the final evaluation, outside the intervals
+    config.evals.held_out.every_steps = 10 * steps  # only the final evaluation, outside the intervals
     config_lib.validate(config)
     return config
 
@@ -87,7 +97,7 @@ def component_seconds(config, steps: int, workdir: str) -> dict[str, float]:
     writer = metrics_writer.MetricsWriter(workdir)
     record = {k: 1.0 for k in ("loss", "z_loss", "accuracy", "learning_rate", "grad_norm",
                                "num_target_tokens", "tokens_per_sec", "steps_per_sec")}
-    logs = max(steps // config.log_every_steps, 1)
+    logs = max(steps // config.logging.every_steps, 1)
     start = time.perf_counter()
     for step in range(logs):
         writer.write(step, record)
@@ -97,7 +107,7 @@ def component_seconds(config, steps: int, workdir: str) -> dict[str, float]:
     trainer = trainer_lib.build_trainer(config, mesh)
     state = trainer.init_state(0)
     checkpointer = checkpoint_store.Checkpointer(os.path.join(workdir, "ckpt"), keep=2)
-    saves = max(steps // config.checkpoint_every_steps, 1)
+    saves = max(steps // config.checkpoint.every_steps, 1)
     start = time.perf_counter()
     for index in range(saves):
         checkpointer.save(index + 1, state, {"step": index}, config.to_dict())
@@ -107,13 +117,17 @@ def component_seconds(config, steps: int, workdir: str) -> dict[str, float]:
             "checkpoint (blocking part of async save)": checkpoint}
 
 
-def main() -> int:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=2)
-    args = parser.parse_args()
-    config = quickstart(args.steps)
+    parser.add_argument("--smoke", action="store_true",
+                        help="a tiny model for 4 steps: a check that the script runs")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.steps, args.repeats = 4, 1
+    config = quickstart(args.steps, args.smoke)
     bare, loop = [], []
     for _ in range(args.repeats):
         bare.append(bare_step_seconds(config, args.steps))
@@ -125,8 +139,8 @@ def main() -> int:
     overhead = full / step - 1
     devices = f"{jax.device_count()} x {jax.devices()[0].device_kind}"
     print(f"loop overhead, quickstart config, {args.steps} steps, {devices}, "
-          f"log every {config.log_every_steps}, checkpoint every "
-          f"{config.checkpoint_every_steps} steps (best of {args.repeats})")
+          f"log every {config.logging.every_steps}, checkpoint every "
+          f"{config.checkpoint.every_steps} steps (best of {args.repeats})")
     print(f"{'':48s} {'ms/step':>9s} {'% of step':>10s}")
     print(f"{'bare train step':48s} {1e3 * step:9.2f} {100.0:9.1f}%")
     print(f"{'full loop (train.run)':48s} {1e3 * full:9.2f} {100 * full / step:9.1f}%")

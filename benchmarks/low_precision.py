@@ -3,6 +3,7 @@ training, ``quantization.kind``), on this machine's CPU: XLA:CPU emulates int8 a
 matmuls, so the losses are what the formats give and the speeds are not the chips'.
 
     .venv/bin/python benchmarks/low_precision.py --steps 200 --out /tmp/low_precision.json
+    .venv/bin/python benchmarks/low_precision.py --smoke   # 1-layer models, 2 steps each
 
 Prints, per recipe (``configs/pretrain/gpt2_tiny.py``, ``t5_tiny.py``) and kind, the
 training loss every ``--every`` steps, the held-out loss at the end, and the difference
@@ -25,10 +26,16 @@ RECIPES = ("gpt2_tiny", "t5_tiny")
 KINDS = ("", "int8", "fp8")
 
 
-def run(recipe: str, kind: str, steps: int, every: int) -> dict:
+def run(recipe: str, kind: str, steps: int, every: int, smoke: bool = False) -> dict:
     import t5x_like.builtin_tasks  # noqa: F401  (the embedded corpus tasks)
     from t5x_like import config_lib, train
     config = config_lib.load_config_file(str(REPO / "configs" / "pretrain" / f"{recipe}.py"))
+    if smoke:  # a 1-layer, 32-wide model of the recipe on batches of 8 short rows
+        import _smoke
+        _smoke.tiny_model(config.model)
+        config.batch_size = 8
+        config.task_feature_lengths = {k: 16 for k in config.task_feature_lengths}
+        config.evals.held_out.batches = 1
     config.num_train_steps = steps
     config.model.numerics.dtype = "bfloat16"
     config.quantization.kind = kind
@@ -47,16 +54,20 @@ def run(recipe: str, kind: str, steps: int, every: int) -> dict:
                              None)}
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--every", type=int, default=50)
     parser.add_argument("--out", default="")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true",
+                        help="1-layer models for 2 steps: a check that every row runs")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.steps, args.every = 2, 1
     rows = []
     for recipe in RECIPES:
         for kind in KINDS:
-            rows.append(run(recipe, kind, args.steps, args.every))
+            rows.append(run(recipe, kind, args.steps, args.every, args.smoke))
             print(json.dumps(rows[-1]), flush=True)
             if args.out:
                 pathlib.Path(args.out).write_text(json.dumps(rows, indent=1))

@@ -1,6 +1,6 @@
 """Train-step throughput: t5x_like (JAX) versus transformers (PyTorch), same shapes, same run.
 
-    .venv/bin/python benchmarks/model_step.py [--steps 3] [--rows bert,t5,gpt2]
+    .venv/bin/python benchmarks/model_step.py [--steps 3] [--rows bert,t5,gpt2] [--smoke]
 
 For each model a full train step (forward, backward, AdamW update) runs on
 identical random batches in both frameworks. Printed per row: tokens/s for both,
@@ -13,7 +13,9 @@ comparison. Needs the ``hf`` extra (torch, transformers).
 On a GPU (JAX's default backend) PyTorch runs on CUDA too, both sides with TF32
 matmuls for float32 (JAX's default precision there; PyTorch is set to match);
 ``--batch_multiplier`` scales the batches up to GPU-sized ones and
-``--dtype bfloat16`` computes in bfloat16 (PyTorch under autocast).
+``--dtype bfloat16`` computes in bfloat16 (PyTorch under autocast). ``--smoke``: every row
+with 1-layer, 32-wide models of the same configs on both sides, batch 2 of 16 tokens, one
+timed step (a check that the script runs).
 """
 
 from __future__ import annotations
@@ -36,7 +38,18 @@ ROWS = {
     "t5": ("t5_1_1_small", 4, {"inputs": 512, "targets": 114}),
     "gpt2": ("gpt2_small", 4, {"targets": 256}),
 }
+SMOKE_LENGTHS = {"bert": {"inputs": 16}, "t5": {"inputs": 16, "targets": 8},
+                 "gpt2": {"targets": 16}}
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_config(row: str, smoke: bool = False):
+    """The row's config; ``smoke``: its model at 1 layer, 32 wide, a 512-token vocabulary."""
+    config = config_lib.load_config_file(os.path.join(REPO, "configs", f"{ROWS[row][0]}.py"))
+    if smoke:
+        import _smoke
+        _smoke.tiny_model(config.model, vocab_size=512)
+    return config
 
 
 def matmul_flops_per_second(size: int = 2048, repeats: int = 5, dtype=jnp.float32) -> float:
@@ -72,10 +85,11 @@ def make_batch(row: str, batch: int, lengths: dict, vocab: int) -> dict:
             "decoder_loss_weights": np.ones((batch, lengths["targets"]), np.float32)}
 
 
-def t5x_like_step(row: str, batch: dict, steps: int, dtype: str) -> tuple[float, float]:
+def t5x_like_step(row: str, batch: dict, steps: int, dtype: str,
+                  smoke: bool = False) -> tuple[float, float]:
     """(seconds per step, XLA FLOPs per step)."""
-    config = config_lib.load_config_file(os.path.join(REPO, "configs", f"{ROWS[row][0]}.py"))
-    config.model.dtype = dtype
+    config = load_config(row, smoke)
+    config.model.numerics.dtype = dtype
     model = structures.build_model(config.model)
     config.loss.z_loss = 0.0  # as the PyTorch side computes it
     loss_fn = structures.structure_class(config.model.family)(model).loss_fn(config.loss)
@@ -100,14 +114,14 @@ def t5x_like_step(row: str, batch: dict, steps: int, dtype: str) -> tuple[float,
     return min(times), flops
 
 
-def torch_model_and_inputs(row: str, batch: dict, device: str):
+def torch_model_and_inputs(row: str, batch: dict, device: str, smoke: bool = False):
     """The transformers model of ``row`` (seeded, dropout off) and ``batch`` as its
     inputs on ``device``: what the PyTorch side of every train-step table runs."""
     import torch
     import transformers
 
     torch.manual_seed(0)
-    config = config_lib.load_config_file(os.path.join(REPO, "configs", f"{ROWS[row][0]}.py")).model
+    config = load_config(row, smoke).model
     if row == "bert":
         model = transformers.BertForPreTraining(transformers.BertConfig(
             vocab_size=config.vocab_size, hidden_size=config.d_model,
@@ -128,7 +142,8 @@ def torch_model_and_inputs(row: str, batch: dict, device: str):
     else:
         model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
             vocab_size=config.vocab_size, n_embd=config.d_model, n_head=config.num_heads,
-            n_layer=config.num_layers, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+            n_layer=config.num_layers, n_inner=config.d_ff, resid_pdrop=0.0, embd_pdrop=0.0,
+            attn_pdrop=0.0))
         tokens = np.concatenate([batch["decoder_input_tokens"],
                                  batch["decoder_target_tokens"][:, -1:]], axis=1)
         inputs = dict(input_ids=tokens, labels=tokens)  # shifted inside the model
@@ -136,12 +151,13 @@ def torch_model_and_inputs(row: str, batch: dict, device: str):
     return model, inputs
 
 
-def torch_step(row: str, batch: dict, steps: int, dtype: str, device: str) -> float:
+def torch_step(row: str, batch: dict, steps: int, dtype: str, device: str,
+               smoke: bool = False) -> float:
     import contextlib
 
     import torch
 
-    model, inputs = torch_model_and_inputs(row, batch, device)
+    model, inputs = torch_model_and_inputs(row, batch, device, smoke)
     model.to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     autocast = (torch.autocast(device, dtype=torch.bfloat16) if dtype == "bfloat16"
@@ -165,7 +181,7 @@ def torch_step(row: str, batch: dict, steps: int, dtype: str, device: str) -> fl
     return min(times)
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=3)
@@ -174,7 +190,11 @@ def main() -> None:
                         help="scale every row's batch (GPU-sized batches)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
                         help="compute dtype; parameters stay float32")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny models and batches: a check that every row runs")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.steps = 1
     import torch
     on_gpu = jax.default_backend() == "gpu"
     device = "cuda" if on_gpu else "cpu"
@@ -182,7 +202,7 @@ def main() -> None:
         torch.set_float32_matmul_precision("high")  # TF32, as JAX's default precision on GPU
     else:
         torch.set_num_threads(os.cpu_count() or 1)
-    peak = matmul_flops_per_second(8192 if on_gpu else 2048,
+    peak = matmul_flops_per_second(256 if args.smoke else 8192 if on_gpu else 2048,
                                    dtype=jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32)
     print(f"{args.dtype} matmul rate measured here: {peak / 1e9:,.1f} GFLOP/s "
           f"({jax.devices()[0].device_kind}, {os.cpu_count()} cores, torch "
@@ -194,12 +214,13 @@ def main() -> None:
     for row in args.rows.split(","):
         config_name, batch_size, lengths = ROWS[row]
         batch_size *= args.batch_multiplier
-        vocab = config_lib.load_config_file(
-            os.path.join(REPO, "configs", f"{config_name}.py")).model.vocab_size
+        if args.smoke:
+            batch_size, lengths = 2, SMOKE_LENGTHS[row]
+        vocab = load_config(row, args.smoke).model.vocab_size
         batch = make_batch(row, batch_size, lengths, vocab)
         tokens = batch_size * sum(lengths.values())
-        ours, flops = t5x_like_step(row, batch, args.steps, args.dtype)
-        theirs = torch_step(row, batch, args.steps, args.dtype, device)
+        ours, flops = t5x_like_step(row, batch, args.steps, args.dtype, args.smoke)
+        theirs = torch_step(row, batch, args.steps, args.dtype, device, args.smoke)
         shape = " / ".join(f"{k} {v}" for k, v in lengths.items())
         print(f"{config_name + ' (' + shape + ')':<42} {batch_size:>5} {tokens:>11} "
               f"{tokens / ours:>15,.0f} {tokens / theirs:>14,.0f} {theirs / ours:>6.2f} "

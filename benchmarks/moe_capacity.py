@@ -4,12 +4,18 @@ task's whole validation split (every example once, as ``train`` evaluates).
 
     python -m t5x_like.train --config=configs/pretrain/t5_tiny_moe.py --workdir=runs/pt_t5_moe
     python benchmarks/moe_capacity.py --checkpoint=runs/pt_t5_moe --dense=runs/pt_t5_dense
+    python benchmarks/moe_capacity.py --smoke   # tiny: a check that it runs
 
 ``--dense``: a dense run of the same recipe, evaluated on the same batches for the
 comparison line. ``--pack``: rows packed with examples (the run's own setting
 otherwise); unpacked rows end in padding, which is routed like any token and, coming
 last, is what capacity drops first. ``--loads_png``: each expert's share of the assignments over training,
 from the MoE run's logged metrics, drawn to a PNG.
+
+``--smoke``: tiny pretraining runs of the MoE recipe (2 layers a stack, so one is sparse)
+and of the dense T5 (made in a temporary ``--runs`` unless it holds them), two capacity
+factors and dropless on 2 batches, and the loads PNG in the temporary folder: a check that
+the script runs.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import tempfile
 
 import jax
 import numpy as np
@@ -35,7 +42,7 @@ def held_out(config, params, max_batches: int) -> dict:
     lengths = dict(config.task_feature_lengths)
     stream = pipeline.build_dataset(
         config.task, "validation", lengths, seed=config.seed, shuffle=False, repeat=False,
-        feature_converter=structure.feature_converter(lengths, pack=config.pack))
+        feature_converter=structure.feature_converter(lengths, pack=config.data.pack))
     rows = iter(stream)
     sums, tokens = {}, 0.0
     for _ in range(max_batches):
@@ -106,24 +113,54 @@ def draw_loads(metrics_path: pathlib.Path, out: str, num_experts: int) -> None:
     fig.savefig(out, dpi=110)
 
 
-def main() -> None:
+# --smoke's MoE run: the dense tiny T5's widths, 2 layers a stack (every other one sparse).
+SMOKE_MOE = ("pt_t5_moe", "configs/pretrain/t5_tiny_moe.py")
+
+
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--checkpoint", default="", help="required but in --smoke")
     parser.add_argument("--dense", default="")
     parser.add_argument("--capacity_factors", default="1.0,1.25,2.0")
     parser.add_argument("--max_batches", type=int, default=1000)
     parser.add_argument("--loads_png", default="")
     parser.add_argument("--pack", action="store_true")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny runs, 2 batches: a check that the script runs")
+    parser.add_argument("--runs", default="", help="--smoke: where the tiny runs are made")
+    args = parser.parse_args(argv)
+    if not args.smoke:
+        if not args.checkpoint:
+            parser.error("--checkpoint is required")
+        return report(args)
+    import _smoke
+    _smoke.IN_PROCESS = True
+    args.capacity_factors, args.max_batches = "1.0,2.0", 2
+    with tempfile.TemporaryDirectory(prefix="moe_capacity_smoke_") as scratch:
+        runs = pathlib.Path(args.runs or scratch)
+        if not args.checkpoint:
+            name, config = SMOKE_MOE
+            _, model, lengths = _smoke.PRETRAINED["pt_t5"]
+            args.checkpoint = str(_smoke.pretrain(
+                runs / name, config, *model, *lengths, "--config.model.num_encoder_layers=2",
+                "--config.model.num_decoder_layers=2"))
+            args.dense = args.dense or str(_smoke.pretrained(runs, "pt_t5"))
+        args.loads_png = args.loads_png or str(pathlib.Path(scratch) / "loads.png")
+        report(args)
 
+
+def report(args) -> None:
+    """The held-out table of ``args.checkpoint`` (and ``args.dense``), and the PNG."""
     config, params, step = restore(args.checkpoint)
-    config.pack = config.pack or args.pack
+    pack = config.data.pack or args.pack
+    config = config.replace(data=config.data.replace(pack=pack))
+    num_experts = config.model.experts.num_experts
     rows = []
     paired = None
     if args.dense:
         dense_config, dense_params, dense_step = restore(args.dense)
-        dense_config.pack = config.pack
+        dense_config = dense_config.replace(data=dense_config.data.replace(pack=pack))
         found = held_out(dense_config, dense_params, args.max_batches)
         rows.append((f"dense (step {dense_step})", found["loss"], None, None))
         paired = paired_difference(per_example_nll(dense_config, dense_params, args.max_batches),
@@ -131,15 +168,15 @@ def main() -> None:
     variants = [("capacity", float(f)) for f in args.capacity_factors.split(",")]
     variants.append(("dropless", None))
     for dispatch, factor in variants:
-        config.model.moe_dispatch = dispatch
-        if factor is not None:
-            config.model.capacity_factor = factor
-        found = held_out(config, params, args.max_batches)
-        shares = [found[f"moe_expert_fraction_{e}"] for e in range(config.model.num_experts)]
+        experts = config.model.experts.replace(
+            dispatch=dispatch, **({} if factor is None else {"capacity_factor": factor}))
+        variant = config.replace(model=config.model.replace(experts=experts))
+        found = held_out(variant, params, args.max_batches)
+        shares = [found[f"moe_expert_fraction_{e}"] for e in range(num_experts)]
         name = f"capacity factor {factor}" if factor is not None else "dropless"
         rows.append((f"MoE (step {step}), {name}", found["loss"], found["moe_dropped_fraction"],
-                     max(shares) * config.model.num_experts))
-    print(f"held-out rows {'packed' if config.pack else 'padded'}, task {config.task}")
+                     max(shares) * num_experts))
+    print(f"held-out rows {'packed' if pack else 'padded'}, task {config.task}")
     print(f"{'model':<40} {'held-out loss':>14} {'dropped':>9} {'max load / uniform':>19}")
     for name, loss, dropped, peak in rows:
         dropped_text = "" if dropped is None else f"{100 * dropped:.2f}%"
@@ -149,8 +186,7 @@ def main() -> None:
         print(f"MoE (as trained) minus dense, per target token over the same examples: "
               f"{paired[0]:+.4f} nats (standard error {paired[1]:.4f})")
     if args.loads_png:
-        draw_loads(pathlib.Path(args.checkpoint) / "metrics.jsonl", args.loads_png,
-                   config.model.num_experts)
+        draw_loads(pathlib.Path(args.checkpoint) / "metrics.jsonl", args.loads_png, num_experts)
         print(f"wrote {args.loads_png}")
 
 

@@ -5,6 +5,7 @@ translation after mBART pretraining, language id with XLM-R features.
     python benchmarks/multilingual.py vocab [--alpha1_vocab runs/ml/multilingual_alpha1.model]
     python benchmarks/multilingual.py results --runs runs/ml  # BLEU/chrF, langid from eval runs
     python benchmarks/multilingual.py retarget --run=runs/pt_mbart --language=es --out=runs/pt_mbart_es
+    python benchmarks/multilingual.py --smoke   # all four, tiny: a check that they run
 
 ``rates`` compares, per language, the formula q_i = p_i^α / Σ p_j^α (p_i: the
 language's share of the train split's characters) with the mixture's own rates
@@ -14,6 +15,11 @@ the multilingual one (α = 0.3) and, if given, one trained with α = 1
 (``python -m t5x_like.train_vocab --multilingual --alpha=1 --output=...``).
 ``results`` reads ``<runs>/<name>/eval/metrics.jsonl`` written by ``t5x_like.eval``
 for the runs named in docs/multilingual.md.
+
+``--smoke``: every subcommand (or the one named) at tiny sizes, a check that the script
+runs: ``rates`` drawing 40 examples per α, ``vocab`` on each language's first 20
+validation texts, ``results`` reading what ``--runs`` holds (a temporary folder: no runs),
+and ``retarget`` of a tiny mBART pretraining run (2 steps, 1 + 1 layers, 32 wide) made there.
 """
 
 from __future__ import annotations
@@ -81,13 +87,13 @@ def rates_table(draw: int) -> None:
     MixtureRegistry.remove("_bench_tagged")
 
 
-def vocab_table(alpha1_vocab: str | None) -> None:
+def vocab_table(alpha1_vocab: str | None, texts_per_language: int | None = None) -> None:
     vocabs = {"English 8k": builtin_tasks.embedded_vocabulary(),
               "multilingual 8k (α = 0.3)": multilingual_tasks.multilingual_vocabulary()}
     if alpha1_vocab:
         vocabs["multilingual 8k (α = 1)"] = vocabularies.SentencePieceVocabulary(alpha1_vocab)
-    texts = {lang: [ex["text"] for ex in multilingual_tasks.language_source(lang).get("validation")]
-             for lang in LANGS}
+    texts = {lang: [ex["text"] for ex in multilingual_tasks.language_source(lang).get("validation")
+                    ][:texts_per_language] for lang in LANGS}
     print("| language | vocabulary | tokens per character | byte-fallback tokens | "
           "pieces used |")
     print("| --- | --- | ---: | ---: | ---: |")
@@ -141,8 +147,9 @@ def retarget(run: str, language: str, out: str) -> None:
 
     source = param_sources.resolve(run)
     step = source.steps()[-1]
-    config = runs.run_config(source, step, None, [])
-    mesh = partitioning.make_mesh({"data": 1})
+    config = runs.resolve_checkpoint(source, step).spec
+    import jax
+    mesh = partitioning.make_mesh({"data": 1}, jax.devices()[:1])  # host arrays: one device
     params, _ = param_sources.base_params(run, config, mesh)
     model_config = dict(config.model.to_dict(),
                         decoder_start_id=multilingual_tasks.language_id(language))
@@ -154,7 +161,8 @@ def retarget(run: str, language: str, out: str) -> None:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("table", choices=("rates", "vocab", "results", "retarget"))
+    parser.add_argument("table", nargs="?", choices=("rates", "vocab", "results", "retarget"),
+                        help="required but in --smoke")
     parser.add_argument("--draw", type=int, default=2000,
                         help="rates: examples drawn per α (0: none)")
     parser.add_argument("--alpha1_vocab", default=None)
@@ -163,7 +171,13 @@ def main(argv=None) -> None:
     parser.add_argument("--run", help="retarget: the pretraining workdir")
     parser.add_argument("--language", help="retarget: the target language (en, es)")
     parser.add_argument("--out", help="retarget: the params-only folder to write")
+    parser.add_argument("--smoke", action="store_true",
+                        help="every subcommand, tiny: a check that the script runs")
     args = parser.parse_args(argv)
+    if args.smoke:
+        return smoke(args)
+    if args.table is None:
+        parser.error("name a table: rates, vocab, results or retarget")
     if args.table == "retarget":
         return retarget(args.run, args.language, args.out)
     if args.table == "rates":
@@ -172,6 +186,33 @@ def main(argv=None) -> None:
         vocab_table(args.alpha1_vocab)
     else:
         results_table(pathlib.Path(args.runs), args.split)
+
+
+# --smoke's mBART: the recipe's model, 1 + 1 layers, 32 wide, on 16-token rows.
+SMOKE_MBART = ["--config.model.d_model=32", "--config.model.num_heads=2",
+               "--config.model.head_dim=16", "--config.model.d_ff=64",
+               "--config.model.num_encoder_layers=1", "--config.model.num_decoder_layers=1",
+               "--config.task_feature_lengths.inputs=16", "--config.task_feature_lengths.targets=16"]
+
+
+def smoke(args) -> None:
+    """Each subcommand (``args.table``, or all four) at tiny sizes, in a temporary folder."""
+    import tempfile
+
+    import _smoke
+    _smoke.IN_PROCESS = True
+    tables = [args.table] if args.table else ["rates", "vocab", "results", "retarget"]
+    with tempfile.TemporaryDirectory(prefix="multilingual_smoke_") as scratch:
+        if "rates" in tables:
+            rates_table(40)
+        if "vocab" in tables:
+            vocab_table(args.alpha1_vocab, texts_per_language=20)
+        if "results" in tables:
+            results_table(pathlib.Path(scratch), args.split)
+        if "retarget" in tables:
+            run = _smoke.pretrain(pathlib.Path(scratch) / "pt_mbart",
+                                  "configs/pretrain/mbart_tiny.py", *SMOKE_MBART)
+            retarget(str(run), "es", str(pathlib.Path(scratch) / "pt_mbart_es"))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,10 @@ speedrun's claim is ~1.35x fewer for Muon) and the median train-step time of the
 ``--time_steps N`` instead times the train step of each optimizer in this one process
 (same model, batch and mesh; rounds alternate between optimizers and each keeps its
 fastest round): Newton-Schulz's cost on this CPU without the noise of separate runs.
+
+``--smoke``: both modes at tiny sizes, a check that the script runs: every optimizer at
+one rate for 2 steps of a 1-layer, 32-wide model (in a temporary ``--dir`` unless one is
+given), then ``--time_steps 1`` of the same model, one round.
 """
 
 from __future__ import annotations
@@ -30,33 +34,39 @@ import argparse
 import json
 import pathlib
 import statistics
-import subprocess
-import sys
+import tempfile
+
+import _smoke
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 EVAL_EVERY = 50
+# What --smoke adds to every training command: tiny model, batches and evaluation.
+SMOKE_OVERRIDES = ["--config.batch_size=8", "--config.task_feature_lengths.targets=16",
+                   "--config.eval_batches=1"]
 
 
 def point_dir(root: pathlib.Path, optimizer: str, lr: float) -> pathlib.Path:
     return root / "points" / f"{optimizer}_lr{lr:g}"
 
 
-def run_point(root: pathlib.Path, optimizer: str, lr: float, steps: int) -> None:
+def run_point(root: pathlib.Path, optimizer: str, lr: float, steps: int,
+              extra: list[str] = ()) -> None:
     workdir = point_dir(root, optimizer, lr)
     if _records(workdir) and _records(workdir)[-1]["step"] >= steps:
         return
     schedule = "constant" if optimizer == "schedule_free_adamw" else "cosine"
-    command = [sys.executable, "-m", "t5x_like.train", "--config=configs/pretrain/gpt2_tiny.py",
+    every = min(EVAL_EVERY, steps)
+    command = ["--config=configs/pretrain/gpt2_tiny.py",
                f"--workdir={workdir}", f"--config.num_train_steps={steps}",
                f"--config.optimizer.name={optimizer}", f"--config.optimizer.learning_rate={lr}",
                f"--config.optimizer.schedule={schedule}",
                f"--config.optimizer.warmup_steps={steps // 10}",
                "--config.optimizer.final_learning_rate_fraction=0.1",
-               f"--config.eval_every_steps={EVAL_EVERY}", "--config.eval_batches=4",
-               f"--config.log_every_steps={EVAL_EVERY}",
-               f"--config.checkpoint_every_steps={steps}", "--quiet"]
+               f"--config.eval_every_steps={every}", "--config.eval_batches=4",
+               f"--config.log_every_steps={every}",
+               f"--config.checkpoint_every_steps={steps}", "--quiet", *extra]
     print(f"training {workdir.name} ({steps} steps)", flush=True)
-    subprocess.run(command, cwd=REPO, check=True)
+    _smoke.cli("t5x_like.train", command, cwd=REPO)
 
 
 def _records(workdir: pathlib.Path) -> list[dict]:
@@ -131,7 +141,7 @@ def parse_grid(learning_rates: str, optimizers: list[str]) -> dict[str, list[flo
     return grid
 
 
-def time_steps(optimizers: list[str], steps: int, rounds: int = 3) -> str:
+def time_steps(optimizers: list[str], steps: int, rounds: int = 3, smoke: bool = False) -> str:
     """Seconds per train step of each optimizer on ``configs/pretrain/gpt2_tiny.py``."""
     import time
 
@@ -144,6 +154,9 @@ def time_steps(optimizers: list[str], steps: int, rounds: int = 3) -> str:
     trainers, states, batch = {}, {}, None
     for name in optimizers:
         config = config_lib.load_config_file(str(REPO / "configs/pretrain/gpt2_tiny.py"))
+        if smoke:
+            _smoke.tiny_model(config.model)
+            config.batch_size, config.task_feature_lengths = 8, {"targets": 16}
         config.optimizer.name = name
         config.optimizer.schedule = "constant"
         config_lib.validate(config)
@@ -177,14 +190,31 @@ def time_steps(optimizers: list[str], steps: int, rounds: int = 3) -> str:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dir", required=True)
+    parser.add_argument("--dir", default="", help="where the runs go (required but in --smoke)")
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--learning_rates", default="1e-3,3e-3,1e-2")
     parser.add_argument("--optimizers", default="adamw,muon,schedule_free_adamw")
     parser.add_argument("--report_only", action="store_true")
     parser.add_argument("--time_steps", type=int, default=0,
                         help="Time N train steps of each optimizer in-process instead.")
+    parser.add_argument("--smoke", action="store_true",
+                        help="both modes at tiny sizes: a check that the script runs")
     args = parser.parse_args(argv)
+    if args.smoke:
+        with tempfile.TemporaryDirectory(prefix="optimizers_smoke_") as scratch:
+            _smoke.IN_PROCESS = True
+            extra = _smoke.tiny_overrides() + SMOKE_OVERRIDES
+            root = pathlib.Path(args.dir or scratch)
+            grid = {o: [1e-3] for o in args.optimizers.split(",")}
+            for optimizer, lrs in grid.items():
+                run_point(root, optimizer, lrs[0], 2, extra)
+            print("held-out loss after 2 steps (configs/pretrain/gpt2_tiny.py, tiny)")
+            print(report(root, grid))
+        print("train step of configs/pretrain/gpt2_tiny.py (tiny), 1 round of 1 step")
+        print(time_steps(args.optimizers.split(","), 1, rounds=1, smoke=True))
+        return
+    if not args.dir:
+        parser.error("--dir is required")
     if args.time_steps:
         print(f"train step of configs/pretrain/gpt2_tiny.py, best of 3 rounds of "
               f"{args.time_steps} steps")

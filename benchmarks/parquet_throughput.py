@@ -1,7 +1,7 @@
 """Tokens per second per host from a Parquet corpus, against what a v5p host's chips consume.
 
     .venv/bin/python benchmarks/parquet_throughput.py [--corpus /tmp/t5xl_parquet_corpus]
-        [--gigabytes 1.0] [--seconds 30] [--rows span_corruption,lm]
+        [--gigabytes 1.0] [--seconds 30] [--rows span_corruption,lm] [--smoke]
 
 1. Builds (once; kept in ``--corpus``) a Parquet corpus of at least ``--gigabytes`` on
    disk from the embedded English corpus: documents of 8 to 64 consecutive lines of one
@@ -19,6 +19,9 @@
    plans (``python -m t5x_like.plan --config=configs/t5_1_1_xl.py --topology=v5p:4x4x4``),
    and at the compute bound alone (100% MFU): the cores of the host's 208 vCPUs the
    input pipeline needs.
+
+``--smoke``: a corpus of 2 files of one 50-row group each in a temporary folder (removed
+after), read for half a second a row: a check that the script runs.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import pathlib
+import tempfile
 import time
 
 import numpy as np
@@ -50,7 +54,8 @@ ROWS = {
 }
 
 
-def build_corpus(folder: pathlib.Path, gigabytes: float) -> list[pathlib.Path]:
+def build_corpus(folder: pathlib.Path, gigabytes: float, files: int = FILES,
+                 row_group_rows: int = ROW_GROUP_ROWS) -> list[pathlib.Path]:
     """Parquet files totalling at least ``gigabytes`` on disk (kept: built once)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -61,23 +66,25 @@ def build_corpus(folder: pathlib.Path, gigabytes: float) -> list[pathlib.Path]:
     for old in folder.glob("*.parquet"):
         old.unlink()
     books = _books()
-    target = gigabytes * 2**30 / FILES
+    target = gigabytes * 2**30 / files
     started, doc_id = time.perf_counter(), 0
-    for file_index in range(FILES):
-        path = folder / f"train-{file_index:05d}-of-{FILES:05d}.parquet"
+    for file_index in range(files):
+        path = folder / f"train-{file_index:05d}-of-{files:05d}.parquet"
         rng = np.random.default_rng([file_index])
         with pq.ParquetWriter(path, pa.schema([("id", pa.int64()), ("text", pa.string())]),
                               compression="snappy") as writer:
-            while not path.exists() or path.stat().st_size < target:
+            written = 0  # the writer makes the file when it opens: write one row group at least
+            while not written or path.stat().st_size < target:
                 texts = []
-                for _ in range(ROW_GROUP_ROWS):
+                for _ in range(row_group_rows):
                     book = books[rng.integers(len(books))]
                     start, size = rng.integers(len(book) - 64), rng.integers(8, 65)
                     texts.append("\n".join(book[start:start + size]))
                 ids = np.arange(doc_id, doc_id + len(texts))
                 doc_id += len(texts)
+                written += len(texts)
                 writer.write_table(pa.table({"id": ids, "text": texts}),
-                                   row_group_size=ROW_GROUP_ROWS)
+                                   row_group_size=row_group_rows)
         print(f"  {path.name}: {path.stat().st_size / 2**20:,.0f} MiB", flush=True)
     size = sum(p.stat().st_size for p in folder.glob("*.parquet"))
     print(f"corpus: {size / 2**30:.2f} GiB on disk, {doc_id:,} documents, "
@@ -98,9 +105,9 @@ def _books() -> list[list[str]]:
 def measure(name: str, files, seconds: float) -> dict:
     steps, feature_names, lengths, converter = ROWS[name]
     task = f"parquet_bench_{name}"
-    if task not in td.TaskRegistry.names():
-        td.TaskRegistry.add(task, td.ParquetSource([str(f) for f in files], "text"), steps(),
-                            pretraining.features(*feature_names))
+    td.TaskRegistry.remove(task)  # a task of these files, not of an earlier corpus
+    td.TaskRegistry.add(task, td.ParquetSource([str(f) for f in files], "text"), steps(),
+                        pretraining.features(*feature_names))
     iterator = iter(td.get_dataset(task, lengths, feature_converter=converter(), seed=0))
     for _ in itertools.islice(iterator, 8):  # warm-up: footers, vocabulary, first row groups
         pass
@@ -113,16 +120,23 @@ def measure(name: str, files, seconds: float) -> dict:
     return {"name": name, "rows": rows, "tokens/s": tokens / wall, "tokens/cpu-s": tokens / cpu}
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", default="/tmp/t5xl_parquet_corpus")
     parser.add_argument("--gigabytes", type=float, default=1.0)
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--rows", default="span_corruption,lm")
-    args = parser.parse_args()
-    files = build_corpus(pathlib.Path(args.corpus), args.gigabytes)
-    results = [measure(name, files, args.seconds) for name in args.rows.split(",")]
+    parser.add_argument("--smoke", action="store_true",
+                        help="a tiny corpus in a temporary folder: a check that the script runs")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        with tempfile.TemporaryDirectory(prefix="parquet_smoke_") as folder:
+            files = build_corpus(pathlib.Path(folder), 1e-9, files=2, row_group_rows=50)
+            results = [measure(name, files, 0.5) for name in args.rows.split(",")]
+    else:
+        files = build_corpus(pathlib.Path(args.corpus), args.gigabytes)
+        results = [measure(name, files, args.seconds) for name in args.rows.split(",")]
     print("\n| objective | ours: tokens/s (one process) | tokens per CPU-second | consumer | "
           "v5p host needs at the roofline step | at 100% MFU | cores needed (of 208 vCPUs) |")
     print("| --- | --- | --- | --- | --- | --- | --- |")

@@ -4,6 +4,7 @@ embedded_bench tasks: score, trainable fraction, optimizer-state bytes, step tim
     .venv/bin/python -m t5x_like.train --config=configs/pretrain/bert_tiny.py --workdir=runs/pt_bert
     .venv/bin/python benchmarks/peft_bench.py run --runs=runs      # trains and evaluates
     .venv/bin/python benchmarks/peft_bench.py table --runs=runs    # prints the table
+    .venv/bin/python benchmarks/peft_bench.py run --smoke          # tiny: a check that it runs
 
 Every run is ``configs/finetune/bert_tiny_head.py`` (400 steps of 32, a fresh head)
 from ``RUNS/pt_bert``, with the method's overrides below; each method has one
@@ -12,6 +13,12 @@ scaled to this small model. Runs land in ``RUNS/peft_<method>_<task>`` and are
 evaluated on the first 200 test examples; a finished run is skipped on ``run``.
 Step times are measured by ``table`` itself, one method at a time on a random batch
 of the first task's shape, with nothing else running.
+
+``--smoke`` (``run`` or ``table``, this script and ``electra_bench.py`` / ``distill_bench.py``):
+the same commands at tiny sizes, in this process, as a check that the script runs: 2-layer,
+32-wide models, 2 steps of 8 rows of 32 tokens, evaluation on 8 examples, the
+first two ``--methods``/``--models`` on the first task, in a temporary ``--runs`` unless one
+is given; the pretraining runs the table needs are made there first, as tiny.
 """
 
 from __future__ import annotations
@@ -20,8 +27,9 @@ import argparse
 import json
 import pathlib
 import statistics
-import subprocess
-import sys
+import tempfile
+
+import _smoke
 
 from t5x_like.param_sources import peft_partial
 
@@ -40,7 +48,11 @@ METHODS = {
                  "optimizer.learning_rate=2e-3"],
 }
 CONFIG = "configs/finetune/bert_tiny_head.py"
-PYTHON = sys.executable
+# What --smoke adds to every training command: the tiny BERT of RUNS/pt_bert and its rows'
+# length (SMOKE_MODEL), 2 steps of 8 rows (SMOKE_RUN).
+SMOKE_MODEL = [*_smoke.PRETRAINED["pt_bert"][1], *_smoke.PRETRAINED["pt_bert"][2]]
+SMOKE_RUN = [*_smoke.TINY_RUN, *SMOKE_MODEL]
+SMOKE = {"run": [], "eval_examples": 200, "step_ms_steps": 30}  # set by bench_main --smoke
 
 
 def run_dir(runs: pathlib.Path, method: str, task: str) -> pathlib.Path:
@@ -64,11 +76,11 @@ def finetune_and_evaluate(workdir: pathlib.Path, config: str, task: str,
     (Shared by electra_bench.py and distill_bench.py.)"""
     if (workdir / "eval_test" / "metrics.jsonl").is_file():
         return
-    subprocess.run([PYTHON, "-m", "t5x_like.train", f"--config={config}", f"--workdir={workdir}",
-                    "--quiet", *run_overrides], check=True)
-    subprocess.run([PYTHON, "-m", "t5x_like.eval", f"--checkpoint={workdir}",
-                    f"--task=embedded_{task}", "--split=test", "--max_examples=200",
-                    f"--output_dir={workdir / 'eval_test'}", "--quiet"], check=True)
+    _smoke.cli("t5x_like.train", [f"--config={config}", f"--workdir={workdir}", "--quiet",
+                                  *run_overrides, *SMOKE["run"]])
+    _smoke.cli("t5x_like.eval", [f"--checkpoint={workdir}", f"--task=embedded_{task}",
+                                 "--split=test", f"--max_examples={SMOKE['eval_examples']}",
+                                 f"--output_dir={workdir / 'eval_test'}", "--quiet"])
 
 
 def run_all(runs: pathlib.Path, methods, tasks) -> None:
@@ -82,14 +94,15 @@ def _trainer(runs: pathlib.Path, method: str, task: str):
     import jax
 
     from t5x_like import config_lib, partitioning
+    from t5x_like import runs as runs_lib
     from t5x_like import trainer as trainer_lib
     config = config_lib.load_config_file(CONFIG)
-    config_lib.apply_overrides(config, [o[len("--config."):]
-                                        for o in overrides(runs, method, task)])
+    config_lib.apply_overrides(config, [o[len("--config."):] for o in
+                                        overrides(runs, method, task) + SMOKE["run"]])
     config.init_from = ""
-    runs.resolve_head_labels(config)
+    spec = runs_lib.resolve_spec(config)  # the head's labels from the task, as train reads them
     mesh = partitioning.make_mesh({"data": 1}, jax.devices()[:1])
-    return config, trainer_lib.build_trainer(config, mesh)
+    return spec, trainer_lib.build_trainer(spec, mesh)
 
 
 def sizes(runs: pathlib.Path, method: str, task: str) -> tuple[int, int, int]:
@@ -108,7 +121,7 @@ def sizes(runs: pathlib.Path, method: str, task: str) -> tuple[int, int, int]:
     return total, trainable, state_bytes
 
 
-def step_ms(runs: pathlib.Path, method: str, task: str, steps: int = 30) -> float:
+def step_ms(runs: pathlib.Path, method: str, task: str, steps: int | None = None) -> float:
     """Median train step time on one random batch of the run's shape, measured alone
     (the runs' own logged rates share the machine with whatever else ran)."""
     import time
@@ -117,6 +130,7 @@ def step_ms(runs: pathlib.Path, method: str, task: str, steps: int = 30) -> floa
     import numpy as np
 
     from t5x_like import structures
+    steps = steps or SMOKE["step_ms_steps"]
     config, trainer = _trainer(runs, method, task)
     structure = structures.for_config(config)
     rng = np.random.default_rng(0)
@@ -163,22 +177,42 @@ def table(runs: pathlib.Path, methods, tasks) -> str:
     return "\n".join(lines)
 
 
-def bench_main(doc: str, flag: str, names, run_all_fn, table_fn) -> None:
+def bench_main(doc: str, flag: str, names, run_all_fn, table_fn, argv=None,
+               pretraining=lambda runs, chosen: [PT_BERT]) -> None:
     """``run|table --runs=DIR --<flag>=a,b --tasks=...``: the command line of this and the
-    other fine-tuning benchmarks (``run`` trains what is missing, both print the table)."""
+    other fine-tuning benchmarks (``run`` trains what is missing, both print the table).
+    ``pretraining(runs, chosen)``: ``[(run name, config, overrides)]``, the pretraining
+    runs the chosen rows start from, in order, which ``--smoke`` makes (tiny) when missing."""
     parser = argparse.ArgumentParser(description=doc,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=("run", "table"))
-    parser.add_argument("--runs", default="runs")
+    parser.add_argument("--runs", default="")
     parser.add_argument(f"--{flag}", default=",".join(names))
     parser.add_argument("--tasks", default=",".join(TASKS))
-    args = parser.parse_args()
-    runs = pathlib.Path(args.runs).absolute()
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes, in this process: a check that the script runs")
+    args = parser.parse_args(argv)
     chosen, tasks = getattr(args, flag).split(","), args.tasks.split(",")
-    if args.command == "run":
-        run_all_fn(runs, chosen, tasks)
-    print(table_fn(runs, chosen, tasks))
+    with tempfile.TemporaryDirectory(prefix="finetune_smoke_") as scratch:
+        runs = pathlib.Path(args.runs or (scratch if args.smoke else "runs")).absolute()
+        if args.smoke:
+            _smoke.IN_PROCESS = True
+            SMOKE.update(run=SMOKE_RUN, eval_examples=8, step_ms_steps=1)
+            chosen, tasks = chosen[:2], tasks[:1]
+            for name, config, extra in pretraining(runs, chosen):
+                _smoke.pretrain(runs / name, config, *SMOKE_MODEL, *extra)
+        if args.command == "run" or args.smoke:
+            run_all_fn(runs, chosen, tasks)
+        print(table_fn(runs, chosen, tasks))
+
+
+# The pretraining runs (RUNS/<name>) every fine-tuning benchmark starts from.
+PT_BERT = ("pt_bert", "configs/pretrain/bert_tiny.py", ())
+
+
+def main(argv=None) -> None:
+    bench_main(__doc__, "methods", METHODS, run_all, table, argv)
 
 
 if __name__ == "__main__":
-    bench_main(__doc__, "methods", METHODS, run_all, table)
+    main()

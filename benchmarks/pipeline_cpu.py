@@ -2,13 +2,16 @@
 with every layer on every device (data parallel) against layers split over a ``stage``
 axis (GPipe and circular schedules), at the same global batch.
 
-    .venv/bin/python benchmarks/pipeline_cpu.py [--length 256] [--batch 32] [--steps 5]
+    .venv/bin/python benchmarks/pipeline_cpu.py [--length 256] [--batch 32] [--steps 5] [--smoke]
 
 Fake devices share this machine's cores, so the times show the cost of the machinery
 (the bubble's wasted stage-iterations, the hand-overs, the per-stage gathers of each
 microbatch's masks), not a speed-up: on real chips the point is that a model whose
 layers do not fit FSDP x tensor on one slice can be split, and that only activations
-cross slow links. Columns as ``context_parallel_cpu.py``'s, plus the bubble.
+cross slow links. Columns as ``context_parallel_cpu.py``'s, plus the bubble. ``--smoke``:
+the rows of ``SMOKE_ROWS`` (data parallel, GPipe and circular: each schedule; the other
+rows change sizes or add FSDP to a stage) with the same 8 layers at 32 wide, 32 tokens a
+row and one timed step, a check that the script runs.
 """
 
 from __future__ import annotations
@@ -39,11 +42,16 @@ ROWS = [
     ("stage 2 x fsdp 2 x data 2, gpipe, 4 microbatches", {"stage": 2, "fsdp": 2, "data": 2},
      "gpipe", 4, 1),
 ]
+SMOKE_ROWS = ("data 8", "stage 2 x data 4, gpipe, 4 microbatches",
+              "stage 4 x data 2, circular (2 laps), 4 microbatches")
 
 
 def config_for(mesh: dict, schedule: str, microbatches: int, per_visit: int, length: int,
-               batch: int):
+               batch: int, smoke: bool = False):
     config = config_lib.load_config_file("configs/pretrain/gpt2_tiny.py")
+    if smoke:
+        import _smoke
+        _smoke.tiny_model(config.model, layers=LAYERS)
     config.task_feature_lengths = {"targets": length}
     config.model.positions.max_length = length
     config.model.num_layers = LAYERS
@@ -57,20 +65,26 @@ def config_for(mesh: dict, schedule: str, microbatches: int, per_visit: int, len
     return config
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--length", type=int, default=256)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--steps", type=int, default=5)
-    args = parser.parse_args()
-    print(f"gpt2_tiny ({LAYERS} layers, d_model 128), {args.batch} rows x {args.length} "
+    parser.add_argument("--smoke", action="store_true", help="tiny widths and sizes")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.length, args.steps = 32, 1
+    print(f"gpt2_tiny ({LAYERS} layers, d_model {32 if args.smoke else 128}), {args.batch} rows x {args.length} "
           f"tokens, {jax.device_count()} fake CPU devices\n")
     print("| mesh | bubble | compile s | step s | step vs data 8 | first loss "
           "| temp MiB / device |")
     print("|---|---|---|---|---|---|---|")
     base = None
     for name, mesh, schedule, microbatches, per_visit in ROWS:
-        config = config_for(mesh, schedule, microbatches, per_visit, args.length, args.batch)
+        if args.smoke and name not in SMOKE_ROWS:
+            continue
+        config = config_for(mesh, schedule, microbatches, per_visit, args.length, args.batch,
+                            args.smoke)
         stages = mesh.get("stage", 1)
         settings = pipeline.PipelineSettings(schedule, microbatches, per_visit)
         bubble = pipeline.bubble_fraction(stages, settings.num_microbatches(stages),

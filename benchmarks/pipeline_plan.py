@@ -2,6 +2,7 @@
 by the data-center network, planned ahead of time with and without pipeline stages.
 
     python benchmarks/pipeline_plan.py [--rows all] [--length 4096] [--batch 256]
+    python benchmarks/pipeline_plan.py --smoke   # tiny: a check that it runs
 
 Each row compiles the real train step with ``t5x_like.plan`` (libtpu's compiler; no TPU
 needed) in bfloat16, scanned layers, full rematerialisation, the same global batch.
@@ -12,6 +13,10 @@ so a chip holds half as much, and only activations cross the slow network. Print
 memory per chip, whether it fits, the bubble, the roofline step (compute with the
 bubble, HBM, collectives), and the collectives' bytes per chip and step by the mesh
 axes they cross.
+
+``--smoke``: every row with a 4-layer, 32-wide model of the same config (circular: 1 layer
+a visit) at 8 rows of 256 tokens on 2 x v5p:2x2x1 (fsdp 4 a slice), a check that the
+script runs (libtpu's compile of even a tiny model takes seconds).
 """
 
 from __future__ import annotations
@@ -43,14 +48,23 @@ ROWS = {
 }
 
 
-def plan_row(overrides: dict, length: int, batch: int) -> dict:
+SMOKE_TOPOLOGY, SMOKE_LAYERS = "v5p:2x2x1", 4
+
+
+def plan_row(overrides: dict, length: int, batch: int, smoke: bool = False) -> dict:
     config = config_lib.load_config_file(str(ROOT / "configs/open_decoders.py:llama-3.1-405b"))
+    if smoke:  # 4 layers: 2 a stage, 1 a circular visit; fsdp over a slice's 4 chips
+        import _smoke
+        _smoke.tiny_model(config.model, layers=SMOKE_LAYERS)
+        overrides = dict(overrides, **{"mesh.fsdp": 4})
+        if "partitioning.pipeline_layers_per_stage" in overrides:
+            overrides["partitioning.pipeline_layers_per_stage"] = 1
     config_lib.apply_overrides(config, [
         f"task_feature_lengths.targets={length}", f"batch_size={batch}",
         "model.numerics.dtype=bfloat16", "model.numerics.scan_layers=True",
         "model.numerics.remat_policy=full", "mesh.data=1", "mesh.stage=1",
         *(f"{key}={value}" for key, value in overrides.items())])
-    return aot_planner.plan(config, TOPOLOGY, SLICES)
+    return aot_planner.plan(config, SMOKE_TOPOLOGY if smoke else TOPOLOGY, SLICES)
 
 
 def main(argv=None) -> int:
@@ -58,13 +72,18 @@ def main(argv=None) -> int:
     parser.add_argument("--length", type=int, default=4096)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--rows", default="all", help="comma-separated row names, or all")
+    parser.add_argument("--smoke", action="store_true",
+                        help="a tiny model on 2 x 4 chips: a check that the script runs")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.length, args.batch = 256, 8
+    aot_planner.prepare_compiler_environment()  # this machine is no TPU VM
     names = list(ROWS) if args.rows == "all" else args.rows.split(",")
     print("| mesh | memory / chip (GiB) | fits | bubble | roofline step s (bound) "
           "| compute / HBM / collectives s | MFU | collectives GB / chip by axes |")
     print("|---|---|---|---|---|---|---|---|")
     for name in names:
-        report = plan_row(ROWS[name], args.length, args.batch)
+        report = plan_row(ROWS[name], args.length, args.batch, args.smoke)
         memory, step, parts, moved = plan_cells(report)
         roof = report.get("roofline") or {}
         mfu = f"{100 * roof['mfu']:.0f}%" if roof.get("mfu") else "—"

@@ -6,8 +6,13 @@ memory per chip, the verdict and how long the compile took on this machine.
     python benchmarks/plan_table.py              # every row (about 4 minutes on 2 cores)
     python benchmarks/plan_table.py --skip_xxl   # the rows that compile in a minute or two
     python benchmarks/plan_table.py --only=t5_1_1_xxl
+    python benchmarks/plan_table.py --smoke      # tiny: a check that it runs
 
 Paste the table into the page with the commit it ran on (``git rev-parse --short HEAD``).
+
+``--smoke``: the rows of ``SMOKE_ROWS`` (one slice and two: the other rows differ only in
+their overrides) with 1-layer, 32-wide models of the same configs, short rows and small
+batches on 4-chip slices (v5p:2x2x1, v5e:2x2), a check that the script runs.
 """
 
 from __future__ import annotations
@@ -28,13 +33,22 @@ ROWS = (
     ("t5_1_1_xl", "v5p:4x4x4", 1, [], "scanned layers"),
     ("gpt2_xl", "v5e:4x4", 1, [], "bf16, scanned, 8 microbatches"),
     ("gpt2_xl", "v5e:4x4", 2, [], "mesh dcn 2 x fsdp 16"),
-    ("t5_1_1_xxl", "v5e:2x2", 1, ["model.scan_layers=False"], "unrolled"),
+    ("t5_1_1_xxl", "v5e:2x2", 1, ["model.numerics.scan_layers=False"], "unrolled"),
 )
+SMOKE_ROWS = {  # row (config, slices) -> its smoke topology and sizes
+    ("t5_1_1_xl", 1): ("v5p:2x2x1", ["batch_size=8", "task_feature_lengths.inputs=64",
+                                     "task_feature_lengths.targets=16"]),
+    ("gpt2_xl", 2): ("v5e:2x2", ["batch_size=64", "task_feature_lengths.targets=64"]),
+}
 
 
-def plan_row(config_name: str, topology: str, num_slices: int, overrides: list[str]) -> dict:
+def plan_row(config_name: str, topology: str, num_slices: int, overrides: list[str],
+             smoke: bool = False) -> dict:
     from t5x_like import aot_planner, config_lib
     config = config_lib.load_config_file(str(ROOT / "configs" / f"{config_name}.py"))
+    if smoke:
+        import _smoke
+        _smoke.tiny_model(config.model)
     config_lib.apply_overrides(config, overrides)
     config_lib.validate(config)
     start = time.monotonic()
@@ -61,6 +75,8 @@ def main(argv=None) -> int:
     parser.add_argument("--skip_xxl", action="store_true",
                         help="leave out t5_1_1_xxl unrolled (the longest compile)")
     parser.add_argument("--only", help="only the rows of this config")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny models on 4-chip slices: a check that the script runs")
     args = parser.parse_args(argv)
     from t5x_like import aot_planner
     aot_planner.prepare_compiler_environment()  # this machine is no TPU VM
@@ -72,7 +88,12 @@ def main(argv=None) -> int:
         if (args.skip_xxl and config_name == "t5_1_1_xxl") or args.only not in (None,
                                                                                 config_name):
             continue
-        result = plan_row(config_name, topology, num_slices, overrides)
+        if args.smoke:
+            if (config_name, num_slices) not in SMOKE_ROWS:
+                continue
+            topology, sizes = SMOKE_ROWS[(config_name, num_slices)]
+            overrides = overrides + sizes
+        result = plan_row(config_name, topology, num_slices, overrides, args.smoke)
         print(format_row(config_name, topology, num_slices, what, result), flush=True)
     return 0
 

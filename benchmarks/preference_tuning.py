@@ -11,10 +11,16 @@
 
     .venv/bin/python benchmarks/preference_tuning.py run --runs=runs/preference
     .venv/bin/python benchmarks/preference_tuning.py table --runs=runs/preference
+    .venv/bin/python benchmarks/preference_tuning.py run --smoke   # tiny: a check that it runs
 
 ``run`` trains what is missing (pretraining 500 steps, DPO, SFT, GRPO with the configs
 in ``configs/``) and writes ``RUNS/results.json``; ``table`` prints it. Numbers are
 from one seed on this machine's CPU (8 fake devices): a small run, read as such.
+
+``--smoke``: every run and measurement at tiny sizes, in this process, as a check that the
+script runs: 1-layer, 32-wide GPT-2s, 2 training steps of each run (8 rows; GRPO 8
+prompts x 2 completions), 8 held-out prompts, in a temporary ``--runs`` unless one is
+given (a ``pt_gpt2`` there is read as the pretrained model).
 """
 
 from __future__ import annotations
@@ -22,11 +28,29 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import subprocess
-import sys
+import tempfile
+
+import _smoke
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PYTHON = sys.executable
+# What --smoke changes: the model (every run and every config read here), each run's
+# length, and the held-out prompts GRPO is read on. Set by main.
+SMOKE = {"model": [], "run": [], "prompts": 500}
+SMOKE_RUNS = {  # config -> its --smoke sizes
+    "configs/pretrain/gpt2_tiny.py": _smoke.PRETRAINED["pt_gpt2"][2],
+    "configs/rl/gpt2_tiny_grpo_arithmetic.py": [
+        "--config.batch_size=16", "--config.rl.num_generations=2",
+        "--config.evals.held_out.every_steps=2", "--config.evals.held_out.batches=1",
+        "--config.logging.every_steps=1", "--config.checkpoint.every_steps=2"],
+}
+
+
+def load(config_path: str):
+    """A config file, with ``--smoke``'s model when set."""
+    from t5x_like import config_lib
+    config = config_lib.load_config_file(config_path)
+    config_lib.apply_overrides(config, [o[len("--config."):] for o in SMOKE["model"]])
+    return config
 
 
 def train(config: str, workdir: pathlib.Path, *overrides: str) -> None:
@@ -34,8 +58,9 @@ def train(config: str, workdir: pathlib.Path, *overrides: str) -> None:
         done = json.loads((workdir / "metrics.jsonl").read_text().splitlines()[-1])
         print(f"  {workdir.name}: trained to step {done['step']} already")
         return
-    subprocess.run([PYTHON, "-m", "t5x_like.train", f"--config={config}",
-                    f"--workdir={workdir}", *overrides], check=True, cwd=ROOT)
+    smoke = [*SMOKE["run"], *SMOKE_RUNS.get(config, [])] if SMOKE["run"] else []
+    _smoke.cli("t5x_like.train", [f"--config={config}", f"--workdir={workdir}", *overrides,
+                                  *SMOKE["model"], *smoke], cwd=ROOT)
 
 
 def records(workdir: pathlib.Path) -> list[dict]:
@@ -102,11 +127,11 @@ def lm_held_out_loss(checkpoint: pathlib.Path, batches: int = 8) -> float:
     import jax
     import numpy as np
 
-    from t5x_like import config_lib, param_sources, partitioning, structures
+    from t5x_like import param_sources, partitioning, structures
     from t5x_like import runs as runs_lib
     from t5x_like import trainer as trainer_lib
     from t5x_like.data import pipeline
-    spec = runs_lib.resolve_spec(config_lib.load_config_file("configs/pretrain/gpt2_tiny.py"))
+    spec = runs_lib.resolve_spec(load("configs/pretrain/gpt2_tiny.py"))
     _, trainer = trainer_lib.build_on_devices(spec)
     params = trainer.place_params(param_sources.base_params(str(checkpoint), spec,
                                                             trainer.mesh)[0])
@@ -126,14 +151,13 @@ def lm_held_out_loss(checkpoint: pathlib.Path, batches: int = 8) -> float:
 
 
 def run_dpo(runs: pathlib.Path, results: dict) -> None:
-    from t5x_like import config_lib
     from t5x_like import runs as runs_lib
     pretrained = runs / "pt_gpt2"
     train("configs/pretrain/gpt2_tiny.py", pretrained, "--config.num_train_steps=500",
           "--config.evals.held_out.every_steps=500", "--config.checkpoint.every_steps=500")
     dpo = runs / "dpo_gpt2"
     train("configs/preference/gpt2_tiny_dpo_cloze.py", dpo, f"--config.init_from={pretrained}")
-    config = config_lib.load_config_file("configs/preference/gpt2_tiny_dpo_cloze.py")
+    config = load("configs/preference/gpt2_tiny_dpo_cloze.py")
     config.init_from = str(pretrained)
     spec = runs_lib.resolve_spec(config)
     before = dpo_metrics(pair_scores(spec, str(pretrained), str(pretrained)), spec.preference.beta)
@@ -154,11 +178,11 @@ def rollout_eval(spec_config: str, checkpoint: pathlib.Path, samples: int) -> di
     prompts, with ``spec_config``'s rewards."""
     import numpy as np
 
-    from t5x_like import config_lib, param_sources, rl, structures
+    from t5x_like import param_sources, rl, structures
     from t5x_like import runs as runs_lib
     from t5x_like import trainer as trainer_lib
     from t5x_like.data import get_task_or_mixture, pipeline
-    config = config_lib.load_config_file(spec_config)
+    config = load(spec_config)
     config.init_from = str(checkpoint)
     spec = runs_lib.resolve_spec(config)
     _, trainer = trainer_lib.build_on_devices(spec)
@@ -177,7 +201,7 @@ def rollout_eval(spec_config: str, checkpoint: pathlib.Path, samples: int) -> di
         yield from batches
         while True:
             yield batches.padding_batch()
-    count = -(-500 // spec.batch_size)
+    count = -(-SMOKE["prompts"] // spec.batch_size)
     return rollouts.evaluate(params, filled(), count, samples=samples)
 
 
@@ -240,8 +264,23 @@ def main(argv=None) -> int:
     parser.add_argument("command", choices=("run", "table"))
     parser.add_argument("--runs", default="runs/preference")
     parser.add_argument("--only", choices=("dpo", "grpo"), default=None)
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny runs, in this process: a check that the script runs")
     args = parser.parse_args(argv)
-    runs = pathlib.Path(args.runs).resolve()
+    if not args.smoke:
+        return run_or_table(args, pathlib.Path(args.runs))
+    _smoke.IN_PROCESS = True
+    _, model, _ = _smoke.PRETRAINED["pt_gpt2"]
+    SMOKE.update(model=model, run=_smoke.TINY_RUN, prompts=8)
+    args.command = "run"
+    with tempfile.TemporaryDirectory(prefix="preference_smoke_") as scratch:
+        return run_or_table(args, pathlib.Path(args.runs if args.runs != "runs/preference"
+                                               else scratch))
+
+
+def run_or_table(args, runs: pathlib.Path) -> int:
+    """``run`` (what is missing, then ``results.json``) and the table, from ``runs``."""
+    runs = runs.resolve()
     runs.mkdir(parents=True, exist_ok=True)
     path = runs / "results.json"
     results = json.loads(path.read_text()) if path.exists() else {}

@@ -8,6 +8,11 @@
 
 then ``python -m t5x_like.goodput WORKDIR`` prints productive time over wall time and
 the badput by cause. ``python benchmarks/resilience_goodput.py [--workdir=/tmp/...]``
+
+``--smoke``: the same three runs and report over 20 steps (SIGTERM after step 8, the
+source blocking 5 steps into the second run, checkpoints every 4 steps), a check that the
+script runs. The runs stay separate processes: signals, exits
+and restarts are what is measured.
 """
 
 from __future__ import annotations
@@ -32,6 +37,10 @@ TINY = ["--config=configs/quickstart.py", "--config.model.num_encoder_layers=1",
         "--config.eval_batches=2", "--config.log_every_steps=1",
         "--config.checkpoint_every_steps=20", "--config.num_train_steps=200",
         "--module=blocking_tasks", "--config.task=blocking_task"]
+# --smoke: steps, checkpoints and evaluations, when SIGTERM comes and the source blocks.
+SMOKE_SCHEDULE = ["--config.num_train_steps=20", "--config.checkpoint_every_steps=4",
+                  "--config.eval_every_steps=10"]
+SMOKE_SIGTERM_AFTER, SMOKE_BLOCK_AFTER = 8, 40
 
 # The task module the hang comes from, shared with tests/test_watchdog.py: the train split
 # blocks forever after BLOCK_AFTER records (unset: never).
@@ -44,14 +53,20 @@ def last_step(workdir: pathlib.Path) -> int:
     return json.loads(lines[-1])["step"] if lines else 0
 
 
-def main() -> int:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", default="")
     parser.add_argument("--hang_timeout_s", type=float, default=10.0)
     parser.add_argument("--block_after", type=int, default=240,
                         help="Records the second run reads before its data source blocks.")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true",
+                        help="20 steps, a shorter hang: a check that the script runs")
+    args = parser.parse_args(argv)
+    sigterm_after, schedule = 120, []
+    if args.smoke:
+        sigterm_after, schedule = SMOKE_SIGTERM_AFTER, SMOKE_SCHEDULE
+        args.block_after = SMOKE_BLOCK_AFTER
     scratch = pathlib.Path(tempfile.mkdtemp(prefix="resilience_goodput_"))
     workdir = pathlib.Path(args.workdir) if args.workdir else scratch / "run"
     shutil.rmtree(workdir, ignore_errors=True)
@@ -60,16 +75,16 @@ def main() -> int:
     env.pop("BLOCK_AFTER", None)
     env.pop("BLOCK_PROCESS", None)
     env.pop("XLA_FLAGS", None)
-    command = [sys.executable, "-m", "t5x_like.train", f"--workdir={workdir}", *TINY,
+    command = [sys.executable, "-m", "t5x_like.train", f"--workdir={workdir}", *TINY, *schedule,
                f"--config.hang_timeout_s={args.hang_timeout_s}", "--quiet"]
 
     first = subprocess.Popen(command, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
-    while first.poll() is None and last_step(workdir) < 120:
+    while first.poll() is None and last_step(workdir) < sigterm_after:
         time.sleep(0.05)
     first.send_signal(signal.SIGTERM)
     _, err = first.communicate()
     print(f"run 1: exit {first.returncode}, stopped at step {last_step(workdir)} "
-          "(SIGTERM after step 120)")
+          f"(SIGTERM after step {sigterm_after})")
 
     second = subprocess.run(command, cwd=REPO, env=dict(env, BLOCK_AFTER=str(args.block_after)),
                             stderr=subprocess.PIPE, text=True)
@@ -83,6 +98,7 @@ def main() -> int:
     report = subprocess.run([sys.executable, "-m", "t5x_like.goodput", str(workdir)], cwd=REPO,
                             env=env, capture_output=True, text=True)
     print(report.stdout or report.stderr)
+    shutil.rmtree(scratch, ignore_errors=True)  # the run lives on only under --workdir
     return 0
 
 

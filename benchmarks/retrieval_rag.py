@@ -4,9 +4,16 @@ on the WEB -> KJV task (docs/retrieval.md). Runs each missing step through
 
     nice -n 5 python benchmarks/retrieval_rag.py            # about an hour on 2 busy CPU cores
     python benchmarks/retrieval_rag.py --only_print         # tables of what exists
+    python benchmarks/retrieval_rag.py --smoke              # tiny: a check that it runs
 
 Needs the pretraining runs runs/pt_bert (configs/pretrain/bert_tiny.py) and runs/pt_t5
-(configs/pretrain/t5_tiny.py).
+(configs/pretrain/t5_tiny.py). ``--runs`` moves every ``runs/`` folder below elsewhere.
+
+``--smoke``: the rows of ``SMOKE_ROWS`` (the trained retriever with both search backends,
+closed-book and RAG-sequence: every command; the other rows change sizes or steps) at tiny
+sizes, in this process: tiny pretraining runs in a temporary ``--runs`` (unless it holds
+them), 2 steps of 8 rows of 16 tokens for each training, k = 2, 8 queries a retriever
+evaluation and 4 verses a generator's. The index still holds all 31,102 KJV verses.
 """
 
 from __future__ import annotations
@@ -14,10 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import subprocess
 import sys
+import tempfile
 
-CLI = [sys.executable, "-m", "t5x_like.retrieval"]
+import _smoke
+
 RETRIEVERS = {"pretrained BERT, no contrastive training (both towers = runs/pt_bert)":
               ("runs/pt_bert", "runs/ret_before/index"),
               "after 120 contrastive steps (configs/retrieval/retriever.py)":
@@ -37,42 +45,70 @@ GENERATORS = {
 }
 
 
+FAISS_ROW = "the same, searched with faiss (IndexFlatIP)"
+SMOKE_ROWS = ("after 120 contrastive steps (configs/retrieval/retriever.py)", FAISS_ROW,
+              "closed-book T5, 200 steps", "RAG-sequence, k=4, 200 steps")
+# What --smoke adds to each command (set by main): the sizes, and where the runs are.
+SMOKE = {"runs": "runs", "train-retriever": [], "build-index": [], "evaluate-retriever": [],
+         "train-rag": [], "evaluate-rag": [], "rows": None}
+
+
+def at(path: str) -> str:
+    """``path`` (``runs/...``) under ``--runs``."""
+    return path.replace("runs", SMOKE["runs"], 1) if path.startswith("runs/") else path
+
+
 def run(args: list[str]) -> str:
-    print("+", " ".join(args[2:]), flush=True)
-    return subprocess.run(args, check=True, capture_output=True, text=True).stdout
+    """``python -m t5x_like.retrieval ARGS`` (with ``--smoke``'s additions), its output."""
+    args = args + SMOKE[args[0]]
+    print("+", " ".join(args), flush=True)
+    return _smoke.cli("t5x_like.retrieval", args, capture=True)
+
+
+def wanted(name: str) -> bool:
+    return SMOKE["rows"] is None or name in SMOKE["rows"]
 
 
 def retriever_rows(only_print: bool) -> list[tuple[str, dict]]:
     rows = []
     for name, (retriever, index) in RETRIEVERS.items():
+        retriever, index = at(retriever), at(index)
         saved = pathlib.Path(index) / "eval_test.json"
+        if not wanted(name):
+            continue
         if not saved.is_file() and not only_print:
-            if retriever != "runs/pt_bert" and not (pathlib.Path(retriever) / "run.json").is_file():
-                run(CLI + ["train-retriever", "--config=configs/retrieval/retriever.py",
-                           f"--workdir={retriever}"])
+            if retriever != at("runs/pt_bert") and not (pathlib.Path(retriever) / "run.json").is_file():
+                run(["train-retriever", "--config=configs/retrieval/retriever.py",
+                     f"--workdir={retriever}", f"--config.init_from={at('runs/pt_bert')}"])
             if not (pathlib.Path(index) / "index.json").is_file():
-                run(CLI + ["build-index", f"--retriever={retriever}", f"--output={index}"])
-            run(CLI + ["evaluate-retriever", f"--retriever={retriever}", f"--index={index}"])
+                run(["build-index", f"--retriever={retriever}", f"--output={index}"])
+            run(["evaluate-retriever", f"--retriever={retriever}", f"--index={index}"])
         if saved.is_file():
             rows.append((name, json.loads(saved.read_text())))
-    if not pathlib.Path(FAISS).is_file() and not only_print:
-        run(CLI + ["evaluate-retriever", "--retriever=runs/ret_bert",
-                   "--index=runs/ret_bert/index", "--backend=faiss"])
-    if pathlib.Path(FAISS).is_file():
-        rows.append(("the same, searched with faiss (IndexFlatIP)",
-                     json.loads(pathlib.Path(FAISS).read_text())))
+    faiss = pathlib.Path(at(FAISS))
+    if not faiss.is_file() and not only_print and wanted(FAISS_ROW):
+        run(["evaluate-retriever", f"--retriever={at('runs/ret_bert')}",
+             f"--index={at('runs/ret_bert/index')}", "--backend=faiss"])
+    if faiss.is_file():
+        rows.append((FAISS_ROW, json.loads(faiss.read_text())))
     return rows
 
 
 def generator_rows(only_print: bool) -> list[tuple[str, dict]]:
     rows = []
     for name, (kind, workdir, overrides) in GENERATORS.items():
+        workdir = at(workdir)
         saved = pathlib.Path(workdir) / "eval_test.json"
+        if not wanted(name):
+            continue
         if not saved.is_file() and not only_print:
             if not (pathlib.Path(workdir) / "run.json").is_file():
-                run(CLI + ["train-rag", f"--config=configs/retrieval/rag.py:{kind}",
-                           f"--workdir={workdir}"] + [f"--config.{o}" for o in overrides])
-            run(CLI + ["evaluate-rag", f"--run={workdir}"])
+                run(["train-rag", f"--config=configs/retrieval/rag.py:{kind}",
+                     f"--workdir={workdir}", f"--config.generator_init={at('runs/pt_t5')}",
+                     f"--config.retriever={at('runs/ret_bert')}",
+                     f"--config.index={at('runs/ret_bert/index')}"]
+                    + [f"--config.{o}" for o in overrides])
+            run(["evaluate-rag", f"--run={workdir}"])
         if saved.is_file():
             result = json.loads(saved.read_text())
             metrics = pathlib.Path(workdir) / "metrics.jsonl"
@@ -82,11 +118,37 @@ def generator_rows(only_print: bool) -> list[tuple[str, dict]]:
     return rows
 
 
-def main() -> int:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only_print", action="store_true")
-    args = parser.parse_args()
+    parser.add_argument("--runs", default="", help="where runs/ is (default: runs)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny runs of every command: a check that the script runs")
+    args = parser.parse_args(argv)
+    if not args.smoke:
+        SMOKE["runs"] = args.runs or "runs"
+        return tables(args)
+    _smoke.IN_PROCESS = True
+    with tempfile.TemporaryDirectory(prefix="retrieval_smoke_") as scratch:
+        runs = pathlib.Path(args.runs or scratch)
+        _smoke.pretrained(runs, "pt_bert")
+        _smoke.pretrained(runs, "pt_t5")
+        sizes = ["--config.batch_size=8", "--config.num_train_steps=2",
+                 "--config.warmup_steps=1", "--config.log_every_steps=1"]
+        SMOKE.update(runs=str(runs), rows=SMOKE_ROWS,
+                     **{"train-retriever": sizes + ["--config.query_length=16",
+                                                    "--config.doc_length=16"],
+                        "train-rag": sizes + ["--config.k=2", "--config.query_length=16",
+                                              "--config.passage_length=16",
+                                              "--config.target_length=16"],
+                        "evaluate-retriever": ["--max_examples=8"],
+                        "evaluate-rag": ["--max_examples=4", "--batch_size=4"]})
+        return tables(args)
+
+
+def tables(args) -> int:
+    """Runs what is missing (unless ``--only_print``), prints both tables."""
     print("\nRetriever: WEB verse -> KJV verse of the same key among all 31,102 KJV verses "
           "(test split)\n")
     print("| retriever | queries | recall@1 | recall@5 | recall@20 |")

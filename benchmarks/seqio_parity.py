@@ -3,8 +3,14 @@
     /work/seqio-venv/bin/python benchmarks/seqio_parity.py [--examples 2000]
 
 Not a test (the suite must run without TensorFlow): it prints PASS or FAIL per
-check and exits 1 if any check fails; without ``seqio``/``t5`` it says so and exits
-0. Install the comparison environment from ``benchmarks/requirements-seqio.txt``.
+check, a table of them at the end, and exits 1 if any check fails. Without
+``seqio``/``t5`` every check still computes our side (and the checks of our outputs
+alone, such as span corruption merging back, still pass or fail); the comparisons say
+"not installed" and the run exits 0. Install the comparison environment from
+``benchmarks/requirements-seqio.txt``.
+
+``--smoke``: every check on few inputs (a coarser grid, lengths up to 40, 40 chunks, 20
+converter examples), a check that the script runs.
 
 Checks, all on identical inputs:
 
@@ -58,10 +64,24 @@ ALLOWED_EXTRA_FEATURES = {"encoder_token_type_ids"}
 RESULTS: list[tuple[str, bool, str]] = []
 
 
-def check(name: str, ok: bool, detail: str = "") -> bool:
-    RESULTS.append((name, bool(ok), detail))
-    print(f"{'PASS' if ok else 'FAIL'}  {name}" + (f"  ({detail})" if detail else ""), flush=True)
+NOT_INSTALLED = "not installed"
+
+
+def check(name: str, ok: bool | None, detail: str = "") -> bool | None:
+    """Records a check; ``ok`` None: only our side ran (seqio/t5 not installed)."""
+    RESULTS.append((name, None if ok is None else bool(ok), detail))
+    verdict = NOT_INSTALLED if ok is None else "PASS" if ok else "FAIL"
+    print(f"{verdict}  {name}" + (f"  ({detail})" if detail else ""), flush=True)
     return ok
+
+
+def results_table() -> str:
+    """Every check's verdict: PASS, FAIL, or ``not installed`` (ours ran, theirs did not)."""
+    lines = ["| check | seqio / t5 | detail |", "| --- | --- | --- |"]
+    for name, ok, detail in RESULTS:
+        verdict = NOT_INSTALLED if ok is None else "PASS" if ok else "FAIL"
+        lines.append(f"| {name} | {verdict} | {detail.replace('|', '/')[:160]} |")
+    return "\n".join(lines)
 
 
 def import_seqio():
@@ -78,6 +98,16 @@ def import_seqio():
 # -- vocabulary -----------------------------------------------------------------------
 def check_vocabulary(seqio, tf, docs):
     ours = tasks.embedded_vocabulary()
+    if seqio is None:
+        text = " ".join(f"<extra_id_{i}>" for i in range(ours.extra_ids))
+        check("vocabulary (ours): the text <extra_id_k> encodes to vocab_size - 1 - k",
+              ours.encode(text) == [ours.sentinel_id(i) for i in range(ours.extra_ids)])
+        encoded = ours.encode_batch(docs)
+        decoded = [ours.decode(ids) for ids in encoded]
+        check("vocabulary: encode and decode == seqio's", None,
+              f"ours encoded and decoded {len(docs)} documents "
+              f"({sum(map(len, encoded))} ids, {sum(map(len, decoded))} characters)")
+        return
     theirs = seqio.SentencePieceVocabulary(ours.model_path, extra_ids=ours.extra_ids)
     check("vocabulary: size, pad/eos/unk ids",
           (theirs.vocab_size, theirs.pad_id, theirs.eos_id, theirs.unk_id)
@@ -103,22 +133,28 @@ def check_vocabulary(seqio, tf, docs):
 
 
 # -- T5's length arithmetic -----------------------------------------------------------
-def check_random_spans_helper(t5p):
+def check_random_spans_helper(t5p, step: int = 5):
     bad, total = [], 0
-    for inputs_length in list(range(64, 1025, 5)) + [512, 626, 1024]:
+    for inputs_length in list(range(64, 1025, step)) + [512, 626, 1024]:
         for density in (0.15, 0.3, 0.5):
             for mean_span in (1.0, 3.0, 8.0):
                 for extra_in, extra_tg in ((1, 1), (0, 0), (1, 0), (2, 1)):
                     total += 1
+                    got = pp.random_spans_helper(inputs_length, density, mean_span,
+                                                 extra_in, extra_tg)
+                    if t5p is None:
+                        continue
                     want = t5p.random_spans_helper(
                         inputs_length=inputs_length, noise_density=density,
                         mean_noise_span_length=mean_span, extra_tokens_per_span_inputs=extra_in,
                         extra_tokens_per_span_targets=extra_tg)
-                    got = pp.random_spans_helper(inputs_length, density, mean_span,
-                                                 extra_in, extra_tg)
                     if tuple(got) != tuple(want):
                         bad.append((inputs_length, density, mean_span, extra_in, extra_tg, got,
                                     want))
+    if t5p is None:
+        check("random_spans_helper == t5's (tokens_length, targets_length)", None,
+              f"ours computed {total} settings")
+        return
     check("random_spans_helper == t5's (tokens_length, targets_length)", not bad,
           f"{total} settings, {len(bad)} differ" + (f", first {bad[:3]}" if bad else ""))
 
@@ -132,16 +168,18 @@ def check_noise_mask_counts(tf, t5p, max_length: int):
     bad, t5_errors, ours_errors, total = [], [], [], 0
     for density in (0.15, 0.3, 0.5):
         for mean_span in (1.0, 3.0, 8.0):
-            fn = tf.function(functools.partial(t5p.random_spans_noise_mask,
-                                               noise_density=density,
-                                               mean_noise_span_length=mean_span))
+            fn = None if t5p is None else tf.function(functools.partial(
+                t5p.random_spans_noise_mask, noise_density=density,
+                mean_noise_span_length=mean_span))
             for length in range(1, max_length + 1):
                 total += 1
-                seeds = tf.constant([[length, 1], [2, length]], tf.int32)
-                try:
-                    want = span_counts(fn(tf.constant(length), seeds=seeds).numpy())
-                except tf.errors.InvalidArgumentError:
-                    want = "error"
+                want = None
+                if fn is not None:
+                    seeds = tf.constant([[length, 1], [2, length]], tf.int32)
+                    try:
+                        want = span_counts(fn(tf.constant(length), seeds=seeds).numpy())
+                    except tf.errors.InvalidArgumentError:
+                        want = "error"
                 try:
                     got = span_counts(pp.random_spans_noise_mask(
                         length, density, mean_span, np.random.default_rng(length)))
@@ -151,8 +189,12 @@ def check_noise_mask_counts(tf, t5p, max_length: int):
                     t5_errors.append((length, density, mean_span, got))
                 if got == "error":
                     ours_errors.append((length, density, mean_span, want))
-                if want != got and "error" not in (want, got):
+                if want is not None and want != got and "error" not in (want, got):
                     bad.append((length, density, mean_span, got, want))
+    if t5p is None:
+        check("noise mask: (noise tokens, spans, starts with noise) == t5's for every length",
+              None, f"ours computed {total} settings, failing on {len(ours_errors)}")
+        return
     detail = (f"{total} (length, density, mean span) settings, {len(bad)} differ"
               + (f"; first (length, density, span, ours, t5): {bad[:4]}" if bad else ""))
     check("noise mask: (noise tokens, spans, starts with noise) == t5's for every length",
@@ -243,15 +285,19 @@ def histogram(values, top: int):
 
 def check_span_corruption(seqio, tf, t5p, docs, num_examples: int):
     ours_vocab = tasks.embedded_vocabulary()
-    vocab = seqio.SentencePieceVocabulary(ours_vocab.model_path, extra_ids=ours_vocab.extra_ids)
+    vocab = (seqio.SentencePieceVocabulary(ours_vocab.model_path, extra_ids=ours_vocab.extra_ids)
+             if seqio is not None else None)
     first_sentinel = ours_vocab.vocab_size - 1
     chunks = corpus_chunks(docs, ours_vocab, num_examples, num_examples // 4)
-    theirs = t5_span_corruption(seqio, tf, t5p, chunks, vocab)
+    theirs = t5_span_corruption(seqio, tf, t5p, chunks, vocab) if seqio is not None else None
     ours = []
     for i, chunk in enumerate(chunks):
         out = pp.span_corruption(chunk, np.random.default_rng(i), vocab_size=ours_vocab.vocab_size,
                                  eos_id=ours_vocab.eos_id)
         ours.append((out["inputs"], out["targets"]))
+    if theirs is None:
+        span_corruption_ours_only(ours, chunks, first_sentinel, num_examples)
+        return
     check("span corruption: one output per input sequence", len(theirs) == len(ours) == len(chunks),
           f"{len(chunks)} sequences ({num_examples} of 568 tokens, the rest 1-567)")
     n = min(len(theirs), len(ours))
@@ -266,20 +312,8 @@ def check_span_corruption(seqio, tf, t5p, docs, num_examples: int):
     check("span corruption: number of noise spans == t5's, example by example", not spans_diff,
           f"{len(spans_diff)} of {n} differ")
 
-    def sentinel_order_ok(inputs, targets):
-        s_in, s_tg = sentinel_runs(inputs, first_sentinel), sentinel_runs(targets, first_sentinel)
-        expected = list(range(first_sentinel, first_sentinel - len(s_in), -1))
-        return s_in == s_tg == expected and targets[0] == first_sentinel
-
     for label, outputs in (("t5", theirs), ("ours", ours)):
-        check(f"span corruption ({label}): sentinels <extra_id_0>={first_sentinel} descending, "
-              "same order in inputs and targets, targets open with <extra_id_0>",
-              all(sentinel_order_ok(a, b) for a, b in outputs))
-        check(f"span corruption ({label}): both end in EOS, inputs start with a non-noise token, "
-              "merge back to the original",
-              all(a[-1] == 1 and b[-1] == 1 and a[0] <= first_sentinel - 100
-                  and merge_back(a, b, first_sentinel) == chunk.tolist()
-                  for (a, b), chunk in zip(outputs, chunks, strict=False)))
+        check_span_corruption_outputs(label, outputs, chunks, first_sentinel)
 
     stats = {}
     for label, outputs in (("t5", theirs[:num_examples]), ("ours", ours[:num_examples])):
@@ -308,6 +342,35 @@ def check_span_corruption(seqio, tf, t5p, docs, num_examples: int):
           f"noise spans 1..10+: TV {tv_noise:.4f}; non-noise spans 1..40+: TV {tv_nonnoise:.4f}; "
           f"P(noise span = 1,2,3) ours {np.round(o['noise_hist'][:3], 3).tolist()} t5 "
           f"{np.round(t['noise_hist'][:3], 3).tolist()}")
+
+
+def check_span_corruption_outputs(label: str, outputs, chunks, first_sentinel: int) -> None:
+    """What one side's span corruption must hold alone: sentinel order, EOS, merge-back."""
+    def sentinel_order_ok(inputs, targets):
+        s_in, s_tg = sentinel_runs(inputs, first_sentinel), sentinel_runs(targets, first_sentinel)
+        expected = list(range(first_sentinel, first_sentinel - len(s_in), -1))
+        return s_in == s_tg == expected and targets[0] == first_sentinel
+
+    check(f"span corruption ({label}): sentinels <extra_id_0>={first_sentinel} descending, "
+          "same order in inputs and targets, targets open with <extra_id_0>",
+          all(sentinel_order_ok(a, b) for a, b in outputs))
+    check(f"span corruption ({label}): both end in EOS, inputs start with a non-noise token, "
+          "merge back to the original",
+          all(a[-1] == 1 and b[-1] == 1 and a[0] <= first_sentinel - 100
+              and merge_back(a, b, first_sentinel) == chunk.tolist()
+              for (a, b), chunk in zip(outputs, chunks, strict=False)))
+
+
+def span_corruption_ours_only(ours, chunks, first_sentinel: int, num_examples: int) -> None:
+    """Without t5: our outputs' own checks, and our statistics where t5's would be compared."""
+    check_span_corruption_outputs("ours", ours, chunks, first_sentinel)
+    noise, total = 0, 0
+    for a, b in ours[:num_examples]:
+        spans, kept = run_lengths(a, b, first_sentinel)
+        noise += sum(spans)
+        total += sum(spans) + sum(kept)
+    check("span corruption: lengths, spans and span-length statistics == t5's", None,
+          f"ours on {len(chunks)} sequences, noise fraction {noise / max(total, 1):.4f}")
 
 
 # -- feature converters --------------------------------------------------------------
@@ -360,21 +423,24 @@ def compare_rows(ours, theirs):
 
 
 def unpacked_cases(seqio, rng, mask_id):
+    """The converter pairs; seqio's side None when seqio is not installed."""
+    theirs = (lambda name, **kw: getattr(seqio, name)(pack=False, **kw)) if seqio else (
+        lambda name, **kw: None)
     return [
         ("EncDecFeatureConverter", td.EncDecFeatureConverter(),
-         seqio.EncDecFeatureConverter(pack=False), {"inputs": 40, "targets": 12},
+         theirs("EncDecFeatureConverter"), {"inputs": 40, "targets": 12},
          ["inputs", "targets"], None),
         ("LM (DecoderFeatureConverter / LMFeatureConverter)", td.DecoderFeatureConverter(),
-         seqio.LMFeatureConverter(pack=False), {"targets": 48}, ["targets"], None),
+         theirs("LMFeatureConverter"), {"targets": 48}, ["targets"], None),
         ("prefix LM (DecoderFeatureConverter(prefix_lm=True) / PrefixLMFeatureConverter)",
-         td.DecoderFeatureConverter(prefix_lm=True), seqio.PrefixLMFeatureConverter(pack=False),
+         td.DecoderFeatureConverter(prefix_lm=True), theirs("PrefixLMFeatureConverter"),
          {"inputs": 24, "targets": 20}, ["inputs", "targets"], None),
         ("prefix LM, loss on inputs too",
          td.DecoderFeatureConverter(prefix_lm=True, loss_on_targets_only=False),
-         seqio.PrefixLMFeatureConverter(pack=False, loss_on_targets_only=False),
+         theirs("PrefixLMFeatureConverter", loss_on_targets_only=False),
          {"inputs": 24, "targets": 20}, ["inputs", "targets"], None),
         ("EncoderFeatureConverter (mask_id rule)", td.EncoderFeatureConverter(mask_id=mask_id),
-         seqio.EncoderFeatureConverter(mask_id=mask_id, pack=False),
+         theirs("EncoderFeatureConverter", mask_id=mask_id),
          {"inputs": 40, "targets": 40}, ["inputs"], mask_id),
     ]
 
@@ -385,6 +451,11 @@ def check_unpacked_converters(seqio, tf, num_examples):
     for label, ours_conv, seqio_conv, lengths, keys, mask in unpacked_cases(seqio, rng, mask_id):
         examples = random_examples(rng, num_examples, lengths, keys, mask)
         ours = [ours_conv(e, lengths) for e in examples]
+        if seqio_conv is None:
+            check(f"unpacked {label}: same names, dtypes, values", None,
+                  f"ours converted {len(examples)} examples into {len(ours)} rows of "
+                  f"{', '.join(sorted(ours[0]))}")
+            continue
         theirs = seqio_convert(tf, seqio_conv, examples, lengths)
         problems = compare_rows(ours, theirs)
         check(f"unpacked {label}: same names, dtypes, values", not problems,
@@ -442,7 +513,7 @@ def packed_invariants(rows, examples, kind, lengths, tf_shift):
                     problems.append(f"{side} positions do not restart at 0 in segment {s}")
         if kind != "encoder":
             targets, seg = row["decoder_target_tokens"], row["decoder_segment_ids"]
-            want = tf_shift(targets, seg)
+            want = row["decoder_input_tokens"] if tf_shift is None else tf_shift(targets, seg)
             if not np.array_equal(row["decoder_input_tokens"], want):
                 problems.append("decoder_input_tokens != seqio.utils.make_autoregressive_inputs")
         if kind == "prefix_lm":
@@ -480,6 +551,9 @@ def fill(rows, key, segment_key):
 
 def check_packed_converters(seqio, tf, num_examples):
     rng = np.random.default_rng(1)
+    if seqio is None:  # our rows' invariants alone (the shifted inputs are compared to seqio's)
+        packed_converters_ours_only(rng, num_examples)
+        return
 
     @functools.cache
     def shift_fn():
@@ -523,6 +597,31 @@ def check_packed_converters(seqio, tf, num_examples):
         check(f"packed {label}: same segments, ids/positions, shifted decoder inputs, weights, "
               "names and dtypes", not (problems["ours"] or problems["seqio"]) and names
               and not dtypes, detail)
+
+
+def packed_converters_ours_only(rng, num_examples: int) -> None:
+    """Without seqio: our packed rows checked for the same invariants, alone."""
+    cases = [("EncDecFeatureConverter", "encdec", td.EncDecFeatureConverter(pack=True),
+              {"inputs": 64, "targets": 32}, ["inputs", "targets"], None,
+              "decoder_target_tokens", "decoder_segment_ids"),
+             ("LM", "lm", td.DecoderFeatureConverter(pack=True), {"targets": 64}, ["targets"],
+              None, "decoder_target_tokens", "decoder_segment_ids"),
+             ("prefix LM", "prefix_lm", td.DecoderFeatureConverter(pack=True, prefix_lm=True),
+              {"inputs": 24, "targets": 24}, ["inputs", "targets"], None,
+              "decoder_target_tokens", "decoder_segment_ids"),
+             ("EncoderFeatureConverter", "encoder",
+              td.EncoderFeatureConverter(pack=True, mask_id=7), {"inputs": 64, "targets": 64},
+              ["inputs"], 7, "encoder_input_tokens", "encoder_segment_ids")]
+    for label, kind, ours_conv, lengths, keys, mask, key, seg_key in cases:
+        gen_lengths = {"inputs": 30, "targets": 14} if kind == "encdec" else dict(lengths)
+        examples = random_examples(rng, num_examples, gen_lengths, keys, mask)
+        ours = ours_conv(examples, lengths)
+        problems = packed_invariants(ours, examples, kind, lengths, None)
+        check(f"packed {label} (ours): segments, ids/positions, weights", not problems,
+              f"{num_examples} examples: {len(ours)} rows, fill {fill(ours, key, seg_key):.3f}"
+              + (f"; problems: {problems}" if problems else ""))
+        check(f"packed {label}: shifted decoder inputs, names and dtypes == seqio's", None,
+              "seqio's make_autoregressive_inputs and converter not run")
 
 
 # -- metrics and GLUE formats against t5.evaluation.metrics / t5.data --------------------
@@ -571,37 +670,55 @@ def metric_inputs(seed: int = 0) -> dict:
             "text": (docs, hypotheses), "squad": (squad_targets, squad_predictions)}
 
 
+class _Absent:
+    """A missing module's stand-in: every attribute None (its side is not run)."""
+
+    def __getattr__(self, name):
+        return None
+
+
 def check_metrics(t5_metrics):
     from t5x_like import metrics
     inputs = metric_inputs()
     binary, classes, scores = inputs["binary"], inputs["classes"], inputs["scores"]
     docs, hypotheses = inputs["text"]
-    t5_mcc = t5_metrics.sklearn_metrics_wrapper("matthews_corrcoef",
-                                                metric_post_process_fn=lambda x: 100 * x)
+    t5 = t5_metrics or _Absent()
+    t5_mcc = (t5_metrics.sklearn_metrics_wrapper("matthews_corrcoef",
+                                                 metric_post_process_fn=lambda x: 100 * x)
+              if t5_metrics else None)
     cases = [
-        ("accuracy", metrics.accuracy, t5_metrics.accuracy, classes),
-        ("accuracy on strings", metrics.accuracy, t5_metrics.accuracy,
+        ("accuracy", metrics.accuracy, t5.accuracy, classes),
+        ("accuracy on strings", metrics.accuracy, t5.accuracy,
          ([str(t) for t in classes[0]], [str(p) for p in classes[1]])),
         ("f1_score_with_invalid (-1 predictions)", metrics.f1_score_with_invalid,
-         t5_metrics.f1_score_with_invalid, binary),
+         t5.f1_score_with_invalid, binary),
         ("mean_multiclass_f1(3) (-1 predictions)", metrics.mean_multiclass_f1(3),
-         t5_metrics.mean_multiclass_f1(num_classes=3), classes),
+         t5_metrics.mean_multiclass_f1(num_classes=3) if t5_metrics else None, classes),
         ("matthews_corrcoef (T5's CoLA metric)", metrics.matthews_corrcoef, t5_mcc, classes),
-        ("pearson_corrcoef", metrics.pearson_corrcoef, t5_metrics.pearson_corrcoef, scores),
-        ("spearman_corrcoef (ties)", metrics.spearman_corrcoef, t5_metrics.spearman_corrcoef,
+        ("pearson_corrcoef", metrics.pearson_corrcoef, t5.pearson_corrcoef, scores),
+        ("spearman_corrcoef (ties)", metrics.spearman_corrcoef, t5.spearman_corrcoef,
          scores),
-        ("sequence_accuracy", metrics.sequence_accuracy, t5_metrics.sequence_accuracy,
+        ("sequence_accuracy", metrics.sequence_accuracy, t5.sequence_accuracy,
          (docs, [d if i % 3 else h for i, (d, h) in enumerate(zip(docs, hypotheses, strict=False))])),
-        ("bleu (intl, one reference)", metrics.bleu, t5_metrics.bleu, (docs, hypotheses)),
-        ("squad (EM and F1, max over answers)", metrics.squad, t5_metrics.squad,
+        ("bleu (intl, one reference)", metrics.bleu, t5.bleu, (docs, hypotheses)),
+        ("squad (EM and F1, max over answers)", metrics.squad, t5.squad,
          inputs["squad"]),
     ]
     for name, ours_fn, t5_fn, (targets, predictions) in cases:
-        ok, detail = same_scores(ours_fn(list(targets), list(predictions)),
-                                 t5_fn(list(targets), list(predictions)))
+        ours = ours_fn(list(targets), list(predictions))
+        if t5_fn is None:
+            check(f"metrics: {name} == t5's", None,
+                  "ours: " + ", ".join(f"{k} {float(v):.4f}" for k, v in sorted(ours.items())))
+            continue
+        ok, detail = same_scores(ours, t5_fn(list(targets), list(predictions)))
         check(f"metrics: {name} == t5's", ok, detail)
     # T5's rouge is the median of 1000 unseeded bootstrap means; ours is the mean itself.
     np.random.seed(0)
+    if t5_metrics is None:
+        ours = metrics.rouge(docs, hypotheses)
+        check("metrics: rouge1/rouge2/rougeLsum == t5's (within its bootstrap noise, 0.5)", None,
+              "ours: " + ", ".join(f"{k} {float(v):.4f}" for k, v in sorted(ours.items())))
+        return
     ok, detail = same_scores(metrics.rouge(docs, hypotheses), t5_metrics.rouge(docs, hypotheses),
                              tolerance=0.5)
     check("metrics: rouge1/rouge2/rougeLsum == t5's (within its bootstrap noise, 0.5)", ok,
@@ -639,6 +756,9 @@ def glue_metric_inputs(task_name: str, rng):
 def check_glue_metrics_and_postprocessors(t5_metrics, tf):
     """Each GLUE/SuperGLUE task's metric set and postprocessor against T5's
     (``t5.data.glue_utils``), on the same postprocessed values."""
+    if t5_metrics is None:
+        glue_metrics_ours_only()
+        return
     import tensorflow_datasets as tfds
     from t5.data import glue_utils
 
@@ -682,6 +802,25 @@ def check_glue_metrics_and_postprocessors(t5_metrics, tf):
               f"{len(pairs)} strings" + (f", differ: {differ[:3]}" if differ else ""))
 
 
+def glue_metrics_ours_only() -> None:
+    """Without t5: each task's metric set and postprocessor run on the same inputs."""
+    from t5x_like.builtin_tasks import glue
+    rng = np.random.default_rng(1)
+    for task_name, b in glue.BENCHMARKS.items():
+        task = td.TaskRegistry.get(task_name)
+        targets, predictions = glue_metric_inputs(task_name, rng)
+        ours = {}
+        for fn in task.metric_fns:
+            ours.update(fn(targets, predictions))
+        words = list(b.labels or glue.STSB_VALUES) + ["<unk>", "garbage", "", "1.5", "True "]
+        example = ({"answers": [b"Obama"], "idx/passage": 3, "idx/query": 4}
+                   if b.config == "record" else {"idx/paragraph": 1, "idx/question": 2})
+        posted = [task.postprocess(w, example=example) for w in words]
+        check(f"GLUE metrics and postprocessor: {task_name} == t5's", None,
+              f"ours: {', '.join(sorted(ours))} on {len(targets)} values; {len(posted)} strings "
+              "postprocessed")
+
+
 def glue_format_records():
     """Raw TFDS-like records per (collection, config), with the text T5 handles specially."""
     text = {"sentence": b"The sailors rode the breeze clear of the rocks.",
@@ -717,6 +856,9 @@ def glue_format_records():
 
 def check_glue_formats(tf):
     """Our GLUE/SuperGLUE text against T5's (TensorFlow) preprocessors on the same records."""
+    if tf is None:
+        glue_formats_ours_only()
+        return
     import tensorflow_datasets as tfds
     from t5.data import glue_utils
 
@@ -747,6 +889,23 @@ def check_glue_formats(tf):
                                                           f"t5 {differ[0][1]!r}" if differ else ""))
 
 
+def glue_formats_ours_only() -> None:
+    """Without t5: our inputs/targets text of the same records."""
+    from t5x_like.builtin_tasks import glue
+    by_config = {(b.collection, b.config): b for b in glue.BENCHMARKS.values()}
+    for (collection, config), records in glue_format_records().items():
+        b = by_config[(collection, config)]
+        if config not in ("multirc", "wsc.fixed", "record"):  # as check_glue_formats reads them
+            records = [{k: v for k, v in r.items() if k in set(b.features) | {"label", "idx"}}
+                       for r in records]
+        if config == "record":
+            ours = [e for r in records for e in glue.record_examples(r, explode=True)]
+        else:
+            ours = [b.format_step().fn(r) for r in records]
+        check(f"GLUE format: {collection}/{config} inputs and targets == t5's preprocessor", None,
+              f"ours formatted {len(records)} records into {len(ours)} examples")
+
+
 def _signature(tf, record: dict) -> dict:
     """TFDS's types: text is a string, a list a string vector, STS-B's label float32."""
     spec = {}
@@ -764,7 +923,7 @@ def _signature(tf, record: dict) -> dict:
     return spec
 
 
-def main() -> int:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--examples", type=int, default=2000,
@@ -773,34 +932,43 @@ def main() -> int:
                         help="noise-mask counts are compared for lengths 1..this")
     parser.add_argument("--metrics-only", action="store_true",
                         help="only the metric, GLUE metric/postprocessor and format checks")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true",
+                        help="every check on few inputs: a check that the script runs")
+    args = parser.parse_args(argv)
+    RESULTS.clear()
+    docs_every, grid_step, unpacked, packed = 10, 5, 200, 300
+    if args.smoke:
+        args.examples, args.max_mask_length = 40, 40
+        docs_every, grid_step, unpacked, packed = 200, 120, 20, 20
     t5_metrics, error = import_t5_metrics()
+    tf = None
     if t5_metrics is None:
-        print(f"t5.evaluation.metrics not importable ({error}); metric and GLUE parity checks "
-              "skipped. Install benchmarks/requirements-seqio.txt and t5 (see there).")
+        print(f"t5.evaluation.metrics not importable ({error}): the metric and GLUE checks run "
+              "our side alone. Install benchmarks/requirements-seqio.txt and t5 (see there).")
     else:
         import tensorflow as tf
         tf.config.set_visible_devices([], "GPU")
-        check_metrics(t5_metrics)
-        check_glue_metrics_and_postprocessors(t5_metrics, tf)
-        check_glue_formats(tf)
+    check_metrics(t5_metrics)
+    check_glue_metrics_and_postprocessors(t5_metrics, tf)
+    check_glue_formats(tf)
     if not args.metrics_only:
         seqio, tf, t5p, error = import_seqio()
         if seqio is None:
-            print(f"seqio/t5 not importable ({error}); data parity checks skipped. Install "
-                  "benchmarks/requirements-seqio.txt in a separate venv (see docs/benchmarks.md).")
-        else:
-            docs = tasks.embedded_en_documents("train")
-            check_vocabulary(seqio, tf, docs[::10])
-            check_random_spans_helper(t5p)
-            check_noise_mask_counts(tf, t5p, args.max_mask_length)
-            check_span_corruption(seqio, tf, t5p, docs, args.examples)
-            check_unpacked_converters(seqio, tf, 200)
-            check_packed_converters(seqio, tf, 300)
-    if not RESULTS:
-        return 0
-    failed = [name for name, ok, _ in RESULTS if not ok]
-    print(f"\n{len(RESULTS) - len(failed)} passed, {len(failed)} failed")
+            print(f"seqio/t5 not importable ({error}): the data checks run our side alone. "
+                  "Install benchmarks/requirements-seqio.txt in a separate venv (see "
+                  "docs/benchmarks.md).")
+        docs = tasks.embedded_en_documents("train")
+        check_vocabulary(seqio, tf, docs[::docs_every])
+        check_random_spans_helper(t5p, grid_step)
+        check_noise_mask_counts(tf, t5p, args.max_mask_length)
+        check_span_corruption(seqio, tf, t5p, docs, args.examples)
+        check_unpacked_converters(seqio, tf, unpacked)
+        check_packed_converters(seqio, tf, packed)
+    print("\n" + results_table())
+    failed = [name for name, ok, _ in RESULTS if ok is False]
+    compared = [name for name, ok, _ in RESULTS if ok is not None]
+    print(f"\n{len(compared) - len(failed)} passed, {len(failed)} failed, "
+          f"{len(RESULTS) - len(compared)} not compared (seqio/t5 not installed)")
     return 1 if failed else 0
 
 

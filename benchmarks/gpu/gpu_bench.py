@@ -11,6 +11,12 @@ and on a CPU, as a quick check that everything runs (tiny sizes, a few seconds a
 
     .venv/bin/python benchmarks/gpu/gpu_bench.py --smoke --out /tmp/gpu_bench.json
 
+``--smoke`` runs every stage with the 1-layer, 32-wide models of ``model_step.py`` and
+``decode_speed.py``'s own smoke modes (batch 2, 4 new tokens, one timed step), the
+``compile`` stage under ``torch.compile(backend="eager")`` (Dynamo's tracing without
+Inductor's code generation, which takes minutes on a CPU; the table says so), and exits 1
+if any row failed (a real run records a failed row and goes on).
+
 ``--src DIR`` imports ``t5x_like``, ``configs/`` and ``benchmarks/{model_step,decode_speed}.py``
 from DIR instead of this checkout (a frozen copy of the package can travel to the device
 machine while the tree is being edited). The stages reuse those two scripts' code:
@@ -132,15 +138,15 @@ def matmul_rates(on_gpu: bool, size: int) -> dict:
     return out
 
 
-def ours_train(ms, row: str, batch: dict, steps: int, dtype: str) -> dict:
+def ours_train(ms, row: str, batch: dict, steps: int, dtype: str, smoke: bool = False) -> dict:
     """model_step.t5x_like_step, keeping every step time."""
     import jax
     import optax
 
-    from t5x_like import config_lib, partitioning, structures
+    from t5x_like import partitioning, structures
     from t5x_like import trainer as trainer_lib
-    config = config_lib.load_config_file(os.path.join(ms.REPO, "configs", f"{ms.ROWS[row][0]}.py"))
-    config.model.dtype = dtype
+    config = ms.load_config(row, smoke)
+    config.model.numerics.dtype = dtype
     model = structures.build_model(config.model)
     config.loss.z_loss = 0.0  # as the PyTorch side computes it
     loss_fn = structures.structure_class(config.model.family)(model).loss_fn(config.loss)
@@ -171,18 +177,18 @@ def ours_train(ms, row: str, batch: dict, steps: int, dtype: str) -> dict:
 
 
 def torch_train(ms, row: str, batch: dict, steps: int, dtype: str, device: str,
-                compile_: bool = False) -> dict:
+                compile_: bool = False, smoke: bool = False) -> dict:
     """model_step.torch_step, keeping every step time; ``compile_``: torch.compile the
-    model and use fused AdamW."""
+    model (``smoke``: its ``eager`` backend, no code generation) and use fused AdamW."""
     import torch
 
-    model, inputs = ms.torch_model_and_inputs(row, batch, device)
+    model, inputs = ms.torch_model_and_inputs(row, batch, device, smoke)
     model.to(device).train()
     attn = getattr(model.config, "_attn_implementation", None)
     if compile_:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4,
                                       fused=device == "cuda")
-        forward = torch.compile(model)
+        forward = torch.compile(model, backend="eager") if smoke else torch.compile(model)
     else:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         forward = model
@@ -222,14 +228,15 @@ def free_torch_memory(on_gpu: bool) -> None:
         torch.cuda.empty_cache()
 
 
-def row_setup(ms, row: str, multiplier: int) -> tuple:
+def row_setup(ms, row: str, multiplier: int, smoke: bool = False) -> tuple:
     """``(config name, batch size, lengths, batch, tokens per step, model FLOPs per step)``
-    of a ``model_step.py`` row at ``multiplier`` times its batch."""
-    from t5x_like import config_lib, flops
+    of a ``model_step.py`` row at ``multiplier`` times its batch (``smoke``: its smoke row)."""
+    from t5x_like import flops
     config_name, batch_size, lengths = ms.ROWS[row]
     batch_size *= multiplier
-    model_config = config_lib.load_config_file(
-        os.path.join(ms.REPO, "configs", f"{config_name}.py")).model
+    if smoke:
+        batch_size, lengths = 2, ms.SMOKE_LENGTHS[row]
+    model_config = ms.load_config(row, smoke).model
     batch = ms.make_batch(row, batch_size, lengths, model_config.vocab_size)
     return (config_name, batch_size, lengths, batch, batch_size * sum(lengths.values()),
             flops.train_flops_per_step(model_config, lengths, batch_size))
@@ -239,16 +246,17 @@ def stage_train(ms, args, on_gpu: bool, peak: float, measured: float) -> None:
     device = "cuda" if on_gpu else "cpu"
     for row in args.train_rows.split(","):
         config_name, batch_size, lengths, batch, tokens, model_flops = row_setup(
-            ms, row, args.batch_multiplier)
+            ms, row, args.batch_multiplier, args.smoke)
         entry = {"row": row, "config": config_name, "batch": batch_size, "lengths": lengths,
                  "tokens_per_step": tokens, "model_flops_per_step": model_flops,
                  "dtype": args.dtype}
         for side in ("t5x_like", "torch_eager"):
             try:
                 if side == "t5x_like":
-                    r = ours_train(ms, row, batch, args.steps, args.dtype)
+                    r = ours_train(ms, row, batch, args.steps, args.dtype, args.smoke)
                 else:
-                    r = torch_train(ms, row, batch, args.steps, args.dtype, device)
+                    r = torch_train(ms, row, batch, args.steps, args.dtype, device,
+                                    smoke=args.smoke)
                     free_torch_memory(on_gpu)
                 med = statistics.median(r["times"])
                 r.update(median_s=med, best_s=min(r["times"]), tok_s=tokens / med,
@@ -280,11 +288,10 @@ def stage_decode(ds, args, on_gpu: bool, rows: list[str], dtype: str, batch: int
         try:
             if config_name not in loaded:
                 loaded.clear()
-                model_config = ds.load_model_config(config_name, dtype)
+                model_config = ds.load_model_config(config_name, dtype, args.smoke)
                 params = ds.init_params(structures.build_model(model_config))
-                export_config = dict(model_config.to_dict(), dtype="float32")
                 loaded[config_name] = (model_config, params, ds.hf_model_with_same_weights(
-                    config_name, export_config, params, device))
+                    config_name, ds.export_config(model_config), params, device))
             model_config, params, hf_model = loaded[config_name]
             family = model_config["family"]
             length = args.prompt_length or ds.DEFAULT_PROMPT_LENGTH[config_name]
@@ -323,9 +330,10 @@ def stage_compile(ms, args, on_gpu: bool, peak: float) -> None:
             log(f"compile {row}: skipped (budget)")
             continue
         config_name, batch_size, lengths, batch, tokens, model_flops = row_setup(
-            ms, row, args.batch_multiplier)
+            ms, row, args.batch_multiplier, args.smoke)
         try:
-            r = torch_train(ms, row, batch, args.steps, args.dtype, device, compile_=True)
+            r = torch_train(ms, row, batch, args.steps, args.dtype, device, compile_=True,
+                            smoke=args.smoke)
             free_torch_memory(on_gpu)
             med = statistics.median(r["times"])
             r.update(row=row, batch=batch_size, median_s=med, best_s=min(r["times"]),
@@ -339,7 +347,7 @@ def stage_compile(ms, args, on_gpu: bool, peak: float) -> None:
         save(args.out)
 
 
-def print_tables(peak: float) -> None:
+def print_tables(peak: float, smoke: bool = False) -> None:
     print("\n== train step (median of timed steps), MFU vs "
           f"{peak / 1e12:.0f} TFLOP/s dense bf16 peak ==")
     print(f"{'model':<14} {'batch':>5} {'tok/step':>8} {'ours tok/s':>11} {'ours MFU':>8} "
@@ -350,8 +358,9 @@ def print_tables(peak: float) -> None:
         print(f"{e['config']:<14} {e['batch']:>5} {e['tokens_per_step']:>8} "
               f"{ot or 0:>11,.0f} {o.get('mfu', 0):>8.1%} {tt or 0:>11,.0f} "
               f"{t.get('mfu', 0):>9.1%} {(ot / tt if ot and tt else 0):>6.2f}")
+    backend = " (backend eager: --smoke skips Inductor's code generation)" if smoke else ""
     for c in RESULTS["compile"]:
-        print(f"torch.compile {c['row']}: {c['tok_s']:,.0f} tok/s, MFU {c['mfu']:.1%}")
+        print(f"torch.compile {c['row']}{backend}: {c['tok_s']:,.0f} tok/s, MFU {c['mfu']:.1%}")
     print("\n== decode (best of repeats), tokens/s ==")
     print(f"{'row':<12} {'dtype':<9} {'batch':>5} {'ours':>9} {'HF':>9} {'ratio':>6} {'same':>5}")
     for d in RESULTS["decode"]:
@@ -362,7 +371,7 @@ def print_tables(peak: float) -> None:
         print("\nerrors:", *RESULTS["errors"], sep="\n  ")
 
 
-def main() -> None:
+def main(argv=None) -> int:
     here = os.path.dirname(os.path.abspath(__file__))
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -385,12 +394,12 @@ def main() -> None:
     parser.add_argument("--compile_rows", default="gpt2")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny sizes for a CPU check of the whole script")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.smoke:
-        args.batch_multiplier, args.steps, args.repeats = 1, 2, 1
-        args.decode_batch, args.new_tokens = 2, 4
+        args.batch_multiplier, args.steps, args.repeats = 1, 1, 1
+        args.decode_batch, args.new_tokens, args.prompt_length = 2, 4, 8
         args.decode_extra = "bfloat16:2:gpt2_greedy"
-        args.train_rows = "gpt2"
+        args.budget_s = float("inf")  # every row runs, however slow the machine
 
     ms, ds = setup_imports(args.src)
     import jax
@@ -416,7 +425,7 @@ def main() -> None:
     RESULTS["env"] = env
     log(f"env: {json.dumps(env, default=str)}")
     peak = hardware.peak_flops(kind) or 1.0
-    rates = matmul_rates(on_gpu, 8192 if on_gpu else 1024)
+    rates = matmul_rates(on_gpu, 256 if args.smoke else 8192 if on_gpu else 1024)
     RESULTS["matmul"] = dict(rates, datasheet_peak=peak)
     log(f"bf16 matmul measured: jax {rates['jax_bf16'] / 1e12:.1f} TFLOP/s, torch "
         f"{rates['torch_bf16'] / 1e12:.1f} TFLOP/s; datasheet peak {peak / 1e12:.0f}")
@@ -437,9 +446,10 @@ def main() -> None:
             stage_compile(ms, args, on_gpu, peak)
     RESULTS["wall_s"] = time.perf_counter() - T0
     save(args.out)
-    print_tables(peak)
+    print_tables(peak, args.smoke)
     log("done")
+    return 1 if args.smoke and RESULTS["errors"] else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -10,6 +10,12 @@ and on a CPU, as a check that every stage runs (tiny sizes, seconds a stage):
 
     .venv/bin/python benchmarks/gpu/low_precision_bench.py --smoke
 
+``--smoke`` shrinks every row (a 256^3 matmul, 2-layer 64-wide decoders of 4 x 64 tokens,
+batch 2 decoding of 16 + 16 tokens, 2 timed steps) and exits 1 if a row failed. What
+needs a GPU is skipped where there is none, each with its reason in the table: the
+XLA:GPU GEMM flag sets (XLA:CPU refuses them; the default set runs) and torchao's float8
+training (CUDA only).
+
 Stages:
 
 1. ``matmul``: an 8192^3 bf16 matmul (a jitted loop of 10, so dispatch is not timed) in
@@ -91,11 +97,20 @@ print(json.dumps({"tflops": rate / 1e12, "kernels": kernels, "triton_fusion": tr
 """
 
 
+def on_gpu() -> bool:
+    import jax
+    return jax.default_backend() == "gpu"
+
+
 def stage_matmul(args) -> None:
     n = 256 if args.smoke else 8192
     for name, flags in FLAG_SETS.items():
         if over_budget(args):
             break
+        if flags and not on_gpu():
+            RESULTS["matmul"].append({"side": "jax", "flags": name,
+                                      "skipped": "XLA:GPU flags; no GPU here"})
+            continue
         env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + flags).strip())
         try:
             out = subprocess.run([sys.executable, "-c", MATMUL_CHILD, str(n)], env=env,
@@ -187,9 +202,10 @@ def ours_train(config, steps: int) -> dict:
     step_s = statistics.median(times)
     model_flops = flops.train_flops_per_step(spec.model, spec.task_feature_lengths,
                                              spec.batch_size)
-    peak = hardware.peak_flops(devices[0].device_kind) or float("nan")
+    peak = hardware.peak_flops(devices[0].device_kind)  # None: no datasheet peak (a CPU)
     return {"step_s": step_s, "tokens_per_s": spec.batch_size * spec.task_feature_lengths[
-        "targets"] / step_s, "mfu": model_flops / step_s / peak, "compile_s": compile_s,
+        "targets"] / step_s, "mfu": model_flops / step_s / peak if peak else None,
+        "compile_s": compile_s,
         "low_precision_matmul_share": share, "loss": float(metrics["loss"])}
 
 
@@ -256,15 +272,20 @@ def stage_train(args) -> None:
             if over_budget(args):
                 return
             entry = {"row": row, "side": side, "batch": batch, "length": length}
+            if kind == "ao" and not on_gpu():
+                entry["skipped"] = "torchao float8 training needs CUDA"
+                RESULTS["train"].append(entry)
+                continue
             try:
                 if kind is None or kind == "ao":
                     entry.update(torch_train(name, batch, length, args.steps, kind == "ao",
                                              args.smoke))
                     spec = spec_of(_config(name, batch, length, "", args.smoke))
                     import jax
-                    peak = hardware.peak_flops(jax.devices()[0].device_kind) or float("nan")
-                    entry["mfu"] = flops.train_flops_per_step(
+                    peak = hardware.peak_flops(jax.devices()[0].device_kind)
+                    entry["mfu"] = (flops.train_flops_per_step(
                         spec.model, spec.task_feature_lengths, batch) / entry["step_s"] / peak
+                        if peak else None)
                 else:
                     entry.update(ours_train(_config(name, batch, length, kind, args.smoke),
                                             args.steps))
@@ -288,7 +309,7 @@ def stage_decode(args) -> None:
     from t5x_like.config import spec_of
     prompt, new = (16, 16) if args.smoke else (128, 128)
     for row in ("gpt2_small", "decoder_modern_1b"):
-        for batch in (8, 64):
+        for batch in ((2,) if args.smoke else (8, 64)):
             if over_budget(args):
                 return
             config = _config(row, batch, prompt + new, "", args.smoke)
@@ -340,14 +361,15 @@ def stage_decode(args) -> None:
 def table() -> str:
     lines = ["| matmul (bf16, 8192^3) | XLA flags | TFLOP/s | kernels |", "|---|---|---|---|"]
     for r in RESULTS["matmul"]:
-        lines.append(f"| {r['side']} | {r['flags']} | {r.get('tflops', float('nan')):.0f} | "
-                     f"{r.get('kernels', r.get('error', ''))} |")
+        tflops = f"{r['tflops']:.0f}" if "tflops" in r else "—"
+        lines.append(f"| {r['side']} | {r['flags']} | {tflops} | "
+                     f"{r.get('kernels', r.get('error', r.get('skipped', '')))} |")
     lines += ["", "| train row | side | tokens/s | MFU (bf16 peak) | fp8 share |",
               "|---|---|---|---|---|"]
     for r in RESULTS["train"]:
         lines.append(f"| {r['row']} | {r['side']} | {r.get('tokens_per_s', 0):,.0f} | "
-                     f"{100 * r.get('mfu', 0):.1f}% | {r.get('low_precision_matmul_share', '')}"
-                     f" {r.get('error', '')} |")
+                     f"{mfu(r)} | {r.get('low_precision_matmul_share', '')}"
+                     f" {r.get('error', '')}{r.get('skipped', '')} |")
     lines += ["", "| decode row | batch | weights | tokens/s | same tokens |",
               "|---|---|---|---|---|"]
     for r in RESULTS["decode"]:
@@ -364,7 +386,18 @@ def args_src() -> str:
     return _SRC[0]
 
 
-def main() -> None:
+def mfu(row: dict) -> str:
+    """A train row's MFU cell: ``—`` where the chip has no datasheet peak (a CPU)."""
+    return "—" if row.get("mfu") is None else f"{100 * row['mfu']:.1f}%"
+
+
+def failures() -> list[str]:
+    """Rows that failed (a skipped row says why it could not run here, and is none)."""
+    rows = [r for stage in ("matmul", "train", "decode") for r in RESULTS[stage]]
+    return [str(r) for r in rows if "error" in r] + RESULTS["errors"]
+
+
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--src", default=_SRC[0], help="where t5x_like and configs/ are")
     parser.add_argument("--stages", default="matmul,train,decode")
@@ -372,11 +405,11 @@ def main() -> None:
     parser.add_argument("--budget_s", type=float, default=420)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (a CPU check)")
     parser.add_argument("--out", default="")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     _SRC[0] = os.path.abspath(args.src)
     sys.path.insert(0, _SRC[0])
     if args.smoke:
-        args.steps = 2
+        args.steps, args.budget_s = 2, float("inf")  # every row, however slow the machine
     import jax
     RESULTS["device"] = jax.devices()[0].device_kind
     stages = {"matmul": stage_matmul, "train": stage_train, "decode": stage_decode}
@@ -387,7 +420,12 @@ def main() -> None:
         stages[name](args)
     save(args.out)
     print(table(), flush=True)
+    failed = failures()
+    if args.smoke and failed:
+        print("failed rows:", *failed, sep="\n  ")
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

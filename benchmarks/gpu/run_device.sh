@@ -8,7 +8,7 @@
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #       --implementation cp --platform manylinux2014_x86_64 -d .whl/fallback flax==0.12.8 optax==0.2.8
 #   mkdir -p .whl/snap/benchmarks && cp -r t5x_like configs .whl/snap/ \
-#       && cp benchmarks/model_step.py benchmarks/decode_speed.py .whl/snap/benchmarks/
+#       && cp benchmarks/_smoke.py benchmarks/model_step.py benchmarks/decode_speed.py .whl/snap/benchmarks/
 # (.whl/snap is a frozen copy of the package, so concurrent edits of the tree do not travel
 # into the measurement.) Then run, through the device tool, with carry [".whl"]:
 #   bash benchmarks/gpu/run_device.sh [--script low_precision_bench.py] [extra flags]
