@@ -209,6 +209,42 @@ def test_saves_are_sealed_and_rotated(tmp_path):
         assert checkpoint_store.has_manifest(folder)
 
 
+def _slice_programs_compiled(save) -> list[str]:
+    """The on-device slice programs compiled (or read from the cache) while ``save`` runs."""
+    from jax._src import compiler
+    from jax._src.lib.mlir import ir
+    names, original = [], compiler.compile_or_get_cached
+
+    def recording(backend, computation, *args, **kwargs):
+        names.append(ir.StringAttr(computation.operation.attributes["sym_name"]).value)
+        return original(backend, computation, *args, **kwargs)
+    compiler.compile_or_get_cached = recording
+    try:
+        save()
+    finally:
+        compiler.compile_or_get_cached = original
+    return [name for name in names if "slice" in name]
+
+
+def test_replicated_arrays_are_split_between_replicas_only_when_large(tmp_path):
+    """Replica-parallel saving slices a replicated array on device, a program per shape:
+    worth it for a large array (each replica writes its part), not for a bias. Replicated
+    over 8 devices, small arrays are written whole (no slice program) and a 16 MiB one
+    is split; every value restores."""
+    mesh = jax.make_mesh((8,), ("data",))
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    large = jnp.arange(4 << 20, dtype=jnp.float32)  # 16 MiB: 2 MiB a replica
+    for name, state in (("small", small_state(3)), ("large", {"w": large})):
+        state = jax.device_put(state, replicated)
+        checkpointer = checkpoint_store.Checkpointer(tmp_path / name, keep=1, async_save=False)
+        sliced = _slice_programs_compiled(lambda: checkpointer.save(1, state, {}, {}))
+        restored, _, _ = checkpointer.restore(1, abstract_of(state))
+        checkpointer.close()
+        assert bool(sliced) == (name == "large"), (name, sliced)
+        for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(restored), strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 KILL_SCRIPT = textwrap.dedent("""
     import os, sys
     os.environ["JAX_PLATFORMS"] = "cpu"

@@ -52,12 +52,14 @@ REGISTRY: dict[str, list[Removal]] = {}
 
 
 def fresh_caches() -> None:
-    """No trace or structure from before: a removal must be traced into the program."""
-    from t5x_like import structures
+    """No trace or structure from before: a removal must be traced into the program (and
+    orbax's array handler is registered again, as the checkpoint store sets it now)."""
+    from t5x_like import checkpoint_store, structures
     jax.clear_caches()
     for value in vars(structures).values():
         if hasattr(value, "cache_clear"):
             value.cache_clear()
+    checkpoint_store._split_only_large_replicated_writes.cache_clear()
 
 
 def proving_tests(removals: list[Removal]) -> dict[str, Callable]:

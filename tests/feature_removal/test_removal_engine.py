@@ -151,6 +151,11 @@ def _saved_rows_not_kept(monkeypatch):
                         lambda spec, newest, mesh_shape: (spec, ()))
 
 
+def _every_replicated_write_split(monkeypatch):
+    """Orbax's default: every replicated array's write is sliced between its replicas."""
+    monkeypatch.setattr(checkpoint_store, "MIN_REPLICA_SLICE_BYTES", 0)
+
+
 def _tracker_writes_nothing(tracker_class):
     def remove(monkeypatch):
         monkeypatch.setattr(tracker_class, "write", lambda self, step, scalars: None)
@@ -167,6 +172,8 @@ NAN = existing(
     "test_engine_runs.py::test_nan_loss_stops_with_a_message_and_the_last_good_checkpoint_loads")
 ELASTIC = existing("test_elastic_resume.py::test_a_resume_keeps_the_rows_each_device_held",
                    devices=4, mesh={"data": 4}, chosen=None, expected=2)
+WHOLE_WRITES = existing(
+    "test_faults.py::test_replicated_arrays_are_split_between_replicas_only_when_large")
 TRACKERS = existing(
     "test_trackers.py::test_each_tracker_gets_the_same_scalars_and_the_config_and_a_resume_continues")
 
@@ -201,6 +208,10 @@ REMOVALS = [
     Removal("elastic resume's microbatches", "the saved rows per device are not kept",
             "a run of 8 devices resumed on 4 trains in 2 microbatches, saying so",
             _saved_rows_not_kept, ELASTIC[1], holds_in=ELASTIC[0]),
+    Removal("small replicated arrays saved whole", "every replicated write is split "
+            "between replicas (`MIN_REPLICA_SLICE_BYTES` 0)", "saving a bias and a norm scale "
+            "replicated over 8 devices compiles no slice program; a 16 MiB array still "
+            "splits", _every_replicated_write_split, WHOLE_WRITES[1], holds_in=WHOLE_WRITES[0]),
     Removal("TensorBoard tracker", "its `write` drops the scalars", "the same scalars at the "
             "same steps in the event files as in W&B and MLflow, across a resume",
             _tracker_writes_nothing(trackers.TensorBoardTracker), TRACKERS[1],
