@@ -76,6 +76,7 @@ class Loop:
                                      resolved.vocabulary, self.train_batches)
                          if self.spec.rl.algorithm else None)
         self.rollout_metrics, self.rollout, self.rollout_batch = {}, None, None
+        self.saved_once = False
         # Steps between rollouts (rl.iterations): a stop (preemption) waits for the end of
         # the current rollout batch's updates, as checkpoints do (config checks).
         self.updates_per_batch = self.spec.rl.iterations if self.rollouts is not None else 1
@@ -278,8 +279,12 @@ class Loop:
         """Each process holds its own streams' states; process 0 writes the merged one."""
         data_state = pipeline.merge_states(partitioning.gather_json(self.train_batches.get_state()))
         state = (peft_partial.saved_view(self.state, self.trainer) if self.peft_base else self.state)
-        self.holding.watchdog.doing("checkpoint save at step", step)
+        # The run's first save starts the checkpointer's threads and builds its transfer
+        # programs: like the first step, it may take several timeouts.
+        self.holding.watchdog.doing("checkpoint save at step", step,
+                                    1.0 if self.saved_once else watchdog.COMPILE_PATIENCE)
         self.checkpointer.save(step, state, data_state, self.run_config, force=force)
+        self.saved_once = True
         self.holding.watchdog.done("checkpoint save at step", step)
 
     def close(self) -> None:

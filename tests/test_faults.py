@@ -1,6 +1,7 @@
 """Fault injection: damaged checkpoints, kill -9 mid-save, refused resumes, divergence
 without NaN, and every bad input the reliability table lists (message + exit 2)."""
 
+import functools
 import json
 import os
 import pathlib
@@ -237,7 +238,7 @@ def test_replicated_arrays_are_split_between_replicas_only_when_large(tmp_path):
     for name, state in (("small", small_state(3)), ("large", {"w": large})):
         state = jax.device_put(state, replicated)
         checkpointer = checkpoint_store.Checkpointer(tmp_path / name, keep=1, async_save=False)
-        sliced = _slice_programs_compiled(lambda: checkpointer.save(1, state, {}, {}))
+        sliced = _slice_programs_compiled(functools.partial(checkpointer.save, 1, state, {}, {}))
         restored, _, _ = checkpointer.restore(1, abstract_of(state))
         checkpointer.close()
         assert bool(sliced) == (name == "large"), (name, sliced)

@@ -170,9 +170,15 @@ def test_eval_of_two_processes_equals_one_process(tmp_path):
 @pytest.mark.slow
 def test_two_processes_fall_back_together_past_a_damaged_step(tmp_path):
     """The array data process 1 wrote for the newest step is truncated and the step has
-    no manifest (a checkpoint from before manifests): the processes agree that it is
-    damaged, process 0 moves it aside, and both resume from the previous step."""
-    config_args = ["--config=configs/quickstart.py", f"--workdir={tmp_path}", *TINY]
+    no manifest (a checkpoint from before manifests): only process 1's read fails (each
+    reads its own shards), yet the processes keep their collectives in step, agree that
+    the step is damaged, process 0 moves it aside, and both resume from the previous
+    step. (Before checkpoint_store._restore_in_step, gloo aborted both processes.)"""
+    # FSDP over all 8 devices: each process writes the array data of its own shards (on
+    # data=2 every small array is a replica, written whole by process 0 alone).
+    config_args = ["--config=configs/quickstart.py", f"--workdir={tmp_path}",
+                   *[a for a in TINY if not a.startswith("--config.mesh.")],
+                   "--config.mesh.data=1", "--config.mesh.fsdp=8"]
     env = dict(os.environ, PYTHONPATH=str(REPO))
 
     def launch(steps):

@@ -98,12 +98,16 @@ def _blocking_env(tmp_path, block_process: int, block_after: int) -> dict:
                 BLOCK_MARK=str(tmp_path / "blocked_at"))
 
 
-HANG_TIMEOUT_S = 6  # x 3 for the first step: its compilation, on a loaded 2-core machine
+# x 3 for the first step: its compilation, 8 s alone, over 30 s for two processes while
+# other tests run (18 s and 30 s allowances both tripped the watchdog before the block)
+HANG_TIMEOUT_S = 15
 BOUND_S = 15        # the watchdog polls every second, then writes and waits for the others
 
 
 def _check_hang(tmp_path, workdir, result, ended: float, process_count: int, slowest: int):
     assert result.returncode == watchdog.HANG_EXIT_CODE, result.stderr[-4000:]
+    # The hang the test made, not an earlier one (a phase slower than hang_timeout_s).
+    assert (tmp_path / "blocked_at").exists(), result.stderr[-4000:]
     blocked_at = float((tmp_path / "blocked_at").read_text())
     trip_s = ended - blocked_at
     print(f"watchdog tripped {trip_s:.1f} s after the data source blocked "
@@ -116,7 +120,8 @@ def _check_hang(tmp_path, workdir, result, ended: float, process_count: int, slo
     assert earliest <= trip_s < HANG_TIMEOUT_S + BOUND_S
     [folder] = (workdir / "hangs").iterdir()
     for i in range(process_count):
-        assert "Thread" in (folder / f"process_{i}.txt").read_text()
+        stacks = folder / f"process_{i}.txt"
+        assert stacks.exists() and "Thread" in stacks.read_text(), result.stderr[-4000:]
     assert "block_forever_in_the_data_source" in (folder / f"process_{slowest}.txt").read_text()
     summary = (folder / "summary.txt").read_text()
     assert f"furthest behind: process {slowest} " in summary
