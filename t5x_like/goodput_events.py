@@ -175,13 +175,10 @@ def write_tensorboard(workdir, result: dict, step: int) -> None:
     restarts' history shows as one point per run."""
     if result["goodput"] is None:
         return
-    import os
-
-    from tensorboardX import SummaryWriter
     # A file of its own: tensorboardX names files by the second they open in, and train's
     # next run (its metrics writer) may open one within the same second and replace it.
-    writer = SummaryWriter(logdir=os.fspath(storage.path(workdir) / "tensorboard"),
-                           filename_suffix=f".goodput.{step}")
+    writer = storage.summary_writer(storage.path(workdir) / "tensorboard",
+                                    filename_suffix=f".goodput.{step}")
     try:
         writer.add_scalar("goodput/fraction", result["goodput"], global_step=step)
         for cause, seconds in result["causes"].items():

@@ -100,8 +100,7 @@ class TensorBoardTracker:
     """Event files under ``WORKDIR/tensorboard`` (tensorboardX writes gs:// and s3://)."""
 
     def __init__(self, workdir, tracking, run_config, saved_id):
-        from tensorboardX import SummaryWriter
-        self._writer = SummaryWriter(logdir=os.fspath(storage.path(workdir) / "tensorboard"))
+        self._writer = storage.summary_writer(storage.path(workdir) / "tensorboard")
         self.run_id = ""
 
     def write(self, step: int, scalars: Mapping[str, float]) -> None:

@@ -7,7 +7,6 @@ benchmark evaluation inside ``train``.
 from __future__ import annotations
 
 import json
-import os
 
 from t5x_like import storage
 
@@ -38,8 +37,7 @@ class ResultWriter:
         self._tb = None
         if enabled:
             output_dir.mkdir(parents=True, exist_ok=True)
-            from tensorboardX import SummaryWriter
-            self._tb = SummaryWriter(logdir=os.fspath(output_dir / "tensorboard"))
+            self._tb = storage.summary_writer(output_dir / "tensorboard")
 
     def write(self, step: int, results, split: str = "validation") -> None:
         if not self.enabled:
