@@ -37,9 +37,16 @@ def process_env(base: dict, index: int, num_processes: int, devices: int, port: 
         partitioning.ENV_NUM_PROCESSES: str(num_processes),
         partitioning.ENV_PROCESS_ID: str(index),
         "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+        "XLA_FLAGS": _with_device_count(base.get("XLA_FLAGS", ""), devices),
     })
     return env
+
+
+def _with_device_count(flags: str, devices: int) -> str:
+    """The caller's XLA flags (an optimisation level, a dump folder) with this launch's
+    device count in place of any it had."""
+    kept = [f for f in flags.split() if not f.startswith("--xla_force_host_platform_device_count")]
+    return " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])
 
 
 def _relay(stream, prefix: str, out) -> None:

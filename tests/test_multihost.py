@@ -65,6 +65,16 @@ def test_bad_multi_process_settings_are_named(kwargs, message):
         partitioning.distributed_settings(**kwargs, environ={}, detect_cluster=NO_CLUSTER)
 
 
+def test_local_processes_keep_the_callers_xla_flags_with_their_own_device_count():
+    from t5x_like import launch_local
+    env = launch_local.process_env(
+        {"XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_dump_to=/tmp/d"},
+        1, 2, 4, 1234)
+    assert env["XLA_FLAGS"] == "--xla_dump_to=/tmp/d --xla_force_host_platform_device_count=4"
+    assert launch_local.process_env({}, 0, 2, 2, 1)["XLA_FLAGS"] == (
+        "--xla_force_host_platform_device_count=2")
+
+
 def test_cli_reports_incomplete_multi_process_flags(tmp_path):
     result = subprocess.run([sys.executable, "-m", "t5x_like.train",
                              "--config=configs/quickstart.py", f"--workdir={tmp_path}",
