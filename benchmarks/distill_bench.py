@@ -105,11 +105,14 @@ def table(runs: pathlib.Path, model_names, tasks) -> str:
 def pretraining_runs(runs: pathlib.Path, models) -> list:
     """The pretraining runs of the chosen models, teacher first (``bench_main``'s
     ``--smoke``): the distilled student reads ``RUNS/pt_bert``."""
+    # The students' held-out losses are read by nobody here: no evaluation while they train.
+    quiet = "--config.evals.held_out.every_steps=0"
     made = {"teacher": [PT_BERT],
             "distilled": [PT_BERT, ("pt_distil", "configs/pretrain/distil_bert_tiny.py",
-                                    [f"--config.distill.teacher={runs / 'pt_bert'}"])],
+                                    [f"--config.distill.teacher={runs / 'pt_bert'}", quiet])],
             "no_teacher": [("pt_small", "configs/pretrain/distil_bert_tiny.py",
-                            ["--config.distill.teacher=", "--config.distill.student_init=fresh"])]}
+                            ["--config.distill.teacher=", "--config.distill.student_init=fresh",
+                             quiet])]}
     wanted = [run for model in models for run in made[model]]
     return [run for index, run in enumerate(wanted) if run not in wanted[:index]]
 

@@ -18,8 +18,9 @@ all once through ``t5x_like.embed``'s code (``analysis.extraction``), into a
 scratch folder; word vectors are the mean of each word's subwords.
 
 ``--smoke``: tiny pretraining runs (2 steps, 32 wide) made in a temporary ``--runs``
-unless it holds them, 10 sentences of each set (5 probe test), PNGs into a temporary
-folder unless ``--images`` is given: a check that the script runs.
+unless it holds them, 10 sentences of each set (5 probe test), the random-init control of
+the last model only (every control loads and embeds through the same code), PNGs into a
+temporary folder unless ``--images`` is given: a check that the script runs.
 """
 
 from __future__ import annotations
@@ -232,6 +233,7 @@ def main(argv=None) -> int:
     _smoke.IN_PROCESS = True
     args.corpus_sentences = args.ud_geometry = args.probe_train = 10
     args.probe_test = 5
+    args.random_models = args.models.split(",")[-1:]
     with tempfile.TemporaryDirectory(prefix="embedding_geometry_smoke_") as scratch:
         runs = pathlib.Path(args.runs or scratch)
         for name in args.models.split(","):
@@ -248,10 +250,13 @@ def report(args, runs: str, images: str) -> int:
           f"sentences (geometry), {args.probe_train} UD train / {args.probe_test} UD test "
           "sentences (probes)", flush=True)
     results, base = {}, None
+    # The models with a random-init control (--smoke: the last one).
+    controlled = getattr(args, "random_models", args.models.split(","))
     with tempfile.TemporaryDirectory() as scratch:
         for name in args.models.split(","):
             checkpoint = pathlib.Path(runs) / MODELS[name]
-            for random_init in ([False] if args.no_random else [False, True]):
+            for random_init in ([False] if args.no_random or name not in controlled
+                                else [False, True]):
                 label = name + (RANDOM if random_init else "")
                 folder = pathlib.Path(scratch) / re.sub(r"\W+", "_", label)
                 embeddings = embed_all(label, checkpoint, items, folder, random_init)

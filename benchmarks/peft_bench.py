@@ -16,8 +16,10 @@ of the first task's shape, with nothing else running.
 
 ``--smoke`` (``run`` or ``table``, this script and ``electra_bench.py`` / ``distill_bench.py``):
 the same commands at tiny sizes, in this process, as a check that the script runs: 2-layer,
-32-wide models, 2 steps of 8 rows of 32 tokens, evaluation on 8 examples, the
-first two ``--methods``/``--models`` on the first task, in a temporary ``--runs`` unless one
+32-wide models, 2 steps of 8 rows of 32 tokens without the held-out evaluation during
+training (the tables read the eval command's scores), evaluation on 8 examples, the
+first two ``--methods``/``--models`` (``electra_bench.py``: the last, ELECTRA; its BERT row
+is this script's ``full``) on the first task, in a temporary ``--runs`` unless one
 is given; the pretraining runs the table needs are made there first, as tiny.
 """
 
@@ -48,10 +50,10 @@ METHODS = {
                  "optimizer.learning_rate=2e-3"],
 }
 CONFIG = "configs/finetune/bert_tiny_head.py"
-# What --smoke adds to every training command: the tiny BERT of RUNS/pt_bert and its rows'
-# length (SMOKE_MODEL), 2 steps of 8 rows (SMOKE_RUN).
+# What --smoke adds to every fine-tuning command: the tiny BERT of RUNS/pt_bert and its
+# rows' length (SMOKE_MODEL), 2 steps of 8 rows, no held-out evaluation (SMOKE_RUN).
 SMOKE_MODEL = [*_smoke.PRETRAINED["pt_bert"][1], *_smoke.PRETRAINED["pt_bert"][2]]
-SMOKE_RUN = [*_smoke.TINY_RUN, *SMOKE_MODEL]
+SMOKE_RUN = [*_smoke.TINY_RUN, *SMOKE_MODEL, "--config.evals.held_out.every_steps=0"]
 SMOKE = {"run": [], "eval_examples": 200, "step_ms_steps": 30}  # set by bench_main --smoke
 
 
@@ -178,11 +180,13 @@ def table(runs: pathlib.Path, methods, tasks) -> str:
 
 
 def bench_main(doc: str, flag: str, names, run_all_fn, table_fn, argv=None,
-               pretraining=lambda runs, chosen: [PT_BERT]) -> None:
+               pretraining=lambda runs, chosen: [PT_BERT],
+               smoke_rows=lambda chosen: chosen[:2]) -> None:
     """``run|table --runs=DIR --<flag>=a,b --tasks=...``: the command line of this and the
     other fine-tuning benchmarks (``run`` trains what is missing, both print the table).
     ``pretraining(runs, chosen)``: ``[(run name, config, overrides)]``, the pretraining
-    runs the chosen rows start from, in order, which ``--smoke`` makes (tiny) when missing."""
+    runs the chosen rows start from, in order, which ``--smoke`` makes (tiny) when missing.
+    ``smoke_rows(chosen)``: the rows ``--smoke`` runs (on the first task)."""
     parser = argparse.ArgumentParser(description=doc,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=("run", "table"))
@@ -198,7 +202,7 @@ def bench_main(doc: str, flag: str, names, run_all_fn, table_fn, argv=None,
         if args.smoke:
             _smoke.IN_PROCESS = True
             SMOKE.update(run=SMOKE_RUN, eval_examples=8, step_ms_steps=1)
-            chosen, tasks = chosen[:2], tasks[:1]
+            chosen, tasks = smoke_rows(chosen), tasks[:1]
             for name, config, extra in pretraining(runs, chosen):
                 _smoke.pretrain(runs / name, config, *SMOKE_MODEL, *extra)
         if args.command == "run" or args.smoke:

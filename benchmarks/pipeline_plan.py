@@ -14,9 +14,11 @@ memory per chip, whether it fits, the bubble, the roofline step (compute with th
 bubble, HBM, collectives), and the collectives' bytes per chip and step by the mesh
 axes they cross.
 
-``--smoke``: every row with a 4-layer, 32-wide model of the same config (circular: 1 layer
-a visit) at 8 rows of 256 tokens on 2 x v5p:2x2x1 (fsdp 4 a slice), a check that the
-script runs (libtpu's compile of even a tiny model takes seconds).
+``--smoke``: the pipelined rows (``SMOKE_ROWS``: GPipe and circular; the row without
+stages plans as every other planner does) with a 4-layer, 32-wide model of the same
+config (circular: 1 layer a visit) at 8 rows of 256 tokens on 2 x v5p:2x2x1 (fsdp 4 a
+slice), a check that the script runs (libtpu's compile of even a tiny model takes
+seconds).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ ROWS = {
 
 
 SMOKE_TOPOLOGY, SMOKE_LAYERS = "v5p:2x2x1", 4
+SMOKE_ROWS = ("gpipe: a stage a slice", "circular: 7 layers a visit")
 
 
 def plan_row(overrides: dict, length: int, batch: int, smoke: bool = False) -> dict:
@@ -78,7 +81,8 @@ def main(argv=None) -> int:
     if args.smoke:
         args.length, args.batch = 256, 8
     aot_planner.prepare_compiler_environment()  # this machine is no TPU VM
-    names = list(ROWS) if args.rows == "all" else args.rows.split(",")
+    names = (list(SMOKE_ROWS if args.smoke else ROWS) if args.rows == "all"
+             else args.rows.split(","))
     print("| mesh | memory / chip (GiB) | fits | bubble | roofline step s (bound) "
           "| compute / HBM / collectives s | MFU | collectives GB / chip by axes |")
     print("|---|---|---|---|---|---|---|---|")

@@ -19,8 +19,9 @@ from one seed on this machine's CPU (8 fake devices): a small run, read as such.
 
 ``--smoke``: every run and measurement at tiny sizes, in this process, as a check that the
 script runs: 1-layer, 32-wide GPT-2s, 2 training steps of each run (8 rows; GRPO 8
-prompts x 2 completions), 8 held-out prompts, in a temporary ``--runs`` unless one is
-given (a ``pt_gpt2`` there is read as the pretrained model).
+prompts x 2 completions), the first 3 batches of held-out pairs (24: 8 cloze points) and 1
+of held-out LM rows, 8 held-out prompts, in a temporary ``--runs`` unless one is given (a
+``pt_gpt2`` there is read as the pretrained model).
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ import _smoke
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # What --smoke changes: the model (every run and every config read here), each run's
-# length, and the held-out prompts GRPO is read on. Set by main.
-SMOKE = {"model": [], "run": [], "prompts": 500}
+# length, the held-out batches of pairs (None: all) and of LM rows DPO is read on, and the
+# held-out prompts GRPO is read on. Set by main.
+SMOKE = {"model": [], "run": [], "pair_batches": None, "lm_batches": 8, "prompts": 500}
 SMOKE_RUNS = {  # config -> its --smoke sizes
     "configs/pretrain/gpt2_tiny.py": _smoke.PRETRAINED["pt_gpt2"][2],
     "configs/rl/gpt2_tiny_grpo_arithmetic.py": [
@@ -98,7 +100,9 @@ def pair_scores(spec, params_path: str, reference_path: str, split: str = "valid
         k: np.zeros_like(v) for k, v in next(iter(rows)).items()})
     out = {"chosen": [], "rejected": [], "ref_chosen": [], "ref_rejected": [], "real": []}
     with trainer._context():
-        for local in batches:
+        for index, local in enumerate(batches):
+            if index == SMOKE["pair_batches"]:
+                break
             batch = partitioning.global_batch(local, trainer.mesh, trainer.rules)
             for name, params in (("", policy), ("ref_", reference)):
                 chosen, rejected = jax.device_get(logps(params, batch))
@@ -121,9 +125,9 @@ def dpo_metrics(scores, beta: float) -> dict:
             "cloze_accuracy": float(cloze.mean())}
 
 
-def lm_held_out_loss(checkpoint: pathlib.Path, batches: int = 8) -> float:
+def lm_held_out_loss(checkpoint: pathlib.Path, batches: int | None = None) -> float:
     """The checkpoint's loss per token on ``embedded_en_lm``'s validation rows (the first
-    ``batches`` batches), read as the plain decoder it is."""
+    ``batches`` batches, 8 unless --smoke), read as the plain decoder it is."""
     import jax
     import numpy as np
 
@@ -131,6 +135,7 @@ def lm_held_out_loss(checkpoint: pathlib.Path, batches: int = 8) -> float:
     from t5x_like import runs as runs_lib
     from t5x_like import trainer as trainer_lib
     from t5x_like.data import pipeline
+    batches = batches or SMOKE["lm_batches"]
     spec = runs_lib.resolve_spec(load("configs/pretrain/gpt2_tiny.py"))
     _, trainer = trainer_lib.build_on_devices(spec)
     params = trainer.place_params(param_sources.base_params(str(checkpoint), spec,
@@ -271,7 +276,7 @@ def main(argv=None) -> int:
         return run_or_table(args, pathlib.Path(args.runs))
     _smoke.IN_PROCESS = True
     _, model, _ = _smoke.PRETRAINED["pt_gpt2"]
-    SMOKE.update(model=model, run=_smoke.TINY_RUN, prompts=8)
+    SMOKE.update(model=model, run=_smoke.TINY_RUN, pair_batches=3, lm_batches=1, prompts=8)
     args.command = "run"
     with tempfile.TemporaryDirectory(prefix="preference_smoke_") as scratch:
         return run_or_table(args, pathlib.Path(args.runs if args.runs != "runs/preference"

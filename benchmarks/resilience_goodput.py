@@ -10,9 +10,10 @@ then ``python -m t5x_like.goodput WORKDIR`` prints productive time over wall tim
 the badput by cause. ``python benchmarks/resilience_goodput.py [--workdir=/tmp/...]``
 
 ``--smoke``: the same three runs and report over 20 steps (SIGTERM after step 8, the
-source blocking 5 steps into the second run, checkpoints every 4 steps), a check that the
-script runs. The runs stay separate processes: signals, exits
-and restarts are what is measured.
+source blocking 5 steps into the second run, checkpoints every 4 steps, one evaluation at
+the end), a check that the script runs. The runs stay separate processes: signals, exits
+and restarts are what is measured; the report, which only reads the workdir, is
+``t5x_like.goodput``'s ``main`` in this process (as the other smoke runs run commands).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ TINY = ["--config=configs/quickstart.py", "--config.model.num_encoder_layers=1",
         "--module=blocking_tasks", "--config.task=blocking_task"]
 # --smoke: steps, checkpoints and evaluations, when SIGTERM comes and the source blocks.
 SMOKE_SCHEDULE = ["--config.num_train_steps=20", "--config.checkpoint_every_steps=4",
-                  "--config.eval_every_steps=10"]
+                  "--config.eval_every_steps=20"]
 SMOKE_SIGTERM_AFTER, SMOKE_BLOCK_AFTER = 8, 40
 
 # The task module the hang comes from, shared with tests/test_watchdog.py: the train split
@@ -95,9 +96,14 @@ def main(argv=None) -> int:
     print(f"run 3: exit {third.returncode}, ended at step {last_step(workdir)}"
           + ("" if third.returncode == 0 else f": {third.stderr[-800:]}"))
     print()
-    report = subprocess.run([sys.executable, "-m", "t5x_like.goodput", str(workdir)], cwd=REPO,
-                            env=env, capture_output=True, text=True)
-    print(report.stdout or report.stderr)
+    if args.smoke:
+        import _smoke
+        _smoke.IN_PROCESS = True
+        print(_smoke.cli("t5x_like.goodput", [str(workdir)], cwd=REPO, capture=True))
+    else:
+        report = subprocess.run([sys.executable, "-m", "t5x_like.goodput", str(workdir)],
+                                cwd=REPO, env=env, capture_output=True, text=True)
+        print(report.stdout or report.stderr)
     shutil.rmtree(scratch, ignore_errors=True)  # the run lives on only under --workdir
     return 0
 

@@ -15,7 +15,11 @@ and on a CPU, as a quick check that everything runs (tiny sizes, a few seconds a
 ``decode_speed.py``'s own smoke modes (batch 2, 4 new tokens, one timed step), the
 ``compile`` stage under ``torch.compile(backend="eager")`` (Dynamo's tracing without
 Inductor's code generation, which takes minutes on a CPU; the table says so), and exits 1
-if any row failed (a real run records a failed row and goes on).
+if any row failed (a real run records a failed row and goes on). Its rows are
+``SMOKE_ROWS``: the train stage on GPT-2 only, and the decode stage on T5 with beams (the
+``decode_extra`` pass decodes GPT-2 greedily: each family and each search once); the rows
+a stage leaves out run the same stage code with other models of ``model_step.py`` and
+``decode_speed.py``, whose own smoke runs cover every row.
 
 ``--src DIR`` imports ``t5x_like``, ``configs/`` and ``benchmarks/{model_step,decode_speed}.py``
 from DIR instead of this checkout (a frozen copy of the package can travel to the device
@@ -68,6 +72,8 @@ import sys
 import time
 
 T0 = time.perf_counter()
+# --smoke: the train rows and the decode rows (see the docstring).
+SMOKE_ROWS = {"train": "gpt2", "decode": "t5_beam"}
 RESULTS: dict = {"env": {}, "matmul": {}, "train": [], "decode": [], "compile": [],
                  "errors": []}
 
@@ -399,6 +405,7 @@ def main(argv=None) -> int:
         args.batch_multiplier, args.steps, args.repeats = 1, 1, 1
         args.decode_batch, args.new_tokens, args.prompt_length = 2, 4, 8
         args.decode_extra = "bfloat16:2:gpt2_greedy"
+        args.train_rows, args.decode_rows = SMOKE_ROWS["train"], SMOKE_ROWS["decode"]
         args.budget_s = float("inf")  # every row runs, however slow the machine
 
     ms, ds = setup_imports(args.src)

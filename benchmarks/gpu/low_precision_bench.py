@@ -14,7 +14,9 @@ and on a CPU, as a check that every stage runs (tiny sizes, seconds a stage):
 batch 2 decoding of 16 + 16 tokens, 2 timed steps) and exits 1 if a row failed. What
 needs a GPU is skipped where there is none, each with its reason in the table: the
 XLA:GPU GEMM flag sets (XLA:CPU refuses them; the default set runs) and torchao's float8
-training (CUDA only).
+training (CUDA only). Each config runs in one stage (``SMOKE_ROWS``: every side of the
+train stage on ``gpt2_small``, both weights of the decode stage on ``decoder_modern_1b``):
+the rows of a stage share its code, and each compile of even a tiny step takes seconds.
 
 Stages:
 
@@ -149,6 +151,10 @@ TRAIN_ROWS = {  # config, batch, length (smoke: a tiny decoder)
     "gpt2_small": ("gpt2_small", 32, 1024),
     "decoder_modern_1b": ("decoder_modern_1b", 8, 2048),
 }
+DECODE_ROWS = ("gpt2_small", "decoder_modern_1b")
+# --smoke: each stage's rows (every config is read by one of them; every side and both
+# weights still run).
+SMOKE_ROWS = {"train": ("gpt2_small",), "decode": ("decoder_modern_1b",)}
 
 
 def _config(name: str, batch: int, length: int, kind: str, smoke: bool):
@@ -266,6 +272,8 @@ def stage_train(args) -> None:
     from t5x_like.config import spec_of
     for row, (name, batch, length) in TRAIN_ROWS.items():
         if args.smoke:
+            if row not in SMOKE_ROWS["train"]:
+                continue
             batch, length = 4, 64
         for side, kind in (("t5x_like bf16", ""), ("t5x_like fp8", "fp8"),
                            ("torch.compile bf16", None), ("torch.compile torchao float8", "ao")):
@@ -308,7 +316,7 @@ def stage_decode(args) -> None:
     from t5x_like import trainer as trainer_lib
     from t5x_like.config import spec_of
     prompt, new = (16, 16) if args.smoke else (128, 128)
-    for row in ("gpt2_small", "decoder_modern_1b"):
+    for row in (SMOKE_ROWS["decode"] if args.smoke else DECODE_ROWS):
         for batch in ((2,) if args.smoke else (8, 64)):
             if over_budget(args):
                 return
