@@ -4,11 +4,7 @@ import os
 import shutil
 import tempfile
 
-# LLVM at -O0: XLA's own HLO passes still run (the same fusions, the same numerics), only
-# the machine code is less optimised. Compiling is most of what a test of a tiny model
-# does (5 s a T5 train step at the default level); -O0 takes 20-35% off a module's time.
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
-                                   "--xla_backend_optimization_level=0")
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Compiled programs shared by every test of a run: many tests (and the commands they run
 # as subprocesses, which inherit this) compile the same tiny train steps. One cache per
