@@ -389,8 +389,32 @@ class Checkpointer:
         else:
             manager, items["state"] = self._manager, ocp.args.StandardRestore(abstract_state)
             self._restored_from[step] = self.step_folder(step)
-        restored = _restore_in_step(manager, step, ocp.args.Composite(**items))
+        restored = self._restore_in_step(manager, step, ocp.args.Composite(**items))
         return restored.state, restored.data, restored.config
+
+    def _restore_in_step(self, manager, step: int, args):
+        """``manager.restore``, with every process making the same collectives when only
+        some of them fail (each reads only its own shards, so damage to one process's
+        files fails that process alone). Orbax's Checkpointer ends a restore at a barrier
+        of all processes (``Checkpointer:restore``, a collective on CPU); a process whose
+        read raised never reached it, and its next collective (the vote on the step,
+        ``_agreed``) would meet the others' barrier: gloo aborts every process. The failed
+        process joins that barrier here (the one collective left in a restore after the
+        reads), then raises."""
+        try:
+            return manager.restore(step, args=args)
+        except Exception:
+            if self._multi_process:
+                # The barrier's name as that checkpointer makes it (an asynchronous one
+                # turns a prefix of None into ""): a barrier checks every process names it
+                # alike.
+                checkpointer = manager._checkpointer  # noqa: SLF001 (orbax's own, pinned)
+                ocp.multihost.sync_global_processes(
+                    ocp.multihost.unique_barrier_key(
+                        "Checkpointer:restore",
+                        prefix=checkpointer._barrier_sync_key_prefix),  # noqa: SLF001
+                    processes=checkpointer._active_processes)  # noqa: SLF001
+            raise
 
     def restored_folder(self, step: int) -> epath.Path:
         """Where ``step`` was last restored from (the local or the workdir's copy)."""
@@ -541,29 +565,6 @@ class Checkpointer:
         if self._uploads is not None:
             self._uploads.finish()
         self._manager.close()
-
-
-def _restore_in_step(manager, step: int, args):
-    """``manager.restore``, with every process making the same collectives when only some
-    of them fail (each reads only its own shards, so damage to one process's files fails
-    that process alone). Orbax's Checkpointer ends a restore at a barrier of all processes
-    (``Checkpointer:restore``, a collective on CPU); a process whose read raised never
-    reached it, and its next collective (the vote on the step, ``_agreed``) would meet
-    the others' barrier: gloo aborts every process. The failed process joins that barrier
-    here (the one collective left in a restore after the reads), then raises."""
-    try:
-        return manager.restore(step, args=args)
-    except Exception:
-        import jax
-        if jax.process_count() > 1:
-            # The barrier's name as that checkpointer makes it (an asynchronous one turns
-            # a prefix of None into ""): a barrier checks that every process names it alike.
-            checkpointer = manager._checkpointer  # noqa: SLF001 (orbax's own, pinned)
-            ocp.multihost.sync_global_processes(
-                ocp.multihost.unique_barrier_key(
-                    "Checkpointer:restore", prefix=checkpointer._barrier_sync_key_prefix),  # noqa: SLF001
-                processes=checkpointer._active_processes)  # noqa: SLF001
-        raise
 
 
 def _move_into(damaged: epath.Path, folder: epath.Path, step: int, reason: str) -> epath.Path:

@@ -183,7 +183,7 @@ def test_two_processes_fall_back_together_past_a_damaged_step(tmp_path):
     no manifest (a checkpoint from before manifests): only process 1's read fails (each
     reads its own shards), yet the processes keep their collectives in step, agree that
     the step is damaged, process 0 moves it aside, and both resume from the previous
-    step. (Before checkpoint_store._restore_in_step, gloo aborted both processes.)"""
+    step. (Before Checkpointer._restore_in_step, gloo aborted both processes.)"""
     # FSDP over all 8 devices: each process writes the array data of its own shards (on
     # data=2 every small array is a replica, written whole by process 0 alone).
     config_args = ["--config=configs/quickstart.py", f"--workdir={tmp_path}",
