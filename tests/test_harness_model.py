@@ -221,3 +221,27 @@ def test_training_an_encoder_decoder_with_harness_tasks_is_refused(tmp_path, cap
     err = capsys.readouterr().err
     assert "on decoder language models" in err and "evals.harness" in err
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_process_indexes_the_task_catalogue_once_until_a_task_file_changes(tmp_path,
+                                                                           monkeypatch):
+    """lm-eval's TaskManager reads its whole catalogue when made (8 s): loading tasks again
+    in one process reuses it, and an edited YAML under the include path is read anew."""
+    from t5x_like.evaluation import harness_tasks
+    made = []
+
+    class Manager:
+        def __init__(self, include_path=None):
+            made.append(include_path)
+
+    import lm_eval.tasks
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", Manager)
+    monkeypatch.setattr(harness_tasks, "_MANAGERS", {})
+    (tmp_path / "a.yaml").write_text("task: a\n")
+    first = harness_tasks._task_manager(str(tmp_path))
+    assert harness_tasks._task_manager(str(tmp_path)) is first and made == [str(tmp_path)]
+    (tmp_path / "a.yaml").write_text("task: a_renamed\n")
+    assert harness_tasks._task_manager(str(tmp_path)) is not first and len(made) == 2
+    harness_tasks._task_manager("")
+    harness_tasks._task_manager("")
+    assert made == [str(tmp_path), str(tmp_path), None]

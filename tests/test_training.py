@@ -1,4 +1,5 @@
 import json
+import os
 import pathlib
 import shlex
 import subprocess
@@ -29,7 +30,12 @@ def tiny_cli_command(workdir, *overrides: str) -> list[str]:
             "--config.task_feature_lengths.targets=8", "--config.eval_batches=1", *overrides]
 
 
-CLI_ENV = {"PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu"}
+# A bare environment (what resumes is the printed command, not this shell's settings),
+# plus the run's shared compilation cache (tests/conftest.py): the rounds below compile
+# the same tiny program again and again.
+CLI_ENV = {"PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu",
+           **{k: v for k, v in os.environ.items() if k.startswith(("JAX_COMPILATION_CACHE",
+                                                                   "JAX_PERSISTENT_CACHE"))}}
 
 
 def losses_by_step(workdir) -> dict[int, float]:

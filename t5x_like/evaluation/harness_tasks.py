@@ -39,11 +39,9 @@ def task_names(value: str, flag: str = "--tasks") -> list[str]:
 def load(names: list[str], include_path: str = "") -> list:
     """The harness's task (and group) objects for ``names``, their datasets loaded, from
     its catalogue and the YAML files under ``include_path``."""
-    from lm_eval.tasks import TaskManager
-
     if include_path and not storage.path(include_path).is_dir():
         raise UserError(f"include_path {include_path} is not a folder of task YAML files.")
-    manager = TaskManager(include_path=include_path or None)
+    manager = _task_manager(include_path)
     known = set(manager.all_tasks)
     objects = []
     for name in names:
@@ -63,6 +61,29 @@ def load(names: list[str], include_path: str = "") -> list:
         objects += ([loaded["groups"][name]] if name in loaded["groups"]
                     else list(loaded["tasks"].values()))
     return objects
+
+
+# One index a process: lm-eval's TaskManager reads every YAML file of its catalogue (about
+# 15,000 tasks, 8 s on 2 cores) when it is made, and a process that loads tasks again (a
+# run's harness evaluator and its checks, a notebook, the tests) would pay that each time.
+# Keyed on the include path's YAML files as they are now, so an edited task is read anew.
+_MANAGERS: dict[tuple, object] = {}
+
+
+def _task_manager(include_path: str):
+    from lm_eval.tasks import TaskManager
+
+    key = (include_path, _yaml_fingerprint(include_path)) if include_path else ("",)
+    if key not in _MANAGERS:
+        _MANAGERS[key] = TaskManager(include_path=include_path or None)
+    return _MANAGERS[key]
+
+
+def _yaml_fingerprint(include_path: str) -> tuple:
+    """The YAML files under ``include_path``: names, sizes and modification times."""
+    files = sorted(p for p in storage.files_under(include_path)
+                   if str(p).endswith((".yaml", ".yml")))
+    return tuple((str(p), p.stat().length, p.stat().mtime) for p in files)
 
 
 def evaluate(lm, tasks: list, *, num_fewshot: int | None = None, limit: float = 0,
