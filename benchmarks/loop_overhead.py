@@ -35,9 +35,10 @@ import jax
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from t5x_like import checkpoint_store, config_lib, metrics_writer, partitioning, train  # noqa: E402
+from t5x_like import checkpoint_store, config_lib, partitioning, train  # noqa: E402
 from t5x_like import trainer as trainer_lib  # noqa: E402
 from t5x_like.data import pipeline  # noqa: E402
+from t5x_like.telemetry import metrics_writer  # noqa: E402
 
 
 def quickstart(steps: int, smoke: bool = False):

@@ -61,7 +61,7 @@ def teacher_source(spec) -> TeacherSource:
 def check_teacher(spec, teacher: TeacherSource, student_vocabulary) -> None:
     """One message for each teacher the student cannot learn from."""
     from t5x_like import structures
-    from t5x_like.run_guard import vocabulary_differences
+    from t5x_like.resilience.run_guard import vocabulary_differences
     path, model, student = teacher.path, teacher.model, spec.model
     if model.family not in structures.distillable_families():
         raise UserError(f"distill.teacher={path!r} is a {model.family!r} model; teachers are "

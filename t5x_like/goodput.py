@@ -13,7 +13,8 @@ import datetime
 import json
 import sys
 
-from t5x_like import errors, goodput_events, storage
+from t5x_like import errors, storage
+from t5x_like.telemetry import goodput_events
 
 
 def format_report(workdir, result: dict) -> str:

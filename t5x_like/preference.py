@@ -54,7 +54,7 @@ def reference_source(spec) -> ReferenceSource:
 def check_reference(spec, reference: ReferenceSource, vocabulary) -> None:
     """One message for each reference the policy cannot be compared with."""
     from t5x_like import structures
-    from t5x_like.run_guard import vocabulary_differences
+    from t5x_like.resilience.run_guard import vocabulary_differences
     path, model, key = reference.path, reference.model, _key(spec)
     if not structures.structure_class(model.family).generates_after_prompt:
         raise UserError(f"{key}={path!r} is a {model.family!r} model; the reference is a "

@@ -13,10 +13,11 @@ from typing import Any
 import jax
 from flax import traverse_util
 
-from t5x_like import checkpoint_store, distill, errors, param_sources, run_guard, structures
+from t5x_like import checkpoint_store, distill, errors, param_sources, structures
 from t5x_like.models import peft_modules
 from t5x_like.param_sources import peft_partial
-from t5x_like.run_holding import chief_log
+from t5x_like.resilience import run_guard
+from t5x_like.resilience.run_holding import chief_log
 
 
 @dataclasses.dataclass

@@ -21,7 +21,8 @@ import importlib.util
 import shlex
 import sys
 
-from t5x_like import cli_flags, config, errors, goodput_events, runs, trackers
+from t5x_like import cli_flags, config, errors, runs
+from t5x_like.telemetry import goodput_events, trackers
 
 USAGE = ("python -m t5x_like.train --config=FILE_OR_NAME --workdir=DIR [--config.KEY=VALUE ...]\n"
          "  e.g. python -m t5x_like.train --config=quickstart --workdir=/tmp/t5x_like_run "

@@ -20,10 +20,11 @@ import json
 import time
 from typing import Any
 
-from t5x_like import cli_flags, config, hardware, runs, storage, trackers
+from t5x_like import cli_flags, config, hardware, runs, storage
 from t5x_like.config import RunSpec
 from t5x_like.errors import ConfigError, UserError
 from t5x_like.param_sources.source import check_same_model, resolve
+from t5x_like.telemetry import trackers
 
 
 @dataclasses.dataclass
@@ -75,11 +76,12 @@ def resolve_training(run_config, workdir: str, devices=None, process_count: int 
     """Everything ``train`` checks, in order, none of it building state or compiling."""
     import jax
 
-    from t5x_like import partitioning, run_guard
+    from t5x_like import partitioning
     from t5x_like import trainer as trainer_lib
     from t5x_like.data import get_task_or_mixture
     from t5x_like.evaluation import in_training
     from t5x_like.models import pipeline
+    from t5x_like.resilience import run_guard
     started = time.time()
     spec = runs.resolve_spec(run_config)
     storage.check_checkpoint_location(workdir, "--workdir")
@@ -277,7 +279,7 @@ def _checked_resume(spec, newest, fingerprint: dict) -> Resume | None:
     """The newest step of the workdir (or its local tier) whose config reads
     (``_newest_saved_config``), checked against this run's fingerprint. A damaged newer
     step is left to the restore, which moves it aside."""
-    from t5x_like import run_guard
+    from t5x_like.resilience import run_guard
     if newest is None:
         return None
     step, saved = newest

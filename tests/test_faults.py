@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 
-from t5x_like import checkpoint_store, cli_flags, errors, run_guard, runs, train
+from t5x_like import checkpoint_store, cli_flags, errors, runs, train
 from t5x_like.errors import UserError
+from t5x_like.resilience import run_guard
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

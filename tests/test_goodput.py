@@ -8,7 +8,8 @@ import time
 import pytest
 from conftest import tiny_config
 
-from t5x_like import goodput, goodput_events, train
+from t5x_like import goodput, train
+from t5x_like.telemetry import goodput_events
 
 
 def ev(run, kind, t, **fields):

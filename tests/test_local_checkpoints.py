@@ -10,8 +10,9 @@ import pytest
 from conftest import tiny_config
 from storage_emulators import gcs_fixture  # noqa: F401  (the module's `gcs` fixture)
 
-from t5x_like import checkpoint_store, goodput_events, storage, train
+from t5x_like import checkpoint_store, storage, train
 from t5x_like.errors import ConfigError
+from t5x_like.telemetry import goodput_events
 
 
 def run(workdir, local_dir, steps: int) -> int:

@@ -2,7 +2,7 @@ import io
 import json
 import math
 
-from t5x_like import metrics_writer
+from t5x_like.telemetry import metrics_writer
 
 
 class FakeTerminal(io.StringIO):

@@ -11,9 +11,10 @@ import shutil
 
 import pytest
 
-from t5x_like import config_lib, run_guard, runs, train
+from t5x_like import config_lib, runs, train
 from t5x_like import eval as eval_cli
 from t5x_like.data import get_task_or_mixture
+from t5x_like.resilience import run_guard
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "before_spec"
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -8,8 +8,9 @@ import struct
 
 import pytest
 
-from t5x_like import config_lib, errors, metrics_writer, trackers
+from t5x_like import config_lib, errors
 from t5x_like.config.run import TrackingSpec
+from t5x_like.telemetry import metrics_writer, trackers
 
 
 def wandb_records(workdir):

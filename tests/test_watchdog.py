@@ -15,8 +15,10 @@ import time
 import pytest
 from storage_emulators import free_port
 
-from t5x_like import goodput_events, partitioning, watchdog
-from t5x_like.workdir_lock import LOCK_NAME
+from t5x_like import partitioning
+from t5x_like.resilience import watchdog
+from t5x_like.resilience.workdir_lock import LOCK_NAME
+from t5x_like.telemetry import goodput_events
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TINY = ["--config.model.num_encoder_layers=1", "--config.model.num_decoder_layers=1",

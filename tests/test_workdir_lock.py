@@ -17,8 +17,9 @@ import pytest
 from conftest import tiny_config
 from storage_emulators import gcs_fixture  # noqa: F401  (the module's `gcs` fixture)
 
-from t5x_like import run_holding, train, workdir_lock
-from t5x_like.workdir_lock import LOCK_NAME, Owner, WorkdirBusy, WorkdirLock
+from t5x_like import train
+from t5x_like.resilience import run_holding, workdir_lock
+from t5x_like.resilience.workdir_lock import LOCK_NAME, Owner, WorkdirBusy, WorkdirLock
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TINY = ["--config.model.num_encoder_layers=1", "--config.model.num_decoder_layers=1",
@@ -141,7 +142,7 @@ def test_second_train_is_refused_and_a_killed_train_is_taken_over(tmp_path, caps
 # ``release`` releases it.
 RACER = textwrap.dedent("""
     import json, os, sys, time
-    from t5x_like.workdir_lock import WorkdirBusy, WorkdirLock
+    from t5x_like.resilience.workdir_lock import WorkdirBusy, WorkdirLock
 
     held = None
     for line in sys.stdin:

@@ -11,7 +11,9 @@ import time
 
 import jax
 
-from t5x_like import errors, goodput_events, partitioning, watchdog, workdir_lock
+from t5x_like import errors, partitioning
+from t5x_like.resilience import watchdog, workdir_lock
+from t5x_like.telemetry import goodput_events
 
 
 def chief_log(is_chief: bool):
