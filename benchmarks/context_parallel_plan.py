@@ -28,7 +28,8 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from t5x_like import aot_planner, config_lib  # noqa: E402
+from t5x_like import config_lib  # noqa: E402
+from t5x_like.planner import aot_planner  # noqa: E402
 
 GiB = 1024**3
 TOPOLOGY = "v5p:2x4x4"

@@ -34,7 +34,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from context_parallel_plan import plan_cells  # noqa: E402
 
-from t5x_like import aot_planner, config_lib  # noqa: E402
+from t5x_like import config_lib  # noqa: E402
+from t5x_like.planner import aot_planner  # noqa: E402
 
 TOPOLOGY, SLICES = "v5p:4x4x8", 2
 

@@ -43,7 +43,8 @@ SMOKE_ROWS = {  # row (config, slices) -> its smoke topology and sizes
 
 def plan_row(config_name: str, topology: str, num_slices: int, overrides: list[str],
              smoke: bool = False) -> dict:
-    from t5x_like import aot_planner, config_lib
+    from t5x_like import config_lib
+    from t5x_like.planner import aot_planner
     config = config_lib.load_config_file(str(ROOT / "configs" / f"{config_name}.py"))
     if smoke:
         import _smoke
@@ -77,7 +78,7 @@ def main(argv=None) -> int:
     parser.add_argument("--smoke", action="store_true",
                         help="tiny models on 4-chip slices: a check that the script runs")
     args = parser.parse_args(argv)
-    from t5x_like import aot_planner
+    from t5x_like.planner import aot_planner
     aot_planner.prepare_compiler_environment()  # this machine is no TPU VM
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True).stdout.strip()

@@ -13,8 +13,8 @@ largest consumers when it does not), the compiled FLOPs per step, and a
 roofline step time and MFU: ``max(FLOPs / peak, bytes accessed / HBM bandwidth,
 collective bytes / link bandwidth)`` per device, an optimistic bound (each overlapping
 the others), with the sources (forward or backward, module path) that move the most
-HBM bytes (``t5x_like.hlo_traffic``) and the collectives' bytes by the mesh axes they
-cross (``t5x_like.hlo_collectives``). ``--decode`` plans one generation step instead: memory,
+HBM bytes (``t5x_like.planner.hlo_traffic``) and the collectives' bytes by the mesh axes they
+cross (``t5x_like.planner.hlo_collectives``). ``--decode`` plans one generation step instead: memory,
 FLOPs and HBM bytes per token, and the roofline's tokens/s.
 """
 
@@ -24,7 +24,8 @@ import argparse
 import json
 import sys
 
-from t5x_like import aot_planner, cli_flags, errors, runs
+from t5x_like import cli_flags, errors, runs
+from t5x_like.planner import aot_planner
 
 GiB = aot_planner.GiB
 

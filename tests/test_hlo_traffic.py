@@ -1,4 +1,4 @@
-"""``t5x_like.hlo_traffic``: HBM bytes read from compiled HLO, loops counted per trip.
+"""``t5x_like.planner.hlo_traffic``: HBM bytes read from compiled HLO, loops counted per trip.
 
 On CPU, XLA's own cost analysis is the reference for the per-instruction rule:
 an unrolled program must count the same bytes, and a scanned one the same bytes
@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from t5x_like import hlo_traffic
+from t5x_like.planner import hlo_traffic
 
 
 def _layer(x, w):

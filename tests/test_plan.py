@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from t5x_like import aot_planner
+from t5x_like.planner import aot_planner
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 QUICKSTART = str(REPO / "configs" / "quickstart.py")

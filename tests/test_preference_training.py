@@ -268,7 +268,7 @@ def test_dpo_with_lora_trains_the_adapters_against_the_full_reference(sft_run, t
 def test_plan_compiles_dpo_with_its_reference_sharded_like_the_policy(tmp_path):
     """The planner compiles DPO's step with an abstract reference (the policy's model):
     its bytes per device are the params', sharded the same way over FSDP."""
-    from t5x_like import aot_planner
+    from t5x_like.planner import aot_planner
     report = aot_planner.plan(dpo_config(tmp_path, **{"mesh.fsdp": 8}), "cpu:8")
     memory = report["memory_per_device"]
     assert memory["frozen_params"] == memory["params"] > 0

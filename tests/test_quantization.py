@@ -22,7 +22,6 @@ from t5x_like import (
     config_lib,
     errors,
     hardware,
-    hlo_matmuls,
     infer,
     int8_weights,
     param_sources,
@@ -35,6 +34,7 @@ from t5x_like import trainer as trainer_lib
 from t5x_like.data import get_task_or_mixture
 from t5x_like.evaluation import evaluator
 from t5x_like.models import layers, quantization
+from t5x_like.planner import hlo_matmuls
 
 # -- the numpy reference: Qwix's quantized matmul, written out -------------------------
 

@@ -399,7 +399,7 @@ def test_encoder_decoder_and_encoder_sweeps_deepen_their_own_stacks(config_name,
 # printed text and the report's numbers.
 PLAN_DRIVER = """
 import json, sys
-from t5x_like import aot_planner
+from t5x_like.planner import aot_planner
 from t5x_like.scaling import cli
 aot_planner.prepare_compiler_environment()
 report = cli.run_plan(cli.parse(sys.argv[2:]))

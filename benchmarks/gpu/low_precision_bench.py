@@ -174,9 +174,10 @@ def ours_train(config, steps: int) -> dict:
     import jax
     import numpy as np
 
-    from t5x_like import flops, hardware, hlo_matmuls, partitioning, structures
+    from t5x_like import flops, hardware, partitioning, structures
     from t5x_like import trainer as trainer_lib
     from t5x_like.config import spec_of
+    from t5x_like.planner import hlo_matmuls
     spec = spec_of(config)
     devices = jax.devices()[:1]
     trainer = trainer_lib.build_trainer(spec, partitioning.make_mesh(

@@ -33,8 +33,9 @@ import math
 import pathlib
 import sys
 
-from t5x_like import aot_planner, cli_flags, config, errors, runs
+from t5x_like import cli_flags, config, errors, runs
 from t5x_like.errors import UserError
+from t5x_like.planner import aot_planner
 from t5x_like.scaling import fit as fitting
 from t5x_like.scaling import laws, plots, run_sizing, sweep
 

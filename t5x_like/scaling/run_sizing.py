@@ -28,9 +28,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from t5x_like import aot_planner, flops, hardware, structures
+from t5x_like import flops, hardware, structures
 from t5x_like.config import spec_of
 from t5x_like.errors import UserError
+from t5x_like.planner import aot_planner
 from t5x_like.scaling import sweep
 
 ASPECT = 128  # d_model / num_layers of large decoders (GPT-3, Llama 2)

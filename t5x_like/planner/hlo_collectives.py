@@ -34,7 +34,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from t5x_like import hlo_traffic
+from t5x_like.planner import hlo_traffic
 
 _KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "ragged-all-to-all",
           "collective-permute", "collective-broadcast")

@@ -226,7 +226,8 @@ def _quantized_rates(config, hlo_text: str, device_kind: str, peak: float | None
     chip's rate for them, and the one rate the roofline's compute time takes: each FLOP
     at its own peak, ``1 / (share / quantized peak + (1 - share) / peak)``. MFU stays
     against the bfloat16 peak, as MaxText reports it, so runs compare."""
-    from t5x_like import hardware, hlo_matmuls
+    from t5x_like import hardware
+    from t5x_like.planner import hlo_matmuls
     kind = config.quantization.kind
     share = hlo_matmuls.low_precision_share(hlo_matmuls.matmul_flops_by_dtype(hlo_text))
     quantized_peak = hardware.peak_for(device_kind, kind, config.logging.peak_flops_per_device)
@@ -390,7 +391,7 @@ def plan_decode(config, topology: str, num_slices: int = 1) -> dict:
 def _costs(compiled, hlo_text: str):
     """``(FLOPs, bytes accessed, traffic, traffic_error)`` of a compiled program: XLA's
     counts (loop bodies once) and the HLO reader's traffic (None when it misreads)."""
-    from t5x_like import hlo_traffic
+    from t5x_like.planner import hlo_traffic
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     try:
@@ -406,7 +407,7 @@ def _traffic_by_source(traffic, bytes_accessed) -> dict:
     its share of ``bytes_accessed``; empty without a traffic reading."""
     if traffic is None or not traffic.total_bytes:
         return {}
-    from t5x_like import hlo_traffic
+    from t5x_like.planner import hlo_traffic
     return {"hbm_traffic_by_source": [
         {"source": source, "share": moved / traffic.total_bytes,
          "bytes": bytes_accessed * moved / traffic.total_bytes}
@@ -439,7 +440,8 @@ def _slowest(compute_s: float, memory_s: float, communication_s: float | None
 def _collectives(hlo_text: str, mesh_shape: dict, chip) -> list[dict] | None:
     """The collectives' bytes, counts and seconds per device and step, by the mesh axes
     they cross (``hlo_collectives``), largest first; None when the HLO is misread."""
-    from t5x_like import hlo_collectives, partitioning
+    from t5x_like import partitioning
+    from t5x_like.planner import hlo_collectives
     shape = {axis: int(mesh_shape.get(axis, 1)) for axis in partitioning.MESH_AXES}
     try:
         found = hlo_collectives.analyze(hlo_text, shape)

@@ -19,7 +19,7 @@ import collections
 import math
 import re
 
-from t5x_like import hlo_traffic
+from t5x_like.planner import hlo_traffic
 
 _DIMS = re.compile(r"\b([a-z]+[0-9]*[a-z0-9]*)\[([0-9,]*)\]")
 _CONTRACTING = re.compile(r"lhs_contracting_dims=\{([0-9,]*)\}")
