@@ -77,8 +77,9 @@ def restore(checkpoint: str):
     """``(step, config, trainer, params, vocabulary)`` of the newest step, as
     ``t5x_like.eval`` loads it; the vocabulary is the checkpoint's own (an imported
     tokenizer), else the task's."""
-    from t5x_like import param_sources, runs
+    from t5x_like import runs
     from t5x_like import trainer as trainer_lib
+    from t5x_like.checkpoints import param_sources
 
     source = param_sources.resolve(checkpoint)
     steps = source.steps()

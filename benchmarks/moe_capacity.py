@@ -29,7 +29,8 @@ import jax
 import numpy as np
 
 import t5x_like.builtin_tasks  # noqa: F401  (registers the embedded tasks)
-from t5x_like import param_sources, structures
+from t5x_like import structures
+from t5x_like.checkpoints import param_sources
 from t5x_like.data import pipeline
 
 

@@ -33,7 +33,7 @@ import tempfile
 
 import _smoke
 
-from t5x_like.param_sources import peft_partial
+from t5x_like.checkpoints.param_sources import peft_partial
 
 TASKS = {"spam": ("classification", "f1"), "bible_paraphrase": ("classification", "accuracy"),
          "ud_pos": ("token_classification", "token_accuracy")}

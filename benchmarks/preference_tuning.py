@@ -78,8 +78,9 @@ def pair_scores(spec, params_path: str, reference_path: str, split: str = "valid
     import jax
     import numpy as np
 
-    from t5x_like import param_sources, partitioning, structures
+    from t5x_like import partitioning, structures
     from t5x_like import trainer as trainer_lib
+    from t5x_like.checkpoints import param_sources
     from t5x_like.data import pipeline
     from t5x_like.preference import load_reference, reference_source
     _, trainer = trainer_lib.build_on_devices(spec)
@@ -131,9 +132,10 @@ def lm_held_out_loss(checkpoint: pathlib.Path, batches: int | None = None) -> fl
     import jax
     import numpy as np
 
-    from t5x_like import param_sources, partitioning, structures
+    from t5x_like import partitioning, structures
     from t5x_like import runs as runs_lib
     from t5x_like import trainer as trainer_lib
+    from t5x_like.checkpoints import param_sources
     from t5x_like.data import pipeline
     batches = batches or SMOKE["lm_batches"]
     spec = runs_lib.resolve_spec(load("configs/pretrain/gpt2_tiny.py"))
@@ -183,9 +185,10 @@ def rollout_eval(spec_config: str, checkpoint: pathlib.Path, samples: int) -> di
     prompts, with ``spec_config``'s rewards."""
     import numpy as np
 
-    from t5x_like import param_sources, rl, structures
+    from t5x_like import rl, structures
     from t5x_like import runs as runs_lib
     from t5x_like import trainer as trainer_lib
+    from t5x_like.checkpoints import param_sources
     from t5x_like.data import get_task_or_mixture, pipeline
     config = load(spec_config)
     config.init_from = str(checkpoint)

@@ -50,7 +50,7 @@ class TeacherSource:
 
 def teacher_source(spec) -> TeacherSource:
     """``distill.teacher``'s checkpoint and model, read without loading parameters."""
-    from t5x_like import param_sources
+    from t5x_like.checkpoints import param_sources
     from t5x_like.config import model_spec_of
     path = spec.distill.teacher
     source, step, saved = param_sources.newest_saved(path, "distill.teacher")
@@ -101,7 +101,8 @@ def teacher_spec(spec, teacher: TeacherSource):
 
 def load_teacher(spec, teacher: TeacherSource, mesh):
     """``(teacher structure, host params)``."""
-    from t5x_like import param_sources, structures
+    from t5x_like import structures
+    from t5x_like.checkpoints import param_sources
     params, _ = param_sources.base_params(teacher.path, teacher_spec(spec, teacher), mesh)
     return structures.for_config(teacher_spec(spec, teacher)), params
 

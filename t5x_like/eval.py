@@ -16,7 +16,8 @@ import argparse
 import sys
 import time
 
-from t5x_like import cli_flags, errors, param_sources, progress, runs, storage
+from t5x_like import cli_flags, errors, progress, runs, storage
+from t5x_like.checkpoints import param_sources
 from t5x_like.config import split_overrides
 from t5x_like.errors import UserError
 from t5x_like.evaluation import results as result_files
@@ -129,8 +130,9 @@ def _say_skipped(steps: list[int], output_dir, split: str, say) -> None:
 def _setup(source, step, args, overrides, name):
     import jax
 
-    from t5x_like import int8_weights, structures
+    from t5x_like import structures
     from t5x_like import trainer as trainer_lib
+    from t5x_like.checkpoints import int8_weights
     from t5x_like.evaluation import evaluator
 
     resolved = runs.resolve_checkpoint(source, step, args.config, overrides, args.vocabulary)

@@ -19,7 +19,8 @@ import sys
 
 import numpy as np
 
-from t5x_like import cli_flags, errors, param_sources, runs, storage
+from t5x_like import cli_flags, errors, runs, storage
+from t5x_like.checkpoints import param_sources
 from t5x_like.config import split_overrides
 from t5x_like.errors import UserError
 
@@ -113,9 +114,10 @@ def score_rewards(args, config, source, step, vocabulary) -> list[dict]:
 def run(args, overrides) -> int:
     import jax
 
-    from t5x_like import int8_weights, structures
+    from t5x_like import structures
     from t5x_like import trainer as trainer_lib
     from t5x_like.builtin_tasks import pretraining as builtin
+    from t5x_like.checkpoints import int8_weights
     from t5x_like.data.dataset_providers import with_vocabulary
     from t5x_like.evaluation import evaluator
 

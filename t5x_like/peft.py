@@ -40,7 +40,8 @@ def merge(peft_path: str, out: str, base_path: str | None = None) -> dict:
     summary (step, how many kernels merged)."""
     from flax import traverse_util
 
-    from t5x_like import param_sources, runs
+    from t5x_like import runs
+    from t5x_like.checkpoints import param_sources
     from t5x_like.convert import pretrained
     from t5x_like.models import peft_modules
 

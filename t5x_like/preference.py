@@ -44,7 +44,7 @@ def reference_path(spec) -> str:
 
 def reference_source(spec) -> ReferenceSource:
     """The reference's checkpoint and model, read without loading parameters."""
-    from t5x_like import param_sources
+    from t5x_like.checkpoints import param_sources
     from t5x_like.config import model_spec_of
     path = reference_path(spec)
     _, _, saved = param_sources.newest_saved(path, _key(spec))
@@ -91,7 +91,8 @@ def planned_reference(spec):
 def load_reference(spec, reference: ReferenceSource, mesh):
     """``(reference structure, host params)``: the run's structure on the reference's
     decoder, whose log-probabilities the policy's loss reads."""
-    from t5x_like import param_sources, structures
+    from t5x_like import structures
+    from t5x_like.checkpoints import param_sources
     plain = reference_spec(spec, reference)
     params, _ = param_sources.base_params(reference.path, plain, mesh)
     return structures.for_config(plain), params

@@ -100,7 +100,7 @@ def check(spec) -> None:
 
 def reward_model_spec(spec):
     """The run spec of ``rl.reward_model``'s checkpoint (a reward-model run)."""
-    from t5x_like import param_sources
+    from t5x_like.checkpoints import param_sources
     path = spec.rl.reward_model
     saved = param_sources.config_from_saved(
         param_sources.newest_saved(path, "rl.reward_model")[2])
@@ -228,8 +228,9 @@ class Rollouts:
         return total.astype(np.float32), means
 
     def _load_reward_model(self):
-        from t5x_like import param_sources, structures
+        from t5x_like import structures
         from t5x_like import trainer as trainer_lib
+        from t5x_like.checkpoints import param_sources
         spec = reward_model_spec(self.spec).replace(partitioning=self.spec.partitioning)
         structure = structures.for_config(spec)
         params, _ = param_sources.base_params(self.spec.rl.reward_model, spec, self.trainer.mesh)

@@ -21,9 +21,9 @@ import time
 from typing import Any
 
 from t5x_like import cli_flags, config, hardware, runs, storage
+from t5x_like.checkpoints.param_sources.source import check_same_model, resolve
 from t5x_like.config import RunSpec
 from t5x_like.errors import ConfigError, UserError
-from t5x_like.param_sources.source import check_same_model, resolve
 from t5x_like.telemetry import trackers
 
 
@@ -295,7 +295,7 @@ def _newest_saved_config(spec, workdir) -> tuple[int, dict] | None:
     for the rows a resume keeps and the fingerprint it checks."""
     import jax
 
-    from t5x_like import checkpoint_store
+    from t5x_like.checkpoints import checkpoint_store
     folders = [workdir / "checkpoints"]
     if spec.checkpoint.local_dir:
         process = jax.process_index() if jax.process_count() > 1 else None

@@ -106,7 +106,8 @@ def test_text_sources_read_bucket_files_like_local_ones(gcs, tmp_path):
 
 
 def test_checkpoint_manifest_and_damage_check_work_in_a_bucket(gcs):
-    from t5x_like import checkpoint_store, storage
+    from t5x_like import storage
+    from t5x_like.checkpoints import checkpoint_store
     folder = storage.path("gs://t5xl-test/manifest/3")
     (folder / "state").mkdir(parents=True, exist_ok=True)
     (folder / "state" / "data").write_bytes(b"\x00" * 100)

@@ -109,7 +109,7 @@ def test_a_student_distils_from_a_frozen_sharded_teacher(tmp_path):
     assert any("soft_target_loss" in r for r in records)
     assert np.isfinite(result["eval"]["eval_loss"])
 
-    from t5x_like import param_sources
+    from t5x_like.checkpoints import param_sources
     mesh = partitioning.make_mesh({"data": 1}, jax.devices()[:1])
     teacher_params, _ = param_sources.base_params(str(teacher_dir), encoder_run_config(num_layers=3),
                                             mesh)

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 
-from t5x_like import checkpoint_store, errors, partitioning, train
+from t5x_like import errors, partitioning, train
 from t5x_like import trainer as trainer_lib
+from t5x_like.checkpoints import checkpoint_store
 
 # Adam at lr 1e30 makes every weight ~1e30 after one step, so step 2's loss is NaN.
 DIVERGING = {"optimizer.name": "adamw", "optimizer.learning_rate": 1e30,

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 
-from t5x_like import checkpoint_store, cli_flags, errors, runs, train
+from t5x_like import cli_flags, errors, runs, train
+from t5x_like.checkpoints import checkpoint_store
 from t5x_like.errors import UserError
 from t5x_like.resilience import run_guard
 
@@ -251,7 +252,7 @@ KILL_SCRIPT = textwrap.dedent("""
     import os, sys
     os.environ["JAX_PLATFORMS"] = "cpu"
     import jax.numpy as jnp
-    from t5x_like import checkpoint_store
+    from t5x_like.checkpoints import checkpoint_store
     c = checkpoint_store.Checkpointer(sys.argv[1], keep=3)
     step = 0
     while True:
@@ -566,7 +567,7 @@ def test_an_empty_data_file_names_the_file_not_the_shard_count(tmp_path):
 
 def test_eval_of_a_damaged_step_is_one_message(saved_run, tmp_path):
     """eval/infer open checkpoints read-only: a damaged step is named, never moved."""
-    from t5x_like import param_sources
+    from t5x_like.checkpoints import param_sources
     workdir = fresh_copy(saved_run, tmp_path)
     folder = workdir / "checkpoints" / "10"
     damage(folder / "data" / "metadata", "truncate", random.Random(2))

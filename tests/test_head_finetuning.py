@@ -168,7 +168,7 @@ def test_head_fine_tunes_from_a_pretrained_body_and_evaluates(tmp_path):
     mesh = partitioning.make_mesh({"dcn": 1, "data": 8, "fsdp": 1, "tensor": 1})
     trainer = trainer_lib.build_trainer(config, mesh)
     state, _ = starting_state.pretrained_state(config, trainer)
-    from t5x_like import param_sources
+    from t5x_like.checkpoints import param_sources
     source = param_sources.resolve(str(tmp_path / "pt"))
     saved = runs.resolve_checkpoint(source, 4).spec
     body = jax.device_get(source.restore_params(4, trainer_lib.build_trainer(saved, mesh)))

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from test_elastic_resume import LOSS_RTOL, REPO, SETTINGS, _env, _records
 
-from t5x_like import checkpoint_store, storage
+from t5x_like import storage
+from t5x_like.checkpoints import checkpoint_store
 
 # FSDP over both processes' devices: each host holds its own part of every parameter.
 MESH = ["--config.mesh.data=1", "--config.mesh.fsdp=-1", "--config.checkpoint.every_steps=2"]
@@ -82,7 +83,7 @@ def test_hosts_save_their_own_shards_and_the_workdir_holds_their_sealed_union(tm
 
 
 def test_the_share_of_a_host_is_its_array_chunks():
-    from t5x_like import checkpoint_per_host
+    from t5x_like.checkpoints import checkpoint_per_host
     assert checkpoint_per_host.host_share("state/params.decoder.kernel/0.1")
     assert not checkpoint_per_host.host_share("state/params.decoder.kernel/.zarray")
     assert not checkpoint_per_host.host_share("state/_METADATA")
@@ -91,7 +92,7 @@ def test_the_share_of_a_host_is_its_array_chunks():
 
 
 def test_a_host_waits_for_every_share_before_sealing(tmp_path):
-    from t5x_like import checkpoint_per_host
+    from t5x_like.checkpoints import checkpoint_per_host
     step = tmp_path / "checkpoints" / "6"
     (step / "state").mkdir(parents=True)
     (step / "state" / "x").write_text("x")

@@ -129,10 +129,11 @@ def test_summary_prints_the_trainable_fraction(override, expected):
 
 from flax import traverse_util  # noqa: E402
 
-from t5x_like import param_sources, structures  # noqa: E402
 from t5x_like import peft as peft_runs  # noqa: E402
+from t5x_like import structures  # noqa: E402
+from t5x_like.checkpoints import param_sources  # noqa: E402
+from t5x_like.checkpoints.param_sources import peft_partial  # noqa: E402
 from t5x_like.models import peft_modules  # noqa: E402
-from t5x_like.param_sources import peft_partial  # noqa: E402
 
 LORA = {"lora.rank": 4, "lora.alpha": 8.0}
 ADAPTERS = {"adapter.size": 8}
@@ -408,7 +409,7 @@ def short_run(config, steps: int):
 
 
 def test_a_peft_checkpoint_holds_what_trains_and_joins_only_its_own_base(tmp_path):
-    from t5x_like import checkpoint_store
+    from t5x_like.checkpoints import checkpoint_store
     config = tiny_decoder(**LORA, **ADAPTERS)
     trainer = trainer_lib.build_trainer(config, one_device_mesh())
     state = trainer.init_state(0)
@@ -495,7 +496,7 @@ def _exported_logits_equal_the_lora_model(tmp_path, config):
     import torch
     import transformers
 
-    from t5x_like import param_sources
+    from t5x_like.checkpoints import param_sources
     from t5x_like.convert.__main__ import export_hf
     export_hf(str(tmp_path / "merged"), str(tmp_path / "hf"))
     hf = transformers.GPT2LMHeadModel.from_pretrained(str(tmp_path / "hf")).eval()

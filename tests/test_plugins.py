@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from t5x_like import train
-from t5x_like.param_sources import source as param_source
+from t5x_like.checkpoints.param_sources import source as param_source
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = REPO / "tests"

@@ -11,8 +11,9 @@ import shutil
 import jax
 import pytest
 
-from t5x_like import checkpoint_store, infer, param_sources, peft, train
 from t5x_like import eval as eval_cli
+from t5x_like import infer, peft, train
+from t5x_like.checkpoints import checkpoint_store, param_sources
 from t5x_like.convert import pretrained
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "before_spec"

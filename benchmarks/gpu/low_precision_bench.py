@@ -313,8 +313,9 @@ def stage_decode(args) -> None:
     import jax.numpy as jnp
     import numpy as np
 
-    from t5x_like import int8_weights, partitioning, structures
+    from t5x_like import partitioning, structures
     from t5x_like import trainer as trainer_lib
+    from t5x_like.checkpoints import int8_weights
     from t5x_like.config import spec_of
     prompt, new = (16, 16) if args.smoke else (128, 128)
     for row in (SMOKE_ROWS["decode"] if args.smoke else DECODE_ROWS):

@@ -125,7 +125,8 @@ def load(checkpoint: str, *, step: int | None = None, random_init: bool = False,
     """The newest (or ``step``'s) params of a run or pretrained folder; ``random_init``:
     the same config with fresh params from ``seed`` (the untrained control). ``flag``:
     the option that named ``checkpoint``, for error messages."""
-    from t5x_like import param_sources, runs
+    from t5x_like import runs
+    from t5x_like.checkpoints import param_sources
 
     source = param_sources.resolve(checkpoint, flag)
     steps = source.steps()

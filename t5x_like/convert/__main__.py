@@ -295,7 +295,8 @@ def export_vocabulary(value: str, own=None):
 def load_for_export(checkpoint: str):
     """``(model_config, host params, the checkpoint's vocabulary or None)`` of a pretrained
     folder, or of a training run's newest step (or the step folder given)."""
-    from t5x_like import param_sources, runs
+    from t5x_like import runs
+    from t5x_like.checkpoints import param_sources
 
     folder = storage.path(checkpoint)
     run_config = folder / "config.json"

@@ -328,8 +328,9 @@ def plan_decode(config, topology: str, num_slices: int = 1) -> dict:
     import jax
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from t5x_like import hardware, int8_weights, partitioning, structures
+    from t5x_like import hardware, partitioning, structures
     from t5x_like import trainer as trainer_lib
+    from t5x_like.checkpoints import int8_weights
 
     config = spec_of(config)
     config = config.replace(model=_unscanned(config.model))

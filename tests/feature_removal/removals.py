@@ -54,7 +54,8 @@ REGISTRY: dict[str, list[Removal]] = {}
 def fresh_caches() -> None:
     """No trace or structure from before: a removal must be traced into the program (and
     orbax's array handler is registered again, as the checkpoint store sets it now)."""
-    from t5x_like import checkpoint_store, structures
+    from t5x_like import structures
+    from t5x_like.checkpoints import checkpoint_store
     jax.clear_caches()
     for value in vars(structures).values():
         if hasattr(value, "cache_clear"):

@@ -13,7 +13,8 @@ from test_faults import saved_run  # noqa: F401  (the fixture the manifest check
 from test_trackers import tracking  # noqa: F401  (the fixture the trackers check reads)
 from test_workdir_lock import TINY, plant
 
-from t5x_like import checkpoint_store, optim, param_sources, train, train_loop, training_run
+from t5x_like import optim, train, train_loop, training_run
+from t5x_like.checkpoints import checkpoint_store, param_sources
 from t5x_like.resilience import run_guard, run_holding, watchdog, workdir_lock
 from t5x_like.telemetry import trackers
 

@@ -14,7 +14,8 @@ from removals import Removal, called_from, compiled_programs, proving_tests
 from test_quantization import decoder, random_batch
 
 from t5x_like import eval as eval_cli
-from t5x_like import infer, int8_weights, train
+from t5x_like import infer, train
+from t5x_like.checkpoints import int8_weights
 from t5x_like.evaluation import harness_model
 from t5x_like.models import quantization
 from t5x_like.planner import hlo_matmuls

@@ -7,7 +7,7 @@ embedding analyses and retrieval.
 ``peft_partial`` (which imports the models) is imported by name where it is needed.
 """
 
-from t5x_like.param_sources.source import (
+from t5x_like.checkpoints.param_sources.source import (
     Source,
     base_params,
     check_base,

@@ -12,9 +12,9 @@ import json
 from etils import epath
 
 from t5x_like import storage
+from t5x_like.checkpoints.param_sources import peft_partial
 from t5x_like.config import RunSpec, migrated, model_spec_of, spec_of
 from t5x_like.errors import ConfigError, UserError
-from t5x_like.param_sources import peft_partial
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +32,7 @@ class Source:
 
     def open_checkpointer(self):
         """A read-only checkpointer over the run's steps (close it after use)."""
-        from t5x_like import checkpoint_store
+        from t5x_like.checkpoints import checkpoint_store
         return checkpoint_store.Checkpointer(self.path, keep=1, async_save=False, read_only=True)
 
     def saved_config(self, step: int) -> dict:
@@ -48,7 +48,7 @@ class Source:
         try:
             return checkpointer.restore_config(step)
         except Exception as e:  # noqa: BLE001 - an unreadable config item is damage
-            from t5x_like.checkpoint_store import one_line
+            from t5x_like.checkpoints.checkpoint_store import one_line
             raise UserError(f"Checkpoint {self.path / str(step)} has no readable config "
                             f"({one_line(e)}); evaluate another step.") from None
         finally:
@@ -65,7 +65,7 @@ class Source:
                 return trainer.place_params(params)
             except ValueError as e:
                 raise UserError(f"{self.path}: {e}") from None
-        from t5x_like import checkpoint_store
+        from t5x_like.checkpoints import checkpoint_store
         folder = self.path / str(step)
         problem = checkpoint_store.manifest_problem(folder)
         if problem is not None:

@@ -40,7 +40,8 @@ from collections.abc import Callable
 import orbax.checkpoint as ocp
 from etils import epath
 
-from t5x_like import checkpoint_per_host, storage
+from t5x_like import storage
+from t5x_like.checkpoints import checkpoint_per_host
 from t5x_like.errors import UserError
 
 MANIFEST = "manifest.t5x_like.json"
