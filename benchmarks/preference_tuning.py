@@ -82,7 +82,7 @@ def pair_scores(spec, params_path: str, reference_path: str, split: str = "valid
     from t5x_like import trainer as trainer_lib
     from t5x_like.checkpoints import param_sources
     from t5x_like.data import pipeline
-    from t5x_like.preference import load_reference, reference_source
+    from t5x_like.modes.preference import load_reference, reference_source
     _, trainer = trainer_lib.build_on_devices(spec)
     structure = structures.for_config(spec)
     policy = trainer.place_params(param_sources.base_params(params_path, spec, trainer.mesh)[0])
@@ -185,11 +185,12 @@ def rollout_eval(spec_config: str, checkpoint: pathlib.Path, samples: int) -> di
     prompts, with ``spec_config``'s rewards."""
     import numpy as np
 
-    from t5x_like import rl, structures
     from t5x_like import runs as runs_lib
+    from t5x_like import structures
     from t5x_like import trainer as trainer_lib
     from t5x_like.checkpoints import param_sources
     from t5x_like.data import get_task_or_mixture, pipeline
+    from t5x_like.modes import rl
     config = load(spec_config)
     config.init_from = str(checkpoint)
     spec = runs_lib.resolve_spec(config)

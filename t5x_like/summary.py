@@ -15,8 +15,9 @@ import sys
 import jax
 import numpy as np
 
-from t5x_like import cli_flags, errors, optim, runs, structures, trainer, training_run
+from t5x_like import cli_flags, errors, optim, runs, structures, trainer
 from t5x_like.models import moe
+from t5x_like.training import training_run
 
 
 def module_rows(shapes: dict, depth: int) -> list[tuple[str, int]]:

@@ -48,7 +48,7 @@ def run(run_config, workdir: str, config_path: str = "CONFIG", quiet: bool = Fal
         devices=None, overrides: list[str] = (), modules: list[str] = ()) -> dict:
     """Trains to ``num_train_steps``; returns the last train and eval metrics and the step.
     ``devices`` defaults to all devices; tests pass a subset to compare meshes."""
-    from t5x_like import train_loop, training_run  # JAX starts here: after the config is read
+    from t5x_like.training import train_loop, training_run  # JAX starts here: after the config is read
 
     resolved = training_run.resolve_training(run_config, workdir, devices)
     with train_loop.holding(resolved, quiet) as holding:

@@ -128,7 +128,8 @@ def _saved_on_8_devices(workdir, **overrides):
     arrays: resolving reads only the config)."""
     from conftest import set_keys
 
-    from t5x_like import config_lib, training_run
+    from t5x_like import config_lib
+    from t5x_like.training import training_run
     config = set_keys(config_lib.load_config_file("configs/pretrain/gpt2_tiny.py"),
                       {"batch_size": 16, **overrides})
     resolved = training_run.resolve_training(config, str(workdir))
@@ -148,7 +149,7 @@ def _saved_on_8_devices(workdir, **overrides):
 def test_a_resume_keeps_the_rows_each_device_held(tmp_path, devices, mesh, chosen, expected):
     from conftest import set_keys
 
-    from t5x_like import training_run
+    from t5x_like.training import training_run
     config = _saved_on_8_devices(tmp_path, **{"mesh.data": 8})
     set_keys(config, {f"mesh.{axis}": size for axis, size in mesh.items()})
     if chosen:
@@ -171,7 +172,7 @@ def test_microbatches_grown_once_keep_growing_on_the_next_resume(tmp_path):
     asked for 1, so resuming it again (still asking for 1) keeps the 2 rows a device."""
     from conftest import set_keys
 
-    from t5x_like import training_run
+    from t5x_like.training import training_run
     config = _saved_on_8_devices(tmp_path, **{"mesh.data": 8})
     set_keys(config, {"mesh.data": 4})
     resumed = training_run.resolve_training(config, str(tmp_path), jax.devices()[:4])

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 from conftest import set_keys
 
-from t5x_like import config_lib, errors, infer, preference, runs, structures, train
+from t5x_like import config_lib, errors, infer, runs, structures, train
 from t5x_like import trainer as trainer_lib
 from t5x_like.checkpoints import param_sources
 from t5x_like.config import spec_of
 from t5x_like.data import preference as preference_data
+from t5x_like.modes import preference
 
 
 def decoder_config(**overrides):

@@ -22,9 +22,10 @@ from hf_helpers import tiny_hf_tokenizer
 from test_preference_parity import models  # noqa: F401  (the imported tiny Llamas)
 from test_preference_training import decoder_config
 
-from t5x_like import config_lib, errors, rl, structures, train
+from t5x_like import config_lib, errors, structures, train
 from t5x_like.config import spec_of
 from t5x_like.convert import __main__ as convert_cli
+from t5x_like.modes import rl
 from t5x_like.objectives import preference as losses
 from t5x_like.rewards import RewardRegistry
 

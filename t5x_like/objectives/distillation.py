@@ -1,5 +1,5 @@
 """Knowledge distillation's terms (Hinton et al. 2015; Sanh et al. 2019), per position;
-``t5x_like/distill.py`` weighs them against the student's own objective."""
+``t5x_like/modes/distill.py`` weighs them against the student's own objective."""
 
 from __future__ import annotations
 

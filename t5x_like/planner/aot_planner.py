@@ -266,7 +266,7 @@ def _planned_reference(config, trainer, structure) -> list[tuple[str, int]]:
     """DPO's reference or GRPO's KL reference in the planned step: the policy's own model,
     frozen and abstract (``Trainer.attach_frozen`` with no params); its bytes per device
     as ``frozen_params/...`` rows (none when the run has no reference)."""
-    from t5x_like import preference
+    from t5x_like.modes import preference
     if not preference.needed(config):
         return []
     reference = preference.planned_reference(config)

@@ -13,10 +13,11 @@ from typing import Any
 import jax
 from flax import traverse_util
 
-from t5x_like import distill, errors, structures
+from t5x_like import errors, structures
 from t5x_like.checkpoints import checkpoint_store, param_sources
 from t5x_like.checkpoints.param_sources import peft_partial
 from t5x_like.models import peft_modules
+from t5x_like.modes import distill
 from t5x_like.resilience import run_guard
 from t5x_like.resilience.run_holding import chief_log
 

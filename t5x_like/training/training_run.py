@@ -221,7 +221,7 @@ def _checked_teacher(spec, vocabulary, trainer):
     student's start from its layers checked on shapes (its params are read later)."""
     if not spec.distill.teacher:
         return None
-    from t5x_like import distill
+    from t5x_like.modes import distill
     try:
         teacher = distill.teacher_source(spec)
         distill.check_teacher(spec, teacher, vocabulary)
@@ -235,7 +235,7 @@ def _checked_teacher(spec, vocabulary, trainer):
 def _checked_reference(spec, vocabulary):
     """DPO's reference: its config read and checked against the policy (its params are
     read when the loop starts)."""
-    from t5x_like import preference
+    from t5x_like.modes import preference
     if not preference.needed(spec):
         return None
     try:
@@ -248,7 +248,7 @@ def _checked_reference(spec, vocabulary):
 
 def _check_rl(spec) -> None:
     """Online RL's rewards, reward model and positions (``rl.check``)."""
-    from t5x_like import rl
+    from t5x_like.modes import rl
     try:
         rl.check(spec)
     except UserError as e:

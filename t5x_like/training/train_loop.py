@@ -14,14 +14,16 @@ import time
 
 import jax
 
-from t5x_like import distill, errors, flops, hardware, partitioning, preference, rl, runs, starting_state, structures
+from t5x_like import errors, flops, hardware, partitioning, runs, structures
 from t5x_like import trainer as trainer_lib
 from t5x_like.checkpoints.param_sources import peft_partial
 from t5x_like.data import pipeline
 from t5x_like.evaluation import in_training
+from t5x_like.modes import distill, preference, rl
 from t5x_like.resilience import run_guard, watchdog
 from t5x_like.resilience.run_holding import RunHolding
 from t5x_like.telemetry import goodput_events, metrics_writer
+from t5x_like.training import starting_state
 
 
 def holding(resolved, quiet: bool) -> RunHolding:
