@@ -27,8 +27,9 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from t5x_like import config_lib, partitioning  # noqa: E402
-from t5x_like import trainer as trainer_lib  # noqa: E402
+from t5x_like import config_lib  # noqa: E402
+from t5x_like.engine import partitioning  # noqa: E402
+from t5x_like.engine import trainer as trainer_lib  # noqa: E402
 
 ROWS = [
     # name, mesh, context attention

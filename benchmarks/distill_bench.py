@@ -59,7 +59,8 @@ def size_and_speed(layers: int) -> tuple[int, float]:
     import jax.numpy as jnp
     import numpy as np
 
-    from t5x_like import config_lib, structures, trainer
+    from t5x_like import config_lib, structures
+    from t5x_like.engine import trainer
     config = config_lib.load_config_file("configs/pretrain/bert_tiny.py")
     if SMOKE["run"]:
         import _smoke

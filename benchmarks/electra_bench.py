@@ -61,7 +61,8 @@ def run_all(runs: pathlib.Path, model_names, tasks) -> None:
 
 def pretraining(runs: pathlib.Path, model: str) -> tuple[float, dict]:
     """``(total model FLOPs, the last held-out metrics)`` of the model's pretraining run."""
-    from t5x_like import config_lib, flops
+    from t5x_like import config_lib
+    from t5x_like.engine import flops
     config = config_lib.load_config_file(MODELS[model][2])
     total = config.num_train_steps * flops.train_flops_per_step(
         config.model.to_dict(), dict(config.task_feature_lengths), config.batch_size)

@@ -78,8 +78,8 @@ def restore(checkpoint: str):
     ``t5x_like.eval`` loads it; the vocabulary is the checkpoint's own (an imported
     tokenizer), else the task's."""
     from t5x_like import runs
-    from t5x_like import trainer as trainer_lib
     from t5x_like.checkpoints import param_sources
+    from t5x_like.engine import trainer as trainer_lib
 
     source = param_sources.resolve(checkpoint)
     steps = source.steps()

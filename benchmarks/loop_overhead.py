@@ -35,10 +35,11 @@ import jax
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from t5x_like import config_lib, partitioning, train  # noqa: E402
-from t5x_like import trainer as trainer_lib  # noqa: E402
+from t5x_like import config_lib, train  # noqa: E402
 from t5x_like.checkpoints import checkpoint_store  # noqa: E402
 from t5x_like.data import pipeline  # noqa: E402
+from t5x_like.engine import partitioning  # noqa: E402
+from t5x_like.engine import trainer as trainer_lib  # noqa: E402
 from t5x_like.telemetry import metrics_writer  # noqa: E402
 
 

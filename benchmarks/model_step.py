@@ -29,8 +29,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from t5x_like import config_lib, partitioning, structures
-from t5x_like import trainer as trainer_lib
+from t5x_like import config_lib, structures
+from t5x_like.engine import partitioning
+from t5x_like.engine import trainer as trainer_lib
 
 ROWS = {
     # name: (config file, batch size, lengths)

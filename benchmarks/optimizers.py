@@ -150,8 +150,9 @@ def time_steps(optimizers: list[str], steps: int, rounds: int = 3, smoke: bool =
     import jax
     import numpy as np
 
-    from t5x_like import config_lib, partitioning, structures
-    from t5x_like import trainer as trainer_lib
+    from t5x_like import config_lib, structures
+    from t5x_like.engine import partitioning
+    from t5x_like.engine import trainer as trainer_lib
 
     trainers, states, batch = {}, {}, None
     for name in optimizers:

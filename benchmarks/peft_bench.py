@@ -95,9 +95,10 @@ def run_all(runs: pathlib.Path, methods, tasks) -> None:
 def _trainer(runs: pathlib.Path, method: str, task: str):
     import jax
 
-    from t5x_like import config_lib, partitioning
+    from t5x_like import config_lib
     from t5x_like import runs as runs_lib
-    from t5x_like import trainer as trainer_lib
+    from t5x_like.engine import partitioning
+    from t5x_like.engine import trainer as trainer_lib
     config = config_lib.load_config_file(CONFIG)
     config_lib.apply_overrides(config, [o[len("--config."):] for o in
                                         overrides(runs, method, task) + SMOKE["run"]])
@@ -112,7 +113,7 @@ def sizes(runs: pathlib.Path, method: str, task: str) -> tuple[int, int, int]:
     import jax
     import numpy as np
 
-    from t5x_like import trainer as trainer_lib
+    from t5x_like.engine import trainer as trainer_lib
     _, trainer = _trainer(runs, method, task)
     params = trainer.abstract_state.params
     total = trainer_lib.param_count(params)

@@ -78,10 +78,11 @@ def pair_scores(spec, params_path: str, reference_path: str, split: str = "valid
     import jax
     import numpy as np
 
-    from t5x_like import partitioning, structures
-    from t5x_like import trainer as trainer_lib
+    from t5x_like import structures
     from t5x_like.checkpoints import param_sources
     from t5x_like.data import pipeline
+    from t5x_like.engine import partitioning
+    from t5x_like.engine import trainer as trainer_lib
     from t5x_like.modes.preference import load_reference, reference_source
     _, trainer = trainer_lib.build_on_devices(spec)
     structure = structures.for_config(spec)
@@ -132,11 +133,12 @@ def lm_held_out_loss(checkpoint: pathlib.Path, batches: int | None = None) -> fl
     import jax
     import numpy as np
 
-    from t5x_like import partitioning, structures
     from t5x_like import runs as runs_lib
-    from t5x_like import trainer as trainer_lib
+    from t5x_like import structures
     from t5x_like.checkpoints import param_sources
     from t5x_like.data import pipeline
+    from t5x_like.engine import partitioning
+    from t5x_like.engine import trainer as trainer_lib
     batches = batches or SMOKE["lm_batches"]
     spec = runs_lib.resolve_spec(load("configs/pretrain/gpt2_tiny.py"))
     _, trainer = trainer_lib.build_on_devices(spec)
@@ -187,9 +189,9 @@ def rollout_eval(spec_config: str, checkpoint: pathlib.Path, samples: int) -> di
 
     from t5x_like import runs as runs_lib
     from t5x_like import structures
-    from t5x_like import trainer as trainer_lib
     from t5x_like.checkpoints import param_sources
     from t5x_like.data import get_task_or_mixture, pipeline
+    from t5x_like.engine import trainer as trainer_lib
     from t5x_like.modes import rl
     config = load(spec_config)
     config.init_from = str(checkpoint)

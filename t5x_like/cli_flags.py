@@ -108,7 +108,7 @@ def start_processes(args, timeout_s: float | None = None, marks_dir=None,
 
     With ``timeout_s``, a start-up that has not finished by then ends the process (exit 2)
     with one line naming the processes that never arrived (marks in ``marks_dir``)."""
-    from t5x_like import partitioning  # JAX: only after the cheap checks passed
+    from t5x_like.engine import partitioning  # JAX: only after the cheap checks passed
     from t5x_like.resilience import watchdog
     try:
         settings = partitioning.distributed_settings(args.coordinator_address,

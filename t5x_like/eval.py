@@ -60,8 +60,8 @@ def parse_args(argv):
 def run(args, overrides) -> int:
     import jax
 
-    from t5x_like import partitioning
-    from t5x_like import trainer as trainer_lib
+    from t5x_like.engine import partitioning
+    from t5x_like.engine import trainer as trainer_lib
     from t5x_like.evaluation import evaluator
 
     source = param_sources.resolve(args.checkpoint)
@@ -131,8 +131,8 @@ def _setup(source, step, args, overrides, name):
     import jax
 
     from t5x_like import structures
-    from t5x_like import trainer as trainer_lib
     from t5x_like.checkpoints import int8_weights
+    from t5x_like.engine import trainer as trainer_lib
     from t5x_like.evaluation import evaluator
 
     resolved = runs.resolve_checkpoint(source, step, args.config, overrides, args.vocabulary)

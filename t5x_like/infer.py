@@ -90,7 +90,7 @@ def score_rewards(args, config, source, step, vocabulary) -> list[dict]:
     """A reward model's score of each ``prompt``/``response`` line of ``--input_file``, the
     response ended with EOS as its training pairs were."""
     from t5x_like import structures
-    from t5x_like import trainer as trainer_lib
+    from t5x_like.engine import trainer as trainer_lib
     from t5x_like.evaluation import evaluator
     if not args.input_file:
         raise UserError("A reward model scores texts: pass --input_file with one "
@@ -115,10 +115,10 @@ def run(args, overrides) -> int:
     import jax
 
     from t5x_like import structures
-    from t5x_like import trainer as trainer_lib
     from t5x_like.builtin_tasks import pretraining as builtin
     from t5x_like.checkpoints import int8_weights
     from t5x_like.data.dataset_providers import with_vocabulary
+    from t5x_like.engine import trainer as trainer_lib
     from t5x_like.evaluation import evaluator
 
     source = param_sources.resolve(args.checkpoint)

@@ -21,7 +21,8 @@ import sys
 import threading
 import time
 
-from t5x_like import errors, partitioning
+from t5x_like import errors
+from t5x_like.engine import partitioning
 
 
 def free_port() -> int:

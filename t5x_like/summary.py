@@ -15,7 +15,8 @@ import sys
 import jax
 import numpy as np
 
-from t5x_like import cli_flags, errors, optim, runs, structures, trainer
+from t5x_like import cli_flags, errors, runs, structures
+from t5x_like.engine import optim, trainer
 from t5x_like.models import moe
 from t5x_like.training import training_run
 

@@ -8,7 +8,7 @@ import pytest
 from conftest import structure_loss
 
 from t5x_like import config_lib, errors, summary
-from t5x_like import trainer as trainer_lib
+from t5x_like.engine import trainer as trainer_lib
 from t5x_like.models import bilm
 
 TINY = config_lib.model_spec_of(dict(vocab_size=64, char_vocabulary="", max_chars=8, char_embed_dim=4,

@@ -22,8 +22,9 @@ import numpy as np
 import pytest
 from conftest import check_mesh_on_8, set_keys
 
-from t5x_like import config_lib, errors, models, partitioning, structures, train
-from t5x_like import trainer as trainer_lib
+from t5x_like import config_lib, errors, models, structures, train
+from t5x_like.engine import partitioning
+from t5x_like.engine import trainer as trainer_lib
 from t5x_like.models import context_parallel
 
 BATCH, LENGTH = 4, 32

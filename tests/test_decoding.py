@@ -10,10 +10,11 @@ import pytest
 import torch
 from hf_helpers import VARIANTS, padded_batch, tiny_hf_t5
 
-from t5x_like import decoding, partitioning, structures, traced_platform
-from t5x_like import trainer as trainer_lib
+from t5x_like import decoding, structures, traced_platform
 from t5x_like.convert import __main__ as convert_cli
 from t5x_like.convert import load_pretrained
+from t5x_like.engine import partitioning
+from t5x_like.engine import trainer as trainer_lib
 
 MAX_DECODE = 9
 

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 
-from t5x_like import config_lib, errors, models, objectives, partitioning, structures, train
+from t5x_like import config_lib, errors, models, objectives, structures, train
+from t5x_like.engine import partitioning
 from t5x_like.modes import distill
 
 SMALL = {"vocab_size": 8192, "d_model": 32, "num_heads": 2, "head_dim": 16, "d_ff": 64}

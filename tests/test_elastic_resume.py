@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import pytest
 
-from t5x_like import trainer as trainer_lib
+from t5x_like.engine import trainer as trainer_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SETTINGS = ["--config=configs/quickstart.py", "--config.model.d_model=32",

@@ -164,8 +164,8 @@ def test_electra_pretrains_through_train_and_its_discriminator_fine_tunes(tmp_pa
     finetune.num_train_steps, finetune.eval_every_steps = 2, 2
     finetune.checkpoint_every_steps = 2
     spec = runs.with_head_labels(config_lib.spec_of(finetune))
-    from t5x_like import partitioning
-    from t5x_like import trainer as trainer_lib
+    from t5x_like.engine import partitioning
+    from t5x_like.engine import trainer as trainer_lib
     from t5x_like.training import starting_state
     mesh = partitioning.make_mesh({"data": 1}, jax.devices()[:1])
     state, _ = starting_state.pretrained_state(spec, trainer_lib.build_trainer(spec, mesh))

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 
-from t5x_like import errors, partitioning, train
-from t5x_like import trainer as trainer_lib
+from t5x_like import errors, train
 from t5x_like.checkpoints import checkpoint_store
+from t5x_like.engine import partitioning
+from t5x_like.engine import trainer as trainer_lib
 
 # Adam at lr 1e30 makes every weight ~1e30 after one step, so step 2's loss is NaN.
 DIVERGING = {"optimizer.name": "adamw", "optimizer.learning_rate": 1e30,
@@ -124,7 +125,7 @@ def test_mfu_is_logged_with_a_configured_peak(tmp_path):
     train.run(config, str(tmp_path), quiet=True)
     records = metrics(tmp_path)
     assert all(0 < r["mfu"] for r in records)
-    from t5x_like import flops
+    from t5x_like.engine import flops
     expected = flops.mfu(flops.train_flops_per_step(config.model, config.task_feature_lengths, 16),
                          records[-1]["steps_per_sec"], 8, 1e9)
     assert records[-1]["mfu"] == pytest.approx(expected)

@@ -10,12 +10,13 @@ import pytest
 from conftest import tiny_config
 
 import t5x_like.data as td
-from t5x_like import config_lib, errors, metrics, partitioning, runs, structures, train
+from t5x_like import config_lib, errors, metrics, runs, structures, train
 from t5x_like import eval as eval_cli
-from t5x_like import trainer as trainer_lib
 from t5x_like.builtin_tasks import pretraining as tasks
 from t5x_like.data import head_features
 from t5x_like.data import preprocessors as pp
+from t5x_like.engine import partitioning
+from t5x_like.engine import trainer as trainer_lib
 from t5x_like.training import starting_state
 
 VOCAB = td.get_task_or_mixture("embedded_spam").vocabulary

@@ -14,12 +14,13 @@ from test_head_finetuning import encoder_config
 from test_train_families import family_config
 
 import t5x_like.data as td
-from t5x_like import config_lib, partitioning, structures, train
-from t5x_like import trainer as trainer_lib
+from t5x_like import config_lib, structures, train
 from t5x_like.builtin_tasks import pretraining as tasks
 from t5x_like.checkpoints import param_sources
 from t5x_like.data import pipeline
 from t5x_like.data import preprocessors as pp
+from t5x_like.engine import partitioning
+from t5x_like.engine import trainer as trainer_lib
 
 
 def _validation_rows(config, n):

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from t5x_like import hardware, partitioning
+from t5x_like import hardware
+from t5x_like.engine import partitioning
 from t5x_like.planner import hlo_collectives
 
 MESH = {"data": 2, "context": 4}

@@ -181,8 +181,8 @@ def test_held_out_instructions_evaluate_by_their_templates_answer_choices():
     both report the metrics on the answer texts."""
     from conftest import tiny_config
 
-    from t5x_like import partitioning
-    from t5x_like import trainer as trainer_lib
+    from t5x_like.engine import partitioning
+    from t5x_like.engine import trainer as trainer_lib
     from t5x_like.evaluation import evaluator, runner
     config = tiny_config()
     config.task_feature_lengths = {"inputs": 32, "targets": 8}

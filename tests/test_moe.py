@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from conftest import structure_loss, tiny_config
 
-from t5x_like import config_lib, errors, models, partitioning, structures
-from t5x_like import trainer as trainer_lib
+from t5x_like import config_lib, errors, models, structures
+from t5x_like.engine import partitioning
+from t5x_like.engine import trainer as trainer_lib
 from t5x_like.models import layers, moe
 from t5x_like.objectives import router_terms
 
@@ -310,7 +311,7 @@ def test_the_published_moe_shapes_count_what_transformers_counts(path, hf_config
     import torch
     import transformers
 
-    from t5x_like import flops
+    from t5x_like.engine import flops
     config = config_lib.load_config_file(path)
     config_lib.validate(config)
     shapes = trainer_lib.parameter_shapes(config.model)

@@ -11,7 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from t5x_like import partitioning, runs, train
+from t5x_like import runs, train
+from t5x_like.engine import partitioning
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 NO_CLUSTER = lambda: None  # noqa: E731

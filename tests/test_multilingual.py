@@ -162,7 +162,7 @@ def test_published_sizes_equal_the_hugging_face_models():
     import pathlib
 
     from t5x_like import config_lib
-    from t5x_like import trainer as trainer_lib
+    from t5x_like.engine import trainer as trainer_lib
 
     configs = pathlib.Path(__file__).resolve().parents[1] / "configs"
     for name, count in (("xlmr_base", 278_295_186), ("mbart_large_cc25", 611_101_867)):

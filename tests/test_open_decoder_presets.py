@@ -8,8 +8,8 @@ import torch
 import transformers
 
 from t5x_like import config_lib
-from t5x_like import trainer as trainer_lib
 from t5x_like.convert import __main__ as convert_cli
+from t5x_like.engine import trainer as trainer_lib
 
 NAMES = ["llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "llama-3.2-1b", "llama-3.2-3b", "qwen2.5-0.5b",
          "qwen2.5-1.5b", "qwen2.5-7b", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b",

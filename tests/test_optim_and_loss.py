@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from conftest import structure_loss, tiny_config
 
-from t5x_like import config_lib, errors, objectives, optim, partitioning
-from t5x_like import trainer as trainer_lib
+from t5x_like import config_lib, errors, objectives
+from t5x_like.engine import optim, partitioning
+from t5x_like.engine import trainer as trainer_lib
 
 
 def test_weight_decay_skips_norm_scales_and_biases_by_name():

@@ -9,10 +9,11 @@ from conftest import tiny_config
 from optax.contrib import MuonDimensionNumbers
 from test_peft import random_batch, tiny_decoder
 
-from t5x_like import config_lib, errors, optim, partitioning, train
-from t5x_like import trainer as trainer_lib
+from t5x_like import config_lib, errors, train
 from t5x_like.builtin_tasks import pretraining
 from t5x_like.checkpoints.param_sources import source as checkpoint_source
+from t5x_like.engine import optim, partitioning
+from t5x_like.engine import trainer as trainer_lib
 from t5x_like.resilience import run_guard
 
 

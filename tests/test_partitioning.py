@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 
-from t5x_like import errors, flops, models, optim, partitioning, structures
-from t5x_like import trainer as trainer_lib
+from t5x_like import errors, models, structures
+from t5x_like.engine import flops, optim, partitioning
+from t5x_like.engine import trainer as trainer_lib
 
 
 def build_trainer(config, mesh_shape):

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 
-from t5x_like import config_lib, errors, partitioning
-from t5x_like import trainer as trainer_lib
+from t5x_like import config_lib, errors
+from t5x_like.engine import partitioning
+from t5x_like.engine import trainer as trainer_lib
 from t5x_like.training import training_run
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -11,10 +11,10 @@ import pytest
 from conftest import set_keys
 
 from t5x_like import config_lib, errors, infer, runs, structures, train
-from t5x_like import trainer as trainer_lib
 from t5x_like.checkpoints import param_sources
 from t5x_like.config import spec_of
 from t5x_like.data import preference as preference_data
+from t5x_like.engine import trainer as trainer_lib
 from t5x_like.modes import preference
 
 
@@ -107,7 +107,7 @@ def test_a_frozen_reference_under_fsdp_gives_one_devices_numbers(sft_run):
             kernel = trainer.frozen_params["layers_0"]["mlp"]["wi"]["kernel"]
             assert len(kernel.sharding.device_set) == 8 and not kernel.sharding.is_fully_replicated
         state = trainer.state_from_params(params)
-        from t5x_like import partitioning
+        from t5x_like.engine import partitioning
         metrics = jax.device_get(trainer.eval_step(state.params, partitioning.global_batch(
             batch, trainer.mesh, trainer.rules)))
         results.append(metrics)

@@ -392,8 +392,8 @@ def test_old_log_probs_split_with_microbatches_as_the_rest_of_the_rollout():
     gradient norm and clip ratios whole and in two microbatches (each microbatch reads
     its own rows' old log-probabilities), with old log-probabilities off the current
     policy's so the clip acts."""
-    from t5x_like import partitioning
-    from t5x_like import trainer as trainer_lib
+    from t5x_like.engine import partitioning
+    from t5x_like.engine import trainer as trainer_lib
     mesh = partitioning.make_mesh({"data": 4}, jax.devices()[:4])
     lengths = {"inputs": 8, "targets": 4}
     steps = {}

@@ -41,8 +41,8 @@ def test_every_config_keeps_its_run_fingerprint(name, monkeypatch):
 def test_whole_fingerprint_with_the_optimizer_state(name, monkeypatch):
     import jax
 
-    from t5x_like import partitioning
-    from t5x_like import trainer as trainer_lib
+    from t5x_like.engine import partitioning
+    from t5x_like.engine import trainer as trainer_lib
     monkeypatch.chdir(REPO)
     spec = runs.resolve_spec(runs.load_config(name, []))
     trainer = trainer_lib.build_trainer(spec, partitioning.make_mesh({"data": 1},

@@ -15,7 +15,7 @@ import time
 import pytest
 from storage_emulators import free_port
 
-from t5x_like import partitioning
+from t5x_like.engine import partitioning
 from t5x_like.resilience import watchdog
 from t5x_like.resilience.workdir_lock import LOCK_NAME
 from t5x_like.telemetry import goodput_events

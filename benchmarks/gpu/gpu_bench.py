@@ -31,7 +31,7 @@ machine while the tree is being edited). The stages reuse those two scripts' cod
    ``Trainer`` (jitted) and of the same transformers model in PyTorch eager (AdamW,
    ``torch.autocast`` for bfloat16), same shapes and random batch. Each side: one warm-up
    step, then ``--steps`` timed steps, each synchronised; median and best are kept.
-   MFU = ``t5x_like.flops.train_flops_per_step`` (PaLM-style model FLOPs from the config,
+   MFU = ``t5x_like.engine.flops.train_flops_per_step`` (PaLM-style model FLOPs from the config,
    the same count for both sides) / step time / ``t5x_like.hardware.peak_flops`` (dense
    bf16 datasheet peak, 989 TFLOP/s for an H100 SXM); the table also gives the ratio to
    a bf16 matmul measured here on random data.
@@ -149,8 +149,9 @@ def ours_train(ms, row: str, batch: dict, steps: int, dtype: str, smoke: bool = 
     import jax
     import optax
 
-    from t5x_like import partitioning, structures
-    from t5x_like import trainer as trainer_lib
+    from t5x_like import structures
+    from t5x_like.engine import partitioning
+    from t5x_like.engine import trainer as trainer_lib
     config = ms.load_config(row, smoke)
     config.model.numerics.dtype = dtype
     model = structures.build_model(config.model)
@@ -237,7 +238,7 @@ def free_torch_memory(on_gpu: bool) -> None:
 def row_setup(ms, row: str, multiplier: int, smoke: bool = False) -> tuple:
     """``(config name, batch size, lengths, batch, tokens per step, model FLOPs per step)``
     of a ``model_step.py`` row at ``multiplier`` times its batch (``smoke``: its smoke row)."""
-    from t5x_like import flops
+    from t5x_like.engine import flops
     config_name, batch_size, lengths = ms.ROWS[row]
     batch_size *= multiplier
     if smoke:

@@ -29,7 +29,7 @@ Stages:
    (AdamW) of t5x_like's ``Trainer`` in bf16, then with ``quantization.kind=fp8`` (Qwix:
    e4m3 forward, e5m2 backward), and the same shapes in PyTorch (transformers,
    ``torch.compile``, fused AdamW, bf16 autocast) and, where ``torchao`` imports, with its
-   ``convert_to_float8_training``. MFU = model FLOPs (``t5x_like.flops``) / step time /
+   ``convert_to_float8_training``. MFU = model FLOPs (``t5x_like.engine.flops``) / step time /
    the chip's dense bf16 peak (``t5x_like.hardware``), for every row, so rows compare;
    the fp8 rows also give the share of matmul FLOPs XLA ran in fp8 (``hlo_matmuls``).
 3. ``decode``: greedy decoding of 128 new tokens after 128-token prompts at batch 8 and
@@ -174,9 +174,10 @@ def ours_train(config, steps: int) -> dict:
     import jax
     import numpy as np
 
-    from t5x_like import flops, hardware, partitioning, structures
-    from t5x_like import trainer as trainer_lib
+    from t5x_like import hardware, structures
     from t5x_like.config import spec_of
+    from t5x_like.engine import flops, partitioning
+    from t5x_like.engine import trainer as trainer_lib
     from t5x_like.planner import hlo_matmuls
     spec = spec_of(config)
     devices = jax.devices()[:1]
@@ -269,8 +270,9 @@ def _free_torch_memory() -> None:
 
 
 def stage_train(args) -> None:
-    from t5x_like import flops, hardware
+    from t5x_like import hardware
     from t5x_like.config import spec_of
+    from t5x_like.engine import flops
     for row, (name, batch, length) in TRAIN_ROWS.items():
         if args.smoke:
             if row not in SMOKE_ROWS["train"]:
@@ -313,10 +315,11 @@ def stage_decode(args) -> None:
     import jax.numpy as jnp
     import numpy as np
 
-    from t5x_like import partitioning, structures
-    from t5x_like import trainer as trainer_lib
+    from t5x_like import structures
     from t5x_like.checkpoints import int8_weights
     from t5x_like.config import spec_of
+    from t5x_like.engine import partitioning
+    from t5x_like.engine import trainer as trainer_lib
     prompt, new = (16, 16) if args.smoke else (128, 128)
     for row in (SMOKE_ROWS["decode"] if args.smoke else DECODE_ROWS):
         for batch in ((2,) if args.smoke else (8, 64)):

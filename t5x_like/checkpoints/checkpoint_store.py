@@ -324,7 +324,7 @@ class Checkpointer:
         if self._uploads is not None:
             self._uploads.add([s for s in steps if s in self._verified])
         if self._multi_process:
-            from t5x_like import partitioning  # every process must delete the same steps
+            from t5x_like.engine import partitioning  # every process must delete the same steps
             self._verified = set(partitioning.gather_json(sorted(self._verified))[0])
         self._rotate(steps)
 
@@ -377,7 +377,7 @@ class Checkpointer:
         """Restores onto the shardings carried by ``abstract_state``'s leaves. Per host:
         from every host's own copy when all of them fit this layout, else from the
         workdir's sealed copy (``checkpoint_per_host``)."""
-        from t5x_like import partitioning
+        from t5x_like.engine import partitioning
         items = {"data": ocp.args.JsonRestore(), "config": ocp.args.JsonRestore()}
         if self._per_host and all(partitioning.gather_json(self._local_fits(step,
                                                                             abstract_state))):
@@ -449,7 +449,7 @@ class Checkpointer:
         """
         steps = self.all_steps()
         if self._per_host:  # every host tries the same steps: any host's, or the workdir's
-            from t5x_like import partitioning
+            from t5x_like.engine import partitioning
             steps = sorted({s for host in partitioning.gather_json(steps) for s in host}
                            | set(self.durable_steps()))
         elif self._uploads is not None:  # the local tier: the workdir's steps are candidates
@@ -510,7 +510,7 @@ class Checkpointer:
         (each reads only its own shards), so all fall back to the same step."""
         if not self._multi_process:
             return problem
-        from t5x_like import partitioning
+        from t5x_like.engine import partitioning
         return next((p for p in partitioning.gather_json(problem) if p is not None), None)
 
     def move_aside_from(self, first_step: int, reason: str) -> list[epath.Path]:
@@ -533,7 +533,7 @@ class Checkpointer:
             target = _move_into(self.directory.parent / "damaged_checkpoints",
                                 self.durable_folder(step), step, reason)
         if self._multi_process:
-            from t5x_like import partitioning
+            from t5x_like.engine import partitioning
             partitioning.gather_json(step)  # every process waits for the move
         self._manager.reload()
         self._log(f"Moved checkpoint {self.step_folder(step)} aside to {target}: {reason}")

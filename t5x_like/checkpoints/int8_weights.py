@@ -23,7 +23,7 @@ import qwix
 from jax.sharding import NamedSharding, PartitionSpec
 
 from t5x_like import storage
-from t5x_like import trainer as trainer_lib
+from t5x_like.engine import trainer as trainer_lib
 from t5x_like.errors import UserError
 from t5x_like.models import example_inputs, quantization
 

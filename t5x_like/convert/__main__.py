@@ -257,7 +257,7 @@ def _check_param_shapes(hf_dir, params, model_config: dict, weights) -> None:
     names the Hugging Face tensor it came from."""
     import numpy as np
 
-    from t5x_like import trainer as trainer_lib
+    from t5x_like.engine import trainer as trainer_lib
 
     expected = dict(trainer_lib.flat_parameter_shapes(model_config))
     for name, leaf in trainer_lib.flat_with_paths(params):

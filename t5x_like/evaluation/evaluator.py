@@ -33,7 +33,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from t5x_like import metrics, partitioning, progress
+from t5x_like import metrics, progress
+from t5x_like.engine import partitioning
 from t5x_like.errors import UserError
 from t5x_like.evaluation import few_shot
 
@@ -100,7 +101,7 @@ class ModelRunner:
                  pipeline_settings=None):
         """``pipeline_settings``: the training run's schedule over a ``stage`` axis (a
         circular schedule's parameter layout depends on it)."""
-        from t5x_like.trainer import _MeshAndRules
+        from t5x_like.engine.trainer import _MeshAndRules
         self.structure = structure
         self.mesh = mesh
         self.context = lambda: _MeshAndRules(mesh, rules, pipeline_settings=pipeline_settings)

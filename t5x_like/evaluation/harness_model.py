@@ -72,7 +72,7 @@ def load(checkpoint: str, *, step: int | None = None, vocabulary: str = "checkpo
     compilation when it cannot answer the harness. The built-in tasks (and ``module``'s)
     are registered first: a run's tokenizer may be its training task's. ``weights``
     ``int8``: its attention and MLP kernels read in int8 (``int8_weights``)."""
-    from t5x_like import trainer as trainer_lib
+    from t5x_like.engine import trainer as trainer_lib
 
     cli_flags.import_modules([module] if module else [])
 

@@ -111,7 +111,7 @@ def check_student_init(teacher: TeacherSource, student_shapes) -> None:
     """The student's start from the teacher's layers (``student_init='teacher_layers'``),
     checked on shapes alone: every student parameter has its teacher parameter, of its
     shape."""
-    from t5x_like import trainer as trainer_lib
+    from t5x_like.engine import trainer as trainer_lib
     teacher_shapes = trainer_lib.parameter_shapes(teacher.model)
     student_from_teacher(teacher_shapes, student_shapes, shapes_only=True)
 

@@ -147,7 +147,7 @@ class Rollouts:
     def sample(self, params, rows: dict, rng, greedy: bool = False):
         """``(prompt tokens [n, 1 + inputs], prompt lengths [n], completions [n, targets])``
         of this process's decoder ``rows`` (host numpy), sampled on the mesh."""
-        from t5x_like import partitioning
+        from t5x_like.engine import partitioning
         from t5x_like.structures.decoder import prompts_from_batch
         prompts, lengths = (np.asarray(x) for x in prompts_from_batch(rows))
         prompts = prompts[:, :self.prompt_width]
@@ -168,7 +168,7 @@ class Rollouts:
         """``[n, width - 1]``: each next token's log-probability under ``params`` (the
         policy that sampled ``tokens``, this process's rollout rows) at the sampling
         temperature, computed on the mesh as the update computes its own."""
-        from t5x_like import partitioning
+        from t5x_like.engine import partitioning
         placed = partitioning.global_batch({"tokens": tokens}, self.trainer.mesh,
                                            self.trainer.rules)
         with self.trainer._context():
@@ -229,8 +229,8 @@ class Rollouts:
 
     def _load_reward_model(self):
         from t5x_like import structures
-        from t5x_like import trainer as trainer_lib
         from t5x_like.checkpoints import param_sources
+        from t5x_like.engine import trainer as trainer_lib
         spec = reward_model_spec(self.spec).replace(partitioning=self.spec.partitioning)
         structure = structures.for_config(spec)
         params, _ = param_sources.base_params(self.spec.rl.reward_model, spec, self.trainer.mesh)
@@ -240,7 +240,7 @@ class Rollouts:
         return structure, placed, scorer, reward_trainer
 
     def _reward_model_scores(self, prompts, lengths, completions) -> np.ndarray:
-        from t5x_like import partitioning
+        from t5x_like.engine import partitioning
         _, params, scorer, reward_trainer = self._reward_model
         tokens, mask, _ = self.rows(prompts, lengths, completions)
         placed = partitioning.global_batch({"tokens": tokens, "mask": mask},

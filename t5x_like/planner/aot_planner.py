@@ -105,7 +105,7 @@ _SCANNED_NOTE = ("scanned layers: XLA counts one layer's loop body once; the roo
 
 def _pipeline(config, mesh_shape) -> dict:
     """Stages, microbatches, laps and the bubble of a pipelined plan ({} without stages)."""
-    from t5x_like import trainer as trainer_lib
+    from t5x_like.engine import trainer as trainer_lib
     from t5x_like.models import pipeline
 
     part = config.partitioning
@@ -123,8 +123,9 @@ def _pipeline(config, mesh_shape) -> dict:
 def plan(config, topology: str, num_slices: int = 1) -> dict:
     """Compiles ``config``'s train step for ``topology`` (``num_slices`` of them joined
     over DCN); returns the report as a dict."""
-    from t5x_like import flops, hardware, structures
-    from t5x_like import trainer as trainer_lib
+    from t5x_like import hardware, structures
+    from t5x_like.engine import flops
+    from t5x_like.engine import trainer as trainer_lib
 
     config = spec_of(config)
     devices = topology_devices(topology, num_slices)
@@ -328,9 +329,10 @@ def plan_decode(config, topology: str, num_slices: int = 1) -> dict:
     import jax
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from t5x_like import hardware, partitioning, structures
-    from t5x_like import trainer as trainer_lib
+    from t5x_like import hardware, structures
     from t5x_like.checkpoints import int8_weights
+    from t5x_like.engine import partitioning
+    from t5x_like.engine import trainer as trainer_lib
 
     config = spec_of(config)
     config = config.replace(model=_unscanned(config.model))
@@ -441,7 +443,7 @@ def _slowest(compute_s: float, memory_s: float, communication_s: float | None
 def _collectives(hlo_text: str, mesh_shape: dict, chip) -> list[dict] | None:
     """The collectives' bytes, counts and seconds per device and step, by the mesh axes
     they cross (``hlo_collectives``), largest first; None when the HLO is misread."""
-    from t5x_like import partitioning
+    from t5x_like.engine import partitioning
     from t5x_like.planner import hlo_collectives
     shape = {axis: int(mesh_shape.get(axis, 1)) for axis in partitioning.MESH_AXES}
     try:

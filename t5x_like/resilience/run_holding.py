@@ -11,7 +11,8 @@ import time
 
 import jax
 
-from t5x_like import errors, partitioning
+from t5x_like import errors
+from t5x_like.engine import partitioning
 from t5x_like.resilience import watchdog, workdir_lock
 from t5x_like.telemetry import goodput_events
 

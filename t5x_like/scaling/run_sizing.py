@@ -28,8 +28,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from t5x_like import flops, hardware, structures
+from t5x_like import hardware, structures
 from t5x_like.config import spec_of
+from t5x_like.engine import flops
 from t5x_like.errors import UserError
 from t5x_like.planner import aot_planner
 from t5x_like.scaling import sweep

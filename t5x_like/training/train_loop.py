@@ -14,10 +14,11 @@ import time
 
 import jax
 
-from t5x_like import errors, flops, hardware, partitioning, runs, structures
-from t5x_like import trainer as trainer_lib
+from t5x_like import errors, hardware, runs, structures
 from t5x_like.checkpoints.param_sources import peft_partial
 from t5x_like.data import pipeline
+from t5x_like.engine import flops, partitioning
+from t5x_like.engine import trainer as trainer_lib
 from t5x_like.evaluation import in_training
 from t5x_like.modes import distill, preference, rl
 from t5x_like.resilience import run_guard, watchdog

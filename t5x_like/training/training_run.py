@@ -76,9 +76,9 @@ def resolve_training(run_config, workdir: str, devices=None, process_count: int 
     """Everything ``train`` checks, in order, none of it building state or compiling."""
     import jax
 
-    from t5x_like import partitioning
-    from t5x_like import trainer as trainer_lib
     from t5x_like.data import get_task_or_mixture
+    from t5x_like.engine import partitioning
+    from t5x_like.engine import trainer as trainer_lib
     from t5x_like.evaluation import in_training
     from t5x_like.models import pipeline
     from t5x_like.resilience import run_guard
@@ -189,7 +189,7 @@ def check_peft_fits(spec, params) -> None:
     pattern that matches no kernel, a prompt longer than the learned positions leave
     room for, BitFit on a model without biases."""
     from t5x_like import structures
-    from t5x_like.trainer import flat_with_paths
+    from t5x_like.engine.trainer import flat_with_paths
     paths = [path for path, _ in flat_with_paths(params)]
     peft = spec.peft
     if peft.lora.rank and not any(p.endswith("/lora_a") for p in paths):

@@ -13,8 +13,9 @@ from test_faults import saved_run  # noqa: F401  (the fixture the manifest check
 from test_trackers import tracking  # noqa: F401  (the fixture the trackers check reads)
 from test_workdir_lock import TINY, plant
 
-from t5x_like import optim, train
+from t5x_like import train
 from t5x_like.checkpoints import checkpoint_store, param_sources
+from t5x_like.engine import optim
 from t5x_like.resilience import run_guard, run_holding, watchdog, workdir_lock
 from t5x_like.telemetry import trackers
 from t5x_like.training import train_loop, training_run

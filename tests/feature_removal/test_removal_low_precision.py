@@ -46,8 +46,8 @@ def _train_step_text(kind: str) -> str:
     """The compiled train step of a small decoder quantized to ``kind``, on one device."""
     import jax
 
-    from t5x_like import partitioning
-    from t5x_like import trainer as trainer_lib
+    from t5x_like.engine import partitioning
+    from t5x_like.engine import trainer as trainer_lib
     config = decoder(**{"quantization.kind": kind, "model.vocab_size": 512})
     trainer = trainer_lib.build_trainer(config, partitioning.make_mesh(
         {"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1]))

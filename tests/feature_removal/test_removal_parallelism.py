@@ -8,8 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 from removals import Removal, proving_tests
 
-from t5x_like import config_lib, models, partitioning, structures
-from t5x_like import trainer as trainer_lib
+from t5x_like import config_lib, models, structures
+from t5x_like.engine import partitioning
+from t5x_like.engine import trainer as trainer_lib
 from t5x_like.models import attention, context_parallel, moe, pipeline
 from t5x_like.planner import hlo_collectives
 

@@ -23,13 +23,13 @@ IDENTITY_KEY = "peft_base"
 
 def saves_partial(config) -> bool:
     """Whether checkpoints of ``config``'s run hold only what trains."""
-    from t5x_like import trainer as trainer_lib
+    from t5x_like.engine import trainer as trainer_lib
     return trainer_lib.trainable_for(config) is not None and bool(config.init_from)
 
 
 def params_digest(params) -> str:
     """SHA-256 over every parameter's path, dtype, shape and bytes (host arrays)."""
-    from t5x_like import trainer as trainer_lib
+    from t5x_like.engine import trainer as trainer_lib
     digest = hashlib.sha256()
     for path, leaf in sorted(trainer_lib.flat_with_paths(params), key=lambda item: item[0]):
         array = np.ascontiguousarray(np.asarray(leaf))

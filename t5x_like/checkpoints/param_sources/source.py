@@ -97,9 +97,9 @@ def load_params(source: Source, step: int, config, mesh=None, base_path: str | N
     ``mesh`` (default: this process's first device), a PEFT step joined with its base."""
     import jax
 
-    from t5x_like import partitioning
-    from t5x_like import trainer as trainer_lib
     from t5x_like.convert import pretrained
+    from t5x_like.engine import partitioning
+    from t5x_like.engine import trainer as trainer_lib
 
     if source.kind == "pretrained":
         return pretrained.load_pretrained(source.path)[1]

@@ -21,8 +21,8 @@ class HeldOutLossEvaluator(TrainingEvaluator):
     def __init__(self, name, settings, prepared, context):
         import numpy as np
 
-        from t5x_like import partitioning
         from t5x_like.data import dataset_providers, get_task_or_mixture, pipeline
+        from t5x_like.engine import partitioning
         super().__init__(name, settings, prepared, context)
         self.num_batches, self.padding = 0, None
         missing = dataset_providers.missing_validation(get_task_or_mixture(context.spec.task))
@@ -41,7 +41,7 @@ class HeldOutLossEvaluator(TrainingEvaluator):
     def evaluate(self, params, step: int) -> dict:
         import jax
 
-        from t5x_like import partitioning
+        from t5x_like.engine import partitioning
         context = self.context
         batches = context.host_batches(context.eval_streams, self.padding)
         totals = None

@@ -28,8 +28,9 @@ class RolloutsEvaluator(TrainingEvaluator):
     def __init__(self, name, settings, prepared, context):
         import numpy as np
 
-        from t5x_like import partitioning, structures
+        from t5x_like import structures
         from t5x_like.data import pipeline
+        from t5x_like.engine import partitioning
         from t5x_like.modes import rl
         super().__init__(name, settings, prepared, context)
         spec = context.spec

@@ -19,8 +19,9 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from t5x_like import models, optim, partitioning, structures, traced_platform
+from t5x_like import models, structures, traced_platform
 from t5x_like.config import check_devices, spec_of
+from t5x_like.engine import optim, partitioning
 from t5x_like.models import context_parallel, layers, pipeline, quantization
 
 
