@@ -23,6 +23,41 @@ import pytest
 import t5x_like.builtin_tasks  # noqa: F401  (the built-in tasks, as every command registers them)
 from t5x_like import config_lib
 
+# Modules that mostly compile: their tests build many small programs and run each a few
+# times, so they compile with XLA's optimisations mostly off (``jax_disable_most_
+# optimizations``: LLVM at -O0 without its expensive passes; XLA's HLO passes, and so the
+# numerics, unchanged), in this process and in the commands they start. The rest mostly
+# execute (many steps, kill -9 rounds, attention kernels, harness scoring) and keep the
+# optimised code. Chosen from two whole runs, every module at -O0 against none, and
+# checked alone (docs/testing.md): these modules' time went from 2,623 s to 1,971 s.
+FAST_COMPILE_MODULES = frozenset({
+    "test_benchmarks_smoke.py", "test_peft.py", "test_moe.py", "test_context_parallel.py",
+    "test_preference_training.py", "test_model_features.py", "test_rl.py",
+    "test_optim_and_loss.py", "test_convert_open_decoders.py", "test_partitioning.py",
+    "test_held_out_eval.py", "test_removal_low_precision.py", "test_electra.py",
+    "test_retrieval_runs.py", "test_convert_longformer.py", "test_data_errors.py",
+    "test_bilm.py",
+})
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _compile_effort(request):
+    """XLA's optimisations off for ``FAST_COMPILE_MODULES`` (the flag is read at every
+    compile), on for the others. Module-scoped and autouse, so it is set before a module's
+    own module-scoped fixtures compile; a module runs in one worker (``--dist loadscope``)."""
+    import jax
+    fast = request.node.path.name in FAST_COMPILE_MODULES
+    with pytest.MonkeyPatch.context() as patch:
+        if fast:
+            patch.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "true")
+        else:
+            patch.delenv("JAX_DISABLE_MOST_OPTIMIZATIONS", raising=False)
+        jax.config.update("jax_disable_most_optimizations", fast)
+        try:
+            yield
+        finally:
+            jax.config.update("jax_disable_most_optimizations", False)
+
 
 def set_keys(config, values: dict):
     """``{"a.b.c": value}`` written into the config's nested sections, values as given
