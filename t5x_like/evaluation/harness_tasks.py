@@ -83,7 +83,7 @@ def _yaml_fingerprint(include_path: str) -> tuple:
     """The YAML files under ``include_path``: names, sizes and modification times."""
     files = sorted(p for p in storage.files_under(include_path)
                    if str(p).endswith((".yaml", ".yml")))
-    return tuple((str(p), p.stat().length, p.stat().mtime) for p in files)
+    return tuple((str(p), stat.length, stat.mtime) for p, stat in ((p, p.stat()) for p in files))
 
 
 def evaluate(lm, tasks: list, *, num_fewshot: int | None = None, limit: float = 0,
