@@ -129,7 +129,7 @@ def run(args, overrides) -> int:
     resolved = runs.resolve_checkpoint(source, step, args.config, overrides, args.vocabulary)
     config, trained, asked = (resolved.spec, resolved.trained_vocabulary,
                               resolved.asked_vocabulary)
-    if config.preference.objective == "reward_model":
+    if structures.for_config(config).evaluation_mode == "pairs":  # a reward model
         vocabulary = asked or trained or builtin.embedded_vocabulary()
         records = score_rewards(args, config, source, step, vocabulary)
         if jax.process_index() == 0:

@@ -246,22 +246,12 @@ def spec_for_checkpoint(source: Source, saved: dict, config_path: str | None = N
     structure = structures.structure_class(spec.model.family)
     spec = structure.evaluate_as_trained(spec, config.migrated(saved)[0],
                                          imported=source.kind == "pretrained")
-    spec = _policy_as_its_model(spec)
+    spec = structures.mode_structures.as_trained_model(spec)  # e.g. a DPO policy: a causal decoder
     if overrides:
         tree = config.as_config_dict(spec.to_dict())
         config.apply_overrides(tree, overrides)
         spec = config.spec_of(tree)
     return spec
-
-
-def _policy_as_its_model(spec: RunSpec) -> RunSpec:
-    """A policy trained from preferences or rewards (DPO, SimPO, ORPO, GRPO) is a decoder
-    that read its rows causally: evaluation, inference and scoring read it as one. A
-    reward model stays one (its head is part of its model)."""
-    if not (spec.rl.algorithm or spec.preference.objective not in ("", "reward_model")):
-        return spec
-    return spec.replace(preference=type(spec.preference)(), rl=type(spec.rl)(),
-                        data=spec.data.replace(prefix_attention="causal"))
 
 
 def _pretrained_spec(saved: dict) -> RunSpec:

@@ -309,6 +309,96 @@ def test_family_decisions_live_in_the_structure_registry():
     assert not sites, "\n".join(sites)
 
 
+def _registered_modes() -> tuple[set, set]:
+    """The registered training modes' names (a mode's name is its spec section: ``head``,
+    ``distill``, ``preference``, ``rl``) and the source files of their records (every
+    callable a record holds, its structural half's included): where a mode may read its
+    own section."""
+    import inspect
+
+    from t5x_like import modes
+    homes = set()
+    for mode in modes.MODES.values():
+        parts = [mode, mode.structure, *mode.frozen]
+        for part in filter(None, parts):
+            for value in vars(part).values():
+                if callable(value):
+                    homes.add(str(pathlib.Path(inspect.getsourcefile(value)).relative_to(REPO)))
+    return set(modes.MODES), homes
+
+
+MODE_NAMES, MODE_HOMES = _registered_modes()
+# The modes' own places besides their records: the spec sections (config/) and the
+# registry of the built-in ones.
+MODE_HOMES |= {"t5x_like/modes/__init__.py"}
+# Reads of a mode's section left outside its record, each with why; the counts may only
+# go down (a new place that names a mode fails the test below).
+MODE_SITES_LEFT = {
+    # the checkpoint fingerprint keeps head.kind, preference.objective and rl.algorithm
+    # as every older checkpoint saved them (key for key)
+    "t5x_like/resilience/run_guard.py": 6,
+    # a head's labels are filled from its task when the spec resolves
+    "t5x_like/runs.py": 2,
+    # the rl mode's evaluator (kind='rollouts'), registered with the evaluators
+    "t5x_like/evaluation/in_training/rollouts.py": 2,
+    # refusals of a fine-tuned head: a random-init control, a Hugging Face export
+    "t5x_like/analysis/hidden_states.py": 1,
+    "t5x_like/convert/__main__.py": 1,
+    # ELECTRA's structure reads whether a head replaces its pretraining towers
+    "t5x_like/structures/electra.py": 1,
+}
+_SPEC_NAMES = ("spec", "config", "cfg", "saved", "run", "resolved")
+
+
+def mode_sites(source: str) -> list[tuple[int, str]]:
+    """Reads of a mode's section on a spec (``spec.rl``, ``config.head``), the section as
+    a keyword (``spec.replace(rl=...)``), and imports of a mode's own modules."""
+    own_modules = {f"t5x_like.modes.{name}" for name in ("distill", "preference", "rl")}
+    sites = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Attribute) and node.attr in MODE_NAMES
+                and ast.unparse(node.value).split(".")[-1] in _SPEC_NAMES):
+            sites.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Call):
+            sites += [(node.lineno, f"{k.arg}=...") for k in node.keywords if k.arg in MODE_NAMES]
+        elif isinstance(node, ast.ImportFrom):
+            names = {f"{node.module}.{alias.name}" for alias in node.names} | {node.module}
+            sites += [(node.lineno, f"import {name}") for name in sorted(names & own_modules)]
+    return sites
+
+
+def test_the_mode_scan_finds_what_it_looks_for():
+    source = ("if spec.rl.algorithm: pass\n"
+              "kind = self.spec.head.kind\n"
+              "plain = spec.replace(preference=None)\n"
+              "from t5x_like.modes import distill\n"
+              "from t5x_like.modes.rl import Rollouts\n"
+              "x = self.head(y)\n")
+    assert sorted(line for line, _ in mode_sites(source)) == [1, 2, 3, 4, 5]
+
+
+def test_training_modes_are_named_only_in_their_records():
+    """Modes are plug-ins like families: the loop, resolving a run and the structure
+    registry ask the registered modes and name none; the places left elsewhere are
+    counted and may only go down."""
+    assert {"head", "distill", "preference", "rl"} <= MODE_NAMES
+    found = {}
+    for path in _sources():
+        relative = str(path.relative_to(REPO))
+        if relative in MODE_HOMES or relative.startswith(("t5x_like/config/", "launch/")):
+            continue
+        sites = mode_sites(path.read_text())
+        if sites:
+            found[relative] = [f"{line} {text}" for line, text in sites]
+    over = {path: sites for path, sites in found.items()
+            if len(sites) > MODE_SITES_LEFT.get(path, 0)}
+    assert not over, over
+    for generic in ("t5x_like/training/", "t5x_like/structures/__init__.py",
+                    "t5x_like/structures/mode_structures.py", "t5x_like/modes/registry.py",
+                    "t5x_like/planner/"):
+        assert not [path for path in found if path.startswith(generic)], generic
+
+
 @pytest.mark.parametrize("command", ["train", "eval", "infer", "plan", "plot"])
 def test_a_command_imports_no_jax_before_its_config_is_checked(command):
     """Config mistakes are reported before JAX starts: importing a command module stays

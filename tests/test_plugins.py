@@ -1,7 +1,9 @@
 """Plug-ins from the user's own module, as docs/architecture.md prints them: a model
 family (``plugin_family.py``, with its config) trained, evaluated, summarised and
 planned through the ordinary commands, its spec's checks made before anything runs;
-and an evaluator kind (``plugin_evaluator.py``) named in ``config.evals``."""
+a training mode (``plugin_mode.py``, with its config) trained from a base run, resumed
+exactly and evaluated; and an evaluator kind (``plugin_evaluator.py``) named in
+``config.evals``."""
 
 import json
 import re
@@ -15,6 +17,7 @@ import jax
 import numpy as np
 import pytest
 
+from t5x_like import eval as eval_command
 from t5x_like import train
 from t5x_like.checkpoints.param_sources import source as param_source
 
@@ -22,6 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 TESTS = REPO / "tests"
 PAGE = REPO / "docs" / "architecture.md"
 FAMILY_FILES = ("plugin_family.py", "plugin_family_config.py")
+MODE_FILES = ("plugin_mode.py", "plugin_mode_config.py")
 
 
 def _section(title: str) -> str:
@@ -42,8 +46,10 @@ def _commands(section: str) -> list[list[str]]:
 
 def test_the_page_prints_the_plugin_files_as_they_are():
     family = _blocks(_section("A new model family"), "python")
+    mode = _blocks(_section("A new training mode"), "python")
     evaluator = _blocks(_section("A new evaluator kind"), "python")
     assert family == [(TESTS / name).read_text() for name in FAMILY_FILES]
+    assert mode == [(TESTS / name).read_text() for name in MODE_FILES]
     assert evaluator == [(TESTS / "plugin_evaluator.py").read_text()]
 
 
@@ -105,6 +111,77 @@ def test_the_plugin_family_commands_run_as_printed(tmp_path):
     per_token = 2 * (2 * 4 * 32 + 3 * 2 * 32 * 128) + 2 * 32 * 8192
     assert f"model FLOPs per step: {3 * 16 * 64 * per_token:.3e}" in plan
     assert "compiled FLOPs per device per step" in plan
+
+
+def _metrics(workdir: Path) -> list[dict]:
+    return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_a_training_mode_of_ones_own_trains_resumes_exactly_and_evaluates(tmp_path, capsys,
+                                                                            monkeypatch):
+    """The page's three commands in-process (the module imported from the folder holding
+    the page's files): the anchored run starts at its anchor (KL 0 at step 1) and moves
+    away from it; resumed from its step-2 checkpoint it logs steps 3 and 4 bit for bit;
+    ``eval`` scores each of its checkpoints."""
+    for name in MODE_FILES:
+        shutil.copy(TESTS / name, tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    commands = [argv[2:] for argv in _commands(_section("A new training mode"))]
+    assert [argv[0] for argv in commands] == ["t5x_like.train", "t5x_like.train",
+                                              "t5x_like.eval"]
+    for argv in commands[:2]:
+        code, out = _main(argv[1:], capsys)
+        assert code == 0, out
+    rows = {r["step"]: r for r in _metrics(tmp_path / "runs" / "anchored") if "loss" in r}
+    assert sorted(rows) == [1, 2, 3, 4] and "eval_loss" in rows[4]
+    assert rows[1]["kl_to_anchor"] == pytest.approx(0.0, abs=1e-6)  # the anchor is the start
+    assert 0.0 < rows[2]["kl_to_anchor"] < rows[4]["kl_to_anchor"]
+    base = {r["step"]: r["loss"] for r in _metrics(tmp_path / "runs" / "base") if "loss" in r}
+    assert rows[1]["loss"] == pytest.approx(base[4], rel=0.2)  # it starts where the base ended
+    # Resumed from step 2: the same step 4, the anchor read again from the base run.
+    resumed = tmp_path / "runs" / "resumed"
+    shutil.copytree(tmp_path / "runs" / "anchored", resumed)
+    shutil.rmtree(resumed / "checkpoints" / "4")
+    (resumed / "metrics.jsonl").unlink()
+    argv = [word.replace("runs/anchored", "runs/resumed") for word in commands[1][1:]]
+    code, out = _main(argv, capsys)
+    assert code == 0 and "Resumed from" in out, out
+    again = {r["step"]: r for r in _metrics(resumed) if "loss" in r}
+    assert sorted(again) == [3, 4]
+    assert [(again[s]["loss"], again[s]["kl_to_anchor"]) for s in (3, 4)] == [
+        (rows[s]["loss"], rows[s]["kl_to_anchor"]) for s in (3, 4)]  # bit for bit
+    assert eval_command.main(commands[2][1:]) == 0
+    scores = _metrics(tmp_path / "runs" / "anchored" / "eval")
+    assert [(s["task"], s["step"]) for s in scores] == [("embedded_austen_cloze", 2),
+                                                        ("embedded_austen_cloze", 4)]
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--config.modes.anchor.beta=0.5"], "init_from is empty; set --config.init_from=RUN"),
+    (["--config.modes.anchr.beta=0.5"], "Did you mean 'anchor'"),
+    (["--config.modes.anchor.bta=0.5"], "Did you mean 'modes.anchor.beta'"),
+    (["--config.modes.anchor.beta=-1"], "'modes.anchor.beta' must be a finite number >= 0"),
+])
+def test_a_training_modes_settings_are_checked_before_anything_runs(tmp_path, capsys,
+                                                                    monkeypatch, flags,
+                                                                    expected):
+    monkeypatch.syspath_prepend(str(TESTS))
+    code, err = _main(["--module=plugin_mode", f"--config={TESTS / MODE_FILES[1]}",
+                       f"--workdir={tmp_path / 'run'}", *flags], capsys)
+    assert code == 2 and expected in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_modes_section_without_its_module_names_the_flag(tmp_path, capsys, monkeypatch):
+    from t5x_like.config import mode_specs
+    # as in a fresh process without --module (an earlier test may have imported it)
+    monkeypatch.delitem(mode_specs.MODE_SPECS, "anchor", raising=False)
+    code, err = _main([f"--config={TESTS / MODE_FILES[1]}", f"--workdir={tmp_path / 'run'}",
+                       "--config.modes.anchor.beta=0.5"], capsys)
+    assert code == 2 and "no mode 'anchor' is registered" in err and "--module" in err, err
 
 
 def test_an_evaluator_kind_of_ones_own_logs_under_its_name(tmp_path, capsys, monkeypatch):

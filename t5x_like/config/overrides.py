@@ -14,6 +14,7 @@ import ml_collections
 
 from t5x_like.config import legacy
 from t5x_like.config.evals import eval_spec_class
+from t5x_like.config.mode_specs import mode_spec_class
 from t5x_like.config.sections import suggest
 from t5x_like.errors import ConfigError
 
@@ -84,6 +85,9 @@ def _apply_one(config, path: str, text: str, item: str) -> None:
     parts = path.split(".")
     if parts[0] == "evals" and len(parts) == 3:
         return _set_evaluator_key(config, parts[1], parts[2], text, item)
+    if parts[0] == "modes" and len(parts) == 3 and parts[1] not in config.get("modes", {}):
+        _add_mode(config, parts[1])  # a registered mode of your own, at its defaults
+        return _apply_one(config, path, text, item)
     if parts[0] == "eval" and len(parts) == 2:
         return _set_old_eval_key(config, parts[1], text, item)
     new = legacy.new_spelling(path)
@@ -120,6 +124,15 @@ def _add_evaluator(config, name: str, kind: str, **values) -> None:
     settings = {**spec_class.defaults(), "kind": kind, **values}
     with config.evals.unlocked():
         config.evals[name] = ml_collections.ConfigDict(settings)
+
+
+def _add_mode(config, name: str) -> None:
+    settings = mode_spec_class(name, f"modes.{name}").defaults()
+    with config.unlocked():
+        if "modes" not in config:
+            config.modes = ml_collections.ConfigDict()
+    with config.modes.unlocked():
+        config.modes[name] = ml_collections.ConfigDict(settings)
 
 
 def _set_evaluator_key(config, name: str, key: str, text: str, item: str) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from t5x_like.config import evals as evals_lib
+from t5x_like.config import mode_specs
 from t5x_like.config.families import model_spec_class
 from t5x_like.config.model_parts import ModelSpec, finite
 from t5x_like.config.sections import FrozenMap, Section, field, require, section
@@ -497,6 +498,7 @@ class RunSpec(Section):
     distill: DistillSpec = field(DistillSpec())
     preference: PreferenceSpec = field(PreferenceSpec())
     rl: RlSpec = field(RlSpec())
+    modes: FrozenMap = field(FrozenMap(), doc="modes of your own by name (config/mode_specs.py)")
     quantization: QuantizationSpec = field(QuantizationSpec())
     mesh: MeshSpec = field(MeshSpec())
     partitioning: PartitioningSpec = field(PartitioningSpec())
@@ -514,6 +516,8 @@ class RunSpec(Section):
     def _value(cls, f, value, key):
         if f.name == "evals":
             return evals_lib.evals_from_mapping(value, key)
+        if f.name == "modes":
+            return mode_specs.modes_from_mapping(value, key)
         if f.name == "task_feature_lengths":
             lengths = super()._value(f, value, key)
             for name, length in lengths.items():

@@ -30,6 +30,8 @@ import jax
 import numpy as np
 
 from t5x_like.errors import UserError
+from t5x_like.modes.registry import Frozen, Mode
+from t5x_like.structures import distillation
 
 
 def enabled(spec) -> bool:
@@ -231,3 +233,37 @@ def make_loss_fn(student, teacher, loss_config, distill_config):
                                          + weights["cosine_weight"] * cos)}
         return objective, metrics
     return loss_fn
+
+
+# -- the mode's record ----------------------------------------------------------------------
+
+def _resolved_teacher(spec, vocabulary, trainer) -> TeacherSource:
+    """The teacher's config read and checked against the student, and the student's start
+    from its layers checked on shapes (its params are read when the loop starts)."""
+    teacher = teacher_source(spec)
+    check_teacher(spec, teacher, vocabulary)
+    if spec.distill.student_init == "teacher_layers":
+        check_student_init(teacher, trainer.abstract_state.params)
+    return teacher
+
+
+def _attached_teacher(spec, teacher: TeacherSource, trainer, structure):
+    """The teacher in the train step, its soft targets in the loss; its host params (the
+    student may start from its layers)."""
+    teacher_structure, params = load_teacher(spec, teacher, trainer.mesh)
+    trainer.attach_frozen(teacher_structure.model, params, make_loss_fn(
+        structure, teacher_structure, spec.loss, spec.distill))
+    return params
+
+
+def _student_start(spec, attached: dict, trainer):
+    if spec.distill.student_init != "teacher_layers":
+        return None
+    params = student_from_teacher(attached["teacher"], trainer.abstract_state.params)
+    return params, (f"Student initialised from the teacher {spec.distill.teacher} "
+                    "(evenly spaced layers).")
+
+
+TEACHER = Frozen("teacher", enabled, _resolved_teacher, _attached_teacher)
+MODE = Mode("distill", enabled, structure=distillation.MODE, frozen=(TEACHER,),
+            start_from=_student_start)

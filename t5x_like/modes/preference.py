@@ -15,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 
 from t5x_like.errors import UserError
+from t5x_like.modes.registry import Frozen, Mode
+from t5x_like.structures import preference as preference_structures
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,3 +98,39 @@ def load_reference(spec, reference: ReferenceSource, mesh):
     plain = reference_spec(spec, reference)
     params, _ = param_sources.base_params(reference.path, plain, mesh)
     return structures.for_config(plain), params
+
+
+# -- the reference's record, and the preference mode's ------------------------------------
+
+def _resolved_reference(spec, vocabulary, trainer) -> ReferenceSource:
+    """The reference's config read and checked against the policy (its params are read
+    when the loop starts)."""
+    reference = reference_source(spec)
+    check_reference(spec, reference, vocabulary)
+    return reference
+
+
+def _attached_reference(spec, reference: ReferenceSource, trainer, structure):
+    """The frozen reference in the train and eval steps (the policy's loss reads its
+    log-probabilities)."""
+    reference_structure, params = load_reference(spec, reference, trainer.mesh)
+    trainer.attach_frozen(reference_structure.model, params,
+                          structure.loss_fn(spec.loss, reference=reference_structure),
+                          in_evaluation=True)
+    return params
+
+
+def _planned_reference(spec, trainer, structure) -> None:
+    reference = planned_reference(spec)
+    trainer.attach_frozen(reference.model, None, structure.loss_fn(spec.loss,
+                                                                   reference=reference))
+
+
+def _in_preference_mode(spec) -> bool:
+    return bool(spec.preference.objective)
+
+
+REFERENCE = Frozen("reference", needed, _resolved_reference, _attached_reference,
+                   planned=_planned_reference)
+MODE = Mode("preference", _in_preference_mode, structure=preference_structures.MODE,
+            frozen=(REFERENCE,))

@@ -42,6 +42,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5x_like.errors import UserError
+from t5x_like.modes import preference
+from t5x_like.modes.registry import Mode
+from t5x_like.structures import reinforcement
 
 # What of a rollout's metrics the later updates of its batch log again: properties of
 # the batch the update reads, not of the sampling. The divergence rules read
@@ -344,3 +347,36 @@ def _local_rows(array, rows: int) -> np.ndarray:
     gathered = np.asarray(multihost_utils.process_allgather(array, tiled=True))
     start = jax.process_index() * rows
     return gathered[start:start + rows]
+
+
+class RolloutBatches:
+    """The loop's batches in online RL (``registry.BatchSource``): a new rollout every
+    ``rl.iterations`` steps (at steps that are multiples of it, and at a run's first
+    step), the same batch for the updates in between (TRL's ``generate_every``); the
+    sampling step logs the rollout's metrics, the others ``Rollout.reused_metrics``."""
+
+    PHASE, DOING = "rollout", "rollouts of step"
+
+    def __init__(self, spec, trainer, structure, vocabulary, prompt_batches):
+        self.rollouts = Rollouts(spec, trainer, structure, vocabulary, prompt_batches)
+        self.updates_per_batch = spec.rl.iterations
+        self.last: Rollout | None = None
+
+    def due(self, step: int) -> bool:
+        return self.last is None or step % self.updates_per_batch == 0
+
+    def next(self, params, step: int) -> tuple[dict, dict]:
+        self.last = self.rollouts.next(params, step)
+        return self.last.batch, self.last.metrics
+
+    @property
+    def reused_metrics(self) -> dict:
+        return self.last.reused_metrics
+
+
+def _in_rl_mode(spec) -> bool:
+    return bool(spec.rl.algorithm)
+
+
+MODE = Mode("rl", _in_rl_mode, structure=reinforcement.MODE, check=check,
+            frozen=(preference.REFERENCE,), batches=RolloutBatches)

@@ -134,7 +134,7 @@ def plan(config, topology: str, num_slices: int = 1) -> dict:
     structure = structures.for_config(config)
     batch = structure.abstract_batch(config.task_feature_lengths, config.batch_size,
                                      trainer.batch_sharding)
-    state_rows = per_device_bytes(trainer.abstract_state) + _planned_reference(
+    state_rows = per_device_bytes(trainer.abstract_state) + _planned_frozen(
         config, trainer, structure)
     lowered = trainer.lower_train_step(trainer.abstract_state, batch)
     compiler_oom = None
@@ -263,17 +263,16 @@ def _state_bytes(state_rows) -> dict[str, int]:
                                  ("frozen_params", "frozen_params/"))}
 
 
-def _planned_reference(config, trainer, structure) -> list[tuple[str, int]]:
-    """DPO's reference or GRPO's KL reference in the planned step: the policy's own model,
-    frozen and abstract (``Trainer.attach_frozen`` with no params); its bytes per device
-    as ``frozen_params/...`` rows (none when the run has no reference)."""
-    from t5x_like.modes import preference
-    if not preference.needed(config):
-        return []
-    reference = preference.planned_reference(config)
-    trainer.attach_frozen(reference.model, None,
-                          structure.loss_fn(config.loss, reference=reference))
-    return per_device_bytes({"frozen_params": trainer.frozen_params})
+def _planned_frozen(config, trainer, structure) -> list[tuple[str, int]]:
+    """The run's modes' frozen models that plan (``modes.Frozen.planned``: DPO's reference
+    or GRPO's KL reference, the policy's own model) in the planned step, frozen and
+    abstract (``Trainer.attach_frozen`` with no params); their bytes per device as
+    ``frozen_params/...`` rows (none when the run has none)."""
+    from t5x_like import modes
+    planned = [frozen for frozen in modes.frozen_of(config) if frozen.planned is not None]
+    for frozen in planned:
+        frozen.planned(config, trainer, structure)
+    return per_device_bytes({"frozen_params": trainer.frozen_params}) if planned else []
 
 
 def _unscanned(model):

@@ -159,6 +159,9 @@ class Structure:
     #: whether ``infer`` writes generated text (else the structure's own outputs: labels,
     #: values, tags or spans, with nothing to decode)
     writes_text = True
+    #: whether a resume onto a mesh of fewer batch shards may split each batch into more
+    #: optimizer microbatches (``training_run``); a head trains on whole batches
+    splits_into_microbatches = True
 
     def __init__(self, model):
         self.model = model
@@ -191,6 +194,11 @@ class Structure:
         """A line ``summary`` adds below the totals, where a family counts its parameters
         in parts (ELECTRA's two towers)."""
         return None
+
+    def params_from_pretrained(self, flat_params: dict) -> dict:
+        """Of a pretrained checkpoint's params (flattened), those this structure starts
+        from (``init_from``); what is missing starts fresh."""
+        return flat_params
 
     @classmethod
     def body_params_for_head(cls, flat_params: dict) -> dict:

@@ -12,6 +12,7 @@ The FLOPs that MFU and the planner count are the structure's
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,6 +20,7 @@ from t5x_like.config import families as spec_registry
 from t5x_like.config import model_spec_of
 from t5x_like.config.model_parts import ModelSpec
 from t5x_like.errors import ConfigError
+from t5x_like.models import peft_modules
 from t5x_like.structures.base import Structure
 
 
@@ -82,6 +84,17 @@ def build_model(model):
     """The Flax module of a model spec (or a model section in either layout)."""
     spec = model_spec_of(model)
     return get(spec.family).build_model(spec)
+
+
+@functools.lru_cache(maxsize=32)
+def structure_for(model_spec, prefix_attention: str, peft_settings) -> Structure:
+    """The family's structure, with its model, for ``model_spec``: ``prefix_attention``
+    is how decoders read their inputs, ``peft_settings``' modules (LoRA, adapters,
+    prefixes, prompts) join the model (``models.peft_modules``). A training mode wraps
+    this (``structures.mode_structures``)."""
+    family = get(model_spec.family)
+    model = peft_modules.with_peft(family.build_model(model_spec), peft_settings)
+    return family.structure.for_model(model, prefix_attention)
 
 
 def names() -> tuple[str, ...]:

@@ -11,6 +11,7 @@ the task's metrics compare with its targets.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import jax
@@ -18,9 +19,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5x_like import objectives
+from t5x_like.data import get_task_or_mixture
 from t5x_like.errors import ConfigError, UserError
-from t5x_like.models import heads
+from t5x_like.models import heads, peft_modules
+from t5x_like.structures import families
 from t5x_like.structures.base import Structure, dropout_rngs
+from t5x_like.structures.mode_structures import ModeStructure
 
 LOSSES = {"classification": objectives.classification_loss,
           "regression": objectives.regression_loss,
@@ -32,6 +36,7 @@ class HeadStructure(Structure):
     name = "head"
     evaluation_mode = "head"
     writes_text = False
+    splits_into_microbatches = False
 
     def __init__(self, body: Structure, head_config, labels: Sequence[str],
                  vocabulary):
@@ -51,6 +56,11 @@ class HeadStructure(Structure):
     @property
     def wraps_cls_sep(self) -> bool:
         return self.body.name == "encoder"
+
+    def params_from_pretrained(self, flat_params: dict) -> dict:
+        """The body's share of a pretrained checkpoint (its family's choice,
+        ``body_params_for_head``); the head starts fresh."""
+        return type(self.body).body_params_for_head(flat_params)
 
     # -- what eval and infer ask of a checkpoint -----------------------------------------------
     def check_evaluated_tasks(self, name, tasks) -> None:
@@ -160,3 +170,45 @@ class HeadStructure(Structure):
         length = int(lengths["inputs"])
         body_lengths = {"inputs": length} if self.body.name == "encoder" else {"targets": length}
         return self.body.forward_flops_per_sequence(model.replace(vocab_size=0), body_lengths)
+
+
+def check_head_features(spec, reads: str) -> None:
+    """A fine-tuning head or a reward model reads its body's ``head_features`` (the final
+    hidden states, and a pooled vector where the body has one): a family's module without
+    that method is refused when the run resolves, naming what to add, rather than failing
+    inside the model. ``reads``: the setting that asks for it."""
+    module = families.get(spec.model.family).module
+    if not hasattr(module, "head_features"):
+        raise ConfigError(
+            f"{reads} reads the body's final hidden states, and "
+            f"model.family={spec.model.family!r}'s module {module.__module__}."
+            f"{module.__qualname__} has no head_features method; add "
+            "`head_features(self, input_tokens, token_type_ids=None, deterministic=True) -> "
+            "(hidden [batch, length, d_model], pooled or None)` to it (models/decoder.py has "
+            "one), or train without a head.")
+
+
+@functools.lru_cache(maxsize=32)
+def _head_on(body: Structure, head, task_name: str, peft_settings) -> Structure:
+    """A head on ``body`` (no PEFT inside), with ``peft_settings``' modules on the whole."""
+    vocabulary = get_task_or_mixture(task_name).vocabulary
+    structure = HeadStructure(body, head, head.labels, vocabulary)
+    structure.model = peft_modules.with_peft(structure.model, peft_settings)
+    return structure
+
+
+def _in_head_mode(spec) -> bool:
+    return bool(spec.head.kind)
+
+
+def _wrap(spec, peft_settings) -> Structure:
+    body = families.structure_for(spec.model, spec.data.prefix_attention,
+                                  peft_modules.PeftSettings())
+    return _head_on(body, spec.head, spec.task, peft_settings)
+
+
+def _check(spec, family_structure) -> None:
+    check_head_features(spec, f"head.kind={spec.head.kind!r}")
+
+
+MODE = ModeStructure("head", _in_head_mode, wrap=_wrap, check=_check)

@@ -17,13 +17,18 @@ preference ``accuracy`` (the share of pairs whose chosen reward is the larger);
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
 from t5x_like.errors import UserError
+from t5x_like.models import peft_modules
 from t5x_like.models.heads import RewardModel
 from t5x_like.objectives import preference as losses
+from t5x_like.structures import families, mode_structures
 from t5x_like.structures.base import Structure, dropout_rngs
+from t5x_like.structures.head import check_head_features
 
 SIDES = ("chosen", "rejected")
 
@@ -235,3 +240,45 @@ class RewardStructure(_PairStructure):
 
     def forward_flops_per_sequence(self, model, lengths):
         return self._rows_flops(model.replace(vocab_size=0), lengths, 2.0)
+
+
+@functools.lru_cache(maxsize=32)
+def _pair_structure(model_spec, preference, peft_settings) -> Structure:
+    """A preference objective's structure on a decoder body read causally: the policy
+    (PEFT on the body, so LoRA trains the policy) or the reward model (PEFT on the
+    whole, as on a head)."""
+    if preference.objective != "reward_model":
+        return PreferenceStructure(families.structure_for(model_spec, "causal", peft_settings),
+                                   preference)
+    structure = RewardStructure(families.structure_for(model_spec, "causal",
+                                                       peft_modules.PeftSettings()), preference)
+    structure.model = peft_modules.with_peft(structure.model, peft_settings)
+    return structure
+
+
+def _in_preference_mode(spec) -> bool:
+    return bool(spec.preference.objective)
+
+
+def _wrap(spec, peft_settings) -> Structure:
+    return _pair_structure(spec.model, spec.preference, peft_settings)
+
+
+def _check(spec, family_structure) -> None:
+    key = f"preference.objective={spec.preference.objective!r}"
+    mode_structures.check_continues_prompts(spec, family_structure, key)
+    if spec.preference.objective == "reward_model":
+        check_head_features(spec, key)
+
+
+def _as_trained_model(spec):
+    """A policy trained from preferences (DPO, SimPO, ORPO) is a decoder that read its
+    rows causally; a reward model stays one (its head is part of its model)."""
+    if spec.preference.objective == "reward_model":
+        return spec
+    return spec.replace(preference=type(spec.preference)(),
+                        data=spec.data.replace(prefix_attention="causal"))
+
+
+MODE = mode_structures.ModeStructure("preference", _in_preference_mode, wrap=_wrap, check=_check,
+                           as_trained_model=_as_trained_model)

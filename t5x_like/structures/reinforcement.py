@@ -22,11 +22,14 @@ and ``dr_grpo`` scale a microbatch by its share of the batch's rows.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
 from t5x_like.errors import UserError
 from t5x_like.objectives import preference as losses
+from t5x_like.structures import families, mode_structures
 from t5x_like.structures.base import Structure
 
 
@@ -132,3 +135,33 @@ class RolloutStructure(Structure):
         rollout = (2.0 if self.keeps_old_log_probs else 1.0) / self.settings.iterations
         extra = (rollout + (1.0 if self.needs_reference else 0.0)) / 3.0
         return (1.0 + extra) * self.body.forward_flops_per_sequence(model, {"targets": width})
+
+
+@functools.lru_cache(maxsize=32)
+def _policy(model_spec, rl, peft_settings, completion_length: int) -> Structure:
+    """Online RL's policy: a decoder (PEFT on it) read causally; ``completion_length``
+    (``task_feature_lengths.targets``) is Dr. GRPO's constant normaliser."""
+    return RolloutStructure(families.structure_for(model_spec, "causal", peft_settings), rl,
+                            completion_length)
+
+
+def _in_rl_mode(spec) -> bool:
+    return bool(spec.rl.algorithm)
+
+
+def _wrap(spec, peft_settings) -> Structure:
+    completion_length = int(dict(spec.task_feature_lengths).get("targets", 0))
+    return _policy(spec.model, spec.rl, peft_settings, completion_length)
+
+
+def _check(spec, family_structure) -> None:
+    mode_structures.check_continues_prompts(spec, family_structure, f"rl.algorithm={spec.rl.algorithm!r}")
+
+
+def _as_trained_model(spec):
+    """An RL policy is a decoder that read its rows causally."""
+    return spec.replace(rl=type(spec.rl)(), data=spec.data.replace(prefix_attention="causal"))
+
+
+MODE = mode_structures.ModeStructure("rl", _in_rl_mode, wrap=_wrap, check=_check,
+                           as_trained_model=_as_trained_model)

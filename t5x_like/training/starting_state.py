@@ -1,7 +1,8 @@
 """The state a training run starts from, once it holds its workdir: the newest
 checkpoint that restores (damaged newer ones moved aside), else the params of
-``init_from``, else a distillation student from its teacher's layers, else a fresh
-init. Every setting was checked when the run resolved (``training_run.resolve_training``)."""
+``init_from``, else what the run's mode starts from (``modes.start_from``: a
+distillation student from its teacher's layers), else a fresh init. Every setting was
+checked when the run resolved (``training_run.resolve_training``)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,10 @@ from typing import Any
 import jax
 from flax import traverse_util
 
-from t5x_like import errors, structures
+from t5x_like import errors, modes, structures
 from t5x_like.checkpoints import checkpoint_store, param_sources
 from t5x_like.checkpoints.param_sources import peft_partial
 from t5x_like.models import peft_modules
-from t5x_like.modes import distill
 from t5x_like.resilience import run_guard
 from t5x_like.resilience.run_holding import chief_log
 
@@ -42,8 +42,9 @@ def open_checkpointer(spec, workdir, is_chief: bool) -> checkpoint_store.Checkpo
                                       local_dir=spec.checkpoint.local_dir or None)
 
 
-def start(resolved, checkpointer, teacher_params=None) -> Start:
-    """Where the run starts (see the module docstring)."""
+def start(resolved, checkpointer, attached: dict | None = None) -> Start:
+    """Where the run starts (see the module docstring); ``attached``: the host params of
+    the modes' frozen models, by name."""
     spec, trainer = resolved.spec, resolved.trainer
     if resolved.resume is not None:
         began = time.monotonic()
@@ -56,11 +57,10 @@ def start(resolved, checkpointer, teacher_params=None) -> Start:
         state, base = pretrained_state(spec, trainer)
         return Start(state, peft_base=base,
                      message=f"Initialised params from {spec.init_from} (optimizer state fresh).")
-    if teacher_params is not None and spec.distill.student_init == "teacher_layers":
-        state = trainer.state_from_params(distill.student_from_teacher(
-            teacher_params, trainer.abstract_state.params))
-        return Start(state, message=f"Student initialised from the teacher "
-                                    f"{spec.distill.teacher} (evenly spaced layers).")
+    started = modes.start_from(spec, attached or {}, trainer)
+    if started is not None:
+        params, message = started
+        return Start(trainer.state_from_params(params), message=message)
     return Start(trainer.init_state(spec.seed))
 
 
@@ -132,8 +132,7 @@ def pretrained_state(spec, trainer):
         params = {"backbone": params}  # a pretrained body under a new head
     expected = traverse_util.flatten_dict(peft_modules.plain_dicts(trainer.abstract_state.params))
     given = traverse_util.flatten_dict(peft_modules.plain_dicts(params))
-    if spec.head.kind:
-        given = structures.structure_class(spec.model.family).body_params_for_head(given)
+    given = structures.for_config(spec).params_from_pretrained(given)
     missing = [key for key in expected if key not in given]
     if missing and all(key[0] == "head" or peft_modules.is_peft_param(key) for key in missing):
         fresh = traverse_util.flatten_dict(peft_modules.plain_dicts(jax.device_get(

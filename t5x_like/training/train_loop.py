@@ -14,13 +14,12 @@ import time
 
 import jax
 
-from t5x_like import errors, hardware, runs, structures
+from t5x_like import errors, hardware, modes, runs, structures
 from t5x_like.checkpoints.param_sources import peft_partial
 from t5x_like.data import pipeline
 from t5x_like.engine import flops, partitioning
 from t5x_like.engine import trainer as trainer_lib
 from t5x_like.evaluation import in_training
-from t5x_like.modes import distill, preference, rl
 from t5x_like.resilience import run_guard, watchdog
 from t5x_like.resilience.run_holding import RunHolding
 from t5x_like.telemetry import goodput_events, metrics_writer
@@ -46,11 +45,10 @@ class Loop:
         self.spec, self.trainer, self.mesh = resolved.spec, resolved.trainer, resolved.trainer.mesh
         self.is_chief = jax.process_index() == 0
         self.checkpointer = None
-        teacher_params = self._attach_teacher()
-        self._attach_reference()
+        attached = self._attach_frozen()
         self.checkpointer = starting_state.open_checkpointer(self.spec, resolved.workdir,
                                                              self.is_chief)
-        start = starting_state.start(resolved, self.checkpointer, teacher_params)
+        start = starting_state.start(resolved, self.checkpointer, attached)
         self.state, self.peft_base = start.state, start.peft_base
         holding.goodput.event("setup", restore_s=round(start.restore_s, 6),
                               resumed_from=int(self.state.step))
@@ -62,14 +60,15 @@ class Loop:
             except ValueError as e:
                 raise errors.UserError(str(e)) from None
         self.start_step = self.step = int(self.state.step)
-        self.rollouts = (rl.Rollouts(self.spec, self.trainer, self.trainer_structure(),
-                                     resolved.vocabulary, self.train_batches)
-                         if self.spec.rl.algorithm else None)
-        self.rollout_metrics, self.rollout, self.rollout_batch = {}, None, None
+        # A mode's own batches (online RL's rollouts), else the task's rows.
+        self.batch_source = modes.batch_source(self.spec, self.trainer, self.trainer_structure(),
+                                               resolved.vocabulary, self.train_batches)
+        self.batch_metrics, self.source_batch = {}, None
         self.saved_once = False
-        # Steps between rollouts (rl.iterations): a stop (preemption) waits for the end of
-        # the current rollout batch's updates, as checkpoints do (config checks).
-        self.updates_per_batch = self.spec.rl.iterations if self.rollouts is not None else 1
+        # Steps one batch of the mode's serves (rl.iterations): a stop (preemption) waits
+        # for the end of the current batch's updates, as checkpoints do (config checks).
+        self.updates_per_batch = (self.batch_source.updates_per_batch
+                                  if self.batch_source is not None else 1)
         self.evaluators = in_training.build(self.spec, resolved.evaluators, in_training.Context(
             self.spec, self.trainer, resolved.asked_vocabulary, self._streams("validation"),
             self.host_batches, resolved.num_streams, progress))
@@ -92,27 +91,13 @@ class Loop:
     def trainer_structure(self):
         return structures.for_config(self.spec)
 
-    def _attach_teacher(self):
-        """Distillation's teacher in the train step; its host params (the student may start
-        from its layers), or None without one."""
-        teacher = self.resolved.teacher
-        if teacher is None:
-            return None
-        structure, params = distill.load_teacher(self.spec, teacher, self.mesh)
-        self.trainer.attach_frozen(structure.model, params, distill.make_loss_fn(
-            self.trainer_structure(), structure, self.spec.loss, self.spec.distill))
-        return params
-
-    def _attach_reference(self) -> None:
-        """The frozen reference (DPO's, or GRPO's KL term) in the train and eval steps."""
-        reference = self.resolved.reference
-        if reference is None:
-            return
-        structure, params = preference.load_reference(self.spec, reference, self.mesh)
-        self.trainer.attach_frozen(
-            structure.model, params,
-            self.trainer_structure().loss_fn(self.spec.loss, reference=structure),
-            in_evaluation=True)
+    def _attach_frozen(self) -> dict:
+        """The run's modes' frozen models (a teacher, a reference) in the train step, each
+        loaded from the source checked when the run resolved; ``{name: host params}`` (a
+        mode may start the run from them, ``modes.start_from``)."""
+        return {frozen.name: frozen.attach(self.spec, self.resolved.frozen[frozen.name],
+                                           self.trainer, self.trainer_structure())
+                for frozen in modes.frozen_of(self.spec)}
 
     def _streams(self, split: str):
         lengths = dict(self.spec.task_feature_lengths)
@@ -163,10 +148,11 @@ class Loop:
         return saved
 
     def next_batch(self):
-        """The next global batch (this process's rows of it, sharded over the mesh); in
-        online RL the rollouts of the next step's prompts (``rl.Rollouts``)."""
-        if self.rollouts is not None:
-            return self._rollout_batch()
+        """The next global batch (this process's rows of it, sharded over the mesh): the
+        task's rows, or the run's mode's (``modes.BatchSource``: online RL's rollouts of
+        the next step's prompts)."""
+        if self.batch_source is not None:
+            return self._source_batch()
         # The first batch starts the input streams (files opened, workers started).
         self.holding.watchdog.doing("reading the batch of step", self.step + 1,
                                     watchdog.COMPILE_PATIENCE
@@ -175,23 +161,20 @@ class Loop:
             local = next(self.train_batches)
         return partitioning.global_batch(local, self.mesh, self.trainer.rules)
 
-    def _rollout_batch(self):
-        """A new rollout every ``rl.iterations`` steps (at steps that are multiples of it,
-        and at a run's first step), the same batch for the updates in between (TRL's
-        ``generate_every``); the sampling step logs the rollout's metrics, the others
-        ``Rollout.reused_metrics``."""
-        if self.rollout_batch is not None and self.step % self.updates_per_batch:
-            self.rollout_metrics = self.rollout.reused_metrics
-            return self.rollout_batch
-        self.holding.watchdog.doing("rollouts of step", self.step + 1,
+    def _source_batch(self):
+        """A new batch when the source says one is due, else the last one again with the
+        source's ``reused_metrics``."""
+        source = self.batch_source
+        if self.source_batch is not None and not source.due(self.step):
+            self.batch_metrics = source.reused_metrics
+            return self.source_batch
+        self.holding.watchdog.doing(source.DOING, self.step + 1,
                                     watchdog.COMPILE_PATIENCE
                                     if self.step == self.start_step else 1.0)
-        with self.holding.goodput.timed("rollout"):
-            self.rollout = self.rollouts.next(self.state.params, self.step)
-        self.rollout_metrics = self.rollout.metrics
-        self.rollout_batch = partitioning.global_batch(self.rollout.batch, self.mesh,
-                                                       self.trainer.rules)
-        return self.rollout_batch
+        with self.holding.goodput.timed(source.PHASE):
+            local, self.batch_metrics = source.next(self.state.params, self.step)
+        self.source_batch = partitioning.global_batch(local, self.mesh, self.trainer.rules)
+        return self.source_batch
 
     def train_step(self, batch):
         """One jitted step; the first compiles (its dispatch waits for the compilation)."""
@@ -200,7 +183,7 @@ class Loop:
                     watchdog.COMPILE_PATIENCE if compiling else 1.0)
         with self.holding.goodput.timed("compile") if compiling else contextlib.nullcontext():
             self.state, metrics = self.trainer.train_step(self.state, batch)
-        metrics = {**metrics, **self.rollout_metrics}
+        metrics = {**metrics, **self.batch_metrics}
         self.step += 1
         watch.done("train step", self.step)
         return metrics

@@ -8,9 +8,10 @@ initialises, and loops.
 task, labels, what the family can do), the workdir and ``checkpoint.local_dir``, the
 vocabulary and the task's steps, the evaluators (``evaluation.in_training``: mixtures,
 packages, harness tasks), the mesh on the devices, the trainer (shapes only, nothing
-compiled), PEFT fitting the model, the distillation teacher, DPO's reference and
-``init_from`` (their configs, not their arrays), and the workdir's newest checkpoint against this run's
-fingerprint and input streams.
+compiled), PEFT fitting the model, each active training mode's checks and frozen models
+(``modes``: a distillation teacher, a DPO or KL reference; their configs, not their
+arrays), ``init_from`` (its config), and the workdir's newest checkpoint against this
+run's fingerprint and input streams.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import json
 import time
 from typing import Any
 
-from t5x_like import cli_flags, config, hardware, runs, storage
+from t5x_like import cli_flags, config, hardware, modes, runs, storage, structures
 from t5x_like.checkpoints.param_sources.source import check_same_model, resolve
 from t5x_like.config import RunSpec
 from t5x_like.errors import ConfigError, UserError
@@ -52,8 +53,8 @@ class TrainingRun:
     num_streams: int
     resume: Resume | None
     evaluators: dict               # {name: prepared}, see evaluation.in_training
-    teacher: Any = None            # distill.TeacherSource, checked, params not read
-    reference: Any = None          # preference.ReferenceSource (DPO), checked, params not read
+    frozen: dict = dataclasses.field(default_factory=dict)  # the modes' frozen models by
+    #                                name (modes.Frozen): sources checked, params not read
     started: float = 0.0           # when resolving began (goodput counts start-up from it)
     notices: tuple[str, ...] = ()  # what resolving changed on its own, said at the start
     microbatches_asked: int = 0    # the config's optimizer.microbatches (0: the spec's)
@@ -108,16 +109,14 @@ def resolve_training(run_config, workdir: str, devices=None, process_count: int 
     fingerprint = run_guard.fingerprint(
         spec, vocabulary, trainer.abstract_state.opt_state,
         pipeline.stack_layout(trainer.pipeline_settings, getattr(spec.model, "num_layers", 0)))
-    teacher = _checked_teacher(spec, vocabulary, trainer)
-    reference = _checked_reference(spec, vocabulary)
-    _check_rl(spec)
+    frozen = _checked_modes(spec, vocabulary, trainer)
     _check_init_from(spec)
     resume = _checked_resume(spec, newest, fingerprint)
     num_streams = config.resolve_data_streams(spec, process_count,
                                               resume.saved if resume else None)
     return TrainingRun(spec, storage.path(workdir), asked, vocabulary, devices, mesh_shape,
-                       trainer, fingerprint, num_streams, resume, evaluators, teacher,
-                       reference, started, notices, asked_microbatches)
+                       trainer, fingerprint, num_streams, resume, evaluators, frozen,
+                       started, notices, asked_microbatches)
 
 
 def _holding_the_saved_rows(spec, newest, mesh_shape) -> tuple[RunSpec, tuple[str, ...]]:
@@ -132,8 +131,9 @@ def _holding_the_saved_rows(spec, newest, mesh_shape) -> tuple[RunSpec, tuple[st
     saved, held = newest[1], newest[1][config.ROWS_PER_DEVICE]
     asked = saved.get(config.MICROBATCHES_ASKED) or config.migrated(saved)[0].get(
         "optimizer", {}).get("microbatches", 1)
-    if spec.optimizer.microbatches != asked or spec.head.kind:
-        return spec, ()  # chosen by the user; heads train without microbatches
+    if (spec.optimizer.microbatches != asked
+            or not structures.for_config(spec).splits_into_microbatches):
+        return spec, ()  # chosen by the user, or a structure that trains on whole batches
     microbatches = config.microbatches_holding(spec, mesh_shape, held)
     if microbatches == spec.optimizer.microbatches:
         return spec, ()
@@ -216,41 +216,25 @@ def check_peft_fits(spec, params) -> None:
                           "Use a model with biases (use_bias=True) or a fine-tuning head.")
 
 
-def _checked_teacher(spec, vocabulary, trainer):
-    """Distillation's teacher: its config read and checked against the student, and the
-    student's start from its layers checked on shapes (its params are read later)."""
-    if not spec.distill.teacher:
-        return None
-    from t5x_like.modes import distill
+def _checked_modes(spec, vocabulary, trainer) -> dict:
+    """One pass over the run's training modes (``modes.registry``): each active mode's
+    checks, then the frozen models they need, found and checked (configs only); ``{name:
+    source}``. A problem is the run's ``ConfigError``."""
+    unregistered = [name for name in spec.modes if name not in modes.MODES]
+    if unregistered:
+        raise ConfigError(f"modes.{unregistered[0]} has settings but no registered mode; "
+                          "register it with t5x_like.modes.register in the module you pass "
+                          "with --module.")
     try:
-        teacher = distill.teacher_source(spec)
-        distill.check_teacher(spec, teacher, vocabulary)
-        if spec.distill.student_init == "teacher_layers":
-            distill.check_student_init(teacher, trainer.abstract_state.params)
-    except UserError as e:
-        raise ConfigError(str(e)) from None
-    return teacher
-
-
-def _checked_reference(spec, vocabulary):
-    """DPO's reference: its config read and checked against the policy (its params are
-    read when the loop starts)."""
-    from t5x_like.modes import preference
-    if not preference.needed(spec):
-        return None
-    try:
-        reference = preference.reference_source(spec)
-        preference.check_reference(spec, reference, vocabulary)
-    except UserError as e:
-        raise ConfigError(str(e)) from None
-    return reference
-
-
-def _check_rl(spec) -> None:
-    """Online RL's rewards, reward model and positions (``rl.check``)."""
-    from t5x_like.modes import rl
-    try:
-        rl.check(spec)
+        for mode in modes.active(spec):
+            if mode.check is not None:
+                mode.check(spec)
+        needed = modes.frozen_of(spec)
+        if len(needed) > 1:  # Trainer.attach_frozen holds one frozen model
+            raise ConfigError(f"The run's modes need {len(needed)} frozen models ("
+                              f"{', '.join(frozen.name for frozen in needed)}); a train step "
+                              "runs one beside the policy. Turn one of the modes off.")
+        return {frozen.name: frozen.resolve(spec, vocabulary, trainer) for frozen in needed}
     except UserError as e:
         raise ConfigError(str(e)) from None
 
