@@ -18,6 +18,7 @@ import numpy as np
 from t5x_like import cli_flags, errors, runs, structures
 from t5x_like.engine import optim, trainer
 from t5x_like.models import moe
+from t5x_like.models import peft_modules as peft
 from t5x_like.training import training_run
 
 
@@ -53,7 +54,6 @@ def main(argv: list[str] | None = None) -> int:
     cli_flags.import_modules(args.module)
     config = runs.resolve_spec(runs.load_config(args.config, [
         o[len("--config."):] for o in overrides if o.startswith("--config.")]))
-    from t5x_like.models import peft_modules as peft
     settings = peft.PeftSettings.from_config(config.peft)
     shapes = trainer.parameter_shapes(config.model, settings)
     if settings.any or config.peft.bitfit:

@@ -37,11 +37,14 @@ import threading
 import time
 from collections.abc import Callable
 
+import jax
 import orbax.checkpoint as ocp
 from etils import epath
+from orbax.checkpoint import type_handlers
 
 from t5x_like import storage
 from t5x_like.checkpoints import checkpoint_per_host
+from t5x_like.engine import partitioning
 from t5x_like.errors import UserError
 
 MANIFEST = "manifest.t5x_like.json"
@@ -59,8 +62,6 @@ MIN_REPLICA_SLICE_BYTES = 1 << 20
 def _split_only_large_replicated_writes() -> None:
     """Registers orbax's array handler for ``jax.Array`` with ``MIN_REPLICA_SLICE_BYTES``
     (once a process: the handler registry is orbax's own, global)."""
-    import jax
-    from orbax.checkpoint import type_handlers
     absl = logging.getLogger("absl")
     quiet = _Without("Type handler registry type")  # orbax warns of any override
     absl.addFilter(quiet)
@@ -222,7 +223,6 @@ class Checkpointer:
         newest verified step. ``read_only`` (evaluation) creates, cleans, moves and
         deletes nothing. ``log`` receives one line per step moved aside or failing to
         verify. ``local_dir``: the local tier (see the module's docstring)."""
-        import jax
 
         _split_only_large_replicated_writes()
         self.directory = storage.path(directory)
@@ -377,7 +377,6 @@ class Checkpointer:
         """Restores onto the shardings carried by ``abstract_state``'s leaves. Per host:
         from every host's own copy when all of them fit this layout, else from the
         workdir's sealed copy (``checkpoint_per_host``)."""
-        from t5x_like.engine import partitioning
         items = {"data": ocp.args.JsonRestore(), "config": ocp.args.JsonRestore()}
         if self._per_host and all(partitioning.gather_json(self._local_fits(step,
                                                                             abstract_state))):
@@ -510,7 +509,6 @@ class Checkpointer:
         (each reads only its own shards), so all fall back to the same step."""
         if not self._multi_process:
             return problem
-        from t5x_like.engine import partitioning
         return next((p for p in partitioning.gather_json(problem) if p is not None), None)
 
     def move_aside_from(self, first_step: int, reason: str) -> list[epath.Path]:
@@ -636,7 +634,6 @@ class _Uploader:
         """Per host: this host's share of the step into the workdir, then its mark; host
         0 seals the union once every host's has landed. True where this host is to apply
         the rotation to the workdir's copies (host 0, once sealed)."""
-        import jax
         c = self.checkpointer
         source, target = c.step_folder(step), c.durable_folder(step)
         include = ((lambda name: name not in (COMMIT_SUCCESS, MANIFEST)) if c._is_primary

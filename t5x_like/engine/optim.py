@@ -5,6 +5,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import PartitionSpec
+from optax.contrib import MuonDimensionNumbers, ScheduleFreeState
 
 
 def learning_rate_schedule(cfg, num_train_steps: int) -> optax.Schedule:
@@ -88,7 +90,6 @@ def muon_dimension_numbers(logical_axes):
     AdamW, as Muon's authors recommend: embeddings and the output layer (a ``vocab``
     axis), fine-tuning heads, norms, biases, position biases and the parameters PEFT
     adds (not named ``kernel``)."""
-    from optax.contrib import MuonDimensionNumbers
 
     def numbers(path, names):
         leaf = str(getattr(path[-1], "key", path[-1])) if path else ""
@@ -133,7 +134,6 @@ def _schedule_free_adamw(cfg, schedule) -> optax.GradientTransformation:
 
 
 def _schedule_free_states(opt_state) -> list:
-    from optax.contrib import ScheduleFreeState
 
     def is_state(x):
         return isinstance(x, ScheduleFreeState)
@@ -204,7 +204,6 @@ def split_microbatches(batch, num_microbatches: int, batch_axes):
     split would put a whole microbatch on a few devices of the data axes).
     ``batch_axes`` are the mesh axes of the batch dimension (None: no mesh).
     """
-    from jax.sharding import PartitionSpec
 
     def split(x):
         rows = x.shape[0] // num_microbatches

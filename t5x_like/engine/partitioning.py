@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 import flax.linen as nn
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from t5x_like.errors import UserError
@@ -280,7 +281,6 @@ def _from_every_process(values: np.ndarray) -> np.ndarray:
     """``values`` (one shape on every process) stacked in process order, on every process."""
     if jax.process_count() == 1:
         return values[None]
-    from jax.experimental import multihost_utils
     return np.asarray(multihost_utils.process_allgather(values))
 
 

@@ -22,7 +22,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from t5x_like import models, structures, traced_platform
 from t5x_like.config import check_devices, spec_of
 from t5x_like.engine import optim, partitioning
-from t5x_like.models import context_parallel, layers, pipeline, quantization
+from t5x_like.models import context_parallel, layers, peft_modules, pipeline, quantization
+from t5x_like.models import peft_modules as peft
 
 
 @flax.struct.dataclass
@@ -72,7 +73,6 @@ def traced_for(mesh, settings: pipeline.PipelineSettings):
 def logical_axes(boxed_params):
     """Each parameter's logical axis names as a tuple (``()`` for one without names), in
     the params' tree: what the sharding rules read, and Muon to find its matrices."""
-    from jax.sharding import PartitionSpec
     specs = nn.get_partition_spec(boxed_params)
     return jax.tree.map(lambda spec: tuple(spec), specs,
                         is_leaf=lambda x: isinstance(x, PartitionSpec))
@@ -376,7 +376,6 @@ def _place(expected, params, what: str = "Pretrained params"):
 
 def trainable_for(config):
     """``params -> bool tree`` of what trains under ``config.peft`` (None: everything)."""
-    from t5x_like.models import peft_modules
     peft = spec_of(config).peft
     added = peft_modules.PeftSettings.from_config(peft).any
     if not (peft.bitfit or added):
@@ -498,7 +497,6 @@ def param_count(params) -> int:
 def parameter_shapes(model_config, peft_settings=None) -> dict:
     """Every parameter's shape (``jax.ShapeDtypeStruct``) of a model spec's model (or a
     model section's), with ``peft_settings``' added modules: nothing is allocated."""
-    from t5x_like.models import peft_modules as peft
     model = structures.build_model(model_config)
     model = peft.with_peft(model, peft_settings or peft.PeftSettings())
     lengths = {"encoder_input_tokens": 8, "decoder_input_tokens": 8, "decoder_target_tokens": 8}

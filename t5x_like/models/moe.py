@@ -45,6 +45,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from flax import traverse_util
+from jax.sharding import PartitionSpec
 
 from t5x_like import traced_platform
 from t5x_like.config.model_parts import Experts
@@ -305,7 +306,6 @@ def expert_parallel_dropless(x, experts, weights, kernels, activations, impl, me
     around them run over the whole buffer, so the worst case costs ``devices`` times
     the balanced work. Assignments past a smaller buffer are dropped (zero output; the
     residual carries the token). Returns the output and the fraction dropped."""
-    from jax.sharding import PartitionSpec
 
     def spec(names):
         return PartitionSpec(*nn.logical_to_mesh_axes(names))

@@ -28,9 +28,15 @@ import re
 
 import jax
 import numpy as np
+from flax import traverse_util
 
+from t5x_like import objectives, structures
+from t5x_like.checkpoints import param_sources
+from t5x_like.config import model_spec_of
+from t5x_like.engine import trainer as trainer_lib
 from t5x_like.errors import UserError
 from t5x_like.modes.registry import Frozen, Mode
+from t5x_like.resilience.run_guard import vocabulary_differences
 from t5x_like.structures import distillation
 
 
@@ -52,8 +58,6 @@ class TeacherSource:
 
 def teacher_source(spec) -> TeacherSource:
     """``distill.teacher``'s checkpoint and model, read without loading parameters."""
-    from t5x_like.checkpoints import param_sources
-    from t5x_like.config import model_spec_of
     path = spec.distill.teacher
     source, step, saved = param_sources.newest_saved(path, "distill.teacher")
     return TeacherSource(path, source, step, model_spec_of(saved["model"]),
@@ -62,8 +66,6 @@ def teacher_source(spec) -> TeacherSource:
 
 def check_teacher(spec, teacher: TeacherSource, student_vocabulary) -> None:
     """One message for each teacher the student cannot learn from."""
-    from t5x_like import structures
-    from t5x_like.resilience.run_guard import vocabulary_differences
     path, model, student = teacher.path, teacher.model, spec.model
     if model.family not in structures.distillable_families():
         raise UserError(f"distill.teacher={path!r} is a {model.family!r} model; teachers are "
@@ -103,8 +105,6 @@ def teacher_spec(spec, teacher: TeacherSource):
 
 def load_teacher(spec, teacher: TeacherSource, mesh):
     """``(teacher structure, host params)``."""
-    from t5x_like import structures
-    from t5x_like.checkpoints import param_sources
     params, _ = param_sources.base_params(teacher.path, teacher_spec(spec, teacher), mesh)
     return structures.for_config(teacher_spec(spec, teacher)), params
 
@@ -113,7 +113,6 @@ def check_student_init(teacher: TeacherSource, student_shapes) -> None:
     """The student's start from the teacher's layers (``student_init='teacher_layers'``),
     checked on shapes alone: every student parameter has its teacher parameter, of its
     shape."""
-    from t5x_like.engine import trainer as trainer_lib
     teacher_shapes = trainer_lib.parameter_shapes(teacher.model)
     student_from_teacher(teacher_shapes, student_shapes, shapes_only=True)
 
@@ -156,7 +155,6 @@ def student_from_teacher(teacher_params: dict, student_params: dict,
     mapping before anything is read): evenly spaced layers of each stack, every other
     parameter copied (an embedding table with fewer rows takes the first ones); shapes
     must otherwise agree (same widths)."""
-    from flax import traverse_util
     teacher = traverse_util.flatten_dict(teacher_params)
     student = traverse_util.flatten_dict(student_params)
     teacher_sizes, student_sizes = _stack_sizes(teacher), _stack_sizes(student)
@@ -200,7 +198,6 @@ def make_loss_fn(student, teacher, loss_config, distill_config):
     """The train/eval loss: with ``frozen_params`` (the teacher's; training) the three
     distillation terms; without (evaluation) the student's own objective, the number to
     compare."""
-    from t5x_like import objectives
     own = student.loss_fn(loss_config)
     temperature = float(distill_config.temperature)
     weights = {k: float(distill_config[k]) for k in ("soft_weight", "hard_weight",

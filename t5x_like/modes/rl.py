@@ -40,11 +40,19 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 
+from t5x_like import decoding, structures
+from t5x_like.checkpoints import param_sources
+from t5x_like.engine import partitioning
+from t5x_like.engine import trainer as trainer_lib
 from t5x_like.errors import UserError
 from t5x_like.modes import preference
 from t5x_like.modes.registry import Mode
+from t5x_like.objectives.preference import group_advantages
+from t5x_like.rewards import RewardRegistry
 from t5x_like.structures import reinforcement
+from t5x_like.structures.decoder import prompts_from_batch
 
 # What of a rollout's metrics the later updates of its batch log again: properties of
 # the batch the update reads, not of the sampling. The divergence rules read
@@ -68,7 +76,6 @@ class Rollout:
 
 def reward_functions(spec):
     """``[(name, fn, weight)]`` of ``rl.rewards`` (the reward model's weight comes last)."""
-    from t5x_like.rewards import RewardRegistry
     weights = spec.rl.reward_weights or (1.0,) * (len(spec.rl.rewards) + bool(spec.rl.reward_model))
     found = []
     for name, weight in zip(spec.rl.rewards, weights, strict=False):
@@ -88,7 +95,6 @@ def check(spec) -> None:
     if not spec.rl.algorithm:
         return
     reward_functions(spec)
-    from t5x_like import structures
     limit = structures.structure_class(spec.model.family).learned_positions(spec.model)
     lengths = spec.task_feature_lengths
     needed = 1 + int(lengths["inputs"]) + int(lengths["targets"])
@@ -103,7 +109,6 @@ def check(spec) -> None:
 
 def reward_model_spec(spec):
     """The run spec of ``rl.reward_model``'s checkpoint (a reward-model run)."""
-    from t5x_like.checkpoints import param_sources
     path = spec.rl.reward_model
     saved = param_sources.config_from_saved(
         param_sources.newest_saved(path, "rl.reward_model")[2])
@@ -139,7 +144,6 @@ class Rollouts:
 
     # -- sampling ---------------------------------------------------------------------------
     def _sample_fn(self, params, tokens, lengths, rng, greedy=False):
-        from t5x_like import decoding
         rl = self.spec.rl
         return decoding.generate_padded(
             self.structure.model, params, tokens, lengths,
@@ -150,8 +154,6 @@ class Rollouts:
     def sample(self, params, rows: dict, rng, greedy: bool = False):
         """``(prompt tokens [n, 1 + inputs], prompt lengths [n], completions [n, targets])``
         of this process's decoder ``rows`` (host numpy), sampled on the mesh."""
-        from t5x_like.engine import partitioning
-        from t5x_like.structures.decoder import prompts_from_batch
         prompts, lengths = (np.asarray(x) for x in prompts_from_batch(rows))
         prompts = prompts[:, :self.prompt_width]
         lengths = np.minimum(lengths, self.prompt_width).astype(np.int32)
@@ -171,7 +173,6 @@ class Rollouts:
         """``[n, width - 1]``: each next token's log-probability under ``params`` (the
         policy that sampled ``tokens``, this process's rollout rows) at the sampling
         temperature, computed on the mesh as the update computes its own."""
-        from t5x_like.engine import partitioning
         placed = partitioning.global_batch({"tokens": tokens}, self.trainer.mesh,
                                            self.trainer.rules)
         with self.trainer._context():
@@ -231,9 +232,6 @@ class Rollouts:
         return total.astype(np.float32), means
 
     def _load_reward_model(self):
-        from t5x_like import structures
-        from t5x_like.checkpoints import param_sources
-        from t5x_like.engine import trainer as trainer_lib
         spec = reward_model_spec(self.spec).replace(partitioning=self.spec.partitioning)
         structure = structures.for_config(spec)
         params, _ = param_sources.base_params(self.spec.rl.reward_model, spec, self.trainer.mesh)
@@ -243,7 +241,6 @@ class Rollouts:
         return structure, placed, scorer, reward_trainer
 
     def _reward_model_scores(self, prompts, lengths, completions) -> np.ndarray:
-        from t5x_like.engine import partitioning
         _, params, scorer, reward_trainer = self._reward_model
         tokens, mask, _ = self.rows(prompts, lengths, completions)
         placed = partitioning.global_batch({"tokens": tokens, "mask": mask},
@@ -262,7 +259,6 @@ class Rollouts:
     def next(self, params, step: int) -> Rollout:
         """The rollout rows of the step after ``step``, sampled with ``params`` (see the
         module docstring)."""
-        from t5x_like.objectives.preference import group_advantages
         began = time.monotonic()
         rows = next(self.prompt_batches)
         repeated = {key: np.repeat(value, self.group, axis=0) for key, value in rows.items()}
@@ -343,7 +339,6 @@ def _local_rows(array, rows: int) -> np.ndarray:
     (``partitioning.global_batch``)."""
     if jax.process_count() == 1:
         return np.asarray(jax.device_get(array))
-    from jax.experimental import multihost_utils
     gathered = np.asarray(multihost_utils.process_allgather(array, tiled=True))
     start = jax.process_index() * rows
     return gathered[start:start + rows]

@@ -15,6 +15,7 @@ import flax.serialization
 import jax
 import numpy as np
 
+from t5x_like.analysis import hidden_states
 from t5x_like.errors import UserError
 
 PARAMS_FILE = "params.msgpack"
@@ -25,7 +26,6 @@ def pretrained(checkpoint: str, family_structure: str, flag: str):
     """``(model config dict, host params, vocabulary)`` of a run's newest step or a
     pretrained folder, checked to be the structure asked for; ``flag`` is the option
     that named it (error messages say which to fix)."""
-    from t5x_like.analysis import hidden_states
 
     loaded = hidden_states.load(checkpoint, flag=flag)
     if loaded.structure != family_structure:

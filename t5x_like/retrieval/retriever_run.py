@@ -14,6 +14,7 @@ import pathlib
 import jax
 import numpy as np
 
+from t5x_like.builtin_tasks import pretraining as tasks
 from t5x_like.builtin_tasks import retrieval as retrieval_tasks
 from t5x_like.objectives import rag as rag_objectives
 from t5x_like.retrieval import checkpoints, search, text, towers, training
@@ -21,7 +22,6 @@ from t5x_like.retrieval import index as index_lib
 
 
 def vocabulary():
-    from t5x_like.builtin_tasks import pretraining as tasks
     return tasks.embedded_vocabulary()
 
 

@@ -7,6 +7,7 @@ import functools
 import jax.numpy as jnp
 
 from t5x_like import objectives
+from t5x_like.data import embedded, vocabularies
 from t5x_like.objectives import bilm as bilm_objective
 from t5x_like.structures.base import _target_log_likelihood, dropout_rngs
 from t5x_like.structures.decoder import DecoderStructure
@@ -82,6 +83,5 @@ class BilmStructure(DecoderStructure):
 
 @functools.cache
 def _embedded_pieces() -> tuple[str, ...]:
-    from t5x_like.data import embedded, vocabularies
     return vocabularies.SentencePieceVocabulary(
         embedded.vocab_model_path(), extra_ids=embedded.NUM_EXTRA_IDS).pieces()

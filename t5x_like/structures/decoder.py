@@ -5,6 +5,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from t5x_like import decoding
+from t5x_like.data import feature_converters
 from t5x_like.errors import UserError
 from t5x_like.structures.base import (
     DECODE_DEFAULTS,
@@ -101,7 +103,6 @@ class DecoderStructure(Structure):
         self.prefix_attention = prefix_attention
 
     def feature_converter(self, task_feature_lengths, pack=False):
-        from t5x_like.data import feature_converters
         return feature_converters.DecoderFeatureConverter(
             pack=pack, prefix_lm="inputs" in task_feature_lengths,
             bidirectional_prefix=self.prefix_attention == "bidirectional",
@@ -129,7 +130,6 @@ class DecoderStructure(Structure):
     def predict_batch(self, params, batch, *, rng=None, **decode):
         """Continues each row's prompt: the tokens before its first target position
         (``decoder_loss_weights``), left-aligned rows of any prompt length."""
-        from t5x_like import decoding
         options = {**DECODE_DEFAULTS, **decode}
         prompts, prompt_lengths = prompts_from_batch(batch)
         return decoding.generate_padded(
@@ -142,7 +142,6 @@ class DecoderStructure(Structure):
     def decode_step(self, batch_size, lengths):
         """A step of ``decoding.generate_padded``: one token per row, its position, and
         the mask of the cache's real positions."""
-        from t5x_like import decoding
         model, total = self.model, sum(lengths.values())
         cache = jax.eval_shape(lambda: decoding.init_decoder_cache(model, batch_size, total))
         token = jax.ShapeDtypeStruct((batch_size, 1), jnp.int32)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from t5x_like import objectives
+from t5x_like.data import feature_converters
 from t5x_like.structures.base import (
     Structure,
     _stack_matmuls,
@@ -36,7 +37,6 @@ class EncoderStructure(Structure):
     targets_feature = "encoder_target_tokens"
 
     def feature_converter(self, task_feature_lengths, pack=False):
-        from t5x_like.data import feature_converters
         config = getattr(self.model, "config", None)  # Longformer's global tokens
         attention = getattr(config, "attention", None)
         return feature_converters.EncoderFeatureConverter(

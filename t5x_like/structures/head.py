@@ -20,6 +20,7 @@ import numpy as np
 
 from t5x_like import objectives
 from t5x_like.data import get_task_or_mixture
+from t5x_like.data.head_features import HeadFeatureConverter
 from t5x_like.errors import ConfigError, UserError
 from t5x_like.models import heads, peft_modules
 from t5x_like.structures import families
@@ -83,7 +84,6 @@ class HeadStructure(Structure):
 
     # -- data -------------------------------------------------------------------------------
     def feature_converter(self, task_feature_lengths, pack=False, strict=True):
-        from t5x_like.data.head_features import HeadFeatureConverter
         if pack:
             raise ConfigError("A fine-tuning head reads one example per row; set pack=False.")
         return HeadFeatureConverter(self.kind, self.vocabulary, self.labels,

@@ -22,6 +22,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from t5x_like.data.preference import PairFeatureConverter
 from t5x_like.errors import UserError
 from t5x_like.models import peft_modules
 from t5x_like.models.heads import RewardModel
@@ -59,7 +60,6 @@ class _PairStructure(Structure):
         self.settings = settings
 
     def feature_converter(self, task_feature_lengths, pack=False):
-        from t5x_like.data.preference import PairFeatureConverter
         if pack:
             raise UserError("Preference pairs are batched, not packed (both rows of a pair "
                             "share a prompt); set --config.data.pack=False.")
