@@ -29,7 +29,8 @@ def step_flops(config_name: str, batch: int, cached: bool, smoke: bool = False) 
     import jax.numpy as jnp
     import ml_collections
 
-    from t5x_like import config_lib, decoding, structures
+    from t5x_like import config_lib, structures
+    from t5x_like.models import decoding
     config = config_lib.load_config_file(str(ROOT / "configs" / f"{config_name}.py"))
     if smoke:  # a 1-layer, 32-wide model of the config's family, 16 inputs, 8 targets
         import _smoke

@@ -18,8 +18,8 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from t5x_like import platforms
 from t5x_like.errors import UserError
+from t5x_like.system import platforms
 
 
 class LaunchFailed(Exception):

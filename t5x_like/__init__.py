@@ -4,7 +4,7 @@ The picture of the package is ``docs/architecture.md``'s data flow: data -> mode
 objective -> partitioner -> trainer -> evaluation. Start at ``t5x_like.train``.
 """
 
-from t5x_like import platforms as _platforms
+from t5x_like.system import platforms as _platforms
 
 __version__ = "0.1.0"
 

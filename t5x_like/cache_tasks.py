@@ -25,9 +25,10 @@ import sys
 import threading
 import time
 
-from t5x_like import cli_flags, errors, progress, storage
+from t5x_like import cli_flags, errors
 from t5x_like.data import cache
 from t5x_like.errors import UserError
+from t5x_like.system import progress, storage
 
 
 class _DropApitoolsWarning(logging.Filter):

@@ -13,8 +13,8 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
-from t5x_like import storage
 from t5x_like.errors import UserError
+from t5x_like.system import storage
 
 
 def add_module_flag(parser) -> None:

@@ -39,8 +39,9 @@ import pathlib
 import sys
 import time
 
-from t5x_like import cli_flags, errors, storage
+from t5x_like import cli_flags, errors
 from t5x_like.errors import UserError
+from t5x_like.system import storage
 
 LAYERS_HELP = "all, last, or a comma list of layer numbers (0 = embeddings, -1 = last)"
 

@@ -16,12 +16,13 @@ import argparse
 import sys
 import time
 
-from t5x_like import cli_flags, errors, progress, runs, storage
+from t5x_like import cli_flags, errors, runs
 from t5x_like.checkpoints import param_sources
 from t5x_like.config import split_overrides
 from t5x_like.errors import UserError
 from t5x_like.evaluation import results as result_files
 from t5x_like.evaluation import runner
+from t5x_like.system import progress, storage
 
 
 def parse_args(argv):

@@ -13,7 +13,8 @@ import datetime
 import json
 import sys
 
-from t5x_like import errors, storage
+from t5x_like import errors
+from t5x_like.system import storage
 from t5x_like.telemetry import goodput_events
 
 

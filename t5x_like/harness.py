@@ -19,9 +19,10 @@ import argparse
 import json
 import sys
 
-from t5x_like import cli_flags, errors, storage
+from t5x_like import cli_flags, errors
 from t5x_like.errors import UserError
 from t5x_like.evaluation import harness_tasks
+from t5x_like.system import storage
 
 
 def parse_args(argv):

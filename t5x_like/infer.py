@@ -19,10 +19,11 @@ import sys
 
 import numpy as np
 
-from t5x_like import cli_flags, errors, runs, storage
+from t5x_like import cli_flags, errors, runs
 from t5x_like.checkpoints import param_sources
 from t5x_like.config import split_overrides
 from t5x_like.errors import UserError
+from t5x_like.system import storage
 
 
 def parse_args(argv):

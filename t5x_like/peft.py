@@ -15,9 +15,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from t5x_like import errors, storage
+from t5x_like import errors
 from t5x_like.errors import UserError
 from t5x_like.models.peft_modules import plain_dicts
+from t5x_like.system import storage
 
 # -- the merge command -------------------------------------------------------------------------
 

@@ -144,7 +144,7 @@ def format_report(r: dict) -> str:
                      f" ms{links}), MFU at best {100 * roof['mfu']:.1f}%")
     elif r["compiled_flops_per_device"] is not None:
         lines.append("roofline: no peak FLOP/s or bandwidth for this device kind (see "
-                     "t5x_like.hardware.CHIPS)")
+                     "t5x_like.system.hardware.CHIPS)")
     lines += _traffic_lines(r)
     lines += _collective_lines(r)
     return "\n".join(lines)

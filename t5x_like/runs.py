@@ -14,10 +14,11 @@ from typing import Any
 
 import ml_collections
 
-from t5x_like import config, storage
+from t5x_like import config
 from t5x_like.checkpoints.param_sources.source import Source, check_same_model, config_from_saved
 from t5x_like.config import RunSpec
 from t5x_like.errors import ConfigError, DataError, UserError
+from t5x_like.system import storage
 
 
 def load_config(config_path: str, overrides) -> ml_collections.ConfigDict:

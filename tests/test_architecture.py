@@ -309,6 +309,19 @@ def test_family_decisions_live_in_the_structure_registry():
     assert not sites, "\n".join(sites)
 
 
+def test_the_package_root_holds_the_commands_and_at_most_five_other_modules():
+    """A newcomer reads a module's layer and concern off its path: the root holds the
+    commands (the layer contract's list), ``cli``, ``config_lib`` and at most five other
+    modules; everything else is in a package named for its concern."""
+    import tomllib
+    layers = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"][
+        "contracts"][0]["layers"]
+    commands = {name.strip().removeprefix("t5x_like.") for name in layers[1].split("|")}
+    root = {path.stem for path in (REPO / "t5x_like").glob("*.py")} - {"__init__"}
+    others = sorted(root - commands - {"cli", "config_lib"})
+    assert len(others) <= 5, others
+
+
 def _registered_modes() -> tuple[set, set]:
     """The registered training modes' names (a mode's name is its spec section: ``head``,
     ``distill``, ``preference``, ``rl``) and the source files of their records (every

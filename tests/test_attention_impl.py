@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
-from t5x_like import config_lib, traced_platform
+from t5x_like import config_lib
 from t5x_like.models import attention, encoder
+from t5x_like.system import traced_platform
 
 BATCH, LENGTH, HEADS, KV_HEADS, HEAD_DIM = 2, 40, 4, 2, 8
 SCALE = 0.35

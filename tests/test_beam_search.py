@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t5x_like import decoding
+from t5x_like.models import decoding
 
 EOS = 1
 

@@ -1,6 +1,6 @@
 """gs:// and s3:// paths, against emulators the tests start on loopback.
 
-The fast tests drive ``t5x_like.storage`` and the readers and writers built on it
+The fast tests drive ``t5x_like.system.storage`` and the readers and writers built on it
 in-process; the slow one trains into a bucket, is stopped with SIGTERM, resumes and is
 evaluated, every path a ``gs://`` URL.
 """
@@ -53,7 +53,7 @@ def s3():
 @pytest.mark.parametrize("bucket_fixture", ["gcs", "s3"])
 def test_append_log_keeps_every_line_across_writers(bucket_fixture, request):
     request.getfixturevalue(bucket_fixture)
-    from t5x_like import storage
+    from t5x_like.system import storage
     scheme = "gs" if bucket_fixture == "gcs" else "s3"
     file = storage.path(f"{scheme}://t5xl-test/append/metrics.jsonl")
     first = storage.AppendLog(file)
@@ -67,7 +67,7 @@ def test_append_log_keeps_every_line_across_writers(bucket_fixture, request):
 
 
 def test_files_under_a_bucket_folder_keep_their_scheme_and_move_as_a_tree(gcs):
-    from t5x_like import storage
+    from t5x_like.system import storage
     folder = storage.path("gs://t5xl-test/tree/7")
     for name in ("a.json", "state/x", "state/deep/y"):
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
@@ -84,8 +84,8 @@ def test_files_under_a_bucket_folder_keep_their_scheme_and_move_as_a_tree(gcs):
 
 
 def test_text_sources_read_bucket_files_like_local_ones(gcs, tmp_path):
-    from t5x_like import storage
     from t5x_like.data.sources import JsonlSource, TextLineSource
+    from t5x_like.system import storage
     lines = [f"line {i}" for i in range(10)]
     storage.path("gs://t5xl-test/corpus/b.txt").write_text("\n".join(lines[5:]) + "\n")
     storage.path("gs://t5xl-test/corpus/a.txt.gz").write_bytes(
@@ -106,8 +106,8 @@ def test_text_sources_read_bucket_files_like_local_ones(gcs, tmp_path):
 
 
 def test_checkpoint_manifest_and_damage_check_work_in_a_bucket(gcs):
-    from t5x_like import storage
     from t5x_like.checkpoints import checkpoint_store
+    from t5x_like.system import storage
     folder = storage.path("gs://t5xl-test/manifest/3")
     (folder / "state").mkdir(parents=True, exist_ok=True)
     (folder / "state" / "data").write_bytes(b"\x00" * 100)
@@ -129,9 +129,9 @@ def test_a_missing_bucket_is_refused_before_any_work(gcs):
 def test_a_pretrained_folder_round_trips_through_a_bucket(gcs):
     import numpy as np
 
-    from t5x_like import storage
     from t5x_like.convert import pretrained
     from t5x_like.data import vocabularies
+    from t5x_like.system import storage
     params = {"dense": {"kernel": np.arange(6, dtype=np.float32).reshape(2, 3)}}
     config = {"family": "decoder", "d_model": 3}
     pretrained.save_pretrained("gs://t5xl-test/pretrained", config, params,
@@ -147,7 +147,7 @@ def test_a_pretrained_folder_round_trips_through_a_bucket(gcs):
 
 
 def test_s3_checkpoint_paths_are_refused_with_the_reason(s3):
-    from t5x_like import storage
+    from t5x_like.system import storage
     with pytest.raises(ValueError, match="orbax .* gs:// and local"):
         storage.check_checkpoint_location("s3://t5xl-test/run", "--workdir")
     storage.check_checkpoint_location("gs://t5xl-test/run", "--workdir")
@@ -163,7 +163,7 @@ TINY = ["--config=configs/quickstart.py", "--config.batch_size=2",
 
 @pytest.mark.slow
 def test_train_sigterm_resume_and_eval_all_in_a_bucket(gcs):
-    from t5x_like import storage
+    from t5x_like.system import storage
     env = dict(os.environ, **gcs, JAX_PLATFORMS="cpu")
     env.pop("XLA_FLAGS", None)
     workdir = "gs://t5xl-test/e2e/run"
@@ -217,7 +217,8 @@ def test_train_sigterm_resume_and_eval_all_in_a_bucket(gcs):
 
 
 def test_a_bucket_path_without_its_client_library_names_the_extra(monkeypatch):
-    from t5x_like import cli_flags, errors, storage
+    from t5x_like import cli_flags, errors
+    from t5x_like.system import storage
     monkeypatch.setitem(storage._FSSPEC_PACKAGE, "gs://", "no_such_gcs_client")
     with pytest.raises(errors.UserError,
                        match=r"--workdir=gs://b/run: gs:// paths need the no_such_gcs_client "

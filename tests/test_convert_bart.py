@@ -9,9 +9,10 @@ import pytest
 import torch
 from hf_helpers import tiny_hf_bart
 
-from t5x_like import decoding, structures
+from t5x_like import structures
 from t5x_like.convert import __main__ as convert_cli
 from t5x_like.convert import load_pretrained
+from t5x_like.models import decoding
 
 PAD, START = 1, 2
 

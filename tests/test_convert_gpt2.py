@@ -70,7 +70,7 @@ def test_greedy_generation_matches_transformers_generate(tmp_path):
 
     import jax
 
-    from t5x_like import decoding
+    from t5x_like.models import decoding
 
     hf_model = tiny_hf_gpt2()
     hf_model.save_pretrained(tmp_path / "hf")

@@ -20,11 +20,12 @@ from test_convert_llama import import_and_build, right_padded_batch
 from test_convert_open_decoders import perturbed
 from test_convert_refusals import hf_folder, refusal
 
-from t5x_like import decoding, structures
+from t5x_like import structures
 from t5x_like.convert import __main__ as convert_cli
 from t5x_like.convert import hf_io, hf_moe, hf_switch, load_pretrained
 from t5x_like.data import hf_tokenizers
 from t5x_like.errors import UserError
+from t5x_like.models import decoding
 
 DECODER = dict(vocab_size=100, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
                head_dim=8, max_position_embeddings=64, rms_norm_eps=1e-6, bos_token_id=1,

@@ -10,9 +10,10 @@ import pytest
 import torch
 import transformers
 
-from t5x_like import decoding, structures
+from t5x_like import structures
 from t5x_like.convert import __main__ as convert_cli
 from t5x_like.convert import load_pretrained
+from t5x_like.models import decoding
 
 PAD, EOS = 1, 2
 LANG = 97  # a language-id token at the top of the tiny vocabulary, as mBART's are

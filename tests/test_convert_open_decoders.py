@@ -12,10 +12,11 @@ import torch
 import transformers
 from test_convert_llama import assert_logits_match, import_and_build, right_padded_batch
 
-from t5x_like import decoding, structures
+from t5x_like import structures
 from t5x_like.convert import __main__ as convert_cli
 from t5x_like.convert import hf_io
 from t5x_like.errors import UserError
+from t5x_like.models import decoding
 
 SMALL = dict(vocab_size=100, hidden_size=32, intermediate_size=48, num_attention_heads=4,
              num_key_value_heads=2, head_dim=8, num_hidden_layers=4, max_position_embeddings=64,

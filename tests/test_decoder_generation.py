@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from t5x_like import config_lib, decoding
-from t5x_like.models import decoder, stacking
+from t5x_like import config_lib
+from t5x_like.models import decoder, decoding, stacking
 
 GPT = dict(vocab_size=40, d_model=16, num_heads=2, head_dim=8, d_ff=32, num_layers=2,
            max_length=24)

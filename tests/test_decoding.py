@@ -10,11 +10,13 @@ import pytest
 import torch
 from hf_helpers import VARIANTS, padded_batch, tiny_hf_t5
 
-from t5x_like import decoding, structures, traced_platform
+from t5x_like import structures
 from t5x_like.convert import __main__ as convert_cli
 from t5x_like.convert import load_pretrained
 from t5x_like.engine import partitioning
 from t5x_like.engine import trainer as trainer_lib
+from t5x_like.models import decoding
+from t5x_like.system import traced_platform
 
 MAX_DECODE = 9
 

@@ -10,13 +10,14 @@ import pytest
 from conftest import tiny_config
 
 import t5x_like.data as td
-from t5x_like import config_lib, decoding, errors, metrics, structures, train
+from t5x_like import config_lib, errors, metrics, structures, train
 from t5x_like import eval as eval_cli
 from t5x_like.builtin_tasks import pretraining as tasks
 from t5x_like.data import preprocessors as pp
 from t5x_like.engine import partitioning
 from t5x_like.engine import trainer as trainer_lib
 from t5x_like.evaluation import evaluator, few_shot, runner
+from t5x_like.models import decoding
 
 WORDS = ["apple", "river", "stone", "cloud", "green", "north", "table", "light"]
 

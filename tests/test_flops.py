@@ -5,8 +5,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from t5x_like import config_lib, hardware, models, structures
+from t5x_like import config_lib, models, structures
 from t5x_like.engine import flops
+from t5x_like.system import hardware
 
 CASES = [
     ("decoder", dict(num_layers=2, max_length=128), {"targets": 128}),

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from t5x_like import hardware
 from t5x_like.engine import partitioning
 from t5x_like.planner import hlo_collectives
+from t5x_like.system import hardware
 
 MESH = {"data": 2, "context": 4}
 SHAPE = {axis: MESH.get(axis, 1) for axis in partitioning.MESH_AXES}

@@ -449,7 +449,7 @@ def test_sbatch_does_not_carry_this_machines_backend_choice_to_the_gpu_nodes(
         cloud, tmp_path, monkeypatch):
     """sbatch copies the environment into the job: the JAX_PLATFORMS=cpu that importing
     t5x_like chose on a login node without GPUs must not reach the GPU nodes."""
-    from t5x_like import platforms
+    from t5x_like.system import platforms
     monkeypatch.chdir(pathlib.Path(launcher.__file__).resolve().parents[1])
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     monkeypatch.setenv(platforms.CHOSEN_MARKER, "cpu")

@@ -10,9 +10,10 @@ import pytest
 from conftest import tiny_config
 from storage_emulators import gcs_fixture  # noqa: F401  (the module's `gcs` fixture)
 
-from t5x_like import storage, train
+from t5x_like import train
 from t5x_like.checkpoints import checkpoint_store
 from t5x_like.errors import ConfigError
+from t5x_like.system import storage
 from t5x_like.telemetry import goodput_events
 
 

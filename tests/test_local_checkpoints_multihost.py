@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from test_elastic_resume import LOSS_RTOL, REPO, SETTINGS, _env, _records
 
-from t5x_like import storage
 from t5x_like.checkpoints import checkpoint_store
+from t5x_like.system import storage
 
 # FSDP over both processes' devices: each host holds its own part of every parameter.
 MESH = ["--config.mesh.data=1", "--config.mesh.fsdp=-1", "--config.checkpoint.every_steps=2"]

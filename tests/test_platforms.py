@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from t5x_like import platforms
+from t5x_like.system import platforms
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

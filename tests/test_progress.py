@@ -1,4 +1,4 @@
-"""``t5x_like.progress``: done of total, a rate that leaves out the first step's compile,
+"""``t5x_like.system.progress``: done of total, a rate that leaves out the first step's compile,
 an ETA; redrawn in place on a terminal, one line per interval elsewhere. And the long
 commands show it: ``eval``, ``convert import``, ``cache_tasks``, the harness model."""
 
@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from t5x_like import progress
+from t5x_like.system import progress
 
 
 class Terminal(io.StringIO):

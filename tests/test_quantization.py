@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from conftest import set_keys, tiny_config
 
-from t5x_like import config_lib, errors, hardware, infer, runs, structures, train
+from t5x_like import config_lib, errors, infer, runs, structures, train
 from t5x_like.checkpoints import int8_weights, param_sources
 from t5x_like.data import get_task_or_mixture
 from t5x_like.engine import partitioning
@@ -26,6 +26,7 @@ from t5x_like.engine import trainer as trainer_lib
 from t5x_like.evaluation import evaluator
 from t5x_like.models import layers, quantization
 from t5x_like.planner import hlo_matmuls
+from t5x_like.system import hardware
 
 # -- the numpy reference: Qwix's quantized matmul, written out -------------------------
 

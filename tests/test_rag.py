@@ -10,7 +10,8 @@ import numpy as np
 import optax
 import pytest
 
-from t5x_like import config_lib, decoding, models, structures
+from t5x_like import config_lib, models, structures
+from t5x_like.models import decoding
 from t5x_like.objectives import rag as rag_objectives
 from t5x_like.retrieval import rag, towers
 

@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from t5x_like import traced_platform
 from t5x_like.models import ragged_exchange
+from t5x_like.system import traced_platform
 
 
 def _exchange(devices, operand, output, *offsets_and_sizes):

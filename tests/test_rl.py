@@ -25,9 +25,9 @@ from test_preference_training import decoder_config
 from t5x_like import config_lib, errors, structures, train
 from t5x_like.config import spec_of
 from t5x_like.convert import __main__ as convert_cli
+from t5x_like.metrics.rewards import RewardRegistry
 from t5x_like.modes import rl
 from t5x_like.objectives import preference as losses
-from t5x_like.rewards import RewardRegistry
 
 G = 4
 COMPLETION = 5
@@ -249,7 +249,7 @@ def test_grpo_loss_and_gradients_equal_trl_over_two_iterations(models, tmp_path,
 def test_sampling_with_a_key_is_reproducible_and_top_k_one_is_greedy(models):  # noqa: F811
     """The rollout sampler (``decoding.generate_padded`` with temperature): the same key
     gives the same completions, another key others; top_k=1 samples the argmax."""
-    from t5x_like import decoding
+    from t5x_like.models import decoding
     (_, policy_config, params), _ = models
     model = rl_structure(policy_config).model
     prompts = jnp.asarray([[1, 5, 6, 7, 0, 0], [1, 9, 10, 0, 0, 0]] * 4)

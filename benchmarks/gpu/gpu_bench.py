@@ -32,7 +32,7 @@ machine while the tree is being edited). The stages reuse those two scripts' cod
    ``torch.autocast`` for bfloat16), same shapes and random batch. Each side: one warm-up
    step, then ``--steps`` timed steps, each synchronised; median and best are kept.
    MFU = ``t5x_like.engine.flops.train_flops_per_step`` (PaLM-style model FLOPs from the config,
-   the same count for both sides) / step time / ``t5x_like.hardware.peak_flops`` (dense
+   the same count for both sides) / step time / ``t5x_like.system.hardware.peak_flops`` (dense
    bf16 datasheet peak, 989 TFLOP/s for an H100 SXM); the table also gives the ratio to
    a bf16 matmul measured here on random data.
 2. ``decode``: ``decode_speed.py``'s rows (its exporters, so both sides hold the same
@@ -56,7 +56,7 @@ device tool with carry [".whl"]:
     GPU_BENCH_TIMEOUT=360 bash benchmarks/gpu/run_device.sh \
         --stages decode,compile,decode_extra --budget_s 270               # h200_run2_*
 
-(``t5x_like.hardware`` lists 989 TFLOP/s dense bf16 for both the H100 SXM and the H200.)
+(``t5x_like.system.hardware`` lists 989 TFLOP/s dense bf16 for both the H100 SXM and the H200.)
 """
 
 from __future__ import annotations
@@ -413,7 +413,7 @@ def main(argv=None) -> int:
     import jax
     import torch
 
-    from t5x_like import hardware
+    from t5x_like.system import hardware
     on_gpu = jax.default_backend() == "gpu"
     if on_gpu:
         torch.set_float32_matmul_precision("high")  # TF32 as JAX's default, as model_step.py

@@ -30,7 +30,7 @@ Stages:
    e4m3 forward, e5m2 backward), and the same shapes in PyTorch (transformers,
    ``torch.compile``, fused AdamW, bf16 autocast) and, where ``torchao`` imports, with its
    ``convert_to_float8_training``. MFU = model FLOPs (``t5x_like.engine.flops``) / step time /
-   the chip's dense bf16 peak (``t5x_like.hardware``), for every row, so rows compare;
+   the chip's dense bf16 peak (``t5x_like.system.hardware``), for every row, so rows compare;
    the fp8 rows also give the share of matmul FLOPs XLA ran in fp8 (``hlo_matmuls``).
 3. ``decode``: greedy decoding of 128 new tokens after 128-token prompts at batch 8 and
    64: the float checkpoint's weights cast to bf16, and int8 attention/MLP weights
@@ -174,11 +174,12 @@ def ours_train(config, steps: int) -> dict:
     import jax
     import numpy as np
 
-    from t5x_like import hardware, structures
+    from t5x_like import structures
     from t5x_like.config import spec_of
     from t5x_like.engine import flops, partitioning
     from t5x_like.engine import trainer as trainer_lib
     from t5x_like.planner import hlo_matmuls
+    from t5x_like.system import hardware
     spec = spec_of(config)
     devices = jax.devices()[:1]
     trainer = trainer_lib.build_trainer(spec, partitioning.make_mesh(
@@ -270,9 +271,9 @@ def _free_torch_memory() -> None:
 
 
 def stage_train(args) -> None:
-    from t5x_like import hardware
     from t5x_like.config import spec_of
     from t5x_like.engine import flops
+    from t5x_like.system import hardware
     for row, (name, batch, length) in TRAIN_ROWS.items():
         if args.smoke:
             if row not in SMOKE_ROWS["train"]:

@@ -26,7 +26,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,cl
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/ml_collections-*.whl || exit 1
 export PYTHONPATH=/tmp/site
-check='import sys; sys.path[:0]=[".whl/snap", ".whl/snap/benchmarks"]; import model_step, decode_speed, t5x_like.engine.trainer, t5x_like.decoding'
+check='import sys; sys.path[:0]=[".whl/snap", ".whl/snap/benchmarks"]; import model_step, decode_speed, t5x_like.engine.trainer, t5x_like.models.decoding'
 if ! python3 -c "$check"; then
     echo "t5x_like does not import with this machine's flax/optax: using pinned fallback"
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \

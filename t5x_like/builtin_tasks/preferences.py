@@ -7,7 +7,7 @@
 - ``embedded_arithmetic``: ``a+b=`` -> the sum, for a verifiable reward (online RL,
   ``rl.rewards``): two-digit operands, every (a, b) in exactly one split (train
   8,000, validation and test 500 each, a seeded shuffle of all 10,000).
-- the built-in rewards of ``t5x_like.rewards``, registered by name.
+- the built-in rewards of ``t5x_like.metrics.rewards``, registered by name.
 
 Reading pairs of your own: ``PreferenceSource`` for JSONL files, as
 ``docs/preference_tuning.md`` shows.
@@ -18,13 +18,14 @@ from __future__ import annotations
 import functools
 import random
 
-from t5x_like import metrics, rewards
+from t5x_like import metrics
 from t5x_like.builtin_tasks import bench
 from t5x_like.builtin_tasks.pretraining import features
 from t5x_like.data import preprocessors as pp
 from t5x_like.data import sources
 from t5x_like.data.dataset_providers import TaskRegistry
 from t5x_like.data.preference import TokenizePair
+from t5x_like.metrics import rewards
 
 CLOZE_PREFERENCE = "embedded_austen_cloze_preference"
 ARITHMETIC = "embedded_arithmetic"

@@ -31,7 +31,7 @@ import hashlib
 import time
 from collections.abc import Callable
 
-from t5x_like import storage
+from t5x_like.system import storage
 
 #: how long host 0 waits for the other hosts' shares before leaving a step unsealed
 LANDING_TIMEOUT_S = 900.0

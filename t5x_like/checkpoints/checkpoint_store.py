@@ -42,10 +42,10 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import type_handlers
 
-from t5x_like import storage
 from t5x_like.checkpoints import checkpoint_per_host
 from t5x_like.engine import partitioning
 from t5x_like.errors import UserError
+from t5x_like.system import storage
 
 MANIFEST = "manifest.t5x_like.json"
 ITEMS = ("state", "data", "config")

@@ -22,10 +22,10 @@ import numpy as np
 import qwix
 from jax.sharding import NamedSharding, PartitionSpec
 
-from t5x_like import storage
 from t5x_like.engine import trainer as trainer_lib
 from t5x_like.errors import UserError
 from t5x_like.models import example_inputs, quantization
+from t5x_like.system import storage
 
 FOLDER = "int8_weights"
 

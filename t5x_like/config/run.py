@@ -401,7 +401,7 @@ class RlSpec(Section):
         require(0.0 < self.top_p <= 1.0, f"rl.top_p={self.top_p} must be in (0, 1].")
         require(self.rewards or self.reward_model,
                 "rl.algorithm='grpo' needs something to score completions: rl.rewards (names "
-                "registered with t5x_like.rewards.RewardRegistry) or rl.reward_model.")
+                "registered with t5x_like.metrics.rewards.RewardRegistry) or rl.reward_model.")
         require(not self.reward_weights or len(self.reward_weights) == len(self.rewards)
                 + bool(self.reward_model),
                 f"rl.reward_weights has {len(self.reward_weights)} weights for "

@@ -7,7 +7,7 @@ import json
 import pathlib
 import sys
 
-from t5x_like import errors, storage
+from t5x_like import errors
 from t5x_like.config import legacy, model_spec_class, model_spec_of
 from t5x_like.convert import (
     hf_albert,
@@ -30,6 +30,7 @@ from t5x_like.convert import (
 )
 from t5x_like.data import vocabularies
 from t5x_like.errors import UserError
+from t5x_like.system import storage
 
 ARCHITECTURES = {"t5": hf_t5, "mt5": hf_t5, "gpt2": hf_gpt2, "bert": hf_bert,
                  "roberta": hf_roberta, "llama": hf_llama, "mistral": hf_llama, "qwen2": hf_llama, "qwen3": hf_llama,

@@ -11,8 +11,8 @@ import pathlib
 
 import numpy as np
 
-from t5x_like import progress
 from t5x_like.errors import MissingFile, UserError, install_hint
+from t5x_like.system import progress
 
 
 def _safetensors_numpy():

@@ -20,8 +20,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from t5x_like import storage
 from t5x_like.errors import MissingFile, UserError
+from t5x_like.system import storage
 
 TOKENIZER_FOLDER = "tokenizer"
 

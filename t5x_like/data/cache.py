@@ -40,10 +40,10 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 import msgpack
 import numpy as np
 
-from t5x_like import storage
 from t5x_like.data import preprocessors as pp
 from t5x_like.data import sources, vocabularies
 from t5x_like.errors import DataError, UserError
+from t5x_like.system import storage
 
 FORMAT_VERSION = 1
 INFO_FILE = "info.json"

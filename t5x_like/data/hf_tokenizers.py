@@ -72,7 +72,7 @@ def copy_tokenizer(hf_dir, out_dir, hf_config: dict | None = None) -> list[str]:
 def load(folder, hf_config: dict | None = None):
     """The vocabulary of a tokenizer folder (or a ``tokenizer.json`` file); one in a
     bucket is read from a local copy."""
-    from t5x_like import storage
+    from t5x_like.system import storage
     path = pathlib.Path(storage.local_copy(folder))
     if path.is_file() and path.name.endswith(".json"):
         return HfTokenizerVocabulary(path, hf_config)

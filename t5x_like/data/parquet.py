@@ -14,7 +14,7 @@ still resumes exactly from one position.
 Every ``holdout_every``-th row of a file is ``validation`` (as ``JsonlSource`` holds out
 every N-th line). With at least as many files as input streams each stream reads whole
 files (``FileSource``'s file-level sharding). Files may sit on object storage
-(``gs://``, ``s3://``): they are opened through ``t5x_like.storage``.
+(``gs://``, ``s3://``): they are opened through ``t5x_like.system.storage``.
 
 A column the mapping names and a file lacks is an error naming the file and its
 columns; a null value is an error naming the file, the row and the column.
@@ -27,10 +27,10 @@ import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
 
-from t5x_like import storage
 from t5x_like.data import sequential
 from t5x_like.data.sources import ColumnRows, FileSource, column_fields, rows_in_split, split_row
 from t5x_like.errors import DataError, install_hint
+from t5x_like.system import storage
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,8 +20,8 @@ import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 
-from t5x_like import storage
 from t5x_like.errors import DataError, MissingFile, install_hint
+from t5x_like.system import storage
 
 # "Genesis 1:1<TAB>In the beginning ..." -> the verse text only.
 _VERSE_KEY = re.compile(r"^[^\t]*\d+:\d+\t")

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import sentencepiece as spm
 
-from t5x_like import storage
 from t5x_like.errors import MissingFile, UserError
+from t5x_like.system import storage
 
 PAD_ID, EOS_ID, UNK_ID, BOS_ID = 0, 1, 2, 3
 MASK_PIECE, CLS_PIECE, SEP_PIECE = "[MASK]", "[CLS]", "[SEP]"

@@ -19,11 +19,12 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from t5x_like import models, structures, traced_platform
+from t5x_like import models, structures
 from t5x_like.config import check_devices, spec_of
 from t5x_like.engine import optim, partitioning
 from t5x_like.models import context_parallel, layers, peft_modules, pipeline, quantization
 from t5x_like.models import peft_modules as peft
+from t5x_like.system import traced_platform
 
 
 @flax.struct.dataclass

@@ -33,10 +33,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from t5x_like import metrics, progress
+from t5x_like import metrics
 from t5x_like.engine import partitioning
 from t5x_like.errors import UserError
 from t5x_like.evaluation import few_shot
+from t5x_like.system import progress
 
 MODES = ("auto", "predict", "rank", "score")
 

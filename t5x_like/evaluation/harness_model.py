@@ -44,10 +44,11 @@ from lm_eval.models.utils import (
     postprocess_generated_text,
 )
 
-from t5x_like import cli_flags, progress, runs, structures
+from t5x_like import cli_flags, runs, structures
 from t5x_like.checkpoints import int8_weights, param_sources
 from t5x_like.errors import UserError
 from t5x_like.evaluation import evaluator, few_shot, harness_tasks
+from t5x_like.system import progress
 
 NAME = "t5x_like"
 MIN_WIDTH = 16

@@ -10,8 +10,9 @@ from __future__ import annotations
 import difflib
 import importlib.util
 
-from t5x_like import errors, storage
+from t5x_like import errors
 from t5x_like.errors import UserError
+from t5x_like.system import storage
 
 
 def check_installed(what: str = "The harness command") -> None:

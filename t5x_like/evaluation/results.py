@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from t5x_like import storage
+from t5x_like.system import storage
 
 
 def done_steps(output_dir, task_names, split: str = "validation") -> set[int]:

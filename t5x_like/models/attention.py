@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_like import traced_platform
+from t5x_like.system import traced_platform
 
 NEG_INF = -1e10
 IMPLEMENTATIONS = ("auto", "xla", "flash", "chunked")

@@ -46,8 +46,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from t5x_like import traced_platform
 from t5x_like.models import attention
+from t5x_like.system import traced_platform
 
 STRATEGIES = ("all_gather", "ring")
 

@@ -47,10 +47,10 @@ import jax.numpy as jnp
 from flax import traverse_util
 from jax.sharding import PartitionSpec
 
-from t5x_like import traced_platform
 from t5x_like.config.model_parts import Experts
 from t5x_like.models import layers, ragged_exchange
 from t5x_like.models.layers import constrain
+from t5x_like.system import traced_platform
 
 #: the collection the router's statistics and losses are sown into
 COLLECTION = "router"

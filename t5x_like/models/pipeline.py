@@ -47,8 +47,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from t5x_like import traced_platform
 from t5x_like.models.layers import constrain
+from t5x_like.system import traced_platform
 
 SCHEDULES = ("gpipe", "circular")
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from t5x_like import traced_platform
+from t5x_like.system import traced_platform
 
 #: the platforms whose XLA compiles ``ragged-all-to-all``
 NATIVE_PLATFORMS = ("tpu", "gpu")

@@ -12,7 +12,7 @@ One step, in ``Rollouts.next``:
    weights), with the key ``fold_in(key(seed + 2), step)``: the rollout randomness is a
    function of the step, which the checkpoint holds, so a resumed run samples exactly
    what an uninterrupted one did;
-3. rewards: each of ``rl.rewards`` (``t5x_like.rewards.RewardRegistry``) on the decoded
+3. rewards: each of ``rl.rewards`` (``t5x_like.metrics.rewards.RewardRegistry``) on the decoded
    completions and the rows' prompt and answer texts, and ``rl.reward_model``'s scores
    (a ``preference.objective='reward_model'`` checkpoint, run jitted on the same mesh),
    weighted and summed;
@@ -42,15 +42,16 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
-from t5x_like import decoding, structures
+from t5x_like import structures
 from t5x_like.checkpoints import param_sources
 from t5x_like.engine import partitioning
 from t5x_like.engine import trainer as trainer_lib
 from t5x_like.errors import UserError
+from t5x_like.metrics.rewards import RewardRegistry
+from t5x_like.models import decoding
 from t5x_like.modes import preference
 from t5x_like.modes.registry import Mode
 from t5x_like.objectives.preference import group_advantages
-from t5x_like.rewards import RewardRegistry
 from t5x_like.structures import reinforcement
 from t5x_like.structures.decoder import prompts_from_batch
 
@@ -84,7 +85,7 @@ def reward_functions(spec):
         except KeyError:
             raise UserError(f"rl.rewards names {name!r}, which is not a registered reward; "
                             f"registered: {', '.join(RewardRegistry.names()) or 'none'} "
-                            "(add yours with t5x_like.rewards.RewardRegistry.add in a "
+                            "(add yours with t5x_like.metrics.rewards.RewardRegistry.add in a "
                             "--module).") from None
     return found
 

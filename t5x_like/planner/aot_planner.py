@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import os
 
-from t5x_like import errors, platforms
+from t5x_like import errors
 from t5x_like.config import spec_of
 from t5x_like.errors import UserError
+from t5x_like.system import hardware, platforms
 
 GiB = 1024**3
 # How many of the largest sources of HBM traffic a report names.
@@ -123,7 +124,7 @@ def _pipeline(config, mesh_shape) -> dict:
 def plan(config, topology: str, num_slices: int = 1) -> dict:
     """Compiles ``config``'s train step for ``topology`` (``num_slices`` of them joined
     over DCN); returns the report as a dict."""
-    from t5x_like import hardware, structures
+    from t5x_like import structures
     from t5x_like.engine import flops
     from t5x_like.engine import trainer as trainer_lib
 
@@ -227,7 +228,6 @@ def _quantized_rates(config, hlo_text: str, device_kind: str, peak: float | None
     chip's rate for them, and the one rate the roofline's compute time takes: each FLOP
     at its own peak, ``1 / (share / quantized peak + (1 - share) / peak)``. MFU stays
     against the bfloat16 peak, as MaxText reports it, so runs compare."""
-    from t5x_like import hardware
     from t5x_like.planner import hlo_matmuls
     kind = config.quantization.kind
     share = hlo_matmuls.low_precision_share(hlo_matmuls.matmul_flops_by_dtype(hlo_text))
@@ -328,7 +328,7 @@ def plan_decode(config, topology: str, num_slices: int = 1) -> dict:
     import jax
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from t5x_like import hardware, structures
+    from t5x_like import structures
     from t5x_like.checkpoints import int8_weights
     from t5x_like.engine import partitioning
     from t5x_like.engine import trainer as trainer_lib

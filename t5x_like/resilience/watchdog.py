@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from t5x_like import storage
+from t5x_like.system import storage
 
 # EX_TEMPFAIL (sysexits.h, "try again later"): the run hung and was stopped; restarting it
 # resumes from its newest checkpoint. Distinct from 1 (a bug or divergence) and 2 (the

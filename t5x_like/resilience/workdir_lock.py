@@ -36,8 +36,8 @@ import time
 import uuid
 from collections.abc import Callable
 
-from t5x_like import storage
 from t5x_like.errors import UserError
+from t5x_like.system import storage
 
 LOCK_NAME = "train.lock"
 DEFAULT_STALE_AFTER_S = 300.0

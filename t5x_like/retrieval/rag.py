@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_like import decoding
+from t5x_like.models import decoding
 from t5x_like.objectives import rag as rag_objectives
 from t5x_like.retrieval import search
 

@@ -119,7 +119,7 @@ def evaluate(workdir: str, split: str = "test", max_examples: int = 300,
     result = {"run": str(workdir), "kind": run["kind"], "split": split,
               "examples": len(data.pairs)}
     if run["kind"] == "closed_book":
-        from t5x_like import decoding
+        from t5x_like.models import decoding
         fn = jax.jit(lambda p, tokens: decoding.decode(generator, p, tokens,
                                                        max_decode_length=max_length))
         generate = lambda batch: fn(params["generator"], batch["inputs"])  # noqa: E731

@@ -28,12 +28,13 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from t5x_like import hardware, structures
+from t5x_like import structures
 from t5x_like.config import spec_of
 from t5x_like.engine import flops
 from t5x_like.errors import UserError
 from t5x_like.planner import aot_planner
 from t5x_like.scaling import sweep
+from t5x_like.system import hardware
 
 ASPECT = 128  # d_model / num_layers of large decoders (GPT-3, Llama 2)
 HEAD_DIM = 128

@@ -40,10 +40,11 @@ import time
 import jax
 import numpy as np
 
-from t5x_like import config, progress, runs, structures
+from t5x_like import config, runs, structures
 from t5x_like.config import model_spec_of
 from t5x_like.engine import flops, trainer
 from t5x_like.errors import UserError
+from t5x_like.system import progress
 
 WIDTHS = (32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768,
           1024)

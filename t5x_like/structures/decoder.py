@@ -5,9 +5,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from t5x_like import decoding
 from t5x_like.data import feature_converters
 from t5x_like.errors import UserError
+from t5x_like.models import decoding
 from t5x_like.structures.base import (
     DECODE_DEFAULTS,
     Structure,

@@ -47,7 +47,7 @@ class EncoderDecoderStructure(Structure):
         return _token_loss_fn(self, loss_config)
 
     def predict_batch(self, params, batch, *, rng=None, **decode):
-        from t5x_like import decoding
+        from t5x_like.models import decoding
         options = {**DECODE_DEFAULTS, **decode}
         tokens = batch["encoder_input_tokens"]
         if options["num_beams"] > 1:
@@ -66,7 +66,7 @@ class EncoderDecoderStructure(Structure):
         import jax
         import jax.numpy as jnp
 
-        from t5x_like import decoding
+        from t5x_like.models import decoding
         model, inputs, targets = self.model, lengths["inputs"], lengths["targets"]
         cache = jax.eval_shape(lambda: decoding.init_cache(model, batch_size, inputs, targets))
         encoded = jax.ShapeDtypeStruct((batch_size, inputs, model.config.d_model),

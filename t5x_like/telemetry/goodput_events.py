@@ -33,7 +33,7 @@ import json
 import time
 import uuid
 
-from t5x_like import storage
+from t5x_like.system import storage
 
 EVENTS_NAME = "goodput.jsonl"
 CAUSES = ("productive", "startup", "checkpoint_restore", "compile", "data", "rollout",

@@ -13,8 +13,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TextIO
 
-from t5x_like import progress, storage
 from t5x_like.config.run import TrackingSpec
+from t5x_like.system import progress, storage
 from t5x_like.telemetry import trackers
 
 

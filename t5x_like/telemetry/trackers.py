@@ -22,7 +22,8 @@ import string
 import time
 from collections.abc import Mapping
 
-from t5x_like import errors, storage
+from t5x_like import errors
+from t5x_like.system import storage
 
 IDS_FILE = "trackers.json"
 # The library each tracker imports, and the extra that installs it.

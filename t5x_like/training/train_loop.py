@@ -14,7 +14,7 @@ import time
 
 import jax
 
-from t5x_like import errors, hardware, modes, runs, structures
+from t5x_like import errors, modes, runs, structures
 from t5x_like.checkpoints.param_sources import peft_partial
 from t5x_like.data import pipeline
 from t5x_like.engine import flops, partitioning
@@ -22,6 +22,7 @@ from t5x_like.engine import trainer as trainer_lib
 from t5x_like.evaluation import in_training
 from t5x_like.resilience import run_guard, watchdog
 from t5x_like.resilience.run_holding import RunHolding
+from t5x_like.system import hardware
 from t5x_like.telemetry import goodput_events, metrics_writer
 from t5x_like.training import starting_state
 

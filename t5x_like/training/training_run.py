@@ -21,10 +21,11 @@ import json
 import time
 from typing import Any
 
-from t5x_like import cli_flags, config, hardware, modes, runs, storage, structures
+from t5x_like import cli_flags, config, modes, runs, structures
 from t5x_like.checkpoints.param_sources.source import check_same_model, resolve
 from t5x_like.config import RunSpec
 from t5x_like.errors import ConfigError, UserError
+from t5x_like.system import hardware, storage
 from t5x_like.telemetry import trackers
 
 

@@ -6,8 +6,8 @@ import numpy as np
 from removals import Removal, existing, proving_tests
 from test_hf_tokenizers import gpt2  # noqa: F401  (the fixture the scoring check reads)
 
-from t5x_like import decoding, objectives
-from t5x_like.models import layers, moe, peft_modules
+from t5x_like import objectives
+from t5x_like.models import decoding, layers, moe, peft_modules
 from t5x_like.objectives import distillation
 from t5x_like.structures.decoder import DecoderStructure
 

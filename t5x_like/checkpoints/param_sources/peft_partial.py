@@ -16,7 +16,7 @@ import hashlib
 
 import numpy as np
 
-from t5x_like import storage
+from t5x_like.system import storage
 
 IDENTITY_KEY = "peft_base"
 

@@ -11,10 +11,10 @@ import json
 
 from etils import epath
 
-from t5x_like import storage
 from t5x_like.checkpoints.param_sources import peft_partial
 from t5x_like.config import RunSpec, migrated, model_spec_of, spec_of
 from t5x_like.errors import ConfigError, UserError
+from t5x_like.system import storage
 
 
 @dataclasses.dataclass(frozen=True)

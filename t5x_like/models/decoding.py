@@ -14,7 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from t5x_like import traced_platform
+from t5x_like.system import traced_platform
 
 EOS_ID = 1
 PAD_ID = 0
