@@ -29,7 +29,7 @@ import jax  # noqa: E402
 from context_parallel_cpu import measure  # noqa: E402
 
 from t5x_like import config_lib  # noqa: E402
-from t5x_like.models import pipeline  # noqa: E402
+from t5x_like.models import pipeline_parallel
 
 LAYERS = 8
 ROWS = [
@@ -87,8 +87,8 @@ def main(argv=None):
         config = config_for(mesh, schedule, microbatches, per_visit, args.length, args.batch,
                             args.smoke)
         stages = mesh.get("stage", 1)
-        settings = pipeline.PipelineSettings(schedule, microbatches, per_visit)
-        bubble = pipeline.bubble_fraction(stages, settings.num_microbatches(stages),
+        settings = pipeline_parallel.PipelineSettings(schedule, microbatches, per_visit)
+        bubble = pipeline_parallel.bubble_fraction(stages, settings.num_microbatches(stages),
                                           settings.repeats(LAYERS, stages))
         row = measure(config, args.steps)
         base = base or row["step_s"]

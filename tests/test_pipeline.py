@@ -22,7 +22,7 @@ from conftest import check_mesh_on_8, set_keys
 from t5x_like import config_lib, errors, models, structures, train
 from t5x_like.engine import partitioning
 from t5x_like.engine import trainer as trainer_lib
-from t5x_like.models import pipeline
+from t5x_like.models import pipeline_parallel
 
 BATCH, LENGTH = 8, 16
 
@@ -83,7 +83,7 @@ def test_a_pipelined_mesh_gives_one_devices_logits_and_gradients(case):
 
     mesh = partitioning.make_mesh(mesh_shape)
     rules = partitioning.axis_rules("fsdp")
-    settings = pipeline.PipelineSettings(schedule, microbatches, per_visit, mesh_shape["stage"])
+    settings = pipeline_parallel.PipelineSettings(schedule, microbatches, per_visit, mesh_shape["stage"])
     with trainer_lib._MeshAndRules(mesh, rules, pipeline_settings=settings):
         boxed = trainer_lib.abstract_boxed_params(model, {})
         shapes = jax.tree.map(lambda b: b.value.shape, boxed, is_leaf=_is_box)
@@ -112,13 +112,13 @@ def test_a_pipelined_mesh_gives_one_devices_logits_and_gradients(case):
 
 
 def test_the_bubble_is_the_idle_share_of_stage_iterations():
-    assert pipeline.bubble_fraction(4, 4) == pytest.approx(3 / 7)
-    assert pipeline.bubble_fraction(4, 16) == pytest.approx(3 / 19)
-    assert pipeline.bubble_fraction(4, 4, repeats=4) == pytest.approx(3 / 19)  # circular
-    assert pipeline.bubble_fraction(1, 8) == 0.0
-    settings = pipeline.PipelineSettings("circular", 0, 2)
+    assert pipeline_parallel.bubble_fraction(4, 4) == pytest.approx(3 / 7)
+    assert pipeline_parallel.bubble_fraction(4, 16) == pytest.approx(3 / 19)
+    assert pipeline_parallel.bubble_fraction(4, 4, repeats=4) == pytest.approx(3 / 19)  # circular
+    assert pipeline_parallel.bubble_fraction(1, 8) == 0.0
+    settings = pipeline_parallel.PipelineSettings("circular", 0, 2)
     assert settings.repeats(16, 4) == 2 and settings.num_microbatches(4) == 4
-    assert pipeline.PipelineSettings("gpipe", 0, 2).repeats(16, 4) == 1
+    assert pipeline_parallel.PipelineSettings("gpipe", 0, 2).repeats(16, 4) == 1
 
 
 def _metrics(workdir) -> dict[int, dict]:

@@ -10,7 +10,7 @@ import pytest
 from t5x_like import config_lib
 from t5x_like.config import evals as evals_lib
 from t5x_like.config import legacy
-from t5x_like.config.families import MODEL_SPECS, model_spec_class
+from t5x_like.config.model_specs import MODEL_SPECS, model_spec_class
 from t5x_like.config.overrides import apply_overrides
 from t5x_like.config.run import RunSpec
 from t5x_like.errors import ConfigError

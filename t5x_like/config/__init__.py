@@ -22,9 +22,9 @@ from t5x_like.config.devices import (
     rows_per_device,
 )
 from t5x_like.config.evals import EVAL_SPECS, EvalSpec, register_eval_spec
-from t5x_like.config.families import MODEL_SPECS, model_spec_class, register_model_spec
 from t5x_like.config.files import load_config_file, packaged_config
 from t5x_like.config.model_parts import ModelSpec
+from t5x_like.config.model_specs import MODEL_SPECS, model_spec_class, register_model_spec
 from t5x_like.config.overrides import apply_overrides, parse_value, split_overrides
 from t5x_like.config.run import RESUME_CHANGE_KEYS, RunSpec
 from t5x_like.config.schema import (

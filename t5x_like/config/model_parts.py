@@ -1,7 +1,7 @@
 """The parts every family's model spec is built from, each written once: the model base
 (family, variant, vocabulary, dropout, numerics), the transformer dimensions, and the
 sections for attention, positions (RoPE with its scaling as one section), experts and
-numerics. A family (``families.py``) picks its sections' classes and adds its own keys.
+numerics. A family (``model_specs.py``) picks its sections' classes and adds its own keys.
 
 A shared key's value may differ by family (BERT's ``layer_norm_epsilon`` is not T5's):
 the family class gives it in ``DEFAULTS`` instead of declaring the key again.

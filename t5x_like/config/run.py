@@ -15,8 +15,8 @@ from typing import ClassVar
 
 from t5x_like.config import evals as evals_lib
 from t5x_like.config import mode_specs
-from t5x_like.config.families import model_spec_class
 from t5x_like.config.model_parts import ModelSpec, finite
+from t5x_like.config.model_specs import model_spec_class
 from t5x_like.config.sections import FrozenMap, Section, field, require, section
 from t5x_like.errors import ConfigError
 

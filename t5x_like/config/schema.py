@@ -12,8 +12,8 @@ from collections.abc import Mapping
 import ml_collections
 
 from t5x_like.config import legacy
-from t5x_like.config.families import model_spec_class
 from t5x_like.config.model_parts import ModelSpec
+from t5x_like.config.model_specs import model_spec_class
 from t5x_like.config.run import RunSpec
 
 

@@ -22,7 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from t5x_like import models, structures
 from t5x_like.config import check_devices, spec_of
 from t5x_like.engine import optim, partitioning
-from t5x_like.models import context_parallel, layers, peft_modules, pipeline, quantization
+from t5x_like.models import context_parallel, layers, peft_modules, pipeline_parallel, quantization
 from t5x_like.models import peft_modules as peft
 from t5x_like.system import traced_platform
 
@@ -56,7 +56,7 @@ def abstract_boxed_params(model: nn.Module, model_feature_lengths: Mapping[str, 
 
 
 def abstract_boxed_params_for(model: nn.Module, model_feature_lengths: Mapping[str, int], mesh,
-                              settings: pipeline.PipelineSettings):
+                              settings: pipeline_parallel.PipelineSettings):
     """``abstract_boxed_params`` as traced for ``mesh``: its platform's attention kernels
     and a pipeline's parameter layout (``settings.stages``), the mesh itself not entered
     (an example batch of one row would not divide over it)."""
@@ -65,9 +65,9 @@ def abstract_boxed_params_for(model: nn.Module, model_feature_lengths: Mapping[s
 
 
 @contextlib.contextmanager
-def traced_for(mesh, settings: pipeline.PipelineSettings):
+def traced_for(mesh, settings: pipeline_parallel.PipelineSettings):
     with (traced_platform.target_platform(mesh.devices.flat[0].platform),
-          pipeline.pipeline_settings(settings)):
+          pipeline_parallel.pipeline_settings(settings)):
         yield
 
 
@@ -123,7 +123,7 @@ class Trainer:
                  seed: int = 0, microbatches: int = 1, loss_normalizer: float | None = None,
                  skip_nonfinite_updates: bool = False, trainable=None,
                  context_settings: context_parallel.ContextSettings | None = None,
-                 pipeline_settings: pipeline.PipelineSettings | None = None,
+                 pipeline_settings: pipeline_parallel.PipelineSettings | None = None,
                  log_batch_checksum: bool = False,
                  quant_settings: quantization.QuantSettings | None = None):
         """``microbatches`` > 1 accumulates gradients over that many slices of each batch;
@@ -141,8 +141,8 @@ class Trainer:
         self.log_batch_checksum = log_batch_checksum
         self.context_settings = context_settings or context_parallel.ContextSettings()
         self.pipeline_settings = dataclasses.replace(
-            pipeline_settings or pipeline.PipelineSettings(),
-            stages=pipeline.stages_of(mesh, rules))
+            pipeline_settings or pipeline_parallel.PipelineSettings(),
+            stages=pipeline_parallel.stages_of(mesh, rules))
         self.microbatches = int(microbatches)
         self.loss_normalizer = loss_normalizer
         self.skip_nonfinite_updates = skip_nonfinite_updates
@@ -408,7 +408,7 @@ def build_trainer(config, mesh) -> Trainer:
     context_settings = context_parallel.ContextSettings(spec.partitioning.context_attention,
                                                         spec.partitioning.context_load_balance)
 
-    staged = dataclasses.replace(pipeline_settings(spec), stages=pipeline.stages_of(mesh, rules))
+    staged = dataclasses.replace(pipeline_settings(spec), stages=pipeline_parallel.stages_of(mesh, rules))
 
     def traced_logical_axes():  # for this mesh: a pipeline's layout depends on it
         return logical_axes(abstract_boxed_params_for(structure.model, lengths, mesh, staged))
@@ -426,9 +426,9 @@ def build_trainer(config, mesh) -> Trainer:
                    quant_settings=quantization.QuantSettings.from_config(spec.quantization))
 
 
-def pipeline_settings(spec) -> pipeline.PipelineSettings:
+def pipeline_settings(spec) -> pipeline_parallel.PipelineSettings:
     p = spec.partitioning
-    return pipeline.PipelineSettings(p.pipeline_schedule, p.pipeline_microbatches,
+    return pipeline_parallel.PipelineSettings(p.pipeline_schedule, p.pipeline_microbatches,
                                      p.pipeline_layers_per_stage)
 
 
@@ -459,14 +459,14 @@ class _MeshAndRules:
     gradient boundaries (``layers.gradient_boundary``) and attention kernels
     (``traced_platform.target_platform``), and attention across a context axis
     (``context_parallel.context_settings``) and the pipeline schedule over a stage axis
-    (``pipeline.pipeline_settings``), entered together."""
+    (``pipeline_parallel.pipeline_settings``), entered together."""
 
     def __init__(self, mesh, rules, context_settings=None, pipeline_settings=None,
                  cpu_forms: bool = True):
         self._mesh, self._rules = mesh, rules
         self._cpu_forms = cpu_forms
         self._context_settings = context_settings or context_parallel.ContextSettings()
-        self._pipeline_settings = pipeline_settings or pipeline.PipelineSettings()
+        self._pipeline_settings = pipeline_settings or pipeline_parallel.PipelineSettings()
         self._stack = None
 
     def __enter__(self):
@@ -478,7 +478,7 @@ class _MeshAndRules:
                                                              and self._cpu_forms))
         self._stack.enter_context(traced_platform.target_platform(platform))
         self._stack.enter_context(context_parallel.context_settings(self._context_settings))
-        self._stack.enter_context(pipeline.pipeline_settings(self._pipeline_settings))
+        self._stack.enter_context(pipeline_parallel.pipeline_settings(self._pipeline_settings))
 
     def __exit__(self, *exc):
         self._stack.__exit__(*exc)

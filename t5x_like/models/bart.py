@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_like.config.families import BartSpec
+from t5x_like.config.model_specs import BartSpec
 from t5x_like.models import attention, layers, moe, stacking
 from t5x_like.models.encoder import EncoderBlock
 from t5x_like.models.layers import constrain

@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_like.config.families import BilmSpec
+from t5x_like.config.model_specs import BilmSpec
 from t5x_like.models import layers
 
 CHAR_PAD, CHAR_BOW, CHAR_BOP, CHAR_EOW = 0, 1, 2, 3

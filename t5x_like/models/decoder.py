@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_like.config.families import DecoderSpec
+from t5x_like.config.model_specs import DecoderSpec
 from t5x_like.models import attention, context_parallel, layers, moe, stacking
 from t5x_like.models.layers import constrain
 

@@ -28,7 +28,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from t5x_like.config.families import ElectraSpec, EncoderSpec
+from t5x_like.config.model_specs import ElectraSpec, EncoderSpec
 from t5x_like.models.encoder import EncoderOnly, SharedEmbeddings
 
 

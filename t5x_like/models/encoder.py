@@ -28,7 +28,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from t5x_like.config.families import EncoderSpec
+from t5x_like.config.model_specs import EncoderSpec
 from t5x_like.models import attention, layers, moe, peft_modules, stacking
 from t5x_like.models.layers import constrain
 

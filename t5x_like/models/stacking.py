@@ -19,7 +19,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from t5x_like.models import pipeline
+from t5x_like.models import pipeline_parallel
 from t5x_like.models.layers import gradient_boundary
 from t5x_like.models.moe import COLLECTION as ROUTER_COLLECTION
 
@@ -48,7 +48,7 @@ def run_stack(block_cls: type[nn.Module], config: Any, num_layers: int, x, *args
     Blocks take ``scanned`` and return ``(x, None)`` when it is set.
     ``layer_attributes(i)``: extra constructor attributes of block ``i`` (Gemma's
     alternating layer types); a loop only, since a scan repeats one block.
-    A scan traced over a pipeline ``stage`` axis runs as a pipeline (``models/pipeline.py``)
+    A scan traced over a pipeline ``stage`` axis runs as a pipeline (``models/pipeline_parallel.py``)
     unless ``pipelined`` is False (decoding steps); its parameters are the same either way.
     """
     check_remat_policy(remat_policy)
@@ -69,7 +69,7 @@ def run_stack(block_cls: type[nn.Module], config: Any, num_layers: int, x, *args
         return x
     if layer_attributes is not None:
         raise ValueError("A scanned stack repeats one block; per-layer attributes need a loop.")
-    repeats = pipeline.stored_repeats(num_layers)
+    repeats = pipeline_parallel.stored_repeats(num_layers)
     scanned = _scan(block, len(args), num_layers, "layers")
     if repeats > 1:  # a circular pipeline's layout: [repeats, stages x layers a visit, ...]
         # stored reshaped, created and applied as the plain stack (the same initial values)
@@ -79,7 +79,7 @@ def run_stack(block_cls: type[nn.Module], config: Any, num_layers: int, x, *args
             trans_out_fn=lambda tree: _reshape_layers(tree, lambda shape: (repeats, -1) + shape[1:],
                                                       "circular_repeats"))
     stack = scanned(config, scanned=True, name="layers")
-    settings, stages = pipeline.current_settings(), pipeline.stage_count()
+    settings, stages = pipeline_parallel.current_settings(), pipeline_parallel.stage_count()
     microbatches = settings.num_microbatches(stages)
     # Rows the microbatches do not divide (an evaluator's own batch) take the plain scan,
     # on the same parameters: correct, not lean.
@@ -96,7 +96,7 @@ def run_stack(block_cls: type[nn.Module], config: Any, num_layers: int, x, *args
             apply = jax.checkpoint(apply, policy=policy)
         return apply(params, h)
 
-    return pipeline.run(layer, nn.meta.unbox(stack.variables["params"]), x, args, stages=stages,
+    return pipeline_parallel.run(layer, nn.meta.unbox(stack.variables["params"]), x, args, stages=stages,
                         microbatches=microbatches, repeats=repeats,
                         remat=remat_policy != "none")
 

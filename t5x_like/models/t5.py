@@ -13,7 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from t5x_like.config.families import T5Spec
+from t5x_like.config.model_specs import T5Spec
 from t5x_like.models import attention, layers, moe, peft_modules, stacking
 from t5x_like.models.layers import constrain
 

@@ -107,7 +107,7 @@ _SCANNED_NOTE = ("scanned layers: XLA counts one layer's loop body once; the roo
 def _pipeline(config, mesh_shape) -> dict:
     """Stages, microbatches, laps and the bubble of a pipelined plan ({} without stages)."""
     from t5x_like.engine import trainer as trainer_lib
-    from t5x_like.models import pipeline
+    from t5x_like.models import pipeline_parallel
 
     part = config.partitioning
     stages = mesh_shape["stage"] * (mesh_shape["dcn"] if part.pipeline_over_dcn else 1)
@@ -118,7 +118,7 @@ def _pipeline(config, mesh_shape) -> dict:
     repeats = settings.repeats(config.model.num_layers, stages)
     return {"schedule": part.pipeline_schedule, "stages": stages, "microbatches": microbatches,
             "repeats": repeats, "over_dcn": part.pipeline_over_dcn,
-            "bubble": pipeline.bubble_fraction(stages, microbatches, repeats)}
+            "bubble": pipeline_parallel.bubble_fraction(stages, microbatches, repeats)}
 
 
 def plan(config, topology: str, num_slices: int = 1) -> dict:

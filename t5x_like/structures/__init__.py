@@ -28,7 +28,7 @@ and ``check_run`` ask the active modes and name none.
 from __future__ import annotations
 
 from t5x_like.config import spec_of
-from t5x_like.config.families import (
+from t5x_like.config.model_specs import (
     BartSpec,
     BilmSpec,
     DecoderSpec,

@@ -16,8 +16,8 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from t5x_like.config import families as spec_registry
 from t5x_like.config import model_spec_of
+from t5x_like.config import model_specs as spec_registry
 from t5x_like.config.model_parts import ModelSpec
 from t5x_like.errors import ConfigError
 from t5x_like.models import peft_modules

@@ -82,7 +82,7 @@ def resolve_training(run_config, workdir: str, devices=None, process_count: int 
     from t5x_like.engine import partitioning
     from t5x_like.engine import trainer as trainer_lib
     from t5x_like.evaluation import in_training
-    from t5x_like.models import pipeline
+    from t5x_like.models import pipeline_parallel
     from t5x_like.resilience import run_guard
     started = time.time()
     spec = runs.resolve_spec(run_config)
@@ -109,7 +109,7 @@ def resolve_training(run_config, workdir: str, devices=None, process_count: int 
     check_peft_fits(spec, trainer.abstract_state.params)
     fingerprint = run_guard.fingerprint(
         spec, vocabulary, trainer.abstract_state.opt_state,
-        pipeline.stack_layout(trainer.pipeline_settings, getattr(spec.model, "num_layers", 0)))
+        pipeline_parallel.stack_layout(trainer.pipeline_settings, getattr(spec.model, "num_layers", 0)))
     frozen = _checked_modes(spec, vocabulary, trainer)
     _check_init_from(spec)
     resume = _checked_resume(spec, newest, fingerprint)

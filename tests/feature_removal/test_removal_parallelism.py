@@ -11,7 +11,7 @@ from removals import Removal, proving_tests
 from t5x_like import config_lib, models, structures
 from t5x_like.engine import partitioning
 from t5x_like.engine import trainer as trainer_lib
-from t5x_like.models import attention, context_parallel, moe, pipeline
+from t5x_like.models import attention, context_parallel, moe, pipeline_parallel
 from t5x_like.planner import hlo_collectives
 
 # -- context parallelism: a decoder on (data 2, context 4) --------------------------------
@@ -155,7 +155,7 @@ def _pipelined(schedule: str, num_layers: int, microbatches: int):
     model = _decoder(num_layers, numerics=dict(scan_layers=True))
     mesh = partitioning.make_mesh(PP_MESH)
     rules = partitioning.axis_rules("fsdp")
-    settings = pipeline.PipelineSettings(schedule, microbatches, 1, PP_MESH["stage"])
+    settings = pipeline_parallel.PipelineSettings(schedule, microbatches, 1, PP_MESH["stage"])
     with trainer_lib._MeshAndRules(mesh, rules, pipeline_settings=settings):
         abstract = _abstract_params(model, mesh, rules)
         tokens = jax.ShapeDtypeStruct((PP_BATCH, PP_LENGTH), jnp.int32,
@@ -200,12 +200,12 @@ def _every_layer_on_every_stage(monkeypatch):
         out, _ = jax.lax.scan(lambda h, layer_params: (layer(layer_params, h, args), None), x,
                               flat)
         return out
-    monkeypatch.setattr(pipeline, "run", plain)
+    monkeypatch.setattr(pipeline_parallel, "run", plain)
 
 
 def _circular_as_gpipe(monkeypatch):
     """A circular schedule stored and run as GPipe's one lap."""
-    monkeypatch.setattr(pipeline.PipelineSettings, "repeats", lambda self, layers, stages: 1)
+    monkeypatch.setattr(pipeline_parallel.PipelineSettings, "repeats", lambda self, layers, stages: 1)
 
 
 # -- experts ------------------------------------------------------------------------------
