@@ -99,6 +99,8 @@ def spec_fingerprint(spec, vocabulary) -> dict:
         fp["preference.objective"] = spec.preference.objective
     if spec.rl.algorithm:
         fp["rl.algorithm"] = spec.rl.algorithm
+    if spec.modes:  # the training modes of one's own a run is in (config.modes)
+        fp["modes"] = sorted(spec.modes)
     peft = spec.peft  # what trains and what was added (dropout is free to change)
     fp.update({"peft.bitfit": bool(peft.bitfit), "peft.lora.rank": peft.lora.rank,
                "peft.lora.alpha": peft.lora.alpha, "peft.lora.targets": peft.lora.targets,
