@@ -15,8 +15,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from t5x_like import errors
+from flax import traverse_util
+
+from t5x_like import errors, runs
+from t5x_like.checkpoints import param_sources
+from t5x_like.convert import pretrained
 from t5x_like.errors import UserError
+from t5x_like.models import peft_modules
 from t5x_like.models.peft_modules import plain_dicts
 from t5x_like.system import storage
 
@@ -39,12 +44,7 @@ def check_foldable(settings, peft_path: str) -> None:
 def merge(peft_path: str, out: str, base_path: str | None = None) -> dict:
     """Folds a PEFT run's LoRA into its base and writes a pretrained folder; returns a
     summary (step, how many kernels merged)."""
-    from flax import traverse_util
 
-    from t5x_like import runs
-    from t5x_like.checkpoints import param_sources
-    from t5x_like.convert import pretrained
-    from t5x_like.models import peft_modules
 
     source = param_sources.resolve(peft_path, "--peft")
     if source.kind != "run":

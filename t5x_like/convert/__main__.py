@@ -7,7 +7,11 @@ import json
 import pathlib
 import sys
 
-from t5x_like import errors
+import numpy as np
+
+from t5x_like import errors, runs
+from t5x_like.builtin_tasks import pretraining as tasks
+from t5x_like.checkpoints import param_sources
 from t5x_like.config import legacy, model_spec_class, model_spec_of
 from t5x_like.convert import (
     hf_albert,
@@ -28,7 +32,8 @@ from t5x_like.convert import (
     hf_xlm_roberta,
     pretrained,
 )
-from t5x_like.data import vocabularies
+from t5x_like.data import hf_tokenizers, vocabularies
+from t5x_like.engine import trainer as trainer_lib
 from t5x_like.errors import UserError
 from t5x_like.system import storage
 
@@ -177,7 +182,6 @@ def _import_electra(hf_dir: str, out: str, generator_dir: str | None) -> dict:
 def _save_imported(hf_dir: str, out: str, hf_config: dict, model_config: dict, params) -> None:
     """The pretrained folder, with the Hugging Face tokenizer copied beside the weights
     (checked to fit the embedding table first, so a mismatch writes nothing)."""
-    from t5x_like.data import hf_tokenizers
 
     files = hf_tokenizers.tokenizer_files(hf_dir)
     if files:
@@ -232,7 +236,6 @@ def _tensor_problem(hf_dir, weights, name, detail: str) -> str:
 def _check_tensor_shapes(hf_dir, module, params, model_config: dict, weights) -> None:
     """Every Hugging Face tensor has the shape the converted model exports it back to: a
     converter that slices a fused tensor would otherwise drop extra rows silently."""
-    import numpy as np
 
     to_hf = getattr(module, "params_to_hf", None)
     if to_hf is None:  # an import-only architecture: the param shapes were checked
@@ -256,9 +259,7 @@ def _check_tensor_shapes(hf_dir, module, params, model_config: dict, weights) ->
 def _check_param_shapes(hf_dir, params, model_config: dict, weights) -> None:
     """Every converted parameter has the shape the config's model expects; a mismatch
     names the Hugging Face tensor it came from."""
-    import numpy as np
 
-    from t5x_like.engine import trainer as trainer_lib
 
     expected = dict(trainer_lib.flat_parameter_shapes(model_config))
     for name, leaf in trainer_lib.flat_with_paths(params):
@@ -276,8 +277,6 @@ def _check_param_shapes(hf_dir, params, model_config: dict, weights) -> None:
 def export_vocabulary(value: str, own=None):
     """The vocabulary an export writes: the checkpoint's own (``checkpoint``: ``own``),
     a built-in one (``embedded``, ``byte``), a tokenizer path, or ``none``."""
-    from t5x_like.builtin_tasks import pretraining as tasks
-    from t5x_like.data import hf_tokenizers
 
     if value == "none":
         return None
@@ -296,8 +295,6 @@ def export_vocabulary(value: str, own=None):
 def load_for_export(checkpoint: str):
     """``(model_config, host params, the checkpoint's vocabulary or None)`` of a pretrained
     folder, or of a training run's newest step (or the step folder given)."""
-    from t5x_like import runs
-    from t5x_like.checkpoints import param_sources
 
     folder = storage.path(checkpoint)
     run_config = folder / "config.json"

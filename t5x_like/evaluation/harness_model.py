@@ -46,6 +46,7 @@ from lm_eval.models.utils import (
 
 from t5x_like import cli_flags, runs, structures
 from t5x_like.checkpoints import int8_weights, param_sources
+from t5x_like.engine import trainer as trainer_lib
 from t5x_like.errors import UserError
 from t5x_like.evaluation import evaluator, few_shot, harness_tasks
 from t5x_like.system import progress
@@ -73,7 +74,6 @@ def load(checkpoint: str, *, step: int | None = None, vocabulary: str = "checkpo
     compilation when it cannot answer the harness. The built-in tasks (and ``module``'s)
     are registered first: a run's tokenizer may be its training task's. ``weights``
     ``int8``: its attention and MLP kernels read in int8 (``int8_weights``)."""
-    from t5x_like.engine import trainer as trainer_lib
 
     cli_flags.import_modules([module] if module else [])
 

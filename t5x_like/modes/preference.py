@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 
+from t5x_like import structures
+from t5x_like.checkpoints import param_sources
+from t5x_like.config import model_spec_of
 from t5x_like.errors import UserError
 from t5x_like.modes.registry import Frozen, Mode
+from t5x_like.resilience.run_guard import vocabulary_differences
 from t5x_like.structures import preference as preference_structures
 
 
@@ -46,8 +50,6 @@ def reference_path(spec) -> str:
 
 def reference_source(spec) -> ReferenceSource:
     """The reference's checkpoint and model, read without loading parameters."""
-    from t5x_like.checkpoints import param_sources
-    from t5x_like.config import model_spec_of
     path = reference_path(spec)
     _, _, saved = param_sources.newest_saved(path, _key(spec))
     return ReferenceSource(path, model_spec_of(saved["model"]), saved.get("fingerprint"))
@@ -55,8 +57,6 @@ def reference_source(spec) -> ReferenceSource:
 
 def check_reference(spec, reference: ReferenceSource, vocabulary) -> None:
     """One message for each reference the policy cannot be compared with."""
-    from t5x_like import structures
-    from t5x_like.resilience.run_guard import vocabulary_differences
     path, model, key = reference.path, reference.model, _key(spec)
     if not structures.structure_class(model.family).generates_after_prompt:
         raise UserError(f"{key}={path!r} is a {model.family!r} model; the reference is a "
@@ -86,15 +86,12 @@ def reference_spec(spec, reference: ReferenceSource):
 def planned_reference(spec):
     """The reference the planner compiles with: the policy's own model without PEFT (the
     usual case, DPO from the SFT model it starts from; no checkpoint is read)."""
-    from t5x_like import structures
     return structures.for_config(spec.replace(peft=type(spec.peft)()))
 
 
 def load_reference(spec, reference: ReferenceSource, mesh):
     """``(reference structure, host params)``: the run's structure on the reference's
     decoder, whose log-probabilities the policy's loss reads."""
-    from t5x_like import structures
-    from t5x_like.checkpoints import param_sources
     plain = reference_spec(spec, reference)
     params, _ = param_sources.base_params(reference.path, plain, mesh)
     return structures.for_config(plain), params

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
+
+from t5x_like.data import feature_converters
+from t5x_like.models import decoding
 from t5x_like.structures.base import (
     DECODE_DEFAULTS,
     Structure,
@@ -22,7 +27,6 @@ class EncoderDecoderStructure(Structure):
         return "encode", f"encoder ({'BART' if config.model.family == 'bart' else 'T5'})"
 
     def feature_converter(self, task_feature_lengths, pack=False):
-        from t5x_like.data import feature_converters
         return feature_converters.EncDecFeatureConverter(pack=pack)
 
     def model_feature_lengths(self, task_feature_lengths):
@@ -47,7 +51,6 @@ class EncoderDecoderStructure(Structure):
         return _token_loss_fn(self, loss_config)
 
     def predict_batch(self, params, batch, *, rng=None, **decode):
-        from t5x_like.models import decoding
         options = {**DECODE_DEFAULTS, **decode}
         tokens = batch["encoder_input_tokens"]
         if options["num_beams"] > 1:
@@ -63,10 +66,7 @@ class EncoderDecoderStructure(Structure):
     def decode_step(self, batch_size, lengths):
         """A decoder step reading the cross-attention keys and values from the cache
         (filled once per decode: ``decoding.fill_cross_cache``)."""
-        import jax
-        import jax.numpy as jnp
 
-        from t5x_like.models import decoding
         model, inputs, targets = self.model, lengths["inputs"], lengths["targets"]
         cache = jax.eval_shape(lambda: decoding.init_cache(model, batch_size, inputs, targets))
         encoded = jax.ShapeDtypeStruct((batch_size, inputs, model.config.d_model),

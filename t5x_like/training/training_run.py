@@ -21,10 +21,20 @@ import json
 import time
 from typing import Any
 
+import jax
+
 from t5x_like import cli_flags, config, modes, runs, structures
+from t5x_like.checkpoints import checkpoint_store
 from t5x_like.checkpoints.param_sources.source import check_same_model, resolve
 from t5x_like.config import RunSpec
+from t5x_like.data import get_task_or_mixture
+from t5x_like.engine import partitioning
+from t5x_like.engine import trainer as trainer_lib
+from t5x_like.engine.trainer import flat_with_paths
 from t5x_like.errors import ConfigError, UserError
+from t5x_like.evaluation import in_training
+from t5x_like.models import pipeline_parallel
+from t5x_like.resilience import run_guard
 from t5x_like.system import hardware, storage
 from t5x_like.telemetry import trackers
 
@@ -76,14 +86,7 @@ class TrainingRun:
 def resolve_training(run_config, workdir: str, devices=None, process_count: int | None = None
                      ) -> TrainingRun:
     """Everything ``train`` checks, in order, none of it building state or compiling."""
-    import jax
 
-    from t5x_like.data import get_task_or_mixture
-    from t5x_like.engine import partitioning
-    from t5x_like.engine import trainer as trainer_lib
-    from t5x_like.evaluation import in_training
-    from t5x_like.models import pipeline_parallel
-    from t5x_like.resilience import run_guard
     started = time.time()
     spec = runs.resolve_spec(run_config)
     storage.check_checkpoint_location(workdir, "--workdir")
@@ -189,8 +192,6 @@ def check_peft_fits(spec, params) -> None:
     """PEFT settings the model cannot honour, refused naming what there is: a LoRA
     pattern that matches no kernel, a prompt longer than the learned positions leave
     room for, BitFit on a model without biases."""
-    from t5x_like import structures
-    from t5x_like.engine.trainer import flat_with_paths
     paths = [path for path, _ in flat_with_paths(params)]
     peft = spec.peft
     if peft.lora.rank and not any(p.endswith("/lora_a") for p in paths):
@@ -264,7 +265,6 @@ def _checked_resume(spec, newest, fingerprint: dict) -> Resume | None:
     """The newest step of the workdir (or its local tier) whose config reads
     (``_newest_saved_config``), checked against this run's fingerprint. A damaged newer
     step is left to the restore, which moves it aside."""
-    from t5x_like.resilience import run_guard
     if newest is None:
         return None
     step, saved = newest
@@ -278,9 +278,7 @@ def _newest_saved_config(spec, workdir) -> tuple[int, dict] | None:
     """``(step, saved config)`` of the newest of the workdir's checkpoints whose config
     item reads, read straight from the step folders (``config/metadata``); read once,
     for the rows a resume keeps and the fingerprint it checks."""
-    import jax
 
-    from t5x_like.checkpoints import checkpoint_store
     folders = [workdir / "checkpoints"]
     if spec.checkpoint.local_dir:
         process = jax.process_index() if jax.process_count() > 1 else None
