@@ -17,7 +17,7 @@ import ml_collections
 from t5x_like import config
 from t5x_like.checkpoints.param_sources.source import Source, check_same_model, config_from_saved
 from t5x_like.config import RunSpec
-from t5x_like.errors import ConfigError, DataError, UserError
+from t5x_like.errors import ConfigError, UserError
 from t5x_like.system import storage
 
 
@@ -35,8 +35,9 @@ def load_and_validate(config_path: str, overrides) -> RunSpec:
 
 def resolve_spec(run_config) -> RunSpec:
     """The spec of a config (or spec), checked against the registries: the task and every
-    benchmark evaluator's mixture exist, a head's labels are its task's, and the family's
-    structure can do what the run asks (``structures.check_run``)."""
+    benchmark evaluator's mixture exist, the family's structure can do what the run asks
+    (``structures.check_run``), and the run's modes complete it (a head's labels are its
+    task's)."""
     from t5x_like import structures
     from t5x_like.data import get_task_or_mixture
     spec = config.spec_of(run_config)
@@ -50,31 +51,7 @@ def resolve_spec(run_config) -> RunSpec:
             raise ConfigError(f"{key}: {e.args[0]} Register it with TaskRegistry.add in your "
                               "module and load it with --module=YOUR.MODULE.") from None
     structures.check_run(spec)
-    return with_head_labels(spec)
-
-
-def with_head_labels(spec: RunSpec) -> RunSpec:
-    """``head.labels`` from the task when the spec leaves them empty, so the saved run
-    config names the labels the head's outputs mean (eval and infer read them there)."""
-    from t5x_like.data import dataset_providers as dp
-    from t5x_like.data import head_features
-    head = spec.head
-    if not head.kind:
-        return spec
-    provider = dp.get_task_or_mixture(spec.task)
-    if isinstance(provider, dp.Mixture):
-        raise ConfigError(
-            f"head.kind={head.kind!r} trains one head on one task's labels; task "
-            f"{spec.task!r} is a mixture. Fine-tune a head per task (--config.task=NAME).")
-    if head.kind in ("classification", "token_classification") and not head.labels:
-        try:
-            labels = tuple(head_features.labels_from_task(provider, head.kind))
-        except DataError:
-            raise  # a bad row, named as itself
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-        return spec.replace(head=head.replace(labels=labels))
-    return spec
+    return structures.mode_structures.completed(spec)  # e.g. a head's labels from its task
 
 
 # -- vocabularies ---------------------------------------------------------------------------

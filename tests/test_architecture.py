@@ -350,13 +350,8 @@ MODE_SITES_LEFT = {
     # the checkpoint fingerprint keeps head.kind, preference.objective and rl.algorithm
     # as every older checkpoint saved them (key for key)
     "t5x_like/resilience/run_guard.py": 6,
-    # a head's labels are filled from its task when the spec resolves
-    "t5x_like/runs.py": 2,
     # the rl mode's evaluator (kind='rollouts'), registered with the evaluators
     "t5x_like/evaluation/in_training/rollouts.py": 2,
-    # refusals of a fine-tuned head: a random-init control, a Hugging Face export
-    "t5x_like/analysis/hidden_states.py": 1,
-    "t5x_like/convert/__main__.py": 1,
     # ELECTRA's structure reads whether a head replaces its pretraining towers
     "t5x_like/structures/electra.py": 1,
 }

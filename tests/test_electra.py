@@ -16,8 +16,9 @@ import transformers
 from conftest import tiny_config
 from flax import traverse_util
 
-from t5x_like import config_lib, errors, objectives, runs, structures, train
+from t5x_like import config_lib, errors, objectives, structures, train
 from t5x_like.models import electra
+from t5x_like.structures.head import with_head_labels
 
 TINY = dict(vocab_size=8192, d_model=32, num_heads=2, head_dim=16, d_ff=64, num_layers=2,
             embedding_dim=16, generator_d_model=16, generator_num_heads=1,
@@ -163,7 +164,7 @@ def test_electra_pretrains_through_train_and_its_discriminator_fine_tunes(tmp_pa
     finetune.head.kind, finetune.init_from = "classification", str(tmp_path / "pt")
     finetune.num_train_steps, finetune.eval_every_steps = 2, 2
     finetune.checkpoint_every_steps = 2
-    spec = runs.with_head_labels(config_lib.spec_of(finetune))
+    spec = with_head_labels(config_lib.spec_of(finetune))
     from t5x_like.engine import partitioning
     from t5x_like.engine import trainer as trainer_lib
     from t5x_like.training import starting_state

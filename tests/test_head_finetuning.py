@@ -17,6 +17,7 @@ from t5x_like.data import head_features
 from t5x_like.data import preprocessors as pp
 from t5x_like.engine import partitioning
 from t5x_like.engine import trainer as trainer_lib
+from t5x_like.structures.head import with_head_labels
 from t5x_like.training import starting_state
 
 VOCAB = td.get_task_or_mixture("embedded_spam").vocabulary
@@ -152,7 +153,7 @@ def test_bad_head_configs_are_named():
     config = encoder_config(**{"head.kind": "classification"})
     config.task = "embedded_bench"
     with pytest.raises(errors.ConfigError, match="is a mixture"):
-        runs.with_head_labels(config_lib.spec_of(config))
+        with_head_labels(config_lib.spec_of(config))
 
 
 @pytest.mark.slow
@@ -165,7 +166,7 @@ def test_head_fine_tunes_from_a_pretrained_body_and_evaluates(tmp_path):
                             **{"head.kind": "classification", "head.dropout_rate": 0.0})
     config.task, config.task_feature_lengths = "test_head_cls", {"inputs": 16}
     config.init_from = str(tmp_path / "pt")
-    config = runs.with_head_labels(config_lib.spec_of(config))
+    config = with_head_labels(config_lib.spec_of(config))
     assert tuple(config.head.labels) == ("long", "short")
     mesh = partitioning.make_mesh({"dcn": 1, "data": 8, "fsdp": 1, "tensor": 1})
     trainer = trainer_lib.build_trainer(config, mesh)

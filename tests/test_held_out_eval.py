@@ -21,6 +21,7 @@ from t5x_like.data import pipeline
 from t5x_like.data import preprocessors as pp
 from t5x_like.engine import partitioning
 from t5x_like.engine import trainer as trainer_lib
+from t5x_like.structures.head import with_head_labels
 
 
 def _validation_rows(config, n):
@@ -43,8 +44,7 @@ def _eval_sums(trainer, params, rows):
 def _head_config():
     config = encoder_config(**{"head.kind": "classification", "head.dropout_rate": 0.0})
     config.task, config.task_feature_lengths = "test_head_cls", {"inputs": 16}
-    from t5x_like import runs
-    return config_lib.as_config_dict(runs.with_head_labels(config_lib.spec_of(config)).to_dict())
+    return config_lib.as_config_dict(with_head_labels(config_lib.spec_of(config)).to_dict())
 
 
 CONFIGS = {"t5": lambda: tiny_config(pack=True),

@@ -159,9 +159,10 @@ def _fresh_params(config, seed: int) -> dict:
 
     from t5x_like import models, structures
 
-    if config.head.kind:
+    if structures.mode_structures.wrapping(config) is not None:
         raise UserError("--random_init needs a pretraining checkpoint; this one has a "
-                        "fine-tuning head (its random control is the pretraining config's).")
+                        "fine-tuning head or a reward model (its random control is the "
+                        "pretraining config's).")
     model = structures.for_config(_unrolled(config)).model
     variables = jax.jit(model.init)(jax.random.PRNGKey(seed), *models.example_inputs(model))
     return jax.device_get(nn.meta.unbox(variables["params"]))

@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 
-from t5x_like import errors, runs
+from t5x_like import errors, runs, structures
 from t5x_like.builtin_tasks import pretraining as tasks
 from t5x_like.checkpoints import param_sources
 from t5x_like.config import legacy, model_spec_class, model_spec_of
@@ -318,10 +318,10 @@ def load_for_export(checkpoint: str):
     step = steps[-1]
     resolved = runs.resolve_checkpoint(source, step)
     config = resolved.spec
-    if config.head.kind or config.peft.enabled:
-        raise UserError(f"{checkpoint} is a fine-tuned head or PEFT run; Hugging Face export "
-                        "writes the pretrained architectures only (merge LoRA with "
-                        "`python -m t5x_like.peft merge` first).")
+    if structures.mode_structures.wrapping(config) is not None or config.peft.enabled:
+        raise UserError(f"{checkpoint} is a fine-tuned head, reward model or PEFT run; Hugging "
+                        "Face export writes the pretrained architectures only (merge LoRA "
+                        "with `python -m t5x_like.peft merge` first).")
     flat = flat_model(config.model)
     exporter_for(flat)  # before the weights are restored
     params = param_sources.load_params(source, step, config)

@@ -19,9 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5x_like import objectives
-from t5x_like.data import get_task_or_mixture
+from t5x_like.data import dataset_providers as dp
+from t5x_like.data import get_task_or_mixture, head_features
 from t5x_like.data.head_features import HeadFeatureConverter
-from t5x_like.errors import ConfigError, UserError
+from t5x_like.errors import ConfigError, DataError, UserError
 from t5x_like.models import heads, peft_modules
 from t5x_like.structures import families
 from t5x_like.structures.base import Structure, dropout_rngs
@@ -211,4 +212,27 @@ def _check(spec, family_structure) -> None:
     check_head_features(spec, f"head.kind={spec.head.kind!r}")
 
 
-MODE = ModeStructure("head", _in_head_mode, wrap=_wrap, check=_check)
+def with_head_labels(spec):
+    """``head.labels`` from the task when the spec leaves them empty, so the saved run
+    config names the labels the head's outputs mean (eval and infer read them there)."""
+    head = spec.head
+    if not head.kind:
+        return spec
+    provider = dp.get_task_or_mixture(spec.task)
+    if isinstance(provider, dp.Mixture):
+        raise ConfigError(
+            f"head.kind={head.kind!r} trains one head on one task's labels; task "
+            f"{spec.task!r} is a mixture. Fine-tune a head per task (--config.task=NAME).")
+    if head.kind in ("classification", "token_classification") and not head.labels:
+        try:
+            labels = tuple(head_features.labels_from_task(provider, head.kind))
+        except DataError:
+            raise  # a bad row, named as itself
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        return spec.replace(head=head.replace(labels=labels))
+    return spec
+
+
+MODE = ModeStructure("head", _in_head_mode, wrap=_wrap, check=_check,
+                     completed=with_head_labels)

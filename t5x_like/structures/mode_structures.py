@@ -30,13 +30,15 @@ class ModeStructure:
     family_structure_class)``: what the family must be able to do, as a ``ConfigError``.
     ``as_trained_model(spec) -> spec``: how ``eval``, ``infer`` and scoring read a
     checkpoint this mode trained (a DPO policy is a plain causal decoder); None: as
-    trained."""
+    trained. ``completed(spec) -> spec``: what the mode fills in when the spec resolves
+    (a head's labels from its task), saved with the run's config."""
 
     name: str
     active: Callable[[Any], bool]
     wrap: Callable[[Any, Any], Structure] | None = None
     check: Callable[[Any, type[Structure]], None] | None = None
     as_trained_model: Callable[[Any], Any] | None = None
+    completed: Callable[[Any], Any] | None = None
 
 
 MODES: dict[str, ModeStructure] = {}
@@ -62,6 +64,14 @@ def wrapping(spec) -> ModeStructure | None:
                           "their own model around the family's; a run is in one of them. "
                           "Turn one off.")
     return wrappers[0] if wrappers else None
+
+
+def completed(spec):
+    """``spec`` with what its modes fill in when it resolves."""
+    for mode in active(spec):
+        if mode.completed is not None:
+            spec = mode.completed(spec)
+    return spec
 
 
 def as_trained_model(spec):
