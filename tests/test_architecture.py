@@ -350,10 +350,6 @@ MODE_SITES_LEFT = {
     # the checkpoint fingerprint keeps head.kind, preference.objective and rl.algorithm
     # as every older checkpoint saved them (key for key)
     "t5x_like/resilience/run_guard.py": 6,
-    # the rl mode's evaluator (kind='rollouts'), registered with the evaluators
-    "t5x_like/evaluation/in_training/rollouts.py": 2,
-    # ELECTRA's structure reads whether a head replaces its pretraining towers
-    "t5x_like/structures/electra.py": 1,
 }
 _SPEC_NAMES = ("spec", "config", "cfg", "saved", "run", "resolved")
 

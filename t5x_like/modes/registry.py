@@ -15,7 +15,9 @@ A record holds:
   init (distillation's student from its teacher's layers), with the line that says so;
 - ``batches(spec, trainer, structure, vocabulary, prompt_batches)``: where the loop's
   batches come from when not from the task's rows (online RL's rollouts): a
-  ``BatchSource``.
+  ``BatchSource``;
+- ``evaluators``: evaluator kinds of its own (``evaluation.in_training``), registered
+  with it (online RL's ``rollouts``: the rewards of greedy completions).
 
 ``training_run.resolve_training`` asks every active mode for its checks and frozen
 sources in one pass; ``train_loop`` attaches the frozen models, asks for a start and a
@@ -30,6 +32,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from t5x_like.evaluation import in_training
 from t5x_like.structures import mode_structures
 
 
@@ -78,6 +81,7 @@ class Mode:
     frozen: tuple[Frozen, ...] = ()
     start_from: Callable[[Any, dict, Any], tuple[Any, str] | None] | None = None
     batches: Callable[..., BatchSource] | None = None
+    evaluators: tuple[type, ...] = ()
 
 
 MODES: dict[str, Mode] = {}
@@ -90,6 +94,8 @@ def register(mode: Mode) -> Mode:
             raise ValueError(f"Mode {mode.name!r}: its structure half is named "
                              f"{mode.structure.name!r}; they must agree.")
         mode_structures.register(mode.structure)
+    for evaluator in mode.evaluators:
+        in_training.register(evaluator)
     MODES[mode.name] = mode
     return mode
 

@@ -6,6 +6,7 @@ import jax
 import numpy as np
 
 from t5x_like import objectives
+from t5x_like.structures import mode_structures
 from t5x_like.structures.base import dropout_rngs
 from t5x_like.structures.encoder import EncoderStructure, _encoder_flops
 
@@ -37,7 +38,7 @@ class ElectraStructure(EncoderStructure):
 
     @classmethod
     def hidden_stack(cls, config):
-        with_head = bool(config.head.kind)
+        with_head = mode_structures.wrapping(config) is not None  # a fine-tuning head
         return (None if with_head else "discriminate"), "discriminator (ELECTRA)"
 
     def apply_model(self, model, params, batch, rng=None, deterministic=True):

@@ -21,7 +21,6 @@ from t5x_like.evaluation.in_training.base import TrainingEvaluator
 from t5x_like.evaluation.in_training.benchmark import BenchmarkEvaluator
 from t5x_like.evaluation.in_training.harness import HarnessEvaluator
 from t5x_like.evaluation.in_training.held_out import HeldOutLossEvaluator
-from t5x_like.evaluation.in_training.rollouts import RolloutsEvaluator
 
 
 @dataclasses.dataclass
@@ -41,8 +40,10 @@ class Context:
 
 __all__ = ["Context", "KINDS", "TrainingEvaluator", "build", "register"]
 
+# The built-in kinds; a training mode registers its own with its record (online RL's
+# ``rollouts``: ``modes.rl``).
 KINDS: dict[str, type] = {cls.KIND: cls for cls in (
-    HeldOutLossEvaluator, BenchmarkEvaluator, HarnessEvaluator, RolloutsEvaluator)}
+    HeldOutLossEvaluator, BenchmarkEvaluator, HarnessEvaluator)}
 
 
 def register(evaluator_class: type) -> None:
