@@ -7,12 +7,15 @@ its own fake CPU devices, joined by ``jax.distributed`` exactly as pod hosts are
 Everything after ``--`` goes to ``python -m t5x_like.train`` (or ``--module``).
 Process 0's output passes through; the others' lines are prefixed ``[pI]``.
 SIGTERM is forwarded to every process (a preemption rehearsal); the exit code is
-the first non-zero one among the processes.
+the first non-zero one among the processes. On Linux the processes die with the
+launcher however it ends (``kill -9`` included): a rehearsal killed from outside, as a
+test's timeout kills it, must not leave trainers running on the machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import signal
 import socket
@@ -50,6 +53,25 @@ def _with_device_count(flags: str, devices: int) -> str:
     return " ".join([*kept, f"--xla_force_host_platform_device_count={devices}"])
 
 
+# prctl(PR_SET_PDEATHSIG): the kernel sends the child a signal when its parent dies.
+_PR_SET_PDEATHSIG = 1
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+
+
+def _dies_with(parent_pid: int):
+    """A ``preexec_fn`` (None off Linux) that has the kernel SIGKILL the child when this
+    launcher dies. Resolved before the fork, so the child only makes the call; a launcher
+    gone before the call leaves the child no parent to wait for, so it exits at once."""
+    if _PRCTL is None:
+        return None
+
+    def set_parent_death_signal() -> None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent_pid:
+            os._exit(1)
+    return set_parent_death_signal
+
+
 def _relay(stream, prefix: str, out) -> None:
     for line in stream:
         out.write(prefix + line)
@@ -64,7 +86,8 @@ def launch(num_processes: int, devices_per_process: int, args: list[str],
     for index in range(num_processes):
         env = process_env(os.environ, index, num_processes, devices_per_process, port)
         process = subprocess.Popen([sys.executable, "-m", module, *args], env=env,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   preexec_fn=_dies_with(os.getpid()))
         processes.append(process)
         prefix = "" if index == 0 else f"[p{index}] "
         for stream, out in ((process.stdout, sys.stdout), (process.stderr, sys.stderr)):

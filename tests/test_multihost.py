@@ -1,12 +1,15 @@
 """Multi-process runs: how a process decides to join, and a real 2-process run
 over loopback against one process with the same 8 devices."""
 
+import contextlib
 import json
 import os
 import pathlib
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -95,6 +98,56 @@ TINY = ["--config.model.d_model=32", "--config.model.d_ff=64", "--config.model.n
         "--config.mesh.data=2", "--config.mesh.fsdp=4"]
 # data_streams is left at its default: 8 streams for a batch of 16 on 1 process and on 2,
 # hence the same batches, while each process reads only its 4 streams.
+
+
+SLEEPER = """
+import os, pathlib, sys, time
+pathlib.Path(sys.argv[1], str(os.getpid())).touch()
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie no one has reaped yet counts as gone)."""
+    try:
+        state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def test_the_local_launchers_processes_die_with_it(tmp_path):
+    """``kill -9`` of launch_local (what a test's timeout does to it) takes its processes
+    with it: left running, two trainers of a killed rehearsal would train on for the rest
+    of the run, slowing every test after it."""
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    started = tmp_path / "started"
+    started.mkdir()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)]))
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "t5x_like.launch_local", "--num_processes=2",
+         "--devices_per_process=1", "--module=sleeper", "--", str(started)],
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    pids = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(pids) < 2:
+            assert launcher.poll() is None, launcher.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the processes never started"
+            time.sleep(0.05)
+            pids = [int(p.name) for p in started.iterdir()]
+        launcher.kill()
+        launcher.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while any(map(_alive, pids)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [pid for pid in pids if _alive(pid)], "processes outlived their launcher"
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _losses(workdir) -> dict[int, float]:

@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from t5x_like import plan as plan_command
 from t5x_like.planner import aot_planner
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -34,9 +35,22 @@ def run_plan(*args, check=True):
     return result
 
 
-def test_cpu_plan_reports_memory_and_flops_as_json():
-    report = json.loads(run_plan(f"--config={QUICKSTART}", "--topology=cpu:8", "--json",
-                                 *TINY).stdout)
+# A small vocabulary keeps the once-per-step optimizer update negligible (the microbatch
+# test compares the step's FLOPs at 1 and 4 microbatches).
+CPU_PLAN = [f"--config={QUICKSTART}", "--topology=cpu:8", "--json", *TINY,
+            "--config.model.vocab_size=256", "--config.batch_size=64"]
+
+
+@pytest.fixture(scope="module")
+def cpu_report() -> dict:
+    """One CPU plan (a compile in a fresh process) that three tests read: its JSON, the
+    text ``plan`` prints for it (``plan.format_report``, what ``main`` prints without
+    ``--json``) and its FLOPs at one microbatch."""
+    return json.loads(run_plan(*CPU_PLAN).stdout)
+
+
+def test_cpu_plan_reports_memory_and_flops_as_json(cpu_report):
+    report = cpu_report
     memory = report["memory_per_device"]
     assert report["num_devices"] == 8 and report["mesh"]["data"] == 8
     assert memory["arguments"] > memory["params"] > 0 and memory["temporaries"] > 0
@@ -46,8 +60,8 @@ def test_cpu_plan_reports_memory_and_flops_as_json():
     assert 0.8 < report["compiled_flops_per_device"] * 8 / report["model_flops_per_step"] < 1.5
 
 
-def test_cpu_plan_prints_a_readable_report_in_mib():
-    out = run_plan(f"--config={QUICKSTART}", "--topology=cpu:8", *TINY).stdout
+def test_cpu_plan_prints_a_readable_report_in_mib(cpu_report):
+    out = plan_command.format_report(cpu_report)
     assert "fits: unknown" in out and "memory per device:" in out and "MiB" in out
 
 
@@ -114,14 +128,10 @@ def test_tpu_plan_says_what_does_not_fit_and_why():
     assert any("token_embedder/embedding" in line and "16.00 GiB" in line for line in arrays)
 
 
-def test_microbatch_loop_flops_are_counted_k_times():
-    # A small vocabulary keeps the once-per-step optimizer update negligible.
-    def flops(k):
-        report = json.loads(run_plan(f"--config={QUICKSTART}", "--topology=cpu:8", "--json", *TINY,
-                                     "--config.model.vocab_size=256", "--config.batch_size=64",
-                                     f"--config.optimizer.microbatches={k}").stdout)
-        return report["compiled_flops_per_device"]
-    assert flops(4) == pytest.approx(flops(1), rel=0.1)
+def test_microbatch_loop_flops_are_counted_k_times(cpu_report):
+    four = json.loads(run_plan(*CPU_PLAN, "--config.optimizer.microbatches=4").stdout)
+    assert four["compiled_flops_per_device"] == pytest.approx(
+        cpu_report["compiled_flops_per_device"], rel=0.1)
 
 
 def test_scanned_layers_roofline_uses_model_flops_and_counts_loop_bytes_per_trip():
@@ -199,8 +209,7 @@ def test_an_int8_plan_runs_its_int8_matmuls_at_the_int8_peak():
     assert roof["compute_s"] == pytest.approx(
         report["compiled_flops_per_device"] * (q["matmul_share"] / int8
                                                + (1 - q["matmul_share"]) / bf16))
-    text = run_plan(f"--config={QUICKSTART}", "--topology=v5p:2x2x1", *TINY,
-                    "--config.quantization.kind=int8").stdout
+    text = plan_command.format_report(report)  # what plan prints without --json
     assert re.search(r"quantization: int8: [0-9.]+% of the matmul FLOPs run in int8 at 918 "
                      r"TFLOP/s, the rest at 459 \(bf16\)", text), text
 
