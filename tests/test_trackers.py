@@ -197,7 +197,7 @@ def test_tensorboard_events_are_written_without_importing_torch(tmp_path):
     scalars are written all the same. In a fresh process: this one may hold both."""
     import subprocess
     import sys
-    code = ("import sys\nfrom t5x_like import storage\n"
+    code = ("import sys\nfrom t5x_like.system import storage\n"
             f"w = storage.summary_writer({str(tmp_path)!r})\n"
             "w.add_scalar('loss', 1.5, global_step=3)\nw.close()\n"
             "print('torch' in sys.modules)\nimport torch\nprint(torch.ones(1).item())\n")
