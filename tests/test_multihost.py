@@ -16,6 +16,7 @@ import pytest
 
 from t5x_like import runs, train
 from t5x_like.engine import partitioning
+from t5x_like.resilience.workdir_lock import pid_alive
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 NO_CLUSTER = lambda: None  # noqa: E731
@@ -107,15 +108,6 @@ time.sleep(600)
 """
 
 
-def _alive(pid: int) -> bool:
-    """Running (a zombie no one has reaped yet counts as gone)."""
-    try:
-        state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
-
-
 def test_the_local_launchers_processes_die_with_it(tmp_path):
     """``kill -9`` of launch_local (what a test's timeout does to it) takes its processes
     with it: left running, two trainers of a killed rehearsal would train on for the rest
@@ -139,9 +131,9 @@ def test_the_local_launchers_processes_die_with_it(tmp_path):
         launcher.kill()
         launcher.wait(timeout=30)
         deadline = time.monotonic() + 10
-        while any(map(_alive, pids)) and time.monotonic() < deadline:
+        while any(map(pid_alive, pids)) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not [pid for pid in pids if _alive(pid)], "processes outlived their launcher"
+        assert not [pid for pid in pids if pid_alive(pid)], "processes outlived their launcher"
     finally:
         if launcher.poll() is None:
             launcher.kill()
