@@ -26,9 +26,12 @@ import threading
 import time
 
 from t5x_like import cli_flags, errors
-from t5x_like.data import cache
+from t5x_like.data import cache, dataset_providers
 from t5x_like.errors import UserError
 from t5x_like.system import progress, storage
+
+# Imports inside functions: Apache Beam (the `beam` extra) loads only for a Beam run, not the
+# in-process one.
 
 
 class _DropApitoolsWarning(logging.Filter):
@@ -67,7 +70,6 @@ OUR_FLAGS = ("--tasks", "--output_dir", "--module", "--splits", "--examples_per_
 
 def _registry(modules):
     """Tasks and mixtures, with the user's modules imported (also in Beam workers)."""
-    from t5x_like.data import dataset_providers
     cli_flags.import_modules(modules)
     return dataset_providers
 

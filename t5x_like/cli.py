@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import sys
 
+# Imports inside functions: `t5xl --help` and `--version` import nothing else; a subcommand
+# imports its own module.
+
 COMMANDS = {
     "train": ("t5x_like.train", "pretrain, fine-tune or continue a run"),
     "configs": ("t5x_like.packaged_configs", "list the packaged configs (--config=NAME) and show one"),

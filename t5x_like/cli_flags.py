@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from t5x_like.errors import UserError
 from t5x_like.system import storage
 
+# Imports inside functions: the flags are checked before the built-in tasks and JAX load.
+
 
 def add_module_flag(parser) -> None:
     """``--module=PKG.MOD`` (repeatable), read by :func:`import_modules`."""

@@ -43,6 +43,9 @@ from t5x_like import cli_flags, errors
 from t5x_like.errors import UserError
 from t5x_like.system import storage
 
+# Imports inside functions: keep JAX out of the command's start-up: a mistake in the config or
+# the flags is reported before JAX loads.
+
 LAYERS_HELP = "all, last, or a comma list of layer numbers (0 = embeddings, -1 = last)"
 
 

@@ -24,6 +24,9 @@ from t5x_like.evaluation import results as result_files
 from t5x_like.evaluation import runner
 from t5x_like.system import progress, storage
 
+# Imports inside functions: keep JAX out of the command's start-up: a mistake in the config or
+# the flags is reported before JAX loads.
+
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m t5x_like.eval", description=__doc__,

@@ -25,6 +25,9 @@ from t5x_like.config import split_overrides
 from t5x_like.errors import UserError
 from t5x_like.system import storage
 
+# Imports inside functions: keep JAX out of the command's start-up: a mistake in the config or
+# the flags is reported before JAX loads.
+
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="python -m t5x_like.infer", description=__doc__,

@@ -25,9 +25,11 @@ import json
 import sys
 
 from t5x_like import cli_flags, errors, runs
-from t5x_like.planner import aot_planner
+from t5x_like.planner import topology
+from t5x_like.planner.topology import GiB
 
-GiB = aot_planner.GiB
+# Imports inside functions: keep JAX out of the command's start-up: a mistake in the config or
+# the flags is reported before JAX loads (and libtpu's environment is set before JAX starts).
 
 
 def format_decode_report(r: dict) -> str:
@@ -181,9 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     cli_flags.add_module_flag(parser)
     args = parser.parse_args(rest)
     cli_flags.import_modules(args.module)
-    aot_planner.prepare_compiler_environment()
-    aot_planner.parse_topology(args.topology)
+    topology.prepare_compiler_environment()
+    topology.parse_topology(args.topology)
     config = runs.resolve_spec(runs.load_config(args.config, overrides))
+    # JAX loads here, after the config is read and libtpu's environment is set.
+    from t5x_like.planner import aot_planner
     compile_plan, formatter = ((aot_planner.plan_decode, format_decode_report) if args.decode
                                else (aot_planner.plan, format_report))
     report = compile_plan(config, args.topology, args.num_slices)

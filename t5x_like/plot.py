@@ -17,6 +17,8 @@ import sys
 from t5x_like import errors
 from t5x_like.errors import UserError
 
+# Imports inside functions: matplotlib (the `plots` extra) loads only when a figure is drawn.
+
 PANELS = (("loss", ("loss", "eval_loss"), "nats per target token"),
           ("accuracy", ("accuracy", "eval_accuracy"), "target-token accuracy"))
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import shutil
+import tempfile
 from typing import Any
 
 import ml_collections
@@ -19,6 +21,9 @@ from t5x_like.checkpoints.param_sources.source import Source, check_same_model, 
 from t5x_like.config import RunSpec
 from t5x_like.errors import ConfigError, UserError
 from t5x_like.system import storage
+
+# Imports inside functions: keep JAX out of the commands' start-up: this module is imported
+# before the config is read, and what needs JAX loads after it.
 
 
 def load_config(config_path: str, overrides) -> ml_collections.ConfigDict:
@@ -159,9 +164,6 @@ def keep_tokenizer(workdir, vocabulary) -> None:
     """The tokenizer travels with the run (``eval --vocabulary=checkpoint`` reads this
     copy): on disk written once, whole or not at all; in a bucket, where a folder cannot
     be renamed into place, copied again on every start from a complete local folder."""
-    import shutil
-    import tempfile
-
     from t5x_like.convert.pretrained import TOKENIZER_FOLDER
     from t5x_like.data import hf_tokenizers
     if storage.is_remote(workdir):

@@ -16,8 +16,10 @@ import sys
 
 import numpy as np
 
+import t5x_like.data as td
 from t5x_like import cli_flags, errors
 from t5x_like.data import vocabularies
+from t5x_like.data.dataset_providers import get_task_or_mixture
 
 
 def _parse_lengths(text: str, default: int, features) -> dict[str, int]:
@@ -42,7 +44,6 @@ def cmd_list(td) -> None:
 
 
 def cmd_show(td, name: str) -> None:
-    from t5x_like.data.dataset_providers import get_task_or_mixture
     provider = get_task_or_mixture(name)
     print(f"{name}: {provider.description}")
     if isinstance(provider, td.Mixture):
@@ -77,7 +78,6 @@ def cmd_show(td, name: str) -> None:
 
 def cmd_sample(td, name: str, n: int, lengths_text: str, length: int, split: str,
                seed: int) -> None:
-    from t5x_like.data.dataset_providers import get_task_or_mixture
     provider = get_task_or_mixture(name)
     features = provider.output_features
     lengths = _parse_lengths(lengths_text, length, features)
@@ -109,7 +109,6 @@ def main(argv=None) -> None:
     cli_flags.add_module_flag(parser)
     args = parser.parse_args(argv)
     cli_flags.import_modules(args.module)
-    import t5x_like.data as td
     if args.command != "list" and not args.name:
         parser.error(f"{args.command} needs a task or mixture NAME (see `list`).")
     try:

@@ -24,6 +24,9 @@ import sys
 from t5x_like import cli_flags, config, errors, runs
 from t5x_like.telemetry import goodput_events, trackers
 
+# Imports inside functions: keep JAX out of the command's start-up: a mistake in the config or
+# the flags is reported before JAX loads.
+
 USAGE = ("python -m t5x_like.train --config=FILE_OR_NAME --workdir=DIR [--config.KEY=VALUE ...]\n"
          "  e.g. python -m t5x_like.train --config=quickstart --workdir=/tmp/t5x_like_run "
          "--config.num_train_steps=100")

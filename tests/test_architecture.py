@@ -136,8 +136,9 @@ def _function_level_imports(tree) -> list[int]:
 
 # Imports inside functions in the package: deferrals that keep JAX out of a command's
 # start-up (before its config is read) or load an optional library only where it is
-# used. A ratchet: the count may only go down (334 before the hoisting of issue 59).
-FUNCTION_LEVEL_IMPORTS = 231
+# used. A ratchet: the count may only go down (334 before the hoisting of issue 59; issue
+# 59 asks for at most 170).
+FUNCTION_LEVEL_IMPORTS = 158
 
 
 def test_imports_inside_functions_do_not_grow():
@@ -145,6 +146,17 @@ def test_imports_inside_functions_do_not_grow():
              for p in (REPO / "t5x_like").rglob("*.py")}
     assert sum(found.values()) <= FUNCTION_LEVEL_IMPORTS, sorted(
         found.items(), key=lambda kv: -kv[1])[:10]
+
+
+def test_every_module_with_imports_inside_functions_says_why_once():
+    """A deferral is a decision (JAX kept out of a command's start-up, an optional
+    library loaded where it is used): its module says which, once, in a
+    ``# Imports inside functions: ...`` comment below its imports."""
+    undocumented = sorted(
+        str(p.relative_to(REPO)) for p in (REPO / "t5x_like").rglob("*.py")
+        if _function_level_imports(ast.parse(p.read_text()))
+        and "\n# Imports inside functions: " not in p.read_text())
+    assert not undocumented, undocumented
 
 
 def test_train_is_a_command_that_reads_top_to_bottom():

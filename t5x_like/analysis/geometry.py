@@ -23,6 +23,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+# Imports inside functions: scikit-learn loads only for the PCA figure that uses it.
+
 
 def unit_rows(vectors: np.ndarray) -> np.ndarray:
     vectors = np.asarray(vectors, np.float64)

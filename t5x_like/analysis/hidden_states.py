@@ -19,9 +19,17 @@ import functools
 import re
 from collections.abc import Sequence
 
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
 import numpy as np
 
+from t5x_like import models, runs, structures
+from t5x_like.builtin_tasks import pretraining as builtin
+from t5x_like.checkpoints import param_sources
+from t5x_like.config import spec_of
 from t5x_like.errors import UserError
+from t5x_like.models import stacking
 
 # The names run_stack gives blocks (the per-layer loop, and ALBERT's shared block).
 _BLOCK_NAME = re.compile(r"layers_\d+|shared_layer")
@@ -42,11 +50,6 @@ class EmbeddingModel:
     random_init: bool = False
 
     def __post_init__(self):
-        import jax
-
-        from t5x_like import structures
-        from t5x_like.models import stacking
-
         self.config = _unrolled(self.config)
         self._structure = structures.structure_class(self.config.model.family)
         self.structure = self._structure.name  # e.g. "encoder", "encoder_decoder"
@@ -64,7 +67,6 @@ class EmbeddingModel:
     @property
     def max_length(self) -> int:
         """Tokens one input may have: the learned positions, or DEFAULT_MAX_LENGTH."""
-        from t5x_like import structures
         return int(structures.Structure.learned_positions(self.config.model)
                    or DEFAULT_MAX_LENGTH)
 
@@ -74,7 +76,6 @@ class EmbeddingModel:
 
     def hidden_states(self, tokens: np.ndarray, layers: Sequence[int]) -> np.ndarray:
         """``[len(layers), batch, length, d_model]`` float32."""
-        import jax
         out = _jitted_all_layers()(self.model, self._method, self.params,
                                    np.asarray(tokens, np.int32))
         return np.asarray(jax.device_get(out))[list(layers)]
@@ -82,7 +83,6 @@ class EmbeddingModel:
 
 def _unrolled(config):
     """The spec with the stack as a plain loop of blocks and no remat (same numbers)."""
-    from t5x_like.config import spec_of
     spec = spec_of(config)
     numerics = spec.model.numerics.replace(scan_layers=False, remat_policy="none")
     return spec.replace(model=spec.model.replace(numerics=numerics))
@@ -91,9 +91,6 @@ def _unrolled(config):
 def _all_layers(model, method, params, tokens):
     """``[num_layers + 1, batch, length, d]``: the model's forward pass with an
     interceptor recording the first block's input and every block's output."""
-    import flax.linen as nn
-    import jax.numpy as jnp
-
     states = []
 
     def record(next_fun, args, kwargs, context):
@@ -115,7 +112,6 @@ def _all_layers(model, method, params, tokens):
 def _jitted_all_layers():
     """One compiled function per (model config, method, shapes), shared by every
     EmbeddingModel: flax modules hash by their config."""
-    import jax
     return jax.jit(_all_layers, static_argnums=(0, 1))
 
 
@@ -125,9 +121,6 @@ def load(checkpoint: str, *, step: int | None = None, random_init: bool = False,
     """The newest (or ``step``'s) params of a run or pretrained folder; ``random_init``:
     the same config with fresh params from ``seed`` (the untrained control). ``flag``:
     the option that named ``checkpoint``, for error messages."""
-    from t5x_like import runs
-    from t5x_like.checkpoints import param_sources
-
     source = param_sources.resolve(checkpoint, flag)
     steps = source.steps()
     if not steps:
@@ -141,7 +134,6 @@ def load(checkpoint: str, *, step: int | None = None, random_init: bool = False,
     config = resolved.spec
     chosen = resolved.asked_vocabulary or resolved.trained_vocabulary
     if chosen is None:
-        from t5x_like.builtin_tasks import pretraining as builtin
         chosen = builtin.embedded_vocabulary()
     runs.check_fits(config, chosen, f"--checkpoint={checkpoint}")
     if random_init:
@@ -154,11 +146,6 @@ def load(checkpoint: str, *, step: int | None = None, random_init: bool = False,
 
 
 def _fresh_params(config, seed: int) -> dict:
-    import flax.linen as nn
-    import jax
-
-    from t5x_like import models, structures
-
     if structures.mode_structures.wrapping(config) is not None:
         raise UserError("--random_init needs a pretraining checkpoint; this one has a "
                         "fine-tuning head or a reward model (its random control is the "

@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+# Imports inside functions: matplotlib (the `plots` extra) loads only when a figure is drawn.
+
 # Pixels: 100 dpi, so a (8, 5) figure is 800 x 500.
 DPI = 100
 

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+# Imports inside functions: scikit-learn loads only when a probe is fitted.
+
 
 def probe_accuracy(train_x: np.ndarray, train_y: Sequence, test_x: np.ndarray, test_y: Sequence,
                    *, seed: int = 0, max_iter: int = 300, C: float = 1.0) -> float:

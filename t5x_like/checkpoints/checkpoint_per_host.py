@@ -33,6 +33,9 @@ from collections.abc import Callable
 
 from t5x_like.system import storage
 
+# Imports inside functions: keep JAX out of the commands' start-up: this module is imported
+# before the config is read, and what needs JAX loads after it (orbax loads JAX).
+
 #: how long host 0 waits for the other hosts' shares before leaving a step unsealed
 LANDING_TIMEOUT_S = 900.0
 _POLL_S = 0.2

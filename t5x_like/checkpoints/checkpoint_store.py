@@ -323,8 +323,7 @@ class Checkpointer:
                 self._verified.add(step)
         if self._uploads is not None:
             self._uploads.add([s for s in steps if s in self._verified])
-        if self._multi_process:
-            from t5x_like.engine import partitioning  # every process must delete the same steps
+        if self._multi_process:  # every process must delete the same steps
             self._verified = set(partitioning.gather_json(sorted(self._verified))[0])
         self._rotate(steps)
 
@@ -448,7 +447,6 @@ class Checkpointer:
         """
         steps = self.all_steps()
         if self._per_host:  # every host tries the same steps: any host's, or the workdir's
-            from t5x_like.engine import partitioning
             steps = sorted({s for host in partitioning.gather_json(steps) for s in host}
                            | set(self.durable_steps()))
         elif self._uploads is not None:  # the local tier: the workdir's steps are candidates
@@ -531,7 +529,6 @@ class Checkpointer:
             target = _move_into(self.directory.parent / "damaged_checkpoints",
                                 self.durable_folder(step), step, reason)
         if self._multi_process:
-            from t5x_like.engine import partitioning
             partitioning.gather_json(step)  # every process waits for the move
         self._manager.reload()
         self._log(f"Moved checkpoint {self.step_folder(step)} aside to {target}: {reason}")

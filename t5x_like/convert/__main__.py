@@ -352,7 +352,6 @@ def export_hf(checkpoint: str, out: str, vocabulary: str = "checkpoint") -> dict
                 hf_config[f"{name}_token_id"] = int(value)
     hf_io.write_folder(out, hf_config, module.params_to_hf(params, model_config))
     if tokenizer is not None:
-        from t5x_like.data import hf_tokenizers
         hf_tokenizers.write_tokenizer(tokenizer, out)
     else:
         print(f"convert: warning: {checkpoint} carries no tokenizer, so {out} has none and "

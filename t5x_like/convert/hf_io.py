@@ -14,6 +14,9 @@ import numpy as np
 from t5x_like.errors import MissingFile, UserError, install_hint
 from t5x_like.system import progress
 
+# Imports inside functions: safetensors loads only when a checkpoint is read or written in
+# that format.
+
 
 def _safetensors_numpy():
     try:

@@ -20,6 +20,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from t5x_like.data import hf_tokenizers
 from t5x_like.errors import MissingFile, UserError
 from t5x_like.system import storage
 
@@ -47,8 +48,6 @@ def save_pretrained(folder: str | pathlib.Path, model_config: dict, params, *,
     """Writes the folder; the tokenizer is ``vocabulary`` written as Hugging Face files,
     or the tokenizer files copied from the Hugging Face folder ``tokenizer_from``;
     ``run``: the run config it comes from (its ``RUN_KEYS`` are kept)."""
-    from t5x_like.data import hf_tokenizers
-
     check_new_folder(folder)
     folder = storage.path(folder)
     target = folder / "params"

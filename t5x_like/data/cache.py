@@ -39,11 +39,14 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import msgpack
 import numpy as np
+from etils import epath
 
+from t5x_like.data import embedded, sources, vocabularies
 from t5x_like.data import preprocessors as pp
-from t5x_like.data import sources, vocabularies
 from t5x_like.errors import DataError, UserError
 from t5x_like.system import storage
+
+# Imports inside functions: array_record loads only when a cache is written or read.
 
 FORMAT_VERSION = 1
 INFO_FILE = "info.json"
@@ -164,7 +167,6 @@ def _sha256(data: bytes | str) -> str:
 def _portable(text: str) -> str:
     """Paths inside the embedded data folder without the machine's prefix, so a cache built
     from a checkout elsewhere (a Beam worker's) has the same fingerprint."""
-    from t5x_like.data import embedded
     prefix = str(embedded.data_dir()).rstrip("/") + "/"
     return "<data>/" + text[len(prefix):] if text.startswith(prefix) else text
 
@@ -454,7 +456,6 @@ def write_shard(task, unit: Unit, records: Sequence[dict], output_dir: str) -> d
             raise sources.located(e, [task.source], unit.split, f"Task {task.name!r}") from None
         writer.close()
         if remote:
-            from etils import epath
             epath.Path(local).copy(target, overwrite=True)
         else:
             os.replace(local, target)
@@ -623,7 +624,6 @@ def _local_folder(folder, info: dict, split: str) -> str:
     fingerprint; a copy is checked by size)."""
     if not storage.is_remote(folder):
         return str(folder)
-    from etils import epath
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     local = os.path.join(base, "t5x_like", "data_cache", _sha256(str(folder))[:16],
                          info["fingerprint"])

@@ -37,10 +37,13 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from t5x_like import errors
 from t5x_like.data.hf_tokenizers import read_json, token_text
 from t5x_like.data.preprocessors.base import Context, ExampleStep
 from t5x_like.data.sources import JsonlSource
 from t5x_like.errors import DataError
+
+# Imports inside functions: transformers loads only when a chat template is rendered.
 
 ROLES = ("system", "user", "assistant", "tool")
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
@@ -111,7 +114,6 @@ class ChatTemplate:
         try:
             from transformers.utils.chat_template_utils import render_jinja_template
         except ImportError:
-            from t5x_like import errors
             raise errors.UserError("Chat templates are rendered by transformers: "
                                    f"{errors.install_hint('hf')}.") from None
         rendered, _ = render_jinja_template(

@@ -29,6 +29,9 @@ from t5x_like.data.sources import (
 )
 from t5x_like.errors import DataError, MissingFile, install_hint
 
+# Imports inside functions: Hugging Face `datasets` (optional) loads only for a task that
+# reads it.
+
 
 @dataclasses.dataclass(frozen=True)
 class HfDatasetSource(Source):

@@ -24,7 +24,12 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from t5x_like.data import vocabularies
 from t5x_like.errors import MissingFile
+from t5x_like.system import storage
+
+# Imports inside functions: the `tokenizers` and sentencepiece libraries load only for the
+# tokenizer kind a folder holds.
 
 # Everything a Hugging Face folder may hold for its tokenizer (transformers' names).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -72,12 +77,10 @@ def copy_tokenizer(hf_dir, out_dir, hf_config: dict | None = None) -> list[str]:
 def load(folder, hf_config: dict | None = None):
     """The vocabulary of a tokenizer folder (or a ``tokenizer.json`` file); one in a
     bucket is read from a local copy."""
-    from t5x_like.system import storage
     path = pathlib.Path(storage.local_copy(folder))
     if path.is_file() and path.name.endswith(".json"):
         return HfTokenizerVocabulary(path, hf_config)
     if path.is_file() and path.suffix == ".model":
-        from t5x_like.data import vocabularies
         return vocabularies.SentencePieceVocabulary(str(path))
     if not path.is_dir():
         raise MissingFile(f"{folder}: no such tokenizer folder or file; give a folder "
@@ -91,12 +94,10 @@ def load(folder, hf_config: dict | None = None):
     if (path / "tokenizer.json").is_file() or (path / "vocab.json").is_file():
         return HfTokenizerVocabulary(path, hf_config)
     if (path / "vocab.txt").is_file():
-        from t5x_like.data import vocabularies
         settings = read_json(path / "tokenizer_config.json")
         return vocabularies.WordPieceVocabulary(str(path / "vocab.txt"),
                                                 lowercase=settings.get("do_lower_case", True))
     if (path / "spiece.model").is_file():
-        from t5x_like.data import vocabularies
         extra_ids = int(read_json(path / "tokenizer_config.json").get("extra_ids", 100))
         return vocabularies.SentencePieceVocabulary(str(path / "spiece.model"), extra_ids)
     present = sorted(p.name for p in path.iterdir())
@@ -108,7 +109,6 @@ def load(folder, hf_config: dict | None = None):
 
 def _native(folder: pathlib.Path, native: dict):
     """One of our vocabularies, from the marker ``write_tokenizer`` left."""
-    from t5x_like.data import vocabularies
     kind = native.get("class")
     if kind == "SentencePieceVocabulary":
         return vocabularies.SentencePieceVocabulary(str(folder / native["file"]),
@@ -325,8 +325,6 @@ class HfTokenizerVocabulary:
 def write_tokenizer(vocabulary, out_dir) -> list[str]:
     """Writes ``vocabulary`` into ``out_dir`` as files ``AutoTokenizer`` loads, with the
     same ids ours give; returns the names written."""
-    from t5x_like.data import vocabularies
-
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     real = vocabulary._factory() if hasattr(vocabulary, "_factory") else vocabulary

@@ -32,6 +32,8 @@ from t5x_like.data.sources import ColumnRows, FileSource, column_fields, rows_in
 from t5x_like.errors import DataError, install_hint
 from t5x_like.system import storage
 
+# Imports inside functions: pyarrow loads only for a Parquet source.
+
 
 @dataclasses.dataclass(frozen=True)
 class ParquetSource(FileSource):

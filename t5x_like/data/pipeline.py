@@ -19,8 +19,10 @@ from collections.abc import Iterator, Mapping
 import grain
 
 from t5x_like.data import feature_converters
-from t5x_like.data.dataset_providers import get_task_or_mixture, naming_records
+from t5x_like.data.dataset_providers import get_task_or_mixture, naming_records, with_vocabulary
 from t5x_like.data.streams import HostBatchIterator, merge_states  # noqa: F401  (re-exported)
+
+# Imports inside functions: absl's flags are read only when a run was started through absl.
 
 
 def get_dataset(name: str, task_feature_lengths: Mapping[str, int], split: str = "train",
@@ -36,7 +38,6 @@ def get_dataset(name: str, task_feature_lengths: Mapping[str, int], split: str =
     ``mp_prefetch``; the output order and the iterator state stay deterministic).
     ``vocabulary`` re-tokenizes the task (a checkpoint's own tokenizer).
     """
-    from t5x_like.data.dataset_providers import with_vocabulary
     provider = with_vocabulary(get_task_or_mixture(name), vocabulary)
     lengths = dict(task_feature_lengths)
     ds = provider.get_dataset(split, lengths, seed=seed, shuffle=shuffle, num_epochs=num_epochs,

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from t5x_like.data.chat import ROLES, template_of
-from t5x_like.data.feature_converters import FeatureConverter
+from t5x_like.data.feature_converters import FeatureConverter, MissingFeatures
 from t5x_like.data.preprocessors.base import Context, ExampleStep
 from t5x_like.data.sources import JsonlSource
 from t5x_like.errors import DataError
@@ -167,7 +167,6 @@ class PairFeatureConverter(FeatureConverter):
         self._check_lengths(task_feature_lengths)
         missing = [f for f in self.REQUIRED if f not in example]
         if missing:
-            from t5x_like.data.feature_converters import MissingFeatures
             raise MissingFeatures(f"PairFeatureConverter needs task features "
                                   f"{list(self.REQUIRED)}; the example lacks {missing}. Read "
                                   "the task with PreferenceSource and TokenizePair.")

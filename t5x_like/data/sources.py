@@ -23,6 +23,9 @@ from collections.abc import Callable, Mapping, Sequence
 from t5x_like.errors import DataError, MissingFile, install_hint
 from t5x_like.system import storage
 
+# Imports inside functions: TensorFlow Datasets (slow to import, optional for most tasks)
+# loads only for a TFDS source.
+
 # "Genesis 1:1<TAB>In the beginning ..." -> the verse text only.
 _VERSE_KEY = re.compile(r"^[^\t]*\d+:\d+\t")
 

@@ -18,6 +18,9 @@ import sentencepiece as spm
 from t5x_like.errors import MissingFile, UserError
 from t5x_like.system import storage
 
+# Imports inside functions: sentencepiece's model protobuf and the WordPiece trainer load only
+# where they are used.
+
 PAD_ID, EOS_ID, UNK_ID, BOS_ID = 0, 1, 2, 3
 MASK_PIECE, CLS_PIECE, SEP_PIECE = "[MASK]", "[CLS]", "[SEP]"
 SPECIAL_PIECES = (MASK_PIECE, CLS_PIECE, SEP_PIECE)

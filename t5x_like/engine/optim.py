@@ -8,6 +8,8 @@ import optax
 from jax.sharding import PartitionSpec
 from optax.contrib import MuonDimensionNumbers, ScheduleFreeState
 
+from t5x_like.models import peft_modules as peft
+
 
 def learning_rate_schedule(cfg, num_train_steps: int) -> optax.Schedule:
     """Linear warmup to ``learning_rate``, then constant, 1/sqrt(step), linear or cosine decay,
@@ -64,7 +66,6 @@ def trainable_mask(params, bitfit: bool = False, added: bool = False):
     on: then a fine-tuning head (``head/...``) trains, the parameters LoRA, adapters,
     prefixes and prompts added (``added``; ``models.peft_modules.is_peft_param``) and, with
     ``bitfit`` (Ben Zaken et al.), the bias terms; the rest of the model stays frozen."""
-    from t5x_like.models import peft_modules as peft
     def trains(path, leaf) -> bool:
         if not (bitfit or added):
             return True

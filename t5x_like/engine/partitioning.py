@@ -24,6 +24,8 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from t5x_like.errors import UserError
 
+# Imports inside functions: a private JAX module, read only when a cluster is detected.
+
 MESH_AXES = ("dcn", "stage", "data", "fsdp", "expert", "context", "tensor")
 # The expert axis carries batch rows too outside the experts (as MaxText's): a mixture of
 # experts trades tokens for experts over it with all-to-all, a dense model is data

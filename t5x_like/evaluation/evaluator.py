@@ -34,7 +34,11 @@ import jax
 import numpy as np
 
 from t5x_like import metrics
+from t5x_like.data import dataset_providers as dp
+from t5x_like.data.preference import SIDES
+from t5x_like.data.preprocessors.text import as_text
 from t5x_like.engine import partitioning
+from t5x_like.engine.trainer import _MeshAndRules
 from t5x_like.errors import UserError
 from t5x_like.evaluation import few_shot
 from t5x_like.system import progress
@@ -70,7 +74,6 @@ class TaskResult:
 def leaf_tasks(name: str, vocabulary=None) -> list:
     """The tasks of a task or mixture name, with a suggestion for an unknown name;
     ``vocabulary`` re-tokenizes them (``--vocabulary``)."""
-    from t5x_like.data import dataset_providers as dp
     try:
         provider = dp.get_task_or_mixture(name)
     except KeyError as e:
@@ -89,7 +92,6 @@ def check_metrics_installed(tasks) -> None:
 
 
 def _text(value) -> str:
-    from t5x_like.data.preprocessors.text import as_text
     return as_text(value)
 
 
@@ -102,7 +104,6 @@ class ModelRunner:
                  pipeline_settings=None):
         """``pipeline_settings``: the training run's schedule over a ``stage`` axis (a
         circular schedule's parameter layout depends on it)."""
-        from t5x_like.engine.trainer import _MeshAndRules
         self.structure = structure
         self.mesh = mesh
         self.context = lambda: _MeshAndRules(mesh, rules, pipeline_settings=pipeline_settings)
@@ -433,7 +434,6 @@ class Evaluator(ModelRunner):
         """A reward model on preference pairs (``structures/preference.py``): how often it
         scores the chosen response above the rejected one (``accuracy``) and by how much
         (``margin``); each pair's two rewards are its record."""
-        from t5x_like.data.preference import SIDES
         converter = self.structure.feature_converter(self.lengths)
         try:
             rows = [converter.convert_example(ex, self.lengths) for ex in examples]

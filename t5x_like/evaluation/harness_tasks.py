@@ -14,6 +14,10 @@ from t5x_like import errors
 from t5x_like.errors import UserError
 from t5x_like.system import storage
 
+# Imports inside functions: lm-eval (optional) loads only when a harness task is read; keep
+# JAX out of the commands' start-up: this module is imported before the config is read, and
+# what needs JAX loads after it.
+
 
 def check_installed(what: str = "The harness command") -> None:
     if importlib.util.find_spec("lm_eval") is None:

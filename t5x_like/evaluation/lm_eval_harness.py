@@ -20,6 +20,9 @@ import pathlib
 
 import numpy as np
 
+# Imports inside functions: lm-eval, PyTorch and transformers (the `lm_eval` extra) load only
+# when the harness runs.
+
 
 @dataclasses.dataclass
 class Scored:

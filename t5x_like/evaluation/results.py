@@ -10,6 +10,9 @@ import json
 
 from t5x_like.system import storage
 
+# Imports inside functions: keep JAX out of the commands' start-up: this module is imported
+# before the config is read, and what needs JAX loads after it.
+
 
 def done_steps(output_dir, task_names, split: str = "validation") -> set[int]:
     """Steps whose every task already has a line for ``split`` in ``metrics.jsonl``."""

@@ -5,6 +5,9 @@ trainer's mesh. Shared by ``eval``, ``infer`` and the evaluation inside ``train`
 
 from __future__ import annotations
 
+# Imports inside functions: keep JAX out of the commands' start-up: this module is imported
+# before the config is read, and what needs JAX loads after it.
+
 
 def eval_lengths(config, args=None) -> dict[str, int]:
     lengths = dict(config.task_feature_lengths)

@@ -36,6 +36,9 @@ import numpy as np
 
 from t5x_like.system import traced_platform
 
+# Imports inside functions: the Pallas TPU kernels load only on a TPU (their import fails
+# elsewhere).
+
 NEG_INF = -1e10
 IMPLEMENTATIONS = ("auto", "xla", "flash", "chunked")
 # Splash attention's tile along both sequence axes; lengths must be a multiple of it.

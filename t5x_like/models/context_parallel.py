@@ -49,6 +49,9 @@ from jax.sharding import PartitionSpec
 from t5x_like.models import attention
 from t5x_like.system import traced_platform
 
+# Imports inside functions: the Pallas TPU kernels load only on a TPU (their import fails
+# elsewhere).
+
 STRATEGIES = ("all_gather", "ring")
 
 

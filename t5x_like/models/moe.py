@@ -52,6 +52,9 @@ from t5x_like.models import layers, ragged_exchange
 from t5x_like.models.layers import constrain
 from t5x_like.system import traced_platform
 
+# Imports inside functions: the Pallas TPU kernels load only on a TPU (their import fails
+# elsewhere).
+
 #: the collection the router's statistics and losses are sown into
 COLLECTION = "router"
 

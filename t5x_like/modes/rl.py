@@ -58,6 +58,8 @@ from t5x_like.objectives.preference import group_advantages
 from t5x_like.structures import reinforcement
 from t5x_like.structures.decoder import prompts_from_batch
 
+# Imports inside functions: grain loads only when a run evaluates rollouts.
+
 # What of a rollout's metrics the later updates of its batch log again: properties of
 # the batch the update reads, not of the sampling. The divergence rules read
 # ``groups_without_signal`` on every step (a batch without signal gives every one of its

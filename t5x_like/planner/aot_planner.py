@@ -4,56 +4,39 @@ whether it fits HBM, FLOPs, HBM traffic by source and a roofline step time and M
 The service behind ``python -m t5x_like.plan`` (which formats its reports) and
 ``scaling plan --topology`` (which plans the compute-optimal model it picks). TPU
 topologies compile through libtpu's compiler via ``jax.experimental.topologies`` (no TPU
-needed; ``prepare_compiler_environment`` before JAX starts), ``cpu:N`` on fake CPU
-devices. The roofline is ``max(FLOPs / peak, bytes accessed / HBM bandwidth, collective
-bytes / link bandwidth)`` per device (``hlo_collectives``): an optimistic bound, each
-taken to overlap the others.
+needed; ``topology.prepare_compiler_environment`` before JAX starts), ``cpu:N`` on fake
+CPU devices. It imports JAX at its top: the commands import it after their config is read
+(``planner/topology.py`` is what they need before). The roofline is ``max(FLOPs / peak,
+bytes accessed / HBM bandwidth, collective bytes / link bandwidth)`` per device
+(``hlo_collectives``): an optimistic bound, each taken to overlap the others.
 """
 
 from __future__ import annotations
 
-import os
+import importlib.util
+import math
+import re
 
-from t5x_like import errors
+import jax
+import numpy as np
+from jax.experimental import topologies
+from jax.sharding import NamedSharding, PartitionSpec
+
+from t5x_like import errors, modes, structures
+from t5x_like.checkpoints import int8_weights
 from t5x_like.config import spec_of
-from t5x_like.errors import UserError
+from t5x_like.engine import flops, partitioning
+from t5x_like.engine import trainer as trainer_lib
+from t5x_like.models import pipeline_parallel
+from t5x_like.planner import hlo_collectives, hlo_matmuls, hlo_traffic
+from t5x_like.planner.topology import GiB, PlanError, parse_topology, prepare_compiler_environment
 from t5x_like.system import hardware, platforms
 
-GiB = 1024**3
+__all__ = ["GiB", "PlanError", "parse_topology", "per_device_bytes", "plan", "plan_decode",
+           "prepare_compiler_environment", "topology_devices", "with_layer_flops"]
+
 # How many of the largest sources of HBM traffic a report names.
 TRAFFIC_ROWS = 8
-
-
-class PlanError(UserError):
-    """A bad topology or a missing compiler, with the fix in the message."""
-
-
-def prepare_compiler_environment() -> None:
-    """Environment libtpu needs to compile on a machine that is no TPU VM; call it before
-    JAX starts its backends."""
-    # libtpu asks a metadata server about TPU workers unless told this is no TPU VM.
-    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
-    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    # Several planners (or a planner beside a test) may load libtpu at once.
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-
-
-def parse_topology(text: str) -> tuple[str, str | int]:
-    """``cpu:8`` -> ("cpu", 8); ``v5p:4x4x4`` -> ("tpu", "v5p:4x4x4")."""
-    kind, _, shape = text.partition(":")
-    if not shape:
-        raise PlanError(f"--topology={text!r}: expected NAME:SHAPE, e.g. v5p:4x4x4, v5e:4x4 "
-                        "or cpu:8.")
-    if kind == "cpu":
-        if not shape.isdigit() or int(shape) < 1:
-            raise PlanError(f"--topology={text!r}: cpu needs a device count, e.g. cpu:8.")
-        return "cpu", int(shape)
-    dims = shape.split("x")
-    if not all(d.isdigit() and int(d) > 0 for d in dims) or len(dims) not in (2, 3):
-        raise PlanError(f"--topology={text!r}: the chip grid must be 2 or 3 positive sizes "
-                        "joined by x, e.g. v5e:4x4 or v5p:4x4x4.")
-    return "tpu", text
 
 
 def topology_devices(text: str, num_slices: int = 1) -> list:
@@ -63,7 +46,6 @@ def topology_devices(text: str, num_slices: int = 1) -> list:
     if num_slices < 1 or (num_slices > 1 and platform == "cpu"):
         raise PlanError(f"--num_slices={num_slices}: give a positive number of TPU slices; "
                         "for CPU, rehearse slices with --config.mesh.dcn on cpu:N.")
-    import jax
     if platform == "cpu":
         try:
             jax.config.update("jax_num_cpu_devices", spec)
@@ -74,13 +56,11 @@ def topology_devices(text: str, num_slices: int = 1) -> list:
             raise PlanError(f"--topology=cpu:{spec}: JAX was started with {len(devices)} CPU "
                             "devices; run the planner in a fresh process.")
         return devices[:spec]
-    from jax.experimental import topologies
     try:
         with platforms.without_stderr_lines(platforms.LIBTPU_NO_CHIP_NOTICE):
             return list(topologies.get_topology_desc(platform="tpu", topology_name=spec,
                                                      num_slices=num_slices).devices)
     except Exception as e:  # noqa: BLE001 - the compiler's errors vary by cause
-        import importlib.util
         if importlib.util.find_spec("libtpu") is None:
             raise PlanError(f"Cannot compile for {spec}: libtpu is not installed. TPU topologies "
                             f"need it: {errors.install_hint('tpu')} (works without a TPU).") from e
@@ -89,8 +69,6 @@ def topology_devices(text: str, num_slices: int = 1) -> list:
 
 def per_device_bytes(abstract_tree) -> list[tuple[str, int]]:
     """(path, bytes on one device) for every leaf, from its sharding's shard shape."""
-    import jax
-    import numpy as np
     rows = []
     for path, leaf in jax.tree_util.tree_flatten_with_path(abstract_tree)[0]:
         shape = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
@@ -106,8 +84,6 @@ _SCANNED_NOTE = ("scanned layers: XLA counts one layer's loop body once; the roo
 
 def _pipeline(config, mesh_shape) -> dict:
     """Stages, microbatches, laps and the bubble of a pipelined plan ({} without stages)."""
-    from t5x_like.engine import trainer as trainer_lib
-    from t5x_like.models import pipeline_parallel
 
     part = config.partitioning
     stages = mesh_shape["stage"] * (mesh_shape["dcn"] if part.pipeline_over_dcn else 1)
@@ -124,9 +100,6 @@ def _pipeline(config, mesh_shape) -> dict:
 def plan(config, topology: str, num_slices: int = 1) -> dict:
     """Compiles ``config``'s train step for ``topology`` (``num_slices`` of them joined
     over DCN); returns the report as a dict."""
-    from t5x_like import structures
-    from t5x_like.engine import flops
-    from t5x_like.engine import trainer as trainer_lib
 
     config = spec_of(config)
     devices = topology_devices(topology, num_slices)
@@ -228,7 +201,6 @@ def _quantized_rates(config, hlo_text: str, device_kind: str, peak: float | None
     chip's rate for them, and the one rate the roofline's compute time takes: each FLOP
     at its own peak, ``1 / (share / quantized peak + (1 - share) / peak)``. MFU stays
     against the bfloat16 peak, as MaxText reports it, so runs compare."""
-    from t5x_like.planner import hlo_matmuls
     kind = config.quantization.kind
     share = hlo_matmuls.low_precision_share(hlo_matmuls.matmul_flops_by_dtype(hlo_text))
     quantized_peak = hardware.peak_for(device_kind, kind, config.logging.peak_flops_per_device)
@@ -268,7 +240,6 @@ def _planned_frozen(config, trainer, structure) -> list[tuple[str, int]]:
     or GRPO's KL reference, the policy's own model) in the planned step, frozen and
     abstract (``Trainer.attach_frozen`` with no params); their bytes per device as
     ``frozen_params/...`` rows (none when the run has none)."""
-    from t5x_like import modes
     planned = [frozen for frozen in modes.frozen_of(config) if frozen.planned is not None]
     for frozen in planned:
         frozen.planned(config, trainer, structure)
@@ -290,7 +261,6 @@ def with_layer_flops(report: dict, config, topology: str) -> dict:
     ``rest + L x layer``. A fused attention kernel (splash, on TPU) is a custom call XLA
     does not count either, so the roofline takes the larger of that count and the
     model's FLOPs (``flops.py``, attention included, recomputation not)."""
-    from t5x_like import structures
     config = spec_of(config)
     keys = structures.structure_class(config.model.family).depth_keys
     counts = []
@@ -323,15 +293,8 @@ def plan_decode(config, topology: str, num_slices: int = 1) -> dict:
     keep the training shardings, the cache and inputs are split over the batch axes.
     Reports memory per device, FLOPs, HBM bytes, and a roofline time per step and
     tokens/s (``batch_size / step time``)."""
-    import math
 
-    import jax
-    from jax.sharding import NamedSharding, PartitionSpec
 
-    from t5x_like import structures
-    from t5x_like.checkpoints import int8_weights
-    from t5x_like.engine import partitioning
-    from t5x_like.engine import trainer as trainer_lib
 
     config = spec_of(config)
     config = config.replace(model=_unscanned(config.model))
@@ -393,7 +356,6 @@ def plan_decode(config, topology: str, num_slices: int = 1) -> dict:
 def _costs(compiled, hlo_text: str):
     """``(FLOPs, bytes accessed, traffic, traffic_error)`` of a compiled program: XLA's
     counts (loop bodies once) and the HLO reader's traffic (None when it misreads)."""
-    from t5x_like.planner import hlo_traffic
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     try:
@@ -409,7 +371,6 @@ def _traffic_by_source(traffic, bytes_accessed) -> dict:
     its share of ``bytes_accessed``; empty without a traffic reading."""
     if traffic is None or not traffic.total_bytes:
         return {}
-    from t5x_like.planner import hlo_traffic
     return {"hbm_traffic_by_source": [
         {"source": source, "share": moved / traffic.total_bytes,
          "bytes": bytes_accessed * moved / traffic.total_bytes}
@@ -442,8 +403,6 @@ def _slowest(compute_s: float, memory_s: float, communication_s: float | None
 def _collectives(hlo_text: str, mesh_shape: dict, chip) -> list[dict] | None:
     """The collectives' bytes, counts and seconds per device and step, by the mesh axes
     they cross (``hlo_collectives``), largest first; None when the HLO is misread."""
-    from t5x_like.engine import partitioning
-    from t5x_like.planner import hlo_collectives
     shape = {axis: int(mesh_shape.get(axis, 1)) for axis in partitioning.MESH_AXES}
     try:
         found = hlo_collectives.analyze(hlo_text, shape)
@@ -457,7 +416,6 @@ def _collectives(hlo_text: str, mesh_shape: dict, chip) -> list[dict] | None:
 
 def _out_of_memory_temporaries(message: str) -> tuple[int, str] | None:
     """(bytes, message) from libtpu's "HLO temporaries (144.01G) exceeds available HBM"."""
-    import re
     found = re.search(r"temporaries \(([\d.]+)([KMGT])\)", message)
     if "RESOURCE_EXHAUSTED" not in message or not found:
         return None

@@ -22,6 +22,9 @@ import numpy as np
 from t5x_like.config import MODEL_SPECS, legacy, model_spec_class
 from t5x_like.errors import ConfigError
 
+# Imports inside functions: keep JAX out of the commands' start-up: this module is imported
+# before the config is read, and what needs JAX loads after it.
+
 
 def _as_plain(value):
     """Tuples as lists, dicts sorted: a config value as it reads back from JSON."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import fcntl
 import json
 import os
 import socket
@@ -38,6 +39,8 @@ from collections.abc import Callable
 
 from t5x_like.errors import UserError
 from t5x_like.system import storage
+
+# Imports inside functions: the Cloud Storage client loads only for a workdir in a bucket.
 
 LOCK_NAME = "train.lock"
 DEFAULT_STALE_AFTER_S = 300.0
@@ -126,7 +129,6 @@ class _LocalStore:
 
     @contextlib.contextmanager
     def exclusive(self):
-        import fcntl
         fd = os.open(os.fspath(self.folder), os.O_RDONLY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)

@@ -21,6 +21,9 @@ import sys
 
 from t5x_like import config_lib, errors
 
+# Imports inside functions: keep JAX out of the command's start-up: a mistake in the config or
+# the flags is reported before JAX loads.
+
 SUBCOMMANDS = ("train-retriever", "build-index", "evaluate-retriever", "train-rag",
                "evaluate-rag")
 

@@ -12,6 +12,8 @@ import numpy as np
 
 from t5x_like.errors import UserError, install_hint
 
+# Imports inside functions: faiss (optional) loads only when a faiss index is built.
+
 
 def _faiss():
     try:

@@ -20,6 +20,7 @@ from t5x_like import metrics as metric_fns
 from t5x_like import structures
 from t5x_like.builtin_tasks import retrieval as retrieval_tasks
 from t5x_like.errors import ConfigError
+from t5x_like.models import decoding
 from t5x_like.retrieval import checkpoints, rag, retriever_run, text, training
 from t5x_like.retrieval import index as index_lib
 
@@ -119,7 +120,6 @@ def evaluate(workdir: str, split: str = "test", max_examples: int = 300,
     result = {"run": str(workdir), "kind": run["kind"], "split": split,
               "examples": len(data.pairs)}
     if run["kind"] == "closed_book":
-        from t5x_like.models import decoding
         fn = jax.jit(lambda p, tokens: decoding.decode(generator, p, tokens,
                                                        max_decode_length=max_length))
         generate = lambda batch: fn(params["generator"], batch["inputs"])  # noqa: E731

@@ -19,6 +19,7 @@ from t5x_like.builtin_tasks import retrieval as retrieval_tasks
 from t5x_like.objectives import rag as rag_objectives
 from t5x_like.retrieval import checkpoints, search, text, towers, training
 from t5x_like.retrieval import index as index_lib
+from t5x_like.retrieval.faiss_backend import FaissIndex
 
 
 def vocabulary():
@@ -130,7 +131,6 @@ def evaluate(retriever: str, index_folder: str, split: str = "test", ks=(1, 5, 2
     vectors = encode(model, {"query": query_params or params["query"]}, queries, "encode_query")
     k = max(ks)
     if backend == "faiss":
-        from t5x_like.retrieval.faiss_backend import FaissIndex
         _, found = FaissIndex(index.embeddings).search(vectors, k)
     else:
         _, found = search.ShardedIndex(index.embeddings).search(vectors, k)

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from t5x_like.structures import EncoderStructure
+
 
 def tokenize(vocabulary, texts: Sequence[str], length: int, prefix: Sequence[int] = (),
              suffix: Sequence[int] = ()) -> np.ndarray:
@@ -26,7 +28,6 @@ def tokenize(vocabulary, texts: Sequence[str], length: int, prefix: Sequence[int
 
 
 def encoder_framing(vocabulary) -> tuple[list[int], list[int]]:
-    from t5x_like.structures import EncoderStructure
     return EncoderStructure.text_framing(vocabulary)
 
 

@@ -35,7 +35,7 @@ import sys
 
 from t5x_like import cli_flags, config, errors, runs
 from t5x_like.errors import UserError
-from t5x_like.planner import aot_planner
+from t5x_like.planner import topology
 from t5x_like.scaling import fit as fitting
 from t5x_like.scaling import laws, plots, run_sizing, sweep
 
@@ -231,7 +231,7 @@ def run_plan(args) -> dict:
         raise UserError(f"--flops={args.flops}: give a positive compute budget, e.g. 5.76e23.")
     base = None
     if args.topology:
-        aot_planner.parse_topology(args.topology)
+        topology.parse_topology(args.topology)
         cli_flags.import_modules(args.module)
         base = runs.load_and_validate(args.config, args.overrides)
         sweep.depth_keys(base)  # refuses a family without a ladder
@@ -327,7 +327,7 @@ def _print_run(run: dict, law, topology: str) -> None:
 def main(argv=None) -> int:
     args = parse(argv)
     if args.command == "plan" and args.topology:
-        aot_planner.prepare_compiler_environment()  # before JAX starts: this is no TPU VM
+        topology.prepare_compiler_environment()  # before JAX starts: this is no TPU VM
     if args.command == "sweep":
         return run_sweep(args)
     if args.overrides and not (args.command == "plan" and args.config):

@@ -12,6 +12,8 @@ from t5x_like.errors import UserError
 from t5x_like.scaling import fit as fitting
 from t5x_like.scaling import laws
 
+# Imports inside functions: matplotlib (the `plots` extra) loads only when a figure is drawn.
+
 
 def _pyplot():
     try:

@@ -30,6 +30,8 @@ from etils import epath
 
 from t5x_like.errors import UserError, install_hint
 
+# Imports inside functions: tensorboardX loads only when TensorBoard events are written.
+
 REMOTE_SCHEMES = ("gs://", "s3://")
 _FSSPEC_PACKAGE = {"gs://": "gcsfs", "s3://": "s3fs"}
 

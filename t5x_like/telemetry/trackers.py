@@ -25,6 +25,9 @@ from collections.abc import Mapping
 from t5x_like import errors
 from t5x_like.system import storage
 
+# Imports inside functions: each tracker's client (wandb, mlflow) loads only when that tracker
+# is asked for.
+
 IDS_FILE = "trackers.json"
 # The library each tracker imports, and the extra that installs it.
 LIBRARIES = {"tensorboard": ("tensorboardX", ""), "wandb": ("wandb", "wandb"),

@@ -17,6 +17,7 @@ from flax import traverse_util
 from t5x_like import errors, modes, structures
 from t5x_like.checkpoints import checkpoint_store, param_sources
 from t5x_like.checkpoints.param_sources import peft_partial
+from t5x_like.engine import trainer as trainer_lib
 from t5x_like.models import peft_modules
 from t5x_like.resilience import run_guard
 from t5x_like.resilience.run_holding import chief_log
@@ -93,7 +94,6 @@ def _restore_step(checkpointer, resolved, step: int):
         if any(key.startswith("optimizer.") for key in changed):
             # An intended optimizer change: the params and step carry over, the optimizer
             # state starts fresh (restored first in the layout it was saved in).
-            from t5x_like.engine import trainer as trainer_lib
             saved_spec = param_sources.config_from_saved(saved)
             old, data_state = param_sources.restore_state(
                 checkpointer, step, trainer_lib.build_trainer(saved_spec, trainer.mesh), saved,

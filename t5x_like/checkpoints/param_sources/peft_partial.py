@@ -18,6 +18,9 @@ import numpy as np
 
 from t5x_like.system import storage
 
+# Imports inside functions: keep JAX out of the commands' start-up: this module is imported
+# before the config is read, and what needs JAX loads after it.
+
 IDENTITY_KEY = "peft_base"
 
 

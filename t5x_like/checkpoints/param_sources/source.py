@@ -16,6 +16,10 @@ from t5x_like.config import RunSpec, migrated, model_spec_of, spec_of
 from t5x_like.errors import ConfigError, UserError
 from t5x_like.system import storage
 
+# Imports inside functions: keep JAX out of the commands' start-up: this module is imported
+# before the config is read, and what needs JAX loads after it (finding a checkpoint's steps
+# and config needs no JAX; loading its params does).
+
 
 @dataclasses.dataclass(frozen=True)
 class Source:

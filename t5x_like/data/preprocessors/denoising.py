@@ -23,6 +23,7 @@ from t5x_like.data.preprocessors.span_corruption import (
     noise_span_to_unique_sentinel,
     nonnoise_span_to_unique_sentinel,
     random_spans_noise_mask,
+    require_sentinels,
 )
 from t5x_like.data.preprocessors.text import apply_eos
 
@@ -112,7 +113,6 @@ class Denoise(ExampleStep):
         if self.variant not in VARIANTS:
             raise ValueError(f"Unknown denoising variant {self.variant!r}; pick one of {VARIANTS}.")
         if self.variant in SENTINEL_VARIANTS:
-            from t5x_like.data.preprocessors.span_corruption import require_sentinels
             require_sentinels(ctx, self.variant)
             expected = expected_noise_spans(ctx.length("inputs"), self.variant, self.noise_density,
                                             self.mean_noise_span_length)

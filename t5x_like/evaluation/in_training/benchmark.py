@@ -6,6 +6,9 @@ from __future__ import annotations
 from t5x_like.config.evals import BenchmarkSpec
 from t5x_like.evaluation.in_training.base import TrainingEvaluator
 
+# Imports inside functions: keep JAX out of the commands' start-up: this module is imported
+# before the config is read, and what needs JAX loads after it.
+
 
 class BenchmarkEvaluator(TrainingEvaluator):
     KIND = "benchmark"

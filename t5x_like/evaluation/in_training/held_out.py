@@ -5,6 +5,9 @@ from __future__ import annotations
 from t5x_like.config.evals import HeldOutLossSpec
 from t5x_like.evaluation.in_training.base import TrainingEvaluator
 
+# Imports inside functions: keep JAX out of the commands' start-up: this module is imported
+# before the config is read, and what needs JAX loads after it.
+
 
 class HeldOutLossEvaluator(TrainingEvaluator):
     """Loss and accuracy (and the objective's other sums) per target token on the
