@@ -157,7 +157,7 @@ def test_bad_head_configs_are_named():
 
 
 @pytest.mark.slow
-def test_head_fine_tunes_from_a_pretrained_body_and_evaluates(tmp_path):
+def test_head_fine_tunes_from_a_pretrained_body_and_evaluates(tmp_path, capsys):
     pretrain = encoder_config(num_train_steps=4, checkpoint_every_steps=4, eval_every_steps=4)
     pretrain.task, pretrain.task_feature_lengths = "embedded_en_mlm", {"inputs": 32}
     train.run(pretrain, str(tmp_path / "pt"), quiet=True)
@@ -203,6 +203,16 @@ def test_head_fine_tunes_from_a_pretrained_body_and_evaluates(tmp_path):
                        f"--output_file={tmp_path / 'out.jsonl'}"]) == 0
     lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert [line["prediction"] for line in lines] == ["long", "short"]
+
+    # Hugging Face export writes the pretrained architectures: a head run is refused in one
+    # line before any weight is read, and nothing is written.
+    from t5x_like.convert import __main__ as convert_cli
+    capsys.readouterr()
+    assert convert_cli.main(["export", f"--checkpoint={tmp_path / 'ft'}",
+                             f"--out={tmp_path / 'hf'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is a fine-tuned head, reward model or PEFT run" in err
+    assert not (tmp_path / "hf").exists()
 
 
 def test_tagging_head_trains_and_predicts_tags(tmp_path):

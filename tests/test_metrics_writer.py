@@ -49,6 +49,25 @@ def test_jsonl_and_tensorboard_files(tmp_path):
     assert events and events[0].stat().st_size > 0
 
 
+def test_a_writer_opened_in_the_same_second_keeps_the_earlier_steps(tmp_path, monkeypatch):
+    """tensorboardX names an event file by the second it opens in: a resume within that
+    second would replace the earlier file (its steps gone) without a file of its own."""
+    import time
+
+    from tensorboard.backend.event_processing import event_accumulator
+    monkeypatch.setattr(time, "time", lambda: 1_800_000_000.0)  # every file in one second
+    for step, loss in ((1, 2.5), (2, 2.0)):
+        writer = metrics_writer.MetricsWriter(tmp_path)
+        writer.write(step, {"loss": loss})
+        writer.close()
+    losses = {}
+    for events in (tmp_path / "tensorboard").glob("events.out.tfevents.*"):
+        acc = event_accumulator.EventAccumulator(str(events))
+        acc.Reload()
+        losses.update({e.step: e.value for e in acc.Scalars("loss")})
+    assert losses == {1: 2.5, 2: 2.0}
+
+
 def test_disabled_writer_writes_nothing(tmp_path):
     writer = metrics_writer.MetricsWriter(tmp_path / "other", enabled=False)
     writer.write(1, {"loss": 1.0})

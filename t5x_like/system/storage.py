@@ -20,6 +20,7 @@ from __future__ import annotations
 import glob as glob_lib
 import gzip
 import importlib.util
+import itertools
 import os
 import shutil
 import sys
@@ -39,13 +40,23 @@ if importlib.util.find_spec("gcsfs") is not None:
     os.environ.setdefault("EPATH_USE_TF", "false")
 
 
+# Numbers the summary writers this process opens (their files' names differ).
+_WRITERS_OPENED = itertools.count()
+
+
 def summary_writer(logdir, **kwargs):
     """tensorboardX's ``SummaryWriter`` at ``logdir`` (a folder here, on gs:// or s3://).
 
     tensorboardX's writer module imports torch, when it is installed, only to accept torch
     tensors, which nothing here passes: 1.9 s of every command's start on 2 cores (the
     test suite starts hundreds). The first import of tensorboardX in a process skips it;
-    torch imports normally afterwards."""
+    torch imports normally afterwards.
+
+    Each writer gets a file of its own: tensorboardX names event files by the second they
+    open in and the host, so a resume (or an evaluation) opening a writer in the folder
+    within the second the last one opened would replace its file, and the steps it held
+    would vanish from TensorBoard. A ``filename_suffix`` of the process and a counter keeps
+    them apart (TensorBoard reads every file in the folder)."""
     if "tensorboardX.writer" not in sys.modules and "torch" not in sys.modules:
         sys.modules["torch"] = None  # `import torch` raises ImportError
         try:
@@ -53,6 +64,7 @@ def summary_writer(logdir, **kwargs):
         finally:
             del sys.modules["torch"]
     from tensorboardX import SummaryWriter
+    kwargs.setdefault("filename_suffix", f".{os.getpid()}.{next(_WRITERS_OPENED)}")
     return SummaryWriter(logdir=os.fspath(logdir), **kwargs)
 
 
