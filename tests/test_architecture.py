@@ -366,9 +366,11 @@ def _registered_modes() -> tuple[set, set]:
 
 
 MODE_NAMES, MODE_HOMES = _registered_modes()
-# The modes' own places besides their records: the spec sections (config/) and the
-# registry of the built-in ones.
-MODE_HOMES |= {"t5x_like/modes/__init__.py"}
+# The built-in modes' records: every module of t5x_like/modes/ but the registry (the
+# folder is the registry: the package imports each, and each registers its ``MODE``).
+MODE_RECORDS = sorted(p for p in (REPO / "t5x_like" / "modes").glob("*.py")
+                      if p.stem not in ("__init__", "registry"))
+MODE_HOMES |= {str(p.relative_to(REPO)) for p in MODE_RECORDS}
 # Reads of a mode's section left outside its record, each with why; the counts may only
 # go down (a new place that names a mode fails the test below).
 MODE_SITES_LEFT = {
@@ -382,7 +384,7 @@ _SPEC_NAMES = ("spec", "config", "cfg", "saved", "run", "resolved")
 def mode_sites(source: str) -> list[tuple[int, str]]:
     """Reads of a mode's section on a spec (``spec.rl``, ``config.head``), the section as
     a keyword (``spec.replace(rl=...)``), and imports of a mode's own modules."""
-    own_modules = {f"t5x_like.modes.{name}" for name in ("distill", "preference", "rl")}
+    own_modules = {f"t5x_like.modes.{p.stem}" for p in MODE_RECORDS}
     sites = []
     for node in ast.walk(ast.parse(source)):
         if (isinstance(node, ast.Attribute) and node.attr in MODE_NAMES
@@ -424,8 +426,35 @@ def test_training_modes_are_named_only_in_their_records():
     assert not over, over
     for generic in ("t5x_like/training/", "t5x_like/structures/__init__.py",
                     "t5x_like/structures/mode_structures.py", "t5x_like/modes/registry.py",
-                    "t5x_like/planner/"):
+                    "t5x_like/modes/__init__.py", "t5x_like/planner/"):
         assert not [path for path in found if path.startswith(generic)], generic
+
+
+def test_a_built_in_mode_is_its_files_with_no_registration_line():
+    """Adding a mode as DPO is added touches its spec section (config/), its objective,
+    its structural half (structures/) and its record (modes/): four files. The two
+    packages find the halves and records by their folder, so neither ``__init__`` names
+    a mode, and every record there is registered with its half."""
+    from t5x_like import modes
+    from t5x_like.structures import mode_structures
+    halves = {"distillation", "reinforcement"}  # the structural halves' module names
+    for init in ("t5x_like/modes/__init__.py", "t5x_like/structures/__init__.py"):
+        code = set()
+        for node in ast.walk(ast.parse((REPO / init).read_text())):
+            if isinstance(node, ast.Name):
+                code.add(node.id)
+            elif isinstance(node, ast.Attribute):
+                code.add(node.attr)
+            elif isinstance(node, ast.alias):
+                code.update(node.name.split("."))
+            elif isinstance(node, ast.ImportFrom):
+                code.update((node.module or "").split("."))
+        named = sorted(code & (set(MODE_NAMES) | halves))
+        assert not named, (init, named)
+    records = {p.stem for p in MODE_RECORDS}
+    assert records == {"distill", "head", "preference", "rl"}, records
+    assert set(modes.MODES) >= {"distill", "head", "preference", "rl"}
+    assert set(mode_structures.MODES) >= set(modes.MODES)
 
 
 @pytest.mark.parametrize("command", ["train", "eval", "infer", "plan", "plot"])

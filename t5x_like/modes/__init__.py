@@ -7,7 +7,9 @@ log-probabilities kept with them, as the loop's batches). Pretraining is no mode
 family's own structure on the task's rows.
 """
 
-from t5x_like.modes import distill, preference, rl
+import importlib
+import pkgutil
+
 from t5x_like.modes.registry import (
     MODES,
     BatchSource,
@@ -19,11 +21,13 @@ from t5x_like.modes.registry import (
     register,
     start_from,
 )
-from t5x_like.structures import head
 
 __all__ = ["MODES", "BatchSource", "Frozen", "Mode", "active", "batch_source", "frozen_of",
            "register", "start_from"]
 
-for _mode in (Mode("head", head.MODE.active, structure=head.MODE), distill.MODE,
-              preference.MODE, rl.MODE):
-    register(_mode)
+# The folder is the registry (as big_vision's evaluators are a folder): every module here
+# but ``registry`` is one mode's record, which registers itself as it loads; a new mode adds
+# its file and no line here.
+for _module in pkgutil.iter_modules(__path__):
+    if _module.name != "registry":
+        importlib.import_module(f"{__name__}.{_module.name}")

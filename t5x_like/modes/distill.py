@@ -35,7 +35,7 @@ from t5x_like.checkpoints import param_sources
 from t5x_like.config import model_spec_of
 from t5x_like.engine import trainer as trainer_lib
 from t5x_like.errors import UserError
-from t5x_like.modes.registry import Frozen, Mode
+from t5x_like.modes.registry import Frozen, Mode, register
 from t5x_like.resilience.run_guard import vocabulary_differences
 from t5x_like.structures import distillation
 
@@ -67,9 +67,9 @@ def teacher_source(spec) -> TeacherSource:
 def check_teacher(spec, teacher: TeacherSource, student_vocabulary) -> None:
     """One message for each teacher the student cannot learn from."""
     path, model, student = teacher.path, teacher.model, spec.model
-    if model.family not in structures.distillable_families():
+    if model.family not in distillation.distillable_families():
         raise UserError(f"distill.teacher={path!r} is a {model.family!r} model; teachers are "
-                        f"one of {structures.distillable_families()}.")
+                        f"one of {distillation.distillable_families()}.")
     if (structures.structure_class(model.family).name
             != structures.structure_class(student.family).name):
         raise UserError(f"distill.teacher={path!r} is a {model.family!r} model and the "
@@ -262,5 +262,5 @@ def _student_start(spec, attached: dict, trainer):
 
 
 TEACHER = Frozen("teacher", enabled, _resolved_teacher, _attached_teacher)
-MODE = Mode("distill", enabled, structure=distillation.MODE, frozen=(TEACHER,),
-            start_from=_student_start)
+MODE = register(Mode("distill", enabled, structure=distillation.MODE, frozen=(TEACHER,),
+                     start_from=_student_start))

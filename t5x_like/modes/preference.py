@@ -18,7 +18,7 @@ from t5x_like import structures
 from t5x_like.checkpoints import param_sources
 from t5x_like.config import model_spec_of
 from t5x_like.errors import UserError
-from t5x_like.modes.registry import Frozen, Mode
+from t5x_like.modes.registry import Frozen, Mode, register
 from t5x_like.resilience.run_guard import vocabulary_differences
 from t5x_like.structures import preference as preference_structures
 
@@ -129,5 +129,5 @@ def _in_preference_mode(spec) -> bool:
 
 REFERENCE = Frozen("reference", needed, _resolved_reference, _attached_reference,
                    planned=_planned_reference)
-MODE = Mode("preference", _in_preference_mode, structure=preference_structures.MODE,
-            frozen=(REFERENCE,))
+MODE = register(Mode("preference", _in_preference_mode, structure=preference_structures.MODE,
+                     frozen=(REFERENCE,)))

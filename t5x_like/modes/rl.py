@@ -53,7 +53,7 @@ from t5x_like.evaluation.in_training.base import TrainingEvaluator
 from t5x_like.metrics.rewards import RewardRegistry
 from t5x_like.models import decoding
 from t5x_like.modes import preference
-from t5x_like.modes.registry import Mode
+from t5x_like.modes.registry import Mode, register
 from t5x_like.objectives.preference import group_advantages
 from t5x_like.structures import reinforcement
 from t5x_like.structures.decoder import prompts_from_batch
@@ -437,6 +437,6 @@ def _in_rl_mode(spec) -> bool:
     return bool(spec.rl.algorithm)
 
 
-MODE = Mode("rl", _in_rl_mode, structure=reinforcement.MODE, check=check,
-            frozen=(preference.REFERENCE,), batches=RolloutBatches,
-            evaluators=(RolloutsEvaluator,))
+MODE = register(Mode("rl", _in_rl_mode, structure=reinforcement.MODE, check=check,
+                     frozen=(preference.REFERENCE,), batches=RolloutBatches,
+                     evaluators=(RolloutsEvaluator,)))

@@ -27,6 +27,9 @@ and ``check_run`` ask the active modes and name none.
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
 from t5x_like.config import spec_of
 from t5x_like.config.model_specs import (
     BartSpec,
@@ -43,18 +46,10 @@ from t5x_like.models.decoder import DecoderOnly
 from t5x_like.models.electra import Electra
 from t5x_like.models.encoder import EncoderOnly
 from t5x_like.models.t5 import EncoderDecoder
-from t5x_like.structures import (
-    distillation,
-    families,
-    head,
-    mode_structures,
-    preference,
-    reinforcement,
-)
+from t5x_like.structures import families, mode_structures
 from t5x_like.structures.base import DECODE_DEFAULTS, Structure
 from t5x_like.structures.bilm import BilmStructure
 from t5x_like.structures.decoder import DecoderStructure
-from t5x_like.structures.distillation import distillable_families
 from t5x_like.structures.electra import ElectraStructure
 from t5x_like.structures.encoder import EncoderStructure
 from t5x_like.structures.families import Family, build_model
@@ -62,7 +57,7 @@ from t5x_like.structures.seq2seq import EncoderDecoderStructure
 
 __all__ = ["DECODE_DEFAULTS", "BilmStructure", "DecoderStructure", "ElectraStructure",
            "EncoderDecoderStructure", "EncoderStructure", "Family", "Structure",
-           "build_model", "check_run", "distillable_families", "families", "for_config",
+           "build_model", "check_run", "families", "for_config",
            "mode_structures", "structure_class"]
 
 # The built-in families: spec, Flax module, structure.
@@ -74,9 +69,11 @@ for _family in (Family("encoder_decoder", T5Spec, EncoderDecoder, EncoderDecoder
                 Family("bilm", BilmSpec, Bilm, BilmStructure)):
     families.register(_family)
 
-# The built-in training modes' structural halves (their records: ``t5x_like.modes``).
-for _mode in (head.MODE, distillation.MODE, preference.MODE, reinforcement.MODE):
-    mode_structures.register(_mode)
+# The folder is the registry of the training modes' structural halves (as big_vision's
+# evaluators are a folder): every module here loads with the package, and a mode's half
+# registers its ``MODE`` as it loads, so a new mode adds its file and no line here.
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 
 def structure_class(family: str) -> type[Structure]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from t5x_like.errors import ConfigError
 from t5x_like.structures import families
-from t5x_like.structures.mode_structures import ModeStructure
+from t5x_like.structures.mode_structures import ModeStructure, register
 
 
 def distillable_families() -> tuple[str, ...]:
@@ -25,4 +25,4 @@ def _check(spec, family_structure) -> None:
                           f"{spec.model.family!r} is not one of them.")
 
 
-MODE = ModeStructure("distill", _in_distill_mode, check=_check)
+MODE = register(ModeStructure("distill", _in_distill_mode, check=_check))

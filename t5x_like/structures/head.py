@@ -26,7 +26,7 @@ from t5x_like.errors import ConfigError, DataError, UserError
 from t5x_like.models import heads, peft_modules
 from t5x_like.structures import families
 from t5x_like.structures.base import Structure, dropout_rngs
-from t5x_like.structures.mode_structures import ModeStructure
+from t5x_like.structures.mode_structures import ModeStructure, register
 
 LOSSES = {"classification": objectives.classification_loss,
           "regression": objectives.regression_loss,
@@ -234,5 +234,5 @@ def with_head_labels(spec):
     return spec
 
 
-MODE = ModeStructure("head", _in_head_mode, wrap=_wrap, check=_check,
-                     completed=with_head_labels)
+MODE = register(ModeStructure("head", _in_head_mode, wrap=_wrap, check=_check,
+                              completed=with_head_labels))

@@ -280,5 +280,6 @@ def _as_trained_model(spec):
                         data=spec.data.replace(prefix_attention="causal"))
 
 
-MODE = mode_structures.ModeStructure("preference", _in_preference_mode, wrap=_wrap, check=_check,
-                           as_trained_model=_as_trained_model)
+MODE = mode_structures.register(mode_structures.ModeStructure(
+    "preference", _in_preference_mode, wrap=_wrap, check=_check,
+    as_trained_model=_as_trained_model))

@@ -163,5 +163,5 @@ def _as_trained_model(spec):
     return spec.replace(rl=type(spec.rl)(), data=spec.data.replace(prefix_attention="causal"))
 
 
-MODE = mode_structures.ModeStructure("rl", _in_rl_mode, wrap=_wrap, check=_check,
-                           as_trained_model=_as_trained_model)
+MODE = mode_structures.register(mode_structures.ModeStructure(
+    "rl", _in_rl_mode, wrap=_wrap, check=_check, as_trained_model=_as_trained_model))
