@@ -61,6 +61,9 @@ def main(argv=None) -> int:
     parser.add_argument("--hang_timeout_s", type=float, default=10.0)
     parser.add_argument("--block_after", type=int, default=240,
                         help="Records the second run reads before its data source blocks.")
+    parser.add_argument("--run_timeout_s", type=float, default=1800.0,
+                        help="Longest any one of the three runs may take: a run that hangs "
+                             "past its watchdog fails the benchmark instead of holding it.")
     parser.add_argument("--smoke", action="store_true",
                         help="20 steps, a shorter hang: a check that the script runs")
     args = parser.parse_args(argv)
@@ -83,16 +86,21 @@ def main(argv=None) -> int:
     while first.poll() is None and last_step(workdir) < sigterm_after:
         time.sleep(0.05)
     first.send_signal(signal.SIGTERM)
-    _, err = first.communicate()
+    try:
+        _, err = first.communicate(timeout=args.run_timeout_s)
+    except subprocess.TimeoutExpired:
+        first.kill()
+        raise
     print(f"run 1: exit {first.returncode}, stopped at step {last_step(workdir)} "
           f"(SIGTERM after step {sigterm_after})")
 
     second = subprocess.run(command, cwd=REPO, env=dict(env, BLOCK_AFTER=str(args.block_after)),
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, timeout=args.run_timeout_s)
     hang = [line for line in second.stderr.splitlines() if "furthest behind" in line]
     print(f"run 2: exit {second.returncode}, {hang[0].strip() if hang else second.stderr[-800:]}")
 
-    third = subprocess.run(command, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    third = subprocess.run(command, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True,
+                           timeout=args.run_timeout_s)
     print(f"run 3: exit {third.returncode}, ended at step {last_step(workdir)}"
           + ("" if third.returncode == 0 else f": {third.stderr[-800:]}"))
     print()
@@ -102,7 +110,8 @@ def main(argv=None) -> int:
         print(_smoke.cli("t5x_like.goodput", [str(workdir)], cwd=REPO, capture=True))
     else:
         report = subprocess.run([sys.executable, "-m", "t5x_like.goodput", str(workdir)],
-                                cwd=REPO, env=env, capture_output=True, text=True)
+                                cwd=REPO, env=env, capture_output=True, text=True,
+                                timeout=args.run_timeout_s)
         print(report.stdout or report.stderr)
     shutil.rmtree(scratch, ignore_errors=True)  # the run lives on only under --workdir
     return 0
