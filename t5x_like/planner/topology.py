@@ -12,6 +12,8 @@ import os
 from t5x_like.errors import UserError
 
 GiB = 1024**3
+
+
 class PlanError(UserError):
     """A bad topology or a missing compiler, with the fix in the message."""
 
