@@ -33,7 +33,7 @@ from t5x_like.planner.topology import GiB, PlanError, parse_topology, prepare_co
 from t5x_like.system import hardware, platforms
 
 __all__ = ["GiB", "PlanError", "parse_topology", "per_device_bytes", "plan", "plan_decode",
-           "prepare_compiler_environment", "topology_devices", "with_layer_flops"]
+           "prepare_compiler_environment", "topology_devices"]
 
 # How many of the largest sources of HBM traffic a report names.
 TRAFFIC_ROWS = 8
@@ -77,9 +77,10 @@ def per_device_bytes(abstract_tree) -> list[tuple[str, int]]:
     return rows
 
 
-_SCANNED_NOTE = ("scanned layers: XLA counts one layer's loop body once; the roofline uses model "
-                 "FLOPs per device, and bytes with each loop body counted as many times as it "
-                 "runs")
+_SCANNED_NOTE = ("scanned layers: matmul FLOPs and bytes with each loop body counted as many "
+                 "times as it runs (recomputation included); the roofline takes the larger of "
+                 "those FLOPs and the model's (a fused attention kernel is a custom call no "
+                 "count sees)")
 
 
 def _pipeline(config, mesh_shape) -> dict:
@@ -124,17 +125,17 @@ def plan(config, topology: str, num_slices: int = 1) -> dict:
         aliased, temporaries = memory.alias_size_in_bytes, memory.temp_size_in_bytes
         code = memory.generated_code_size_in_bytes
         # XLA's cost analysis counts a loop body once: the layers' scan and the
-        # microbatches' run many times. Reading the HLO, the bytes are weighted by trip
-        # counts; FLOPs, whose per-op rules the text does not give, are scaled below.
+        # microbatches' run many times. Reading the HLO, the bytes and the matmuls'
+        # FLOPs are weighted by trip counts (the rest of the FLOPs, elementwise work of
+        # a few percent, stays as XLA counts it).
         hlo_text = compiled.as_text()
         xla_flops, xla_bytes, traffic, traffic_error = _costs(compiled, hlo_text)
-        looped = config.optimizer.microbatches > 1 and " while(" in hlo_text
-        scale = config.optimizer.microbatches if looped else 1
-        compiled_flops = xla_flops * scale
+        per_trip, once = hlo_matmuls.matmul_flops(hlo_text)
+        compiled_flops = xla_flops + per_trip - once
         if traffic is not None and traffic.loop_bodies_once_bytes:
             bytes_accessed = xla_bytes * traffic.total_bytes / traffic.loop_bodies_once_bytes
         else:
-            bytes_accessed = xla_bytes * scale  # loop bodies once: an underestimate
+            bytes_accessed = xla_bytes * (per_trip / once if once else 1.0)  # an estimate
     else:
         # libtpu refuses a program over HBM and says only how much its temporaries
         # need; the state and batch sizes follow from their shardings.
@@ -171,10 +172,11 @@ def plan(config, topology: str, num_slices: int = 1) -> dict:
     staged = _pipeline(config, mesh_shape)
     report.update({"pipeline": staged} if staged else {})
     if compiled_flops and config.model.numerics.scan_layers:
-        # XLA counts a scanned layer's loop body once (forward and backward), so the
-        # compiled count misses most of the work: the roofline takes the model FLOPs,
-        # and a pipeline's stages also compute through the bubble.
-        roofline_flops = model_flops / len(devices) / (1 - staged.get("bubble", 0.0))
+        # A fused attention kernel (splash, on TPU) is a custom call no FLOP count sees:
+        # the roofline takes the larger of the compiled count (recomputation included)
+        # and the model's FLOPs, whose pipeline stages also compute through the bubble.
+        roofline_flops = max(compiled_flops,
+                             model_flops / len(devices) / (1 - staged.get("bubble", 0.0)))
         report["note"] = _SCANNED_NOTE
     if compiler_oom is None and traffic is None:
         report["traffic_note"] = (f"the HLO traffic reader failed ({traffic_error}); bytes "
@@ -249,40 +251,6 @@ def _planned_frozen(config, trainer, structure) -> list[tuple[str, int]]:
 def _unscanned(model):
     """A model spec with its layers unrolled (XLA then counts every layer's FLOPs)."""
     return model.replace(numerics=model.numerics.replace(scan_layers=False))
-
-
-def with_layer_flops(report: dict, config, topology: str) -> dict:
-    """The roofline of a scanned model with its compiled FLOPs, not the model's.
-
-    XLA's cost analysis counts a loop body once, so the planner's roofline for scanned
-    layers takes the model FLOPs, and a compute-bound step then reads 100% MFU whatever
-    rematerialisation costs. Compiling the same step unrolled at 1 and 2 layers gives a
-    layer's compiled FLOPs (recomputation included) and the rest's; ``L`` layers cost
-    ``rest + L x layer``. A fused attention kernel (splash, on TPU) is a custom call XLA
-    does not count either, so the roofline takes the larger of that count and the
-    model's FLOPs (``flops.py``, attention included, recomputation not)."""
-    config = spec_of(config)
-    keys = structures.structure_class(config.model.family).depth_keys
-    counts = []
-    for layers in (1, 2):
-        model = _unscanned(config.model).replace(**dict.fromkeys(keys, layers))
-        counts.append(plan(config.replace(model=model), topology)["compiled_flops_per_device"])
-    layer = counts[1] - counts[0]
-    layers = int(config.model[keys[0]])
-    compiled = counts[0] + (layers - 1) * layer
-    roof = report["roofline"]
-    peak = report["peak_flops_per_device"]
-    compute_s = (max(compiled, report["model_flops_per_step"] / report["num_devices"])
-                 / _roofline_peak(report))
-    bound, step_s = _slowest(compute_s, roof["memory_s"], roof.get("communication_s"))
-    report = dict(report, compiled_flops_per_device=compiled)
-    report["roofline"] = dict(roof, compute_s=compute_s, step_s=step_s, bound=bound,
-                              mfu=report["model_flops_per_step"]
-                              / (report["num_devices"] * peak * step_s))
-    report["note"] = ("scanned layers: compiled FLOPs from the step unrolled at 1 and 2 "
-                      "layers (a layer's FLOPs, recomputation included, times the layers); "
-                      "the roofline takes the larger of those and the model's FLOPs")
-    return report
 
 
 def plan_decode(config, topology: str, num_slices: int = 1) -> dict:

@@ -7,10 +7,13 @@ the logits). The planner's roofline needs the split: the quantized matmuls run a
 chip's int8 or fp8 rate, the rest at bfloat16's. This reads ``compiled.as_text()``:
 every ``dot`` and ``convolution`` (fused ones too), the dtype of its operands (both
 int8, both fp8, or other; an operand widened just before the dot, as XLA:CPU widens
-int8 to int32 to emulate it, counts as what it was), and ``2 x output elements x contracted size`` FLOPs. A dot
-names its contracting dimensions; for a convolution (how TPUs lower most dots) the
-contracted size is ``sqrt(lhs x rhs / output elements)``, exact for a dense layer's
-matmul (no batch dimensions), which is what Qwix quantizes.
+int8 to int32 to emulate it, counts as what it was), and its FLOPs. A dot's are
+``2 x output elements x contracted size`` (it names its contracting dimensions). A
+convolution's are counted as XLA's cost analysis counts them: TPUs lower most dots,
+batched ones too, to convolutions whose batch dimensions become spatial ones with
+dilation, stride and padding, so the multiply-adds are ``batch x input features per
+group x output features x`` the valid (output, window) position pairs of each spatial
+dimension (those landing on an input element, not on padding or a dilation hole).
 """
 
 from __future__ import annotations
@@ -19,11 +22,16 @@ import collections
 import math
 import re
 
+import numpy as np
+
 from t5x_like.planner import hlo_traffic
 
 _DIMS = re.compile(r"\b([a-z]+[0-9]*[a-z0-9]*)\[([0-9,]*)\]")
 _CONTRACTING = re.compile(r"lhs_contracting_dims=\{([0-9,]*)\}")
 _FUSION_CALLS = re.compile(r"\bcalls=%([\w.\-]+)")
+_WINDOW = re.compile(r"\bwindow=\{([^}]*)\}")
+_DIM_LABELS = re.compile(r"\bdim_labels=(\w+)_(\w+)->(\w+)")
+_GROUPS = re.compile(r"\b(feature|batch)_group_count=([0-9]+)")
 LOW_PRECISION = ("s8", "u8", "f8e4m3fn", "f8e5m2", "f8e4m3", "s4", "u4")
 
 
@@ -67,17 +75,97 @@ def _flops(instruction, instructions: dict, computations: dict) -> tuple[str, fl
     lhs_dtype, rhs_dtype = (source[0] if source else "" for source in sources)
     out_elements = math.prod(out[1])
     contracting = _CONTRACTING.search(instruction.attributes)
+    dtype = lhs_dtype if lhs_dtype == rhs_dtype else "mixed"
     if instruction.opcode == "dot" and contracting:
         contracted = math.prod(lhs[int(d)] for d in contracting.group(1).split(",") if d)
-    else:
-        contracted = math.sqrt(math.prod(lhs) * math.prod(rhs) / max(out_elements, 1))
-    dtype = lhs_dtype if lhs_dtype == rhs_dtype else "mixed"
-    return dtype, 2.0 * out_elements * contracted
+        return dtype, 2.0 * out_elements * contracted
+    multiply_adds = convolution_multiply_adds(instruction.attributes, lhs, rhs, out[1])
+    return (dtype, 2.0 * multiply_adds) if multiply_adds is not None else None
+
+
+def _window(attributes: str) -> dict[str, list[int]]:
+    """``window={size=4x2 stride=3x1 pad=0_0x1_1 lhs_dilate=4x2 ...}`` as lists per key
+    (``pad`` as ``[low, high, low, high, ...]``); ``{}`` for a window-less convolution."""
+    found = _WINDOW.search(attributes)
+    if not found:
+        return {}
+    window = {}
+    for item in found.group(1).split():
+        key, _, value = item.partition("=")
+        window[key] = [int(v) for part in value.split("x") for v in part.split("_")]
+    return window
+
+
+def convolution_multiply_adds(attributes: str, lhs: list[int], rhs: list[int],
+                              out: list[int]) -> int | None:
+    """A convolution's multiply-adds, as XLA's ``HloCostAnalysis`` counts them: for each
+    spatial dimension, the (output, window) position pairs that read an input element
+    (inside the input, not padding, not a hole of ``lhs_dilate``), times the batch over
+    its groups, the input features over theirs and the output features. None when the
+    attributes do not read as a convolution's."""
+    labels = _DIM_LABELS.search(attributes)
+    if not labels:
+        return None
+    lhs_labels, rhs_labels, out_labels = labels.groups()
+    if not (len(lhs_labels) == len(lhs) and len(rhs_labels) == len(rhs)
+            and len(out_labels) == len(out)):
+        return None
+    groups = {kind: int(count) for kind, count in _GROUPS.findall(attributes)}
+    window = _window(attributes)
+    spatial = sorted(c for c in lhs_labels if c.isdigit())
+    count = 1
+    for i, dim in enumerate(spatial):
+        size_in = lhs[lhs_labels.index(dim)]
+        size_window = rhs[rhs_labels.index(dim)]
+        size_out = out[out_labels.index(dim)]
+        stride = window.get("stride", [1] * len(spatial))[i]
+        low, high = window.get("pad", [0, 0] * len(spatial))[2 * i:2 * i + 2]
+        base = window.get("lhs_dilate", [1] * len(spatial))[i]
+        dilation = window.get("rhs_dilate", [1] * len(spatial))[i]
+        count *= _valid_positions(size_in, size_window, size_out, stride, (low, high), base,
+                                  dilation)
+    batch = lhs[lhs_labels.index("b")] // groups.get("batch", 1)
+    features_in = lhs[lhs_labels.index("f")] // groups.get("feature", 1)
+    return batch * features_in * out[out_labels.index("f")] * count
+
+
+def _valid_positions(size_in: int, size_window: int, size_out: int, stride: int,
+                     pad: tuple[int, int], base: int, dilation: int) -> int:
+    """How many (output index, window index) pairs of one spatial dimension read an input
+    element. A dot's batch dimension lowered to a spatial one (input, window and output
+    all ``n``, ``lhs_dilate = n``, ``stride = n - 1``) pairs each output with one window
+    position: ``n``, counted without the ``n x n`` loop."""
+    low = pad[0]
+    if (size_in == size_out == size_window == base and dilation == 1 and pad == (0, 0)
+            and stride == max(1, size_in - 1)):
+        return size_in
+    undilated = (np.arange(size_out)[None, :] * stride - low
+                 + np.arange(size_window)[:, None] * dilation)
+    return int(np.count_nonzero((undilated % base == 0) & (undilated >= 0)
+                                & (undilated // base < size_in)))
 
 
 def matmul_flops_by_dtype(hlo_text: str) -> dict[str, float]:
     """``{operand dtype: FLOPs}`` of every matmul a step runs (``mixed`` where the two
     operands differ), each multiplied by the trip counts of the loops around it."""
+    totals: dict[str, float] = collections.defaultdict(float)
+    for dtype, flops, times in _matmuls(hlo_text):
+        totals[dtype] += flops * times
+    return dict(totals)
+
+
+def matmul_flops(hlo_text: str) -> tuple[float, float]:
+    """``(per trip, once)``: the step's matmul FLOPs with each loop body's counted as
+    many times as it runs, and with each counted once, as XLA's cost analysis counts a
+    loop body. Their difference is what that analysis misses of a scanned model's (or a
+    microbatch loop's) matmuls."""
+    counted = list(_matmuls(hlo_text))
+    return (sum(flops * times for _, flops, times in counted),
+            sum(flops for _, flops, _ in counted))
+
+
+def _matmuls(hlo_text: str):
+    """``(operand dtype, FLOPs, times run)`` of every dot and convolution that runs."""
     computations = hlo_traffic.parse(hlo_text)
     instructions = {i.name: i for c in computations.values() for i in c.instructions}
     times: dict[str, int] = collections.Counter()
@@ -87,15 +175,13 @@ def matmul_flops_by_dtype(hlo_text: str) -> dict[str, float]:
             if instruction.opcode == "fusion" and called in computations:
                 for inner in _fused(computations, called):
                     times[inner.name] += count
-    totals: dict[str, float] = collections.defaultdict(float)
     for computation in computations.values():
         for instruction in computation.instructions:
             if instruction.opcode not in ("dot", "convolution") or not times.get(instruction.name):
                 continue
             counted = _flops(instruction, instructions, computations)
             if counted:
-                totals[counted[0]] += counted[1] * times[instruction.name]
-    return dict(totals)
+                yield counted[0], counted[1], times[instruction.name]
 
 
 def _fused(computations, name: str, depth: int = 0):

@@ -187,7 +187,7 @@ def microbatches_to_fit(report: dict) -> int | None:
 def _compile(base, shape: Shape, budget_flops: float, length: int, topology: str, chips: int,
              log) -> tuple:
     """(config, planner report) for ``shape`` at the budget's batch; with the microbatches
-    that fit when the first compile does not; with a layer's compiled FLOPs when scanned."""
+    that fit when the first compile does not."""
     batch, learning_rate = batch_rule(budget_flops, length, chips)
     config = run_config(base, shape, batch, learning_rate, 1, base.optimizer.microbatches)
     log(f"compiling {shape.describe()} at batch {batch} for {topology} ...")
@@ -198,9 +198,6 @@ def _compile(base, shape: Shape, budget_flops: float, length: int, topology: str
         config = run_config(base, shape, batch, learning_rate, 1, k)
         log(f"  does not fit; compiling again with {k} microbatches of {batch // k} ...")
         report = aot_planner.plan(config, topology)
-    if config.model.numerics.scan_layers and report.get("roofline"):
-        log("  counting a layer's compiled FLOPs (1 and 2 layers, unrolled) ...")
-        report = aot_planner.with_layer_flops(report, config, topology)
     return config, report
 
 
