@@ -36,7 +36,7 @@ FAST_COMPILE_MODULES = frozenset({
     "test_optim_and_loss.py", "test_convert_open_decoders.py", "test_partitioning.py",
     "test_held_out_eval.py", "test_removal_low_precision.py", "test_electra.py",
     "test_retrieval_runs.py", "test_convert_longformer.py", "test_data_errors.py",
-    "test_bilm.py",
+    "test_bilm.py", "test_pipeline.py",
 })
 
 
@@ -57,6 +57,25 @@ def _compile_effort(request):
             yield
         finally:
             jax.config.update("jax_disable_most_optimizations", False)
+
+
+@pytest.fixture(autouse=True)
+def _optimized_test(request):
+    """A test marked ``optimized`` in a ``FAST_COMPILE_MODULES`` module compiles with XLA's
+    optimisations on: it mostly executes (a command trained as printed), where the module's
+    other tests mostly compile."""
+    import jax
+    if (request.node.get_closest_marker("optimized") is None
+            or request.node.path.name not in FAST_COMPILE_MODULES):
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("JAX_DISABLE_MOST_OPTIMIZATIONS", raising=False)
+        jax.config.update("jax_disable_most_optimizations", False)
+        try:
+            yield
+        finally:
+            jax.config.update("jax_disable_most_optimizations", True)
 
 
 def set_keys(config, values: dict):

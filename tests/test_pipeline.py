@@ -216,6 +216,7 @@ def test_a_plan_across_two_slices_reports_the_bubble_and_the_hand_overs_over_dcn
 
 
 @pytest.mark.slow
+@pytest.mark.optimized
 def test_the_pages_pipeline_command_trains_as_printed(tmp_path):
     """docs/parallelism.md's pipeline command: gpt2_tiny over 4 stages."""
     import os
