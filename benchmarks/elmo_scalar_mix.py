@@ -100,11 +100,11 @@ def train_tagger(train_x, train_y, test_x, test_y, num_tags, mix: bool, steps: i
 def load_params(checkpoint: str, random_init: bool):
     """The run's spec and its newest params (``hidden_states.load`` without its
     transformer-layer lookup); ``random_init``: fresh params of the same config."""
-    from t5x_like import runs
+    from t5x_like import resolving
     from t5x_like.checkpoints import param_sources
     source = param_sources.resolve(checkpoint)
     step = source.steps()[-1]
-    config = runs.resolve_checkpoint(source, step).spec
+    config = resolving.resolve_checkpoint(source, step).spec
     if random_init:
         return config, hidden_states._fresh_params(config, 0)  # noqa: SLF001
     return config, param_sources.load_params(source, step, config)

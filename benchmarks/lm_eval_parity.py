@@ -77,7 +77,7 @@ def restore(checkpoint: str):
     """``(step, config, trainer, params, vocabulary)`` of the newest step, as
     ``t5x_like.eval`` loads it; the vocabulary is the checkpoint's own (an imported
     tokenizer), else the task's."""
-    from t5x_like import runs
+    from t5x_like import resolving
     from t5x_like.checkpoints import param_sources
     from t5x_like.engine import trainer as trainer_lib
 
@@ -86,7 +86,7 @@ def restore(checkpoint: str):
     if not steps:
         sys.exit(f"{checkpoint} holds no complete checkpoint yet.")
     step = steps[-1]
-    resolved = runs.resolve_checkpoint(source, step)
+    resolved = resolving.resolve_checkpoint(source, step)
     config = resolved.spec
     if config.model.family != "decoder":
         sys.exit(f"{checkpoint} is a {config.model.family} model; lm-eval parity needs a decoder.")

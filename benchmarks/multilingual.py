@@ -142,14 +142,14 @@ def retarget(run: str, language: str, out: str) -> None:
     id (``decoder_start_id``): ``train`` refuses an ``init_from`` whose model keys differ
     from the config's, and this key differs between pretraining (never decodes) and each
     translation direction. Parameters are unchanged."""
-    from t5x_like import runs
+    from t5x_like import resolving
     from t5x_like.checkpoints import param_sources
     from t5x_like.convert import pretrained
     from t5x_like.engine import partitioning
 
     source = param_sources.resolve(run)
     step = source.steps()[-1]
-    config = runs.resolve_checkpoint(source, step).spec
+    config = resolving.resolve_checkpoint(source, step).spec
     import jax
     mesh = partitioning.make_mesh({"data": 1}, jax.devices()[:1])  # host arrays: one device
     params, _ = param_sources.base_params(run, config, mesh)

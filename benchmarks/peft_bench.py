@@ -96,14 +96,14 @@ def _trainer(runs: pathlib.Path, method: str, task: str):
     import jax
 
     from t5x_like import config_lib
-    from t5x_like import runs as runs_lib
+    from t5x_like import resolving as resolving
     from t5x_like.engine import partitioning
     from t5x_like.engine import trainer as trainer_lib
     config = config_lib.load_config_file(CONFIG)
     config_lib.apply_overrides(config, [o[len("--config."):] for o in
                                         overrides(runs, method, task) + SMOKE["run"]])
     config.init_from = ""
-    spec = runs_lib.resolve_spec(config)  # the head's labels from the task, as train reads them
+    spec = resolving.resolve_spec(config)  # the head's labels from the task, as train reads them
     mesh = partitioning.make_mesh({"data": 1}, jax.devices()[:1])
     return spec, trainer_lib.build_trainer(spec, mesh)
 

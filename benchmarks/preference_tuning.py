@@ -133,14 +133,14 @@ def lm_held_out_loss(checkpoint: pathlib.Path, batches: int | None = None) -> fl
     import jax
     import numpy as np
 
-    from t5x_like import runs as runs_lib
+    from t5x_like import resolving as resolving
     from t5x_like import structures
     from t5x_like.checkpoints import param_sources
     from t5x_like.data import pipeline
     from t5x_like.engine import partitioning
     from t5x_like.engine import trainer as trainer_lib
     batches = batches or SMOKE["lm_batches"]
-    spec = runs_lib.resolve_spec(load("configs/pretrain/gpt2_tiny.py"))
+    spec = resolving.resolve_spec(load("configs/pretrain/gpt2_tiny.py"))
     _, trainer = trainer_lib.build_on_devices(spec)
     params = trainer.place_params(param_sources.base_params(str(checkpoint), spec,
                                                             trainer.mesh)[0])
@@ -160,7 +160,7 @@ def lm_held_out_loss(checkpoint: pathlib.Path, batches: int | None = None) -> fl
 
 
 def run_dpo(runs: pathlib.Path, results: dict) -> None:
-    from t5x_like import runs as runs_lib
+    from t5x_like import resolving as resolving
     pretrained = runs / "pt_gpt2"
     train("configs/pretrain/gpt2_tiny.py", pretrained, "--config.num_train_steps=500",
           "--config.evals.held_out.every_steps=500", "--config.checkpoint.every_steps=500")
@@ -168,7 +168,7 @@ def run_dpo(runs: pathlib.Path, results: dict) -> None:
     train("configs/preference/gpt2_tiny_dpo_cloze.py", dpo, f"--config.init_from={pretrained}")
     config = load("configs/preference/gpt2_tiny_dpo_cloze.py")
     config.init_from = str(pretrained)
-    spec = runs_lib.resolve_spec(config)
+    spec = resolving.resolve_spec(config)
     before = dpo_metrics(pair_scores(spec, str(pretrained), str(pretrained)), spec.preference.beta)
     after = dpo_metrics(pair_scores(spec, str(dpo), str(pretrained)), spec.preference.beta)
     logged = records(dpo)
@@ -187,7 +187,7 @@ def rollout_eval(spec_config: str, checkpoint: pathlib.Path, samples: int) -> di
     prompts, with ``spec_config``'s rewards."""
     import numpy as np
 
-    from t5x_like import runs as runs_lib
+    from t5x_like import resolving as resolving
     from t5x_like import structures
     from t5x_like.checkpoints import param_sources
     from t5x_like.data import get_task_or_mixture, pipeline
@@ -195,7 +195,7 @@ def rollout_eval(spec_config: str, checkpoint: pathlib.Path, samples: int) -> di
     from t5x_like.modes import rl
     config = load(spec_config)
     config.init_from = str(checkpoint)
-    spec = runs_lib.resolve_spec(config)
+    spec = resolving.resolve_spec(config)
     _, trainer = trainer_lib.build_on_devices(spec)
     structure = structures.for_config(spec)
     params = trainer.place_params(param_sources.base_params(str(checkpoint), spec,

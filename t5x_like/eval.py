@@ -16,7 +16,7 @@ import argparse
 import sys
 import time
 
-from t5x_like import cli_flags, errors, runs
+from t5x_like import cli_flags, errors, resolving
 from t5x_like.checkpoints import param_sources
 from t5x_like.config import split_overrides
 from t5x_like.errors import UserError
@@ -139,7 +139,7 @@ def _setup(source, step, args, overrides, name):
     from t5x_like.engine import trainer as trainer_lib
     from t5x_like.evaluation import evaluator
 
-    resolved = runs.resolve_checkpoint(source, step, args.config, overrides, args.vocabulary)
+    resolved = resolving.resolve_checkpoint(source, step, args.config, overrides, args.vocabulary)
     config, asked = resolved.spec, resolved.asked_vocabulary
     structure = structures.structure_class(config.model.family)
     structure.check_decoding(config, args.num_beams)
@@ -147,7 +147,7 @@ def _setup(source, step, args, overrides, name):
     if line and jax.process_index() == 0 and not args.quiet:
         print(line, flush=True)
     for task in evaluator.leaf_tasks(name, asked):
-        runs.check_vocabulary(config, task, resolved.trained_vocabulary, asked)
+        resolving.check_vocabulary(config, task, resolved.trained_vocabulary, asked)
     _, trainer = trainer_lib.build_on_devices(config)
     lengths = runner.eval_lengths(config, args)
     runner.check_lengths(config, lengths, evaluator.leaf_tasks(name),

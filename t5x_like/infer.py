@@ -19,7 +19,7 @@ import sys
 
 import numpy as np
 
-from t5x_like import cli_flags, errors, runs
+from t5x_like import cli_flags, errors, resolving
 from t5x_like.checkpoints import param_sources
 from t5x_like.config import split_overrides
 from t5x_like.errors import UserError
@@ -130,7 +130,7 @@ def run(args, overrides) -> int:
     if not steps:
         raise UserError(f"{source.path} holds no complete checkpoint.")
     step = steps[-1]
-    resolved = runs.resolve_checkpoint(source, step, args.config, overrides, args.vocabulary)
+    resolved = resolving.resolve_checkpoint(source, step, args.config, overrides, args.vocabulary)
     config, trained, asked = (resolved.spec, resolved.trained_vocabulary,
                               resolved.asked_vocabulary)
     if structures.for_config(config).evaluation_mode == "pairs":  # a reward model
@@ -156,7 +156,7 @@ def run(args, overrides) -> int:
 
     if args.task:
         task = with_vocabulary(evaluator.leaf_tasks(args.task)[0], asked)
-        runs.check_vocabulary(config, task, trained, asked)
+        resolving.check_vocabulary(config, task, trained, asked)
         vocabulary = task.output_features["targets"].vocabulary
         examples = list(task.get_dataset(args.split, lengths, shuffle=False, num_epochs=1))
         if args.max_examples:
@@ -165,7 +165,7 @@ def run(args, overrides) -> int:
         targets_text = [str(ex.get("targets_pretokenized", "")) for ex in examples]
     else:  # free text: the tokenizer asked for, else the checkpoint's own
         vocabulary = asked or trained or builtin.embedded_vocabulary()
-        runs.check_fits(config, vocabulary, "--input_file")
+        resolving.check_fits(config, vocabulary, "--input_file")
         inputs_text = read_inputs(args.input_file)[:args.max_examples or None]
         targets_text = None
         examples = []

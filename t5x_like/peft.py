@@ -17,7 +17,7 @@ import sys
 
 from flax import traverse_util
 
-from t5x_like import errors, runs
+from t5x_like import errors, resolving
 from t5x_like.checkpoints import param_sources
 from t5x_like.convert import pretrained
 from t5x_like.errors import UserError
@@ -65,7 +65,7 @@ def merge(peft_path: str, out: str, base_path: str | None = None) -> dict:
     count = sum(1 for key in traverse_util.flatten_dict(plain_dicts(params))
                 if key[-1] == "lora_a")
     pretrained.save_pretrained(out, config.model.to_dict(), merged,
-                               vocabulary=runs.checkpoint_vocabulary(source, saved),
+                               vocabulary=resolving.checkpoint_vocabulary(source, saved),
                                metadata={"merged_from": str(source.path), "step": step},
                                run=config.to_dict())
     return {"step": step, "merged_kernels": count, "out": str(storage.path(out))}

@@ -24,7 +24,7 @@ import argparse
 import json
 import sys
 
-from t5x_like import cli_flags, errors, runs
+from t5x_like import cli_flags, errors, resolving
 from t5x_like.planner import topology
 from t5x_like.planner.topology import GiB
 
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     cli_flags.import_modules(args.module)
     topology.prepare_compiler_environment()
     topology.parse_topology(args.topology)
-    config = runs.resolve_spec(runs.load_config(args.config, overrides))
+    config = resolving.resolve_spec(resolving.load_config(args.config, overrides))
     # JAX loads here, after the config is read and libtpu's environment is set.
     from t5x_like.planner import aot_planner
     compile_plan, formatter = ((aot_planner.plan_decode, format_decode_report) if args.decode

@@ -15,7 +15,7 @@ import sys
 import jax
 import numpy as np
 
-from t5x_like import cli_flags, errors, runs, structures
+from t5x_like import cli_flags, errors, resolving, structures
 from t5x_like.engine import optim, trainer
 from t5x_like.models import moe
 from t5x_like.models import peft_modules as peft
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     cli_flags.import_modules(args.module)
-    config = runs.resolve_spec(runs.load_config(args.config, [
+    config = resolving.resolve_spec(resolving.load_config(args.config, [
         o[len("--config."):] for o in overrides if o.startswith("--config.")]))
     settings = peft.PeftSettings.from_config(config.peft)
     shapes = trainer.parameter_shapes(config.model, settings)

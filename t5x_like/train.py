@@ -21,7 +21,7 @@ import importlib.util
 import shlex
 import sys
 
-from t5x_like import cli_flags, config, errors, runs
+from t5x_like import cli_flags, config, errors, resolving
 from t5x_like.telemetry import goodput_events, trackers
 
 # Imports inside functions: keep JAX out of the command's start-up: a mistake in the config or
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args, overrides = parse_args(argv)
     cli_flags.import_modules(args.module)
-    run_config = runs.load_config(args.config, overrides)
+    run_config = resolving.load_config(args.config, overrides)
     timeout = config.spec_of(run_config).resilience.startup_timeout_s
     cli_flags.start_processes(args, timeout, args.workdir)
     try:

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 
-from t5x_like import cli_flags, errors, runs, train
+from t5x_like import cli_flags, errors, resolving, train
 from t5x_like.checkpoints import checkpoint_store
 from t5x_like.errors import UserError
 from t5x_like.resilience import run_guard
@@ -454,7 +454,7 @@ def test_module_flag_registers_tasks(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     cli_flags.import_modules(["my_faults_tasks"])
-    config = runs.load_and_validate(str(REPO / "configs/quickstart.py"),
+    config = resolving.load_and_validate(str(REPO / "configs/quickstart.py"),
                                      ["task=my_faults_task"])
     assert config.task == "my_faults_task"
     with pytest.raises(UserError, match="cannot import"):

@@ -10,7 +10,7 @@ import pytest
 from conftest import tiny_config
 
 import t5x_like.data as td
-from t5x_like import config_lib, errors, metrics, runs, structures, train
+from t5x_like import config_lib, errors, metrics, resolving, structures, train
 from t5x_like import eval as eval_cli
 from t5x_like.builtin_tasks import pretraining as tasks
 from t5x_like.data import head_features
@@ -173,7 +173,7 @@ def test_head_fine_tunes_from_a_pretrained_body_and_evaluates(tmp_path, capsys):
     state, _ = starting_state.pretrained_state(config, trainer)
     from t5x_like.checkpoints import param_sources
     source = param_sources.resolve(str(tmp_path / "pt"))
-    saved = runs.resolve_checkpoint(source, 4).spec
+    saved = resolving.resolve_checkpoint(source, 4).spec
     body = jax.device_get(source.restore_params(4, trainer_lib.build_trainer(saved, mesh)))
     loaded = jax.device_get(state.params)
     for got, want in zip(jax.tree.leaves(loaded["backbone"]), jax.tree.leaves(body), strict=False):

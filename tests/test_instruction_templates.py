@@ -213,8 +213,8 @@ def test_held_out_instructions_evaluate_by_their_templates_answer_choices():
 def test_the_instruction_tuning_configs_train_on_the_train_clusters(config):
     from pathlib import Path
 
-    from t5x_like import runs
+    from t5x_like import resolving
     path = Path(__file__).resolve().parent.parent / "configs" / "finetune" / f"{config}.py"
-    loaded = runs.load_and_validate(str(path), [])
+    loaded = resolving.load_and_validate(str(path), [])
     assert loaded.task == "embedded_instruct_train"
     assert loaded.evals["benchmark"].mixture == "embedded_instruct_held_out"

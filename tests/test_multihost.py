@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from t5x_like import runs, train
+from t5x_like import resolving, train
 from t5x_like.engine import partitioning
 from t5x_like.resilience.workdir_lock import pid_alive
 
@@ -166,7 +166,7 @@ def test_two_processes_of_four_devices_match_one_process_of_eight(tmp_path):
              for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, 7))  # one writer: no step logged twice
 
-    config = runs.load_and_validate(str(REPO / "configs" / "quickstart.py"),
+    config = resolving.load_and_validate(str(REPO / "configs" / "quickstart.py"),
                                      [a[len("--config."):] for a in TINY] + ["num_train_steps=6"])
     train.run(config, str(tmp_path / "one"), quiet=True)
     two, one = _losses(tmp_path / "two"), _losses(tmp_path / "one")
@@ -180,7 +180,7 @@ def test_eval_of_two_processes_equals_one_process(tmp_path):
     """eval on 2 processes x 4 devices (params sharded over both, each process
     converting only the rows its devices hold) writes what one process of 8 devices
     writes: metrics, greedy predictions, and every score of rank classification."""
-    config = runs.load_and_validate(str(REPO / "configs" / "quickstart.py"),
+    config = resolving.load_and_validate(str(REPO / "configs" / "quickstart.py"),
                                      [a[len("--config."):] for a in TINY]
                                      + ["num_train_steps=2"])
     train.run(config, str(tmp_path / "run"), quiet=True)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import set_keys
 
-from t5x_like import config_lib, errors, infer, runs, structures, train
+from t5x_like import config_lib, errors, infer, resolving, structures, train
 from t5x_like.checkpoints import param_sources
 from t5x_like.config import spec_of
 from t5x_like.data import preference as preference_data
@@ -136,7 +136,7 @@ def test_reward_model_and_simpo_train_from_the_decoder(sft_run, tmp_path, object
     assert len(records) == 4 and all(np.isfinite(r["loss"]) for r in records)
     assert 0.0 <= records[-1]["accuracy"] <= 1.0
     source = param_sources.resolve(str(workdir))
-    spec = runs.resolve_checkpoint(source, source.steps()[-1]).spec
+    spec = resolving.resolve_checkpoint(source, source.steps()[-1]).spec
     if objective == "simpo":  # a policy evaluates, infers and scores as the decoder it is
         assert spec.preference.objective == "" and spec.data.prefix_attention == "causal"
         assert structures.for_config(spec).name == "decoder"
@@ -237,11 +237,11 @@ def test_preference_settings_that_cannot_work_are_refused(tmp_path, overrides, m
 
 
 def test_preference_tuning_of_an_encoder_is_refused_naming_the_fix(tmp_path):
-    from t5x_like import runs
+    from t5x_like import resolving
     config = dpo_config(tmp_path)
     config.model = config_lib.model_defaults("encoder")
     with pytest.raises(errors.ConfigError, match="does not continue a prompt.*decoder checkpoint"):
-        runs.resolve_spec(config)
+        resolving.resolve_spec(config)
 
 
 def test_dpo_with_lora_trains_the_adapters_against_the_full_reference(sft_run, tmp_path):

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from conftest import set_keys, tiny_config
 
-from t5x_like import config_lib, errors, infer, runs, structures, train
+from t5x_like import config_lib, errors, infer, resolving, structures, train
 from t5x_like.checkpoints import int8_weights, param_sources
 from t5x_like.data import get_task_or_mixture
 from t5x_like.engine import partitioning
@@ -404,7 +404,7 @@ def runners(config, trainer, weights, lengths):
 def test_int8_weights_decode_and_score_as_the_float_model_within_stated_bounds(lm_checkpoint):
     source = param_sources.resolve(str(lm_checkpoint))
     step = source.steps()[-1]
-    config = runs.resolve_checkpoint(source, step).spec.replace(
+    config = resolving.resolve_checkpoint(source, step).spec.replace(
         quantization=quantization_spec(weights="int8"))
     _, trainer = trainer_lib.build_on_devices(config)
     weights = int8_weights.weights_for(config, structures.for_config(config), trainer)
@@ -494,6 +494,6 @@ def test_the_harness_model_reads_int8_weights_when_asked(lm_checkpoint):
     kernel = loaded.params["layers_0"]["attention"]["query"]["kernel"]
     assert kernel.array.qvalue.dtype == jnp.int8
     assert loaded.runner.structure.model is not structures.for_config(
-        runs.resolve_checkpoint(param_sources.resolve(str(lm_checkpoint)), 2).spec).model
+        resolving.resolve_checkpoint(param_sources.resolve(str(lm_checkpoint)), 2).spec).model
     with pytest.raises(errors.UserError, match="give weights=int8"):
         harness_model.load(str(lm_checkpoint), weights="int4")

@@ -219,9 +219,9 @@ def get_config():
 def _tiny_base(tmp_path):
     path = tmp_path / "tiny_sweep.py"
     path.write_text(TINY_BASE)
-    from t5x_like import cli_flags, runs
+    from t5x_like import cli_flags, resolving
     cli_flags.import_modules([])
-    return str(path), runs.load_and_validate(str(path), [])
+    return str(path), resolving.load_and_validate(str(path), [])
 
 
 def test_each_budget_runs_the_sizes_nearest_20_tokens_per_parameter(tmp_path):
@@ -300,9 +300,9 @@ def test_a_fit_whose_irreducible_loss_underflows_still_bootstraps():
 
 REPO = Path(__file__).resolve().parent.parent
 def test_the_nearest_shape_keeps_the_recipe_and_counts_exactly():
-    from t5x_like import runs
+    from t5x_like import resolving
     from t5x_like.scaling import run_sizing
-    base = runs.load_and_validate(str(REPO / "configs" / "decoder_modern_1b.py"), [])
+    base = resolving.load_and_validate(str(REPO / "configs" / "decoder_modern_1b.py"), [])
     shape = run_sizing.nearest_shape(base, 7e9)
     # The base's grouping (32 query heads over 4 key/value heads) and SwiGLU width ratio.
     assert shape.num_heads == 8 * shape.num_kv_heads and shape.d_model == 128 * shape.num_heads
@@ -376,9 +376,9 @@ def test_a_second_sweep_into_the_same_directory_keeps_the_first_ones_rows(tmp_pa
     ("pretrain/bert_tiny.py", ("num_layers",)),
 ])
 def test_encoder_decoder_and_encoder_sweeps_deepen_their_own_stacks(config_name, keys):
-    from t5x_like import config_lib, runs
+    from t5x_like import config_lib, resolving
     path = str(REPO / "configs" / config_name)
-    base = runs.load_and_validate(path, [])
+    base = resolving.load_and_validate(path, [])
     points = sweep.plan_points(base, [1e12, 1e13], sizes=3)
     assert len(points) == 6 and points[0].depth_keys == keys
     for point in points[::3]:

@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from t5x_like import config_lib, runs, train
+from t5x_like import config_lib, resolving, train
 from t5x_like import eval as eval_cli
 from t5x_like.data import get_task_or_mixture
 from t5x_like.resilience import run_guard
@@ -27,8 +27,8 @@ def test_every_config_keeps_its_run_fingerprint(name, monkeypatch):
     """Everything but the optimizer state's digest (which needs the model's shapes: see
     the test below) is computed from the spec of the config file as it is today."""
     monkeypatch.chdir(REPO)
-    spec = runs.resolve_spec(runs.load_config(name, []))
-    vocabulary = runs.asked_vocabulary(spec.vocabulary, None, "vocabulary") or \
+    spec = resolving.resolve_spec(resolving.load_config(name, []))
+    vocabulary = resolving.asked_vocabulary(spec.vocabulary, None, "vocabulary") or \
         get_task_or_mixture(spec.task).vocabulary
     before = dict(FINGERPRINTS[name])
     assert run_guard.spec_fingerprint(spec, vocabulary) == {
@@ -44,7 +44,7 @@ def test_whole_fingerprint_with_the_optimizer_state(name, monkeypatch):
     from t5x_like.engine import partitioning
     from t5x_like.engine import trainer as trainer_lib
     monkeypatch.chdir(REPO)
-    spec = runs.resolve_spec(runs.load_config(name, []))
+    spec = resolving.resolve_spec(resolving.load_config(name, []))
     trainer = trainer_lib.build_trainer(spec, partitioning.make_mesh({"data": 1},
                                                                      jax.devices()[:1]))
     vocabulary = get_task_or_mixture(spec.task).vocabulary

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from t5x_like import models, runs, structures
+from t5x_like import models, resolving, structures
 from t5x_like.builtin_tasks import pretraining as builtin
 from t5x_like.checkpoints import param_sources
 from t5x_like.config import spec_of
@@ -129,13 +129,13 @@ def load(checkpoint: str, *, step: int | None = None, random_init: bool = False,
         step = steps[-1]
     elif step not in steps:
         raise UserError(f"--step={step}: {checkpoint} has steps {steps}; pass one of them.")
-    resolved = runs.resolve_checkpoint(source, step, vocabulary=vocabulary,
+    resolved = resolving.resolve_checkpoint(source, step, vocabulary=vocabulary,
                                        vocabulary_flag="--vocabulary")
     config = resolved.spec
     chosen = resolved.asked_vocabulary or resolved.trained_vocabulary
     if chosen is None:
         chosen = builtin.embedded_vocabulary()
-    runs.check_fits(config, chosen, f"--checkpoint={checkpoint}")
+    resolving.check_fits(config, chosen, f"--checkpoint={checkpoint}")
     if random_init:
         params = _fresh_params(config, seed)
     else:

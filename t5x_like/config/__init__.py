@@ -8,7 +8,7 @@ they still accept.
                                                    (sectioned)           (checked, frozen)
 
 What needs devices, checkpoints, files or the task registry is checked by the run
-service (``t5x_like.runs.resolve``) on top of the spec, before anything runs.
+service (``t5x_like.resolving``) on top of the spec, before anything runs.
 """
 
 from t5x_like.config import legacy

@@ -3,7 +3,7 @@
 ``RunSpec.from_mapping(config)`` builds one from a config (a ``ConfigDict`` in the
 layout ``schema.default_config`` gives, old spellings moved first by
 ``legacy.migrate``); what needs devices, files or the task registry is checked
-by the run service (``t5x_like.runs.resolve``) before anything runs.
+by the run service (``t5x_like.resolving``) before anything runs.
 """
 
 from __future__ import annotations

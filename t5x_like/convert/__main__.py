@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 
-from t5x_like import errors, runs, structures
+from t5x_like import errors, resolving, structures
 from t5x_like.builtin_tasks import pretraining as tasks
 from t5x_like.checkpoints import param_sources
 from t5x_like.config import legacy, model_spec_class, model_spec_of
@@ -311,12 +311,12 @@ def load_for_export(checkpoint: str):
         flat = flat_model(saved["model"])
         exporter_for(flat)  # an unexportable family is refused before the weights load
         _, params = pretrained.load_pretrained(source.path)
-        return flat, params, runs.checkpoint_vocabulary(source, {})
+        return flat, params, resolving.checkpoint_vocabulary(source, {})
     steps = source.steps()
     if not steps:
         raise UserError(f"{checkpoint} holds no complete checkpoint yet.")
     step = steps[-1]
-    resolved = runs.resolve_checkpoint(source, step)
+    resolved = resolving.resolve_checkpoint(source, step)
     config = resolved.spec
     if structures.mode_structures.wrapping(config) is not None or config.peft.enabled:
         raise UserError(f"{checkpoint} is a fine-tuned head, reward model or PEFT run; Hugging "

@@ -44,7 +44,7 @@ from lm_eval.models.utils import (
     postprocess_generated_text,
 )
 
-from t5x_like import cli_flags, runs, structures
+from t5x_like import cli_flags, resolving, structures
 from t5x_like.checkpoints import int8_weights, param_sources
 from t5x_like.engine import trainer as trainer_lib
 from t5x_like.errors import UserError
@@ -85,7 +85,7 @@ def load(checkpoint: str, *, step: int | None = None, vocabulary: str = "checkpo
     if step is not None and step not in steps:
         raise UserError(f"step={step}: {source.path} holds steps {steps}; pick one of those.")
     step = steps[-1] if step is None else step
-    config = runs.resolve_checkpoint(source, step).spec
+    config = resolving.resolve_checkpoint(source, step).spec
     if weights not in ("", "int8"):
         raise UserError(f"model_args weights={weights!r}: give weights=int8 (int8 attention and "
                         "MLP kernels) or leave it out (the checkpoint's own weights).")
@@ -93,9 +93,9 @@ def load(checkpoint: str, *, step: int | None = None, vocabulary: str = "checkpo
         config = config.replace(quantization=config.quantization.replace(weights=weights))
     harness_tasks.check_decoder(config, checkpoint,
                                 "Evaluate it with `t5xl eval` on a task or mixture.")
-    tokenizer = runs.resolve_checkpoint(source, step, vocabulary=vocabulary or "checkpoint",
+    tokenizer = resolving.resolve_checkpoint(source, step, vocabulary=vocabulary or "checkpoint",
                                         vocabulary_flag="vocabulary").asked_vocabulary
-    runs.check_fits(config, tokenizer, "lm-eval's requests")
+    resolving.check_fits(config, tokenizer, "lm-eval's requests")
     _, trainer = trainer_lib.build_on_devices(config)
     weights = int8_weights.weights_for(config, structures.for_config(config), trainer)
     params = weights.restore(source, step, trainer)

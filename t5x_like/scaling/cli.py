@@ -33,7 +33,7 @@ import math
 import pathlib
 import sys
 
-from t5x_like import cli_flags, config, errors, runs
+from t5x_like import cli_flags, config, errors, resolving
 from t5x_like.errors import UserError
 from t5x_like.planner import topology
 from t5x_like.scaling import fit as fitting
@@ -233,7 +233,7 @@ def run_plan(args) -> dict:
     if args.topology:
         topology.parse_topology(args.topology)
         cli_flags.import_modules(args.module)
-        base = runs.load_and_validate(args.config, args.overrides)
+        base = resolving.load_and_validate(args.config, args.overrides)
         sweep.depth_keys(base)  # refuses a family without a ladder
     if args.chip_hours is not None:
         budget = run_sizing.chip_hours_budget(args.chip_hours, args.topology, args.mfu)

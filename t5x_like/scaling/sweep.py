@@ -40,7 +40,7 @@ import time
 import jax
 import numpy as np
 
-from t5x_like import config, runs, structures
+from t5x_like import config, resolving, structures
 from t5x_like.config import model_spec_of
 from t5x_like.engine import flops, trainer
 from t5x_like.errors import UserError
@@ -216,7 +216,7 @@ def run_sweep(config_path: str, overrides: list[str], output_dir: str, budgets, 
     """Trains every unfinished point (one ``train`` process each, given ``modules`` as
     ``--module``) and writes ``output_dir/results.jsonl`` (one row per finished point)
     after each. The tasks must be registered (``cli_flags.import_modules``)."""
-    base = runs.load_and_validate(config_path, overrides)
+    base = resolving.load_and_validate(config_path, overrides)
     # Every point trains on this machine's devices: refuse a batch they cannot split now.
     config.check_devices(base, jax.device_count())
     points = plan_points(base, sorted(budgets), sizes, tokens_per_param)

@@ -14,7 +14,7 @@ import time
 
 import jax
 
-from t5x_like import errors, modes, runs, structures
+from t5x_like import errors, modes, resolving, structures
 from t5x_like.checkpoints.param_sources import peft_partial
 from t5x_like.data import pipeline
 from t5x_like.engine import flops, partitioning
@@ -128,7 +128,7 @@ class Loop:
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "config.json").write_text(json.dumps(self.run_config, indent=2, default=list))
         if self.resolved.asked_vocabulary is not None:
-            runs.keep_tokenizer(workdir, self.resolved.asked_vocabulary)
+            resolving.keep_tokenizer(workdir, self.resolved.asked_vocabulary)
         trains = ""
         if self.trainer.trainable is not None:
             count = trainer_lib.param_count(peft_partial.trainable_only(self.state.params,

@@ -4,7 +4,7 @@ every ``ConfigError`` raised here: before the workdir lock, before any checkpoin
 restore, before any compile. ``train`` then only holds the workdir, builds, restores or
 initialises, and loops.
 
-``resolve_training`` checks, in order: the spec (``runs.resolve_spec``: keys, types,
+``resolve_training`` checks, in order: the spec (``resolving.resolve_spec``: keys, types,
 task, labels, what the family can do), the workdir and ``checkpoint.local_dir``, the
 vocabulary and the task's steps, the evaluators (``evaluation.in_training``: mixtures,
 packages, harness tasks), the mesh on the devices, the trainer (shapes only, nothing
@@ -23,7 +23,7 @@ from typing import Any
 
 import jax
 
-from t5x_like import cli_flags, config, modes, runs, structures
+from t5x_like import cli_flags, config, modes, resolving, structures
 from t5x_like.checkpoints import checkpoint_store
 from t5x_like.checkpoints.param_sources.source import check_same_model, resolve
 from t5x_like.config import RunSpec
@@ -88,7 +88,7 @@ def resolve_training(run_config, workdir: str, devices=None, process_count: int 
     """Everything ``train`` checks, in order, none of it building state or compiling."""
 
     started = time.time()
-    spec = runs.resolve_spec(run_config)
+    spec = resolving.resolve_spec(run_config)
     storage.check_checkpoint_location(workdir, "--workdir")
     cli_flags.check_writable_folder(workdir)
     process_count = jax.process_count() if process_count is None else process_count
@@ -96,8 +96,8 @@ def resolve_training(run_config, workdir: str, devices=None, process_count: int 
     trackers.check_ready(spec.trackers, spec.tracking)
     asked = _config_vocabulary(spec)
     vocabulary = asked or get_task_or_mixture(spec.task).vocabulary
-    runs.check_model_fits_vocabulary(spec, vocabulary)
-    runs.check_task_steps(spec, asked)
+    resolving.check_model_fits_vocabulary(spec, vocabulary)
+    resolving.check_task_steps(spec, asked)
     evaluators = _prepared_evaluators(in_training, spec, asked)
     devices = jax.devices() if devices is None else list(devices)
     hardware.check_quantization(spec.quantization.kind, devices[0].device_kind)
@@ -156,7 +156,7 @@ def _config_vocabulary(spec):
     """``vocabulary``: "" (the task's), ``checkpoint`` (what ``init_from`` carries) or a path."""
     try:
         source = resolve(spec.init_from, "init_from") if spec.vocabulary == "checkpoint" else None
-        return runs.asked_vocabulary(spec.vocabulary, source, "vocabulary")
+        return resolving.asked_vocabulary(spec.vocabulary, source, "vocabulary")
     except UserError as e:
         raise ConfigError(f"vocabulary={spec.vocabulary!r}: {e}") from None
 
