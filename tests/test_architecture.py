@@ -376,7 +376,7 @@ MODE_HOMES |= {str(p.relative_to(REPO)) for p in MODE_RECORDS}
 MODE_SITES_LEFT = {
     # the checkpoint fingerprint keeps head.kind, preference.objective and rl.algorithm
     # as every older checkpoint saved them (key for key)
-    "t5x_like/resilience/run_guard.py": 6,
+    "t5x_like/resilience/resume_fingerprint.py": 6,
 }
 _SPEC_NAMES = ("spec", "config", "cfg", "saved", "run", "resolved")
 

@@ -21,7 +21,7 @@ from conftest import tiny_config
 from t5x_like import cli_flags, errors, resolving, train
 from t5x_like.checkpoints import checkpoint_store
 from t5x_like.errors import UserError
-from t5x_like.resilience import run_guard
+from t5x_like.resilience import divergence
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -365,7 +365,7 @@ def test_adafactor_at_learning_rate_1e6_stops_instead_of_saving_a_dead_model(tmp
     is moved aside, so a resume starts from before it."""
     config = tiny_config(num_train_steps=12, checkpoint_every_steps=4, log_every_steps=4,
                          **{"optimizer.learning_rate": 1e6})
-    with pytest.raises(run_guard.Diverged, match="gradient norm has been exactly 0") as error:
+    with pytest.raises(divergence.Diverged, match="gradient norm has been exactly 0") as error:
         train.run(config, str(tmp_path), quiet=True, devices=jax.devices()[:1])
     assert "ln(vocab_size)" in str(error.value)
     assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()]
@@ -373,18 +373,18 @@ def test_adafactor_at_learning_rate_1e6_stops_instead_of_saving_a_dead_model(tmp
 
 
 def test_divergence_rules():
-    monitor = run_guard.DivergenceMonitor(3, 0.0, 10, vocab_size=8192)
+    monitor = divergence.DivergenceMonitor(3, 0.0, 10, vocab_size=8192)
     assert monitor.check(1, 9.5, 1.0) is None
     assert monitor.check(2, 9.0109, 0.0) is None
     assert monitor.check(3, 9.0109, 0.0) is None
     reason, first = monitor.check(4, 9.0109, 0.0)
     assert first == 2 and "ln(vocab_size)" in reason
-    spikes = run_guard.DivergenceMonitor(0, 5.0, 10, vocab_size=100)
+    spikes = divergence.DivergenceMonitor(0, 5.0, 10, vocab_size=100)
     assert all(spikes.check(s, 2.0 + 0.01 * s, 1.0) is None for s in range(10))
     assert spikes.check(10, 9.0, 1.0) is None  # 4.5 x the median: noise
     reason, first = spikes.check(11, 11.0, 1.0)
     assert first == 11 and "loss_spike_factor" in reason
-    assert run_guard.DivergenceMonitor(0, 0.0, 10, 100).check(1, 1e9, 0.0) is None  # rules off
+    assert divergence.DivergenceMonitor(0, 0.0, 10, 100).check(1, 1e9, 0.0) is None  # rules off
 
 
 # -- bad inputs: one message, exit 2, no traceback --------------------------------------

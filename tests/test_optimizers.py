@@ -14,7 +14,7 @@ from t5x_like.builtin_tasks import pretraining
 from t5x_like.checkpoints.param_sources import source as checkpoint_source
 from t5x_like.engine import optim, partitioning
 from t5x_like.engine import trainer as trainer_lib
-from t5x_like.resilience import run_guard
+from t5x_like.resilience import resume_fingerprint
 
 
 def decoder_config(optimizer: str, scan: bool = False, **peft):
@@ -234,10 +234,10 @@ def test_the_fingerprint_tells_optimizers_apart():
     for name in ("adamw", "muon", "schedule_free_adamw"):
         config = decoder_config(name)
         trainer = build(config)
-        fingerprints.append(run_guard.fingerprint(config, pretraining.embedded_vocabulary(),
+        fingerprints.append(resume_fingerprint.fingerprint(config, pretraining.embedded_vocabulary(),
                                                   trainer.abstract_state.opt_state))
     with pytest.raises(errors.ConfigError, match="optimizer.name: checkpoint 'adamw', config 'muon'"):
-        run_guard.check_resume({"fingerprint": fingerprints[0]}, fingerprints[1], ())
+        resume_fingerprint.check_resume({"fingerprint": fingerprints[0]}, fingerprints[1], ())
     assert fingerprints[1]["optimizer.state"] != fingerprints[2]["optimizer.state"]
 
 

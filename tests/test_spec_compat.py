@@ -14,7 +14,7 @@ import pytest
 from t5x_like import config_lib, resolving, train
 from t5x_like import eval as eval_cli
 from t5x_like.data import get_task_or_mixture
-from t5x_like.resilience import run_guard
+from t5x_like.resilience import resume_fingerprint
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "before_spec"
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -31,7 +31,7 @@ def test_every_config_keeps_its_run_fingerprint(name, monkeypatch):
     vocabulary = resolving.asked_vocabulary(spec.vocabulary, None, "vocabulary") or \
         get_task_or_mixture(spec.task).vocabulary
     before = dict(FINGERPRINTS[name])
-    assert run_guard.spec_fingerprint(spec, vocabulary) == {
+    assert resume_fingerprint.spec_fingerprint(spec, vocabulary) == {
         k: v for k, v in before.items() if k != "optimizer.state"}
 
 
@@ -50,7 +50,7 @@ def test_whole_fingerprint_with_the_optimizer_state(name, monkeypatch):
     vocabulary = get_task_or_mixture(spec.task).vocabulary
     # ``stack.layout`` is newer than the fixtures (a checkpoint without it compares the
     # keys both sides have); every unpipelined run's is "layers".
-    assert run_guard.fingerprint(spec, vocabulary, trainer.abstract_state.opt_state) == \
+    assert resume_fingerprint.fingerprint(spec, vocabulary, trainer.abstract_state.opt_state) == \
         {**FINGERPRINTS[name], "stack.layout": "layers"}
 
 

@@ -19,7 +19,7 @@ from t5x_like.checkpoints import param_sources
 from t5x_like.config import model_spec_of
 from t5x_like.errors import UserError
 from t5x_like.modes.registry import Frozen, Mode, register
-from t5x_like.resilience.run_guard import vocabulary_differences
+from t5x_like.resilience.resume_fingerprint import vocabulary_differences
 from t5x_like.structures import preference as preference_structures
 
 

@@ -19,7 +19,7 @@ from t5x_like.checkpoints import checkpoint_store, param_sources
 from t5x_like.checkpoints.param_sources import peft_partial
 from t5x_like.engine import trainer as trainer_lib
 from t5x_like.models import peft_modules
-from t5x_like.resilience import run_guard
+from t5x_like.resilience import resume_fingerprint
 from t5x_like.resilience.run_holding import chief_log
 
 
@@ -87,7 +87,7 @@ def _restore_step(checkpointer, resolved, step: int):
     saved = checkpointer.restore_config(step)
     if not isinstance(saved, dict):
         raise ValueError(f"config item is {type(saved).__name__}, not a JSON object")
-    changed = run_guard.check_resume(saved, resolved.fingerprint,
+    changed = resume_fingerprint.check_resume(saved, resolved.fingerprint,
                                      spec.checkpoint.allow_resume_changes)
     where = str(checkpointer.step_folder(step))
     try:

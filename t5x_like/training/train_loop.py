@@ -20,7 +20,7 @@ from t5x_like.data import pipeline
 from t5x_like.engine import flops, partitioning
 from t5x_like.engine import trainer as trainer_lib
 from t5x_like.evaluation import in_training
-from t5x_like.resilience import run_guard, watchdog
+from t5x_like.resilience import divergence, watchdog
 from t5x_like.resilience.run_holding import RunHolding
 from t5x_like.system import hardware
 from t5x_like.telemetry import goodput_events, metrics_writer
@@ -84,7 +84,7 @@ class Loop:
             self.spec.model, lengths) * self.spec.batch_size
         self.peak = hardware.peak_flops(resolved.devices[0].device_kind,
                                         self.spec.logging.peak_flops_per_device)
-        self.stability = run_guard.StabilityChecks(self.spec, self.checkpointer)
+        self.stability = divergence.StabilityChecks(self.spec, self.checkpointer)
         self.last_train, self.last_eval, self.pending, self.preempted = {}, {}, [], False
         self.stop_agreed = False  # a SIGTERM the processes agreed on, waiting for a boundary
         self.interval_start, self.interval_steps = time.monotonic(), 0
@@ -225,7 +225,7 @@ class Loop:
 
     def _log(self, step: int, fetched: list[dict], due: list) -> None:
         elapsed = time.monotonic() - self.interval_start
-        record = run_guard.interval_record(fetched)
+        record = divergence.interval_record(fetched)
         record["tokens_per_sec"] = self.tokens_per_step * self.interval_steps / max(elapsed, 1e-9)
         record["steps_per_sec"] = self.interval_steps / max(elapsed, 1e-9)
         if self.peak:

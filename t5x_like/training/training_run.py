@@ -34,7 +34,7 @@ from t5x_like.engine.trainer import flat_with_paths
 from t5x_like.errors import ConfigError, UserError
 from t5x_like.evaluation import in_training
 from t5x_like.models import pipeline_parallel
-from t5x_like.resilience import run_guard
+from t5x_like.resilience import resume_fingerprint
 from t5x_like.system import hardware, storage
 from t5x_like.telemetry import trackers
 
@@ -110,7 +110,7 @@ def resolve_training(run_config, workdir: str, devices=None, process_count: int 
         config.check_devices(spec, len(devices), process_count, partitioning.num_slices(devices))
     trainer = trainer_lib.build_trainer(spec, partitioning.make_mesh(mesh_shape, devices))
     check_peft_fits(spec, trainer.abstract_state.params)
-    fingerprint = run_guard.fingerprint(
+    fingerprint = resume_fingerprint.fingerprint(
         spec, vocabulary, trainer.abstract_state.opt_state,
         pipeline_parallel.stack_layout(trainer.pipeline_settings, getattr(spec.model, "num_layers", 0)))
     frozen = _checked_modes(spec, vocabulary, trainer)
@@ -268,7 +268,7 @@ def _checked_resume(spec, newest, fingerprint: dict) -> Resume | None:
     if newest is None:
         return None
     step, saved = newest
-    changed = run_guard.check_resume(saved, fingerprint, spec.checkpoint.allow_resume_changes)
+    changed = resume_fingerprint.check_resume(saved, fingerprint, spec.checkpoint.allow_resume_changes)
     layout = config.migrated(saved)[0]
     return Resume(step, dict(layout, fingerprint=saved.get("fingerprint"),
                              peft_base=saved.get("peft_base")), changed)

@@ -16,7 +16,7 @@ from test_workdir_lock import TINY, plant
 from t5x_like import train
 from t5x_like.checkpoints import checkpoint_store, param_sources
 from t5x_like.engine import optim
-from t5x_like.resilience import run_guard, run_holding, watchdog, workdir_lock
+from t5x_like.resilience import divergence, run_holding, watchdog, workdir_lock
 from t5x_like.telemetry import trackers
 from t5x_like.training import train_loop, training_run
 
@@ -136,7 +136,7 @@ def _nothing_rotated(monkeypatch):
 
 
 def _nonfinite_not_checked(monkeypatch):
-    monkeypatch.setattr(run_guard, "first_nonfinite_step", lambda fetched, step: None)
+    monkeypatch.setattr(divergence, "first_nonfinite_step", lambda fetched, step: None)
 
 
 def _saved_rows_not_kept(monkeypatch):
