@@ -130,7 +130,7 @@ def check_context(spec: RunSpec, context: int) -> None:
 
 def check_pipeline(spec: RunSpec, stages: int, shape: dict[str, int], rows: int,
                    process_count: int) -> None:
-    """What pipeline stages need (``models/pipeline.py``): a family with one scanned stack
+    """What pipeline stages need (``models/pipeline_parallel.py``): a family with one scanned stack
     whose layers the stages (and a circular schedule's visits) divide, microbatches that
     split each device's rows, and nothing the pipeline does not carry between stages.
     ``rows``: each device's rows of one optimizer microbatch."""

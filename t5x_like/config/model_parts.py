@@ -213,7 +213,7 @@ class ModelSpec(Section):
     #: "bidirectional" (encoders)
     CONTEXT_PARALLEL: ClassVar[str] = ""
     #: whether the family's one scanned stack runs as a pipeline over a ``mesh.stage`` axis
-    #: (``models/pipeline.py``); encoder-decoders' two stacks would be two pipelines
+    #: (``models/pipeline_parallel.py``); encoder-decoders' two stacks would be two pipelines
     PIPELINE: ClassVar[bool] = False
 
     def pipeline_refusal(self) -> str:

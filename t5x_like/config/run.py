@@ -453,7 +453,7 @@ class PartitioningSpec(Section):
     ``context_load_balance`` gives each device of a causal model an early and a late
     part of every row, so each has as many visible keys as another.
 
-    Pipeline stages (``mesh.stage``, ``models/pipeline.py``): each batch (each
+    Pipeline stages (``mesh.stage``, ``models/pipeline_parallel.py``): each batch (each
     optimizer microbatch) is cut into ``pipeline_microbatches`` (0: one per stage)
     that flow through the stages; ``gpipe`` gives each stage one run of consecutive
     layers, ``circular`` gives it ``pipeline_layers_per_stage`` at a time, visited

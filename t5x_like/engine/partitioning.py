@@ -43,7 +43,7 @@ CONTEXT_RULES = (("length", "context"), ("kv_length", "context"))
 # and length already use them).
 PARAMETER_SHARDS = ("fsdp", "context")
 
-# The stage axis holds pipeline stages (``models/pipeline.py``): a scanned stack's ``layers``
+# The stage axis holds pipeline stages (``models/pipeline_parallel.py``): a scanned stack's ``layers``
 # are split over it, and the microbatches in flight (``stages``) with them. Across slices
 # (``partitioning.pipeline_over_dcn``) the dcn axis carries stages instead of rows.
 STAGE_AXES = ("stage",)

@@ -67,7 +67,7 @@ def fingerprint(spec, vocabulary, abstract_opt_state, stack_layout: str = "layer
     """The run fingerprint saved with every checkpoint (flat ``key -> JSON value``):
     ``spec_fingerprint``, the optimizer state's structure, and how a scanned stack's
     parameters are laid out (``stack_layout``: ``layers``, or a circular pipeline's
-    ``N circular laps``, ``models/pipeline.py``), which no other key shows: the shapes
+    ``N circular laps``, ``models/pipeline_parallel.py``), which no other key shows: the shapes
     differ, the model does not."""
     return {**spec_fingerprint(spec, vocabulary),
             "optimizer.state": optimizer_state_digest(abstract_opt_state),
