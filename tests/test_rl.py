@@ -174,21 +174,25 @@ TRL_GRPO_SETTINGS = dict(temperature=0.7, epsilon=0.2, epsilon_high=0.28,
                          use_bias_correction_kl=False)
 
 
-@pytest.mark.parametrize("loss_type,beta", [("grpo", 0.0), ("dapo", 0.04), ("bnpo", 0.0),
-                                            ("dr_grpo", 0.04)])
+@pytest.mark.parametrize("loss_type,beta,level", [
+    ("grpo", 0.0, "token"), ("dapo", 0.04, "token"), ("bnpo", 0.0, "token"),
+    ("dr_grpo", 0.04, "token"), ("grpo", 0.0, "sequence"), ("dapo", 0.04, "sequence")])
 def test_grpo_loss_and_gradients_equal_trl_over_two_iterations(models, tmp_path,  # noqa: F811
-                                                               loss_type, beta):
+                                                               loss_type, beta, level):
     """One update per rollout (``rl.iterations=1``, TRL's ``num_iterations=1``) and two
     (``num_iterations=2``): TRL keeps the sampling policy's log-probabilities, takes a
     first update (ratio 1), and its second reads the changed policy against them, so
-    tokens are clipped. At each update our loss and the gradient of every parameter (ours
-    exported to Hugging Face names by the converter) equal TRL's ``_compute_loss`` and
-    its backward pass; the kept log-probabilities equal TRL's ``old_per_token_logps``.
-    Between the two updates TRL's policy takes an SGD step of its gradients (learning
-    rate 1), and our params are that policy imported."""
+    tokens (with ``rl.ratio_level=sequence``, GSPO's one ratio per completion, TRL's
+    ``importance_sampling_level``: whole completions) are clipped. At each update our
+    loss and the gradient of every parameter (ours exported to Hugging Face names by the
+    converter) equal TRL's ``_compute_loss`` and its backward pass; the kept
+    log-probabilities equal TRL's ``old_per_token_logps``. Between the two updates TRL's
+    policy takes an SGD step of its gradients (learning rate 1), and our params are that
+    policy imported."""
     (policy_hf, policy_config, policy_params), (ref_hf, ref_config, ref_params) = models
     prompts, completions, rewards = rollouts = fixed_rollouts()
-    settings = dict(TRL_GRPO_SETTINGS, beta=beta, loss_type=loss_type)
+    settings = dict(TRL_GRPO_SETTINGS, beta=beta, loss_type=loss_type,
+                    importance_sampling_level=level)
     flat = convert_cli.flat_model(policy_config)
     converter = convert_cli.exporter_for(flat)
     lengths = [len(prompts[i // G]) for i in range(2 * G)]
@@ -197,7 +201,9 @@ def test_grpo_loss_and_gradients_equal_trl_over_two_iterations(models, tmp_path,
     batch = {"tokens": jnp.asarray(tokens), "completion_loss_weights": jnp.asarray(weights),
              "advantages": losses.group_advantages(jnp.asarray(rewards, jnp.float32), G)}
     reference = rl_structure(ref_config, beta=beta, temperature=settings["temperature"])
-    rl_settings = {k: v for k, v in settings.items() if k != "use_bias_correction_kl"}
+    rl_settings = {k: v for k, v in settings.items()
+                   if k not in ("use_bias_correction_kl", "importance_sampling_level")}
+    rl_settings["ratio_level"] = level
 
     def ours(iterations, params, batch):
         """Our loss, metrics and gradients (by Hugging Face name), op by op: each op's

@@ -360,6 +360,7 @@ class QuantizationSpec(Section):
 
 RL_ALGORITHMS = ("", "grpo")
 GRPO_LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo")
+GRPO_RATIO_LEVELS = ("token", "sequence")
 
 
 @section
@@ -383,6 +384,9 @@ class RlSpec(Section):
     epsilon_high: float = field(0.0, minimum=0.0, doc="0: epsilon (DAPO raises it)")
     scale_rewards: str = field("group", choices=("group", "batch", "none"))
     loss_type: str = field("dapo", choices=GRPO_LOSS_TYPES)
+    ratio_level: str = field("token", choices=GRPO_RATIO_LEVELS, doc=(
+        "TRL's importance_sampling_level: sequence is GSPO's one clipped ratio per "
+        "completion (its tokens' mean log-ratio); GSPO pairs it with loss_type grpo"))
     iterations: int = field(1, minimum=1, doc=(
         "updates per rollout batch (TRL's num_iterations, the paper's mu); > 1 keeps the "
         "sampling policy's log-probs as the ratio's denominator, and num_train_steps and "

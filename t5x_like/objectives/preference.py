@@ -146,11 +146,13 @@ def group_advantages(rewards, group_size: int, scale: str = "group") -> jax.Arra
 
 
 GRPO_AGGREGATIONS = ("grpo", "bnpo", "dapo", "dr_grpo")
+GRPO_RATIO_LEVELS = ("token", "sequence")
 
 
 def grpo_loss(logps, old_logps, ref_logps, advantages, mask, *, beta: float,
               epsilon_low: float = 0.2, epsilon_high: float = 0.2,
-              aggregation: str = "dapo", num_tokens=None, max_completion_length: int = 0):
+              aggregation: str = "dapo", num_tokens=None, max_completion_length: int = 0,
+              ratio_level: str = "token"):
     """``(loss, metrics)`` of GRPO on completions ``[batch, length]``: per token
     ``-min(r A, clip(r, 1-ε_low, 1+ε_high) A) + β KL`` with ``r = exp(log π - log π_old)``
     and the k3 estimate ``KL = exp(ref - log π) - (ref - log π) - 1`` (``ref_logps`` None
@@ -162,8 +164,20 @@ def grpo_loss(logps, old_logps, ref_logps, advantages, mask, *, beta: float,
 
     ``old_logps`` are the sampling policy's: ``stop_gradient(logps)`` when each rollout
     takes one update (``r`` is 1, its gradient the policy gradient), the rollout's own
-    when it takes several (``r`` moves away from 1 and the clip acts)."""
-    ratio = jnp.exp(logps - old_logps)
+    when it takes several (``r`` moves away from 1 and the clip acts).
+
+    ``ratio_level`` (TRL's ``importance_sampling_level``): ``token`` gives each token its
+    own ratio; ``sequence`` (GSPO, Zheng et al. 2025) one per completion, the exponent of
+    its tokens' mean log-ratio, clipped whole, so one unlikely token does not clip alone;
+    the clip rates then count completions, not tokens."""
+    log_ratio = logps - old_logps
+    if ratio_level == "token":
+        log_weights = log_ratio
+    elif ratio_level == "sequence":
+        log_weights = ((log_ratio * mask).sum(-1) / jnp.maximum(mask.sum(-1), 1.0))[:, None]
+    else:
+        raise ValueError(f"Unknown GRPO ratio level {ratio_level!r}; one of {GRPO_RATIO_LEVELS}.")
+    ratio = jnp.exp(log_weights)
     clipped = jnp.clip(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high)
     advantages = advantages[:, None]
     per_token = -jnp.minimum(ratio * advantages, clipped * advantages)
@@ -186,11 +200,14 @@ def grpo_loss(logps, old_logps, ref_logps, advantages, mask, *, beta: float,
 
     def token_mean(values):
         return (values * mask).sum() / tokens
+
+    def clip_rate(clipped_where):  # of the tokens, or of the completions (one ratio each)
+        values = clipped_where.astype(jnp.float32)
+        return values.mean() if ratio_level == "sequence" else token_mean(values)
     low = (ratio < 1.0 - epsilon_low) & (advantages < 0)
     high = (ratio > 1.0 + epsilon_high) & (advantages > 0)
-    metrics = {"clip_ratio_low": token_mean(low.astype(jnp.float32)),
-               "clip_ratio_high": token_mean(high.astype(jnp.float32)),
-               "clip_ratio_region": token_mean((low | high).astype(jnp.float32)),
+    metrics = {"clip_ratio_low": clip_rate(low), "clip_ratio_high": clip_rate(high),
+               "clip_ratio_region": clip_rate(low | high),
                "num_completion_tokens": mask.sum()}
     if kl is not None:
         metrics["kl"] = token_mean(kl)

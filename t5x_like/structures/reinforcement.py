@@ -112,7 +112,8 @@ class RolloutStructure(Structure):
                 logps, old_logps, ref_logps, batch["advantages"], mask,
                 beta=settings.beta, epsilon_low=settings.epsilon,
                 epsilon_high=settings.epsilon_upper, aggregation=settings.loss_type,
-                num_tokens=normalizer, max_completion_length=self.completion_length)
+                num_tokens=normalizer, max_completion_length=self.completion_length,
+                ratio_level=settings.ratio_level)
             if settings.loss_type in ("grpo", "dr_grpo") and num_sequences is not None:
                 loss = loss * mask.shape[0] / num_sequences  # a microbatch's share of rows
             metrics = {**metrics, "loss": loss, "num_target_tokens": mask.sum()}

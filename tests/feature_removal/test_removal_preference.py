@@ -71,6 +71,12 @@ def _grpo_without_clipping(monkeypatch):
     monkeypatch.setattr(losses, "grpo_loss", unclipped)
 
 
+def _gspo_ratios_per_token(monkeypatch):
+    original = losses.grpo_loss
+    monkeypatch.setattr(losses, "grpo_loss",
+                        lambda *a, **kw: original(*a, **{**kw, "ratio_level": "token"}))
+
+
 def _grpo_without_kl(monkeypatch):
     original = losses.grpo_loss
     monkeypatch.setattr(losses, "grpo_loss", lambda *a, **kw: original(*a, **{**kw, "beta": 0.0}))
@@ -80,7 +86,10 @@ SIMPO = existing("test_preference_parity.py::test_simpo_equals_trl_cpo_trainer")
 ORPO = existing("test_preference_parity.py::test_orpo_equals_trl_orpo_trainer")
 GRPO_TWO_ITERATIONS = existing(
     "test_rl.py::test_grpo_loss_and_gradients_equal_trl_over_two_iterations",
-    loss_type="dapo", beta=0.04)
+    loss_type="dapo", beta=0.04, level="token")
+GSPO_TWO_ITERATIONS = existing(
+    "test_rl.py::test_grpo_loss_and_gradients_equal_trl_over_two_iterations",
+    loss_type="dapo", beta=0.04, level="sequence")
 
 REMOVALS = [
     Removal("DPO reference", "DPO's reference log-probs read the policy being trained",
@@ -100,6 +109,10 @@ REMOVALS = [
     Removal("GRPO KL penalty", "`grpo_loss` with beta 0", "the same TRL comparison at beta "
             "0.04 (loss, gradients, the logged KL)", _grpo_without_kl,
             GRPO_TWO_ITERATIONS[1], holds_in=GRPO_TWO_ITERATIONS[0]),
+    Removal("GSPO sequence-level ratios", "`grpo_loss` gives every token its own ratio",
+            "loss and every gradient equal TRL's GRPOTrainer with importance_sampling_level "
+            "sequence on the second update of a rollout", _gspo_ratios_per_token,
+            GSPO_TWO_ITERATIONS[1], holds_in=GSPO_TWO_ITERATIONS[0]),
 ]
 
 globals().update(proving_tests(REMOVALS))
