@@ -392,12 +392,14 @@ def test_grpo_two_iterations_per_rollout_resume_exactly_from_a_rollout_boundary(
 
 
 @pytest.mark.slow
-def test_old_log_probs_split_with_microbatches_as_the_rest_of_the_rollout():
+@pytest.mark.parametrize("loss_type,level", [("dapo", "token"), ("grpo", "sequence")])
+def test_old_log_probs_split_with_microbatches_as_the_rest_of_the_rollout(loss_type, level):
     """``rl.iterations=2``: a batch laid out by ``abstract_batch`` (so ``old_log_probs``
     among its features), sharded over a 4-way data mesh, gives one train step the same
-    gradient norm and clip ratios whole and in two microbatches (each microbatch reads
-    its own rows' old log-probabilities), with old log-probabilities off the current
-    policy's so the clip acts."""
+    logged loss, gradient norm and clip ratios whole and in two microbatches (each
+    microbatch reads its own rows' old log-probabilities; completions of 1 to 4 tokens,
+    so the microbatches hold unequal token counts; GSPO's clip rates count completions),
+    with old log-probabilities off the current policy's so the clip acts."""
     from t5x_like.engine import partitioning
     from t5x_like.engine import trainer as trainer_lib
     mesh = partitioning.make_mesh({"data": 4}, jax.devices()[:4])
@@ -405,7 +407,8 @@ def test_old_log_probs_split_with_microbatches_as_the_rest_of_the_rollout():
     steps = {}
     for microbatches in (1, 2):
         config = rl_config("unused", **{"rl.iterations": 2, "rl.beta": 0.0, "mesh.data": 4,
-                                        "optimizer.microbatches": microbatches})
+                                        "optimizer.microbatches": microbatches,
+                                        "rl.loss_type": loss_type, "rl.ratio_level": level})
         spec = spec_of(config)
         structure = structures.for_config(spec)
         trainer = trainer_lib.build_trainer(spec, mesh)
@@ -414,7 +417,8 @@ def test_old_log_probs_split_with_microbatches_as_the_rest_of_the_rollout():
         abstract = structure.abstract_batch(lengths, spec.batch_size)
         assert abstract["old_log_probs"].shape == (8, 12)
         weights = np.zeros((8, 12), np.float32)
-        weights[:, 8:] = 1.0
+        for row, completion in enumerate([1, 4, 2, 4, 1, 1, 3, 2]):
+            weights[row, 8:8 + completion] = 1.0
         tokens = rng.integers(3, 100, size=(8, 13)).astype(np.int32)
         current = structure.token_log_probs(structure.model, state.params, jnp.asarray(tokens))
         batch = {"tokens": tokens, "completion_loss_weights": weights,
@@ -428,7 +432,8 @@ def test_old_log_probs_split_with_microbatches_as_the_rest_of_the_rollout():
         steps[microbatches] = {k: float(v) for k, v in jax.device_get(metrics).items()}
     whole, split = steps[1], steps[2]
     assert whole["clip_ratio_region"] > 0
-    for key in ("grad_norm", "clip_ratio_low", "clip_ratio_high", "num_target_tokens"):
+    for key in ("loss", "grad_norm", "clip_ratio_low", "clip_ratio_high", "num_target_tokens",
+                "num_completion_tokens"):
         assert split[key] == pytest.approx(whole[key], rel=1e-5, abs=1e-7), key
 
 
@@ -440,12 +445,40 @@ def _raises(completions, examples):
     (_raises, "reward 'broken_reward' raised KeyError"),
     (lambda completions, examples: [1.0], r"returned 1 values for 8 completions; return one each"),
     (lambda completions, examples: ["good"] * len(completions), "not a number"),
+    (lambda completions, examples: [1.0] * 7 + [float("nan")], r"reward 'broken_reward' gave "
+     r"nan for completion 7 \(.*\) for step 1 \(1 of 8 not finite\); return finite floats"),
 ])
 def test_a_reward_that_fails_stops_the_run_naming_it(arithmetic_sft, tmp_path, reward, message):
     RewardRegistry.add("broken_reward", reward)
     with pytest.raises(errors.UserError, match=message):
         train.run(rl_config(arithmetic_sft, **{"rl.rewards": ("broken_reward",)}),
                   str(tmp_path / "rl"), quiet=True)
+
+
+def test_a_reward_that_turns_nan_mid_run_names_the_step_and_keeps_the_checkpoint(
+        arithmetic_sft, tmp_path):
+    """A reward that is NaN from its third rollout on: the run stops in one line naming
+    the reward, the completion and step 3; the checkpoint of step 2 stays, and the run
+    resumes from it once the reward is fixed."""
+    calls = []
+
+    def turns_nan(completions, examples):
+        calls.append(len(completions))
+        return [float("nan") if len(calls) >= 3 else 0.5] * len(completions)
+    RewardRegistry.add("turns_nan", turns_nan)
+    config = rl_config(arithmetic_sft, **{"rl.rewards": ("text_length", "turns_nan"),
+                                          "checkpoint.every_steps": 2})
+    workdir = tmp_path / "rl"
+    with pytest.raises(errors.UserError, match=r"reward 'turns_nan' gave nan for completion 0 "
+                       r"\(.*\) for step 3 \(8 of 8 not finite\)"):
+        train.run(config, str(workdir), quiet=True)
+    assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()
+                  if p.name.isdigit()) == [2]
+    RewardRegistry.add("turns_nan", lambda completions, examples: [0.5] * len(completions))
+    train.run(config, str(workdir), quiet=True)
+    steps = [json.loads(line)["step"] for line in
+             (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert steps[-1] == 4 and 3 in steps
 
 
 @pytest.mark.parametrize("overrides,message", [

@@ -216,6 +216,11 @@ def split_microbatches(batch, num_microbatches: int, batch_axes):
     return jax.tree.map(split, batch)
 
 
+def _is_count(metric: str) -> bool:
+    """A metric that counts (tokens, completions): summed over microbatches, not averaged."""
+    return metric.startswith("num_")
+
+
 def accumulate_gradients(loss_and_grad, params, batch, num_microbatches: int, batch_axes):
     """Sums ``loss_and_grad(params, microbatch, index) -> ((objective, metrics), grads)``
     over ``num_microbatches`` slices of ``batch`` with a scan, so activation memory
@@ -223,7 +228,8 @@ def accumulate_gradients(loss_and_grad, params, batch, num_microbatches: int, ba
 
     Objectives are normalised by the whole batch (see ``objectives``), so the sum
     of the microbatch gradients is the gradient of the whole batch. Per-token
-    metrics are averaged weighted by ``num_target_tokens``; that count is summed.
+    metrics are averaged weighted by ``num_target_tokens``; counts (``num_*`` metrics,
+    that one too) are summed.
     """
     if num_microbatches == 1:
         return loss_and_grad(params, batch, 0)
@@ -233,7 +239,7 @@ def accumulate_gradients(loss_and_grad, params, batch, num_microbatches: int, ba
         index, microbatch = inputs
         (objective, metrics), grads = loss_and_grad(params, microbatch, index)
         tokens = metrics["num_target_tokens"]
-        weighted = {k: (v if k == "num_target_tokens" else v * tokens) for k, v in metrics.items()}
+        weighted = {k: (v if _is_count(k) else v * tokens) for k, v in metrics.items()}
         acc_objective, acc_metrics, acc_grads = carry
         acc_grads = jax.tree.map(lambda a, g: a + g.astype(a.dtype), acc_grads, grads)
         acc_metrics = jax.tree.map(jnp.add, acc_metrics, weighted)
@@ -247,6 +253,6 @@ def accumulate_gradients(loss_and_grad, params, batch, num_microbatches: int, ba
     (objective, sums, grads), _ = jax.lax.scan(
         body, init, (jnp.arange(num_microbatches), micro))
     tokens = jnp.maximum(sums["num_target_tokens"], 1.0)
-    metrics = {k: (v if k == "num_target_tokens" else v / tokens) for k, v in sums.items()}
+    metrics = {k: (v if _is_count(k) else v / tokens) for k, v in sums.items()}
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
     return (objective, metrics), grads

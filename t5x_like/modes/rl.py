@@ -205,8 +205,11 @@ class Rollouts:
             out.append({"prompt": self._texts(tokens[:first]), "answer": self._texts(answer)})
         return out
 
-    def score(self, prompts, lengths, completions, examples):
-        """``(total reward [n], {name: mean})``: the weighted sum of every reward."""
+    def score(self, prompts, lengths, completions, examples, step: int | None = None):
+        """``(total reward [n], {name: mean})``: the weighted sum of every reward. A reward
+        that is not finite stops the run in one line naming the reward, the completion and
+        the training step it was for (``step``; the run's checkpoints stay as saved)."""
+        during = f" for step {step}" if step is not None else " in an evaluation"
         texts = [self._texts(c) for c in completions]
         total = np.zeros(len(texts), np.float64)
         means, self.last_rewards = {}, {}
@@ -225,12 +228,17 @@ class Rollouts:
             except (TypeError, ValueError):
                 raise UserError(f"rl.rewards: reward {name!r} returned a value that is not a "
                                 f"number ({values[:3]!r}...); return floats (or None).") from None
+            _check_finite(f"rl.rewards: reward {name!r}", array, texts, during,
+                          "return finite floats (None scores 0)")
             means[name] = float(array.mean())
             self.last_rewards[name] = array
             total += weight * array
         if self._reward_model is not None:
             weight = (self.spec.rl.reward_weights or (1.0,) * (len(self.rewards) + 1))[-1]
             scores = self._reward_model_scores(prompts, lengths, completions)
+            _check_finite(f"rl.reward_model={self.spec.rl.reward_model}", scores, texts, during,
+                          "the reward model's params are not finite; retrain it or use "
+                          "an earlier checkpoint")
             means["reward_model"] = float(scores.mean())
             self.last_rewards["reward_model"] = scores
             total += float(weight) * scores
@@ -271,7 +279,7 @@ class Rollouts:
         rng = jax.random.fold_in(jax.random.key(self.spec.seed + 2), step)
         prompts, lengths, completions = self.sample(params, repeated, rng)
         examples = self.examples(repeated)
-        rewards, means = self.score(prompts, lengths, completions, examples)
+        rewards, means = self.score(prompts, lengths, completions, examples, step=step + 1)
         advantages = np.asarray(group_advantages(jnp.asarray(rewards), self.group,
                                                  self.spec.rl.scale_rewards), np.float32)
         tokens, _, weights = self.rows(prompts, lengths, completions)
@@ -317,6 +325,17 @@ class Rollouts:
             out[f"best_of_{samples}_reward"] = best_total / max(count, 1.0)
         out["prompts"] = count
         return out
+
+
+def _check_finite(what: str, values: np.ndarray, texts: list[str], during: str,
+                  fix: str) -> None:
+    """One line naming the first completion whose reward is NaN or infinite."""
+    bad = np.flatnonzero(~np.isfinite(values))
+    if bad.size:
+        first = int(bad[0])
+        raise UserError(f"{what} gave {values[first]} for completion {first} "
+                        f"({texts[first][:60]!r}){during} ({bad.size} of {len(values)} not "
+                        f"finite); {fix}. Nothing of this step was saved.")
 
 
 def rollout_rows(prompts, lengths, completions, eos_id: int, width: int):

@@ -116,7 +116,20 @@ class RolloutStructure(Structure):
                 ratio_level=settings.ratio_level)
             if settings.loss_type in ("grpo", "dr_grpo") and num_sequences is not None:
                 loss = loss * mask.shape[0] / num_sequences  # a microbatch's share of rows
-            metrics = {**metrics, "loss": loss, "num_target_tokens": mask.sum()}
+            logged = loss
+            if num_sequences is not None:
+                # A microbatch: the objectives sum to the batch's loss, and the trainer
+                # averages metrics weighted by tokens (``normalizer``: the batch's), so
+                # the microbatch logs its objective per token of its own, and GSPO's
+                # clip rates (shares of this microbatch's completions) its share of the
+                # batch's completions per token of its own.
+                per_own_token = normalizer / jnp.maximum(mask.sum(), 1.0)
+                logged = loss * per_own_token
+                if settings.ratio_level == "sequence":
+                    share = per_own_token * mask.shape[0] / num_sequences
+                    metrics = {k: (v * share if k.startswith("clip_ratio") else v)
+                               for k, v in metrics.items()}
+            metrics = {**metrics, "loss": logged, "num_target_tokens": mask.sum()}
             return loss, metrics
         return loss_fn
 
