@@ -423,8 +423,9 @@ def test_old_log_probs_split_with_microbatches_as_the_rest_of_the_rollout(loss_t
         current = structure.token_log_probs(structure.model, state.params, jnp.asarray(tokens))
         batch = {"tokens": tokens, "completion_loss_weights": weights,
                  "advantages": rng.normal(size=8).astype(np.float32),
-                 "old_log_probs": np.asarray(current) + rng.normal(0, 0.3, (8, 12)).astype(
-                     np.float32)}
+                 # off by enough that whole completions clip too (their mean log-ratio)
+                 "old_log_probs": np.asarray(current) + rng.normal(
+                     0, 0.3 if level == "token" else 1.0, (8, 12)).astype(np.float32)}
         assert {k: (v.shape, v.dtype) for k, v in batch.items()} == {
             k: (v.shape, v.dtype) for k, v in abstract.items()}
         _, metrics = trainer.train_step(state, partitioning.global_batch(batch, mesh,
