@@ -1,5 +1,6 @@
 """Test setup: 8 fake CPU devices, set before JAX is imported anywhere."""
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -40,23 +41,32 @@ FAST_COMPILE_MODULES = frozenset({
 })
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _compile_effort(request):
-    """XLA's optimisations off for ``FAST_COMPILE_MODULES`` (the flag is read at every
-    compile), on for the others. Module-scoped and autouse, so it is set before a module's
-    own module-scoped fixtures compile; a module runs in one worker (``--dist loadscope``)."""
+@contextlib.contextmanager
+def _xla_optimisations(on: bool):
+    """XLA's optimisations on or off in this process (the flag is read at every compile)
+    and, through ``JAX_DISABLE_MOST_OPTIMIZATIONS``, in the commands it starts; the
+    setting before is restored on exit."""
     import jax
-    fast = request.node.path.name in FAST_COMPILE_MODULES
+    before = jax.config.read("jax_disable_most_optimizations")
     with pytest.MonkeyPatch.context() as patch:
-        if fast:
-            patch.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "true")
-        else:
+        if on:
             patch.delenv("JAX_DISABLE_MOST_OPTIMIZATIONS", raising=False)
-        jax.config.update("jax_disable_most_optimizations", fast)
+        else:
+            patch.setenv("JAX_DISABLE_MOST_OPTIMIZATIONS", "true")
+        jax.config.update("jax_disable_most_optimizations", not on)
         try:
             yield
         finally:
-            jax.config.update("jax_disable_most_optimizations", False)
+            jax.config.update("jax_disable_most_optimizations", before)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _compile_effort(request):
+    """XLA's optimisations off for ``FAST_COMPILE_MODULES``, on for the others.
+    Module-scoped and autouse, so it is set before a module's own module-scoped fixtures
+    compile; a module runs in one worker (``--dist loadscope``)."""
+    with _xla_optimisations(on=request.node.path.name not in FAST_COMPILE_MODULES):
+        yield
 
 
 @pytest.fixture(autouse=True)
@@ -64,18 +74,12 @@ def _optimized_test(request):
     """A test marked ``optimized`` in a ``FAST_COMPILE_MODULES`` module compiles with XLA's
     optimisations on: it mostly executes (a command trained as printed), where the module's
     other tests mostly compile."""
-    import jax
     if (request.node.get_closest_marker("optimized") is None
             or request.node.path.name not in FAST_COMPILE_MODULES):
         yield
         return
-    with pytest.MonkeyPatch.context() as patch:
-        patch.delenv("JAX_DISABLE_MOST_OPTIMIZATIONS", raising=False)
-        jax.config.update("jax_disable_most_optimizations", False)
-        try:
-            yield
-        finally:
-            jax.config.update("jax_disable_most_optimizations", True)
+    with _xla_optimisations(on=True):
+        yield
 
 
 def set_keys(config, values: dict):

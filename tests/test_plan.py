@@ -25,11 +25,16 @@ TINY = ["--config.model.d_model=32", "--config.model.d_ff=64", "--config.model.n
 assert importlib.util.find_spec("libtpu"), 'libtpu is missing: pip install -c constraints.txt -e ".[tpu]"'
 
 
-def run_plan(*args, check=True):
+def planner_env() -> dict:
+    """The environment of a fresh planner process: this checkout first, no fake devices."""
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + sys.path[1:])
-    result = subprocess.run([sys.executable, "-m", "t5x_like.plan", *args], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=300)
+    return env
+
+
+def run_plan(*args, check=True):
+    result = subprocess.run([sys.executable, "-m", "t5x_like.plan", *args], cwd=REPO,
+                            env=planner_env(), capture_output=True, text=True, timeout=300)
     if check:
         assert result.returncode == 0, result.stderr[-2000:]
     return result
@@ -161,8 +166,10 @@ def test_scanned_layers_count_matmul_flops_and_loop_bytes_per_trip():
 
 
 EINSUM_DRIVER = """
-import json, jax, jax.numpy as jnp
+import json
 from t5x_like.planner import aot_planner, hlo_matmuls
+aot_planner.prepare_compiler_environment()
+import jax, jax.numpy as jnp
 device = aot_planner.topology_devices("v5e:2x2")[0]
 sharding = jax.sharding.SingleDeviceSharding(device)
 rows = []
@@ -189,11 +196,7 @@ def test_tpu_convolutions_count_the_flops_xla_counts():
     weight gradient), to convolutions whose batch dimensions become dilated, strided
     spatial ones: the HLO reader counts their FLOPs as XLA's cost analysis does, to the
     FLOP (a convolution counted by its operand sizes alone is off for every batched one)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + sys.path[1:])
-    env.update(TPU_SKIP_MDS_QUERY="1", TPU_WORKER_HOSTNAMES="localhost", JAX_PLATFORMS="cpu",
-               ALLOW_MULTIPLE_LIBTPU_LOAD="1")
-    result = subprocess.run([sys.executable, "-c", EINSUM_DRIVER], cwd=REPO, env=env,
+    result = subprocess.run([sys.executable, "-c", EINSUM_DRIVER], cwd=REPO, env=planner_env(),
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     rows = json.loads(result.stdout.splitlines()[-1])
