@@ -17,6 +17,12 @@ PACKAGES = ("t5x_like", "launch")
 BIN = pathlib.Path(sys.executable).parent
 
 
+def _graph(*packages: str):
+    """The import graph as the code is now: grimp's on-disk cache can answer from an
+    older checkout (it once hid an added edge locally that CI's clean clone counted)."""
+    return grimp.build_graph(*packages, cache_dir=None)
+
+
 def _sources():
     for package in PACKAGES:
         yield from sorted((REPO / package).rglob("*.py"))
@@ -54,7 +60,7 @@ def test_every_module_sits_in_a_layer():
     text = (REPO / "pyproject.toml").read_text()
     block = re.search(r'id = "layers".*?layers = \[(.*?)\n\]', text, re.S).group(1)
     named = set(re.findall(r"[\w.]+", " ".join(re.findall(r'"([^"]+)"', block))))
-    graph = grimp.build_graph("t5x_like")
+    graph = _graph("t5x_like")
     uncovered = []
     for module in sorted(graph.modules):
         if module == "t5x_like":
@@ -104,7 +110,7 @@ def _strongly_connected(graph, modules):
 
 
 def test_no_import_cycle_even_through_function_level_imports():
-    graph = grimp.build_graph(*PACKAGES)
+    graph = _graph(*PACKAGES)
     modules = set(graph.modules)
     cycles = [sorted(c) for c in _strongly_connected(graph, modules) if len(c) > 1]
     assert not cycles, cycles
@@ -117,7 +123,7 @@ TOP_LEVEL_IMPORT_EDGES = 198
 
 
 def test_the_top_level_import_graph_has_no_more_edges_than_before():
-    graph = grimp.build_graph(*PACKAGES)
+    graph = _graph(*PACKAGES)
 
     def top(module):
         parts = module.split(".")

@@ -146,3 +146,14 @@ def test_the_root_holds_only_run_wide_scalars_and_sections():
                 if RunSpec.section_type(f.name) is not None]
     assert {"model", "data", "optimizer", "loss", "logging", "checkpoint", "divergence",
             "resilience", "mesh", "partitioning", "head", "peft", "distill"} <= set(sections)
+
+
+def test_the_specs_loss_choices_are_the_losses_the_objectives_implement():
+    """config/run.py sits below objectives/ and cannot import their lists, so the two
+    spellings are held equal here: a loss added to one and not the other fails."""
+    from t5x_like.config import run
+    from t5x_like.objectives import preference
+
+    assert set(run.DPO_LOSS_TYPES) == set(preference.DPO_LOSSES)
+    assert set(run.GRPO_LOSS_TYPES) == set(preference.GRPO_AGGREGATIONS)
+    assert set(run.GRPO_RATIO_LEVELS) == set(preference.GRPO_RATIO_LEVELS)

@@ -29,8 +29,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from t5x_like.config.run import GRPO_RATIO_LEVELS
-
+# The run spec (a lower layer, config/run.py) lists the same names for its choices;
+# tests/test_run_spec.py holds the two lists equal.
 DPO_LOSSES = ("sigmoid", "robust", "ipo", "hinge")
 
 
@@ -148,6 +148,7 @@ def group_advantages(rewards, group_size: int, scale: str = "group") -> jax.Arra
 
 
 GRPO_AGGREGATIONS = ("grpo", "bnpo", "dapo", "dr_grpo")
+GRPO_RATIO_LEVELS = ("token", "sequence")
 
 
 def grpo_loss(logps, old_logps, ref_logps, advantages, mask, *, beta: float,
