@@ -3,7 +3,7 @@ its overrides to the checked spec (``resolve_spec``), the vocabularies (the one 
 checkpoint was trained with, the one asked for, whether they fit), and the spec a
 checkpoint evaluates with (``resolve_checkpoint``: ``eval``, ``infer``, the harness,
 ``embed``, ``convert export``). A training run resolves on top of this
-(``training_run.resolve_training``).
+(``preflight.resolve_training``).
 """
 
 from __future__ import annotations

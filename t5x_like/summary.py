@@ -19,7 +19,7 @@ from t5x_like import cli_flags, errors, resolving, structures
 from t5x_like.engine import optim, trainer
 from t5x_like.models import moe
 from t5x_like.models import peft_modules as peft
-from t5x_like.training import training_run
+from t5x_like.training import preflight
 
 
 def module_rows(shapes: dict, depth: int) -> list[tuple[str, int]]:
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = peft.PeftSettings.from_config(config.peft)
     shapes = trainer.parameter_shapes(config.model, settings)
     if settings.any or config.peft.bitfit:
-        training_run.check_peft_fits(config, shapes)
+        preflight.check_peft_fits(config, shapes)
     rows = module_rows(shapes, args.depth)
     print(format_table(rows))
     total = sum(count for _, count in rows)

@@ -7,10 +7,10 @@ Writes ``metrics.jsonl``, TensorBoard events, orbax checkpoints and the resolved
 config under ``--workdir``, and resumes from the newest checkpoint found there.
 
 Read top to bottom: ``main`` reads the config; ``run`` resolves the run (every check,
-``training_run.resolve_training``: before the workdir lock, any restore or any compile), holds
-the workdir (lock, watchdog, goodput, SIGTERM: ``run_holding``), starts the state
+``preflight.resolve_training``: before the workdir lock, any restore or any compile), holds
+the workdir (lock, watchdog, goodput, SIGTERM: ``resilience.holding``), starts the state
 (``starting_state``), then loops: a batch, a step, then whatever is due
-(``train_loop.Loop``: logging with the divergence checks, the evaluators of
+(``loop.Loop``: logging with the divergence checks, the evaluators of
 ``config.evals``, checkpoints, preemption).
 """
 
@@ -51,33 +51,33 @@ def run(run_config, workdir: str, config_path: str = "CONFIG", quiet: bool = Fal
         devices=None, overrides: list[str] = (), modules: list[str] = ()) -> dict:
     """Trains to ``num_train_steps``; returns the last train and eval metrics and the step.
     ``devices`` defaults to all devices; tests pass a subset to compare meshes."""
-    from t5x_like.training import train_loop, training_run  # JAX starts here: after the config is read
+    from t5x_like.training import loop, preflight  # JAX starts here: after the config is read
 
-    resolved = training_run.resolve_training(run_config, workdir, devices)
-    with train_loop.holding(resolved, quiet) as holding:
-        loop = train_loop.Loop(resolved, holding)
+    resolved = preflight.resolve_training(run_config, workdir, devices)
+    with loop.holding(resolved, quiet) as held:
+        run_loop = loop.Loop(resolved, held)
         try:
-            while loop.step < resolved.spec.num_train_steps:
+            while run_loop.step < resolved.spec.num_train_steps:
                 # A bad row met mid-run says at which step; the loop ends before the
                 # step's checkpoint, so the workdir keeps only the steps before it.
-                with errors.at_step(loop.step + 1):
-                    batch = loop.next_batch()
-                metrics = loop.train_step(batch)
-                with errors.at_step(loop.step):
-                    loop.after_step(metrics)
-                if loop.preempted:
+                with errors.at_step(run_loop.step + 1):
+                    batch = run_loop.next_batch()
+                metrics = run_loop.train_step(batch)
+                with errors.at_step(run_loop.step):
+                    run_loop.after_step(metrics)
+                if run_loop.preempted:
                     break
-            holding.status = "preempted" if loop.preempted else "done"
+            held.status = "preempted" if run_loop.preempted else "done"
         finally:
-            loop.close()  # waits for the last checkpoint save, however the loop ended
-    if loop.is_chief:
-        account = loop.account()
+            run_loop.close()  # waits for the last checkpoint save, however the loop ended
+    if run_loop.is_chief:
+        account = run_loop.account()
         if not quiet:
-            print(_summary(resolved.workdir, loop.checkpointer.latest_step(), loop.last_train,
-                           loop.last_eval, config_path, resolved.spec, overrides, modules),
-                  flush=True)
+            print(_summary(resolved.workdir, run_loop.checkpointer.latest_step(),
+                           run_loop.last_train, run_loop.last_eval, config_path, resolved.spec,
+                           overrides, modules), flush=True)
             print(goodput_events.one_line(account), flush=True)
-    return {"train": loop.last_train, "eval": loop.last_eval, "step": loop.step}
+    return {"train": run_loop.last_train, "eval": run_loop.last_eval, "step": run_loop.step}
 
 
 def _summary(workdir, latest, last_train, last_eval, config_path, spec, overrides=(),

@@ -189,7 +189,7 @@ def test_every_module_with_imports_inside_functions_says_why_once():
 
 def test_train_is_a_command_that_reads_top_to_bottom():
     """train.py: at most 350 lines, ``run`` at most 60, at most 10 imports inside
-    functions (the rest of the loop is train_loop's; resolving is the run service's)."""
+    functions (the rest of the loop is training.loop's; resolving is the run service's)."""
     text = (REPO / "t5x_like" / "train.py").read_text()
     tree = ast.parse(text)
     run = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run")

@@ -129,10 +129,10 @@ def _saved_on_8_devices(workdir, **overrides):
     from conftest import set_keys
 
     from t5x_like import config_lib
-    from t5x_like.training import training_run
+    from t5x_like.training import preflight
     config = set_keys(config_lib.load_config_file("configs/pretrain/gpt2_tiny.py"),
                       {"batch_size": 16, **overrides})
-    resolved = training_run.resolve_training(config, str(workdir))
+    resolved = preflight.resolve_training(config, str(workdir))
     step = pathlib.Path(workdir) / "checkpoints" / "3" / "config"
     step.mkdir(parents=True)
     (step / "metadata").write_text(json.dumps(resolved.run_config))
@@ -149,12 +149,12 @@ def _saved_on_8_devices(workdir, **overrides):
 def test_a_resume_keeps_the_rows_each_device_held(tmp_path, devices, mesh, chosen, expected):
     from conftest import set_keys
 
-    from t5x_like.training import training_run
+    from t5x_like.training import preflight
     config = _saved_on_8_devices(tmp_path, **{"mesh.data": 8})
     set_keys(config, {f"mesh.{axis}": size for axis, size in mesh.items()})
     if chosen:
         set_keys(config, {"optimizer.microbatches": chosen})
-    resolved = training_run.resolve_training(config, str(tmp_path), jax.devices()[:devices])
+    resolved = preflight.resolve_training(config, str(tmp_path), jax.devices()[:devices])
     assert resolved.spec.optimizer.microbatches == expected
     assert resolved.spec.batch_size == 16
     assert resolved.trainer.microbatches == expected
@@ -172,12 +172,12 @@ def test_microbatches_grown_once_keep_growing_on_the_next_resume(tmp_path):
     asked for 1, so resuming it again (still asking for 1) keeps the 2 rows a device."""
     from conftest import set_keys
 
-    from t5x_like.training import training_run
+    from t5x_like.training import preflight
     config = _saved_on_8_devices(tmp_path, **{"mesh.data": 8})
     set_keys(config, {"mesh.data": 4})
-    resumed = training_run.resolve_training(config, str(tmp_path), jax.devices()[:4])
+    resumed = preflight.resolve_training(config, str(tmp_path), jax.devices()[:4])
     step = tmp_path / "checkpoints" / "6" / "config"
     step.mkdir(parents=True)
     (step / "metadata").write_text(json.dumps(resumed.run_config))
-    again = training_run.resolve_training(config, str(tmp_path), jax.devices()[:4])
+    again = preflight.resolve_training(config, str(tmp_path), jax.devices()[:4])
     assert again.spec.optimizer.microbatches == 2 and again.notices

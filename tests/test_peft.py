@@ -17,7 +17,7 @@ from conftest import tiny_config
 from t5x_like import config_lib, errors
 from t5x_like.engine import partitioning
 from t5x_like.engine import trainer as trainer_lib
-from t5x_like.training import training_run
+from t5x_like.training import preflight
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -110,7 +110,7 @@ def test_bitfit_on_a_model_without_biases_is_refused():
                                   jax.devices()[:1])
     trainer = trainer_lib.build_trainer(config, mesh)
     with pytest.raises(errors.ConfigError, match="has none"):
-        training_run.check_peft_fits(config_lib.spec_of(config), trainer.abstract_state.params)
+        preflight.check_peft_fits(config_lib.spec_of(config), trainer.abstract_state.params)
 
 
 @pytest.mark.parametrize("override,expected", [
@@ -257,7 +257,7 @@ def test_prompt_tuning_is_refused_where_it_does_not_apply():
     config = family_config("encoder", **{"prompt.length": 20})
     trainer = trainer_lib.build_trainer(config, one_device_mesh())
     with pytest.raises(errors.ConfigError, match="max_length=32"):
-        training_run.check_peft_fits(config_lib.spec_of(config), trainer.abstract_state.params)
+        preflight.check_peft_fits(config_lib.spec_of(config), trainer.abstract_state.params)
 
 
 def test_lora_params_have_logical_axes_of_the_kernel_they_adapt():
@@ -390,7 +390,7 @@ def test_a_lora_pattern_that_matches_no_kernel_is_refused():
     config = tiny_decoder(**{**LORA, "lora.targets": "attention/qkv/kernel$"})
     trainer = trainer_lib.build_trainer(config, one_device_mesh())
     with pytest.raises(errors.ConfigError, match="matches none of the model's 12 kernels"):
-        training_run.check_peft_fits(config_lib.spec_of(config), trainer.abstract_state.params)
+        preflight.check_peft_fits(config_lib.spec_of(config), trainer.abstract_state.params)
     with pytest.raises(errors.ConfigError, match="not a regular expression"):
         tiny_decoder(**{**LORA, "lora.targets": "(query"})
 

@@ -164,8 +164,8 @@ def test_the_good_config_resolves_without_compiling(setup, guarded):
     """The positive control: the same config without a mistake resolves (its checkpoint's
     fingerprint and streams are this run's) and compiles nothing doing so."""
     from t5x_like import resolving
-    from t5x_like.training import training_run
-    resolved = training_run.resolve_training(resolving.load_config(str(setup / "config.py"), []),
+    from t5x_like.training import preflight
+    resolved = preflight.resolve_training(resolving.load_config(str(setup / "config.py"), []),
                                              str(setup / "run"))
     assert resolved.resume is not None and resolved.resume.step == 2
     assert resolved.num_streams == 8

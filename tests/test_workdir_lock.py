@@ -18,7 +18,7 @@ from conftest import tiny_config
 from storage_emulators import gcs_fixture  # noqa: F401  (the module's `gcs` fixture)
 
 from t5x_like import train
-from t5x_like.resilience import run_holding, workdir_lock
+from t5x_like.resilience import holding, workdir_lock
 from t5x_like.resilience.workdir_lock import LOCK_NAME, Owner, WorkdirBusy, WorkdirLock
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -90,7 +90,7 @@ def test_heartbeat_refreshes_and_notices_a_takeover(tmp_path):
             time.sleep(0.05)
         assert "pod-host-9" in lock.lost
         with pytest.raises(workdir_lock.UserError, match="without saving: the workdir lock"):
-            run_holding.check_still_ours(lock, 40)
+            holding.check_still_ours(lock, 40)
     # Release leaves the successor's lock in place.
     assert json.loads((tmp_path / LOCK_NAME).read_text())["host"] == "pod-host-9"
 

@@ -19,8 +19,8 @@ A record holds:
 - ``evaluators``: evaluator kinds of its own (``evaluation.in_training``), registered
   with it (online RL's ``rollouts``: the rewards of greedy completions).
 
-``training_run.resolve_training`` asks every active mode for its checks and frozen
-sources in one pass; ``train_loop`` attaches the frozen models, asks for a start and a
+``preflight.resolve_training`` asks every active mode for its checks and frozen
+sources in one pass; ``training.loop`` attaches the frozen models, asks for a start and a
 batch source, and names no mode (``tests/test_architecture.py`` counts the places that
 do). A mode of your own registers from the module you pass with ``--module``
 (``docs/architecture.md`` shows one).

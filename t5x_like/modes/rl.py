@@ -22,7 +22,7 @@ One step, in ``Rollouts.next``:
 5. with ``rl.iterations`` > 1, the sampling policy's log-probability of each row's next
    tokens (``old_log_probs``), jitted on the mesh with the params that sampled the
    completions: the batch serves ``rl.iterations`` updates (the loop reuses it,
-   ``train_loop.Loop``), and every one of them reads its ratio against these.
+   ``loop.Loop``), and every one of them reads its ratio against these.
 
 What it logs beside the update's metrics: the mean reward and each reward's mean, the
 share of groups whose rewards are all equal (no signal), the completions' mean length,

@@ -160,7 +160,7 @@ class Structure:
     #: values, tags or spans, with nothing to decode)
     writes_text = True
     #: whether a resume onto a mesh of fewer batch shards may split each batch into more
-    #: optimizer microbatches (``training_run``); a head trains on whole batches
+    #: optimizer microbatches (``training.preflight``); a head trains on whole batches
     splits_into_microbatches = True
 
     def __init__(self, model):

@@ -2,7 +2,7 @@
 checkpoint that restores (damaged newer ones moved aside), else the params of
 ``init_from``, else what the run's mode starts from (``modes.start_from``: a
 distillation student from its teacher's layers), else a fresh init. Every setting was
-checked when the run resolved (``training_run.resolve_training``)."""
+checked when the run resolved (``preflight.resolve_training``)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from t5x_like.checkpoints.param_sources import peft_partial
 from t5x_like.engine import trainer as trainer_lib
 from t5x_like.models import peft_modules
 from t5x_like.resilience import resume_fingerprint
-from t5x_like.resilience.run_holding import chief_log
+from t5x_like.resilience.holding import chief_log
 
 
 @dataclasses.dataclass

@@ -16,9 +16,9 @@ from test_workdir_lock import TINY, plant
 from t5x_like import train
 from t5x_like.checkpoints import checkpoint_store, param_sources
 from t5x_like.engine import optim
-from t5x_like.resilience import divergence, run_holding, watchdog, workdir_lock
+from t5x_like.resilience import divergence, holding, watchdog, workdir_lock
 from t5x_like.telemetry import trackers
-from t5x_like.training import train_loop, training_run
+from t5x_like.training import loop, preflight
 
 LOCAL_TIER = checkpoint_store.local_tier  # where the tier is, whatever a removal does
 
@@ -50,26 +50,26 @@ def sigterm_saves_and_stops(request):
     """A SIGTERM during step 2 of a 6-step run: the run saves step 2 (checkpoints are due
     at 6 only) and returns there."""
     workdir = request.getfixturevalue("tmp_path") / "run"
-    original = train_loop.Loop.train_step
+    original = loop.Loop.train_step
 
     def step_then_term(self, batch):
         metrics = original(self, batch)
         if self.step == 2:
             os.kill(os.getpid(), signal.SIGTERM)
         return metrics
-    train_loop.Loop.train_step = step_then_term
+    loop.Loop.train_step = step_then_term
     try:
         result = train.run(tiny_config(num_train_steps=6, checkpoint_every_steps=6,
                                        eval_every_steps=0), str(workdir), quiet=True)
     finally:
-        train_loop.Loop.train_step = original
+        loop.Loop.train_step = original
     assert result["step"] == 2, result
     assert sorted(p.name for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == ["2"]
 
 
 def _sigterm_ignored(monkeypatch):
     """SIGTERM is caught (the process lives on) but nothing asks the loop to save."""
-    monkeypatch.setattr(run_holding.PreemptionFlag, "_handler", lambda self, signum, frame: None)
+    monkeypatch.setattr(holding.PreemptionFlag, "_handler", lambda self, signum, frame: None)
 
 
 def local_tier_saves_first_and_resumes_from_it(request):
@@ -140,7 +140,7 @@ def _nonfinite_not_checked(monkeypatch):
 
 
 def _saved_rows_not_kept(monkeypatch):
-    monkeypatch.setattr(training_run, "_holding_the_saved_rows",
+    monkeypatch.setattr(preflight, "_holding_the_saved_rows",
                         lambda spec, newest, mesh_shape: (spec, ()))
 
 

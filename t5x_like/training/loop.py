@@ -2,7 +2,7 @@
 loop calls it): the state it starts from and its data, logging with the NaN and
 divergence checks, the evaluators of ``config.evals``, checkpoints, agreeing on a
 SIGTERM across processes, and the summary at the end. Everything here runs after the
-run resolved (``training_run.resolve_training``): its errors are the run's, not the config's.
+run resolved (``preflight.resolve_training``): its errors are the run's, not the config's.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from t5x_like.engine import flops, partitioning
 from t5x_like.engine import trainer as trainer_lib
 from t5x_like.evaluation import in_training
 from t5x_like.resilience import divergence, watchdog
-from t5x_like.resilience.run_holding import RunHolding
+from t5x_like.resilience.holding import RunHolding
 from t5x_like.system import hardware
 from t5x_like.telemetry import goodput_events, metrics_writer
 from t5x_like.training import starting_state
