@@ -122,8 +122,8 @@ def score_ours(config, trainer, params, vocabulary, args, num_shots: int, width:
 def export_hf(config, params, vocabulary, folder: pathlib.Path) -> pathlib.Path:
     """The checkpoint as a Hugging Face folder with its tokenizer. ``convert export``
     reads params-only folders, not training workdirs, so the params are saved as one."""
+    from t5x_like.checkpoints import pretrained
     from t5x_like.convert import __main__ as convert
-    from t5x_like.convert import pretrained
 
     pretrained.save_pretrained(folder / "pretrained", config.model.to_dict(), params,
                                vocabulary=vocabulary)

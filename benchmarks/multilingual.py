@@ -143,8 +143,7 @@ def retarget(run: str, language: str, out: str) -> None:
     from the config's, and this key differs between pretraining (never decodes) and each
     translation direction. Parameters are unchanged."""
     from t5x_like import resolving
-    from t5x_like.checkpoints import param_sources
-    from t5x_like.convert import pretrained
+    from t5x_like.checkpoints import param_sources, pretrained
     from t5x_like.engine import partitioning
 
     source = param_sources.resolve(run)

@@ -18,8 +18,7 @@ import sys
 from flax import traverse_util
 
 from t5x_like import errors, resolving
-from t5x_like.checkpoints import param_sources
-from t5x_like.convert import pretrained
+from t5x_like.checkpoints import param_sources, pretrained
 from t5x_like.errors import UserError
 from t5x_like.models import peft_modules
 from t5x_like.models.peft_modules import plain_dicts

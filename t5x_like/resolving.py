@@ -65,7 +65,7 @@ def checkpoint_vocabulary(source: Source, saved: dict):
     """The vocabulary a checkpoint was trained with, when known: the tokenizer a
     pretrained folder carries (``convert import``), the tokenizer a run fine-tuned with
     (copied into its workdir), else the vocabulary of the task the run trained on."""
-    from t5x_like.convert.pretrained import TOKENIZER_FOLDER
+    from t5x_like.checkpoints.pretrained import TOKENIZER_FOLDER
     from t5x_like.data import hf_tokenizers
     folder = source.path if source.kind == "pretrained" else source.path.parent
     if (folder / TOKENIZER_FOLDER).is_dir():
@@ -164,7 +164,7 @@ def keep_tokenizer(workdir, vocabulary) -> None:
     """The tokenizer travels with the run (``eval --vocabulary=checkpoint`` reads this
     copy): on disk written once, whole or not at all; in a bucket, where a folder cannot
     be renamed into place, copied again on every start from a complete local folder."""
-    from t5x_like.convert.pretrained import TOKENIZER_FOLDER
+    from t5x_like.checkpoints.pretrained import TOKENIZER_FOLDER
     from t5x_like.data import hf_tokenizers
     if storage.is_remote(workdir):
         with tempfile.TemporaryDirectory() as local:

@@ -51,8 +51,8 @@ def tiny_hf_bert():
 def export_import_export(tmp_path, hf_model):
     """Saves ``hf_model``, then import -> export -> import -> export; checks the two
     exports (weights and config.json) are identical and returns the first one's folder."""
+    from t5x_like.checkpoints import hf_io
     from t5x_like.convert import __main__ as convert_cli
-    from t5x_like.convert import hf_io
 
     hf_model.save_pretrained(tmp_path / "hf")
     convert_cli.import_hf(str(tmp_path / "hf"), str(tmp_path / "ours"))

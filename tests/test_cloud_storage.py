@@ -129,7 +129,7 @@ def test_a_missing_bucket_is_refused_before_any_work(gcs):
 def test_a_pretrained_folder_round_trips_through_a_bucket(gcs):
     import numpy as np
 
-    from t5x_like.convert import pretrained
+    from t5x_like.checkpoints import pretrained
     from t5x_like.data import vocabularies
     from t5x_like.system import storage
     params = {"dense": {"kernel": np.arange(6, dtype=np.float32).reshape(2, 3)}}

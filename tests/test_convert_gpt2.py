@@ -8,8 +8,9 @@ import transformers
 from hf_helpers import export_import_export, tiny_hf_gpt2
 
 from t5x_like import structures
+from t5x_like.checkpoints import hf_io
 from t5x_like.convert import __main__ as convert_cli
-from t5x_like.convert import hf_io, load_pretrained
+from t5x_like.convert import load_pretrained
 
 
 def right_padded_batch():

@@ -12,8 +12,9 @@ import transformers
 from hf_helpers import export_import_export, tiny_hf_llama, tiny_hf_mistral
 
 from t5x_like import config_lib, structures
+from t5x_like.checkpoints import hf_io
 from t5x_like.convert import __main__ as convert_cli
-from t5x_like.convert import hf_io, load_pretrained
+from t5x_like.convert import load_pretrained
 from t5x_like.models import decoding
 
 

@@ -21,8 +21,9 @@ from test_convert_open_decoders import perturbed
 from test_convert_refusals import hf_folder, refusal
 
 from t5x_like import structures
+from t5x_like.checkpoints import hf_io
 from t5x_like.convert import __main__ as convert_cli
-from t5x_like.convert import hf_io, hf_moe, hf_switch, load_pretrained
+from t5x_like.convert import hf_moe, hf_switch, load_pretrained
 from t5x_like.data import hf_tokenizers
 from t5x_like.errors import UserError
 from t5x_like.models import decoding

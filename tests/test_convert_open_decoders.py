@@ -13,8 +13,8 @@ import transformers
 from test_convert_llama import assert_logits_match, import_and_build, right_padded_batch
 
 from t5x_like import structures
+from t5x_like.checkpoints import hf_io
 from t5x_like.convert import __main__ as convert_cli
-from t5x_like.convert import hf_io
 from t5x_like.errors import UserError
 from t5x_like.models import decoding
 

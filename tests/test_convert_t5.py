@@ -10,8 +10,9 @@ import transformers
 from hf_helpers import VARIANTS, export_import_export, padded_batch, tiny_hf_t5
 
 from t5x_like import structures
+from t5x_like.checkpoints import hf_io
 from t5x_like.convert import __main__ as convert_cli
-from t5x_like.convert import hf_io, load_pretrained
+from t5x_like.convert import load_pretrained
 
 
 def hf_logits(hf_model, encoder, decoder_inputs, targets):

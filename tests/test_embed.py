@@ -47,7 +47,7 @@ def tiny_models():
 @pytest.fixture(scope="module")
 def checkpoints(tiny_models, tmp_path_factory):
     """Random-init encoder and decoder saved as pretrained folders with the embedded vocabulary."""
-    from t5x_like.convert import pretrained
+    from t5x_like.checkpoints import pretrained
     folders = {}
     for family in ("encoder", "decoder"):
         model = tiny_models[family]

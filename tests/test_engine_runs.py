@@ -89,7 +89,7 @@ def test_restore_onto_a_different_mesh_continues_the_same_run(tmp_path):
 
 
 def _save_pretrained_from_a_fresh_model(config, folder, seed):
-    from t5x_like.convert import pretrained
+    from t5x_like.checkpoints import pretrained
     mesh = partitioning.make_mesh({"data": 8, "fsdp": 1, "tensor": 1})
     params = jax.device_get(trainer_lib.build_trainer(config, mesh).init_state(seed).params)
     pretrained.save_pretrained(folder, config.model.to_dict(), params)

@@ -491,7 +491,8 @@ def hf_gpt2_folder(tmp_path_factory) -> pathlib.Path:
     """A tiny GPT-2 folder written by our exporter (no torch needed)."""
     import safetensors  # noqa: F401  (installed by the dev extra: a missing one must fail, not skip)
 
-    from t5x_like.convert import hf_gpt2, hf_io
+    from t5x_like.checkpoints import hf_io
+    from t5x_like.convert import hf_gpt2
     from t5x_like.engine import trainer as trainer_lib
     model_config = {"family": "decoder", "vocab_size": 64, "d_model": 16, "num_heads": 2,
                     "head_dim": 8, "d_ff": 32, "num_layers": 1, "max_length": 32,

@@ -85,7 +85,7 @@ def test_convert_shows_the_bytes_written_and_read_shard_by_shard(tmp_path, monke
     import reads them back through the index; each shows its bytes as it goes."""
     from safetensors.numpy import load_file
 
-    from t5x_like.convert import hf_io
+    from t5x_like.checkpoints import hf_io
     monkeypatch.setenv("T5XL_PROGRESS_INTERVAL_S", "0")
     weights = {"a": np.ones((4, 4), np.float32), "b": np.arange(8, dtype=np.float32),
                "c": np.full((10,), 2, np.float32)}

@@ -13,8 +13,7 @@ import pytest
 
 from t5x_like import eval as eval_cli
 from t5x_like import infer, peft, train
-from t5x_like.checkpoints import checkpoint_store, param_sources
-from t5x_like.convert import pretrained
+from t5x_like.checkpoints import checkpoint_store, param_sources, pretrained
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "before_spec"
 

@@ -11,7 +11,7 @@ import pytest
 
 from t5x_like import config_lib, models, structures
 from t5x_like.builtin_tasks import retrieval as retrieval_tasks
-from t5x_like.convert import pretrained
+from t5x_like.checkpoints import pretrained
 from t5x_like.retrieval import checkpoints, retriever_run
 from t5x_like.retrieval import cli as retrieval_cli
 from t5x_like.retrieval import index as index_lib

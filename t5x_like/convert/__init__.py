@@ -6,6 +6,6 @@
 Weights are read only from safetensors files, which hold data and never code.
 """
 
-from t5x_like.convert.pretrained import load_pretrained, save_pretrained
+from t5x_like.checkpoints.pretrained import load_pretrained, save_pretrained
 
 __all__ = ["load_pretrained", "save_pretrained"]

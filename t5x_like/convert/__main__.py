@@ -11,7 +11,7 @@ import numpy as np
 
 from t5x_like import errors, resolving, structures
 from t5x_like.builtin_tasks import pretraining as tasks
-from t5x_like.checkpoints import param_sources
+from t5x_like.checkpoints import hf_io, param_sources, pretrained
 from t5x_like.config import legacy, model_spec_class, model_spec_of
 from t5x_like.convert import (
     hf_albert,
@@ -21,7 +21,6 @@ from t5x_like.convert import (
     hf_electra,
     hf_gemma,
     hf_gpt2,
-    hf_io,
     hf_llama,
     hf_longformer,
     hf_mbart,
@@ -30,7 +29,6 @@ from t5x_like.convert import (
     hf_switch,
     hf_t5,
     hf_xlm_roberta,
-    pretrained,
 )
 from t5x_like.data import hf_tokenizers, vocabularies
 from t5x_like.engine import trainer as trainer_lib

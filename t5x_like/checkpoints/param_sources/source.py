@@ -41,7 +41,7 @@ class Source:
 
     def saved_config(self, step: int) -> dict:
         """The run config saved with ``step`` (pretrained folders: their model, and under
-        ``run`` what of a run they carry, ``convert.pretrained.RUN_KEYS``)."""
+        ``run`` what of a run they carry, ``checkpoints.pretrained.RUN_KEYS``)."""
         if self.kind == "pretrained":
             saved = {"model": json.loads((self.path / "model_config.json").read_text())}
             run = self.path / "run_config.json"
@@ -63,7 +63,7 @@ class Source:
         """Params of ``step`` on the trainer's mesh and shardings (a PEFT step joined with
         its base, found at ``base_path`` if it moved; ``where`` names the step in errors)."""
         if self.kind == "pretrained":
-            from t5x_like.convert import pretrained
+            from t5x_like.checkpoints import pretrained
             _, params = pretrained.load_pretrained(self.path)
             try:
                 return trainer.place_params(params)
@@ -101,7 +101,7 @@ def load_params(source: Source, step: int, config, mesh=None, base_path: str | N
     ``mesh`` (default: this process's first device), a PEFT step joined with its base."""
     import jax
 
-    from t5x_like.convert import pretrained
+    from t5x_like.checkpoints import pretrained
     from t5x_like.engine import partitioning
     from t5x_like.engine import trainer as trainer_lib
 
@@ -116,7 +116,7 @@ def base_params(init_from: str, config, mesh, step: int | None = None) -> tuple[
     """``(host params, step)`` of what fine-tuning starts from: a params-only folder
     (``convert import``; step None), or a run's workdir or step folder (its newest
     step, or ``step``), checked to hold ``config``'s model."""
-    from t5x_like.convert import pretrained
+    from t5x_like.checkpoints import pretrained
 
     try:
         source = resolve(init_from)
