@@ -70,8 +70,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5x_like import config_lib, models, structures
+from t5x_like.checkpoints import hf_io
 from t5x_like.convert import __main__ as convert_cli
-from t5x_like.convert import hf_gpt2, hf_io, hf_t5
+from t5x_like.convert import hf_gpt2, hf_t5
 from t5x_like.models import decoding
 
 ROWS = {
