@@ -20,6 +20,7 @@ COMMANDS = {
     "eval": ("t5x_like.eval", "evaluate checkpoints on a benchmark task or mixture"),
     "harness": ("t5x_like.harness", "run lm-evaluation-harness tasks on a decoder checkpoint"),
     "infer": ("t5x_like.infer", "generate for a task's split or a JSONL file"),
+    "serve": ("t5x_like.serve", "serve a decoder checkpoint over the OpenAI API (HTTP)"),
     "summary": ("t5x_like.summary", "parameter table of a config's model"),
     "tasks": ("t5x_like.tasks", "list, show and sample registered tasks and mixtures"),
     "peft": ("t5x_like.peft", "fold LoRA into the base weights (peft merge)"),

@@ -15,7 +15,7 @@ from hf_helpers import tiny_gpt2_with_tokenizer, tiny_hf_t5
 from t5x_like import harness as harness_cli
 from t5x_like.builtin_tasks import pretraining as builtin
 from t5x_like.convert import __main__ as convert_cli
-from t5x_like.evaluation import harness_model
+from t5x_like.evaluation import harness_model, loaded_lm
 from t5x_like.evaluation import lm_eval_harness as hf_side
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -208,7 +208,7 @@ def test_training_runs_harness_tasks_at_its_evaluation_steps(setup, tmp_path, ca
 def test_request_widths_hold_the_row_with_at_most_a_third_padding():
     widths = set()
     for length in range(1, 3000):
-        width = harness_model.bucket(length, 2048)
+        width = loaded_lm.bucket(length, 2048)
         widths.add(width)
         assert width == 2048 if length > 2048 else length <= width <= max(16, 1.5 * length)
     assert len(widths) <= 16  # a 2048-token window compiles at most this many programs

@@ -489,11 +489,11 @@ def test_int8_weights_of_a_scanned_stack_are_refused_with_the_fix():
 
 
 def test_the_harness_model_reads_int8_weights_when_asked(lm_checkpoint):
-    from t5x_like.evaluation import harness_model
-    loaded = harness_model.load(str(lm_checkpoint), weights="int8")
+    from t5x_like.evaluation import loaded_lm
+    loaded = loaded_lm.load(str(lm_checkpoint), weights="int8")
     kernel = loaded.params["layers_0"]["attention"]["query"]["kernel"]
     assert kernel.array.qvalue.dtype == jnp.int8
     assert loaded.runner.structure.model is not structures.for_config(
         resolving.resolve_checkpoint(param_sources.resolve(str(lm_checkpoint)), 2).spec).model
     with pytest.raises(errors.UserError, match="give weights=int8"):
-        harness_model.load(str(lm_checkpoint), weights="int4")
+        loaded_lm.load(str(lm_checkpoint), weights="int4")

@@ -125,6 +125,9 @@ class ModelRunner:
                                      in_shardings=(param_shardings, self.batch_sharding),
                                      out_shardings=self._replicated)
         self._predict = {}
+        self._token_scores = jax.jit(structure.token_scores,
+                                     in_shardings=(param_shardings, self.batch_sharding),
+                                     out_shardings=self._replicated)
         self.rows_made = 0  # rows this process converted (its share, multi-process)
         # Progress of each batch loop: silent inside training; the eval command shows it.
         self.meter = progress.Silent
@@ -202,10 +205,23 @@ class ModelRunner:
             return np.zeros((0,), np.float32), np.zeros((0,), bool)
         return np.concatenate(scores), np.concatenate(greedy)
 
+    def token_rows(self, params, rows: Sequence[dict]) -> tuple[np.ndarray, ...]:
+        """Per position of each row: the target's log-probability, and the ``TOP_TOKENS``
+        most likely tokens with theirs (``[rows, length]``, ``[rows, length, TOP_TOKENS]``
+        twice): what a completion's ``logprobs`` report."""
+        parts = []
+        for start in range(0, len(rows), self.settings.batch_size):
+            batch, count = self._global(rows, start)
+            with self.context():
+                out = jax.device_get(self._token_scores(params, batch))
+            parts.append([np.asarray(x)[:count] for x in out])
+        return tuple(np.concatenate(column) for column in zip(*parts, strict=True))
+
     def predict_rows(self, params, rows: Sequence[dict], max_decode_length: int,
-                     **decode) -> np.ndarray:
+                     seed: int | None = None, **decode) -> np.ndarray:
         """Generated tokens ``[rows, max_decode_length]``; ``decode`` overrides the
-        settings' decoding options (e.g. ``temperature``)."""
+        settings' decoding options (e.g. ``temperature``), ``seed`` their seed (a served
+        request samples from its own)."""
         s = self.settings
         options = dict(max_decode_length=max_decode_length, num_beams=s.num_beams, alpha=s.alpha,
                        temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
@@ -220,7 +236,8 @@ class ModelRunner:
         out = []
         with self._meter("generating", rows) as meter:
             for index, start in enumerate(range(0, len(rows), s.batch_size)):
-                rng = jax.random.fold_in(jax.random.key(s.seed), index)
+                rng = jax.random.fold_in(jax.random.key(s.seed if seed is None else seed),
+                                         index)
                 batch, count = self._global(rows, start)
                 with self.context():
                     tokens = self._predict[key](params, batch, rng)

@@ -45,7 +45,7 @@ from jax.experimental import multihost_utils
 from t5x_like import structures
 from t5x_like.checkpoints import param_sources
 from t5x_like.config.evals import RolloutsSpec
-from t5x_like.data import get_task_or_mixture
+from t5x_like.data import get_task_or_mixture, pipeline
 from t5x_like.engine import partitioning
 from t5x_like.engine import trainer as trainer_lib
 from t5x_like.errors import UserError
@@ -57,8 +57,6 @@ from t5x_like.modes.registry import Mode, register
 from t5x_like.objectives.preference import group_advantages
 from t5x_like.structures import reinforcement
 from t5x_like.structures.decoder import prompts_from_batch
-
-# Imports inside functions: grain loads only when a run evaluates rollouts.
 
 # What of a rollout's metrics the later updates of its batch log again: properties of
 # the batch the update reads, not of the sampling. The divergence rules read
@@ -389,7 +387,6 @@ class RolloutsEvaluator(TrainingEvaluator):
         return None
 
     def __init__(self, name, settings, prepared, context):
-        from t5x_like.data import pipeline  # grain: loaded when a run evaluates rollouts
         super().__init__(name, settings, prepared, context)
         spec = context.spec
         self.batch_size = spec.batch_size  # one greedy completion per prompt: a batch of rows

@@ -38,6 +38,9 @@ def _summed_log_likelihood(logits, target, weights) -> jax.Array:
     return ((target - jax.nn.logsumexp(logits, axis=-1)) * weights).sum(axis=-1)
 
 
+# The most alternatives a served completion reports per token (OpenAI's ``logprobs`` <= 5).
+TOP_TOKENS = 5
+
 FINAL_HIDDEN_SOW = 'self.sow("intermediates", "final_hidden", x)'
 
 
@@ -325,6 +328,15 @@ class Structure:
         # beside the log-sum-exp, where an argmax was another pass over the logits.
         greedy = (target >= jnp.max(logits, axis=-1)) | (weights == 0)
         return _summed_log_likelihood(logits, target, weights), jnp.all(greedy, axis=-1)
+
+    def token_scores(self, params, batch) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Per position: the target's log-probability ``[batch, length]``, and the
+        ``TOP_TOKENS`` most likely tokens and their log-probabilities ``[batch, length,
+        TOP_TOKENS]`` (a served completion's ``logprobs``; float32)."""
+        logits, target = _target_logits(self.logits(params, batch), batch[self.targets_feature])
+        norm = jax.nn.logsumexp(logits, axis=-1)
+        top_values, top_ids = jax.lax.top_k(logits, TOP_TOKENS)
+        return target - norm, top_ids, top_values - norm[..., None]
 
     def predict_batch(self, params, batch, *, rng=None, **decode) -> jax.Array:
         raise NotImplementedError

@@ -209,7 +209,7 @@ REMOVALS = [
             _ignored_in("t5x_like/eval.py"), eval_reads_int8_weights),
     Removal("int8 weights in the harness", "the lm-eval model builds float weights",
             "its scoring program takes s8 kernels; its saved file is read back",
-            _ignored_in("t5x_like/evaluation/harness_model.py"), harness_reads_int8_weights),
+            _ignored_in("t5x_like/evaluation/loaded_lm.py"), harness_reads_int8_weights),
 ]
 
 globals().update(proving_tests(REMOVALS))

@@ -29,12 +29,12 @@ class HarnessEvaluator(TrainingEvaluator):
 
     def __init__(self, name, settings, prepared, context):
         from t5x_like.data import get_task_or_mixture
-        from t5x_like.evaluation import harness_model
+        from t5x_like.evaluation import harness_model, loaded_lm
         super().__init__(name, settings, prepared, context)
         spec = context.spec
         vocabulary = context.vocabulary or get_task_or_mixture(spec.task).vocabulary
-        loaded = harness_model.from_params(spec, context.trainer, None, vocabulary, 0,
-                                           settings.batch_size, spec.seed, "training")
+        loaded = loaded_lm.from_params(spec, context.trainer, None, vocabulary, 0,
+                                       settings.batch_size, spec.seed, "training")
         self.lm = harness_model.T5xLikeLM(loaded=loaded, max_gen_toks=settings.max_gen_toks)
 
     def evaluate(self, params, step: int) -> dict:

@@ -1,0 +1,164 @@
+"""The OpenAI-compatible HTTP API over a ``Completer``: ``GET /v1/models``,
+``POST /v1/completions`` and ``POST /v1/chat/completions`` (the conversation rendered
+with the tokenizer's own chat template), answered whole or streamed as server-sent
+events (``stream: true``), with ``logprobs`` and ``echo`` so that a client can score text
+(lm-evaluation-harness's ``local-completions`` model asks for exactly that).
+
+A refused request is a 4xx with OpenAI's error body (``{"error": {"message": ...}}``,
+one line naming the fix); the server goes on serving. Decoding runs in a worker thread,
+so the event loop keeps accepting requests while one decodes.
+
+Streaming sends one event per new token once the completion is decoded (the decode is
+one compiled program per request here), so a stream's first token arrives with its
+last: the format is the API's, the latency is not yet incremental.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from t5x_like.errors import UserError
+from t5x_like.serving import protocol
+from t5x_like.serving.completions import Completer, Completion
+from t5x_like.serving.protocol import RequestError
+
+
+def make_app(completer: Completer, model_name: str, chat_template=None) -> FastAPI:
+    """The app serving ``completer`` as ``model_name``; ``chat_template`` (a
+    ``data.chat.ChatTemplate``, or None: chat requests are refused) renders
+    conversations."""
+    app = FastAPI(title="t5x_like", docs_url=None, redoc_url=None)
+    created = int(time.time())
+
+    @app.exception_handler(RequestError)
+    async def refused(request: Request, error: RequestError):
+        return JSONResponse(error.body(), status_code=error.status)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model",
+                                            "created": created, "owned_by": "t5x_like"}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        asked = protocol.completion_request(protocol.json_body(await request.body()),
+                                            model_name)
+        if asked.stream and len(asked.prompts) > 1:
+            raise RequestError("Streaming takes one prompt; send a request per prompt.",
+                               "prompt")
+        prompts = [completer.encode(p) for p in asked.prompts]
+        fitted = [completer.check_fits(p, asked.sampling) for p in prompts]
+        answers = [await run_in_threadpool(completer.complete, prompt, sampling)
+                   for prompt, sampling in zip(prompts, fitted, strict=True)]
+        ident = f"cmpl-{uuid.uuid4().hex}"
+        if asked.stream:
+            return _events(_completion_chunks(completer, answers[0], ident, model_name,
+                                              asked.sampling.echo))
+        choices = [{"index": i, "text": _echoed(completer, a, asked.sampling.echo) + a.text,
+                    "logprobs": _completion_logprobs(completer, a, asked.sampling.echo)
+                    if asked.sampling.logprobs is not None else None,
+                    "finish_reason": a.finish_reason} for i, a in enumerate(answers)]
+        return {"id": ident, "object": "text_completion", "created": int(time.time()),
+                "model": model_name, "choices": choices, "usage": _usage(answers)}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        asked = protocol.chat_request(protocol.json_body(await request.body()), model_name)
+        if chat_template is None:
+            raise RequestError(f"{model_name}'s tokenizer has no chat template; send the text "
+                               "to /v1/completions instead.", "messages")
+        try:
+            text = chat_template.render(list(asked.messages), add_generation_prompt=True)
+        except UserError as e:
+            raise RequestError(f"The chat template cannot render these messages: {e}",
+                               "messages") from None
+        prompt = completer.encode(text)
+        answer = await run_in_threadpool(completer.complete, prompt,
+                                         completer.check_fits(prompt, asked.sampling))
+        ident = f"chatcmpl-{uuid.uuid4().hex}"
+        if asked.stream:
+            return _events(_chat_chunks(completer, answer, ident, model_name))
+        logprobs = ({"content": _chat_logprobs(answer)}
+                    if asked.sampling.logprobs is not None else None)
+        return {"id": ident, "object": "chat.completion", "created": int(time.time()),
+                "model": model_name, "usage": _usage([answer]),
+                "choices": [{"index": 0, "finish_reason": answer.finish_reason,
+                             "message": {"role": "assistant", "content": answer.text},
+                             "logprobs": logprobs}]}
+
+    return app
+
+
+# -- answers ---------------------------------------------------------------------------------
+def _usage(answers: list[Completion]) -> dict:
+    prompt = sum(len(a.prompt) for a in answers)
+    completion = sum(len(a.tokens) for a in answers)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+def _echoed(completer: Completer, answer: Completion, echo: bool) -> str:
+    return completer.vocabulary.decode(answer.prompt) if echo else ""
+
+
+def _completion_logprobs(completer: Completer, answer: Completion, echo: bool) -> dict:
+    """The completions API's ``logprobs``: tokens, their log-probabilities, the top
+    alternatives and each token's character offset in the returned text."""
+    offsets, at = [], 0
+    for piece in answer.token_texts:
+        offsets.append(at)
+        at += len(piece)
+    return {"tokens": answer.token_texts, "token_logprobs": answer.token_logprobs,
+            "top_logprobs": answer.top_logprobs, "text_offset": offsets}
+
+
+def _chat_logprobs(answer: Completion) -> list[dict]:
+    """The chat API's ``logprobs.content``: per new token its text, bytes, log-probability
+    and top alternatives."""
+    return [{"token": piece, "logprob": value, "bytes": list(piece.encode()),
+             "top_logprobs": [{"token": t, "logprob": v, "bytes": list(t.encode())}
+                              for t, v in (top or {}).items()]}
+            for piece, value, top in zip(answer.token_texts, answer.token_logprobs,
+                                         answer.top_logprobs, strict=True)]
+
+
+# -- streams ---------------------------------------------------------------------------------
+def _events(chunks: Iterator[dict]) -> StreamingResponse:
+    def lines():
+        for chunk in chunks:
+            yield f"data: {json.dumps(chunk)}\n\n"
+        yield "data: [DONE]\n\n"
+    return StreamingResponse(lines(), media_type="text/event-stream")
+
+
+def _completion_chunks(completer, answer: Completion, ident: str, model: str, echo: bool):
+    base = {"id": ident, "object": "text_completion", "created": int(time.time()),
+            "model": model}
+    pieces = completer.stream_pieces(answer.tokens, answer.text)
+    if echo:
+        pieces = [_echoed(completer, answer, echo), *pieces]
+    for piece in pieces:
+        yield {**base, "choices": [{"index": 0, "text": piece, "logprobs": None,
+                                    "finish_reason": None}]}
+    yield {**base, "choices": [{"index": 0, "text": "", "logprobs": None,
+                                "finish_reason": answer.finish_reason}],
+           "usage": _usage([answer])}
+
+
+def _chat_chunks(completer, answer: Completion, ident: str, model: str):
+    base = {"id": ident, "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": model}
+    yield {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                "logprobs": None, "finish_reason": None}]}
+    for piece in completer.stream_pieces(answer.tokens, answer.text):
+        yield {**base, "choices": [{"index": 0, "delta": {"content": piece}, "logprobs": None,
+                                    "finish_reason": None}]}
+    yield {**base, "choices": [{"index": 0, "delta": {}, "logprobs": None,
+                                "finish_reason": answer.finish_reason}]}
