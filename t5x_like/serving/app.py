@@ -62,7 +62,7 @@ def make_app(completer: Completer, model_name: str, chat_template=None) -> FastA
             return _events(_completion_chunks(completer, answers[0], ident, model_name,
                                               asked.sampling.echo))
         choices = [{"index": i, "text": _echoed(completer, a, asked.sampling.echo) + a.text,
-                    "logprobs": _completion_logprobs(completer, a, asked.sampling.echo)
+                    "logprobs": _completion_logprobs(a)
                     if asked.sampling.logprobs is not None else None,
                     "finish_reason": a.finish_reason} for i, a in enumerate(answers)]
         return {"id": ident, "object": "text_completion", "created": int(time.time()),
@@ -108,7 +108,7 @@ def _echoed(completer: Completer, answer: Completion, echo: bool) -> str:
     return completer.vocabulary.decode(answer.prompt) if echo else ""
 
 
-def _completion_logprobs(completer: Completer, answer: Completion, echo: bool) -> dict:
+def _completion_logprobs(answer: Completion) -> dict:
     """The completions API's ``logprobs``: tokens, their log-probabilities, the top
     alternatives and each token's character offset in the returned text."""
     offsets, at = [], 0

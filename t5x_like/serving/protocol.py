@@ -102,7 +102,7 @@ def completion_request(body: Mapping, served: str) -> CompletionRequest:
         logprobs = _integer(body, "logprobs", 0, MAX_LOGPROBS)
     sampling = _sampling(body, default_max_tokens=16, logprobs=logprobs,
                          echo=_flag(body, "echo"))
-    _refuse_unsupported(body, ("best_of",))
+    _only_one(body, "best_of", "leave it out")
     return CompletionRequest(prompts, sampling, _flag(body, "stream"))
 
 
@@ -161,7 +161,7 @@ def _prompts(prompt) -> tuple[str | tuple[int, ...], ...]:
 
 
 def _is_id(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return _is_int(value) and value >= 0
 
 
 def _sampling(body: Mapping, default_max_tokens: int | None, logprobs: int | None,
@@ -188,9 +188,7 @@ def _sampling(body: Mapping, default_max_tokens: int | None, logprobs: int | Non
         raise RequestError("'stop' must be a string or a list of strings.", "stop")
     if len(stop) > MAX_STOP or any(not s for s in stop):
         raise RequestError(f"'stop' takes at most {MAX_STOP} sequences, none empty.", "stop")
-    if body.get("n") not in (None, 1):
-        raise RequestError("'n' must be 1 here; send one request per completion (a seed each "
-                           "for different samples).", "n")
+    _only_one(body, "n", "send one request per completion (a seed each for different samples)")
     for penalty in ("presence_penalty", "frequency_penalty"):
         if body.get(penalty) not in (None, 0, 0.0):
             raise RequestError(f"'{penalty}' is not supported; leave it out or at 0.", penalty)
@@ -199,10 +197,10 @@ def _sampling(body: Mapping, default_max_tokens: int | None, logprobs: int | Non
     return Sampling(max_tokens, temperature, top_p, max(top_k, 0), seed, stop, logprobs, echo)
 
 
-def _refuse_unsupported(body: Mapping, names) -> None:
-    for name in names:
-        if body.get(name) not in (None, 1):
-            raise RequestError(f"'{name}' must be 1 here; leave it out.", name)
+def _only_one(body: Mapping, name: str, fix: str) -> None:
+    """Refuses a count above 1 (one answer per request is all this server gives)."""
+    if body.get(name) not in (None, 1):
+        raise RequestError(f"'{name}' must be 1 here; {fix}.", name)
 
 
 def _flag(body: Mapping, name: str) -> bool:
@@ -218,10 +216,9 @@ def _integer(body: Mapping, name: str, low: int | None, high: int | None) -> int
     value = body.get(name)
     if not _is_int(value) or (low is not None and value < low) or (
             high is not None and value > high):
-        bounds = (f"from {low} to {high}" if high is not None else
-                  f"of at least {low}" if low is not None else "")
-        raise RequestError(f"'{name}' must be an integer {bounds}, got {value!r}.".replace(
-            "integer ,", "integer,"), name)
+        bounds = (f" from {low} to {high}" if high is not None else
+                  f" of at least {low}" if low is not None else "")
+        raise RequestError(f"'{name}' must be an integer{bounds}, got {value!r}.", name)
     return int(value)
 
 
