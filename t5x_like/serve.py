@@ -8,8 +8,9 @@
 ``/v1/chat/completions`` (with its tokenizer's chat template) and ``/v1/models`` under
 ``--model_name`` (default: the checkpoint folder's name), streaming included, with
 ``logprobs`` and ``echo``. Any OpenAI client, or lm-evaluation-harness's
-``local-completions`` model, talks to it. Requests are decoded one at a time
-(``docs/serving.md``). Ctrl-C or SIGTERM stops it after the requests in flight.
+``local-completions`` model, talks to it. Requests are decoded together, continuously
+batched over a paged cache (``--slots`` at a time, pages of ``--page_size`` positions;
+``docs/serving.md``). Ctrl-C or SIGTERM stops it after the requests in flight.
 """
 
 from __future__ import annotations
@@ -44,9 +45,16 @@ def parse_args(argv):
                         help="The context: prompt plus new tokens (default: model.max_length).")
     parser.add_argument("--weights", default="", choices=("", "int8"),
                         help="int8: attention and MLP kernels read in int8.")
+    parser.add_argument("--slots", type=int, default=8,
+                        help="Requests decoded together (one decoding step serves them all).")
+    parser.add_argument("--page_size", type=int, default=16,
+                        help="Positions per page of the key/value cache.")
     args = parser.parse_args(argv)
     if not 0 <= args.port < 65536:
         raise UserError(f"--port={args.port}: give a port from 0 to 65535.")
+    for flag in ("slots", "page_size"):
+        if getattr(args, flag) < 1:
+            raise UserError(f"--{flag}={getattr(args, flag)}: give 1 or more.")
     return args
 
 
@@ -65,6 +73,7 @@ def run(args) -> int:
     from t5x_like.serving import server
     app, name = server.app_for(args.checkpoint, step=args.step, vocabulary=args.vocabulary,
                                max_length=args.max_length, weights=args.weights,
+                               slots=args.slots, page_size=args.page_size,
                                model_name=args.model_name or model_name(args.checkpoint))
     print(f"serving {name} ({args.checkpoint}) at http://{args.host}:{args.port}/v1",
           flush=True)

@@ -37,7 +37,8 @@ FAST_COMPILE_MODULES = frozenset({
     "test_optim_and_loss.py", "test_convert_open_decoders.py", "test_partitioning.py",
     "test_held_out_eval.py", "test_removal_low_precision.py", "test_electra.py",
     "test_retrieval_runs.py", "test_convert_longformer.py", "test_data_errors.py",
-    "test_bilm.py", "test_pipeline.py",
+    "test_bilm.py", "test_pipeline.py", "test_generation_engine.py",
+    "test_removal_generation.py",
 })
 
 

@@ -252,6 +252,36 @@ def cache_bias(length: int, key_valid: jax.Array | None = None, *, window: int =
                                     causal=True, window=window))
 
 
+@struct.dataclass
+class PagedBias:
+    """The bias of decoding steps over a paged key/value cache (``generation``): each
+    attention layer keeps one pool of pages (``[pages, kv_heads, page_size, kv]``), and a
+    row's keys are its pages in ``page_table`` order (``[batch, pages per row]``), so
+    logical position ``p`` of a row lives in page ``page_table[row, p // page_size]`` at
+    ``p % page_size``. ``positions [batch, length]`` are the fed tokens' logical positions
+    (where they are written); ``bias [batch, 1, length, pages per row * page_size]`` what
+    they see. Page 0 is the pool's scratch page: unused table entries point at it, and
+    writes past a row's table land there."""
+
+    bias: jax.Array
+    page_table: jax.Array
+    positions: jax.Array
+
+
+def paged_bias(positions: jax.Array, page_table: jax.Array, key_length: int, *,
+               window: int = 0) -> PagedBias:
+    """A ``PagedBias`` over ``key_length`` logical positions per row: each token sees its
+    row's positions up to its own (within ``window``). A row starts at position 0, so
+    every position before a token's own holds one of the row's tokens."""
+    keys = jnp.arange(key_length)[None, None, :]
+    query = positions[:, :, None]
+    visible = keys <= query
+    if window:
+        visible &= query - keys < window
+    bias = jnp.where(visible, 0.0, NEG_INF).astype(jnp.float32)[:, None]
+    return PagedBias(bias, page_table.astype(jnp.int32), positions.astype(jnp.int32))
+
+
 def _flash_unsupported(mask, platform, dtype, q_len, k_len, head_dim, dropout) -> str:
     if platform not in ("tpu", "gpu"):
         return f"no fused kernel on {platform}"

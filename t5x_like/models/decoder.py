@@ -100,13 +100,18 @@ class DecoderOnly(nn.Module):
     def __call__(self, decoder_input_tokens, decoder_segment_ids=None, decoder_positions=None,
                  decoder_causal_attention=None, deterministic: bool = True, decode: bool = False,
                  max_decode_length: int | None = None, return_hidden: bool = False,
-                 decode_visible: jax.Array | None = None) -> jax.Array:
+                 decode_visible: jax.Array | None = None,
+                 page_table: jax.Array | None = None) -> jax.Array:
         """``decode``: the next position (or a prompt's several, a prefill) over a cache of
         ``max_decode_length``; ``decoder_positions`` then say where the tokens sit.
         ``decode_visible`` (``[batch, length, max_decode_length]``, bool): which cache
         positions each fed token sees, for a caller that lays out the cache itself (beam
         search with one copy of each prompt, ``decoding.generate_padded``); without it
         the tokens see the cache causally, padding masked by ``decoder_segment_ids``.
+        ``page_table`` (``[batch, pages per row]``): the cache is a pool of pages
+        (``generation.engine``'s continuous batching) and row ``i``'s keys are its pages in
+        table order, ``max_decode_length`` positions in all; ``decoder_positions`` are each
+        token's position in its row (``attention.PagedBias``).
         ``return_hidden``: the final-normed hidden states instead of logits (for heads)."""
         cfg = self.config
         batch, length = decoder_input_tokens.shape
@@ -114,7 +119,10 @@ class DecoderOnly(nn.Module):
             decoder_positions = jnp.broadcast_to(jnp.arange(length), (batch, length))
         types = sorted({cfg.attention.layer_type(i) for i in range(cfg.num_layers)})
         parts = 0  # > 0: rows load-balanced over a context axis of that size
-        if decode and decode_visible is not None:
+        if decode and page_table is not None:
+            bias = {t: attention.paged_bias(decoder_positions, page_table, max_decode_length,
+                                            window=cfg.attention.window(t)) for t in types}
+        elif decode and decode_visible is not None:
             if len(types) > 1:
                 raise ValueError("decode_visible (beam search) lays out the cache with one "
                                  "window for every layer, and this model alternates sliding "

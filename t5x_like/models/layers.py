@@ -517,6 +517,8 @@ class MultiHeadAttention(nn.Module):
         cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
         if not initialized:
             return key, value, bias
+        if isinstance(bias, attention.PagedBias):
+            return _paged_update(cached_key, cached_value, key, value, bias)
         # One position per step, or several at once (a prompt's prefill): they are written
         # at the cache index and see the cache through their rows of the full bias.
         step_length = key.shape[1]
@@ -531,6 +533,34 @@ class MultiHeadAttention(nn.Module):
             bias = jax.lax.dynamic_slice_in_dim(bias, index, step_length, axis=-2)
         return (jnp.transpose(cached_key.value, (0, 2, 1, 3)),
                 jnp.transpose(cached_value.value, (0, 3, 1, 2)), bias)
+
+
+def _paged_update(cached_key, cached_value, key, value, paged):
+    """Writes the fed tokens' keys and values into their rows' pages and returns each
+    row's keys and values in page-table order, with ``paged``'s bias. The cache
+    variables are the pool (``generation.engine`` makes them as the cache of a batch of
+    ``pages`` rows, ``page_size`` long): keys ``[pages, kv_heads, page_size, kv]``, values
+    ``[pages, kv_heads, kv, page_size]``, the layouts the dense cache keeps."""
+    pool_key, pool_value = cached_key.value, cached_value.value
+    page_size = pool_key.shape[2]
+    table, positions = paged.page_table, paged.positions
+    rows, per_row = table.shape
+    if per_row * page_size != paged.bias.shape[-1]:
+        raise ValueError(f"The page table's {per_row} pages of {page_size} hold "
+                         f"{per_row * page_size} positions; the bias covers "
+                         f"{paged.bias.shape[-1]}.")
+    inside = (positions >= 0) & (positions < per_row * page_size)
+    slot = jnp.clip(positions // page_size, 0, per_row - 1)
+    page = jnp.where(inside, jnp.take_along_axis(table, slot, axis=1), 0)  # 0: scratch
+    offset = positions % page_size
+    cached_key.value = pool_key.at[page, :, offset, :].set(key.astype(pool_key.dtype))
+    cached_value.value = pool_value.at[page, :, :, offset].set(value.astype(pool_value.dtype))
+    keys = cached_key.value[table]  # [rows, per_row, kv_heads, page_size, kv]
+    values = cached_value.value[table]  # [rows, per_row, kv_heads, kv, page_size]
+    heads, kv = keys.shape[2], keys.shape[4]
+    keys = jnp.transpose(keys, (0, 1, 3, 2, 4)).reshape(rows, per_row * page_size, heads, kv)
+    values = jnp.transpose(values, (0, 1, 4, 2, 3)).reshape(rows, per_row * page_size, heads, kv)
+    return keys, values, paged.bias
 
 
 def _permuted(shape, axes) -> tuple[int, ...]:

@@ -5,17 +5,20 @@ events (``stream: true``), with ``logprobs`` and ``echo`` so that a client can s
 (lm-evaluation-harness's ``local-completions`` model asks for exactly that).
 
 A refused request is a 4xx with OpenAI's error body (``{"error": {"message": ...}}``,
-one line naming the fix); the server goes on serving. Decoding runs in a worker thread,
-so the event loop keeps accepting requests while one decodes.
+one line naming the fix); the server goes on serving. Requests wait in worker threads
+while the completer's engine decodes them together, so the event loop keeps accepting
+requests.
 
-Streaming sends one event per new token once the completion is decoded (the decode is
-one compiled program per request here), so a stream's first token arrives with its
-last: the format is the API's, the latency is not yet incremental.
+A stream sends the text as the engine decodes it (``Completer.complete``'s ``stream``):
+its first event leaves after the prefill and first step, not with the last token.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import queue
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -34,7 +37,12 @@ def make_app(completer: Completer, model_name: str, chat_template=None) -> FastA
     """The app serving ``completer`` as ``model_name``; ``chat_template`` (a
     ``data.chat.ChatTemplate``, or None: chat requests are refused) renders
     conversations."""
-    app = FastAPI(title="t5x_like", docs_url=None, redoc_url=None)
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        await run_in_threadpool(completer.stop)  # after the requests in flight: drained
+
+    app = FastAPI(title="t5x_like", docs_url=None, redoc_url=None, lifespan=lifespan)
     created = int(time.time())
 
     @app.exception_handler(RequestError)
@@ -55,12 +63,12 @@ def make_app(completer: Completer, model_name: str, chat_template=None) -> FastA
                                "prompt")
         prompts = [completer.encode(p) for p in asked.prompts]
         fitted = [completer.check_fits(p, asked.sampling) for p in prompts]
-        answers = [await run_in_threadpool(completer.complete, prompt, sampling)
-                   for prompt, sampling in zip(prompts, fitted, strict=True)]
         ident = f"cmpl-{uuid.uuid4().hex}"
         if asked.stream:
-            return _events(_completion_chunks(completer, answers[0], ident, model_name,
-                                              asked.sampling.echo))
+            return _events(_completion_chunks(completer, prompts[0], fitted[0], ident,
+                                              model_name))
+        answers = [await run_in_threadpool(completer.complete, prompt, sampling)
+                   for prompt, sampling in zip(prompts, fitted, strict=True)]
         choices = [{"index": i, "text": _echoed(completer, a, asked.sampling.echo) + a.text,
                     "logprobs": _completion_logprobs(a)
                     if asked.sampling.logprobs is not None else None,
@@ -80,11 +88,11 @@ def make_app(completer: Completer, model_name: str, chat_template=None) -> FastA
             raise RequestError(f"The chat template cannot render these messages: {e}",
                                "messages") from None
         prompt = completer.encode(text)
-        answer = await run_in_threadpool(completer.complete, prompt,
-                                         completer.check_fits(prompt, asked.sampling))
+        sampling = completer.check_fits(prompt, asked.sampling)
         ident = f"chatcmpl-{uuid.uuid4().hex}"
         if asked.stream:
-            return _events(_chat_chunks(completer, answer, ident, model_name))
+            return _events(_chat_chunks(completer, prompt, sampling, ident, model_name))
+        answer = await run_in_threadpool(completer.complete, prompt, sampling)
         logprobs = ({"content": _chat_logprobs(answer)}
                     if asked.sampling.logprobs is not None else None)
         return {"id": ident, "object": "chat.completion", "created": int(time.time()),
@@ -138,27 +146,52 @@ def _events(chunks: Iterator[dict]) -> StreamingResponse:
     return StreamingResponse(lines(), media_type="text/event-stream")
 
 
-def _completion_chunks(completer, answer: Completion, ident: str, model: str, echo: bool):
+def _decoding(completer: Completer, prompt: list[int], sampling) -> Iterator[str | Completion]:
+    """The text pieces of ``prompt``'s completion as they are decoded, then the
+    ``Completion``; the completion runs on a thread of its own meanwhile."""
+    pieces: queue.Queue = queue.Queue()
+
+    def run():
+        try:
+            pieces.put(completer.complete(prompt, sampling, stream=pieces.put))
+        except BaseException as error:  # the stream ends with it
+            pieces.put(error)
+    threading.Thread(target=run, daemon=True).start()
+    while True:
+        item = pieces.get()
+        if isinstance(item, BaseException):
+            raise item
+        yield item
+        if isinstance(item, Completion):
+            return
+
+
+def _completion_chunks(completer, prompt: list[int], sampling, ident: str, model: str):
     base = {"id": ident, "object": "text_completion", "created": int(time.time()),
             "model": model}
-    pieces = completer.stream_pieces(answer.tokens, answer.text)
-    if echo:
-        pieces = [_echoed(completer, answer, echo), *pieces]
-    for piece in pieces:
-        yield {**base, "choices": [{"index": 0, "text": piece, "logprobs": None,
-                                    "finish_reason": None}]}
-    yield {**base, "choices": [{"index": 0, "text": "", "logprobs": None,
-                                "finish_reason": answer.finish_reason}],
-           "usage": _usage([answer])}
+
+    def chunk(text, finish=None, **extra):
+        return {**base, "choices": [{"index": 0, "text": text, "logprobs": None,
+                                     "finish_reason": finish}], **extra}
+    if sampling.echo:
+        yield chunk(completer.vocabulary.decode(prompt))
+    for item in _decoding(completer, prompt, sampling):
+        if isinstance(item, Completion):
+            yield chunk("", item.finish_reason, usage=_usage([item]))
+        elif item:
+            yield chunk(item)
 
 
-def _chat_chunks(completer, answer: Completion, ident: str, model: str):
+def _chat_chunks(completer, prompt: list[int], sampling, ident: str, model: str):
     base = {"id": ident, "object": "chat.completion.chunk", "created": int(time.time()),
             "model": model}
-    yield {**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                "logprobs": None, "finish_reason": None}]}
-    for piece in completer.stream_pieces(answer.tokens, answer.text):
-        yield {**base, "choices": [{"index": 0, "delta": {"content": piece}, "logprobs": None,
-                                    "finish_reason": None}]}
-    yield {**base, "choices": [{"index": 0, "delta": {}, "logprobs": None,
-                                "finish_reason": answer.finish_reason}]}
+
+    def chunk(delta, finish=None):
+        return {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                     "finish_reason": finish}]}
+    yield chunk({"role": "assistant", "content": ""})
+    for item in _decoding(completer, prompt, sampling):
+        if isinstance(item, Completion):
+            yield chunk({}, item.finish_reason)
+        elif item:
+            yield chunk({"content": item})

@@ -1,12 +1,12 @@
 """Completions of one loaded decoder: a request's prompt tokens in, its new tokens, text,
 finish reason and log-probabilities out, as the OpenAI API reports them.
 
-Each request decodes on its own (one at a time: the model is held by a lock), so what it
-gets never depends on what else the server is answering: greedy tokens are the model's
-argmax chain, and a sampled request draws from its own seed (a fresh one when it gives
-none). The lengths a program is
-compiled for are bucketed (``loaded_lm.bucket``: prompt widths and new-token counts), so
-a server compiles a few programs, not one per request.
+Requests decode together through the continuous-batching engine (``generation.engine``:
+a paged cache, slots taken and left between steps), each from its own seed (a fresh one
+when it gives none), so what a request gets never depends on what else the server is
+answering: greedy tokens are the model's argmax chain. Text streams as tokens are chosen;
+a stop sequence ends the request at the step that completes it, and text that could
+still turn into one is held back until it cannot.
 
 The prompt is read as the harness reads a context: its tokens as given, no BOS added; an
 empty prompt starts from EOS (lm-eval's prefix token).
@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
-import threading
+from collections.abc import Callable
 
 import numpy as np
 
 from t5x_like.evaluation import few_shot, loaded_lm
+from t5x_like.generation.engine import Engine, Request
 from t5x_like.serving.protocol import RequestError, Sampling
 
 # How EOS reads among a completion's log-probabilities (a vocabulary decodes it to nothing).
@@ -45,14 +46,23 @@ class Completion:
 
 
 class Completer:
-    """Answers completion requests with ``loaded`` (a ``loaded_lm.LoadedModel``)."""
+    """Answers completion requests with ``loaded`` (a ``loaded_lm.LoadedModel``) through
+    an engine of ``slots`` rows over pages of ``page_size`` positions, whose loop runs
+    from the start on a thread of its own until ``stop`` drains it."""
 
-    def __init__(self, loaded: loaded_lm.LoadedModel):
+    def __init__(self, loaded: loaded_lm.LoadedModel, *, slots: int = 8, page_size: int = 16):
         self.loaded = loaded
         self.vocabulary = loaded.vocabulary
         self.window = loaded.max_length
         self.eos = int(self.vocabulary.eos_id)
-        self._lock = threading.Lock()
+        self.engine = Engine(loaded.runner.structure.model, loaded.params,
+                             max_length=self.window, slots=slots, page_size=page_size,
+                             context=loaded.runner.context)
+        self.engine.start()
+
+    def stop(self) -> None:
+        """Returns once every request already taken has been answered."""
+        self.engine.stop()
 
     # -- tokens in ------------------------------------------------------------------------
     def encode(self, prompt: str | tuple[int, ...]) -> list[int]:
@@ -78,30 +88,32 @@ class Completer:
         return dataclasses.replace(sampling, max_tokens=max_tokens)
 
     # -- one request ----------------------------------------------------------------------
-    def complete(self, prompt: list[int], sampling: Sampling) -> Completion:
-        """``prompt``'s completion (``sampling`` checked by ``check_fits``)."""
-        with self._lock:
-            start = prompt or [self.eos]
-            new = self._generate(start, sampling) if sampling.max_tokens else []
-            tokens, text, finish = self._cut(new, sampling)
-            out = Completion(list(prompt), tokens, text, finish)
-            if sampling.logprobs is not None:
-                self._add_logprobs(out, start, sampling)
-            return out
+    def complete(self, prompt: list[int], sampling: Sampling,
+                 stream: Callable[[str], None] | None = None) -> Completion:
+        """``prompt``'s completion (``sampling`` checked by ``check_fits``); ``stream``
+        receives the text in pieces as it is decoded (their sum is the answer's text)."""
+        start = prompt or [self.eos]
+        watch = _StopWatch(self, sampling, stream)
+        new = self._generate(start, sampling, watch) if sampling.max_tokens else []
+        tokens, text, finish = self._cut(new, sampling)
+        watch.flush(text)
+        out = Completion(list(prompt), tokens, text, finish)
+        if sampling.logprobs is not None:
+            self._add_logprobs(out, start, sampling)
+        return out
 
-    def _generate(self, prompt: list[int], sampling: Sampling) -> list[int]:
-        runner, loaded = self.loaded.runner, self.loaded
-        steps = loaded_lm.bucket(sampling.max_tokens, self.window - len(prompt))
-        width = loaded_lm.bucket(len(prompt), self.window - steps)
-        decode = {"num_beams": 1, "temperature": sampling.temperature}
-        if sampling.temperature:
-            decode.update(top_k=sampling.top_k, top_p=sampling.top_p)
+    def _generate(self, prompt: list[int], sampling: Sampling,
+                  watch: _StopWatch | None = None) -> list[int]:
         # Unseeded, a sampled request draws a fresh seed (as OpenAI's does); seeded, the
         # same request gives the same tokens.
         seed = secrets.randbits(31) if sampling.seed is None else sampling.seed
-        row = few_shot.prompt_row(prompt, width)
-        generated = runner.predict_rows(loaded.params, [row], steps, seed=seed, **decode)[0]
-        return np.asarray(generated).tolist()[:sampling.max_tokens]
+        request = Request(tuple(prompt), sampling.max_tokens,
+                          temperature=sampling.temperature,
+                          top_k=sampling.top_k if sampling.temperature else 0,
+                          top_p=sampling.top_p if sampling.temperature else 1.0,
+                          seed=seed, stop_ids=(self.eos,))
+        handle = self.engine.submit(request, watch.on_token if watch is not None else None)
+        return handle.wait().tokens
 
     def _cut(self, new: list[int], sampling: Sampling) -> tuple[list[int], str, str]:
         """The new tokens up to EOS or the first stop sequence, their text, and why the
@@ -151,14 +163,39 @@ class Completer:
         """One token's text; EOS, which decoding drops, reads ``EOS_TEXT``."""
         return EOS_TEXT if token == self.eos else self.vocabulary.decode([token])
 
-    def stream_pieces(self, tokens: list[int], text: str) -> list[str]:
-        """``text`` in one piece per token: each token's share of the decoded text (a
-        character that spans tokens arrives with the token that completes it)."""
-        pieces, shown = [], 0
-        for k in range(1, len(tokens) + 1):
-            upto = min(len(self.vocabulary.decode(tokens[:k])), len(text))
-            pieces.append(text[shown:upto])
-            shown = upto
-        if shown < len(text):
-            pieces.append(text[shown:])
-        return pieces
+
+
+class _StopWatch:
+    """Follows a request's tokens as the engine chooses them: ends it at the step whose
+    token completes a stop sequence, and passes ``stream`` the text that can no longer
+    change (held back: a character still incomplete, and a tail that could become a stop
+    sequence)."""
+
+    def __init__(self, completer: Completer, sampling: Sampling,
+                 stream: Callable[[str], None] | None):
+        self.completer, self.stop, self.stream = completer, sampling.stop, stream
+        self.tokens: list[int] = []
+        self.sent = 0
+        self.hold = max((len(s) for s in self.stop), default=1) - 1
+
+    def on_token(self, token: int, logprob: float) -> bool:
+        if token == self.completer.eos:
+            return False
+        self.tokens.append(token)
+        text = self.completer.vocabulary.decode(self.tokens)
+        if any(s in text for s in self.stop):
+            return False
+        if self.stream is not None:
+            safe = len(text) - self.hold
+            while safe > self.sent and text[safe - 1] == "\ufffd":
+                safe -= 1  # part of a character the next token completes
+            if safe > self.sent:
+                self.stream(text[self.sent:safe])
+                self.sent = safe
+        return True
+
+    def flush(self, text: str) -> None:
+        """The rest of the answer's ``text`` (cut at a stop sequence) to the stream."""
+        if self.stream is not None and len(text) > self.sent:
+            self.stream(text[self.sent:])
+            self.sent = len(text)

@@ -17,9 +17,9 @@ from t5x_like.serving.completions import Completer
 
 def app_for(checkpoint: str, *, model_name: str, step: int | None = None,
             vocabulary: str = "checkpoint", max_length: int = 0,
-            weights: str = "") -> tuple[FastAPI, str]:
-    """The app serving ``checkpoint`` as ``model_name``, and that name. One row per
-    data-parallel device answers one request at a time (``completions``)."""
+            weights: str = "", slots: int = 8, page_size: int = 16) -> tuple[FastAPI, str]:
+    """The app serving ``checkpoint`` as ``model_name``, and that name: ``slots`` requests
+    decoded together over pages of ``page_size`` positions (``completions``)."""
     loaded = loaded_lm.load(checkpoint, step=step, vocabulary=vocabulary, batch_size=-1,
                             max_length=max_length, weights=weights,
                             check_family=loaded_lm.refuse_unless_language_model("serve"))
@@ -30,7 +30,11 @@ def app_for(checkpoint: str, *, model_name: str, step: int | None = None,
             template = chat.template_of(folder)
         except UserError:
             template = None  # no chat template: /v1/chat/completions says so per request
-    return make_app(Completer(loaded), model_name, template), model_name
+    try:
+        completer = Completer(loaded, slots=slots, page_size=page_size)
+    except ValueError as e:  # a plug-in family whose module reads no paged cache
+        raise UserError(f"{checkpoint} cannot be served: {e}") from None
+    return make_app(completer, model_name, template), model_name
 
 
 def serve(app: FastAPI, host: str, port: int) -> None:

@@ -39,20 +39,20 @@ def _seed_ignored(monkeypatch):
     monkeypatch.setattr(completions.secrets, "randbits", lambda bits: next(fresh))
     original = Completer._generate
 
-    def unseeded(self, prompt, sampling):
+    def unseeded(self, prompt, sampling, *watch):
         import dataclasses
-        return original(self, prompt, dataclasses.replace(sampling, seed=None))
+        return original(self, prompt, dataclasses.replace(sampling, seed=None), *watch)
     monkeypatch.setattr(Completer, "_generate", unseeded)
 
 
 def _stop_ignored(monkeypatch):
     """Stop sequences are not looked for."""
-    original = Completer._cut
+    original = Completer.complete
 
-    def uncut(self, new, sampling):
+    def uncut(self, prompt, sampling, *stream):
         import dataclasses
-        return original(self, new, dataclasses.replace(sampling, stop=()))
-    monkeypatch.setattr(Completer, "_cut", uncut)
+        return original(self, prompt, dataclasses.replace(sampling, stop=()), *stream)
+    monkeypatch.setattr(Completer, "complete", uncut)
 
 
 def _one_batch_for_all(monkeypatch):
@@ -61,11 +61,11 @@ def _one_batch_for_all(monkeypatch):
     shared = itertools.count()
     original = Completer._generate
 
-    def shared_stream(self, prompt, sampling):
+    def shared_stream(self, prompt, sampling, *watch):
         import dataclasses
         if sampling.temperature:
             sampling = dataclasses.replace(sampling, seed=next(shared))
-        return original(self, prompt, sampling)
+        return original(self, prompt, sampling, *watch)
     monkeypatch.setattr(Completer, "_generate", shared_stream)
 
 
@@ -73,7 +73,7 @@ def _prompt_cut_to_its_last_token(monkeypatch):
     """Generation reads only the prompt's last token."""
     original = Completer._generate
     monkeypatch.setattr(Completer, "_generate",
-                        lambda self, prompt, sampling: original(self, prompt[-1:], sampling))
+                        lambda self, prompt, *rest: original(self, prompt[-1:], *rest))
 
 
 GREEDY = existing("test_serving.py::test_greedy_completions_are_transformers_generate",

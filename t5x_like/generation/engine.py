@@ -1,0 +1,385 @@
+"""Continuous batching for decoder-only models over a paged key/value cache.
+
+A fixed number of slots decode together, one token per step, in one jitted program of
+fixed shapes. Between steps finished requests leave their slot and waiting ones take
+it (continuous batching): a short request does not wait for the longest one of its
+batch, and a new one does not wait for a batch to end. Each request's cache is a list of
+pages of one pool (``pages.PagePool``, ``attention.PagedBias``): what it holds, not
+``max_length`` per slot, and full pages of a prompt another request already prefilled
+are read, not computed again (GRPO's completions of one prompt prefill it once).
+
+New requests are prefilled together, prompt rows padded to a bucketed width, before the
+next decoding step; a request that shares a prompt with one prefilled in the same round
+waits for the next round, to read its pages. Each request is sampled under its own
+settings and seed (``sampling.choose``), so its tokens do not depend on its neighbours:
+greedy tokens are those of ``decoding.generate_padded`` on the request alone.
+
+Pages are reserved when a request is admitted, for its prompt and ``max_tokens`` (a
+request that stops early returns the rest with its slot), so a running request never
+waits for memory; a request the free pages do not cover waits at the head of the queue.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from t5x_like.generation import sampling
+from t5x_like.generation.pages import SCRATCH_PAGE, PagePool
+from t5x_like.models import decoding
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """A prompt (token ids, at least one) and how to continue it: ``max_tokens`` new
+    tokens at most, stopping after any of ``stop_ids`` (kept as the last token);
+    temperature 0 is greedy, else sampling with ``top_k`` (0: off) and ``top_p`` from
+    ``seed``."""
+
+    prompt: tuple[int, ...]
+    max_tokens: int
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    stop_ids: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass
+class Generated:
+    """A request's new ``tokens`` (with a stop id last where one ended it), each one's
+    log-probability under the model, and why it ended: ``stop`` (a stop id, or the
+    caller's ``on_token``) or ``length``."""
+
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    finish_reason: str = ""
+
+
+class Handle:
+    """A submitted request: ``wait()`` blocks until it has ended and returns its
+    ``Generated``. ``on_token(token, logprob) -> bool`` (given to ``submit``) sees each
+    new token as it is chosen, on the engine's thread; returning False ends the request."""
+
+    def __init__(self, request: Request, on_token: Callable[[int, float], bool] | None):
+        self.request, self.on_token = request, on_token
+        self.result = Generated()
+        self._done = threading.Event()
+        self.error: BaseException | None = None
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> Generated:
+        if not self._done.wait(timeout):
+            raise TimeoutError("the request has not ended")
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+@dataclasses.dataclass
+class _Running:
+    handle: Handle
+    pages: list[int]  # the row's pages in order, shared prefix pages first
+    shared: int  # how many of them another request wrote
+    position: int = 0  # where the next fed token goes
+    last: int = 0  # the token chosen last, fed at the next step
+
+
+@dataclasses.dataclass
+class Stats:
+    """What the engine has done: decoding steps, prefill calls, prompt tokens run and
+    prompt tokens read from shared pages instead."""
+
+    steps: int = 0
+    prefills: int = 0
+    prefill_tokens: int = 0
+    shared_tokens: int = 0
+
+
+def _bucket(n: int, smallest: int, largest: int) -> int:
+    """The power of two times ``smallest`` that holds ``n``, at most ``largest``."""
+    width = smallest
+    while width < n:
+        width *= 2
+    return min(width, largest)
+
+
+class Engine:
+    """Serves ``Request``s with ``model`` (a decoder-only module whose ``__call__`` takes
+    ``page_table``) and ``params``: ``run`` for a list, ``submit`` from any thread with
+    ``start`` (a background loop) or ``step`` by hand.
+
+    ``max_length``: the longest sequence, prompt and new tokens, a request may need.
+    ``slots``: requests decoded together. ``pages``: the pool (default: every slot at
+    ``max_length``, plus the scratch page). ``context``: entered around every jitted call
+    (the mesh and logical axis rules of sharded parameters)."""
+
+    def __init__(self, model: nn.Module, params, *, max_length: int, slots: int = 8,
+                 page_size: int = 16, pages: int | None = None,
+                 context: Callable[[], contextlib.AbstractContextManager] | None = None):
+        if "page_table" not in inspect.signature(type(model).__call__).parameters:
+            raise ValueError(f"{type(model).__name__}.__call__ takes no page_table: the "
+                             "engine decodes models that read a paged cache "
+                             "(models.decoder.DecoderOnly).")
+        self.model, self.params = model, params
+        self.slots, self.page_size = slots, page_size
+        self.pages_per_row = -(-max_length // page_size)
+        self.max_length = max_length
+        self.cache_pages = pages or slots * self.pages_per_row + 1
+        self.pool = PagePool(self.cache_pages, page_size)
+        self.context = context or contextlib.nullcontext
+        self.stats = Stats()
+        with self.context():
+            self.cache = decoding.init_decoder_cache(model, self.cache_pages, page_size)
+        self._rows: list[_Running | None] = [None] * slots
+        self._waiting: deque[Handle] = deque()
+        self._lock = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        key_length = self.pages_per_row * page_size
+
+        def forward(params, cache, tokens, positions, table):
+            logits, variables = model.apply(
+                {"params": params, "cache": cache}, tokens, decode=True,
+                max_decode_length=key_length, decoder_positions=positions, page_table=table,
+                mutable=["cache"])
+            return logits, variables["cache"]
+
+        def prefill(params, cache, tokens, positions, table, last, settings):
+            logits, cache = forward(params, cache, tokens, positions, table)
+            logits = jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]
+            return sampling.choose(logits, *settings), cache
+
+        def decode(params, cache, tokens, positions, table, settings):
+            logits, cache = forward(params, cache, tokens[:, None], positions[:, None], table)
+            return sampling.choose(logits[:, 0], *settings), cache
+
+        self._prefill = jax.jit(prefill, donate_argnums=1)
+        self._decode = jax.jit(decode, donate_argnums=1)
+
+    # -- requests in --------------------------------------------------------------------
+    def check(self, request: Request) -> None:
+        if not request.prompt:
+            raise ValueError("A request needs at least one prompt token.")
+        if request.max_tokens < 0:
+            raise ValueError(f"max_tokens={request.max_tokens}: give 0 or more.")
+        total = len(request.prompt) + request.max_tokens
+        if total > self.max_length:
+            raise ValueError(f"prompt ({len(request.prompt)}) + max_tokens "
+                             f"({request.max_tokens}) = {total} exceeds the engine's "
+                             f"max_length {self.max_length}.")
+        if self.pool.pages_for(self._positions(request)) > self.pool.pages - 1:
+            raise ValueError(f"A request of {total} tokens needs more pages than the pool "
+                             f"of {self.pool.pages - 1} holds.")
+
+    def submit(self, request: Request,
+               on_token: Callable[[int, float], bool] | None = None) -> Handle:
+        self.check(request)
+        handle = Handle(request, on_token)
+        if request.max_tokens == 0:
+            handle.result.finish_reason = "length"
+            handle._done.set()
+            return handle
+        with self._lock:
+            self._waiting.append(handle)
+            self._lock.notify_all()
+        return handle
+
+    def run(self, requests: Sequence[Request]) -> list[Generated]:
+        """Every request's result, in order (stepping here; not with ``start``)."""
+        handles = [self.submit(r) for r in requests]
+        while self.busy():
+            self.step()
+        return [h.wait() for h in handles]
+
+    def busy(self) -> bool:
+        with self._lock:
+            return bool(self._waiting) or any(r is not None for r in self._rows)
+
+    # -- a background loop (a server) -------------------------------------------------
+    def start(self) -> None:
+        """Steps on a thread of its own while there is work; ``stop`` ends it once the
+        requests already submitted have ended. Running already: nothing changes."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="generation-engine",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+            self._lock.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._stopping and not self._has_work():
+                    self._lock.wait()
+                if self._stopping and not self._has_work():
+                    return
+            try:
+                self.step()
+            except BaseException as error:  # every waiting caller hears of it
+                self._fail_all(error)
+                raise
+
+    def _has_work(self) -> bool:
+        return bool(self._waiting) or any(r is not None for r in self._rows)
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._lock:
+            handles = [r.handle for r in self._rows if r is not None] + list(self._waiting)
+            self._rows = [None] * self.slots
+            self._waiting.clear()
+        for handle in handles:
+            handle.error = error
+            handle._done.set()
+
+    # -- one step ---------------------------------------------------------------------
+    def step(self) -> None:
+        """Admits what fits (prefilling it), then decodes one token for every running
+        request and retires the ones that ended."""
+        while self._admit_round():
+            pass
+        running = [(i, r) for i, r in enumerate(self._rows) if r is not None]
+        if not running:
+            return
+        with self.context():
+            (chosen, logprobs), self.cache = self._decode(self.params, self.cache,
+                                                          *self.step_inputs())
+        chosen, logprobs = np.asarray(chosen), np.asarray(logprobs)
+        self.stats.steps += 1
+        for i, row in running:
+            row.position += 1
+            self._take(i, row, int(chosen[i]), float(logprobs[i]))
+
+    def step_inputs(self):
+        """The decoding step's inputs for the rows running now: each one's last token, its
+        position and page table, and its sampling settings (idle slots: scratch pages)."""
+        tokens = np.zeros((self.slots,), np.int32)
+        positions = np.zeros((self.slots,), np.int32)
+        table = np.full((self.slots, self.pages_per_row), SCRATCH_PAGE, np.int32)
+        running = [(i, r) for i, r in enumerate(self._rows) if r is not None]
+        for i, row in running:
+            tokens[i], positions[i] = row.last, row.position
+            table[i, :len(row.pages)] = row.pages
+        settings = self._settings([r.handle for _, r in running], [i for i, _ in running],
+                                  self.slots)
+        return tokens, positions, table, settings
+
+    def _admit_round(self) -> bool:
+        """Prefills the waiting requests that fit now, as one batch; False if none did.
+        A request whose prompt starts like one admitted this round waits a round."""
+        free = [i for i, r in enumerate(self._rows) if r is None]
+        admitted: list[tuple[int, _Running]] = []
+        leading: set[tuple[int, ...]] = set()
+        with self._lock:
+            while self._waiting and len(admitted) < len(free):
+                request = self._waiting[0].request
+                first_page = tuple(request.prompt[:self.page_size])
+                if len(request.prompt) > self.page_size and first_page in leading:
+                    break
+                shared = self.pool.shared_prefix(request.prompt)
+                own = self.pool.pages_for(self._positions(request)) - len(shared)
+                self.pool.hold(shared)  # before allocating: they are not to be handed out
+                if own > self.pool.free:
+                    self.pool.release(shared)
+                    break
+                row = _Running(self._waiting.popleft(), shared + self.pool.allocate(own),
+                               len(shared))
+                admitted.append((free[len(admitted)], row))
+                leading.add(first_page)
+        if admitted:
+            self._prefill_rows(admitted)
+        return bool(admitted)
+
+    def _prefill_rows(self, admitted: list[tuple[int, _Running]]) -> None:
+        starts = [row.shared * self.page_size for _, row in admitted]
+        lengths = [len(row.handle.request.prompt) - s for (_, row), s in zip(admitted, starts,
+                                                                             strict=True)]
+        count = _bucket(len(admitted), 1, self.slots)
+        width = _bucket(max(lengths), self.page_size, self.pages_per_row * self.page_size)
+        tokens = np.zeros((count, width), np.int32)
+        # Padding continues each row's positions (clipped to the last): what it writes
+        # lands past the prompt, in pages the row's own tokens overwrite before anything
+        # reads them, or in the scratch page.
+        positions = np.minimum(np.arange(width)[None, :].repeat(count, 0), self.max_length - 1)
+        table = np.full((count, self.pages_per_row), SCRATCH_PAGE, np.int32)
+        last = np.zeros((count,), np.int32)
+        for j, ((_, row), start, length) in enumerate(zip(admitted, starts, lengths,
+                                                          strict=True)):
+            tokens[j, :length] = row.handle.request.prompt[start:]
+            positions[j] = np.minimum(np.arange(start, start + width), self.max_length - 1)
+            table[j, :len(row.pages)] = row.pages
+            last[j] = length - 1
+        settings = self._settings([row.handle for _, row in admitted], range(len(admitted)),
+                                  count)
+        with self.context():
+            (chosen, logprobs), self.cache = self._prefill(
+                self.params, self.cache, tokens, positions, table, last, settings)
+        chosen, logprobs = np.asarray(chosen), np.asarray(logprobs)
+        self.stats.prefills += 1
+        for j, ((slot, row), start, length) in enumerate(zip(admitted, starts, lengths,
+                                                             strict=True)):
+            prompt = row.handle.request.prompt
+            self.pool.index_prompt(prompt, row.pages)
+            self.stats.prefill_tokens += length
+            self.stats.shared_tokens += start
+            row.position = len(prompt)
+            self._rows[slot] = row
+            self._take(slot, row, int(chosen[j]), float(logprobs[j]))
+
+    def _take(self, slot: int, row: _Running, token: int, logprob: float) -> None:
+        """Records ``row``'s new token and retires the row if it ended."""
+        handle, request = row.handle, row.handle.request
+        result = handle.result
+        result.tokens.append(token)
+        result.logprobs.append(logprob)
+        wanted = handle.on_token(token, logprob) if handle.on_token is not None else True
+        if token in request.stop_ids or wanted is False:
+            result.finish_reason = "stop"
+        elif len(result.tokens) >= request.max_tokens:
+            result.finish_reason = "length"
+        else:
+            row.last = token
+            return
+        self._rows[slot] = None
+        self.pool.release(row.pages)
+        handle._done.set()
+
+    def _positions(self, request: Request) -> int:
+        """Positions a request writes: its prompt and every new token but the last."""
+        return len(request.prompt) + request.max_tokens - 1
+
+    @staticmethod
+    def _settings(handles: Sequence[Handle], rows: Sequence[int], count: int):
+        """The sampling settings of ``count`` rows, ``handles[k]``'s in row ``rows[k]``
+        (greedy elsewhere): temperatures, top-k, top-p, seeds and each row's token count
+        so far (its next token's counter)."""
+        temperature = np.zeros((count,), np.float32)
+        top_k = np.zeros((count,), np.int32)
+        top_p = np.ones((count,), np.float32)
+        seeds = np.zeros((count,), np.int32)
+        counters = np.zeros((count,), np.int32)
+        for handle, i in zip(handles, rows, strict=True):
+            r = handle.request
+            temperature[i], top_k[i], top_p[i] = r.temperature, r.top_k, r.top_p
+            seeds[i], counters[i] = r.seed, len(handle.result.tokens)
+        return temperature, top_k, top_p, seeds, counters

@@ -1,0 +1,98 @@
+"""Removals of what the continuous-batching engine promises: requests admitted while
+others decode, prompt pages shared, each request sampled from its own seed, and the
+paged cache read through each layer's own attention window."""
+
+import numpy as np
+import pytest
+import test_generation_engine as engine_tests
+from removals import Removal, proving_tests
+
+from t5x_like.generation import engine, pages, sampling
+from t5x_like.models import attention
+
+
+def _served(settings):
+    """As test_generation_engine.py's ``served`` fixture: model, params, requests, their
+    static-batch tokens and an engine."""
+    model, params = engine_tests.tiny(settings)
+    requests = engine_tests.mixed_requests()
+    return (model, params, requests, engine_tests.static_batch(model, params, requests),
+            engine.Engine(model, params, max_length=engine_tests.MAX_LENGTH, slots=3,
+                          page_size=8))
+
+
+@pytest.fixture(scope="module")
+def gpt_served():
+    return _served(engine_tests.GPT)
+
+
+@pytest.fixture(scope="module")
+def modern_served():
+    return _served(engine_tests.MODERN)
+
+
+def _no_sharing(monkeypatch):
+    """No prompt page is ever found: every request prefills its whole prompt."""
+    monkeypatch.setattr(pages.PagePool, "shared_prefix", lambda self, prompt: [])
+
+
+def _static_batches(monkeypatch):
+    """Requests are admitted only when every slot is free: a batch runs to its longest
+    request."""
+    original = engine.Engine._admit_round
+
+    def only_when_empty(self):
+        return original(self) if all(r is None for r in self._rows) else False
+    monkeypatch.setattr(engine.Engine, "_admit_round", only_when_empty)
+
+
+def _seeds_by_slot(monkeypatch):
+    """A row samples from its slot's stream, not its request's seed."""
+    original = sampling.choose
+
+    def by_slot(logits, temperature, top_k, top_p, seeds, counters):
+        slots = np.arange(len(temperature), dtype=np.int32)
+        return original(logits, temperature, top_k, top_p, slots, counters)
+    monkeypatch.setattr(sampling, "choose", by_slot)
+
+
+def _window_ignored(monkeypatch):
+    """The paged cache is read whole by every layer, sliding ones included."""
+    original = attention.paged_bias
+    monkeypatch.setattr(attention, "paged_bias", lambda positions, table, length, window=0:
+                        original(positions, table, length))
+
+
+def _check(test, fixture):
+    """``(holds_in, check)``: ``test`` of test_generation_engine.py run on ``fixture``'s
+    model (the suite runs it with the feature, parametrised as ``gpt2`` and ``modern``)."""
+    shown = fixture.removesuffix("_served").replace("gpt", "gpt2")
+    return (f"tests/test_generation_engine.py::{test.__name__}[{shown}]",
+            lambda request: test(request.getfixturevalue(fixture)))
+
+
+SHARING = _check(engine_tests.test_a_request_sharing_pages_decodes_as_it_does_alone,
+                 "gpt_served")
+CONTINUOUS = _check(engine_tests.test_a_short_request_does_not_wait_for_the_long_one_beside_it,
+                    "gpt_served")
+SEEDS = _check(engine_tests.test_sampling_follows_each_requests_seed_not_its_neighbours,
+               "gpt_served")
+WINDOW = _check(engine_tests.test_greedy_tokens_are_the_static_batchs_with_slots_coming_and_going,
+                "modern_served")
+
+REMOVALS = [
+    Removal("continuous batching", "requests are admitted only when every slot is free",
+            "a short request's slot is taken by the next while a long one decodes",
+            _static_batches, CONTINUOUS[1], holds_in=CONTINUOUS[0]),
+    Removal("shared prompt pages", "no prompt page is found again",
+            "four requests of one prompt prefill it once and read its full pages three times",
+            _no_sharing, SHARING[1], holds_in=SHARING[0]),
+    Removal("engine seeds per request", "a row samples from its slot's stream",
+            "a seeded request samples the same tokens alone and among others",
+            _seeds_by_slot, SEEDS[1], holds_in=SEEDS[0]),
+    Removal("paged attention windows", "sliding layers read the whole paged cache",
+            "greedy tokens of a model with sliding layers equal the static batch's",
+            _window_ignored, WINDOW[1], holds_in=WINDOW[0]),
+]
+
+globals().update(proving_tests(REMOVALS))
