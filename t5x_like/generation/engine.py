@@ -208,6 +208,15 @@ class Engine:
         with self._lock:
             return bool(self._waiting) or any(r is not None for r in self._rows)
 
+    def clear_prefix_cache(self) -> None:
+        """Forgets every prompt page nobody holds (an idle engine starts over: a benchmark's
+        timed pass prefills what its warm-up pass did) and zeroes ``stats``."""
+        with self._lock:
+            if self._has_work():
+                raise RuntimeError("clear_prefix_cache needs an idle engine")
+            self.pool = PagePool(self.pool.pages, self.page_size)
+            self.stats = Stats()
+
     # -- a background loop (a server) -------------------------------------------------
     def start(self) -> None:
         """Steps on a thread of its own while there is work; ``stop`` ends it once the
