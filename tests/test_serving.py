@@ -156,6 +156,8 @@ def test_streams_carry_the_same_text_as_whole_answers(served):
 
 
 def test_a_sampled_request_is_its_seeds_and_stop_sequences_cut_it(served):
+    """A seed gives the same sample twice, other seeds others; a stop sequence cuts the
+    text before it; ``n`` samples are those of consecutive seeds."""
     client, name = served["client"], served["name"]
 
     def sample(seed):
@@ -171,6 +173,13 @@ def test_a_sampled_request_is_its_seeds_and_stop_sequences_cut_it(served):
                                     stop=["<never>", stop])
     assert cut.choices[0].text == greedy[:greedy.index(stop)] != ""
     assert cut.choices[0].finish_reason == "stop"
+    # n completions of one prompt: the j-th is the request seeded seed + j; the prompt is
+    # counted once.
+    three = client.completions.create(model=name, prompt=PROMPTS[1], max_tokens=16,
+                                      temperature=1.0, seed=7, n=3)
+    assert [c.text for c in three.choices] == [first, sample(8), sample(9)]
+    assert [c.index for c in three.choices] == [0, 1, 2]
+    assert three.usage.prompt_tokens == len(encode(served, PROMPTS[1]))
 
 
 def test_concurrent_clients_each_get_their_own_answer(served):
@@ -207,7 +216,8 @@ def test_concurrent_clients_each_get_their_own_answer(served):
     ({"model": "qwen", "prompt": "hi", "max_tokens": 200}, 400,
      "max_tokens is 200: shorten the prompt or lower max_tokens"),
     ({"model": "qwen", "prompt": [[1, 2], "x"]}, 400, "'prompt' must be a string"),
-    ({"model": "qwen", "prompt": "hi", "n": 2}, 400, "'n' must be 1 here"),
+    ({"model": "qwen", "prompt": "hi", "n": 17}, 400, "'n' must be an integer from 1 to 16"),
+    ({"model": "qwen", "prompt": "hi", "n": 2, "stream": True}, 400, "Streaming takes n=1"),
     ({"model": "qwen", "prompt": [5000]}, 400, "token id 5000; this model's vocabulary has"),
     ({"model": "qwen", "messages": [{"role": "wizard", "content": "hi"}]}, 400,
      "message 1 has role 'wizard'"),

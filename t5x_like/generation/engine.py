@@ -43,7 +43,7 @@ class Request:
     """A prompt (token ids, at least one) and how to continue it: ``max_tokens`` new
     tokens at most, stopping after any of ``stop_ids`` (kept as the last token);
     temperature 0 is greedy, else sampling with ``top_k`` (0: off) and ``top_p`` from
-    ``seed``."""
+    ``seed`` (any integer: it is taken modulo 2**31)."""
 
     prompt: tuple[int, ...]
     max_tokens: int
@@ -390,5 +390,5 @@ class Engine:
         for handle, i in zip(handles, rows, strict=True):
             r = handle.request
             temperature[i], top_k[i], top_p[i] = r.temperature, r.top_k, r.top_p
-            seeds[i], counters[i] = r.seed, len(handle.result.tokens)
+            seeds[i], counters[i] = r.seed % 2**31, len(handle.result.tokens)
         return temperature, top_k, top_p, seeds, counters

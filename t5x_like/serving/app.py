@@ -61,20 +61,22 @@ def make_app(completer: Completer, model_name: str, chat_template=None) -> FastA
         if asked.stream and len(asked.prompts) > 1:
             raise RequestError("Streaming takes one prompt; send a request per prompt.",
                                "prompt")
+        _one_stream(asked)
         prompts = [completer.encode(p) for p in asked.prompts]
         fitted = [completer.check_fits(p, asked.sampling) for p in prompts]
         ident = f"cmpl-{uuid.uuid4().hex}"
         if asked.stream:
             return _events(_completion_chunks(completer, prompts[0], fitted[0], ident,
                                               model_name))
-        answers = [await run_in_threadpool(completer.complete, prompt, sampling)
-                   for prompt, sampling in zip(prompts, fitted, strict=True)]
+        answers = await run_in_threadpool(completer.complete_all,
+                                          list(zip(prompts, fitted, strict=True)))
         choices = [{"index": i, "text": _echoed(completer, a, asked.sampling.echo) + a.text,
                     "logprobs": _completion_logprobs(a)
                     if asked.sampling.logprobs is not None else None,
                     "finish_reason": a.finish_reason} for i, a in enumerate(answers)]
         return {"id": ident, "object": "text_completion", "created": int(time.time()),
-                "model": model_name, "choices": choices, "usage": _usage(answers)}
+                "model": model_name, "choices": choices,
+                "usage": _usage(answers, asked.sampling.n)}
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
@@ -87,26 +89,35 @@ def make_app(completer: Completer, model_name: str, chat_template=None) -> FastA
         except UserError as e:
             raise RequestError(f"The chat template cannot render these messages: {e}",
                                "messages") from None
+        _one_stream(asked)
         prompt = completer.encode(text)
         sampling = completer.check_fits(prompt, asked.sampling)
         ident = f"chatcmpl-{uuid.uuid4().hex}"
         if asked.stream:
             return _events(_chat_chunks(completer, prompt, sampling, ident, model_name))
-        answer = await run_in_threadpool(completer.complete, prompt, sampling)
-        logprobs = ({"content": _chat_logprobs(answer)}
-                    if asked.sampling.logprobs is not None else None)
+        answers = await run_in_threadpool(completer.complete_all, [(prompt, sampling)])
+        choices = [{"index": i, "finish_reason": a.finish_reason,
+                    "message": {"role": "assistant", "content": a.text},
+                    "logprobs": ({"content": _chat_logprobs(a)}
+                                 if asked.sampling.logprobs is not None else None)}
+                   for i, a in enumerate(answers)]
         return {"id": ident, "object": "chat.completion", "created": int(time.time()),
-                "model": model_name, "usage": _usage([answer]),
-                "choices": [{"index": 0, "finish_reason": answer.finish_reason,
-                             "message": {"role": "assistant", "content": answer.text},
-                             "logprobs": logprobs}]}
+                "model": model_name, "usage": _usage(answers, asked.sampling.n),
+                "choices": choices}
 
     return app
 
 
 # -- answers ---------------------------------------------------------------------------------
-def _usage(answers: list[Completion]) -> dict:
-    prompt = sum(len(a.prompt) for a in answers)
+def _one_stream(asked) -> None:
+    if asked.stream and asked.sampling.n > 1:
+        raise RequestError("Streaming takes n=1; send a request per stream (a seed each "
+                           "for different samples).", "n")
+
+
+def _usage(answers: list[Completion], n: int = 1) -> dict:
+    """Token counts; each prompt counts once, however many (``n``) completions it has."""
+    prompt = sum(len(a.prompt) for a in answers[::n])
     completion = sum(len(a.tokens) for a in answers)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion}

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import numpy as np
 
 from t5x_like.evaluation import few_shot, loaded_lm
-from t5x_like.generation.engine import Engine, Request
+from t5x_like.generation.engine import Engine, Handle, Request
 from t5x_like.serving.protocol import RequestError, Sampling
 
 # How EOS reads among a completion's log-probabilities (a vocabulary decodes it to nothing).
@@ -87,14 +87,32 @@ class Completer:
                 "max_tokens" if room >= 0 else "prompt", code="context_length_exceeded")
         return dataclasses.replace(sampling, max_tokens=max_tokens)
 
-    # -- one request ----------------------------------------------------------------------
+    # -- requests -----------------------------------------------------------------------
     def complete(self, prompt: list[int], sampling: Sampling,
                  stream: Callable[[str], None] | None = None) -> Completion:
         """``prompt``'s completion (``sampling`` checked by ``check_fits``); ``stream``
         receives the text in pieces as it is decoded (their sum is the answer's text)."""
+        return self._finish(self._start(prompt, sampling, stream))
+
+    def complete_all(self, asked: list[tuple[list[int], Sampling]]) -> list[Completion]:
+        """Every ``(prompt, sampling)``'s completion, and ``sampling.n`` of each (the j-th
+        sampled from ``seed + j``), in that order: all submitted before any is waited
+        for, so they decode together and a prompt's copies read its pages."""
+        started = [self._start(prompt, dataclasses.replace(
+            sampling, n=1, seed=None if sampling.seed is None else sampling.seed + j))
+            for prompt, sampling in asked for j in range(sampling.n)]
+        return [self._finish(s) for s in started]
+
+    def _start(self, prompt: list[int], sampling: Sampling,
+               stream: Callable[[str], None] | None = None):
         start = prompt or [self.eos]
         watch = _StopWatch(self, sampling, stream)
-        new = self._generate(start, sampling, watch) if sampling.max_tokens else []
+        handle = self._submit(start, sampling, watch) if sampling.max_tokens else None
+        return prompt, start, sampling, watch, handle
+
+    def _finish(self, started) -> Completion:
+        prompt, start, sampling, watch, handle = started
+        new = handle.wait().tokens if handle is not None else []
         tokens, text, finish = self._cut(new, sampling)
         watch.flush(text)
         out = Completion(list(prompt), tokens, text, finish)
@@ -102,8 +120,7 @@ class Completer:
             self._add_logprobs(out, start, sampling)
         return out
 
-    def _generate(self, prompt: list[int], sampling: Sampling,
-                  watch: _StopWatch | None = None) -> list[int]:
+    def _submit(self, prompt: list[int], sampling: Sampling, watch: _StopWatch) -> Handle:
         # Unseeded, a sampled request draws a fresh seed (as OpenAI's does); seeded, the
         # same request gives the same tokens.
         seed = secrets.randbits(31) if sampling.seed is None else sampling.seed
@@ -112,8 +129,7 @@ class Completer:
                           top_k=sampling.top_k if sampling.temperature else 0,
                           top_p=sampling.top_p if sampling.temperature else 1.0,
                           seed=seed, stop_ids=(self.eos,))
-        handle = self.engine.submit(request, watch.on_token if watch is not None else None)
-        return handle.wait().tokens
+        return self.engine.submit(request, watch.on_token)
 
     def _cut(self, new: list[int], sampling: Sampling) -> tuple[list[int], str, str]:
         """The new tokens up to EOS or the first stop sequence, their text, and why the

@@ -4,8 +4,8 @@ asks for, or a ``RequestError`` naming the field to fix (the server answers it w
 
 Fields the API defines and this server does not act on (``user``, ``presence_penalty``
 at 0, ``stream_options``, ...) are accepted and ignored, as OpenAI-compatible servers do;
-a field whose value would change the answer in a way this server cannot give (``n`` > 1,
-``best_of`` > 1, a penalty other than 0, ``logit_bias``) is refused, never ignored.
+a field whose value would change the answer in a way this server cannot give (``best_of``
+> 1, a penalty other than 0, ``logit_bias``) is refused, never ignored.
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ from collections.abc import Mapping
 # (20 for chat; this server reports at most 5, the structures' TOP_TOKENS).
 MAX_STOP = 4
 MAX_LOGPROBS = 5
+# Completions per prompt (``n``): each is a request of its own in the engine, reading the
+# prompt's shared pages.
+MAX_N = 16
 ROLES = ("system", "user", "assistant", "tool", "developer")
 
 
@@ -42,7 +45,8 @@ class Sampling:
     prompt's log-probabilities with ``echo``), greedy at ``temperature`` 0, else sampled
     from ``seed``'s stream (the same request and seed give the same tokens), cut at the
     first of ``stop``; ``logprobs``: None, or how many alternatives each token reports
-    (0: the token's own log-probability alone); ``echo``: the prompt comes back first."""
+    (0: the token's own log-probability alone); ``echo``: the prompt comes back first;
+    ``n``: completions of each prompt (the j-th sampled from ``seed + j``)."""
 
     max_tokens: int
     temperature: float = 0.0
@@ -52,6 +56,7 @@ class Sampling:
     stop: tuple[str, ...] = ()
     logprobs: int | None = None
     echo: bool = False
+    n: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,13 +193,13 @@ def _sampling(body: Mapping, default_max_tokens: int | None, logprobs: int | Non
         raise RequestError("'stop' must be a string or a list of strings.", "stop")
     if len(stop) > MAX_STOP or any(not s for s in stop):
         raise RequestError(f"'stop' takes at most {MAX_STOP} sequences, none empty.", "stop")
-    _only_one(body, "n", "send one request per completion (a seed each for different samples)")
+    n = _integer(body, "n", 1, MAX_N) if body.get("n") is not None else 1
     for penalty in ("presence_penalty", "frequency_penalty"):
         if body.get(penalty) not in (None, 0, 0.0):
             raise RequestError(f"'{penalty}' is not supported; leave it out or at 0.", penalty)
     if body.get("logit_bias"):
         raise RequestError("'logit_bias' is not supported; leave it out.", "logit_bias")
-    return Sampling(max_tokens, temperature, top_p, max(top_k, 0), seed, stop, logprobs, echo)
+    return Sampling(max_tokens, temperature, top_p, max(top_k, 0), seed, stop, logprobs, echo, n)
 
 
 def _only_one(body: Mapping, name: str, fix: str) -> None:

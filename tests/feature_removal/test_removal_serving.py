@@ -37,42 +37,42 @@ def _seed_ignored(monkeypatch):
     """A sampled request draws a fresh seed whatever it asks for."""
     fresh = itertools.count(1000)
     monkeypatch.setattr(completions.secrets, "randbits", lambda bits: next(fresh))
-    original = Completer._generate
+    original = Completer._submit
 
     def unseeded(self, prompt, sampling, *watch):
         import dataclasses
         return original(self, prompt, dataclasses.replace(sampling, seed=None), *watch)
-    monkeypatch.setattr(Completer, "_generate", unseeded)
+    monkeypatch.setattr(Completer, "_submit", unseeded)
 
 
 def _stop_ignored(monkeypatch):
     """Stop sequences are not looked for."""
-    original = Completer.complete
+    original = Completer._start
 
     def uncut(self, prompt, sampling, *stream):
         import dataclasses
         return original(self, prompt, dataclasses.replace(sampling, stop=()), *stream)
-    monkeypatch.setattr(Completer, "complete", uncut)
+    monkeypatch.setattr(Completer, "_start", uncut)
 
 
 def _one_batch_for_all(monkeypatch):
     """Requests share one sampling stream: a request's tokens depend on how many were
     sampled before it."""
     shared = itertools.count()
-    original = Completer._generate
+    original = Completer._submit
 
     def shared_stream(self, prompt, sampling, *watch):
         import dataclasses
         if sampling.temperature:
             sampling = dataclasses.replace(sampling, seed=next(shared))
         return original(self, prompt, sampling, *watch)
-    monkeypatch.setattr(Completer, "_generate", shared_stream)
+    monkeypatch.setattr(Completer, "_submit", shared_stream)
 
 
 def _prompt_cut_to_its_last_token(monkeypatch):
     """Generation reads only the prompt's last token."""
-    original = Completer._generate
-    monkeypatch.setattr(Completer, "_generate",
+    original = Completer._submit
+    monkeypatch.setattr(Completer, "_submit",
                         lambda self, prompt, *rest: original(self, prompt[-1:], *rest))
 
 
