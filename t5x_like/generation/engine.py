@@ -245,9 +245,8 @@ class Engine:
                     return
             try:
                 self.step()
-            except BaseException as error:  # every waiting caller hears of it
-                self._fail_all(error)
-                raise
+            except Exception as error:  # noqa: BLE001  every waiting caller hears of it,
+                self._fail_all(error)  # and the loop serves the requests that come next
 
     def _has_work(self) -> bool:
         return bool(self._waiting) or any(r is not None for r in self._rows)
