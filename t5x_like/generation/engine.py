@@ -252,10 +252,16 @@ class Engine:
         return bool(self._waiting) or any(r is not None for r in self._rows)
 
     def _fail_all(self, error: BaseException) -> None:
+        """Ends every request with ``error`` and starts over from an empty cache and pool
+        (the failed step may have consumed the donated cache)."""
         with self._lock:
             handles = [r.handle for r in self._rows if r is not None] + list(self._waiting)
             self._rows = [None] * self.slots
             self._waiting.clear()
+            self.pool = PagePool(self.pool.pages, self.page_size)
+            with self.context():
+                self.cache = decoding.init_decoder_cache(self.model, self.cache_pages,
+                                                         self.page_size)
         for handle in handles:
             handle.error = error
             handle._done.set()
