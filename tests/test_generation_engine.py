@@ -170,6 +170,26 @@ def test_requests_from_many_threads_on_the_background_loop(served):
     assert not engine.busy()
 
 
+def test_a_failing_step_fails_its_requests_and_the_loop_serves_on(served, monkeypatch):
+    *_, requests, expected, engine = served
+    original, calls = engine._decode, []
+
+    def fails_once(*args):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("device lost")
+        return original(*args)
+    monkeypatch.setattr(engine, "_decode", fails_once)
+    fresh(engine).start()
+    try:
+        with pytest.raises(RuntimeError, match="device lost"):
+            engine.submit(requests[1]).wait(timeout=120)
+        assert engine.submit(requests[1]).wait(timeout=120).tokens == expected[1]
+        assert engine.pool.free == engine.pool.pages - 1
+    finally:
+        engine.stop()
+
+
 def test_requests_the_engine_cannot_hold_are_refused_before_they_run(served):
     engine = served[-1]
     with pytest.raises(ValueError, match="exceeds the engine's max_length 48"):
