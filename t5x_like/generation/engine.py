@@ -148,13 +148,14 @@ class Engine:
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopping = False
-        key_length = self.pages_per_row * page_size
 
         def forward(params, cache, tokens, positions, table):
+            # A table of as many pages as the longest row needs (bucketed: ``_table``):
+            # a step attends over what rows hold, not over max_length.
             logits, variables = model.apply(
                 {"params": params, "cache": cache}, tokens, decode=True,
-                max_decode_length=key_length, decoder_positions=positions, page_table=table,
-                mutable=["cache"])
+                max_decode_length=table.shape[1] * page_size, decoder_positions=positions,
+                page_table=table, mutable=["cache"])
             return logits, variables["cache"]
 
         def prefill(params, cache, tokens, positions, table, last, settings):
@@ -289,11 +290,11 @@ class Engine:
         position and page table, and its sampling settings (idle slots: scratch pages)."""
         tokens = np.zeros((self.slots,), np.int32)
         positions = np.zeros((self.slots,), np.int32)
-        table = np.full((self.slots, self.pages_per_row), SCRATCH_PAGE, np.int32)
         running = [(i, r) for i, r in enumerate(self._rows) if r is not None]
+        table = self._table(self.slots, max((r.position + 1 for _, r in running), default=1))
         for i, row in running:
             tokens[i], positions[i] = row.last, row.position
-            table[i, :len(row.pages)] = row.pages
+            table[i, :len(row.pages)] = row.pages[:table.shape[1]]
         settings = self._settings([r.handle for _, r in running], [i for i, _ in running],
                                   self.slots)
         return tokens, positions, table, settings
@@ -335,13 +336,13 @@ class Engine:
         # lands past the prompt, in pages the row's own tokens overwrite before anything
         # reads them, or in the scratch page.
         positions = np.minimum(np.arange(width)[None, :].repeat(count, 0), self.max_length - 1)
-        table = np.full((count, self.pages_per_row), SCRATCH_PAGE, np.int32)
+        table = self._table(count, max(s + n for s, n in zip(starts, lengths, strict=True)))
         last = np.zeros((count,), np.int32)
         for j, ((_, row), start, length) in enumerate(zip(admitted, starts, lengths,
                                                           strict=True)):
             tokens[j, :length] = row.handle.request.prompt[start:]
             positions[j] = np.minimum(np.arange(start, start + width), self.max_length - 1)
-            table[j, :len(row.pages)] = row.pages
+            table[j, :len(row.pages)] = row.pages[:table.shape[1]]
             last[j] = length - 1
         settings = self._settings([row.handle for _, row in admitted], range(len(admitted)),
                                   count)
@@ -377,6 +378,13 @@ class Engine:
         self._rows[slot] = None
         self.pool.release(row.pages)
         handle._done.set()
+
+    def _table(self, rows: int, positions: int) -> np.ndarray:
+        """An empty page table (scratch pages) of ``rows`` rows, wide enough for
+        ``positions`` positions: a power of two of pages, at most a row's whole table, so
+        a few widths compile and a step reads no more than twice what its rows hold."""
+        width = _bucket(-(-positions // self.page_size), 1, self.pages_per_row)
+        return np.full((rows, width), SCRATCH_PAGE, np.int32)
 
     def _positions(self, request: Request) -> int:
         """Positions a request writes: its prompt and every new token but the last."""
