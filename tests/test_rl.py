@@ -253,8 +253,7 @@ def test_grpo_loss_and_gradients_equal_trl_over_two_iterations(models, tmp_path,
 
 
 def test_sampling_with_a_key_is_reproducible_and_top_k_one_is_greedy(models):  # noqa: F811
-    """The multi-process rollout sampler (``decoding.generate_padded`` with temperature; one
-    process samples through the engine, tests/test_generation_engine.py): the same key
+    """The rollout sampler (``decoding.generate_padded`` with temperature): the same key
     gives the same completions, another key others; top_k=1 samples the argmax."""
     from t5x_like.models import decoding
     (_, policy_config, params), _ = models

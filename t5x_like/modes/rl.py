@@ -7,15 +7,11 @@ One step, in ``Rollouts.next``:
 1. the next ``batch_size / num_generations`` rows of the task's stream (this process's
    share; their position is the checkpoint's data state, as any run's), each prompt
    repeated ``num_generations`` times, consecutive;
-2. completions sampled (temperature, top-k, top-p) with the current params on the run's
-   mesh (no second framework, no copy of the weights) by the continuous-batching engine
-   (``generation.engine``): a completion that ends at EOS frees its slot, the step ends
-   when the last one does, and a group's copies of a prompt read its full pages once.
-   Each row's seed comes from the key ``fold_in(key(seed + 2), step)``: the rollout
-   randomness is a function of the step, which the checkpoint holds, so a resumed run
-   samples exactly what an uninterrupted one did. A multi-process run samples with
-   ``decoding.generate_padded`` in one jitted call instead (the engine steps one
-   process's requests);
+2. completions sampled by ``decoding.generate_padded`` (temperature, top-k, top-p) with
+   the current params, jitted on the run's mesh (no second framework, no copy of the
+   weights), with the key ``fold_in(key(seed + 2), step)``: the rollout randomness is a
+   function of the step, which the checkpoint holds, so a resumed run samples exactly
+   what an uninterrupted one did;
 3. rewards: each of ``rl.rewards`` (``t5x_like.metrics.rewards.RewardRegistry``) on the decoded
    completions and the rows' prompt and answer texts, and ``rl.reward_model``'s scores
    (a ``preference.objective='reward_model'`` checkpoint, run jitted on the same mesh),
@@ -54,7 +50,6 @@ from t5x_like.engine import partitioning
 from t5x_like.engine import trainer as trainer_lib
 from t5x_like.errors import UserError
 from t5x_like.evaluation.in_training.base import TrainingEvaluator
-from t5x_like.generation.engine import Engine, Request
 from t5x_like.metrics.rewards import RewardRegistry
 from t5x_like.models import decoding
 from t5x_like.modes import preference
@@ -146,7 +141,6 @@ class Rollouts:
         self.rewards = reward_functions(spec)
         self.eos_id = int(getattr(structure.model.config, "eos_id", 1))
         self._sample = jax.jit(self._sample_fn, static_argnames=("greedy",))
-        self._engine: Engine | None = None  # made at the first rollout, for its row count
         self._log_probs = (jax.jit(self._log_probs_fn)
                            if structure.keeps_old_log_probs else None)
         self._reward_model = self._load_reward_model() if spec.rl.reward_model else None
@@ -167,35 +161,12 @@ class Rollouts:
         prompts, lengths = (np.asarray(x) for x in prompts_from_batch(rows))
         prompts = prompts[:, :self.prompt_width]
         lengths = np.minimum(lengths, self.prompt_width).astype(np.int32)
-        if jax.process_count() == 1:
-            return prompts, lengths, self._engine_sample(params, prompts, lengths, rng, greedy)
         mesh, rules = self.trainer.mesh, self.trainer.rules
         placed = partitioning.global_batch({"tokens": prompts, "lengths": lengths}, mesh, rules)
         with self.trainer._context():
             completions = self._sample(params, placed["tokens"], placed["lengths"], rng,
                                        greedy=greedy)
         return prompts, lengths, _local_rows(completions, prompts.shape[0])
-
-    def _engine_sample(self, params, prompts, lengths, rng, greedy: bool) -> np.ndarray:
-        """``[n, targets]`` completions through the engine (padded with 0 after EOS, as
-        ``generate_padded`` pads), row ``i`` sampled from seed ``i`` of ``rng``."""
-        rl, count = self.spec.rl, len(prompts)
-        if self._engine is None:
-            self._engine = Engine(self.structure.model, params,
-                                  max_length=self.prompt_width + self.completion_length,
-                                  slots=count, context=self.trainer._context)
-        self._engine.params = params
-        seeds = (np.zeros(count, np.int64) if rng is None else
-                 np.asarray(jax.random.randint(rng, (count,), 0, 2**31 - 1)))
-        requests = [Request(tuple(int(t) for t in prompt[:n]), self.completion_length,
-                            temperature=0.0 if greedy else rl.temperature,
-                            top_k=rl.top_k, top_p=rl.top_p, seed=int(seed),
-                            stop_ids=(self.eos_id,))
-                    for prompt, n, seed in zip(prompts, lengths, seeds, strict=True)]
-        completions = np.zeros((count, self.completion_length), np.int32)
-        for row, result in zip(completions, self._engine.run(requests), strict=True):
-            row[:len(result.tokens)] = result.tokens
-        return completions
 
     def _log_probs_fn(self, params, tokens):
         # The trainer's model: the one the update's loss reads (quantized training's too),
