@@ -245,6 +245,6 @@ def test_int8_weights_decode_as_the_static_batch_does():
     engine = Engine(int8_model, int8_params, max_length=MAX_LENGTH, slots=3, page_size=8)
     assert [g.tokens for g in engine.run(requests)] == static_batch(int8_model, int8_params,
                                                                     requests)
-    step = engine._decode.lower(engine.params, engine.cache, *engine.step_inputs()).compile()
+    step = engine._decode.lower(engine._params, engine.cache, *engine.step_inputs()).compile()
     parameters = step.as_text().split("\n", 1)[0].split("->")[0]
     assert "s8[16,32]" in parameters and "s8[32,16]" in parameters  # the MLP's kernels

@@ -133,13 +133,26 @@ class Engine:
             raise ValueError(f"{type(model).__name__}.__call__ takes no page_table: the "
                              "engine decodes models that read a paged cache "
                              "(models.decoder.DecoderOnly).")
-        self.model, self.params = model, params
+        self.model = model
+        # On CPU the dense kernels are kept transposed while decoding few rows
+        # (``decoding._loop_params``: XLA:CPU's matmul reads them twice as fast so); each
+        # step turns them back inside its program, where the transpose folds into the dot.
+        restore = []
+
+        def stored(params):
+            carried, turn_back = decoding._loop_params(params, slots)
+            restore.append(turn_back)
+            return carried
+        self._stored = jax.jit(stored)
+        jax.eval_shape(stored, params)
+        self._restore = restore[0]
         self.slots, self.page_size = slots, page_size
         self.pages_per_row = -(-max_length // page_size)
         self.max_length = max_length
         self.cache_pages = pages or slots * self.pages_per_row + 1
         self.pool = PagePool(self.cache_pages, page_size)
         self.context = context or contextlib.nullcontext
+        self.params = params
         self.stats = Stats()
         with self.context():
             self.cache = decoding.init_decoder_cache(model, self.cache_pages, page_size)
@@ -149,11 +162,11 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stopping = False
 
-        def forward(params, cache, tokens, positions, table):
+        def forward(stored, cache, tokens, positions, table):
             # A table of as many pages as the longest row needs (bucketed: ``_table``):
             # a step attends over what rows hold, not over max_length.
             logits, variables = model.apply(
-                {"params": params, "cache": cache}, tokens, decode=True,
+                {"params": self._restore(stored), "cache": cache}, tokens, decode=True,
                 max_decode_length=table.shape[1] * page_size, decoder_positions=positions,
                 page_table=table, mutable=["cache"])
             return logits, variables["cache"]
@@ -169,6 +182,18 @@ class Engine:
 
         self._prefill = jax.jit(prefill, donate_argnums=1)
         self._decode = jax.jit(decode, donate_argnums=1)
+
+    @property
+    def params(self):
+        """The params requests are decoded with; setting them (a policy after an update)
+        takes effect from the next step."""
+        return self._params_given
+
+    @params.setter
+    def params(self, params) -> None:
+        self._params_given = params
+        with self.context():
+            self._params = self._stored(params)
 
     # -- requests in --------------------------------------------------------------------
     def check(self, request: Request) -> None:
@@ -277,7 +302,7 @@ class Engine:
         if not running:
             return
         with self.context():
-            (chosen, logprobs), self.cache = self._decode(self.params, self.cache,
+            (chosen, logprobs), self.cache = self._decode(self._params, self.cache,
                                                           *self.step_inputs())
         chosen, logprobs = np.asarray(chosen), np.asarray(logprobs)
         self.stats.steps += 1
@@ -348,7 +373,7 @@ class Engine:
                                   count)
         with self.context():
             (chosen, logprobs), self.cache = self._prefill(
-                self.params, self.cache, tokens, positions, table, last, settings)
+                self._params, self.cache, tokens, positions, table, last, settings)
         chosen, logprobs = np.asarray(chosen), np.asarray(logprobs)
         self.stats.prefills += 1
         for j, ((slot, row), start, length) in enumerate(zip(admitted, starts, lengths,
