@@ -134,24 +134,20 @@ class Engine:
                              "engine decodes models that read a paged cache "
                              "(models.decoder.DecoderOnly).")
         self.model = model
-        # On CPU the dense kernels are kept transposed while decoding few rows
-        # (``decoding._loop_params``: XLA:CPU's matmul reads them twice as fast so); each
-        # step turns them back inside its program, where the transpose folds into the dot.
-        restore = []
-
-        def stored(params):
-            carried, turn_back = decoding._loop_params(params, slots)
-            restore.append(turn_back)
-            return carried
-        self._stored = jax.jit(stored)
-        jax.eval_shape(stored, params)
-        self._restore = restore[0]
         self.slots, self.page_size = slots, page_size
         self.pages_per_row = -(-max_length // page_size)
         self.max_length = max_length
         self.cache_pages = pages or slots * self.pages_per_row + 1
         self.pool = PagePool(self.cache_pages, page_size)
         self.context = context or contextlib.nullcontext
+        # On CPU the dense kernels are kept transposed while decoding few rows
+        # (``decoding._loop_params``: XLA:CPU's matmul reads them twice as fast so), a copy
+        # made once per params; each step turns them back inside its program, where the
+        # transpose folds into the dot. Elsewhere the params are read as they are.
+        with self.context():
+            self._transposed = decoding.transposes_kernels(slots)
+            self._restore = decoding._loop_params({}, slots)[1]
+        self._stored = jax.jit(lambda p: decoding._loop_params(p, slots)[0])
         self.params = params
         self.stats = Stats()
         with self.context():
@@ -192,6 +188,9 @@ class Engine:
     @params.setter
     def params(self, params) -> None:
         self._params_given = params
+        if not self._transposed:
+            self._params = params
+            return
         with self.context():
             self._params = self._stored(params)
 

@@ -65,6 +65,12 @@ def fill_cross_cache(model: nn.Module, params, cache, encoded: jax.Array,
 TRANSPOSED_KERNELS_MIN_ROWS = 4
 
 
+def transposes_kernels(rows: int) -> bool:
+    """Whether decoding loops of ``rows`` rows read the dense kernels transposed
+    (``_loop_params``): on CPU, from ``TRANSPOSED_KERNELS_MIN_ROWS`` rows."""
+    return rows >= TRANSPOSED_KERNELS_MIN_ROWS and traced_platform.current_platform() == "cpu"
+
+
 def _loop_params(params, rows: int):
     """``(carried, restore)``: on CPU, the dense layers' 2-D kernels transposed once before
     a decoding loop whose steps compute ``rows`` rows, and ``restore(carried)``, the
@@ -79,7 +85,7 @@ def _loop_params(params, rows: int):
     wants ``[in, out]`` and copied every kernel back at every step (GPT-2 small at batch
     1: four times slower), and other platforms choose their own layouts: parameters
     unchanged there."""
-    if rows < TRANSPOSED_KERNELS_MIN_ROWS or traced_platform.current_platform() != "cpu":
+    if not transposes_kernels(rows):
         return params, lambda carried: carried
 
     def flip(path, x):
