@@ -62,14 +62,18 @@ def fresh(engine, pages=None):
     return engine
 
 
-@pytest.fixture(scope="module", params=[GPT, MODERN], ids=["gpt2", "modern"])
-def served(request):
+def serving(settings):
     """The model, its params, the mixed requests, their static-batch tokens, and an
     engine of 3 slots over pages of 8 (one per model: its programs compile once)."""
-    model, params = tiny(request.param)
+    model, params = tiny(settings)
     requests = mixed_requests()
     return (model, params, requests, static_batch(model, params, requests),
             Engine(model, params, max_length=MAX_LENGTH, slots=3, page_size=8))
+
+
+@pytest.fixture(scope="module", params=[GPT, MODERN], ids=["gpt2", "modern"])
+def served(request):
+    return serving(request.param)
 
 
 def test_greedy_tokens_are_the_static_batchs_with_slots_coming_and_going(served):

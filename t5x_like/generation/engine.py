@@ -150,8 +150,7 @@ class Engine:
         self._stored = jax.jit(lambda p: decoding._loop_params(p, slots)[0])
         self.params = params
         self.stats = Stats()
-        with self.context():
-            self.cache = decoding.init_decoder_cache(model, self.cache_pages, page_size)
+        self.cache = self._empty_cache()
         self._rows: list[_Running | None] = [None] * slots
         self._waiting: deque[Handle] = deque()
         self._lock = threading.Condition()
@@ -231,7 +230,7 @@ class Engine:
 
     def busy(self) -> bool:
         with self._lock:
-            return bool(self._waiting) or any(r is not None for r in self._rows)
+            return self._has_work()
 
     def clear_prefix_cache(self) -> None:
         """Forgets every prompt page nobody holds (an idle engine starts over: a benchmark's
@@ -273,6 +272,12 @@ class Engine:
             except Exception as error:  # noqa: BLE001  every waiting caller hears of it,
                 self._fail_all(error)  # and the loop serves the requests that come next
 
+    def _empty_cache(self):
+        """The pool's keys and values, zeroed: the cache of a batch of ``cache_pages`` rows,
+        ``page_size`` long (``layers._paged_update`` reads it as pages)."""
+        with self.context():
+            return decoding.init_decoder_cache(self.model, self.cache_pages, self.page_size)
+
     def _has_work(self) -> bool:
         return bool(self._waiting) or any(r is not None for r in self._rows)
 
@@ -284,9 +289,7 @@ class Engine:
             self._rows = [None] * self.slots
             self._waiting.clear()
             self.pool = PagePool(self.pool.pages, self.page_size)
-            with self.context():
-                self.cache = decoding.init_decoder_cache(self.model, self.cache_pages,
-                                                         self.page_size)
+            self.cache = self._empty_cache()
         for handle in handles:
             handle.error = error
             handle._done.set()

@@ -11,24 +11,14 @@ from t5x_like.generation import engine, pages, sampling
 from t5x_like.models import attention
 
 
-def _served(settings):
-    """As test_generation_engine.py's ``served`` fixture: model, params, requests, their
-    static-batch tokens and an engine."""
-    model, params = engine_tests.tiny(settings)
-    requests = engine_tests.mixed_requests()
-    return (model, params, requests, engine_tests.static_batch(model, params, requests),
-            engine.Engine(model, params, max_length=engine_tests.MAX_LENGTH, slots=3,
-                          page_size=8))
-
-
 @pytest.fixture(scope="module")
 def gpt_served():
-    return _served(engine_tests.GPT)
+    return engine_tests.serving(engine_tests.GPT)
 
 
 @pytest.fixture(scope="module")
 def modern_served():
-    return _served(engine_tests.MODERN)
+    return engine_tests.serving(engine_tests.MODERN)
 
 
 def _no_sharing(monkeypatch):
