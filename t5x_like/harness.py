@@ -75,7 +75,8 @@ def run(args) -> int:
                                  vocabulary=args.vocabulary, max_length=args.max_length,
                                  max_gen_toks=args.max_gen_toks, batch_size=args.batch_size,
                                  seed=args.seed)
-    out = harness_tasks.evaluate(lm, tasks, num_fewshot=args.num_fewshot, limit=args.limit,
+    out = harness_tasks.evaluate(lm, tasks, include_path=args.include_path,
+                                 num_fewshot=args.num_fewshot, limit=args.limit,
                                  log_samples=args.log_samples,
                                  bootstrap_iters=args.bootstrap_iters,
                                  fewshot_seed=args.fewshot_seed)

@@ -91,12 +91,15 @@ def _yaml_fingerprint(include_path: str) -> tuple:
     return tuple((str(p), stat.length, stat.mtime) for p, stat in ((p, p.stat()) for p in files))
 
 
-def evaluate(lm, tasks: list, *, num_fewshot: int | None = None, limit: float = 0,
-             log_samples: bool = False, bootstrap_iters: int = 0,
+def evaluate(lm, tasks: list, *, include_path: str = "", num_fewshot: int | None = None,
+             limit: float = 0, log_samples: bool = False, bootstrap_iters: int = 0,
              fewshot_seed: int = 1234) -> dict:
-    """lm-eval's ``simple_evaluate`` of ``lm`` on loaded ``tasks`` (its whole output)."""
+    """lm-eval's ``simple_evaluate`` of ``lm`` on ``tasks`` loaded by ``load`` from
+    ``include_path`` (its whole output). The index that loaded them is handed to it:
+    given none, ``simple_evaluate`` builds its own, the whole catalogue read again."""
     import lm_eval
     return lm_eval.simple_evaluate(model=lm, tasks=tasks, num_fewshot=num_fewshot,
+                                   task_manager=_task_manager(include_path),
                                    limit=limit or None, log_samples=log_samples,
                                    bootstrap_iters=bootstrap_iters,
                                    fewshot_random_seed=fewshot_seed)

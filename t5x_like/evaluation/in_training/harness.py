@@ -42,6 +42,7 @@ class HarnessEvaluator(TrainingEvaluator):
         self.lm.loaded.params = params
         fewshot = self.settings.num_fewshot
         out = harness_tasks.evaluate(self.lm, self.prepared,
+                                     include_path=self.settings.include_path,
                                      num_fewshot=None if fewshot < 0 else fewshot,
                                      limit=self.settings.limit)
         self.context.progress.message(f"step {step}: lm-evaluation-harness\n"
