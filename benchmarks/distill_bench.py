@@ -14,8 +14,14 @@ The teacher is ``bert_tiny`` (4 layers, 1,000 steps); the students have 2 layers
 one trained on masked LM alone from a fresh init. All three fine-tune with
 ``configs/finetune/bert_tiny_head.py`` (400 steps of 32) into
 ``RUNS/distill_<model>_<task>``. Inference speed is the encoder's forward pass on
-a batch of 32 x 128 tokens, measured alone by ``table`` (median of 20). ``--smoke``: as
-``peft_bench.py``'s (speed on 4 x 16 tokens, median of 2).
+a batch of 32 x 128 tokens, measured alone by ``table`` (median of 20).
+
+``--smoke``: as ``peft_bench.py``'s (a 1-layer teacher and student; speed of a 1-layer
+encoder on 4 x 16 tokens, median of 2), the distilled row only: its pretraining is what
+only this script runs (a student from the teacher's layers, with the teacher in the loss),
+and the teacher's row fine-tunes ``RUNS/pt_bert`` with the command that fine-tunes the
+student (its "% of teacher" cell is then "-"). Each more row is another fine-tuning,
+evaluation and speed compile (10-20 s on 2 busy cores).
 """
 
 from __future__ import annotations
@@ -62,10 +68,10 @@ def size_and_speed(layers: int) -> tuple[int, float]:
     from t5x_like import config_lib, structures
     from t5x_like.engine import trainer
     config = config_lib.load_config_file("configs/pretrain/bert_tiny.py")
-    if SMOKE["run"]:
-        import _smoke
-        _smoke.tiny_model(config.model, layers=None)
     config.model.num_layers = layers
+    if SMOKE["run"]:  # the smoke run's 1-layer models
+        import _smoke
+        _smoke.tiny_model(config.model)
     model = structures.build_model(config.model)
     rows, length, repeats = (4, 16, 2) if SMOKE["run"] else (32, 128, 20)
     tokens = jnp.asarray(np.random.default_rng(0).integers(5, 8000, size=(rows, length)),
@@ -106,8 +112,10 @@ def table(runs: pathlib.Path, model_names, tasks) -> str:
 def pretraining_runs(runs: pathlib.Path, models) -> list:
     """The pretraining runs of the chosen models, teacher first (``bench_main``'s
     ``--smoke``): the distilled student reads ``RUNS/pt_bert``."""
+    import _smoke
+
     # The students' held-out losses are read by nobody here: no evaluation while they train.
-    quiet = "--config.evals.held_out.every_steps=0"
+    quiet = _smoke.NO_HELD_OUT
     made = {"teacher": [PT_BERT],
             "distilled": [PT_BERT, ("pt_distil", "configs/pretrain/distil_bert_tiny.py",
                                     [f"--config.distill.teacher={runs / 'pt_bert'}", quiet])],
@@ -119,7 +127,8 @@ def pretraining_runs(runs: pathlib.Path, models) -> list:
 
 
 def main(argv=None) -> None:
-    bench_main(__doc__, "models", MODELS, run_all, table, argv, pretraining_runs)
+    bench_main(__doc__, "models", MODELS, run_all, table, argv, pretraining_runs,
+               smoke_rows=lambda chosen: [m for m in chosen if m == "distilled"] or chosen[:1])
 
 
 if __name__ == "__main__":

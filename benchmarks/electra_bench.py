@@ -13,9 +13,10 @@ The BERT (``bert_tiny``: 4 layers, 128 wide, 1,000 steps of 32 x 128) and the EL
 head recipe (400 steps of 32, one head per task) into ``RUNS/electra_<model>_<task>``
 and are evaluated on the first 200 test examples. A finished run is skipped.
 The table adds each model's pretraining FLOPs, its last held-out pretraining
-metrics and the fine-tuned scores. ``--smoke``: as ``peft_bench.py``'s (the generator 2
-layers, 16 wide), ELECTRA's row only: the BERT row fine-tunes ``RUNS/pt_bert`` exactly as
-``peft_bench.py``'s ``full`` row does, which that script's smoke run covers.
+metrics and the fine-tuned scores. ``--smoke``: as ``peft_bench.py``'s (a 1-layer
+discriminator), the generator 1 layer and 16 wide, ELECTRA's row only: the BERT row
+fine-tunes ``RUNS/pt_bert`` with the command ``distill_bench.py``'s smoke row runs on its
+student.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ MODELS = {"bert": ("configs/finetune/bert_tiny_head.py", "pt_bert",
 # --smoke: the generator narrower than the (32-wide) discriminator, as in the recipe.
 SMOKE_GENERATOR = ["--config.model.generator.d_model=16", "--config.model.generator.num_heads=1",
                    "--config.model.generator.head_dim=16", "--config.model.generator.d_ff=32",
-                   "--config.model.generator.num_layers=2"]
+                   "--config.model.generator.num_layers=1"]
 
 
 def run_dir(runs: pathlib.Path, model: str, task: str) -> pathlib.Path:

@@ -12,7 +12,9 @@ with each task's own metric functions: every example gets the most frequent trai
 target (for tagging, the most frequent tag at every word; for the cloze, the option at
 the most frequent answer position).
 
-``--smoke``: the majority baseline on 4 examples of each task, and one model cell from a
+``--smoke``: the majority baseline on 4 examples of each task (the most frequent target
+counted on the first ``SMOKE_TRAIN_EXAMPLES`` train examples: reading every train split
+through its task's preprocessing takes seconds a task), and one model cell from a
 real run: a BERT head trained from random init for 2 steps on ``embedded_spam`` and
 evaluated on 4 test examples into ``RUNS/ft_bert_spam_rand`` (a temporary ``--runs``
 unless one is given; the other cells print ``-``): a check that the script runs and reads
@@ -34,6 +36,7 @@ from t5x_like.data.preprocessors.text import as_text
 
 COLUMNS = [("T5", "t5"), ("GPT-2", "gpt2"), ("BERT", "bert")]
 LENGTHS = {"inputs": 1 << 16, "targets": 1 << 16}
+SMOKE_TRAIN_EXAMPLES = 64  # --smoke: the train examples the majority is counted on
 
 
 def examples(task, split: str, limit: int | None) -> list[dict]:
@@ -41,8 +44,9 @@ def examples(task, split: str, limit: int | None) -> list[dict]:
     return list(itertools.islice(iter(ds), limit))
 
 
-def majority(task, split: str, limit: int | None) -> dict[str, float]:
-    train = examples(task, "train", None)
+def majority(task, split: str, limit: int | None,
+             train_limit: int | None = None) -> dict[str, float]:
+    train = examples(task, "train", train_limit)
     evaluated = examples(task, split, limit)
     targets = [as_text(ex["targets_pretokenized"]) for ex in evaluated]
     if "tags" in evaluated[0]:
@@ -77,7 +81,8 @@ def read_metrics(path: pathlib.Path) -> dict[str, dict[str, float]]:
 
 def smoke_run(runs: pathlib.Path, split: str, max_examples: int) -> None:
     """``--smoke``'s one model cell: ``RUNS/ft_bert_spam_rand`` trained (2 steps, a tiny
-    BERT from random init) and evaluated as the table's runs are."""
+    BERT from random init, no held-out evaluation: the cell is the eval command's) and
+    evaluated as the table's runs are."""
     import _smoke
     _smoke.IN_PROCESS = True
     workdir = runs / "ft_bert_spam_rand"
@@ -85,7 +90,7 @@ def smoke_run(runs: pathlib.Path, split: str, max_examples: int) -> None:
     _smoke.cli("t5x_like.train", ["--config=configs/finetune/bert_tiny_head.py",
                                   f"--workdir={workdir}", "--quiet", "--config.init_from=",
                                   "--config.task=embedded_spam", *_smoke.TINY_RUN, *model,
-                                  *lengths], cwd=_smoke.REPO)
+                                  *lengths, _smoke.NO_HELD_OUT], cwd=_smoke.REPO)
     _smoke.cli("t5x_like.eval", [f"--checkpoint={workdir}", "--task=embedded_spam",
                                  f"--split={split}", f"--max_examples={max_examples}",
                                  f"--output_dir={workdir / f'eval_{split}'}", "--quiet"])
@@ -121,7 +126,8 @@ def table(runs: pathlib.Path, args) -> None:
     print("|" + "---|" * len(header))
     for name in bench_tasks.TASKS:
         task = get_task_or_mixture(name)
-        base = majority(task, args.split, args.max_examples or None)
+        base = majority(task, args.split, args.max_examples or None,
+                        SMOKE_TRAIN_EXAMPLES if args.smoke else None)
         short = name.replace("embedded_", "")
         bert = {init: read_metrics(runs / f"ft_bert_{short}_{init}" / eval_dir / "metrics.jsonl")
                 for init in ("rand", "pt")}

@@ -9,9 +9,12 @@ Prints, per recipe (``configs/pretrain/gpt2_tiny.py``, ``t5_tiny.py``) and kind,
 training loss every ``--every`` steps, the held-out loss at the end, and the difference
 from bfloat16.
 
-``--smoke``: the rows of ``SMOKE_ROWS`` (every kind on ``t5_tiny``: each kind and the
-difference from bfloat16; ``gpt2_tiny``'s rows run the same code on another recipe) with
-1-layer, 32-wide models for 2 steps.
+``--smoke``: the rows of ``SMOKE_ROWS`` (``gpt2_tiny`` in bfloat16, the table's baseline, and
+in fp8: a quantized kind, its held-out evaluation and its difference from bfloat16) with
+1-layer, 32-wide models for 2 steps. Each row compiles its own train and eval steps (10-20
+s on 2 busy cores; ``t5_tiny``'s encoder-decoder half as long again); int8 runs the same
+code with Qwix's other kind (``tests/test_quantization.py`` trains both recipes in both),
+and ``t5_tiny``'s rows run it on another recipe.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ sys.path.insert(0, str(REPO))
 
 RECIPES = ("gpt2_tiny", "t5_tiny")
 KINDS = ("", "int8", "fp8")
-SMOKE_ROWS = (("t5_tiny", ""), ("t5_tiny", "int8"), ("t5_tiny", "fp8"))
+SMOKE_ROWS = (("gpt2_tiny", ""), ("gpt2_tiny", "fp8"))
 
 
 def run(recipe: str, kind: str, steps: int, every: int, smoke: bool = False) -> dict:

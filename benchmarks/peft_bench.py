@@ -15,12 +15,16 @@ Step times are measured by ``table`` itself, one method at a time on a random ba
 of the first task's shape, with nothing else running.
 
 ``--smoke`` (``run`` or ``table``, this script and ``electra_bench.py`` / ``distill_bench.py``):
-the same commands at tiny sizes, in this process, as a check that the script runs: 2-layer,
+the same commands at tiny sizes, in this process, as a check that the script runs: 1-layer,
 32-wide models, 2 steps of 8 rows of 32 tokens without the held-out evaluation during
-training (the tables read the eval command's scores), evaluation on 8 examples, the
-first two ``--methods``/``--models`` (``electra_bench.py``: the last, ELECTRA; its BERT row
-is this script's ``full``) on the first task, in a temporary ``--runs`` unless one
-is given; the pretraining runs the table needs are made there first, as tiny.
+training (the tables read the eval command's scores), evaluation on 8 examples, one row
+on the first task (here the first parameter-efficient ``--methods``, LoRA: ``full``
+fine-tunes as ``distill_bench.py``'s smoke row does; ``electra_bench.py``: ELECTRA;
+``distill_bench.py``: the distilled student), in a temporary ``--runs`` unless one is
+given; the pretraining runs the table needs are made there first, as tiny. The step time
+is measured on the run's own mesh (every device, not one), whose train step the
+fine-tuning has just compiled: each row and each mesh is another compile, 10-20 s on 2
+busy cores.
 """
 
 from __future__ import annotations
@@ -104,6 +108,8 @@ def _trainer(runs: pathlib.Path, method: str, task: str):
                                         overrides(runs, method, task) + SMOKE["run"]])
     config.init_from = ""
     spec = resolving.resolve_spec(config)  # the head's labels from the task, as train reads them
+    if SMOKE["run"]:  # --smoke: the fine-tuning run's mesh, whose step it compiled (docstring)
+        return spec, trainer_lib.build_on_devices(spec)[1]
     mesh = partitioning.make_mesh({"data": 1}, jax.devices()[:1])
     return spec, trainer_lib.build_trainer(spec, mesh)
 
@@ -182,7 +188,7 @@ def table(runs: pathlib.Path, methods, tasks) -> str:
 
 def bench_main(doc: str, flag: str, names, run_all_fn, table_fn, argv=None,
                pretraining=lambda runs, chosen: [PT_BERT],
-               smoke_rows=lambda chosen: chosen[:2]) -> None:
+               smoke_rows=lambda chosen: chosen[:1]) -> None:
     """``run|table --runs=DIR --<flag>=a,b --tasks=...``: the command line of this and the
     other fine-tuning benchmarks (``run`` trains what is missing, both print the table).
     ``pretraining(runs, chosen)``: ``[(run name, config, overrides)]``, the pretraining
@@ -211,12 +217,14 @@ def bench_main(doc: str, flag: str, names, run_all_fn, table_fn, argv=None,
         print(table_fn(runs, chosen, tasks))
 
 
-# The pretraining runs (RUNS/<name>) every fine-tuning benchmark starts from.
-PT_BERT = ("pt_bert", "configs/pretrain/bert_tiny.py", ())
+# The pretraining runs (RUNS/<name>) every fine-tuning benchmark starts from (--smoke: as
+# _smoke.pretrained makes them).
+PT_BERT = ("pt_bert", "configs/pretrain/bert_tiny.py", (_smoke.NO_HELD_OUT,))
 
 
 def main(argv=None) -> None:
-    bench_main(__doc__, "methods", METHODS, run_all, table, argv)
+    bench_main(__doc__, "methods", METHODS, run_all, table, argv,
+               smoke_rows=lambda chosen: [m for m in chosen if m != "full"][:1] or chosen[:1])
 
 
 if __name__ == "__main__":

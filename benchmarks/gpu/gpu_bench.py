@@ -19,7 +19,8 @@ if any row failed (a real run records a failed row and goes on). Its rows are
 ``SMOKE_ROWS``: the train stage on GPT-2 only, and the decode stage on T5 with beams (the
 ``decode_extra`` pass decodes GPT-2 greedily: each family and each search once); the rows
 a stage leaves out run the same stage code with other models of ``model_step.py`` and
-``decode_speed.py``, whose own smoke runs cover every row.
+``decode_speed.py``, whose own smoke runs cover the other train rows (BERT, T5) and the
+other two decode rows (GPT-2 with beams, T5 greedy).
 
 ``--src DIR`` imports ``t5x_like``, ``configs/`` and ``benchmarks/{model_step,decode_speed}.py``
 from DIR instead of this checkout (a frozen copy of the package can travel to the device
