@@ -5,8 +5,6 @@ LoRA into the base with the same logits."""
 
 import pathlib
 import shutil
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 
-from t5x_like import config_lib, errors
+from t5x_like import config_lib, errors, summary
 from t5x_like.engine import partitioning
 from t5x_like.engine import trainer as trainer_lib
 from t5x_like.training import preflight
@@ -22,14 +20,17 @@ from t5x_like.training import preflight
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def tiny_decoder(bitfit: bool = False, optimizer: str = "adamw", **peft):
+def tiny_decoder(bitfit: bool = False, optimizer: str = "adamw", num_layers: int = 1, **peft):
+    """A decoder of one layer (what is added or frozen is per layer: one shows it, and
+    compiles in about 60% of two's time); scanned stacks take two (``family_config``), so
+    each layer's slice of the stacked params is told apart."""
     config = config_lib.default_config()
     config.task = "embedded_en_lm"
     config.task_feature_lengths = {"targets": 16}
     config.batch_size = 8
     config.model = config_lib.model_defaults("decoder")
     config.model.update(dict(vocab_size=8192, d_model=32, num_heads=2, head_dim=16, d_ff=64,
-                             num_layers=2, max_length=32))
+                             num_layers=num_layers, max_length=32))
     config.optimizer.name = optimizer
     config.optimizer.learning_rate = 1e-2
     config.optimizer.warmup_steps = 0
@@ -92,18 +93,6 @@ def test_bitfit_trains_biases_only_and_keeps_no_state_for_frozen_params(optimize
     assert state_size * 20 < full_size
 
 
-def test_bitfit_is_the_same_on_a_2x4_mesh_as_on_one_device():
-    one = tiny_decoder(bitfit=True)
-    sharded = tiny_decoder(bitfit=True)
-    sharded.mesh.data, sharded.mesh.fsdp = 2, 4
-    _, _, state_one, _ = train_three_steps(one, jax.devices()[:1])
-    _, _, state_mesh, _ = train_three_steps(sharded, jax.devices()[:8])
-    # Adam's normalised steps (about lr = 1e-2 each) amplify float reassociation in tiny
-    # gradients: agreement to 5e-5 is 0.2% of the 3 steps' movement.
-    for a, b in zip(jax.tree.leaves(state_one.params), jax.tree.leaves(state_mesh.params), strict=False):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=5e-5)
-
-
 def test_bitfit_on_a_model_without_biases_is_refused():
     config = tiny_config(**{"peft.bitfit": True})  # T5 v1.1: no biases
     mesh = partitioning.make_mesh({"dcn": 1, "data": 1, "fsdp": 1, "tensor": 1},
@@ -117,11 +106,10 @@ def test_bitfit_on_a_model_without_biases_is_refused():
     ("--config.peft.bitfit=true", 102_144),
     # 12 layers x (query, value) x (768 x 8 + 8 x 768): as Hugging Face PEFT counts GPT-2.
     ("--config.peft.lora.rank=8", 294_912)], ids=["bitfit", "lora"])
-def test_summary_prints_the_trainable_fraction(override, expected):
-    out = subprocess.run([sys.executable, "-m", "t5x_like.summary", "--config=configs/gpt2_small.py",
-                          override], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    last = out.stdout.strip().splitlines()[-1].split()
+def test_summary_prints_the_trainable_fraction(override, expected, capsys):
+    # The command's main in this process (its shapes only: nothing is compiled).
+    assert summary.main([f"--config={REPO / 'configs' / 'gpt2_small.py'}", override]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1].split()
     assert last[0] == "params:" and last[2] == "trainable:"
     total, trainable = int(last[1]), int(last[3])
     assert trainable == expected and last[4] == f"({100 * trainable / total:.2f}%)"
@@ -154,26 +142,38 @@ def one_device_mesh():
 
 
 def forward(config, params, batch):
-    """The model's output (logits) on ``batch``'s inputs, deterministic."""
-    model = structures.for_config(config).model
-    if config.model.family == "decoder":
-        return model.apply({"params": params}, batch["decoder_input_tokens"])
-    if config.model.family == "encoder":
-        return model.apply({"params": params}, batch["encoder_input_tokens"])["mlm_logits"]
-    return model.apply({"params": params}, batch["encoder_input_tokens"],
-                       batch["decoder_input_tokens"], batch["decoder_target_tokens"])
+    """The model's output (logits) on ``batch``'s inputs, deterministic, as one compiled
+    program (as training and eval run it; op by op it compiled a program per operation)."""
+    model, family = structures.for_config(config).model, config.model.family
+
+    def apply(params, batch):
+        if family == "decoder":
+            return model.apply({"params": params}, batch["decoder_input_tokens"])
+        if family == "encoder":
+            return model.apply({"params": params}, batch["encoder_input_tokens"])["mlm_logits"]
+        return model.apply({"params": params}, batch["encoder_input_tokens"],
+                           batch["decoder_input_tokens"], batch["decoder_target_tokens"])
+    return np.asarray(jax.jit(apply)(params, batch))
+
+
+def predict(config, params, batch, **options):
+    """``config``'s structure's greedy tokens for ``batch``, jitted as eval's runner does
+    (op by op, each call compiled its prefill's operations and its loop)."""
+    structure = structures.for_config(config)
+    return np.asarray(jax.jit(
+        lambda params, batch: structure.predict_batch(params, batch, **options))(params, batch))
 
 
 def family_config(family: str, scan: bool = False, **peft):
     if family == "decoder":
-        config = tiny_decoder(**peft)
+        config = tiny_decoder(num_layers=2 if scan else 1, **peft)
     else:
         config = tiny_config()
         if family == "encoder":
             config.task, config.task_feature_lengths = "embedded_en_mlm", {"inputs": 16}
             config.model = config_lib.model_defaults("encoder")
             config.model.update(dict(vocab_size=8192, d_model=32, num_heads=2, head_dim=16,
-                                     d_ff=64, num_layers=2, max_length=32,
+                                     d_ff=64, num_layers=1, max_length=32,
                                      next_sentence_head=False))
         config_lib.apply_overrides(config, [f"peft.{k}={v}" for k, v in peft.items()])
     config.model.scan_layers = scan
@@ -184,23 +184,27 @@ def family_config(family: str, scan: bool = False, **peft):
 @pytest.mark.parametrize("family,scan", [("decoder", False), ("decoder", True),
                                          ("encoder_decoder", False), ("encoder", False)])
 def test_untrained_lora_and_adapters_give_the_base_model_exactly(family, scan):
+    """The base model's output on its weights equals the LoRA-and-adapters model's on the
+    same weights plus its added params as initialised (A and the adapters' down kernels
+    random, B and up zero): the base's weights are the PEFT model's own, so one init."""
     base_config = family_config(family, scan)
     config = family_config(family, scan, **LORA, **ADAPTERS)
     mesh = one_device_mesh()
     base_trainer = trainer_lib.build_trainer(base_config, mesh)
-    base = base_trainer.init_state(0).params
     peft_trainer = trainer_lib.build_trainer(config, mesh)
     params = flat(peft_trainer.init_state(1).params)
     added = {k for k in params if peft_modules.is_peft_param(tuple(k.split("/")))}
     assert any(k.endswith("query/lora_b") for k in added)
     assert any("/mlp/adapter/" in k for k in added) and any("attention/adapter/" in k
                                                              for k in added)
-    assert set(params) - added == set(flat(base))
-    params.update(flat(base))  # the base's weights; B = 0 and up = 0 as initialised
+    assert any(np.abs(params[k]).max() > 0 for k in added if k.endswith("lora_a"))
+    assert set(params) - added == set(flat(base_trainer.abstract_state.params))
+    base = traverse_util.unflatten_dict({k: v for k, v in params.items() if k not in added},
+                                        sep="/")
     batch = jax.device_get(random_batch(base_trainer, base_config))
     want = forward(base_config, base, batch)
     got = forward(config, traverse_util.unflatten_dict(params, sep="/"), batch)
-    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("family", ["encoder", "encoder_decoder"])
@@ -229,26 +233,19 @@ def test_prompt_tuning_is_an_encoder_input_in_front_of_the_sequence(family):
     plain = traverse_util.unflatten_dict(plain, sep="/")
 
     batch = jax.device_get(random_batch(trainer, config))
-    model = structures.for_config(config).model
-    plain_model = structures.for_config(plain_config).model
+    got = forward(config, with_prompt, batch)
+    inputs = np.asarray(batch["encoder_input_tokens"])
+    prompt = np.broadcast_to(spare, (len(inputs), 4))
     if family == "encoder":
-        tokens = np.asarray(batch["encoder_input_tokens"])
-        got = model.apply({"params": with_prompt}, tokens)["mlm_logits"]
-        inserted = np.concatenate([tokens[:, :1], np.broadcast_to(spare, (len(tokens), 4)),
-                                   tokens[:, 1:]], axis=1)
-        want = plain_model.apply({"params": plain}, inserted)["mlm_logits"]
+        inserted = np.concatenate([inputs[:, :1], prompt, inputs[:, 1:]], axis=1)
+        want = forward(plain_config, plain, dict(batch, encoder_input_tokens=inserted))
         want = np.concatenate([want[:, :1], want[:, 5:]], axis=1)
     else:
-        inputs = np.asarray(batch["encoder_input_tokens"])
-        got = model.apply({"params": with_prompt}, inputs, batch["decoder_input_tokens"],
-                          batch["decoder_target_tokens"])
-        inserted = np.concatenate([np.broadcast_to(spare, (len(inputs), 4)), inputs], axis=1)
-        want = plain_model.apply({"params": plain}, inserted, batch["decoder_input_tokens"],
-                                 batch["decoder_target_tokens"])
+        inserted = np.concatenate([prompt, inputs], axis=1)
+        want = forward(plain_config, plain, dict(batch, encoder_input_tokens=inserted))
     assert got.shape == want.shape
     # Logits over the spare ids differ where the output layer is the (edited) token table.
-    np.testing.assert_allclose(np.asarray(got)[..., :spare[0]], np.asarray(want)[..., :spare[0]],
-                               atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(got[..., :spare[0]], want[..., :spare[0]], atol=2e-5, rtol=1e-5)
 
 
 def test_prompt_tuning_is_refused_where_it_does_not_apply():
@@ -272,9 +269,12 @@ def test_lora_params_have_logical_axes_of_the_kernel_they_adapt():
     assert "layers/attention/key/lora_a" not in specs  # default targets: query and value
 
 
-@pytest.mark.parametrize("peft,scan", [(LORA, False), (ADAPTERS, False), (PREFIX, False),
+# LoRA, adapters and a prefix in one model (each was a case of its own: what trains is
+# told apart by each param's path, the same rule for all three), and the reparameterised
+# prefix in a scanned stack.
+@pytest.mark.parametrize("peft,scan", [({**LORA, **ADAPTERS, **PREFIX}, False),
                                        (PREFIX_MLP, True)],
-                         ids=["lora", "adapters", "prefix", "prefix_mlp-scanned"])
+                         ids=["lora_adapters_prefix", "prefix_mlp-scanned"])
 def test_only_added_params_train_and_only_they_have_optimizer_state(peft, scan):
     config = family_config("decoder", scan, **peft)
     trainer, before, state, metrics = train_three_steps(config, jax.devices()[:1])
@@ -293,14 +293,21 @@ def test_only_added_params_train_and_only_they_have_optimizer_state(peft, scan):
     assert trained > 0 and state_size <= 2 * trained + 16, (state_size, trained)
 
 
-def test_lora_trains_the_same_on_a_2x4_mesh_as_on_one_device():
-    one = tiny_decoder(**LORA)
-    sharded = tiny_decoder(**LORA)
+def test_bitfit_and_lora_train_the_same_on_a_2x4_mesh_as_on_one_device():
+    """BitFit's biases and LoRA's factors (one model; they were a test each) train on a
+    2x4 data x FSDP mesh as on one device, the factors sharded like their kernels."""
+    one = tiny_decoder(bitfit=True, **LORA)
+    sharded = tiny_decoder(bitfit=True, **LORA)
     sharded.mesh.data, sharded.mesh.fsdp = 2, 4
-    _, _, state_one, _ = train_three_steps(one, jax.devices()[:1])
+    _, before, state_one, _ = train_three_steps(one, jax.devices()[:1])
     trainer, _, state_mesh, _ = train_three_steps(sharded, jax.devices()[:8])
     spec = trainer.state_shardings.params["layers_0"]["attention"]["query"]["lora_a"].spec
     assert "fsdp" in str(spec)  # sharded like the query kernel's embed dimension
+    after = flat(state_one.params)
+    moved = {k for k, v in flat(before).items() if not np.array_equal(v, after[k])}
+    assert any(k.endswith("/bias") for k in moved) and any(k.endswith("lora_b") for k in moved)
+    # Adam's normalised steps (about lr = 1e-2 each) amplify float reassociation in tiny
+    # gradients: agreement to 5e-5 is 0.2% of the 3 steps' movement.
     for a, b in zip(jax.tree.leaves(state_one.params), jax.tree.leaves(state_mesh.params), strict=False):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=5e-5)
 
@@ -339,14 +346,13 @@ def test_decoding_with_lora_equals_decoding_the_merged_model(family):
     params = traverse_util.unflatten_dict(params, sep="/")
     merged = peft_modules.merge_lora(params, peft_modules.PeftSettings.from_config(config.peft))
     batch = jax.device_get(random_batch(trainer, config))
-    options = {"max_decode_length": 6}
-    with_lora = structures.for_config(config).predict_batch(params, batch, **options)
-    plain = structures.for_config(family_config(family)).predict_batch(merged, batch, **options)
-    np.testing.assert_array_equal(np.asarray(with_lora), np.asarray(plain))
+    with_lora = predict(config, params, batch, max_decode_length=6)
+    plain = predict(family_config(family), merged, batch, max_decode_length=6)
+    np.testing.assert_array_equal(with_lora, plain)
     base = traverse_util.unflatten_dict({k: v for k, v in flat(params).items() if "lora" not in k},
                                         sep="/")
-    unadapted = structures.for_config(family_config(family)).predict_batch(base, batch, **options)
-    assert not np.array_equal(np.asarray(unadapted), np.asarray(with_lora))
+    unadapted = predict(family_config(family), base, batch, max_decode_length=6)
+    assert not np.array_equal(unadapted, with_lora)
 
 
 @pytest.mark.parametrize("family,peft", [
@@ -364,32 +370,31 @@ def test_tuned_decoding_follows_the_full_forward_pass(family, peft):
         {k: v * 30 if "/prefix/" in k or k.endswith("prompt") else v
          for k, v in params.items()}, sep="/")
     batch = jax.device_get(random_batch(trainer, config))
-    structure = structures.for_config(config)
     steps = 5
-    generated = np.asarray(structure.predict_batch(params, batch, max_decode_length=steps))
+    generated = predict(config, params, batch, max_decode_length=steps)
+    # The teacher-forced pass over the generated tokens (forward: the model's logits).
     if family == "decoder":
         tokens = np.array(batch["decoder_input_tokens"])
         tokens[:, 1:steps + 1] = generated  # the prompt is each row's first token
-        logits = structure.model.apply({"params": params}, tokens)
-        np.testing.assert_array_equal(generated, np.asarray(logits).argmax(-1)[:, :steps])
+        logits = forward(config, params, dict(batch, decoder_input_tokens=tokens))
+        np.testing.assert_array_equal(generated, logits.argmax(-1)[:, :steps])
     else:
         inputs = np.asarray(generated[:, :steps])
         decoder_inputs = np.concatenate([np.zeros_like(inputs[:, :1]), inputs[:, :-1]], axis=1)
-        logits = structure.model.apply({"params": params}, batch["encoder_input_tokens"],
-                                       decoder_inputs, inputs)
-        np.testing.assert_array_equal(inputs, np.asarray(logits).argmax(-1))
+        logits = forward(config, params, dict(batch, decoder_input_tokens=decoder_inputs,
+                                              decoder_target_tokens=inputs))
+        np.testing.assert_array_equal(inputs, logits.argmax(-1))
     without = traverse_util.unflatten_dict(
         {k: v for k, v in flat(params).items()
          if not peft_modules.is_peft_param(tuple(k.split("/")))}, sep="/")
-    plain = structures.for_config(family_config(family)).predict_batch(
-        without, batch, max_decode_length=steps)
-    assert not np.array_equal(np.asarray(plain), generated)  # the prefix changed the output
+    plain = predict(family_config(family), without, batch, max_decode_length=steps)
+    assert not np.array_equal(plain, generated)  # the prefix changed the output
 
 
 def test_a_lora_pattern_that_matches_no_kernel_is_refused():
     config = tiny_decoder(**{**LORA, "lora.targets": "attention/qkv/kernel$"})
     trainer = trainer_lib.build_trainer(config, one_device_mesh())
-    with pytest.raises(errors.ConfigError, match="matches none of the model's 12 kernels"):
+    with pytest.raises(errors.ConfigError, match="matches none of the model's 6 kernels"):
         preflight.check_peft_fits(config_lib.spec_of(config), trainer.abstract_state.params)
     with pytest.raises(errors.ConfigError, match="not a regular expression"):
         tiny_decoder(**{**LORA, "lora.targets": "(query"})
@@ -403,9 +408,12 @@ from t5x_like import eval as eval_cli  # noqa: E402
 from t5x_like import train  # noqa: E402
 
 
-def short_run(config, steps: int):
+def short_run(config, steps: int, held_out: bool = True):
+    """``steps`` steps, a checkpoint every 3, and the held-out loss every 3 (``held_out``;
+    off for the plain base runs, whose held-out loss no test reads)."""
     config.num_train_steps = steps
-    config.checkpoint_every_steps = config.eval_every_steps = 3
+    config.checkpoint_every_steps = 3
+    config.eval_every_steps = 3 if held_out else 0
     config.eval_batches = 1
     return config
 
@@ -452,45 +460,54 @@ def option_scores(checkpoint, out, flags=EVAL_CLOZE) -> np.ndarray:
                      for line in newest.read_text().splitlines()])
 
 
-@pytest.mark.slow
-def test_a_lora_run_saves_what_trains_resumes_evaluates_and_merges(tmp_path):
-    train.run(short_run(tiny_decoder(), 3), str(tmp_path / "base"), quiet=True)
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    """``(folder, config)``: a base run of 3 steps in ``folder / "base"`` and a LoRA run
+    of 3 steps on it in ``folder / "lora"`` (``config``). The PEFT-run tests copy the LoRA
+    run before they change it; the base stays where the LoRA run recorded it."""
+    folder = tmp_path_factory.mktemp("peft_runs")
+    train.run(short_run(tiny_decoder(), 3, held_out=False), str(folder / "base"), quiet=True)
     config = short_run(tiny_decoder(**LORA), 3)
-    config.init_from = str(tmp_path / "base")
-    train.run(config, str(tmp_path / "lora"), quiet=True)
+    config.init_from = str(folder / "base")
+    train.run(config, str(folder / "lora"), quiet=True)
+    return folder, config
 
-    saved = json.loads((tmp_path / "lora" / "config.json").read_text())
-    assert saved["peft_base"]["path"] == str(tmp_path / "base") and saved["peft_base"]["step"] == 3
-    sizes = {name: sum(f.stat().st_size for f in (tmp_path / name / "checkpoints" / "3").rglob("*")
+
+@pytest.mark.slow
+def test_a_lora_run_saves_what_trains_resumes_evaluates_and_merges(lora_run, tmp_path):
+    folder, config = lora_run
+    base = folder / "base"
+    saved = json.loads((folder / "lora" / "config.json").read_text())
+    assert saved["peft_base"]["path"] == str(base) and saved["peft_base"]["step"] == 3
+    sizes = {name: sum(f.stat().st_size for f in (folder / name / "checkpoints" / "3").rglob("*")
                        if f.is_file()) for name in ("base", "lora")}
     assert sizes["lora"] * 5 < sizes["base"], sizes  # no frozen weights, no state for them
 
+    shutil.copytree(folder / "lora", tmp_path / "lora")
+    config = config.copy_and_resolve_references()
     config.num_train_steps = 6  # resume: the base is read back and joined
     assert train.run(config, str(tmp_path / "lora"), quiet=True)["step"] == 6
 
     assert peft_runs.main(["merge", f"--peft={tmp_path / 'lora'}",
                            f"--out={tmp_path / 'merged'}"]) == 0
     _exported_logits_equal_the_lora_model(tmp_path, config)
-    peft_scores = option_scores(tmp_path / "lora", tmp_path / "eval_lora")
-    merged_scores = option_scores(tmp_path / "merged", tmp_path / "eval_merged")
-    base_scores = option_scores(tmp_path / "base", tmp_path / "eval_base")
-    assert peft_scores.shape == (8, 4)
-    np.testing.assert_allclose(merged_scores, peft_scores, rtol=1e-5, atol=1e-4)
-    assert np.abs(base_scores - peft_scores).max() > 1e-3  # the adapted model is not the base
-    # The merged folder carries the run's lengths: without flags it is read as the run is
-    # (a folder without them would be read at lengths fitted to its positions, 24 + 8).
+    # The merged folder carries the run's lengths: without length flags both are read as
+    # the run is, and score alike (a folder without them would be read at lengths fitted
+    # to its positions, 24 + 8).
     carried = json.loads((tmp_path / "merged" / "run_config.json").read_text())
     assert carried["task_feature_lengths"] == {"targets": 16}
     assert carried["task"] == "embedded_en_lm" and carried["batch_size"] == 8
-    no_lengths = [flag for flag in EVAL_CLOZE if "_length=" not in flag] + ["--num_shots=0"]
-    own = option_scores(tmp_path / "lora", tmp_path / "eval_lora_own", no_lengths)
-    np.testing.assert_allclose(
-        option_scores(tmp_path / "merged", tmp_path / "eval_merged_own", no_lengths), own,
-        rtol=1e-5, atol=1e-4)
+    own_lengths = [flag for flag in EVAL_CLOZE if "_length=" not in flag] + ["--num_shots=0"]
+    peft_scores = option_scores(tmp_path / "lora", tmp_path / "eval_lora", own_lengths)
+    merged_scores = option_scores(tmp_path / "merged", tmp_path / "eval_merged", own_lengths)
+    base_scores = option_scores(base, tmp_path / "eval_base", own_lengths)
+    assert peft_scores.shape == (8, 4)
+    np.testing.assert_allclose(merged_scores, peft_scores, rtol=1e-5, atol=1e-4)
+    assert np.abs(base_scores - peft_scores).max() > 1e-3  # the adapted model is not the base
     shutil.copytree(tmp_path / "merged", tmp_path / "bare")  # the control: lengths not kept
     (tmp_path / "bare" / "run_config.json").unlink()
-    bare = option_scores(tmp_path / "bare", tmp_path / "eval_bare", no_lengths)
-    assert np.abs(bare - own).max() > 1e-3
+    bare = option_scores(tmp_path / "bare", tmp_path / "eval_bare", own_lengths)
+    assert np.abs(bare - peft_scores).max() > 1e-3
 
 
 def _exported_logits_equal_the_lora_model(tmp_path, config):
@@ -506,42 +523,46 @@ def _exported_logits_equal_the_lora_model(tmp_path, config):
     source = param_sources.resolve(str(tmp_path / "lora"))
     params = jax.device_get(source.restore_params(source.steps()[-1], trainer))
     tokens = np.random.default_rng(0).integers(4, 8192, size=(2, 16))
-    ours = structures.for_config(config).model.apply({"params": params}, tokens)
+    ours = forward(config, params, {"decoder_input_tokens": tokens})
     with torch.no_grad():
         theirs = hf(torch.tensor(tokens)).logits.numpy()
     np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.slow
-def test_a_peft_checkpoint_on_another_base_is_refused(tmp_path, capsys):
-    train.run(short_run(tiny_decoder(), 3), str(tmp_path / "base"), quiet=True)
-    config = short_run(tiny_decoder(**LORA), 3)
-    config.init_from = str(tmp_path / "base")
-    train.run(config, str(tmp_path / "lora"), quiet=True)
-    other = short_run(tiny_decoder(), 3)
+def test_a_peft_checkpoint_on_another_base_is_refused(lora_run, tmp_path, capsys):
+    folder, config = lora_run
+    lora = tmp_path / "lora"
+    shutil.copytree(folder / "lora", lora)  # its recorded base: folder / "base"
+    other = short_run(tiny_decoder(), 3, held_out=False)
     other.seed = 7  # the same model and steps, other weights
     train.run(other, str(tmp_path / "other"), quiet=True)
 
-    code = peft_runs.main(["merge", f"--peft={tmp_path / 'lora'}",
-                           f"--base={tmp_path / 'other'}", f"--out={tmp_path / 'merged'}"])
+    code = peft_runs.main(["merge", f"--peft={lora}", f"--base={tmp_path / 'other'}",
+                           f"--out={tmp_path / 'merged'}"])
     err = capsys.readouterr().err
     assert code == 2 and "was trained on the base" in err and "holds other params" in err
     assert len(err.strip().splitlines()) == 1
     assert not (tmp_path / "merged" / "params").exists()
 
-    # The other weights put where the base was: eval refuses the PEFT checkpoint too.
-    (tmp_path / "base").rename(tmp_path / "base_aside")
-    (tmp_path / "other").rename(tmp_path / "base")
-    code = eval_cli.main([f"--checkpoint={tmp_path / 'lora'}", f"--output_dir={tmp_path / 'eval'}",
-                          *EVAL_CLOZE])
-    err = capsys.readouterr().err
-    assert code == 2 and "holds other params" in err, err
-    # ... and so does a resume, without moving the checkpoint aside as damaged.
-    config.num_train_steps = 6
-    with pytest.raises(errors.UserError, match="holds other params"):
-        train.run(config, str(tmp_path / "lora"), quiet=True)
-    assert (tmp_path / "lora" / "checkpoints" / "3").is_dir()
-    assert not (tmp_path / "lora" / "damaged_checkpoints").exists()
+    # The other weights put where the base was (the shared base put back after).
+    (folder / "base").rename(tmp_path / "base_aside")
+    (tmp_path / "other").rename(folder / "base")
+    try:
+        code = eval_cli.main([f"--checkpoint={lora}", f"--output_dir={tmp_path / 'eval'}",
+                              *EVAL_CLOZE])
+        err = capsys.readouterr().err
+        assert code == 2 and "holds other params" in err, err  # eval refuses it too
+        # ... and so does a resume, without moving the checkpoint aside as damaged.
+        config = config.copy_and_resolve_references()
+        config.num_train_steps = 6
+        with pytest.raises(errors.UserError, match="holds other params"):
+            train.run(config, str(lora), quiet=True)
+        assert (lora / "checkpoints" / "3").is_dir()
+        assert not (lora / "damaged_checkpoints").exists()
+    finally:
+        (folder / "base").rename(tmp_path / "other")
+        (tmp_path / "base_aside").rename(folder / "base")
 
 
 def test_a_fresh_prompt_copies_rows_of_the_pretrained_token_table():

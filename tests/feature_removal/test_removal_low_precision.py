@@ -43,12 +43,13 @@ def _fresh_copy(request, name):
 # -- quantized training ---------------------------------------------------------------------
 
 def _train_step_text(kind: str) -> str:
-    """The compiled train step of a small decoder quantized to ``kind``, on one device."""
+    """The compiled train step of a small one-layer decoder quantized to ``kind``, on one
+    device (its attention and MLP matmuls are those of every layer)."""
     import jax
 
     from t5x_like.engine import partitioning
     from t5x_like.engine import trainer as trainer_lib
-    config = decoder(**{"quantization.kind": kind, "model.vocab_size": 512})
+    config = decoder(**{"quantization.kind": kind, "model.vocab_size": 512, "model.num_layers": 1})
     trainer = trainer_lib.build_trainer(config, partitioning.make_mesh(
         {"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1]))
     return trainer.lower_train_step(trainer.abstract_state,
