@@ -4,13 +4,13 @@ The Pallas splash and flash kernels run in interpret mode on CPU; the cuDNN path
 checked through ``jax.nn.dot_product_attention``'s XLA implementation (the same
 arguments, so the mask translation is what is tested)."""
 
-import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
+from test_model_features import drawn_params  # in the shapes of the model's init
 
 from t5x_like import config_lib
 from t5x_like.models import attention, encoder
@@ -56,13 +56,15 @@ def real_rows(mask):
     return np.asarray(mask.query_segment_ids > 0)
 
 
-def outputs_and_gradients(fn, q, k, v, mask):
-    """The output at real rows, and the gradients of a fixed random projection of it."""
+def outputs_and_gradients(fn, q, k, v, mask, *more):
+    """The output at real rows, and the gradients of a fixed random projection of it (of
+    ``q``, ``k``, ``v`` and ``more``, further arguments of ``fn``: a position bias)."""
     weights = jnp.asarray(np.random.default_rng(2).normal(size=q.shape), jnp.float32)
     rows = jnp.asarray(real_rows(mask))[:, :, None, None]
-    loss = lambda q, k, v: jnp.sum(jnp.where(rows, fn(q, k, v) * weights, 0))  # noqa: E731
-    return jax.jit(lambda q, k, v: (fn(q, k, v), jax.grad(loss, argnums=(0, 1, 2))(q, k, v)))(
-        q, k, v)
+    loss = lambda *args: jnp.sum(jnp.where(rows, fn(*args) * weights, 0))  # noqa: E731
+    argnums = tuple(range(3 + len(more)))
+    return jax.jit(lambda *args: (fn(*args), jax.grad(loss, argnums=argnums)(*args)))(
+        q, k, v, *more)
 
 
 def assert_same(name, got, want, mask, atol=2e-5):
@@ -70,7 +72,7 @@ def assert_same(name, got, want, mask, atol=2e-5):
     rows = real_rows(mask)
     np.testing.assert_allclose(np.asarray(out)[rows], np.asarray(ref_out)[rows], atol=atol,
                                err_msg=f"{name}: outputs")
-    for which, a, b in zip("qkv", grads, ref_grads, strict=False):
+    for which, a, b in zip(("q", "k", "v", "bias")[:len(grads)], grads, ref_grads, strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=atol,
                                    err_msg=f"{name}: d{which}")
 
@@ -137,8 +139,8 @@ def test_global_tokens_see_and_are_seen_by_all_and_local_ones_only_the_window():
 def test_chunked_global_rows_equal_the_dense_ones():
     mask = masks()["global_window"]
     q, k, v = qkv()
-    dense = attention.global_query_attention(q, k, v, mask, scale=SCALE)
-    chunked = attention.global_query_attention(q, k, v, mask, scale=SCALE, chunked=True)
+    dense, chunked = jax.jit(lambda q, k, v: tuple(attention.global_query_attention(
+        q, k, v, mask, scale=SCALE, chunked=chunked) for chunked in (False, True)))(q, k, v)
     np.testing.assert_allclose(np.asarray(chunked), np.asarray(dense), atol=2e-6)
 
 
@@ -178,31 +180,26 @@ def flash_cases():
 
 @pytest.mark.parametrize("name", list(flash_cases()))
 def test_flash_kernel_in_interpret_mode_equals_the_reference(name):
+    """Outputs and the gradients of queries, keys, values and (where the mask has one)
+    the position bias: the flash kernel returns the bias's gradient, summed over the
+    batch it was broadcast to."""
     mask = flash_cases()[name]
     q_len = mask.query_segment_ids.shape[1]
     q, _, _ = qkv(length=q_len, heads=HEADS, kv_heads=KV_HEADS)
     _, k, v = qkv(length=128, heads=HEADS, kv_heads=KV_HEADS, seed=3)
-    flash = lambda q, k, v: attention.flash_attention(q, k, v, mask, scale=SCALE)  # noqa: E731
+    bias = () if mask.position_bias is None else (mask.position_bias,)
+
+    def attend(implementation):
+        def fn(q, k, v, *bias):
+            given = mask.replace(position_bias=bias[0]) if bias else mask
+            return implementation(q, k, v, given, scale=SCALE)
+        return fn
     with pltpu.force_tpu_interpret_mode():
-        got = outputs_and_gradients(flash, q, k, v, mask)
-    assert_same(name, got, outputs_and_gradients(reference(mask), q, k, v, mask), mask,
-                atol=5e-5)
-
-
-def test_the_flash_kernel_returns_the_position_bias_gradient():
-    mask = flash_cases()["position_bias"]
-    q, k, v = qkv(length=128)
-    rows = jnp.asarray(real_rows(mask))[:, :, None, None]
-
-    def loss(bias, fn):
-        return jnp.sum(jnp.where(rows, fn(q, k, v, mask.replace(position_bias=bias)), 0) ** 2)
-    flash = functools.partial(attention.flash_attention, scale=SCALE)
-    plain = functools.partial(attention.reference_attention, scale=SCALE)
-    with pltpu.force_tpu_interpret_mode():
-        got = jax.jit(jax.grad(lambda b: loss(b, flash)))(mask.position_bias)
-    want = jax.jit(jax.grad(lambda b: loss(b, plain)))(mask.position_bias)
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=5e-5)
-    assert float(jnp.abs(want).max()) > 1e-3  # the bias does receive a gradient
+        got = outputs_and_gradients(attend(attention.flash_attention), q, k, v, mask, *bias)
+    want = outputs_and_gradients(attend(attention.reference_attention), q, k, v, mask, *bias)
+    assert_same(name, got, want, mask, atol=5e-5)
+    if bias:  # the bias does receive a gradient
+        assert float(jnp.abs(want[1][3]).max()) > 1e-3
 
 
 def test_auto_and_fallbacks_are_chosen_and_explained():
@@ -251,6 +248,8 @@ def test_the_tpu_kernels_refuse_keys_off_their_block():
     assert choose(cross_mask(114, 512))[0] == "flash"  # T5's decoder over its encoder
 
 
+
+
 def tiny_longformer(**overrides):
     settings = dict(vocab_size=64, d_model=32, num_heads=4, head_dim=8, d_ff=64, num_layers=2,
                     max_length=64, next_sentence_head=False, attention_window=4,
@@ -263,19 +262,23 @@ def test_longformer_encoder_is_the_same_function_under_every_implementation():
     tokens = jnp.asarray(np.random.default_rng(0).integers(1, 64, size=(2, 48)))
     tokens = tokens.at[1, 40:].set(0)
     global_mask = jnp.zeros((2, 48), bool).at[:, 0].set(True).at[0, 7].set(True)
-    model = tiny_longformer()
-    params = model.init(jax.random.PRNGKey(0), tokens)["params"]
+    model = tiny_longformer(num_layers=1)  # every layer attends alike: one shows it
+    params = drawn_params(model, tokens)
     assert "query_global" in params["layers_0"]["attention"]
-    results = {}
-    for impl in ("xla", "chunked"):
-        model = tiny_longformer(attention_impl=impl)
 
-        def loss(params, model=model):
-            out = model.apply({"params": params}, tokens, global_attention_mask=global_mask)
-            real = (tokens > 0)[:, :, None]
-            return jnp.sum(jnp.where(real, out["mlm_logits"], 0) ** 2), out["mlm_logits"]
-        (_, logits), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
-        results[impl] = (logits, grads)
+    def loss(params, model):
+        out = model.apply({"params": params}, tokens, global_attention_mask=global_mask)
+        real = (tokens > 0)[:, :, None]
+        return jnp.sum(jnp.where(real, out["mlm_logits"], 0) ** 2), out["mlm_logits"]
+
+    def every_implementation(params):  # one program: each implementation's logits and grads
+        results = {}
+        for impl in ("xla", "chunked"):
+            model = tiny_longformer(attention_impl=impl, num_layers=1)
+            (_, logits), grads = jax.value_and_grad(loss, has_aux=True)(params, model)
+            results[impl] = (logits, grads)
+        return results
+    results = jax.jit(every_implementation)(params)
     real = np.asarray(tokens > 0)
     np.testing.assert_allclose(np.asarray(results["chunked"][0])[real],
                                np.asarray(results["xla"][0])[real], atol=1e-4)
@@ -318,11 +321,10 @@ def test_dropout_keeps_the_plain_path_and_is_applied():
     model = tiny_longformer(global_attention=False, attention_window=0, dropout_rate=0.5,
                             attention_impl="flash")
     tokens = jnp.ones((1, 8), jnp.int32)
-    params = model.init(jax.random.PRNGKey(0), tokens)["params"]
-    a = model.apply({"params": params}, tokens, deterministic=False,
-                    rngs={"dropout": jax.random.PRNGKey(1)})["hidden"]
-    b = model.apply({"params": params}, tokens, deterministic=False,
-                    rngs={"dropout": jax.random.PRNGKey(2)})["hidden"]
+    params = drawn_params(model, tokens)
+    a, b = jax.jit(lambda p, t: tuple(model.apply(
+        {"params": p}, t, deterministic=False,
+        rngs={"dropout": jax.random.PRNGKey(seed)})["hidden"] for seed in (1, 2)))(params, tokens)
     assert not np.allclose(np.asarray(a), np.asarray(b))
 
 
@@ -343,21 +345,22 @@ def test_a_task_global_mask_reaches_the_longformer_through_the_converter():
 
     model = tiny_longformer()
     tokens = jnp.asarray(row["encoder_input_tokens"])[None]
-    params = model.init(jax.random.PRNGKey(0), tokens)["params"]
-    run = lambda mask: model.apply(  # noqa: E731
-        {"params": params}, tokens, segment_ids=jnp.asarray(row["encoder_segment_ids"])[None],
+    params = drawn_params(model, tokens)
+    run = lambda p, mask: model.apply(  # noqa: E731
+        {"params": p}, tokens, segment_ids=jnp.asarray(row["encoder_segment_ids"])[None],
         positions=jnp.asarray(row["encoder_positions"])[None],
         global_attention_mask=mask)["hidden"]
-    given = run(jnp.asarray(row["encoder_global_attention_mask"])[None])
-    assert not np.allclose(np.asarray(given), np.asarray(run(None)))  # questions are global
+    given, default = jax.jit(lambda p, mask: (run(p, mask), run(p, None)))(
+        params, jnp.asarray(row["encoder_global_attention_mask"])[None])
+    assert not np.allclose(np.asarray(given), np.asarray(default))  # questions are global
 
 
 def test_a_fallback_to_the_plain_path_is_reported(caplog):
     model = tiny_longformer(global_attention=False, attention_window=0, attention_impl="chunked")
     tokens = jnp.ones((1, 8), jnp.int32)
     attention._report.cache_clear()  # each reason is logged once per process
-    with caplog.at_level("WARNING", logger="t5x_like.models.attention"):
-        model.init(jax.random.PRNGKey(0), tokens)
+    with caplog.at_level("WARNING", logger="t5x_like.models.attention"):  # when traced
+        jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), tokens))
     assert "attention: xla (attention_impl=chunked): chunked attention unavailable: " \
         "no attention window" in caplog.text
 
@@ -371,7 +374,7 @@ def test_t5_on_an_accelerator_passes_the_bias_as_two_factors_with_the_same_value
     inputs = jnp.asarray(rng.integers(1, 64, (2, 16)) * (np.arange(16) < [[16], [11]]))
     targets = jnp.asarray(rng.integers(1, 64, (2, 6)))
     decoder_inputs = jnp.pad(targets[:, :-1], ((0, 0), (1, 0)))
-    params = model.init(jax.random.PRNGKey(0), inputs, decoder_inputs, targets)
+    params = {"params": drawn_params(model, inputs, decoder_inputs, targets)}
 
     def loss(params):
         logits = model.apply(params, inputs, decoder_inputs, targets)
@@ -379,12 +382,18 @@ def test_t5_on_an_accelerator_passes_the_bias_as_two_factors_with_the_same_value
 
     position_bias = jnp.zeros((1, 4, 16, 16))
     mask = attention.self_attention_mask(inputs > 0, position_bias=position_bias)
-    results = {}
     for platform in ("cpu", "gpu"):
         with traced_platform.target_platform(platform):
             handed = attention.for_every_layer(mask, config, deterministic=True)
-            results[platform] = jax.jit(jax.value_and_grad(loss))(params)
         assert isinstance(handed, attention.SplitBias) == (platform == "gpu")
+
+    def on_each_platform(params):  # one program: each half traced for its platform
+        results = {}
+        for platform in ("cpu", "gpu"):
+            with traced_platform.target_platform(platform):
+                results[platform] = jax.value_and_grad(loss)(params)
+        return results
+    results = jax.jit(on_each_platform)(params)
     (value_cpu, grads_cpu), (value_gpu, grads_gpu) = results["cpu"], results["gpu"]
     np.testing.assert_allclose(value_gpu, value_cpu, rtol=1e-6)
     for got, want in zip(jax.tree.leaves(grads_gpu), jax.tree.leaves(grads_cpu), strict=False):

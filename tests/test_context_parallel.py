@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import check_mesh_on_8, set_keys
+from test_model_features import drawn_params  # in the shapes of the model's init
 
 from t5x_like import config_lib, errors, models, structures, train
 from t5x_like.engine import partitioning
@@ -84,7 +85,7 @@ def test_a_context_mesh_gives_one_devices_logits_and_gradients(case):
     balanced = not case.endswith("unbalanced")
     model = _model(family, **settings)
     tokens, features = _inputs(family, packed, prefix)
-    params = nn.unbox(model.init(jax.random.key(0), *models.example_inputs(model, {})))["params"]
+    params = drawn_params(model, *models.example_inputs(model, {}))
 
     def forward_and_grad(p, tokens, features):
         def loss(p):  # every output position and every parameter reach the gradient
@@ -104,9 +105,9 @@ def test_a_context_mesh_gives_one_devices_logits_and_gradients(case):
             jax.device_put(features, rows))
     with (jax.set_mesh(mesh), nn.logical_axis_rules(rules),
           context_parallel.context_settings(context_parallel.ContextSettings(strategy, balanced))):
-        step = jax.jit(forward_and_grad)
+        step = jax.jit(forward_and_grad).lower(*args).compile()  # read below, and run
         split = step(*args)
-        compiled = step.lower(*args).compile().as_text()
+        compiled = step.as_text()
     for a, b in zip(jax.tree.leaves(single), jax.tree.leaves(split), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=2e-6)
     # Each device computes its MLP on 2 rows x 8 positions, never on whole rows ...
@@ -121,8 +122,8 @@ def test_rows_the_axis_does_not_divide_are_scored_whole_on_every_device():
     such rows take the plain path and still give one device's logits."""
     model = _model("decoder")
     tokens = np.random.default_rng(1).integers(1, 64, (BATCH, 30)).astype(np.int32)
-    params = nn.unbox(model.init(jax.random.key(0), *models.example_inputs(model, {})))["params"]
-    single = model.apply({"params": params}, tokens)
+    params = drawn_params(model, *models.example_inputs(model, {}))
+    single = jax.jit(lambda p, t: model.apply({"params": p}, t))(params, tokens)
     mesh = partitioning.make_mesh(MESH)
     rules = partitioning.axis_rules("fsdp")
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
@@ -166,13 +167,21 @@ def _decoder_run(**overrides):
     return set_keys(config, settings)
 
 
+@pytest.fixture(scope="module")
+def data_parallel_metrics(tmp_path_factory):
+    """The two steps' records on (data 8): what both strategies are compared with."""
+    workdir = tmp_path_factory.mktemp("data")
+    train.run(_decoder_run(**{"mesh.data": 8}), str(workdir), quiet=True)
+    return _metrics(workdir)
+
+
 @pytest.mark.parametrize("strategy", ["all_gather", "ring"])
-def test_two_steps_on_a_context_mesh_log_the_data_parallel_losses(tmp_path, strategy):
-    train.run(_decoder_run(**{"mesh.data": 8}), str(tmp_path / "data"), quiet=True)
+def test_two_steps_on_a_context_mesh_log_the_data_parallel_losses(tmp_path, strategy,
+                                                                  data_parallel_metrics):
     train.run(_decoder_run(**{"mesh.data": 2, "mesh.context": 4,
                               "partitioning.context_attention": strategy}),
               str(tmp_path / "context"), quiet=True)
-    plain, split = _metrics(tmp_path / "data"), _metrics(tmp_path / "context")
+    plain, split = data_parallel_metrics, _metrics(tmp_path / "context")
     assert [r["step"] for r in split] == [1, 2]
     for a, b in zip(plain, split, strict=True):
         np.testing.assert_allclose(b["loss"], a["loss"], rtol=2e-6)
@@ -210,8 +219,10 @@ def test_an_encoder_decoder_is_refused_with_the_axes_that_do_split_it():
         config_lib.check_devices(config_lib.spec_of(config), 8)
 
 
+@pytest.mark.slow
 def test_the_pages_command_trains_as_printed(tmp_path):
-    """docs/parallelism.md's command: a ring context-parallel run of gpt2_tiny."""
+    """docs/parallelism.md's command: a ring context-parallel run of gpt2_tiny (4 steps of
+    8 rows, a held-out eval at the end)."""
     page = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "parallelism.md").read_text()
     block = re.search(r"```\n(XLA_FLAGS=.*?)```", page, flags=re.S).group(1)
     words = shlex.split(block.replace("\\\n", " "))
@@ -259,14 +270,14 @@ def test_the_splash_kernel_inside_each_shard_equals_one_devices_attention(
                                       platform="tpu", interpret=True)
         return context_parallel.unbalance(out, parts) if parts else out
 
-    def with_grads(attend):
+    def with_grads(attend, q, k, v):  # q, k, v arguments: constants would be folded
         def loss(q, k, v):
             out = attend(q, k, v)
             return jnp.sum(jnp.sin(out) * (segments > 0)[..., None, None]), out
         (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, k, v)
         return out, grads
 
-    expected = jax.jit(lambda *a: with_grads(whole))(q, k, v)
+    expected = jax.jit(lambda *a: with_grads(whole, *a))(q, k, v)
     mesh = partitioning.make_mesh(MESH)
     kernels = []
     monkeypatch.setattr(context_parallel, "_gathered_splash", _counted(
@@ -274,7 +285,7 @@ def test_the_splash_kernel_inside_each_shard_equals_one_devices_attention(
     with (jax.set_mesh(mesh), nn.logical_axis_rules(partitioning.axis_rules("fsdp")),
           context_parallel.context_settings(context_parallel.ContextSettings("all_gather",
                                                                              balanced))):
-        found = jax.jit(lambda *a: with_grads(split))(q, k, v)
+        found = jax.jit(lambda *a: with_grads(split, *a))(q, k, v)
     assert kernels, "the splash path was not taken"
     live = np.asarray(segments > 0)[..., None, None]
     np.testing.assert_allclose(np.where(live, found[0], 0), np.where(live, expected[0], 0),

@@ -1,4 +1,12 @@
-"""Layer options shared by the families: scan and remat, packed segments, prefix LM."""
+"""Layer options shared by the families: scan and remat, packed segments, prefix LM.
+
+Each model runs as compiled programs (``jax.jit``): op by op, every operation of a model
+would compile (and enter the compilation cache) on its own. Parameters are drawn in numpy
+in the shapes and dtypes of the model's init (``drawn_params``): the tests compare
+computations on the same parameters, and compiling an init costs about as much as the
+program tested."""
+
+import functools
 
 import flax.linen as nn
 import jax
@@ -23,34 +31,55 @@ def tokens(shape=(2, 12), seed=0):
     return jnp.asarray(np.random.default_rng(seed).integers(1, 64, size=shape), jnp.int32)
 
 
+def drawn_params(model, *inputs, seed=0):
+    """Parameters in the tree, shapes and dtypes ``model.init`` gives them for ``inputs``
+    (traced, not compiled), drawn in numpy: normal, standard deviation 0.2."""
+    shapes = nn.unbox(jax.eval_shape(lambda: model.init(jax.random.key(0), *inputs))["params"])
+    rng = np.random.default_rng(seed)
+    return jax.tree.map(lambda s: jnp.asarray(rng.normal(0.0, 0.2, s.shape), s.dtype), shapes)
+
+
+@functools.cache
+def _decoder_params():
+    """``tiny_decoder()``'s parameters, shared by the tests that run it (its shapes do not
+    depend on the tokens' length)."""
+    return drawn_params(tiny_decoder(), tokens())
+
+
+def _logits_and_grads(model, params, x):
+    """``model``'s logits on ``x`` and the gradient of their mean square, one program."""
+    def loss(p):
+        out = model.apply({"params": p}, x)
+        return jnp.mean(out ** 2), out
+    (_, out), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+    return out, grads
+
+
+@pytest.fixture(scope="module")
+def loop_run():
+    """The 3-layer loop's parameters, logits and gradients: what every remat policy's
+    scanned stack is compared with."""
+    params = _decoder_params()
+    return (params, *_logits_and_grads(tiny_decoder(), params, tokens()))
+
+
 @pytest.mark.parametrize("remat_policy", ["none", "full", "dots_no_batch"])
-def test_scanned_layers_compute_what_the_loop_computes(remat_policy):
+def test_scanned_layers_compute_what_the_loop_computes(loop_run, remat_policy):
     x = tokens()
-    loop = tiny_decoder()
-    params = nn.unbox(loop.init(jax.random.key(0), x)["params"])
+    params, loop_out, grad_loop = loop_run
     scanned = tiny_decoder(scan_layers=True, remat_policy=remat_policy)
     stacked = stacking.stack_layer_params(params)
     assert stacked["layers"]["mlp"]["wo"]["kernel"].shape == (3, 48, 32)
     # The scanned model's own init has the same structure.
-    own = nn.unbox(scanned.init(jax.random.key(0), x)["params"])
+    own = nn.unbox(jax.eval_shape(lambda: scanned.init(jax.random.key(0), x))["params"])
     assert jax.tree.structure(own) == jax.tree.structure(stacked)
 
-    np.testing.assert_allclose(scanned.apply({"params": stacked}, x),
-                               loop.apply({"params": params}, x), rtol=1e-5, atol=1e-5)
-
-    def loss(model, p):
-        return jnp.mean(model.apply({"params": p}, x) ** 2)
-
-    grad_loop = jax.grad(functools_partial(loss, loop))(params)
-    grad_scan = jax.grad(functools_partial(loss, scanned))(stacked)
+    scan_out, grad_scan = _logits_and_grads(scanned, stacked, x)
+    np.testing.assert_allclose(scan_out, loop_out, rtol=1e-5, atol=1e-5)
     for a, b in zip(jax.tree.leaves(stacking.stack_layer_params(jax.device_get(grad_loop))),
                     jax.tree.leaves(grad_scan), strict=False):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
     assert jax.tree.structure(stacking.unstack_layer_params(stacked)) == jax.tree.structure(params)
-
-
-def functools_partial(f, model):
-    return lambda p: f(model, p)
 
 
 def test_an_unknown_remat_policy_names_the_choices():
@@ -62,34 +91,44 @@ def test_an_unknown_remat_policy_names_the_choices():
 def test_packed_rows_give_the_logits_of_separate_rows():
     model = tiny_decoder()
     a, b = tokens((1, 7), seed=1), tokens((1, 5), seed=2)
-    params = nn.unbox(model.init(jax.random.key(0), a)["params"])
+    params = _decoder_params()
     packed = jnp.concatenate([a, b, jnp.zeros((1, 3), jnp.int32)], axis=1)
     segments = jnp.asarray([[1] * 7 + [2] * 5 + [0] * 3])
     positions = jnp.asarray([list(range(7)) + list(range(5)) + [0] * 3])
-    out = model.apply({"params": params}, packed, decoder_segment_ids=segments,
-                      decoder_positions=positions)
-    np.testing.assert_allclose(out[:, :7], model.apply({"params": params}, a), atol=1e-5)
-    np.testing.assert_allclose(out[:, 7:12], model.apply({"params": params}, b), atol=1e-5)
+
+    def run(p, packed, segments, positions, a, b):  # the packed row, then each alone
+        apply = functools.partial(model.apply, {"params": p})
+        return (apply(packed, decoder_segment_ids=segments, decoder_positions=positions),
+                apply(a), apply(b))
+    out, alone_a, alone_b = jax.jit(run)(params, packed, segments, positions, a, b)
+    np.testing.assert_allclose(out[:, :7], alone_a, atol=1e-5)
+    np.testing.assert_allclose(out[:, 7:12], alone_b, atol=1e-5)
 
 
 def test_learned_positions_also_restart_per_segment():
     model = tiny_decoder(position_embedding="learned", norm="layernorm", use_bias=True)
     a, b = tokens((1, 6), seed=3), tokens((1, 6), seed=4)
-    params = nn.unbox(model.init(jax.random.key(0), a)["params"])
+    params = drawn_params(model, a)
     packed = jnp.concatenate([a, b], axis=1)
-    out = model.apply({"params": params}, packed, decoder_segment_ids=jnp.asarray([[1] * 6 + [2] * 6]),
-                      decoder_positions=jnp.asarray([list(range(6)) * 2]))
-    np.testing.assert_allclose(out[:, 6:], model.apply({"params": params}, b), atol=1e-5)
+
+    def run(p, packed, b):
+        apply = functools.partial(model.apply, {"params": p})
+        return apply(packed, decoder_segment_ids=jnp.asarray([[1] * 6 + [2] * 6]),
+                     decoder_positions=jnp.asarray([list(range(6)) * 2])), apply(b)
+    out, alone = jax.jit(run)(params, packed, b)
+    np.testing.assert_allclose(out[:, 6:], alone, atol=1e-5)
 
 
 def test_prefix_lm_attends_both_ways_over_the_prefix_only():
     model = tiny_decoder()
     x = tokens((1, 10))
-    params = nn.unbox(model.init(jax.random.key(0), x)["params"])
+    params = _decoder_params()
     prefix = jnp.asarray([[1] * 4 + [0] * 6])
+    apply = jax.jit(lambda p, t, causal_attention: model.apply(
+        {"params": p}, t, decoder_causal_attention=causal_attention))
 
     def logits(t, causal_attention):
-        return np.asarray(model.apply({"params": params}, t, decoder_causal_attention=causal_attention))
+        return np.asarray(apply(params, t, causal_attention))
 
     changed_in_prefix = x.at[0, 3].set((x[0, 3] + 1) % 64)
     # Position 0 sees position 3 under the prefix mask, not under the causal one.
@@ -135,12 +174,12 @@ def test_span_boundary_head_adds_its_loss_to_masked_lm():
 
     model = tiny_encoder(span_boundary_head=True, next_sentence_head=False)
     x = tokens((2, 12))
-    params = nn.unbox(model.init(jax.random.key(0), x)["params"])
+    params = drawn_params(model, x)
     assert "span_boundary" in params
     weights = np.zeros((2, 12), np.float32)
     weights[:, 3:6] = 1
     batch = {"encoder_input_tokens": x, "encoder_target_tokens": x, "encoder_loss_weights": weights}
-    loss, metrics = structure_loss("encoder", model)(params, batch)
+    loss, metrics = jax.jit(structure_loss("encoder", model))(params, batch)
     np.testing.assert_allclose(loss, metrics["mlm_loss"] + metrics["sbo_loss"], rtol=1e-6)
     assert abs(float(metrics["sbo_loss"]) - np.log(64)) < 1.5
 
@@ -148,20 +187,26 @@ def test_span_boundary_head_adds_its_loss_to_masked_lm():
 def test_encoder_packed_rows_scan_and_local_attention():
     loop = tiny_encoder()
     a, b = tokens((1, 7), seed=1), tokens((1, 5), seed=2)
-    params = nn.unbox(loop.init(jax.random.key(0), a)["params"])
+    params = drawn_params(loop, a)
     packed = jnp.concatenate([a, b], axis=1)
-    out = loop.apply({"params": params}, packed, segment_ids=jnp.asarray([[1] * 7 + [2] * 5]),
-                     positions=jnp.asarray([list(range(7)) + list(range(5))]))
-    np.testing.assert_allclose(out["mlm_logits"][:, 7:], loop.apply({"params": params}, b)["mlm_logits"],
-                               atol=1e-5)
     scanned = tiny_encoder(scan_layers=True)
-    np.testing.assert_allclose(
-        scanned.apply({"params": stacking.stack_layer_params(params)}, packed)["mlm_logits"],
-        loop.apply({"params": params}, packed)["mlm_logits"], atol=1e-5)
     local = tiny_encoder(attention_window=2, num_layers=1)
     changed = packed.at[0, 5].set((packed[0, 5] + 1) % 64)
-    first = lambda t: np.asarray(local.apply({"params": params}, t)["mlm_logits"][0, 0])  # noqa: E731
-    np.testing.assert_allclose(first(packed), first(changed), atol=1e-6)  # one layer, window 2
+
+    def run(p, stacked, packed, b, changed):
+        def logits(model, params, t, **features):
+            return model.apply({"params": params}, t, **features)["mlm_logits"]
+        return dict(
+            packed=logits(loop, p, packed, segment_ids=jnp.asarray([[1] * 7 + [2] * 5]),
+                          positions=jnp.asarray([list(range(7)) + list(range(5))])),
+            alone=logits(loop, p, b), whole=logits(loop, p, packed),
+            scanned=logits(scanned, stacked, packed),
+            local=logits(local, p, packed)[0, 0], local_changed=logits(local, p, changed)[0, 0])
+    out = jax.jit(run)(params, stacking.stack_layer_params(params), packed, b, changed)
+    np.testing.assert_allclose(out["packed"][:, 7:], out["alone"], atol=1e-5)
+    np.testing.assert_allclose(out["scanned"], out["whole"], atol=1e-5)
+    # One layer, window 2: the first token does not see the sixth.
+    np.testing.assert_allclose(out["local"], out["local_changed"], atol=1e-6)
 
 
 @pytest.mark.slow
@@ -174,14 +219,17 @@ def test_t5_packed_rows_give_the_logits_of_separate_rows():
     (ea, da), (eb, db) = [(tokens((1, n), seed=s), tokens((1, m), seed=s + 10))
                           for n, m, s in ((6, 4, 1), (5, 3, 2))]
     shift = lambda t: jnp.concatenate([jnp.zeros((1, 1), jnp.int32), t[:, :-1]], axis=1)  # noqa: E731
-    params = nn.unbox(model.init(jax.random.key(0), ea, shift(da), da)["params"])
+    params = drawn_params(model, ea, shift(da), da)
     packed_in, packed_targets = jnp.concatenate([ea, eb], 1), jnp.concatenate([da, db], 1)
-    out = model.apply({"params": params}, packed_in,
-                      jnp.concatenate([shift(da), shift(db)], 1), packed_targets,
+
+    def run(p, packed_in, packed_targets, eb, db):  # the packed row, then b alone
+        apply = functools.partial(model.apply, {"params": p})
+        return (apply(packed_in, jnp.concatenate([shift(da), shift(db)], 1), packed_targets,
                       encoder_segment_ids=jnp.asarray([[1] * 6 + [2] * 5]),
-                      decoder_segment_ids=jnp.asarray([[1] * 4 + [2] * 3]))
-    np.testing.assert_allclose(out[:, 4:], model.apply({"params": params}, eb, shift(db), db),
-                               atol=1e-5)
+                      decoder_segment_ids=jnp.asarray([[1] * 4 + [2] * 3])),
+                apply(eb, shift(db), db))
+    out, alone = jax.jit(run)(params, packed_in, packed_targets, eb, db)
+    np.testing.assert_allclose(out[:, 4:], alone, atol=1e-5)
     with pytest.raises(ValueError, match="need both encoder_segment_ids and decoder_segment_ids"):
         model.apply({"params": params}, ea, shift(da), da, encoder_segment_ids=jnp.ones((1, 6)))
 
@@ -203,24 +251,24 @@ def test_bfloat16_compute_keeps_float32_parameters_and_logits(family):
     f32, bf16 = build("float32"), build("bfloat16")
     inputs = tuple(jnp.asarray(np.random.default_rng(0).integers(3, 64, size=x.shape), jnp.int32)
                    for x in models.example_inputs(f32, {}, batch_size=2))
-    params = nn.unbox(bf16.init(jax.random.key(0), *inputs)["params"])
+    params = drawn_params(bf16, *inputs)
     assert {leaf.dtype for leaf in jax.tree.leaves(params)} == {jnp.dtype("float32")}
     logits = lambda out: out["mlm_logits"] if isinstance(out, dict) else out  # noqa: E731
-    low, full = (logits(m.apply({"params": params}, *inputs)) for m in (bf16, f32))
+    low, full = jax.jit(lambda p, *xs: tuple(logits(m.apply({"params": p}, *xs))
+                                             for m in (bf16, f32)))(params, *inputs)
     assert low.dtype == jnp.float32
     assert np.abs(np.asarray(low) - np.asarray(full)).max() < 0.1 * np.abs(np.asarray(full)).max()
     assert not np.array_equal(np.asarray(low), np.asarray(full))  # bf16 really was used
 
 
-@pytest.mark.parametrize("shared", [False, True])
-def test_gradient_boundaries_change_no_gradient_and_stay_in_the_compiled_step(shared):
+def test_gradient_boundaries_change_no_gradient_and_stay_in_the_compiled_step():
     """The boundaries are there for XLA:CPU's fusion; they must be exact identities, and
     the conditional that makes them work must survive into the program."""
     from t5x_like.models import layers
 
     x = tokens()
     model = tiny_decoder(position_embedding="learned", num_kv_heads=0)
-    params = nn.unbox(model.init(jax.random.key(0), x)["params"])
+    params = drawn_params(model, x)
 
     def loss(p):
         return jnp.mean(jnp.square(model.apply({"params": p}, x)))
@@ -231,7 +279,7 @@ def test_gradient_boundaries_change_no_gradient_and_stay_in_the_compiled_step(sh
     for enabled in (True, False):
         with layers.gradient_boundaries(enabled):
             lowered = jax.jit(jax.grad(loss)).lower(params)
-            grads[enabled] = jax.jit(jax.grad(loss))(params)
+            grads[enabled] = lowered.compile()(params)
         conditionals = lowered.as_text().count("stablehlo.case")
         # One per layer input (3), one between the sublayers of each block (3), and one
         # per dense layer for the input its kernel gradient reads (``layers.contract``).
@@ -239,7 +287,12 @@ def test_gradient_boundaries_change_no_gradient_and_stay_in_the_compiled_step(sh
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
                  grads[True], grads[False])
 
-    # Every block input of a loop or a shared (ALBERT-style) stack passes a boundary.
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_every_block_input_of_a_loop_or_a_shared_stack_passes_a_boundary(shared):
+    """Of a loop or a shared (ALBERT-style) stack of 4 blocks: 4 conditionals."""
+    from t5x_like.models import layers
+
     class Shared(nn.Module):
         @nn.compact
         def __call__(self, h):

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import structure_loss, tiny_config
+from test_model_features import drawn_params  # in the shapes of the model's init
 
 from t5x_like import config_lib, errors, models, structures
 from t5x_like.engine import partitioning
@@ -80,15 +81,15 @@ def _dense_loop(params, x, k, activations=("silu", "linear"), softmax="before_to
 def test_dropless_equals_a_dense_loop_over_experts_in_outputs_and_gradients():
     x = jax.random.normal(jax.random.key(1), (2, 3, 8))
     layer = _layer("dropless")
-    params = nn.unbox(layer.init(jax.random.key(0), x))["params"]
-    np.testing.assert_allclose(layer.apply({"params": params}, x), _dense_loop(params, x, 2),
-                               rtol=1e-5, atol=1e-6)
+    params = drawn_params(layer, x)
 
-    def loss(apply):
-        return lambda p, x: jnp.sum(jnp.sin(apply(p, x)))
-    grads = jax.jit(jax.grad(loss(lambda p, x: layer.apply({"params": p}, x)),
-                             argnums=(0, 1)))(params, x)
-    want = jax.jit(jax.grad(loss(lambda p, x: _dense_loop(p, x, 2)), argnums=(0, 1)))(params, x)
+    def outputs_and_grads(apply):  # one program each: the outputs, and their gradients
+        loss = lambda p, x: jnp.sum(jnp.sin(apply(p, x)))  # noqa: E731
+        return jax.jit(lambda p, x: (apply(p, x), jax.grad(loss, argnums=(0, 1))(p, x)))(
+            params, x)
+    out, grads = outputs_and_grads(lambda p, x: layer.apply({"params": p}, x))
+    want_out, want = outputs_and_grads(lambda p, x: _dense_loop(p, x, 2))
+    np.testing.assert_allclose(out, want_out, rtol=1e-5, atol=1e-6)
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
@@ -97,24 +98,33 @@ def test_capacity_dispatch_with_room_for_every_token_equals_dropless():
     x = jax.random.normal(jax.random.key(2), (2, 6, 8))
     capacity = _layer("capacity", capacity_factor=4.0 / 2)  # E/k: every token fits
     dropless = _layer("dropless")
-    params = nn.unbox(dropless.init(jax.random.key(0), x))["params"]
-    out, state = capacity.apply({"params": params}, x, mutable=[moe.COLLECTION])
-    np.testing.assert_allclose(out, dropless.apply({"params": params}, x), rtol=1e-5, atol=1e-6)
-    assert float(router_terms(state)[1]["moe_dropped_fraction"]) == 0.0
-    # At capacity factor 1 with skewed routing some assignments are dropped, and counted.
+    # At capacity factor 0.5 with skewed routing some assignments are dropped, and counted.
     tight = _layer("capacity", capacity_factor=0.5)
-    _, state = tight.apply({"params": params}, x, mutable=[moe.COLLECTION])
-    assert float(router_terms(state)[1]["moe_dropped_fraction"]) > 0.0
+    params = drawn_params(dropless, x)
+
+    def run(p, x):
+        out, state = capacity.apply({"params": p}, x, mutable=[moe.COLLECTION])
+        _, tight_state = tight.apply({"params": p}, x, mutable=[moe.COLLECTION])
+        return (out, dropless.apply({"params": p}, x),
+                router_terms(state)[1]["moe_dropped_fraction"],
+                router_terms(tight_state)[1]["moe_dropped_fraction"])
+    out, want, dropped, tight_dropped = jax.jit(run)(params, x)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+    assert float(dropped) == 0.0
+    assert float(tight_dropped) > 0.0
 
 
 def test_shared_expert_and_its_gate_add_a_sigmoid_weighted_mlp():
     x = jax.random.normal(jax.random.key(3), (1, 4, 8))
     layer = _layer("dropless", shared_expert_d_ff=6, shared_expert_gate=True)
-    params = nn.unbox(layer.init(jax.random.key(0), x))["params"]
-    shared = layers.Mlp(6, ("silu", "linear")).apply({"params": params["shared_expert"]}, x)
-    gate = jax.nn.sigmoid(x @ params["shared_expert_gate"]["kernel"])
-    np.testing.assert_allclose(layer.apply({"params": params}, x),
-                               _dense_loop(params, x, 2) + gate * shared, rtol=1e-5, atol=1e-6)
+    params = drawn_params(layer, x)
+
+    def run(p, x):
+        shared = layers.Mlp(6, ("silu", "linear")).apply({"params": p["shared_expert"]}, x)
+        gate = jax.nn.sigmoid(x @ p["shared_expert_gate"]["kernel"])
+        return layer.apply({"params": p}, x), _dense_loop(p, x, 2) + gate * shared
+    out, want = jax.jit(run)(params, x)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
 
 
 def test_load_balancing_and_z_losses_equal_their_formulas():
@@ -167,19 +177,21 @@ def test_every_family_with_experts_adds_the_router_losses_and_their_metrics(fami
     from t5x_like import structures
     model = structures.build_model(_model_config(family, **settings))
     inputs = models.example_inputs(model, {}, batch_size=2)
-    params = nn.unbox(model.init(jax.random.key(0), *inputs))["params"]
+    params = drawn_params(model, *inputs)
     assert _sparse_layers(params) == sparse
     structure = structures.structure_class(family)(model)
     tokens = jnp.asarray(np.random.default_rng(0).integers(3, 64, (2, 8)), jnp.int32)
     batch = {name: tokens for name in ("encoder_input_tokens", "encoder_target_tokens",
                                        "decoder_input_tokens", "decoder_target_tokens")}
     batch[structure.weights_feature] = jnp.ones((2, 8))
-    objective, metrics = jax.jit(structure_loss(family, model, z_loss=0.0))(params, batch)
+    unweighted = dict(settings, router_aux_loss_weight=0.0, router_z_loss_weight=0.0)
+    weighted_loss = structure_loss(family, model, z_loss=0.0)
+    plain_loss = structure_loss(family, structures.build_model(
+        _model_config(family, **unweighted)), z_loss=0.0)
+    (objective, metrics), (plain, _) = jax.jit(  # one program: both objectives
+        lambda p, b: (weighted_loss(p, b), plain_loss(p, b)))(params, batch)
     aux = 0.01 * metrics["moe_load_balancing_loss"] + settings.get(
         "router_z_loss_weight", 0.0) * metrics["moe_router_z_loss"]
-    unweighted = dict(settings, router_aux_loss_weight=0.0, router_z_loss_weight=0.0)
-    plain, _ = jax.jit(structure_loss(family, structures.build_model(
-        _model_config(family, **unweighted)), z_loss=0.0))(params, batch)
     np.testing.assert_allclose(objective, plain + aux, rtol=1e-5)
     fractions = [metrics[f"moe_expert_fraction_{e}"] for e in range(4)]
     np.testing.assert_allclose(sum(fractions), 1.0, rtol=1e-5)
@@ -196,7 +208,7 @@ def test_experts_sharded_over_a_2x4_mesh_equal_one_device(family, dispatch, mesh
                                              moe_dispatch=dispatch))
     inputs = tuple(np.random.default_rng(0).integers(1, 64, size=x.shape).astype(np.int32)
                    for x in models.example_inputs(model, {}, batch_size=8))
-    params = nn.unbox(model.init(jax.random.key(0), *inputs))["params"]
+    params = drawn_params(model, *inputs)
 
     def forward(p, *xs):
         logits, state = model.apply({"params": p}, *xs, mutable=[moe.COLLECTION])
@@ -205,7 +217,9 @@ def test_experts_sharded_over_a_2x4_mesh_equal_one_device(family, dispatch, mesh
     def loss(p, *xs):  # gradients through the dispatch, the experts and the router loss
         logits, (aux, _) = forward(p, *xs)
         return jnp.mean(jnp.sin(logits)) + aux
-    single = forward(params, *inputs), jax.grad(loss)(params, *inputs)
+    def forward_and_grad(p, *xs):
+        return forward(p, *xs), jax.grad(loss)(p, *xs)
+    single = jax.jit(forward_and_grad)(params, *inputs)
     mesh = partitioning.make_mesh(mesh_shape)
     rules = partitioning.axis_rules("fsdp")
     shardings = partitioning.logical_shardings(trainer_lib.abstract_boxed_params(model, {}),
@@ -216,7 +230,7 @@ def test_experts_sharded_over_a_2x4_mesh_equal_one_device(family, dispatch, mesh
     sharded_params = jax.device_put(params, shardings)
     sharded_inputs = tuple(jax.device_put(x, partitioning.batch_sharding(mesh)) for x in inputs)
     with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        sharded = jax.jit(lambda p, *xs: (forward(p, *xs), jax.grad(loss)(p, *xs)))(
+        sharded = jax.jit(lambda p, *xs: forward_and_grad(p, *xs))(  # traced here, anew
             sharded_params, *sharded_inputs)
     for a, b in zip(jax.tree.leaves(single), jax.tree.leaves(sharded), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-6)
@@ -296,10 +310,10 @@ def test_groups_of_moe_group_size_tokens_dispatch_as_rows_of_that_length():
     x = jax.random.normal(jax.random.key(4), (2, 6, 8))
     grouped = _layer("capacity", capacity_factor=1.0, moe_group_size=3)
     rows = _layer("capacity", capacity_factor=1.0)
-    params = nn.unbox(rows.init(jax.random.key(0), x))["params"]
-    np.testing.assert_allclose(grouped.apply({"params": params}, x),
-                               rows.apply({"params": params}, x.reshape(4, 3, 8)).reshape(x.shape),
-                               rtol=1e-6, atol=1e-6)
+    params = drawn_params(rows, x)
+    out, want = jax.jit(lambda p, x: (grouped.apply({"params": p}, x), rows.apply(
+        {"params": p}, x.reshape(4, 3, 8)).reshape(x.shape)))(params, x)
+    np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("path,hf_config", [
@@ -361,11 +375,16 @@ def test_summary_prints_total_and_active_parameters(capsys):
 def test_router_jitter_perturbs_routing_inputs_only_while_training():
     x = jax.random.normal(jax.random.key(5), (2, 6, 8))
     layer = _layer("dropless", k=1, router_jitter=0.5)
-    params = nn.unbox(layer.init(jax.random.key(0), x))["params"]
-    evaluated = layer.apply({"params": params}, x)
-    np.testing.assert_array_equal(evaluated, _layer("dropless", k=1).apply({"params": params}, x))
-    trained = [layer.apply({"params": params}, x, deterministic=False,
-                           rngs={"dropout": jax.random.key(seed)}) for seed in (1, 2)]
+    params = drawn_params(layer, x)
+
+    def run(p, x):
+        evaluated = layer.apply({"params": p}, x)
+        plain = _layer("dropless", k=1).apply({"params": p}, x)
+        trained = [layer.apply({"params": p}, x, deterministic=False,
+                               rngs={"dropout": jax.random.key(seed)}) for seed in (1, 2)]
+        return evaluated, plain, trained
+    evaluated, plain, trained = jax.jit(run)(params, x)
+    np.testing.assert_array_equal(evaluated, plain)
     assert not np.allclose(trained[0], trained[1])  # the noise follows the dropout rng
 
 
@@ -425,8 +444,9 @@ def test_capacity_dispatch_that_drops_tokens_equals_a_per_token_loop(group_size)
     x = jax.random.normal(jax.random.key(6), (3, 8, 8))
     # 4 experts, k = 2, 0.5 x: a group of 8 tokens has 8 slots for 16 assignments.
     layer = _layer("capacity", capacity_factor=0.5, moe_group_size=group_size)
-    params = nn.unbox(layer.init(jax.random.key(7), x))["params"]
-    out, state = layer.apply({"params": params}, x, mutable=[moe.COLLECTION])
+    params = drawn_params(layer, x, seed=7)
+    out, state = jax.jit(lambda p, x: layer.apply({"params": p}, x, mutable=[moe.COLLECTION]))(
+        params, x)
     want, placed, dropped = _capacity_loop(params, x, 2, 0.5, group_size)
     # Both halves of the rule are exercised: some first choices overflow (so token order
     # decides), and some second choices still find room (after every first choice).

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import check_mesh_on_8, set_keys
+from test_model_features import drawn_params  # in the shapes of the model's init
 
 from t5x_like import config_lib, errors, models, structures, train
 from t5x_like.engine import partitioning
@@ -70,7 +71,7 @@ def test_a_pipelined_mesh_gives_one_devices_logits_and_gradients(case):
     family, num_layers, mesh_shape, schedule, microbatches, per_visit, packed = CASES[case]
     model = _model(family, num_layers)
     tokens, features = _features(family, packed)
-    params = nn.unbox(model.init(jax.random.key(0), *models.example_inputs(model, {})))["params"]
+    params = drawn_params(model, *models.example_inputs(model, {}))
 
     def forward_and_grad(p, tokens, features):
         def loss(p):  # every output position and every parameter reach the gradient
@@ -93,9 +94,9 @@ def test_a_pipelined_mesh_gives_one_devices_logits_and_gradients(case):
         staged = jax.device_put(staged, partitioning.logical_shardings(boxed, mesh, rules))
         rows = partitioning.batch_sharding(mesh, rules)
         args = (staged, jax.device_put(tokens, rows), jax.device_put(features, rows))
-        step = jax.jit(forward_and_grad)
+        step = jax.jit(forward_and_grad).lower(*args).compile()  # read below, and run
         out, grads = step(*args)
-        compiled = step.lower(*args).compile().as_text()
+        compiled = step.as_text()
     for a, b in zip(jax.tree.leaves(single[0]), jax.tree.leaves(out), strict=True):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=2e-6)
     flat = jax.tree.map(lambda g, p: np.asarray(g).reshape(p.shape), grads, params)
@@ -206,7 +207,10 @@ def test_a_plan_across_two_slices_reports_the_bubble_and_the_hand_overs_over_dcn
         "--config=configs/pretrain/gpt2_tiny.py", "--topology=v5p:2x2x1", "--num_slices=2",
         "--json", "--config.mesh.dcn=2", "--config.mesh.stage=2", "--config.mesh.data=1",
         "--config.mesh.fsdp=2", "--config.model.numerics.scan_layers=True",
-        "--config.partitioning.pipeline_over_dcn=True", "--config.batch_size=16").stdout)
+        "--config.partitioning.pipeline_over_dcn=True", "--config.batch_size=16",
+        # A small vocabulary and short rows: the plan's structure is the same, its
+        # compile half as long.
+        "--config.model.vocab_size=256", "--config.task_feature_lengths.targets=32").stdout)
     assert report["pipeline"] == {"schedule": "gpipe", "stages": 4, "microbatches": 4,
                                   "repeats": 1, "over_dcn": True,
                                   "bubble": pytest.approx(3 / 7)}
@@ -218,7 +222,8 @@ def test_a_plan_across_two_slices_reports_the_bubble_and_the_hand_overs_over_dcn
 @pytest.mark.slow
 @pytest.mark.optimized
 def test_the_pages_pipeline_command_trains_as_printed(tmp_path):
-    """docs/parallelism.md's pipeline command: gpt2_tiny over 4 stages."""
+    """docs/parallelism.md's pipeline command: gpt2_tiny over 4 stages (4 steps of 8 rows,
+    a held-out eval at the end)."""
     import os
     import shlex
     import subprocess
