@@ -19,6 +19,10 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
 import ci_guard
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import t5x_like.builtin_tasks  # noqa: F401  (the built-in tasks, as every command registers them)
@@ -38,7 +42,7 @@ FAST_COMPILE_MODULES = frozenset({
     "test_held_out_eval.py", "test_removal_low_precision.py", "test_electra.py",
     "test_retrieval_runs.py", "test_convert_longformer.py", "test_data_errors.py",
     "test_bilm.py", "test_pipeline.py", "test_generation_engine.py",
-    "test_removal_generation.py",
+    "test_removal_generation.py", "test_quantization.py",
 })
 
 
@@ -107,6 +111,14 @@ def check_mesh_on_8(config, fragment: str | None) -> None:
     with pytest.raises(errors.ConfigError, match=re.escape(fragment)):
         config_lib.validate(config)
         config_lib.check_devices(config_lib.spec_of(config), 8)
+
+
+def drawn_params(model, *inputs, seed=0):
+    """Parameters in the tree, shapes and dtypes ``model.init`` gives them for ``inputs``
+    (traced, not compiled), drawn in numpy: normal, standard deviation 0.2."""
+    shapes = nn.unbox(jax.eval_shape(lambda: model.init(jax.random.key(0), *inputs))["params"])
+    rng = np.random.default_rng(seed)
+    return jax.tree.map(lambda s: jnp.asarray(rng.normal(0.0, 0.2, s.shape), s.dtype), shapes)
 
 
 def tiny_config(**overrides):

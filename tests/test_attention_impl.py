@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import drawn_params
 from jax.experimental.pallas import tpu as pltpu
-from test_model_features import drawn_params  # in the shapes of the model's init
 
 from t5x_like import config_lib
 from t5x_like.models import attention, encoder

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import drawn_params
 
 from t5x_like import config_lib, structures
 from t5x_like.models import decoder, stacking
@@ -29,14 +30,6 @@ def tiny_decoder(**overrides):
 
 def tokens(shape=(2, 12), seed=0):
     return jnp.asarray(np.random.default_rng(seed).integers(1, 64, size=shape), jnp.int32)
-
-
-def drawn_params(model, *inputs, seed=0):
-    """Parameters in the tree, shapes and dtypes ``model.init`` gives them for ``inputs``
-    (traced, not compiled), drawn in numpy: normal, standard deviation 0.2."""
-    shapes = nn.unbox(jax.eval_shape(lambda: model.init(jax.random.key(0), *inputs))["params"])
-    rng = np.random.default_rng(seed)
-    return jax.tree.map(lambda s: jnp.asarray(rng.normal(0.0, 0.2, s.shape), s.dtype), shapes)
 
 
 @functools.cache

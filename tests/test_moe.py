@@ -9,8 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import structure_loss, tiny_config
-from test_model_features import drawn_params  # in the shapes of the model's init
+from conftest import drawn_params, structure_loss, tiny_config
 
 from t5x_like import config_lib, errors, models, structures
 from t5x_like.engine import partitioning

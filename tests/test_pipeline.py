@@ -17,8 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import check_mesh_on_8, set_keys
-from test_model_features import drawn_params  # in the shapes of the model's init
+from conftest import check_mesh_on_8, drawn_params, set_keys
 
 from t5x_like import config_lib, errors, models, structures, train
 from t5x_like.engine import partitioning

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import _xla_optimisations, set_keys, tiny_config
+from conftest import set_keys, tiny_config
 
 from t5x_like import config_lib, errors, infer, resolving, structures, train
 from t5x_like.checkpoints import int8_weights, param_sources
@@ -27,18 +27,6 @@ from t5x_like.evaluation import evaluator
 from t5x_like.models import layers, quantization
 from t5x_like.planner import hlo_matmuls
 from t5x_like.system import hardware
-
-
-@pytest.fixture(autouse=True)
-def _compile_effort_per_test(request):
-    """XLA's optimisations off (``jax_disable_most_optimizations``: LLVM at -O0; the HLO
-    passes, and so the numerics and the matmuls' operand types, unchanged) except in the
-    tests marked ``optimized``: most tests here compile a few train steps and run them
-    once or twice, where LLVM's passes cost more than they save; the loss-margin runs
-    execute 20 steps of each program."""
-    with _xla_optimisations(on=request.node.get_closest_marker("optimized") is not None):
-        yield
-
 
 # -- the numpy reference: Qwix's quantized matmul, written out -------------------------
 
@@ -424,9 +412,8 @@ def test_matmul_flops_are_split_by_operand_dtype_and_loop_trips():
 def lm_checkpoint(tmp_path_factory):
     """A decoder checkpoint (two LM steps)."""
     workdir = tmp_path_factory.mktemp("lm")
-    with _xla_optimisations(on=False):  # built before the tests' own setting: two steps
-        train.run(decoder(**{"task_feature_lengths": {"targets": 64}, "model.d_model": 64,
-                             "model.d_ff": 256, "model.num_heads": 4}), str(workdir), quiet=True)
+    train.run(decoder(**{"task_feature_lengths": {"targets": 64}, "model.d_model": 64,
+                         "model.d_ff": 256, "model.num_heads": 4}), str(workdir), quiet=True)
     return workdir
 
 
