@@ -199,7 +199,7 @@ def test_bad_decoder_switches_are_config_errors_naming_the_fix(model, message):
     from test_peft import tiny_decoder
 
     from t5x_like import config_lib, errors
-    config = tiny_decoder()
+    config = tiny_decoder(num_layers=2)  # the layer_types cases name two layers
     config.model.update(model)
     with pytest.raises(errors.ConfigError, match=message):
         config_lib.validate(config)

@@ -47,7 +47,7 @@ def test_muon_orthogonalises_projections_and_leaves_the_rest_to_adamw():
     out = numbers["layers_0/attention/out/kernel"]       # heads x kv x embed
     assert (query.reduction_axis, query.output_axis) == ((0,), (1, 2))
     assert (out.reduction_axis, out.output_axis) == ((0, 1), (2,))
-    assert numbers["layers_1/mlp/wo/kernel"].output_axis == (1,)
+    assert numbers["layers_0/mlp/wo/kernel"].output_axis == (1,)
     for adamw in ("token_embedder/embedding", "position_embedder/embedding",
                   "layers_0/attention/query/bias", "layers_0/pre_mlp_norm/scale"):
         assert numbers[adamw] is None, adamw
