@@ -98,6 +98,50 @@ def test_timeout_defaults_off_on_cpu_and_generous_on_accelerators():
     assert watchdog.resolve_timeout(-1, "cpu") == 0
     assert watchdog.resolve_timeout(-1, "tpu") == watchdog.resolve_timeout(-1, "gpu") == 1800
     assert watchdog.resolve_timeout(5, "cpu") == 5 and watchdog.resolve_timeout(0, "tpu") == 0
+    assert watchdog.resolve_first_step_timeout(-1, 1800) == 5400
+    assert watchdog.resolve_first_step_timeout(600, 1800) == 600
+
+
+def test_the_first_step_has_its_own_allowance_and_later_steps_the_hang_timeout(tmp_path):
+    """A first step (it compiles) slower than hang_timeout_s is not a hang while it stays
+    within first_step_timeout_s; the next step gets hang_timeout_s, and the summary names
+    the allowance that ran out."""
+    codes, lines = [], []
+    dog = watchdog.HangWatchdog(0.3, tmp_path / "hangs" / "run", log=lines.append,
+                                exit=codes.append, first_step_timeout_s=60)
+    dog.doing("train step (compiling)", 1, first=True)
+    dog.start()
+    try:
+        time.sleep(1.5)  # five hang timeouts into the compile
+        assert not dog.fired.is_set()
+        dog.done("train step", 1)
+        dog.doing("train step", 2)
+        assert dog.fired.wait(10)
+        deadline = time.monotonic() + 10
+        while not codes and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        dog.stop()
+    assert codes == [watchdog.HANG_EXIT_CODE]
+    assert "finished for 0.3 s (hang_timeout_s)" in lines[0]
+    assert "then in train step 2" in lines[0]
+
+
+def test_a_first_step_past_its_allowance_is_named_as_such(tmp_path):
+    codes, lines = [], []
+    dog = watchdog.HangWatchdog(30, tmp_path / "hangs" / "run", log=lines.append,
+                                exit=codes.append, first_step_timeout_s=0.3)
+    dog.doing("train step (compiling)", 1, first=True)
+    dog.start()
+    try:
+        assert dog.fired.wait(10)
+        deadline = time.monotonic() + 10
+        while not codes and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        dog.stop()
+    assert codes == [watchdog.HANG_EXIT_CODE]
+    assert "finished for 0.3 s (first_step_timeout_s: the first step compiles)" in lines[0]
 
 
 def _blocking_env(tmp_path, block_process: int, block_after: int) -> dict:
@@ -106,9 +150,13 @@ def _blocking_env(tmp_path, block_process: int, block_after: int) -> dict:
                 BLOCK_MARK=str(tmp_path / "blocked_at"))
 
 
-# x 3 for the first step: its compilation, 8 s alone, over 30 s for two processes while
-# other tests run (18 s and 30 s allowances both tripped the watchdog before the block)
 HANG_TIMEOUT_S = 15
+# The first step's compilation: 8 s alone, over 45 s for two processes while other tests
+# run (18, 30 and 45 s allowances all tripped the watchdog before the block); the hang
+# under test is after it, so the compile gets its own, generous allowance.
+FIRST_STEP_TIMEOUT_S = 180
+WATCHDOG_FLAGS = [f"--config.resilience.hang_timeout_s={HANG_TIMEOUT_S}",
+                  f"--config.resilience.first_step_timeout_s={FIRST_STEP_TIMEOUT_S}"]
 BOUND_S = 15        # the watchdog polls every second, then writes and waits for the others
 
 
@@ -148,7 +196,7 @@ def test_a_blocked_data_source_trips_the_watchdog(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "t5x_like.train", "--config=configs/quickstart.py",
          f"--workdir={workdir}", "--module=blocking_tasks", "--config.task=blocking_task",
-         *TINY, "--config.num_train_steps=1000", f"--config.hang_timeout_s={HANG_TIMEOUT_S}"],
+         *TINY, "--config.num_train_steps=1000", *WATCHDOG_FLAGS],
         cwd=REPO, env=_blocking_env(tmp_path, 0, 40), capture_output=True, text=True,
         timeout=240)
     _check_hang(tmp_path, workdir, result, time.time(), 1, 0)
@@ -162,7 +210,7 @@ def test_one_blocked_process_of_two_is_named_and_both_write_stacks(tmp_path):
          "--devices_per_process=1", "--timeout_s=200", "--",
          "--config=configs/quickstart.py", f"--workdir={workdir}", "--module=blocking_tasks",
          "--config.task=blocking_task", *TINY, "--config.num_train_steps=1000",
-         f"--config.hang_timeout_s={HANG_TIMEOUT_S}"],
+         *WATCHDOG_FLAGS],
         cwd=REPO, env=_blocking_env(tmp_path, 1, 20), capture_output=True, text=True,
         timeout=240)
     _check_hang(tmp_path, workdir, result, time.time(), 2, 1)

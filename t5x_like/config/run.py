@@ -180,10 +180,13 @@ class ResilienceSpec(Section):
     """Pod-scale safety (``docs/training_engine.md``): a lock without a heartbeat for
     ``lock_stale_after_s`` is taken over; no step, evaluation or save for
     ``hang_timeout_s`` stops the run (exit 75; 0: off, -1: 1800 s on TPU and GPU, off on
-    CPU); processes that do not arrive within ``startup_timeout_s`` are named (exit 2)."""
+    CPU), the first step (which compiles) after ``first_step_timeout_s`` (-1: 3 times
+    ``hang_timeout_s``; a large model's compile can take far longer than its steps);
+    processes that do not arrive within ``startup_timeout_s`` are named (exit 2)."""
 
     lock_stale_after_s: float = 300.0
     hang_timeout_s: float = -1.0
+    first_step_timeout_s: float = -1.0
     startup_timeout_s: float = 300.0
 
     def check(self, path):
@@ -196,6 +199,10 @@ class ResilienceSpec(Section):
         require(finite(value) and (value >= 0 or value == -1),
                 f"resilience.hang_timeout_s={value} must be seconds (e.g. 1800), 0 (off) or -1 "
                 "(1800 on TPU and GPU, off on CPU).")
+        value = self.first_step_timeout_s
+        require(finite(value) and (value > 0 or value == -1),
+                f"resilience.first_step_timeout_s={value} must be seconds (e.g. 3600) or -1 "
+                "(3 times hang_timeout_s).")
 
 
 @section

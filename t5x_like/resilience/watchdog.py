@@ -3,8 +3,8 @@ stacks written down, and the run exits :data:`HANG_EXIT_CODE` so the scheduler r
 
 A thread per process watches for progress (``done``: a train step, an evaluation, a
 checkpoint save). When none has finished for ``hang_timeout_s`` (the first step, which compiles
-and starts the input streams, from the end of set-up on:
-:data:`COMPILE_PATIENCE` times that) it
+and starts the input streams, from the end of set-up on: ``first_step_timeout_s``, by default
+:data:`COMPILE_PATIENCE` times ``hang_timeout_s``) it
 
 1. writes the stacks of all this process's threads (``faulthandler``) to
    ``WORKDIR/hangs/<run start, UTC>/process_<i>.txt`` and what the process last finished
@@ -41,7 +41,7 @@ from t5x_like.system import storage
 # user's mistake).
 HANG_EXIT_CODE = 75
 DEFAULT_ACCELERATOR_TIMEOUT_S = 1800.0
-# The first step of a run compiles the train step: it may take this many timeouts.
+# The first step of a run compiles the train step: by default it may take this many timeouts.
 COMPILE_PATIENCE = 3.0
 
 
@@ -50,6 +50,12 @@ def resolve_timeout(hang_timeout_s: float, platform: str) -> float:
     if hang_timeout_s >= 0:
         return float(hang_timeout_s)
     return 0.0 if platform == "cpu" else DEFAULT_ACCELERATOR_TIMEOUT_S
+
+
+def resolve_first_step_timeout(first_step_timeout_s: float, timeout_s: float) -> float:
+    """``first_step_timeout_s`` as set, or for -1: :data:`COMPILE_PATIENCE` times the
+    resolved ``hang_timeout_s``."""
+    return float(first_step_timeout_s) if first_step_timeout_s > 0 else COMPILE_PATIENCE * timeout_s
 
 
 def utc_stamp(seconds: float) -> str:
@@ -76,8 +82,12 @@ class HangWatchdog:
     def __init__(self, timeout_s: float, hangs_dir, process_index: int = 0,
                  process_count: int = 1, log: Callable[[str], None] = print,
                  before_exit: Callable[[], None] | None = None,
-                 exit: Callable[[int], None] = os._exit, grace_s: float | None = None):
+                 exit: Callable[[int], None] = os._exit, grace_s: float | None = None,
+                 first_step_timeout_s: float | None = None):
         self.timeout_s = float(timeout_s)
+        self.first_step_timeout_s = (COMPILE_PATIENCE * self.timeout_s
+                                     if first_step_timeout_s is None
+                                     else float(first_step_timeout_s))
         self.hangs_dir = hangs_dir
         self.process_index, self.process_count = process_index, process_count
         self.log, self.before_exit, self._exit = log, before_exit, exit
@@ -85,9 +95,9 @@ class HangWatchdog:
         self.grace_s = grace_s if grace_s is not None else min(60.0, max(10.0, timeout_s / 4))
         self.last_done = ("set-up", None)
         # Until the first step's own phases: the rest of start-up (the input streams'
-        # first reads, evaluators) has the first step's patience.
+        # first reads, evaluators) has the first step's allowance.
         self.doing_now = ("the first step", None)
-        self.patience = COMPILE_PATIENCE
+        self.first = True
         self.last_time, self._wall = time.monotonic(), time.time()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -97,10 +107,15 @@ class HangWatchdog:
         self.last_done, self.last_time = (phase, step), time.monotonic()
         self._wall = time.time()
 
-    def doing(self, phase: str, step: int | None = None, patience: float = 1.0) -> None:
-        """``patience``: this phase may take that many times the timeout (the first step,
-        which compiles, gets :data:`COMPILE_PATIENCE`)."""
-        self.doing_now, self.patience = (phase, step), patience
+    def doing(self, phase: str, step: int | None = None, first: bool = False) -> None:
+        """``first``: a phase done for the first time (the first step, which compiles; the
+        first save, which builds its transfer programs) gets ``first_step_timeout_s``."""
+        self.doing_now, self.first = (phase, step), first
+
+    @property
+    def allowed_s(self) -> float:
+        """How long the phase now under way may go without anything finishing."""
+        return self.first_step_timeout_s if self.first else self.timeout_s
 
     def start(self) -> None:
         if self.timeout_s <= 0:
@@ -117,7 +132,7 @@ class HangWatchdog:
     def _watch(self) -> None:
         poll = min(1.0, self.timeout_s / 10)
         while not self._stop.wait(poll):
-            if time.monotonic() - self.last_time > self.timeout_s * self.patience:
+            if time.monotonic() - self.last_time > self.allowed_s:
                 self._fire()
                 return
 
@@ -186,8 +201,8 @@ class HangWatchdog:
             r = item[1]
             return (-1 if r["last_done_step"] is None else r["last_done_step"], -r["idle_s"])
         lines = [f"hang: no train step, evaluation or checkpoint save finished for "
-                 f"{self.timeout_s * self.patience:g} s (hang_timeout_s"
-                 f"{'' if self.patience == 1 else f' x {self.patience:g} while compiling'})."]
+                 f"{self.allowed_s:g} s ("
+                 f"{'first_step_timeout_s: the first step compiles' if self.first else 'hang_timeout_s'})."]
         if reports:
             index, slowest = min(reports.items(), key=behind)
             lines.append(f"  furthest behind: process {index} (host {slowest['host']}, pid "

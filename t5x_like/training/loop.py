@@ -20,7 +20,7 @@ from t5x_like.data import pipeline
 from t5x_like.engine import flops, partitioning
 from t5x_like.engine import trainer as trainer_lib
 from t5x_like.evaluation import in_training
-from t5x_like.resilience import divergence, watchdog
+from t5x_like.resilience import divergence
 from t5x_like.resilience.holding import RunHolding
 from t5x_like.system import hardware
 from t5x_like.telemetry import goodput_events, metrics_writer
@@ -156,8 +156,7 @@ class Loop:
             return self._source_batch()
         # The first batch starts the input streams (files opened, workers started).
         self.holding.watchdog.doing("reading the batch of step", self.step + 1,
-                                    watchdog.COMPILE_PATIENCE
-                                    if self.step == self.start_step else 1.0)
+                                    first=self.step == self.start_step)
         with self.holding.goodput.timed("data"):
             local = next(self.train_batches)
         return partitioning.global_batch(local, self.mesh, self.trainer.rules)
@@ -170,8 +169,7 @@ class Loop:
             self.batch_metrics = source.reused_metrics
             return self.source_batch
         self.holding.watchdog.doing(source.DOING, self.step + 1,
-                                    watchdog.COMPILE_PATIENCE
-                                    if self.step == self.start_step else 1.0)
+                                    first=self.step == self.start_step)
         with self.holding.goodput.timed(source.PHASE):
             local, self.batch_metrics = source.next(self.state.params, self.step)
         self.source_batch = partitioning.global_batch(local, self.mesh, self.trainer.rules)
@@ -181,7 +179,7 @@ class Loop:
         """One jitted step; the first compiles (its dispatch waits for the compilation)."""
         watch, compiling = self.holding.watchdog, self.step == self.start_step
         watch.doing("train step (compiling)" if compiling else "train step", self.step + 1,
-                    watchdog.COMPILE_PATIENCE if compiling else 1.0)
+                    first=compiling)
         with self.holding.goodput.timed("compile") if compiling else contextlib.nullcontext():
             self.state, metrics = self.trainer.train_step(self.state, batch)
         metrics = {**metrics, **self.batch_metrics}
@@ -254,9 +252,8 @@ class Loop:
         data_state = pipeline.merge_states(partitioning.gather_json(self.train_batches.get_state()))
         state = (peft_partial.saved_view(self.state, self.trainer) if self.peft_base else self.state)
         # The run's first save starts the checkpointer's threads and builds its transfer
-        # programs: like the first step, it may take several timeouts.
-        self.holding.watchdog.doing("checkpoint save at step", step,
-                                    1.0 if self.saved_once else watchdog.COMPILE_PATIENCE)
+        # programs: like the first step, it has the first step's allowance.
+        self.holding.watchdog.doing("checkpoint save at step", step, first=not self.saved_once)
         self.checkpointer.save(step, state, data_state, self.run_config, force=force)
         self.saved_once = True
         self.holding.watchdog.done("checkpoint save at step", step)
