@@ -10,20 +10,24 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import drawn_params, tiny_config
 
 from t5x_like import config_lib, errors, models, objectives, structures, train
 from t5x_like.engine import partitioning
 from t5x_like.modes import distill
 
 SMALL = {"vocab_size": 8192, "d_model": 32, "num_heads": 2, "head_dim": 16, "d_ff": 64}
+# One layer a stack: the soft-target test compares a model with itself, whatever its depth,
+# and a layer fewer is a smaller program to compile (BART's post-norm LayerNorms and exact
+# GELU make large fusions: 2+2 layers compiled in 26 s, 1+1 in 17 s). The tests that take
+# layers from a teacher set their own counts.
 FAMILIES = {
-    "encoder": ({"inputs": 16}, dict(num_layers=2, max_length=32, next_sentence_head=False)),
-    "decoder": ({"targets": 16}, dict(num_layers=2, max_length=32)),
+    "encoder": ({"inputs": 16}, dict(num_layers=1, max_length=32, next_sentence_head=False)),
+    "decoder": ({"targets": 16}, dict(num_layers=1, max_length=32)),
     "encoder_decoder": ({"inputs": 16, "targets": 8},
-                        dict(num_encoder_layers=2, num_decoder_layers=2)),
+                        dict(num_encoder_layers=1, num_decoder_layers=1)),
     "bart": ({"inputs": 16, "targets": 8},
-             dict(num_encoder_layers=2, num_decoder_layers=2, max_length=32, pad_id=0,
+             dict(num_encoder_layers=1, num_decoder_layers=1, max_length=32, pad_id=0,
                   eos_id=1, decoder_start_id=0)),
 }
 
@@ -63,20 +67,22 @@ def test_a_teacher_distilled_into_itself_at_t1_gives_no_soft_target_gradient(fam
     structure = structures.for_config(config)
     lengths = dict(config.task_feature_lengths)
     batch = random_batch(structure, lengths)
-    params = nn.unbox(structure.model.init(jax.random.key(0), *models.example_inputs(
-        structure.model, structure.model_feature_lengths(lengths)))["params"])
+    # Drawn in numpy (traced, not compiled), where an eager init ran op by op.
+    params = drawn_params(structure.model, *models.example_inputs(
+        structure.model, structure.model_feature_lengths(lengths)))
     settings = ml_collections.ConfigDict(dict(temperature=1.0, soft_weight=1.0,
                                               hard_weight=0.0, cosine_weight=0.0))
     loss_fn = distill.make_loss_fn(structure, structure, config.loss, settings)
-    distil = jax.jit(jax.grad(lambda p, t: loss_fn(structure.model, p, batch, None,
-                                                   frozen_params=t), has_aux=True))
-    grads, metrics = distil(params, params)
+    # The batch is an argument, not a constant baked into the program.
+    distil = jax.jit(jax.grad(lambda p, t, b: loss_fn(structure.model, p, b, None,
+                                                      frozen_params=t), has_aux=True))
+    grads, metrics = distil(params, params, batch)
     assert float(metrics["soft_target_loss"]) == pytest.approx(0.0, abs=1e-6)
     assert float(metrics["cosine_loss"]) == pytest.approx(0.0, abs=1e-5)
     assert max(float(jnp.abs(g).max()) for g in jax.tree.leaves(grads)) < 1e-6
     # Another student does feel the teacher.
     other = jax.tree.map(lambda x: x * 1.1, params)
-    grads, metrics = distil(params, other)
+    grads, metrics = distil(params, other, batch)
     assert float(metrics["soft_target_loss"]) > 0
     assert max(float(jnp.abs(g).max()) for g in jax.tree.leaves(grads)) > 1e-6
 
@@ -101,7 +107,9 @@ def encoder_run_config(**model):
 @pytest.mark.slow
 def test_a_student_distils_from_a_frozen_sharded_teacher(tmp_path):
     teacher_dir = tmp_path / "teacher"
-    train.run(encoder_run_config(num_layers=3), str(teacher_dir), quiet=True)
+    teacher_config = encoder_run_config(num_layers=3)
+    teacher_config.eval_every_steps = 0  # nothing reads the teacher's eval
+    train.run(teacher_config, str(teacher_dir), quiet=True)
     config = encoder_run_config(num_layers=2)
     config.distill.teacher = str(teacher_dir)
     config_lib.validate(config)
@@ -153,8 +161,8 @@ def test_distillation_settings_are_checked():
 def test_a_distilbert_student_starts_from_a_bert_teacher():
     teacher_config = family_config("encoder", num_layers=4)
     student_config = family_config("encoder", num_layers=2, type_vocab_size=1)
-    teacher_params = jax.device_get(nn.unbox(structures.for_config(teacher_config).model.init(
-        jax.random.key(0), jnp.ones((1, 8), jnp.int32))["params"]))
+    teacher_params = jax.device_get(drawn_params(  # drawn in numpy, not an eager init
+        structures.for_config(teacher_config).model, jnp.ones((1, 8), jnp.int32)))
     student_shapes = jax.eval_shape(lambda: nn.unbox(
         structures.for_config(student_config).model.init(
             jax.random.key(1), jnp.ones((1, 8), jnp.int32))["params"]))
@@ -196,7 +204,8 @@ def test_imported_distilbert_matches_transformers_and_exports_back(tmp_path):
         with torch.no_grad():
             return m(input_ids=torch.tensor(tokens),
                      attention_mask=torch.tensor(mask)).logits.numpy()
-    ours = np.asarray(model.apply({"params": params}, tokens)["mlm_logits"])
+    apply = jax.jit(model.apply)  # one compile for both parameter sets, not op by op
+    ours = np.asarray(apply({"params": params}, tokens)["mlm_logits"])
     theirs = hf_logits(hf_model)
     assert np.abs(ours[mask] - theirs[mask]).max() / np.abs(theirs).max() < 1e-4
 
@@ -207,7 +216,7 @@ def test_imported_distilbert_matches_transformers_and_exports_back(tmp_path):
     assert convert_cli.main(["export", f"--checkpoint={tmp_path / 'shifted'}",
                              f"--out={tmp_path / 'back'}"]) == 0
     reloaded = transformers.DistilBertForMaskedLM.from_pretrained(tmp_path / "back").eval()
-    shifted = np.asarray(model.apply({"params": params}, tokens)["mlm_logits"])
+    shifted = np.asarray(apply({"params": params}, tokens)["mlm_logits"])
     np.testing.assert_allclose(hf_logits(reloaded)[mask], shifted[mask], atol=1e-4)
 
 
