@@ -2,6 +2,9 @@
 parameters Muon orthogonalises, that its updates are orthogonal, that schedule-free is
 evaluated and read back on its averaged weights, PEFT masks, FSDP and exact resume."""
 
+import os
+import signal
+
 import jax
 import numpy as np
 import pytest
@@ -150,7 +153,7 @@ def test_schedule_free_evaluates_its_averaged_weights():
     assert not np.allclose(at(x), at(y))
     # Other optimizers evaluate their params as they are (no copy).
     adamw = build(decoder_config("adamw"))
-    plain = adamw.init_state(0)
+    plain = adamw.abstract_state  # the state's tree is what is asked about: no init compile
     assert adamw.evaluation_params(plain) is plain.params
 
 
@@ -213,19 +216,43 @@ def test_fsdp_over_8_devices_trains_like_one_device(optimizer):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("optimizer,schedule", [("muon", "wsd"), ("schedule_free_adamw", "constant")])
-def test_resume_is_exact(tmp_path, optimizer, schedule):
-    settings = {"num_train_steps": 8, "log_every_steps": 1, "checkpoint_every_steps": 4,
-                "eval_every_steps": 8, "mesh.data": 2, "mesh.fsdp": 4,
-                "optimizer.name": optimizer, "optimizer.schedule": schedule}
-    train.run(tiny_config(**settings), str(tmp_path / "straight"), quiet=True)
+def test_resume_is_exact(tmp_path, monkeypatch, optimizer, schedule):
+    """A run stopped by a SIGTERM at step 4 (a preemption: it saves that step) and resumed
+    logs the losses of an uninterrupted run, bit for bit, over an FSDP mesh: the
+    optimizer's sharded state (Muon's momentum, schedule-free's z) and the schedule's
+    position (WSD, without warmup, decays over the steps after the resume) come back
+    exactly. Both legs are the straight run's config: a leg ended by a shorter
+    ``num_train_steps`` has another WSD schedule and so compiled another train step."""
+    def config():
+        config = decoder_config(optimizer)  # one stack: compiles in about half T5's time
+        config.update(num_train_steps=8, log_every_steps=1, checkpoint_every_steps=4,
+                      eval_every_steps=0)  # nothing here reads an eval
+        config.optimizer.schedule = schedule
+        config.mesh.data, config.mesh.fsdp = 2, 4
+        config_lib.validate(config)
+        return config
+    train.run(config(), str(tmp_path / "straight"), quiet=True)
+
+    steps = []
+    train_step = trainer_lib.Trainer.train_step
+
+    def preempted_at_step_4(self, state, batch):
+        out = train_step(self, state, batch)
+        steps.append(len(steps) + 1)
+        if len(steps) == 4:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+    monkeypatch.setattr(trainer_lib.Trainer, "train_step", preempted_at_step_4)
     interrupted = tmp_path / "interrupted"
-    train.run(tiny_config(**dict(settings, num_train_steps=4)), str(interrupted), quiet=True)
-    result = train.run(tiny_config(**settings), str(interrupted), quiet=True)
-    assert result["step"] == 8
+    assert train.run(config(), str(interrupted), quiet=True)["step"] == 4
+    monkeypatch.undo()
+    assert steps == [1, 2, 3, 4]
+    assert train.run(config(), str(interrupted), quiet=True)["step"] == 8
 
     def losses(folder):
         import json
         return [json.loads(line)["loss"] for line in (folder / "metrics.jsonl").open()]
+    assert len(losses(interrupted)) == 8
     assert losses(interrupted) == losses(tmp_path / "straight")  # bit for bit
 
 
