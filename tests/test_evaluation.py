@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import drawn_params, tiny_config
 
 import t5x_like.data as td
 from t5x_like import config_lib, errors, metrics, structures, train
@@ -61,22 +61,24 @@ def setup(config, name="test_eval_mix", **settings):
 def test_padded_generation_equals_one_row_at_a_time():
     config = decoder_config()
     model = structures.build_model(config.model)
-    params = model.init(jax.random.key(0), jnp.ones((1, 8), jnp.int32))["params"]
+    params = drawn_params(model, jnp.ones((1, 8), jnp.int32))  # traced, not an eager init
     rng = np.random.default_rng(0)
     lengths = np.array([3, 7, 5])
     prompts = np.zeros((3, 8), np.int32)
     for row, n in enumerate(lengths):
         prompts[row, :n] = rng.integers(10, 8000, n)
-    batched = decoding.generate_padded(model, params, jnp.asarray(prompts), jnp.asarray(lengths),
-                                       max_new_tokens=6, eos_id=-1)
-    beams = decoding.generate_padded(model, params, jnp.asarray(prompts), jnp.asarray(lengths),
-                                     max_new_tokens=6, num_beams=3, eos_id=-1)
+    # Each generation whole under one jit, params and prompts as arguments: called eagerly,
+    # their prefill and setup ran op by op, retraced for every prompt length (~5 s a call).
+    padded = jax.jit(lambda p, x, n, beams: decoding.generate_padded(
+        model, p, x, n, max_new_tokens=6, num_beams=beams, eos_id=-1), static_argnums=3)
+    greedy = jax.jit(lambda p, x: decoding.generate(model, p, x, max_new_tokens=6))
+    beam = jax.jit(lambda p, x: decoding.beam_generate(model, p, x, max_new_tokens=6,
+                                                       num_beams=3, eos_id=-1)[0])
+    batched, beams = padded(params, prompts, lengths, 1), padded(params, prompts, lengths, 3)
     for row, n in enumerate(lengths):
-        alone = decoding.generate(model, params, jnp.asarray(prompts[row:row + 1, :n]),
-                                  max_new_tokens=6)
+        alone = greedy(params, prompts[row:row + 1, :n])
         np.testing.assert_array_equal(batched[row], alone[0])
-        alone_beam, _ = decoding.beam_generate(model, params, jnp.asarray(prompts[row:row + 1, :n]),
-                                               max_new_tokens=6, num_beams=3, eos_id=-1)
+        alone_beam = beam(params, prompts[row:row + 1, :n])
         np.testing.assert_array_equal(beams[row], alone_beam[0, 0])
 
 
