@@ -289,8 +289,15 @@ def test_group_advantages_have_zero_mean_and_unit_spread_per_group():
     np.testing.assert_array_equal(advantages[4:], 0.0)  # no signal in an all-equal group
 
 
+# The runs' decoder has one layer (test_preference_training's has two): what they check
+# (rollouts, rewards, exact resume, the split of old log-probabilities) is the same at
+# any depth, and every program they compile (init, rollout, train step) is smaller.
+ONE_LAYER = {"model.num_layers": 1}
+
+
 def rl_config(init_from, **overrides):
     return decoder_config(**{
+        **ONE_LAYER,
         "task": "embedded_arithmetic", "task_feature_lengths": {"inputs": 8, "targets": 4},
         "init_from": str(init_from), "rl.algorithm": "grpo", "rl.num_generations": 4,
         "rl.beta": 0.04, "rl.temperature": 1.5, "rl.rewards": ("exact_answer", "text_length"),
@@ -308,7 +315,7 @@ def text_length(completions, examples):
 def arithmetic_sft(tmp_path_factory):
     RewardRegistry.add("text_length", text_length)
     workdir = tmp_path_factory.mktemp("arith_sft")
-    train.run(decoder_config(**{"task": "embedded_arithmetic",
+    train.run(decoder_config(**{**ONE_LAYER, "task": "embedded_arithmetic",
                                 "task_feature_lengths": {"inputs": 8, "targets": 4},
                                 "data.prefix_attention": "causal", "num_train_steps": 4}),
               str(workdir), quiet=True)
