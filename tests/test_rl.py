@@ -7,6 +7,7 @@ split by gradient accumulation; the one-line refusals of rewards and settings th
 work."""
 
 import copy
+import functools
 import json
 import os
 import signal
@@ -261,10 +262,16 @@ def test_sampling_with_a_key_is_reproducible_and_top_k_one_is_greedy(models):  #
     prompts = jnp.asarray([[1, 5, 6, 7, 0, 0], [1, 9, 10, 0, 0, 0]] * 4)
     lengths = jnp.asarray([4, 3] * 4)
 
-    def sample(key, **options):
-        return np.asarray(decoding.generate_padded(
-            model, params, prompts, lengths, max_new_tokens=COMPLETION, rng=key,
-            eos_id=2, **{"temperature": 1.0, **options}))
+    # Whole under one jit per setting (the key an argument): called eagerly, each sample
+    # ran its setup op by op.
+    @functools.partial(jax.jit, static_argnames=("temperature", "top_k"))
+    def generate(params, key, temperature, top_k):
+        return decoding.generate_padded(
+            model, params, prompts, lengths, max_new_tokens=COMPLETION, rng=key, eos_id=2,
+            temperature=temperature, **({"top_k": top_k} if top_k else {}))
+
+    def sample(key, temperature=1.0, top_k=0):
+        return np.asarray(generate(params, key, temperature=temperature, top_k=top_k))
     first, again = sample(jax.random.key(3)), sample(jax.random.key(3))
     np.testing.assert_array_equal(first, again)
     assert not np.array_equal(first, sample(jax.random.key(4)))
