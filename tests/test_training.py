@@ -63,7 +63,7 @@ def test_resume_gives_the_same_losses_as_an_uninterrupted_run(tmp_path):
     # With a mixture of experts sharded over the expert axis: its routers' losses and
     # each expert's load resume bit for bit too.
     settings = {"num_train_steps": 8, "log_every_steps": 1, "checkpoint_every_steps": 4,
-                "eval_every_steps": 8, "mesh.data": 2, "mesh.expert": 4,
+                "eval_every_steps": 0, "mesh.data": 2, "mesh.expert": 4,
                 "model.num_experts": 4, "model.num_experts_per_token": 2,
                 "model.router_z_loss_weight": 1e-3}
     train.run(tiny_config(**settings), str(tmp_path / "straight"), quiet=True)
