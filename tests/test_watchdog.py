@@ -141,7 +141,26 @@ def test_a_first_step_past_its_allowance_is_named_as_such(tmp_path):
     finally:
         dog.stop()
     assert codes == [watchdog.HANG_EXIT_CODE]
-    assert "finished for 0.3 s (first_step_timeout_s: the first step compiles)" in lines[0]
+    assert "finished for 0.3 s (first_step_timeout_s: a first step, evaluation or save compiles)" in lines[0]
+
+
+@pytest.mark.slow
+def test_a_run_gives_the_first_allowance_to_each_first_compile_only(tmp_path, monkeypatch):
+    """The loop asks for ``first_step_timeout_s`` exactly where it compiles or builds
+    programs: the first batch and step, each evaluator's first run, the first save."""
+    from conftest import tiny_config
+
+    from t5x_like import train
+    asked = []
+    monkeypatch.setattr(watchdog.HangWatchdog, "doing",
+                        lambda self, phase, step=None, first=False: asked.append((phase, first)))
+    train.run(tiny_config(num_train_steps=2, eval_every_steps=1, checkpoint_every_steps=1,
+                          log_every_steps=1, eval_batches=1), str(tmp_path / "run"), quiet=True)
+    firsts = [phase for phase, first in asked if first]
+    assert firsts == ["reading the batch of step", "train step (compiling)",
+                      "held-out evaluation at step", "checkpoint save at step"], asked
+    assert ("held-out evaluation at step", False) in asked  # the second evaluation
+    assert ("checkpoint save at step", False) in asked and ("train step", False) in asked
 
 
 def _blocking_env(tmp_path, block_process: int, block_after: int) -> dict:

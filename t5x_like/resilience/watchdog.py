@@ -108,8 +108,9 @@ class HangWatchdog:
         self._wall = time.time()
 
     def doing(self, phase: str, step: int | None = None, first: bool = False) -> None:
-        """``first``: a phase done for the first time (the first step, which compiles; the
-        first save, which builds its transfer programs) gets ``first_step_timeout_s``."""
+        """``first``: a phase done for the first time (the first step and each evaluator's
+        first run, which compile; the first save, which builds its transfer programs) gets
+        ``first_step_timeout_s``."""
         self.doing_now, self.first = (phase, step), first
 
     @property
@@ -200,9 +201,10 @@ class HangWatchdog:
         def behind(item):
             r = item[1]
             return (-1 if r["last_done_step"] is None else r["last_done_step"], -r["idle_s"])
+        allowance = ("first_step_timeout_s: a first step, evaluation or save compiles"
+                     if self.first else "hang_timeout_s")
         lines = [f"hang: no train step, evaluation or checkpoint save finished for "
-                 f"{self.allowed_s:g} s ("
-                 f"{'first_step_timeout_s: the first step compiles' if self.first else 'hang_timeout_s'})."]
+                 f"{self.allowed_s:g} s ({allowance})."]
         if reports:
             index, slowest = min(reports.items(), key=behind)
             lines.append(f"  furthest behind: process {index} (host {slowest['host']}, pid "

@@ -66,6 +66,9 @@ class Loop:
                                                resolved.vocabulary, self.train_batches)
         self.batch_metrics, self.source_batch = {}, None
         self.saved_once = False
+        # Evaluators that have run: an evaluator's first run compiles its programs, and
+        # gets the first step's allowance from the hang watchdog.
+        self.evaluated_once: set[int] = set()
         # Steps one batch of the mode's serves (rl.iterations): a stop (preemption) waits
         # for the end of the current batch's updates, as checkpoints do (config checks).
         self.updates_per_batch = (self.batch_source.updates_per_batch
@@ -234,9 +237,11 @@ class Loop:
             params = self.trainer.evaluation_params(self.state)
             evaluated = {}
             for evaluator in due:
-                self.holding.watchdog.doing(f"{evaluator.DOING} at step", step)
+                self.holding.watchdog.doing(f"{evaluator.DOING} at step", step,
+                                            first=id(evaluator) not in self.evaluated_once)
                 with self.holding.goodput.timed("evaluation"):
                     evaluated.update(evaluator.metrics(params, step))
+                self.evaluated_once.add(id(evaluator))
                 self.holding.watchdog.done(f"{evaluator.DOING} at step", step)
             record.update(evaluated)
             self.last_eval = evaluated

@@ -46,6 +46,11 @@ def _watchdog_never_fires(monkeypatch):
     monkeypatch.setattr(watchdog.HangWatchdog, "_watch", lambda self: None)
 
 
+def _no_first_step_allowance(monkeypatch):
+    monkeypatch.setattr(watchdog.HangWatchdog, "allowed_s",
+                        property(lambda self: self.timeout_s))
+
+
 def sigterm_saves_and_stops(request):
     """A SIGTERM during step 2 of a 6-step run: the run saves step 2 (checkpoints are due
     at 6 only) and returns there."""
@@ -156,6 +161,8 @@ def _tracker_writes_nothing(tracker_class):
 
 
 WATCHDOG = existing("test_watchdog.py::test_watchdog_writes_every_threads_stack_and_exits_75")
+FIRST_STEP = existing("test_watchdog.py::test_the_first_step_has_its_own_allowance_and_later_"
+                      "steps_the_hang_timeout")
 RESUME = existing("test_training.py::test_resume_gives_the_same_losses_as_an_uninterrupted_run")
 MICROBATCHES = existing("test_optim_and_loss.py::test_k_microbatches_equal_one_batch_of_k_times_the_size")
 MANIFEST = existing(
@@ -177,6 +184,9 @@ REMOVALS = [
     Removal("hang watchdog", "the watchdog's thread never looks", "a stuck thread: stacks "
             "written, the summary names the phase, exit 75", _watchdog_never_fires, WATCHDOG[1],
             holds_in=WATCHDOG[0]),
+    Removal("the first step's hang allowance", "every phase gets `hang_timeout_s`",
+            "a first step five hang timeouts long is no hang; the next step's is",
+            _no_first_step_allowance, FIRST_STEP[1], holds_in=FIRST_STEP[0]),
     Removal("SIGTERM saves and stops", "the SIGTERM handler records nothing",
             "SIGTERM during step 2 of 6: a checkpoint at step 2, the run returns there",
             _sigterm_ignored, sigterm_saves_and_stops),
