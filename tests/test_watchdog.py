@@ -102,6 +102,14 @@ def test_timeout_defaults_off_on_cpu_and_generous_on_accelerators():
     assert watchdog.resolve_first_step_timeout(600, 1800) == 600
 
 
+def _wait_for_the_exit(dog, codes) -> None:
+    """Until the fired watchdog has called its (captured) exit, or 10 s."""
+    assert dog.fired.wait(10)
+    deadline = time.monotonic() + 10
+    while not codes and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def test_the_first_step_has_its_own_allowance_and_later_steps_the_hang_timeout(tmp_path):
     """A first step (it compiles) slower than hang_timeout_s is not a hang while it stays
     within first_step_timeout_s; the next step gets hang_timeout_s, and the summary names
@@ -116,10 +124,7 @@ def test_the_first_step_has_its_own_allowance_and_later_steps_the_hang_timeout(t
         assert not dog.fired.is_set()
         dog.done("train step", 1)
         dog.doing("train step", 2)
-        assert dog.fired.wait(10)
-        deadline = time.monotonic() + 10
-        while not codes and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _wait_for_the_exit(dog, codes)
     finally:
         dog.stop()
     assert codes == [watchdog.HANG_EXIT_CODE]
@@ -134,10 +139,7 @@ def test_a_first_step_past_its_allowance_is_named_as_such(tmp_path):
     dog.doing("train step (compiling)", 1, first=True)
     dog.start()
     try:
-        assert dog.fired.wait(10)
-        deadline = time.monotonic() + 10
-        while not codes and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _wait_for_the_exit(dog, codes)
     finally:
         dog.stop()
     assert codes == [watchdog.HANG_EXIT_CODE]

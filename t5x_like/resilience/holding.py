@@ -99,15 +99,14 @@ class RunHolding:
         resilience = resolved.spec.resilience
         timeout = watchdog.resolve_timeout(resilience.hang_timeout_s,
                                            resolved.devices[0].platform)
-        first_step = watchdog.resolve_first_step_timeout(resilience.first_step_timeout_s,
-                                                         timeout)
         self.watchdog = watchdog.HangWatchdog(
             timeout, self.workdir / "hangs" / watchdog.utc_stamp(self.started),
-            jax.process_index(), jax.process_count(),
-            log=chief_log(True), before_exit=self._on_hang, first_step_timeout_s=first_step)
+            jax.process_index(), jax.process_count(), log=chief_log(True),
+            before_exit=self._on_hang, first_step_timeout_s=resilience.first_step_timeout_s)
         if timeout > 0:
             self.progress.message(f"Hang watchdog: {timeout:g} s without a finished step, "
-                                  f"evaluation or checkpoint save ({first_step:g} s for the "
+                                  "evaluation or checkpoint save "
+                                  f"({self.watchdog.first_step_timeout_s:g} s for the "
                                   "first, which compiles) stops the run (exit "
                                   f"{watchdog.HANG_EXIT_CODE}).")
         self.watchdog.start()

@@ -83,11 +83,10 @@ class HangWatchdog:
                  process_count: int = 1, log: Callable[[str], None] = print,
                  before_exit: Callable[[], None] | None = None,
                  exit: Callable[[int], None] = os._exit, grace_s: float | None = None,
-                 first_step_timeout_s: float | None = None):
+                 first_step_timeout_s: float = -1.0):
         self.timeout_s = float(timeout_s)
-        self.first_step_timeout_s = (COMPILE_PATIENCE * self.timeout_s
-                                     if first_step_timeout_s is None
-                                     else float(first_step_timeout_s))
+        self.first_step_timeout_s = resolve_first_step_timeout(first_step_timeout_s,
+                                                               self.timeout_s)
         self.hangs_dir = hangs_dir
         self.process_index, self.process_count = process_index, process_count
         self.log, self.before_exit, self._exit = log, before_exit, exit
