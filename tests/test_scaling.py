@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import scipy.optimize
 
-from t5x_like import cli, errors
+from t5x_like import cli, errors, resolving
 from t5x_like.scaling import cli as scaling_cli
 from t5x_like.scaling import fit, laws, sweep
 
@@ -327,11 +327,58 @@ def test_the_batch_and_learning_rate_follow_deepseek_llms_fits():
 
 def test_microbatches_are_the_power_of_two_whose_activations_fit():
     from t5x_like.scaling import run_sizing
-    report = {"hbm_per_device": 100.0,
-              "memory_per_device": {"total": 340.0, "temporaries": 300.0}}
-    assert run_sizing.microbatches_to_fit(report) == 8  # 300 / (100 - 40) = 5 -> 8
-    report["memory_per_device"] = {"total": 150.0, "temporaries": 20.0}
-    assert run_sizing.microbatches_to_fit(report) is None  # the state alone does not fit
+
+    def plan(temporaries, total):
+        return {"hbm_per_device": 100.0,
+                "memory_per_device": {"total": total, "temporaries": temporaries}}
+    # One plan: temporaries taken to shrink as 1 / k. 300 / (100 - 40) = 5 -> 8.
+    assert run_sizing.microbatches_to_fit([(1, plan(300.0, 340.0))]) == 8
+    assert run_sizing.microbatches_to_fit([(2, plan(300.0, 340.0))]) == 16  # 600 / 60
+    assert run_sizing.microbatches_to_fit([(1, plan(20.0, 150.0))]) is None  # state alone
+    # Two plans: fixed + scaled / k through both. 300 at 1 and 90 at 4: scaled 280, fixed
+    # 20, so 280 / (60 - 20) = 7 -> 8 (1 / k from the second alone would say 8 too, but
+    # from 4 at least twice: 8).
+    assert run_sizing.microbatches_to_fit([(1, plan(300.0, 340.0)), (4, plan(90.0, 130.0))]) == 8
+    # A large fixed part: 300 at 1, 120 at 4 -> scaled 240, fixed 60: nothing left (None).
+    assert run_sizing.microbatches_to_fit(
+        [(1, plan(300.0, 340.0)), (4, plan(120.0, 160.0))]) is None
+    # More microbatches that did not shrink the temporaries: None.
+    assert run_sizing.microbatches_to_fit(
+        [(1, plan(300.0, 340.0)), (4, plan(310.0, 350.0))]) is None
+
+
+def test_a_plan_that_does_not_fit_is_compiled_again_until_one_does(monkeypatch):
+    """The compiler decides: a microbatch count estimated from the whole batch's plan
+    that still does not fit is compiled again with more. The fake planner's temporaries
+    are the ones libtpu gave decoder_modern_1b's 1.6B shape on v5p:2x2x1 at batch 736
+    (332, 162, 105, 55, 30 GiB at 1, 2, 4, 8, 16 microbatches; 95 GiB a chip): the whole
+    batch's plan asks for 4, which needs 110 GiB, and the run is planned at 8."""
+    from t5x_like.scaling import run_sizing
+    measured = {1: 332.2, 2: 162.4, 4: 105.4, 8: 54.7, 16: 30.5}
+    compiled = []
+
+    def fake_plan(config, topology):
+        k = int(config.optimizer.microbatches)
+        compiled.append((k, int(config.batch_size)))
+        total = measured[k] + 4.45
+        return {"fits": total <= 95.0, "hbm_per_device": 95.0,
+                "memory_per_device": {"total": total, "temporaries": measured[k]}}
+
+    monkeypatch.setattr(run_sizing.aot_planner, "plan", fake_plan)
+    monkeypatch.setattr(run_sizing, "batch_rule", lambda flops, length, chips: (736, 1e-3))
+    base = resolving.load_and_validate("configs/decoder_modern_1b.py", [])
+    shape = run_sizing.nearest_shape(base, 1.58e9)
+    config, report = run_sizing._compile(base, shape, 1e21, 2048, "v5p:2x2x1", 4,
+                                         log=lambda text: None)
+    assert compiled == [(1, 736), (4, 736), (8, 736)]
+    assert report["fits"] is True and int(config.optimizer.microbatches) == 8
+    # Where more microbatches stop helping (120 GiB at 8), the last plan is reported, not
+    # fitting, without compiling more.
+    compiled.clear()
+    measured[8] = 120.0
+    config, report = run_sizing._compile(base, shape, 1e21, 2048, "v5p:2x2x1", 4,
+                                         log=lambda text: None)
+    assert report["fits"] is False and compiled == [(1, 736), (4, 736), (8, 736)]
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -46,6 +46,7 @@ LR_COEFFICIENT, LR_EXPONENT = 0.3118, -0.1250  # DeepSeek LLM: peak learning rat
 # 2022; a first run on a new stack seldom does better): give what your runs measure.
 ASSUMED_MFU = 0.4
 MAX_ROUNDS = 3  # budget -> shape -> plan -> (roofline MFU lowers the budget) -> ...
+FIT_COMPILES = 4  # compiles with more microbatches after a plan that does not fit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,31 +174,66 @@ def device_kind(topology: str) -> str:
     return aot_planner.topology_devices(topology)[0].device_kind
 
 
-def microbatches_to_fit(report: dict) -> int | None:
-    """The power of two of microbatches whose temporaries fit beside the state, from a
-    plan that does not fit (None: the state alone does not fit)."""
-    memory, hbm = report["memory_per_device"], report["hbm_per_device"]
-    held = memory["total"] - memory["temporaries"]
-    room = hbm - held
+def microbatches_to_fit(plans: list[tuple[int, dict]]) -> int | None:
+    """The power of two of microbatches whose temporaries should fit beside the state,
+    from the plans compiled so far (``(microbatches, report)``, in order, the last not
+    fitting); None where the state alone does not fit, or more microbatches did not
+    shrink the temporaries.
+
+    From one plan the temporaries are taken to shrink as ``1 / k``. They do not quite:
+    part of them is the same at any ``k`` (the optimizer update, the logits' share, the
+    gathered weights of a layer), and the compiler picks other fusions per microbatch
+    size, so a second plan is compiled and read: through the last two plans
+    ``temporaries = fixed + scaled / k``. (``decoder_modern_1b``'s 1.6B shape on v5p:2x2x1
+    at batch 736: 332, 162, 105, 55 GiB at 1, 2, 4, 8 microbatches; ``1 / k`` from the
+    first asked for 4, which needs 110 of 95 GiB; the two-plan fit asks for 8.) Always
+    at least twice the last plan's microbatches."""
+    k, report = plans[-1]
+    memory = report["memory_per_device"]
+    room = report["hbm_per_device"] - (memory["total"] - memory["temporaries"])
     if room <= 0:
         return None
-    return 2 ** math.ceil(math.log2(max(2.0, memory["temporaries"] / room)))
+    if len(plans) == 1:
+        scaled, fixed = memory["temporaries"] * k, 0.0
+    else:
+        k0, report0 = plans[-2]
+        t0, t1 = report0["memory_per_device"]["temporaries"], memory["temporaries"]
+        scaled = (t0 - t1) / (1 / k0 - 1 / k)
+        fixed = t1 - scaled / k
+        if scaled <= 0:
+            return None  # more microbatches did not shrink the temporaries
+    needed = scaled / (room - fixed) if room > fixed else math.inf
+    if not math.isfinite(needed):
+        return None  # what does not shrink with k alone fills the room
+    return max(2 * k, 2 ** math.ceil(math.log2(max(2.0, needed))))
 
 
 def _compile(base, shape: Shape, budget_flops: float, length: int, topology: str, chips: int,
              log) -> tuple:
-    """(config, planner report) for ``shape`` at the budget's batch; with the microbatches
-    that fit when the first compile does not."""
+    """(config, planner report) for ``shape`` at the budget's batch; when that does not
+    fit, with the microbatches ``microbatches_to_fit`` reads from the compiles so far,
+    compiled again until one fits (at most ``FIT_COMPILES`` more; each microbatch keeps a
+    row a chip). The report says whether the last fits: the compiler decides, not the
+    estimate."""
     batch, learning_rate = batch_rule(budget_flops, length, chips)
-    config = run_config(base, shape, batch, learning_rate, 1, base.optimizer.microbatches)
+    k = base.optimizer.microbatches
+    config = run_config(base, shape, batch, learning_rate, 1, k)
     log(f"compiling {shape.describe()} at batch {batch} for {topology} ...")
     report = aot_planner.plan(config, topology)
-    if report["fits"] is False and (k := microbatches_to_fit(report)):
+    plans = [(k, report)]
+    for _ in range(FIT_COMPILES):
+        if report["fits"] is not False:
+            break
+        k = microbatches_to_fit(plans)
+        if k is None or chips * k > batch:
+            log("  does not fit, and more microbatches would not make it fit")
+            break
         # Each microbatch splits over every chip: whole multiples of chips x k.
-        batch = max(1, round(batch / (chips * k))) * chips * k
-        config = run_config(base, shape, batch, learning_rate, 1, k)
-        log(f"  does not fit; compiling again with {k} microbatches of {batch // k} ...")
+        microbatched = max(1, round(batch / (chips * k))) * chips * k
+        config = run_config(base, shape, microbatched, learning_rate, 1, k)
+        log(f"  does not fit; compiling again with {k} microbatches of {microbatched // k} ...")
         report = aot_planner.plan(config, topology)
+        plans.append((k, report))
     return config, report
 
 
