@@ -11,6 +11,7 @@ import functools
 import json
 import os
 import signal
+import zlib
 
 import jax
 import jax.numpy as jnp
@@ -352,6 +353,50 @@ def test_grpo_trains_from_sft_and_resumes_exactly_rollouts_included(arithmetic_s
     train.run(rl_config(arithmetic_sft), str(interrupted), quiet=True)
     resumed = records(interrupted)
     for key in ("loss", "reward", "kl", "completion_length"):
+        assert [r[key] for r in resumed] == [r[key] for r in logged], key
+
+
+def odd_prompts_only(completions, examples):
+    """Signal for about half the prompts: a score of the completion's text (0 to 1 by
+    its CRC, which differs between the group's sampled completions) where the prompt's
+    text has an odd length, 0 (a group without signal) where it is even."""
+    return [zlib.crc32(c.encode()) % 5 / 4 if len(e["prompt"]) % 2 else 0.0
+            for c, e in zip(completions, examples, strict=True)]
+
+
+def test_dynamic_sampling_refills_groups_without_signal_and_resumes_exactly(arithmetic_sft,
+                                                                            tmp_path):
+    """DAPO's dynamic sampling: groups whose rewards are all equal are dropped and
+    refilled from the next prompts. Every step's batch has signal in each group unless
+    the rounds ran out; the filter had groups to drop; more prompts were read than
+    without it; and an interrupted run resumes into the same rollouts."""
+    RewardRegistry.add("odd_prompts_only", odd_prompts_only)
+    config = rl_config(arithmetic_sft, **{"rl.rewards": ("odd_prompts_only",),
+                                          "rl.dynamic_sampling_rounds": 3})
+    straight = tmp_path / "straight"
+    train.run(config, str(straight), quiet=True)
+    logged = records(straight)
+    assert [r["step"] for r in logged] == [1, 2, 3, 4]
+    for r in logged:
+        assert 1 <= r["sampling_rounds"] <= 4
+        if r["sampling_rounds"] < 4:  # rounds to spare: every group kept has signal
+            assert r["groups_without_signal"] == 0.0, r
+    assert any(r["sampled_groups_without_signal"] > 0 for r in logged)  # something dropped
+    assert any(r["sampling_rounds"] > 1 for r in logged)  # and refilled
+    plain = tmp_path / "plain"
+    train.run(rl_config(arithmetic_sft, **{"rl.rewards": ("odd_prompts_only",)}), str(plain),
+              quiet=True)
+    without = records(plain)
+    assert "sampling_rounds" not in without[0]
+    assert (sum(r["groups_without_signal"] for r in logged)
+            < sum(r["groups_without_signal"] for r in without))
+
+    interrupted = tmp_path / "interrupted"
+    train.run(set_keys(copy.deepcopy(config), {"num_train_steps": 2}), str(interrupted),
+              quiet=True)
+    train.run(config, str(interrupted), quiet=True)
+    resumed = records(interrupted)
+    for key in ("loss", "reward", "sampling_rounds", "groups_without_signal"):
         assert [r[key] for r in resumed] == [r[key] for r in logged], key
 
 

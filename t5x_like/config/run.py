@@ -398,6 +398,11 @@ class RlSpec(Section):
         "updates per rollout batch (TRL's num_iterations, the paper's mu); > 1 keeps the "
         "sampling policy's log-probs as the ratio's denominator, and num_train_steps and "
         "checkpoint.every_steps must be multiples of it"))
+    dynamic_sampling_rounds: int = field(0, minimum=0, doc=(
+        "DAPO's dynamic sampling: groups whose rewards are all equal (no gradient) are "
+        "dropped and refilled from the next prompts, in up to this many more rounds of "
+        "sampling a step; groups still missing after them are filled with dropped ones; "
+        "0 is off"))
     rewards: tuple[str, ...] = ("exact_answer",)
     reward_weights: tuple[float, ...] = ()
     reward_model: str = field("", doc="a reward_model run whose scores join the rewards")

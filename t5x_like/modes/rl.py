@@ -16,16 +16,21 @@ One step, in ``Rollouts.next``:
    completions and the rows' prompt and answer texts, and ``rl.reward_model``'s scores
    (a ``preference.objective='reward_model'`` checkpoint, run jitted on the same mesh),
    weighted and summed;
-4. advantages normalised within each prompt's group (``objectives.preference.
+4. with ``rl.dynamic_sampling_rounds`` (DAPO's dynamic sampling), groups whose rewards
+   are all equal are dropped and steps 1-3 repeat on the next prompts until the batch
+   holds groups with signal (``Rollouts._sampled_groups``);
+5. advantages normalised within each prompt's group (``objectives.preference.
    group_advantages``), and the rows: the start id, the prompt, the completion up to
    and with its EOS;
-5. with ``rl.iterations`` > 1, the sampling policy's log-probability of each row's next
+6. with ``rl.iterations`` > 1, the sampling policy's log-probability of each row's next
    tokens (``old_log_probs``), jitted on the mesh with the params that sampled the
    completions: the batch serves ``rl.iterations`` updates (the loop reuses it,
    ``loop.Loop``), and every one of them reads its ratio against these.
 
-What it logs beside the update's metrics: the mean reward and each reward's mean, the
-share of groups whose rewards are all equal (no signal), the completions' mean length,
+What it logs beside the update's metrics: the mean reward and each reward's mean (over
+every completion sampled), the share of the batch's groups whose rewards are all equal
+(no signal; with dynamic sampling also ``sampled_groups_without_signal``, over every
+group sampled, and ``sampling_rounds``), the completions' mean length,
 and the rollout's time and tokens per second (goodput books the rollout apart from the
 update). A batch reused for a later update logs only ``REUSED_METRICS`` of these: the
 rollout happened once, so its reward and time are logged once, on the step that
@@ -270,14 +275,12 @@ class Rollouts:
     # -- a step -----------------------------------------------------------------------------
     def next(self, params, step: int) -> Rollout:
         """The rollout rows of the step after ``step``, sampled with ``params`` (see the
-        module docstring)."""
+        module docstring); with ``rl.dynamic_sampling_rounds``, the groups without signal
+        dropped and refilled (``_sampled_groups``)."""
         began = time.monotonic()
-        rows = next(self.prompt_batches)
-        repeated = {key: np.repeat(value, self.group, axis=0) for key, value in rows.items()}
-        rng = jax.random.fold_in(jax.random.key(self.spec.seed + 2), step)
-        prompts, lengths, completions = self.sample(params, repeated, rng)
-        examples = self.examples(repeated)
-        rewards, means = self.score(prompts, lengths, completions, examples, step=step + 1)
+        groups, sampled = self._sampled_groups(params, step)
+        prompts, lengths, completions, rewards = (np.concatenate([g[i] for g in groups])
+                                                  for i in range(4))
         advantages = np.asarray(group_advantages(jnp.asarray(rewards), self.group,
                                                  self.spec.rl.scale_rewards), np.float32)
         tokens, _, weights = self.rows(prompts, lengths, completions)
@@ -287,13 +290,62 @@ class Rollouts:
         grouped = rewards.reshape(-1, self.group)
         seconds = time.monotonic() - began
         completion_tokens = float(weights.sum())
-        metrics = {"reward": float(rewards.mean()), "reward_std": float(rewards.std()),
-                   **{f"rewards/{name}": value for name, value in means.items()},
+        every = sampled["rewards"]  # each sampled completion's reward, every round's
+        metrics = {"reward": float(every.mean()), "reward_std": float(every.std()),
+                   **{f"rewards/{name}": value / sampled["rounds"]
+                      for name, value in sampled["means"].items()},
                    "groups_without_signal": float(np.mean(grouped.std(axis=1) == 0)),
                    "completion_length": completion_tokens / len(rewards),
                    "rollout_seconds": seconds,
-                   "rollout_tokens_per_sec": completion_tokens / max(seconds, 1e-9)}
+                   "rollout_tokens_per_sec": sampled["completion_tokens"] / max(seconds, 1e-9)}
+        if self.spec.rl.dynamic_sampling_rounds:
+            metrics["sampling_rounds"] = float(sampled["rounds"])
+            metrics["sampled_groups_without_signal"] = float(np.mean(
+                every.reshape(-1, self.group).std(axis=1) == 0))
         return Rollout(batch, metrics)
+
+    def _sampled_groups(self, params, step: int) -> tuple[list[tuple], dict]:
+        """This process's groups for the step after ``step`` (each ``(prompts, lengths,
+        completions, rewards)`` of its ``num_generations`` rows), and what was sampled.
+
+        A round takes the next prompts of the stream, samples them under the step's key
+        (the first round) or that key folded with the round, and scores them. Without
+        dynamic sampling one round is the batch. With it (DAPO, Yu et al. 2025), groups
+        whose rewards are all equal give no gradient and are set aside; rounds go on
+        while any process lacks groups with signal (every process samples in every
+        round: the sampling program runs on the whole mesh), at most
+        ``dynamic_sampling_rounds`` more; a process still short fills its batch with the
+        groups it set aside, in order. Which prompts a round reads and how it samples
+        follow from the step and the data state, so a resumed run samples the same."""
+        rl, size = self.spec.rl, self.group
+        key = jax.random.fold_in(jax.random.key(self.spec.seed + 2), step)
+        kept, dropped, wanted = [], [], None
+        sampled = {"rewards": [], "means": {}, "rounds": 0, "completion_tokens": 0.0}
+        for round_ in range(1 + rl.dynamic_sampling_rounds):
+            rows = next(self.prompt_batches)
+            repeated = {k: np.repeat(value, size, axis=0) for k, value in rows.items()}
+            rng = key if round_ == 0 else jax.random.fold_in(key, round_)
+            prompts, lengths, completions = self.sample(params, repeated, rng)
+            rewards, means = self.score(prompts, lengths, completions, self.examples(repeated),
+                                        step=step + 1)
+            sampled["rounds"] += 1
+            sampled["rewards"].append(rewards)
+            for name, value in means.items():
+                sampled["means"][name] = sampled["means"].get(name, 0.0) + value
+            sampled["completion_tokens"] += float(self.rows(prompts, lengths, completions)[2].sum())
+            count = len(rewards) // size
+            wanted = count if wanted is None else wanted
+            for g in range(count):
+                rows_of = slice(g * size, (g + 1) * size)
+                group = (prompts[rows_of], lengths[rows_of], completions[rows_of],
+                         rewards[rows_of])
+                signal = not rl.dynamic_sampling_rounds or has_signal(group[3])
+                (kept if signal else dropped).append(group)
+            if (round_ == rl.dynamic_sampling_rounds
+                    or not partitioning.any_process(len(kept) < wanted)):
+                break
+        sampled["rewards"] = np.concatenate(sampled["rewards"])
+        return (kept + dropped)[:wanted], sampled
 
     # -- evaluation -------------------------------------------------------------------------
     def evaluate(self, params, batches, num_batches: int, samples: int = 1,
@@ -323,6 +375,12 @@ class Rollouts:
             out[f"best_of_{samples}_reward"] = best_total / max(count, 1.0)
         out["prompts"] = count
         return out
+
+
+def has_signal(rewards: np.ndarray) -> bool:
+    """Whether a group's rewards differ: where they are all equal its advantages are 0,
+    and so is its gradient (what dynamic sampling drops)."""
+    return bool(np.std(rewards) > 0)
 
 
 def _check_finite(what: str, values: np.ndarray, texts: list[str], during: str,

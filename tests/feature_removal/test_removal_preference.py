@@ -10,6 +10,7 @@ import pytest
 from removals import Removal, existing, proving_tests
 from test_preference_parity import models  # noqa: F401  (the fixture the TRL checks read)
 from test_preference_training import dpo_config, sft_run  # noqa: F401
+from test_rl import arithmetic_sft  # noqa: F401  (the SFT run the dynamic-sampling check trains from)
 
 from t5x_like import train
 from t5x_like.objectives import preference as losses
@@ -82,6 +83,13 @@ def _grpo_without_kl(monkeypatch):
     monkeypatch.setattr(losses, "grpo_loss", lambda *a, **kw: original(*a, **{**kw, "beta": 0.0}))
 
 
+def _dynamic_sampling_keeps_every_group(monkeypatch):
+    from t5x_like.modes import rl
+    monkeypatch.setattr(rl, "has_signal", lambda rewards: True)
+
+
+DYNAMIC_SAMPLING = existing(
+    "test_rl.py::test_dynamic_sampling_refills_groups_without_signal_and_resumes_exactly")
 SIMPO = existing("test_preference_parity.py::test_simpo_equals_trl_cpo_trainer")
 ORPO = existing("test_preference_parity.py::test_orpo_equals_trl_orpo_trainer")
 GRPO_TWO_ITERATIONS = existing(
@@ -113,6 +121,11 @@ REMOVALS = [
             "loss and every gradient equal TRL's GRPOTrainer with importance_sampling_level "
             "sequence on the second update of a rollout", _gspo_ratios_per_token,
             GSPO_TWO_ITERATIONS[1], holds_in=GSPO_TWO_ITERATIONS[0]),
+    Removal("DAPO dynamic sampling", "every group counts as one with signal (none dropped)",
+            "a run whose reward is constant for half the prompts refills their groups from "
+            "more prompts (sampling rounds > 1) and trains on fewer groups without signal "
+            "than the same run without it", _dynamic_sampling_keeps_every_group,
+            DYNAMIC_SAMPLING[1], holds_in=DYNAMIC_SAMPLING[0]),
 ]
 
 globals().update(proving_tests(REMOVALS))
