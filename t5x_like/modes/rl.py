@@ -287,17 +287,19 @@ class Rollouts:
         batch = {"tokens": tokens, "completion_loss_weights": weights, "advantages": advantages}
         if self._log_probs is not None:
             batch["old_log_probs"] = self.old_log_probs(params, tokens)
-        grouped = rewards.reshape(-1, self.group)
         seconds = time.monotonic() - began
-        completion_tokens = float(weights.sum())
-        every = sampled["rewards"]  # each sampled completion's reward, every round's
+        # Every process's rows: a run logs what its whole batch did, not process 0's share.
+        every = _across_processes(sampled["rewards"])  # every completion sampled, each round's
+        grouped = _across_processes(rewards).reshape(-1, self.group)  # the batch's groups
+        batch_tokens, sampled_tokens = _across_processes(np.array(
+            [[weights.sum(), sampled["completion_tokens"]]], np.float64)).sum(axis=0)
         metrics = {"reward": float(every.mean()), "reward_std": float(every.std()),
-                   **{f"rewards/{name}": value / sampled["rounds"]
-                      for name, value in sampled["means"].items()},
+                   **{f"rewards/{name}": float(_across_processes(np.concatenate(values)).mean())
+                      for name, values in sampled["by_name"].items()},
                    "groups_without_signal": float(np.mean(grouped.std(axis=1) == 0)),
-                   "completion_length": completion_tokens / len(rewards),
+                   "completion_length": float(batch_tokens) / grouped.size,
                    "rollout_seconds": seconds,
-                   "rollout_tokens_per_sec": sampled["completion_tokens"] / max(seconds, 1e-9)}
+                   "rollout_tokens_per_sec": float(sampled_tokens) / max(seconds, 1e-9)}
         if self.spec.rl.dynamic_sampling_rounds:
             metrics["sampling_rounds"] = float(sampled["rounds"])
             metrics["sampled_groups_without_signal"] = float(np.mean(
@@ -320,18 +322,19 @@ class Rollouts:
         rl, size = self.spec.rl, self.group
         key = jax.random.fold_in(jax.random.key(self.spec.seed + 2), step)
         kept, dropped, wanted = [], [], None
-        sampled = {"rewards": [], "means": {}, "rounds": 0, "completion_tokens": 0.0}
+        sampled = {"rewards": [], "by_name": {}, "rounds": 0, "completion_tokens": 0.0}
         for round_ in range(1 + rl.dynamic_sampling_rounds):
             rows = next(self.prompt_batches)
             repeated = {k: np.repeat(value, size, axis=0) for k, value in rows.items()}
             rng = key if round_ == 0 else jax.random.fold_in(key, round_)
             prompts, lengths, completions = self.sample(params, repeated, rng)
-            rewards, means = self.score(prompts, lengths, completions, self.examples(repeated),
-                                        step=step + 1)
+            rewards, _ = self.score(prompts, lengths, completions, self.examples(repeated),
+                                    step=step + 1)
             sampled["rounds"] += 1
             sampled["rewards"].append(rewards)
-            for name, value in means.items():
-                sampled["means"][name] = sampled["means"].get(name, 0.0) + value
+            for name, values in self.last_rewards.items():
+                if name != "reward":
+                    sampled["by_name"].setdefault(name, []).append(values)
             sampled["completion_tokens"] += float(self.rows(prompts, lengths, completions)[2].sum())
             count = len(rewards) // size
             wanted = count if wanted is None else wanted
@@ -370,7 +373,13 @@ class Rollouts:
                 sampled, _ = self.score(p, n, c, self.examples(repeated))
                 best_total += float((sampled.reshape(-1, samples).max(axis=1) * real).sum())
             count += float(real.sum())
-        out = {name: value / max(count, 1.0) for name, value in totals.items()}
+        # Summed over every process's prompts (each scored its own rows).
+        names = sorted(totals)
+        summed = _across_processes(np.array(
+            [[count, best_total, *(totals[n] for n in names)]], np.float64)).sum(axis=0)
+        count, best_total = float(summed[0]), float(summed[1])
+        out = {name: float(value) / max(count, 1.0) for name, value in zip(names, summed[2:],
+                                                                           strict=True)}
         if samples > 1:
             out[f"best_of_{samples}_reward"] = best_total / max(count, 1.0)
         out["prompts"] = count
@@ -413,6 +422,14 @@ def rollout_rows(prompts, lengths, completions, eos_id: int, width: int):
         mask[i, :len(row)] = 1
         weights[i, length - 1:length - 1 + len(completion)] = 1.0
     return tokens, mask, weights
+
+
+def _across_processes(values: np.ndarray) -> np.ndarray:
+    """Every process's ``values`` (the same shape on each), concatenated along the first
+    axis in process order; ``values`` itself in a single-process run."""
+    if jax.process_count() == 1:
+        return values
+    return np.asarray(multihost_utils.process_allgather(values, tiled=True))
 
 
 def _local_rows(array, rows: int) -> np.ndarray:
