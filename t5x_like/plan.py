@@ -15,7 +15,8 @@ collective bytes / link bandwidth)`` per device, an optimistic bound (each overl
 the others), with the sources (forward or backward, module path) that move the most
 HBM bytes (``t5x_like.planner.hlo_traffic``) and the collectives' bytes by the mesh axes they
 cross (``t5x_like.planner.hlo_collectives``). ``--decode`` plans one generation step instead: memory,
-FLOPs and HBM bytes per token, and the roofline's tokens/s.
+FLOPs and HBM bytes per token, and the roofline's tokens/s; with ``--page_size`` the
+continuous-batching engine's step (``t5xl serve``): slots over a pool of key/value pages.
 """
 
 from __future__ import annotations
@@ -42,11 +43,26 @@ def format_decode_report(r: dict) -> str:
              f"params it reads, cache {_gib(m['cache']).strip()}, inputs; all params held: "
              f"{_gib(m['params']).strip()}), temporaries {_gib(m['temporaries']).strip()}, "
              f"total {_gib(m['total']).strip()}"]
+    if "pages" in r:
+        p = r["pages"]
+        full = ("every slot at its longest" if p["pages"] == p["full_pool"] else
+                f"{p['pages'] / p['full_pool']:.0%} of every slot at its longest")
+        lines.insert(1, f"continuous batching: {p['slots']} slots of up to {p['max_length']} "
+                        f"positions ({p['pages_per_row']} pages each) over a pool of "
+                        f"{p['pages']} pages of {p['page_size']} ({full}, the scratch page "
+                        f"included): cache {_gib(m['cache']).strip()} per device, "
+                        f"{m['cache'] / m['total']:.0%} of the step's memory")
     if r["hbm_per_device"] is not None:
         lines.append(f"fits: {'FITS' if r['fits'] else 'DOES NOT FIT'} in "
                      f"{_gib(r['hbm_per_device']).strip()} HBM per device")
-    lines.append(f"per decode step and device: {r['flops_per_device']:.3e} FLOPs, "
-                 f"{r['bytes_accessed_per_device'] / 1e9:.2f} GB of HBM traffic")
+    if r.get("compiler_out_of_memory"):
+        lines.append(f"  compiler: {r['compiler_out_of_memory']}")
+        lines.append("  to fit: fewer rows (--config.batch_size), shorter ones "
+                     "(task_feature_lengths), more chips on tensor, or with --page_size a "
+                     "smaller pool (--pages)")
+    if r["flops_per_device"] is not None:
+        lines.append(f"per decode step and device: {r['flops_per_device']:.3e} FLOPs, "
+                     f"{r['bytes_accessed_per_device'] / 1e9:.2f} GB of HBM traffic")
     if "roofline" in r:
         roof = r["roofline"]
         lines.append(f"roofline step time: {roof['step_s'] * 1e3:.2f} ms ({roof['bound']}-bound:"
@@ -179,9 +195,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode", action="store_true",
                         help="Plan one generation step (a token per row over the cache of "
                              "task_feature_lengths) instead of the train step.")
+    parser.add_argument("--page_size", type=int, default=0,
+                        help="With --decode: plan the continuous-batching engine's step "
+                             "(t5xl serve): batch_size slots over a pool of pages of this "
+                             "many positions.")
+    parser.add_argument("--pages", type=int, default=0,
+                        help="With --page_size: the pool's pages (0: every slot at the "
+                             "longest row, plus the scratch page).")
     parser.add_argument("--json", action="store_true", help="Print the report as JSON.")
     cli_flags.add_module_flag(parser)
     args = parser.parse_args(rest)
+    if (args.page_size or args.pages) and not args.decode:
+        raise errors.UserError("--page_size and --pages plan the engine's decode step; add "
+                               "--decode.")
+    if args.pages and not args.page_size:
+        raise errors.UserError("--pages sizes the engine's page pool; give --page_size too.")
     cli_flags.import_modules(args.module)
     topology.prepare_compiler_environment()
     topology.parse_topology(args.topology)
@@ -190,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     from t5x_like.planner import aot_planner
     compile_plan, formatter = ((aot_planner.plan_decode, format_decode_report) if args.decode
                                else (aot_planner.plan, format_report))
-    report = compile_plan(config, args.topology, args.num_slices)
+    paging = {"page_size": args.page_size, "pages": args.pages} if args.page_size else {}
+    report = compile_plan(config, args.topology, args.num_slices, **paging)
     print(json.dumps(report, indent=2) if args.json else formatter(report))
     return 0
 

@@ -246,6 +246,47 @@ def test_decode_plan_of_an_encoder_is_refused():
     assert "Traceback" not in result.stderr
 
 
+GPT2_TINY = f"--config={REPO / 'configs' / 'pretrain' / 'gpt2_tiny.py'}"
+ONE_REPLICA = ["--config.mesh.data=1", "--config.mesh.fsdp=1", "--config.mesh.tensor=-1"]
+
+
+def test_the_engines_decode_step_is_planned_over_its_page_pool():
+    """``--decode --page_size``: the continuous-batching engine's step, 8 slots of up to
+    160 positions (10 pages of 16) over a pool of every slot at its longest plus the
+    scratch page (81), or a pool of 41 given: the cache is the pool's, so it scales with
+    the pages; on a TPU, the roofline's tokens/s."""
+    def paged(*extra):
+        return json.loads(run_plan(GPT2_TINY, "--topology=cpu:8", "--decode", "--json",
+                                   "--page_size=16", "--config.batch_size=8", *ONE_REPLICA,
+                                   *extra).stdout)
+    full, half = paged(), paged("--pages=41")
+    assert full["pages"] == {"slots": 8, "max_length": 160, "page_size": 16,
+                             "pages_per_row": 10, "pages": 81, "full_pool": 81}
+    assert half["pages"]["pages"] == 41
+    assert half["memory_per_device"]["cache"] / full["memory_per_device"]["cache"] == (
+        pytest.approx(41 / 81, rel=0.01))
+    text = run_plan(GPT2_TINY, "--topology=v5e:2x2", "--decode", "--page_size=16",
+                    "--config.batch_size=8", *ONE_REPLICA).stdout
+    assert ("continuous batching: 8 slots of up to 160 positions (10 pages each) over a pool "
+            "of 81 pages of 16 (every slot at its longest, the scratch page included)") in text
+    assert "FITS" in text and "tokens/s for the slice" in text
+
+
+@pytest.mark.parametrize("config, extra, message", [
+    (GPT2_TINY, ["--page_size=16"], "add --decode"),
+    (GPT2_TINY, ["--decode", "--pages=40"], "give --page_size too"),
+    (GPT2_TINY, ["--decode", "--page_size=16"], "one engine serves one replica"),
+    (GPT2_TINY, ["--decode", "--page_size=16", "--pages=5", *ONE_REPLICA],
+     "needs 10 pages of 16, plus the scratch page; give --pages=11"),
+    (f"--config={REPO / 'configs' / 'pretrain' / 't5_tiny.py'}",
+     ["--decode", "--page_size=16", *ONE_REPLICA], "not served by the continuous-batching"),
+])
+def test_paged_decode_plans_that_cannot_work_are_refused(config, extra, message):
+    result = run_plan(config, "--topology=cpu:8", *extra, check=False)
+    assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+
+
 def test_an_int8_plan_runs_its_int8_matmuls_at_the_int8_peak():
     result = run_plan(f"--config={QUICKSTART}", "--topology=v5p:2x2x1", *TINY, "--json",
                       "--config.quantization.kind=int8", "--config.model.numerics.dtype=bfloat16")

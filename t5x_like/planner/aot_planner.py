@@ -253,72 +253,124 @@ def _unscanned(model):
     return model.replace(numerics=model.numerics.replace(scan_layers=False))
 
 
-def plan_decode(config, topology: str, num_slices: int = 1) -> dict:
+def plan_decode(config, topology: str, num_slices: int = 1, page_size: int = 0,
+                pages: int = 0) -> dict:
     """Compiles one generation step of ``config``'s model for ``topology``: a token for
     each of ``batch_size`` rows over a cache of ``task_feature_lengths``
     (``Structure.decode_step``; an encoder-decoder's cross-attention keys and values
     come from the cache). Layers are unrolled, so XLA counts every layer's FLOPs; params
     keep the training shardings, the cache and inputs are split over the batch axes.
     Reports memory per device, FLOPs, HBM bytes, and a roofline time per step and
-    tokens/s (``batch_size / step time``)."""
+    tokens/s (``batch_size / step time``).
 
-
-
+    With ``page_size``, the step of the continuous-batching engine
+    (``Structure.paged_decode_step``): ``batch_size`` slots, each up to the lengths' sum,
+    over a pool of ``pages`` pages (0: every slot at that length, plus the scratch page).
+    One engine serves one replica, so its slots and pool are not split over the batch
+    axes (a mesh that splits them is refused; serve more replicas); the pool's key/value
+    heads split over ``tensor`` where they divide, as the attention's do."""
     config = spec_of(config)
     config = config.replace(model=_unscanned(config.model))
     devices = topology_devices(topology, num_slices)
     mesh_shape, trainer = trainer_lib.build_on_devices(config, devices, process_count=1)
     weights = int8_weights.weights_for(config, structures.for_config(config), trainer)
-    step, cache, inputs = weights.structure.decode_step(
-        config.batch_size, config.task_feature_lengths)
     mesh = trainer.mesh
     batch_axes = tuple(a for a in partitioning.batch_axes(trainer.rules) if a in mesh.shape)
     split = math.prod(mesh.shape[a] for a in batch_axes)
+    paged = _paged(config, page_size, pages, split) if page_size else None
+    if paged:
+        step, cache, inputs = weights.structure.paged_decode_step(
+            paged["slots"], paged["max_length"], page_size, paged["pages"])
+    else:
+        step, cache, inputs = weights.structure.decode_step(
+            config.batch_size, config.task_feature_lengths)
 
     def sharding(x):
         spec = (PartitionSpec(batch_axes) if x.ndim and x.shape[0] % split == 0
                 else PartitionSpec())
         return NamedSharding(mesh, spec)
-    cache_shardings = jax.tree.map(sharding, cache)
+
+    def pool_sharding(x):  # [pages, key/value heads, ...]: heads over tensor
+        tensor = mesh.shape.get("tensor", 1)
+        heads = x.ndim >= 2 and tensor > 1 and x.shape[1] % tensor == 0
+        return NamedSharding(mesh, PartitionSpec(None, "tensor") if heads else PartitionSpec())
+    cache_shardings = jax.tree.map(pool_sharding if paged else sharding, cache)
     jitted = jax.jit(step, in_shardings=(weights.shardings, cache_shardings,
                                          *map(sharding, inputs)),
                      out_shardings=(None, cache_shardings), donate_argnums=1)
     with trainer_lib._MeshAndRules(mesh, trainer.rules, trainer.context_settings,
                                    trainer.pipeline_settings):
-        compiled = jitted.lower(weights.abstract_params, cache, *inputs).compile()
-    memory = compiled.memory_analysis()
-    flops, xla_bytes, traffic, _ = _costs(compiled, compiled.as_text())
-    hbm_bytes = (xla_bytes * traffic.total_bytes / traffic.loop_bodies_once_bytes
-                 if traffic is not None and traffic.loop_bodies_once_bytes else xla_bytes)
+        lowered = jitted.lower(weights.abstract_params, cache, *inputs)
+    try:
+        compiled, compiler_oom = lowered.compile(), None
+    except Exception as e:  # noqa: BLE001 - only the TPU compiler's out-of-memory is handled
+        compiled, compiler_oom = None, _out_of_memory_temporaries(str(e))
+        if compiler_oom is None:
+            raise
     state_rows = per_device_bytes({"params": weights.abstract_params})
+    params_bytes = sum(b for p, b in state_rows if p.startswith("params/"))
+    cache_bytes = sum(b for _, b in per_device_bytes(jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), cache, cache_shardings)))
+    if compiled is not None:
+        memory = compiled.memory_analysis()
+        flops, xla_bytes, traffic, _ = _costs(compiled, compiled.as_text())
+        hbm_bytes = (xla_bytes * traffic.total_bytes / traffic.loop_bodies_once_bytes
+                     if traffic is not None and traffic.loop_bodies_once_bytes else xla_bytes)
+        arguments, temporaries = memory.argument_size_in_bytes, memory.temp_size_in_bytes
+        total = (arguments + memory.output_size_in_bytes - memory.alias_size_in_bytes
+                 + temporaries + memory.generated_code_size_in_bytes)
+    else:
+        # libtpu refuses a program over HBM and says only what its temporaries need.
+        flops = hbm_bytes = traffic = None
+        arguments = params_bytes + cache_bytes
+        temporaries = compiler_oom[0]
+        total = arguments + temporaries
     kind = devices[0].device_kind
     chip = hardware.chip_for(kind)
     peak = hardware.peak_flops(kind, config.logging.peak_flops_per_device)
-    total = (memory.argument_size_in_bytes + memory.output_size_in_bytes
-             - memory.alias_size_in_bytes + memory.temp_size_in_bytes
-             + memory.generated_code_size_in_bytes)
     report = {
         "config_model": config.model.family, "topology": topology, "num_slices": num_slices,
         "device_kind": kind, "num_devices": len(devices), "mesh": mesh_shape,
         "rules": config.partitioning.rules, "batch_size": config.batch_size,
         "lengths": dict(config.task_feature_lengths),
         "weights": config.quantization.weights or "float",
-        "memory_per_device": {
-            "params": sum(b for p, b in state_rows if p.startswith("params/")),
-            "cache": sum(b for _, b in per_device_bytes(jax.tree.map(
-                lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                cache, cache_shardings))),
-            "arguments": memory.argument_size_in_bytes,
-            "temporaries": memory.temp_size_in_bytes, "total": total},
+        "memory_per_device": {"params": params_bytes, "cache": cache_bytes,
+                              "arguments": arguments, "temporaries": temporaries,
+                              "total": total},
         "hbm_per_device": chip.hbm_bytes if chip else None,
-        "fits": total <= chip.hbm_bytes if chip else None,
+        "fits": (total <= chip.hbm_bytes and compiler_oom is None) if chip else None,
+        "compiler_out_of_memory": compiler_oom[1] if compiler_oom else None,
         "flops_per_device": flops, "bytes_accessed_per_device": hbm_bytes,
     }
+    if paged:
+        report["pages"] = paged
     report.update(_traffic_by_source(traffic, hbm_bytes))
-    if peak and chip:
+    if peak and chip and flops is not None:
         roof = _roofline(flops, hbm_bytes, peak, chip)
         report["roofline"] = dict(roof, tokens_per_s=config.batch_size / roof["step_s"])
     return report
+
+
+def _paged(config, page_size: int, pages: int, split: int) -> dict:
+    """The engine's layout for ``plan --decode --page_size``: slots, the longest row,
+    pages per row and the pool; its mistakes refused in one line."""
+    slots, max_length = config.batch_size, sum(dict(config.task_feature_lengths).values())
+    if page_size < 1:
+        raise errors.UserError(f"--page_size={page_size}: give a positive number of positions.")
+    if split > 1:
+        raise errors.UserError(
+            f"plan --decode --page_size: the mesh splits the batch over {split} devices; one "
+            "engine serves one replica (its slots and page pool are not split), so put the "
+            "chips on tensor (--config.mesh.data=1 --config.mesh.fsdp=1 "
+            "--config.mesh.tensor=-1) and serve more replicas for more throughput.")
+    per_row = -(-max_length // page_size)
+    pool = pages or slots * per_row + 1
+    if pool < per_row + 1:
+        raise errors.UserError(f"--pages={pool}: a row of {max_length} positions needs "
+                               f"{per_row} pages of {page_size}, plus the scratch page; give "
+                               f"--pages={per_row + 1} or more (0: every slot full).")
+    return {"slots": slots, "max_length": max_length, "page_size": page_size,
+            "pages_per_row": per_row, "pages": pool, "full_pool": slots * per_row + 1}
 
 
 def _costs(compiled, hlo_text: str):

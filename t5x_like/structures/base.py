@@ -364,5 +364,14 @@ class Structure:
         raise UserError(f"A {self.name} model does not generate text, so it has no decode "
                         "step to plan; plan its training step (leave out --decode).")
 
+    def paged_decode_step(self, slots: int, max_length: int, page_size: int, pages: int):
+        """One step of the continuous-batching engine (``generation/engine.py``) for
+        ``plan --decode --page_size``: a token for each of ``slots`` rows over a pool of
+        ``pages`` key/value pages of ``page_size`` positions, each row's pages named by
+        its page table. ``(step, cache, inputs)`` as ``decode_step``."""
+        raise UserError(f"A {self.name} model is not served by the continuous-batching "
+                        "engine (it decodes decoder-only models), so it has no paged decode "
+                        "step to plan; leave out --page_size.")
+
     def forward_flops_per_sequence(self, model, lengths: Mapping[str, int]) -> float:
         raise NotImplementedError

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import jax
 import jax.numpy as jnp
 
@@ -153,6 +155,28 @@ class DecoderStructure(Structure):
                 decoder_positions=position, decoder_segment_ids=valid, mutable=["cache"])
             return logits, variables["cache"]
         return step, cache, (token, token, valid)
+
+    def paged_decode_step(self, slots, max_length, page_size, pages):
+        """The engine's decode step: each slot's token and position, and its page table
+        (``ceil(max_length / page_size)`` pages), over the pool (a cache of ``pages``
+        rows of ``page_size``: ``decoding.init_decoder_cache``, as the engine makes it);
+        the greedy token out (the engine's sampling adds a pass over the logits)."""
+        model, per_row = self.model, -(-max_length // page_size)
+        if "page_table" not in inspect.signature(type(model).__call__).parameters:
+            raise UserError(f"{type(model).__name__} takes no page_table, so the "
+                            "continuous-batching engine cannot serve it; leave out "
+                            "--page_size.")
+        cache = jax.eval_shape(lambda: decoding.init_decoder_cache(model, pages, page_size))
+        row = jax.ShapeDtypeStruct((slots,), jnp.int32)
+        table = jax.ShapeDtypeStruct((slots, per_row), jnp.int32)
+
+        def step(params, cache, tokens, positions, table):
+            logits, variables = model.apply(
+                {"params": params, "cache": cache}, tokens[:, None], decode=True,
+                max_decode_length=per_row * page_size, decoder_positions=positions[:, None],
+                page_table=table, mutable=["cache"])
+            return jnp.argmax(logits[:, 0], axis=-1), variables["cache"]
+        return step, cache, (row, row, table)
 
     def forward_flops_per_sequence(self, model, lengths):
         d, h, dh, v = model["d_model"], model["num_heads"], model["head_dim"], model["vocab_size"]
