@@ -48,14 +48,17 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def run(run_config, workdir: str, config_path: str = "CONFIG", quiet: bool = False,
-        devices=None, overrides: list[str] = (), modules: list[str] = ()) -> dict:
+        devices=None, overrides: list[str] = (), modules: list[str] = (),
+        command: str = "") -> dict:
     """Trains to ``num_train_steps``; returns the last train and eval metrics and the step.
-    ``devices`` defaults to all devices; tests pass a subset to compare meshes."""
+    ``devices`` defaults to all devices; tests pass a subset to compare meshes.
+    ``command``: the command line that launched this (``main``), which the loop keeps in
+    the workdir (``checkpoints.run_commands``)."""
     from t5x_like.training import loop, preflight  # JAX starts here: after the config is read
 
     resolved = preflight.resolve_training(run_config, workdir, devices)
     with loop.holding(resolved, quiet) as held:
-        run_loop = loop.Loop(resolved, held)
+        run_loop = loop.Loop(resolved, held, command)
         try:
             while run_loop.step < resolved.spec.num_train_steps:
                 # A bad row met mid-run says at which step; the loop ends before the
@@ -140,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     cli_flags.start_processes(args, timeout, args.workdir)
     try:
         run(run_config, args.workdir, config_path=args.config, quiet=args.quiet,
-            overrides=overrides, modules=args.module)
+            overrides=overrides, modules=args.module,
+            command=shlex.join([cli_flags.this_python(), "-m", "t5x_like.train", *argv]))
     except FloatingPointError as e:  # not the user's mistake: the run's outcome, exit 1
         print(f"Training diverged: {e}", file=sys.stderr)
         return 1

@@ -85,3 +85,45 @@ def test_greedy_generation_matches_transformers_generate(tmp_path):
                                    do_sample=False, num_beams=1, pad_token_id=99).numpy()[:, 6:]
     ours = jax.jit(functools.partial(decoding.generate, model, max_new_tokens=10))(params, prompt)
     np.testing.assert_array_equal(np.asarray(ours), theirs)
+
+
+def test_a_runs_export_carries_a_model_card_of_how_it_was_trained(tmp_path):
+    """``README.md`` in Hugging Face's model card format beside the weights: the
+    architecture and its parameters (those transformers loads), the task, the steps and
+    positions read, the last train and held-out losses of metrics.jsonl, every launch's
+    command (a run and its resume), and each embedded data file's license as
+    data/README.md states it."""
+    import json
+    import pathlib
+    import re
+
+    from safetensors.numpy import load_file
+
+    from t5x_like import train
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    workdir, out = tmp_path / "run", tmp_path / "hf"
+    launch = [f"--config={repo / 'configs' / 'pretrain' / 'gpt2_tiny.py'}",
+              f"--workdir={workdir}", "--config.batch_size=8", "--quiet"]
+    assert train.main([*launch, "--config.num_train_steps=2"]) == 0
+    assert train.main([*launch, "--config.num_train_steps=3"]) == 0  # resumed from step 2
+    assert convert_cli.main(["export", f"--checkpoint={workdir}", f"--out={out}"]) == 0
+    card = (out / "README.md").read_text()
+    front, body = card.split("\n---\n", 1)
+    assert front.splitlines()[:2] == ["---", "library_name: transformers"]
+    assert "pipeline_tag: text-generation" in front
+    exported = sum(v.size for v in load_file(out / "model.safetensors").values())
+    assert f"`GPT2LMHeadModel` (`model_type` gpt2), {exported:,} parameters." in body
+    assert "- Task: `embedded_en_lm`: Causal LM" in body
+    assert "- 3 steps of 8 rows x 160 positions: 3,840 positions read" in body
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert f"- Train loss {records[-1]['loss']:.4f} (the mean logged at step 3)." in body
+    assert f"loss {records[-1]['eval_loss']:.4f}" in body.split("- Held-out (step 3): ")[1]
+    launches = re.findall(r"^(.*t5x_like\.train .*)  # from step (\d+), ", body, flags=re.M)
+    assert [(command.endswith(f"--config.num_train_steps={steps}"), start)
+            for (command, start), steps in zip(launches, (2, 3), strict=True)] == [
+        (True, "0"), (True, "2")]
+    licenses = (repo / "data" / "README.md").read_text()
+    for name in ("austen", "shakespeare", "kjv_bible", "web_bible"):
+        line = next(li for li in body.splitlines() if li.startswith(f"- `en/{name}.txt.gz`: "))
+        stated = line.split(": ", 1)[1]
+        assert "public domain" in stated and stated in licenses, line

@@ -7,6 +7,7 @@ import json
 import pathlib
 import sys
 
+import jax
 import numpy as np
 
 from t5x_like import errors, resolving, structures
@@ -29,6 +30,7 @@ from t5x_like.convert import (
     hf_switch,
     hf_t5,
     hf_xlm_roberta,
+    model_card,
 )
 from t5x_like.data import hf_tokenizers, vocabularies
 from t5x_like.engine import trainer as trainer_lib
@@ -291,8 +293,9 @@ def export_vocabulary(value: str, own=None):
 
 
 def load_for_export(checkpoint: str):
-    """``(model_config, host params, the checkpoint's vocabulary or None)`` of a pretrained
-    folder, or of a training run's newest step (or the step folder given)."""
+    """``(model_config, host params, the checkpoint's vocabulary or None, provenance)`` of
+    a pretrained folder, or of a training run's newest step (or the step folder given);
+    the provenance is what the model card says of it (``model_card.Provenance``)."""
 
     folder = storage.path(checkpoint)
     run_config = folder / "config.json"
@@ -309,7 +312,8 @@ def load_for_export(checkpoint: str):
         flat = flat_model(saved["model"])
         exporter_for(flat)  # an unexportable family is refused before the weights load
         _, params = pretrained.load_pretrained(source.path)
-        return flat, params, resolving.checkpoint_vocabulary(source, {})
+        return (flat, params, resolving.checkpoint_vocabulary(source, {}),
+                model_card.Provenance(checkpoint))
     steps = source.steps()
     if not steps:
         raise UserError(f"{checkpoint} holds no complete checkpoint yet.")
@@ -324,7 +328,8 @@ def load_for_export(checkpoint: str):
     exporter_for(flat)  # before the weights are restored
     params = param_sources.load_params(source, step, config)
     print(f"convert: exporting step {step} of {source.path.parent}", file=sys.stderr)
-    return flat, params, resolved.trained_vocabulary
+    return (flat, params, resolved.trained_vocabulary,
+            model_card.Provenance(checkpoint, source.path.parent, step, config))
 
 
 def flat_model(model) -> dict:
@@ -335,7 +340,7 @@ def flat_model(model) -> dict:
 
 
 def export_hf(checkpoint: str, out: str, vocabulary: str = "checkpoint") -> dict:
-    model_config, params, own = load_for_export(checkpoint)
+    model_config, params, own, provenance = load_for_export(checkpoint)
     module = exporter_for(model_config)
     tokenizer = export_vocabulary(vocabulary, own)
     if tokenizer is not None and tokenizer.vocab_size > model_config["vocab_size"]:
@@ -349,6 +354,9 @@ def export_hf(checkpoint: str, out: str, vocabulary: str = "checkpoint") -> dict
             if f"{name}_token_id" in hf_config and value is not None:
                 hf_config[f"{name}_token_id"] = int(value)
     hf_io.write_folder(out, hf_config, module.params_to_hf(params, model_config))
+    num_params = sum(int(np.size(leaf)) for leaf in jax.tree.leaves(params))
+    (pathlib.Path(out) / "README.md").write_text(
+        model_card.render(hf_config, num_params, provenance))
     if tokenizer is not None:
         hf_tokenizers.write_tokenizer(tokenizer, out)
     else:

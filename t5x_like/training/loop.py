@@ -15,6 +15,7 @@ import time
 import jax
 
 from t5x_like import errors, modes, resolving, structures
+from t5x_like.checkpoints import run_commands
 from t5x_like.checkpoints.param_sources import peft_partial
 from t5x_like.data import pipeline
 from t5x_like.engine import flops, partitioning
@@ -40,7 +41,7 @@ class Loop:
     logging (interval means, throughput, MFU) with the NaN and divergence checks, the
     evaluators, checkpoints, and agreeing on a SIGTERM across processes."""
 
-    def __init__(self, resolved, holding: RunHolding):
+    def __init__(self, resolved, holding: RunHolding, command: str = ""):
         progress = holding.progress
         self.resolved, self.holding, self.progress = resolved, holding, progress
         self.spec, self.trainer, self.mesh = resolved.spec, resolved.trainer, resolved.trainer.mesh
@@ -51,6 +52,8 @@ class Loop:
                                                              self.is_chief)
         start = starting_state.start(resolved, self.checkpointer, attached)
         self.state, self.peft_base = start.state, start.peft_base
+        if self.is_chief and command:  # the launch, kept with the run (a model card reads it)
+            run_commands.record(resolved.workdir, command, int(self.state.step))
         holding.goodput.event("setup", restore_s=round(start.restore_s, 6),
                               resumed_from=int(self.state.step))
         self.train_batches = self.host_batches(self._streams("train"),
