@@ -55,7 +55,7 @@ def served(tmp_path_factory):
     port = running.servers[0].sockets[0].getsockname()[1]
     base = f"http://127.0.0.1:{port}/v1"
     yield {"base": base, "name": name, "model": model, "tokenizer": tokenizer,
-           "checkpoint": checkpoint,
+           "checkpoint": checkpoint, "app": app,
            "client": openai.OpenAI(base_url=base, api_key="unused", max_retries=0,
                                    timeout=120)}
     running.should_exit = True
@@ -153,6 +153,29 @@ def test_streams_carry_the_same_text_as_whole_answers(served):
     assert "".join(d.choices[0].delta.content or "" for d in deltas) == \
         reply.choices[0].message.content
     assert deltas[-1].choices[0].finish_reason == reply.choices[0].finish_reason
+
+
+def test_a_stream_its_client_abandons_stops_decoding(served):
+    """A client that closes its stream after the first piece: the engine ends the request
+    at a next token (its slot and pages go to the next request), far short of the 100
+    tokens the same request decodes when answered whole."""
+    import httpx
+    client, name = served["client"], served["name"]
+    engine = served["app"].state.completer.engine
+    whole = client.completions.create(model=name, prompt=PROMPTS[0], max_tokens=100,
+                                      temperature=0)
+    assert whole.choices[0].finish_reason == "length" and whole.usage.completion_tokens == 100
+    before = engine.stats.steps
+    body = {"model": name, "prompt": PROMPTS[0], "max_tokens": 100, "temperature": 0,
+            "stream": True}
+    with httpx.stream("POST", f"{served['base']}/completions", json=body, timeout=60) as response:
+        first = next(line for line in response.iter_lines() if line.startswith("data: "))
+    assert json.loads(first[len("data: "):])["choices"][0]["text"]
+    deadline = time.monotonic() + 30
+    while engine.busy():
+        assert time.monotonic() < deadline, "the abandoned request still decodes"
+        time.sleep(0.01)
+    assert engine.stats.steps - before < 50, engine.stats.steps - before
 
 
 def test_a_sampled_request_is_its_seeds_and_stop_sequences_cut_it(served):

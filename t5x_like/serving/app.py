@@ -43,6 +43,7 @@ def make_app(completer: Completer, model_name: str, chat_template=None) -> FastA
         await run_in_threadpool(completer.stop)  # after the requests in flight: drained
 
     app = FastAPI(title="t5x_like", docs_url=None, redoc_url=None, lifespan=lifespan)
+    app.state.completer = completer  # what serves the requests (its engine's stats)
     created = int(time.time())
 
     @app.exception_handler(RequestError)
@@ -66,8 +67,9 @@ def make_app(completer: Completer, model_name: str, chat_template=None) -> FastA
         fitted = [completer.check_fits(p, asked.sampling) for p in prompts]
         ident = f"cmpl-{uuid.uuid4().hex}"
         if asked.stream:
+            cancelled = threading.Event()
             return _events(_completion_chunks(completer, prompts[0], fitted[0], ident,
-                                              model_name))
+                                              model_name, cancelled), cancelled)
         answers = await run_in_threadpool(completer.complete_all,
                                           list(zip(prompts, fitted, strict=True)))
         choices = [{"index": i, "text": _echoed(completer, a, asked.sampling.echo) + a.text,
@@ -94,7 +96,9 @@ def make_app(completer: Completer, model_name: str, chat_template=None) -> FastA
         sampling = completer.check_fits(prompt, asked.sampling)
         ident = f"chatcmpl-{uuid.uuid4().hex}"
         if asked.stream:
-            return _events(_chat_chunks(completer, prompt, sampling, ident, model_name))
+            cancelled = threading.Event()
+            return _events(_chat_chunks(completer, prompt, sampling, ident, model_name,
+                                        cancelled), cancelled)
         answers = await run_in_threadpool(completer.complete_all, [(prompt, sampling)])
         choices = [{"index": i, "finish_reason": a.finish_reason,
                     "message": {"role": "assistant", "content": a.text},
@@ -149,22 +153,35 @@ def _chat_logprobs(answer: Completion) -> list[dict]:
 
 
 # -- streams ---------------------------------------------------------------------------------
-def _events(chunks: Iterator[dict]) -> StreamingResponse:
-    def lines():
-        for chunk in chunks:
-            yield f"data: {json.dumps(chunk)}\n\n"
-        yield "data: [DONE]\n\n"
+_END = object()
+
+
+def _events(chunks: Iterator[dict], cancelled: threading.Event) -> StreamingResponse:
+    """The chunks as server-sent events. Each is awaited on a worker thread, so a client
+    that goes away cancels this generator while it waits for the next token: its
+    ``finally`` sets ``cancelled``, and the engine ends the request at its next token
+    (its slot and pages go to the next request) instead of decoding to ``max_tokens``."""
+    async def lines():
+        try:
+            while (chunk := await run_in_threadpool(next, chunks, _END)) is not _END:
+                yield f"data: {json.dumps(chunk)}\n\n"
+            yield "data: [DONE]\n\n"
+        finally:
+            cancelled.set()
     return StreamingResponse(lines(), media_type="text/event-stream")
 
 
-def _decoding(completer: Completer, prompt: list[int], sampling) -> Iterator[str | Completion]:
+def _decoding(completer: Completer, prompt: list[int], sampling,
+              cancelled: threading.Event) -> Iterator[str | Completion]:
     """The text pieces of ``prompt``'s completion as they are decoded, then the
-    ``Completion``; the completion runs on a thread of its own meanwhile."""
+    ``Completion``; the completion runs on a thread of its own meanwhile, and ends at its
+    next token once ``cancelled`` is set."""
     pieces: queue.Queue = queue.Queue()
 
     def run():
         try:
-            pieces.put(completer.complete(prompt, sampling, stream=pieces.put))
+            pieces.put(completer.complete(prompt, sampling, stream=pieces.put,
+                                          cancelled=cancelled))
         except BaseException as error:  # the stream ends with it
             pieces.put(error)
     threading.Thread(target=run, daemon=True).start()
@@ -177,7 +194,8 @@ def _decoding(completer: Completer, prompt: list[int], sampling) -> Iterator[str
             return
 
 
-def _completion_chunks(completer, prompt: list[int], sampling, ident: str, model: str):
+def _completion_chunks(completer, prompt: list[int], sampling, ident: str, model: str,
+                       cancelled: threading.Event):
     base = {"id": ident, "object": "text_completion", "created": int(time.time()),
             "model": model}
 
@@ -186,14 +204,15 @@ def _completion_chunks(completer, prompt: list[int], sampling, ident: str, model
                                      "finish_reason": finish}], **extra}
     if sampling.echo:
         yield chunk(completer.vocabulary.decode(prompt))
-    for item in _decoding(completer, prompt, sampling):
+    for item in _decoding(completer, prompt, sampling, cancelled):
         if isinstance(item, Completion):
             yield chunk("", item.finish_reason, usage=_usage([item]))
         elif item:
             yield chunk(item)
 
 
-def _chat_chunks(completer, prompt: list[int], sampling, ident: str, model: str):
+def _chat_chunks(completer, prompt: list[int], sampling, ident: str, model: str,
+                 cancelled: threading.Event):
     base = {"id": ident, "object": "chat.completion.chunk", "created": int(time.time()),
             "model": model}
 
@@ -201,7 +220,7 @@ def _chat_chunks(completer, prompt: list[int], sampling, ident: str, model: str)
         return {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None,
                                      "finish_reason": finish}]}
     yield chunk({"role": "assistant", "content": ""})
-    for item in _decoding(completer, prompt, sampling):
+    for item in _decoding(completer, prompt, sampling, cancelled):
         if isinstance(item, Completion):
             yield chunk({}, item.finish_reason)
         elif item:

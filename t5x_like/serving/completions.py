@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
+import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -89,10 +90,13 @@ class Completer:
 
     # -- requests -----------------------------------------------------------------------
     def complete(self, prompt: list[int], sampling: Sampling,
-                 stream: Callable[[str], None] | None = None) -> Completion:
+                 stream: Callable[[str], None] | None = None,
+                 cancelled: threading.Event | None = None) -> Completion:
         """``prompt``'s completion (``sampling`` checked by ``check_fits``); ``stream``
-        receives the text in pieces as it is decoded (their sum is the answer's text)."""
-        return self._finish(self._start(prompt, sampling, stream))
+        receives the text in pieces as it is decoded (their sum is the answer's text).
+        Once ``cancelled`` is set (the client went away), the request ends at the next
+        token and its slot and pages go to the next request."""
+        return self._finish(self._start(prompt, sampling, stream, cancelled))
 
     def complete_all(self, asked: list[tuple[list[int], Sampling]]) -> list[Completion]:
         """Every ``(prompt, sampling)``'s completion, and ``sampling.n`` of each (the j-th
@@ -104,9 +108,10 @@ class Completer:
         return [self._finish(s) for s in started]
 
     def _start(self, prompt: list[int], sampling: Sampling,
-               stream: Callable[[str], None] | None = None):
+               stream: Callable[[str], None] | None = None,
+               cancelled: threading.Event | None = None):
         start = prompt or [self.eos]
-        watch = _StopWatch(self, sampling, stream)
+        watch = _StopWatch(self, sampling, stream, cancelled)
         handle = self._submit(start, sampling, watch) if sampling.max_tokens else None
         return prompt, start, sampling, watch, handle
 
@@ -183,19 +188,22 @@ class Completer:
 
 class _StopWatch:
     """Follows a request's tokens as the engine chooses them: ends it at the step whose
-    token completes a stop sequence, and passes ``stream`` the text that can no longer
+    token completes a stop sequence or once ``cancelled`` is set, and passes ``stream`` the text that can no longer
     change (held back: a character still incomplete, and a tail that could become a stop
     sequence)."""
 
     def __init__(self, completer: Completer, sampling: Sampling,
-                 stream: Callable[[str], None] | None):
+                 stream: Callable[[str], None] | None,
+                 cancelled: threading.Event | None = None):
         self.completer, self.stop, self.stream = completer, sampling.stop, stream
+        self.cancelled = cancelled
         self.tokens: list[int] = []
         self.sent = 0
         self.hold = max((len(s) for s in self.stop), default=1) - 1
 
     def on_token(self, token: int, logprob: float) -> bool:
-        if token == self.completer.eos:
+        if token == self.completer.eos or (self.cancelled is not None
+                                           and self.cancelled.is_set()):
             return False
         self.tokens.append(token)
         text = self.completer.vocabulary.decode(self.tokens)
