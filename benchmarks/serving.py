@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 import decode_speed  # benchmarks/ is on the path (a script, or the smoke test)
@@ -44,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from t5x_like import structures
-from t5x_like.generation.engine import Engine, Request
+from t5x_like.generation.engine import Engine, Request, bucket
 from t5x_like.models import decoding
 
 NO_EOS = -1
@@ -60,12 +61,6 @@ def workload(count: int, prompt: tuple[int, int], new: tuple[int, int], vocab: i
     return [Request(tuple(int(t) for t in rng.integers(5, vocab, size=n)), int(c))
             for n, c in zip(lengths, counts, strict=True)]
 
-
-def _bucket(n: int) -> int:
-    width = 8
-    while width < n:
-        width *= 2
-    return width
 
 
 def run_engine(engine: Engine, requests: list[Request]):
@@ -94,8 +89,9 @@ def static_batches(requests: list[Request], size: int, decode_batch):
     tokens, done = [], []
     for at in range(0, len(requests), size):
         batch = requests[at:at + size]
-        width = _bucket(max(len(r.prompt) for r in batch))
-        new = _bucket(max(r.max_tokens for r in batch))
+        # The engine's buckets (powers of two times 8), without its cap.
+        width = bucket(max(len(r.prompt) for r in batch), 8, sys.maxsize)
+        new = bucket(max(r.max_tokens for r in batch), 8, sys.maxsize)
         rows = np.zeros((len(batch), width), np.int32)
         for i, r in enumerate(batch):
             rows[i, :len(r.prompt)] = r.prompt

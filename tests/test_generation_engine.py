@@ -231,7 +231,7 @@ def test_rows_sample_under_their_own_filters():
     finite = np.asarray(kept > jnp.finfo(jnp.float32).min)
     assert finite.tolist() == [[True, False, False, False], [True, True, False, False],
                                [True, True, True, False]]
-    assert engine_lib._bucket(9, 8, 64) == 16 and engine_lib._bucket(100, 8, 64) == 64
+    assert engine_lib.bucket(9, 8, 64) == 16 and engine_lib.bucket(100, 8, 64) == 64
 
 
 def test_int8_weights_decode_as_the_static_batch_does():

@@ -108,7 +108,11 @@ class Stats:
     shared_tokens: int = 0
 
 
-def _bucket(n: int, smallest: int, largest: int) -> int:
+class UnpagedModel(ValueError):
+    """The model's ``__call__`` takes no ``page_table``: the engine cannot decode it."""
+
+
+def bucket(n: int, smallest: int, largest: int) -> int:
     """The power of two times ``smallest`` that holds ``n``, at most ``largest``."""
     width = smallest
     while width < n:
@@ -130,7 +134,7 @@ class Engine:
                  page_size: int = 16, pages: int | None = None,
                  context: Callable[[], contextlib.AbstractContextManager] | None = None):
         if "page_table" not in inspect.signature(type(model).__call__).parameters:
-            raise ValueError(f"{type(model).__name__}.__call__ takes no page_table: the "
+            raise UnpagedModel(f"{type(model).__name__}.__call__ takes no page_table: the "
                              "engine decodes models that read a paged cache "
                              "(models.decoder.DecoderOnly).")
         self.model = model
@@ -356,8 +360,8 @@ class Engine:
         starts = [row.shared * self.page_size for _, row in admitted]
         lengths = [len(row.handle.request.prompt) - s for (_, row), s in zip(admitted, starts,
                                                                              strict=True)]
-        count = _bucket(len(admitted), 1, self.slots)
-        width = _bucket(max(lengths), self.page_size, self.pages_per_row * self.page_size)
+        count = bucket(len(admitted), 1, self.slots)
+        width = bucket(max(lengths), self.page_size, self.pages_per_row * self.page_size)
         tokens = np.zeros((count, width), np.int32)
         # Padding continues each row's positions (clipped to the last): what it writes
         # lands past the prompt, in pages the row's own tokens overwrite before anything
@@ -410,7 +414,7 @@ class Engine:
         """An empty page table (scratch pages) of ``rows`` rows, wide enough for
         ``positions`` positions: a power of two of pages, at most a row's whole table, so
         a few widths compile and a step reads no more than twice what its rows hold."""
-        width = _bucket(-(-positions // self.page_size), 1, self.pages_per_row)
+        width = bucket(-(-positions // self.page_size), 1, self.pages_per_row)
         return np.full((rows, width), SCRATCH_PAGE, np.int32)
 
     def _positions(self, request: Request) -> int:

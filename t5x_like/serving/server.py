@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from t5x_like.data import chat
 from t5x_like.errors import UserError
 from t5x_like.evaluation import loaded_lm
+from t5x_like.generation.engine import UnpagedModel
 from t5x_like.serving.app import make_app
 from t5x_like.serving.completions import Completer
 
@@ -32,7 +33,7 @@ def app_for(checkpoint: str, *, model_name: str, step: int | None = None,
             template = None  # no chat template: /v1/chat/completions says so per request
     try:
         completer = Completer(loaded, slots=slots, page_size=page_size)
-    except ValueError as e:  # a plug-in family whose module reads no paged cache
+    except UnpagedModel as e:  # a plug-in family whose module reads no paged cache
         raise UserError(f"{checkpoint} cannot be served: {e}") from None
     return make_app(completer, model_name, template), model_name
 
