@@ -15,7 +15,6 @@ from and no more.
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 import re
 
@@ -84,7 +83,7 @@ def _training(provenance: Provenance) -> list[str]:
     lines = [f"- Task: `{spec.task}`" + _described(spec.task) + ".",
              f"- {step:,} steps of {spec.batch_size} rows x {length} positions: "
              f"{step * spec.batch_size * length:,} positions read (padding included)."]
-    records = _metrics(provenance.workdir / "metrics.jsonl")
+    records = run_commands.json_lines(provenance.workdir / "metrics.jsonl")
     trained = [r for r in records if "loss" in r and r.get("step", 0) <= step]
     if trained:
         lines.append(f"- Train loss {trained[-1]['loss']:.4f} (the mean logged at step "
@@ -167,10 +166,4 @@ def _license_table(readme: pathlib.Path) -> dict[str, str]:
         if found:
             table[found.group(1)] = found.group(2).split("|")[-1].strip()
     return table
-
-
-def _metrics(path: pathlib.Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
