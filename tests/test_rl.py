@@ -289,6 +289,13 @@ def test_rollout_rows_mark_the_completion_through_its_eos():
     assert weights.tolist() == [[0, 0, 1, 1, 0], [0, 1, 1, 1, 0]]
 
 
+def test_completion_tokens_count_what_rollout_rows_keep():
+    completions = np.array([[5, 6, 1, 7], [5, 6, 7, 8], [1, 1, 9, 9]])
+    _, _, weights = rl.rollout_rows(np.array([[0, 3], [0, 3], [0, 3]]), np.array([2, 2, 2]),
+                                    completions, eos_id=1, width=6)
+    assert rl.completion_tokens(completions, eos_id=1) == weights.sum() == 3 + 4 + 1
+
+
 def test_group_advantages_have_zero_mean_and_unit_spread_per_group():
     rewards = jnp.asarray([1.0, 0.0, 0.0, 1.0, 3.0, 3.0, 3.0, 3.0])
     advantages = np.asarray(losses.group_advantages(rewards, 4, "group"))

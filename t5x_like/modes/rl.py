@@ -335,7 +335,7 @@ class Rollouts:
             for name, values in self.last_rewards.items():
                 if name != "reward":
                     sampled["by_name"].setdefault(name, []).append(values)
-            sampled["completion_tokens"] += float(self.rows(prompts, lengths, completions)[2].sum())
+            sampled["completion_tokens"] += completion_tokens(completions, self.eos_id)
             count = len(rewards) // size
             wanted = count if wanted is None else wanted
             for g in range(count):
@@ -422,6 +422,15 @@ def rollout_rows(prompts, lengths, completions, eos_id: int, width: int):
         mask[i, :len(row)] = 1
         weights[i, length - 1:length - 1 + len(completion)] = 1.0
     return tokens, mask, weights
+
+
+def completion_tokens(completions, eos_id: int) -> float:
+    """The tokens ``rollout_rows`` keeps of ``completions``: each up to and with its first
+    ``eos_id`` (all of it when it has none)."""
+    completions = np.asarray(completions)
+    ends = completions == eos_id
+    kept = np.where(ends.any(axis=1), ends.argmax(axis=1) + 1, completions.shape[1])
+    return float(kept.sum())
 
 
 def _across_processes(values: np.ndarray) -> np.ndarray:
