@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -108,8 +107,8 @@ class Stats:
     shared_tokens: int = 0
 
 
-class UnpagedModel(ValueError):
-    """The model's ``__call__`` takes no ``page_table``: the engine cannot decode it."""
+# What the engine raises for a model that reads no paged cache (``decoding.check_paged``).
+UnpagedModel = decoding.UnpagedModel
 
 
 def bucket(n: int, smallest: int, largest: int) -> int:
@@ -133,10 +132,7 @@ class Engine:
     def __init__(self, model: nn.Module, params, *, max_length: int, slots: int = 8,
                  page_size: int = 16, pages: int | None = None,
                  context: Callable[[], contextlib.AbstractContextManager] | None = None):
-        if "page_table" not in inspect.signature(type(model).__call__).parameters:
-            raise UnpagedModel(f"{type(model).__name__}.__call__ takes no page_table: the "
-                             "engine decodes models that read a paged cache "
-                             "(models.decoder.DecoderOnly).")
+        decoding.check_paged(model)
         self.model = model
         self.slots, self.page_size = slots, page_size
         self.pages_per_row = -(-max_length // page_size)
@@ -162,13 +158,9 @@ class Engine:
         self._stopping = False
 
         def forward(stored, cache, tokens, positions, table):
-            # A table of as many pages as the longest row needs (bucketed: ``_table``):
-            # a step attends over what rows hold, not over max_length.
-            logits, variables = model.apply(
-                {"params": self._restore(stored), "cache": cache}, tokens, decode=True,
-                max_decode_length=table.shape[1] * page_size, decoder_positions=positions,
-                page_table=table, mutable=["cache"])
-            return logits, variables["cache"]
+            # A table of as many pages as the longest row needs (bucketed: ``_table``).
+            return decoding.paged_forward(model, self._restore(stored), cache, tokens,
+                                          positions, table, page_size)
 
         def prefill(params, cache, tokens, positions, table, last, settings):
             logits, cache = forward(params, cache, tokens, positions, table)

@@ -8,6 +8,7 @@ with sharded parameters.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 
 import flax.linen as nn
@@ -325,6 +326,30 @@ def generation_length(model: nn.Module, prompt_length: int, max_new_tokens: int)
         raise ValueError(f"prompt ({prompt_length}) + max_new_tokens ({max_new_tokens}) = {total} "
                          f"exceeds the model's max_length {max_length}.")
     return total
+
+
+class UnpagedModel(ValueError):
+    """The model's ``__call__`` takes no ``page_table``: the engine cannot decode it."""
+
+
+def check_paged(model: nn.Module) -> None:
+    """Raises ``UnpagedModel`` unless ``model`` reads a paged cache."""
+    if "page_table" not in inspect.signature(type(model).__call__).parameters:
+        raise UnpagedModel(f"{type(model).__name__}.__call__ takes no page_table: the engine "
+                           "decodes models that read a paged cache (models.decoder.DecoderOnly).")
+
+
+def paged_forward(model: nn.Module, params, cache, tokens, positions, table, page_size: int):
+    """``(logits, cache)``: ``tokens`` at ``positions`` (``[rows, length]``) through the
+    pool ``cache``, each row's pages named by its row of ``table``. The table is as wide as
+    the longest row needs, so a step attends over what rows hold, not over max_length.
+    The continuous-batching engine's steps (``generation/engine.py``) and
+    ``plan --decode --page_size`` both run this."""
+    logits, variables = model.apply(
+        {"params": params, "cache": cache}, tokens, decode=True,
+        max_decode_length=table.shape[1] * page_size, decoder_positions=positions,
+        page_table=table, mutable=["cache"])
+    return logits, variables["cache"]
 
 
 def init_decoder_cache(model: nn.Module, batch_size: int, max_decode_length: int):

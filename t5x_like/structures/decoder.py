@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
-
 import jax
 import jax.numpy as jnp
 
@@ -162,20 +160,18 @@ class DecoderStructure(Structure):
         rows of ``page_size``: ``decoding.init_decoder_cache``, as the engine makes it);
         the greedy token out (the engine's sampling adds a pass over the logits)."""
         model, per_row = self.model, -(-max_length // page_size)
-        if "page_table" not in inspect.signature(type(model).__call__).parameters:
-            raise UserError(f"{type(model).__name__} takes no page_table, so the "
-                            "continuous-batching engine cannot serve it; leave out "
-                            "--page_size.")
+        try:
+            decoding.check_paged(model)
+        except decoding.UnpagedModel as e:
+            raise UserError(f"{e} Leave out --page_size.") from None
         cache = jax.eval_shape(lambda: decoding.init_decoder_cache(model, pages, page_size))
         row = jax.ShapeDtypeStruct((slots,), jnp.int32)
         table = jax.ShapeDtypeStruct((slots, per_row), jnp.int32)
 
         def step(params, cache, tokens, positions, table):
-            logits, variables = model.apply(
-                {"params": params, "cache": cache}, tokens[:, None], decode=True,
-                max_decode_length=per_row * page_size, decoder_positions=positions[:, None],
-                page_table=table, mutable=["cache"])
-            return jnp.argmax(logits[:, 0], axis=-1), variables["cache"]
+            logits, cache = decoding.paged_forward(model, params, cache, tokens[:, None],
+                                                   positions[:, None], table, page_size)
+            return jnp.argmax(logits[:, 0], axis=-1), cache
         return step, cache, (row, row, table)
 
     def forward_flops_per_sequence(self, model, lengths):
