@@ -365,7 +365,7 @@ class QuantizationSpec(Section):
                 "'mlp')\", or set --config.quantization.kind=.")
 
 
-RL_ALGORITHMS = ("", "grpo")
+RL_ALGORITHMS = ("", "grpo", "ppo")
 GRPO_LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo")
 GRPO_RATIO_LEVELS = ("token", "sequence")
 
@@ -379,7 +379,16 @@ class RlSpec(Section):
     ``reward_model`` checkpoint, and takes ``iterations`` clipped-ratio steps on each
     rollout batch's group-normalised advantages with ``beta`` times a KL estimate to the
     frozen ``reference`` ("" is init_from). TRL's defaults: 8 generations, epsilon 0.2,
-    beta 0, loss_type dapo, one iteration."""
+    beta 0, loss_type dapo, one iteration.
+
+    ``ppo`` (InstructGPT's RLHF; ``objectives/ppo.py``) samples one completion a prompt,
+    scores it the same way, folds ``kl_coef`` times a per-token KL estimate to the
+    reference into the rewards, and trains the policy with a value model beside it
+    (started from ``value_model``, "" is ``reward_model``; with neither, from the policy's
+    trunk with a fresh head) on GAE advantages for ``iterations`` epochs of each rollout
+    batch (TRL's num_ppo_epochs; one minibatch an epoch). TRL's PPOConfig defaults: kl_coef
+    0.05, k1, gamma 1, lam 0.95, epsilon (its cliprange) 0.2, value_epsilon 0.2, vf_coef
+    0.1, 4 epochs."""
 
     algorithm: str = field("", choices=RL_ALGORITHMS)
     num_generations: int = field(8, minimum=2)
@@ -406,7 +415,18 @@ class RlSpec(Section):
     rewards: tuple[str, ...] = ("exact_answer",)
     reward_weights: tuple[float, ...] = ()
     reward_model: str = field("", doc="a reward_model run whose scores join the rewards")
+    value_model: str = field("", doc="ppo: the reward_model run the value model starts from; "
+                                     "'' is reward_model")
     reference: str = field("", doc="beta > 0: the frozen reference; '' is init_from")
+    # PPO's (TRL's PPOConfig names and defaults; objectives/ppo.py): the KL penalty folded
+    # into each completion token's reward, GAE, the value loss and its clip.
+    kl_coef: float = field(0.05, minimum=0.0, doc="ppo: weight of the KL penalty in the reward")
+    kl_estimator: str = field("k1", choices=("k1", "k3"))
+    gamma: float = field(1.0, minimum=0.0, doc="ppo: GAE's discount")
+    lam: float = field(0.95, minimum=0.0, doc="ppo: GAE's lambda")
+    value_epsilon: float = field(0.2, minimum=0.0, doc="ppo: the value's clip range")
+    vf_coef: float = field(0.1, minimum=0.0, doc="ppo: weight of the value loss")
+    whiten_rewards: bool = False
 
     def check(self, path):
         if not self.algorithm:
@@ -415,8 +435,11 @@ class RlSpec(Section):
                 f"rl.temperature={self.temperature} must be > 0: the group's completions are "
                 "sampled (TRL's default 1.0).")
         require(0.0 < self.top_p <= 1.0, f"rl.top_p={self.top_p} must be in (0, 1].")
+        require(self.algorithm != "ppo" or not self.dynamic_sampling_rounds,
+                "rl.dynamic_sampling_rounds refills GRPO's groups without signal; PPO samples "
+                "one completion a prompt (no groups). Set it to 0, or rl.algorithm=grpo.")
         require(self.rewards or self.reward_model,
-                "rl.algorithm='grpo' needs something to score completions: rl.rewards (names "
+                f"rl.algorithm={self.algorithm!r} needs something to score completions: rl.rewards (names "
                 "registered with t5x_like.metrics.rewards.RewardRegistry) or rl.reward_model.")
         require(not self.reward_weights or len(self.reward_weights) == len(self.rewards)
                 + bool(self.reward_model),
@@ -427,6 +450,11 @@ class RlSpec(Section):
     @property
     def epsilon_upper(self) -> float:
         return self.epsilon_high or self.epsilon
+
+    @property
+    def samples_per_prompt(self) -> int:
+        """Completions sampled of each prompt: GRPO's group, PPO's one."""
+        return 1 if self.algorithm == "ppo" else self.num_generations
 
 
 MESH_AXES = ("dcn", "stage", "data", "fsdp", "expert", "context", "tensor")
@@ -635,9 +663,17 @@ class RunSpec(Section):
         require({"inputs", "targets"} <= set(self.task_feature_lengths),
                 f"{key} reads prompts of task_feature_lengths.inputs tokens and samples "
                 "completions of task_feature_lengths.targets; set both.")
-        require(self.batch_size % rl.num_generations == 0,
+        require(self.batch_size % rl.samples_per_prompt == 0,
                 f"batch_size={self.batch_size} counts completions and must be a multiple of "
                 f"rl.num_generations={rl.num_generations} (the completions of one prompt).")
+        if rl.algorithm == "ppo":
+            what = ("peft" if self.peft.enabled else
+                    f"quantization.kind={self.quantization.kind!r}" if self.quantization.kind
+                    else "")
+            require(not what, f"rl.algorithm='ppo' trains the policy and its value model in "
+                              f"full precision, without {what}; turn it off (GRPO takes it).")
+            require(self.init_from, "rl.algorithm='ppo' starts the policy from a decoder (the "
+                                    "SFT model): set init_from to its run or folder.")
         require(not rl.beta or rl.reference or self.init_from,
                 f"rl.beta={rl.beta} keeps the policy near a frozen reference, and neither "
                 "rl.reference nor init_from names one; set --config.init_from=SFT_CHECKPOINT.")
@@ -666,9 +702,9 @@ class RunSpec(Section):
                     f"--config.{key}={fix}.")
 
     def prompts_per_step(self) -> int:
-        """The task's rows one step reads: every one is sampled ``rl.num_generations``
-        times in RL, once otherwise."""
-        return self.batch_size // (self.rl.num_generations if self.rl.algorithm else 1)
+        """The task's rows one step reads: every one is sampled ``rl.samples_per_prompt``
+        times in RL (GRPO's group, PPO's one), once otherwise."""
+        return self.batch_size // (self.rl.samples_per_prompt if self.rl.algorithm else 1)
 
     def evaluators(self, kind: str) -> dict:
         """``{name: spec}`` of the evaluators of ``kind``."""

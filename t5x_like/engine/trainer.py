@@ -305,6 +305,16 @@ class Trainer:
         with self._context():
             return self._evaluation_params(state)
 
+    def trained_params_of(self, restoring: tuple, state: TrainState):
+        """The params this trainer's model reads of ``state``, restored onto
+        ``restoring``'s trainer (``trainer_to_restore``): its evaluation params, their
+        trained part placed here when the run kept helpers beside it."""
+        run_trainer, trained = restoring
+        params = run_trainer.evaluation_params(state)
+        if trained is None:
+            return params
+        return self.place_params(jax.device_get(trained(params)))
+
     def place_params(self, params):
         """Host (numpy) params -> sharded ``jax.Array``s on this mesh, checked against the
         model's parameter tree (evaluation needs no optimizer state)."""
@@ -424,6 +434,28 @@ def build_trainer(config, mesh) -> Trainer:
                    pipeline_settings=pipeline_settings(spec),
                    log_batch_checksum=spec.logging.batch_checksum,
                    quant_settings=quantization.QuantSettings.from_config(spec.quantization))
+
+
+def trainer_to_restore(run_config, trainer: Trainer):
+    """``(trainer, trained part)``: the trainer a checkpoint of the run ``run_config``
+    restores onto for a reader whose ``trainer`` holds the model the run trained, and
+    what of its params that model reads (``Trainer.trained_params_of``). That trainer
+    and None, or, when the run's params hold helpers beside the model
+    (``Structure.keeps_helpers``: PPO's value model), the run's own trainer (its params
+    and optimizer state restore whole) and ``Structure.trained_params``."""
+    structure = structures.for_config(spec_of(run_config))
+    if not structure.keeps_helpers:
+        return trainer, None
+    return build_trainer(run_config, trainer.mesh), structure.trained_params
+
+
+def trained_model_spec(config):
+    """``config`` as the model its run trained for use, where its params hold helpers
+    (``mode_structures.as_trained_model``: PPO's policy, a decoder); else ``config``."""
+    spec = spec_of(config)
+    if not structures.for_config(spec).keeps_helpers:
+        return spec
+    return structures.mode_structures.as_trained_model(spec)
 
 
 def pipeline_settings(spec) -> pipeline_parallel.PipelineSettings:

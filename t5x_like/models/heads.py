@@ -121,3 +121,38 @@ class RewardModel(nn.Module):
                                      kernel_init=nn.initializers.normal(stddev=0.02),
                                      dtype=hidden.dtype, name="head")(vector)
         return reward[:, 0].astype(jnp.float32)
+
+
+class ValueModel(nn.Module):
+    """PPO's value model (TRL's: an ``AutoModelForSequenceClassification`` with one label,
+    its ``score`` read at every position): the backbone's final-normed hidden state at
+    each position through a bias-free projection to one number, ``[batch, length]``. Its
+    parameters are named as ``RewardModel``'s (``backbone``, ``head``), so a reward
+    model's checkpoint starts it, as InstructGPT and TRL start the value model."""
+
+    init_features: ClassVar[tuple[str, ...]] = ("input_tokens",)
+
+    backbone: nn.Module
+
+    @nn.compact
+    def __call__(self, input_tokens, deterministic: bool = True):
+        hidden, _ = self.backbone.head_features(input_tokens, None, deterministic=deterministic)
+        values = layers.DenseGeneral(1, kernel_axes=("embed", None), use_bias=False,
+                                     kernel_init=nn.initializers.normal(stddev=0.02),
+                                     dtype=hidden.dtype, name="head")(hidden)
+        return values[..., 0].astype(jnp.float32)
+
+
+class PolicyAndValue(nn.Module):
+    """A policy and its value model trained together (PPO; TRL's
+    ``PolicyAndValueWrapper``): two separate towers, ``policy`` (a decoder, its logits)
+    and ``value`` (a ``ValueModel``), one parameter tree for one optimizer."""
+
+    init_features: ClassVar[tuple[str, ...]] = ("decoder_input_tokens",)
+
+    policy: nn.Module
+    value: nn.Module
+
+    def __call__(self, decoder_input_tokens, deterministic: bool = True):
+        return (self.policy(decoder_input_tokens, deterministic=deterministic),
+                self.value(decoder_input_tokens, deterministic=deterministic))

@@ -3,7 +3,7 @@
 only), ``distill`` (a frozen teacher: checks, loading, the soft-target terms, the
 student's start from its layers), ``preference`` (DPO's frozen reference, checked and
 loaded) and ``rl`` (online RL: rollouts of the policy, their rewards and the old
-log-probabilities kept with them, as the loop's batches). Pretraining is no mode: the
+log-probabilities kept with them, as the loop's batches; PPO's value model's start). Pretraining is no mode: the
 family's own structure on the task's rows.
 """
 
@@ -18,12 +18,13 @@ from t5x_like.modes.registry import (
     active,
     batch_source,
     frozen_of,
+    init_params,
     register,
     start_from,
 )
 
 __all__ = ["MODES", "BatchSource", "Frozen", "Mode", "active", "batch_source", "frozen_of",
-           "register", "start_from"]
+           "init_params", "register", "start_from"]
 
 # The folder is the registry (as big_vision's evaluators are a folder): every module here
 # but ``registry`` is one mode's record, which registers itself as it loads; a new mode adds

@@ -1,5 +1,5 @@
-"""The frozen reference of DPO (``preference.reference``) and of GRPO's KL term
-(``rl.reference`` with ``rl.beta`` > 0), by default the ``init_from`` the policy starts
+"""The frozen reference of DPO (``preference.reference``), of GRPO's KL term
+(``rl.reference`` with ``rl.beta`` > 0) and of PPO's KL penalty, by default the ``init_from`` the policy starts
 from: found and checked when the run resolves (its config only), loaded when the loop
 starts, and handed to the train and eval steps as frozen params
 (``Trainer.attach_frozen``): placed by its logical axes on the run's mesh, so sharded
@@ -34,7 +34,9 @@ class ReferenceSource:
 
 
 def needed(spec) -> bool:
-    return spec.preference.objective == "dpo" or bool(spec.rl.algorithm and spec.rl.beta)
+    """DPO's reference, GRPO's with a KL term (``rl.beta``), PPO's (its KL penalty)."""
+    return (spec.preference.objective == "dpo" or bool(spec.rl.algorithm and spec.rl.beta)
+            or spec.rl.algorithm == "ppo")
 
 
 def _key(spec) -> str:
@@ -86,7 +88,7 @@ def reference_spec(spec, reference: ReferenceSource):
 def planned_reference(spec):
     """The reference the planner compiles with: the policy's own model without PEFT (the
     usual case, DPO from the SFT model it starts from; no checkpoint is read)."""
-    return structures.for_config(spec.replace(peft=type(spec.peft)()))
+    return reference_structure(spec.replace(peft=type(spec.peft)()))
 
 
 def load_reference(spec, reference: ReferenceSource, mesh):
@@ -94,7 +96,13 @@ def load_reference(spec, reference: ReferenceSource, mesh):
     decoder, whose log-probabilities the policy's loss reads."""
     plain = reference_spec(spec, reference)
     params, _ = param_sources.base_params(reference.path, plain, mesh)
-    return structures.for_config(plain), params
+    return reference_structure(plain), params
+
+
+def reference_structure(plain):
+    """The structure the reference is read with (``Structure.reference``: PPO's leaves its
+    value model out), of ``reference_spec``'s spec."""
+    return structures.for_config(plain).reference()
 
 
 # -- the reference's record, and the preference mode's ------------------------------------

@@ -13,6 +13,9 @@ A record holds:
   only, no arrays), loaded and handed to the train step when the loop starts;
 - ``start_from(spec, attached, trainer)``: params a fresh run starts from instead of an
   init (distillation's student from its teacher's layers), with the line that says so;
+- ``init_params(spec, flat_params, mesh)``: what ``init_from``'s params (flattened, as
+  the structure starts from them) are completed with (PPO's value model from a reward
+  model's checkpoint);
 - ``batches(spec, trainer, structure, vocabulary, prompt_batches)``: where the loop's
   batches come from when not from the task's rows (online RL's rollouts): a
   ``BatchSource``;
@@ -80,6 +83,7 @@ class Mode:
     check: Callable[[Any], None] | None = None
     frozen: tuple[Frozen, ...] = ()
     start_from: Callable[[Any, dict, Any], tuple[Any, str] | None] | None = None
+    init_params: Callable[[Any, dict, Any], dict] | None = None
     batches: Callable[..., BatchSource] | None = None
     evaluators: tuple[type, ...] = ()
 
@@ -129,3 +133,11 @@ def start_from(spec, attached: dict, trainer) -> tuple[Any, str] | None:
             if started is not None:
                 return started
     return None
+
+
+def init_params(spec, flat_params: dict, mesh) -> dict:
+    """``init_from``'s ``flat_params`` completed by the run's modes (``Mode.init_params``)."""
+    for mode in active(spec):
+        if mode.init_params is not None:
+            flat_params = mode.init_params(spec, flat_params, mesh)
+    return flat_params

@@ -45,6 +45,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import traverse_util
 from jax.experimental import multihost_utils
 
 from t5x_like import structures
@@ -59,6 +60,7 @@ from t5x_like.metrics.rewards import RewardRegistry
 from t5x_like.models import decoding
 from t5x_like.modes import preference
 from t5x_like.modes.registry import Mode, register
+from t5x_like.objectives import ppo
 from t5x_like.objectives.preference import group_advantages
 from t5x_like.structures import reinforcement
 from t5x_like.structures.decoder import prompts_from_batch
@@ -80,7 +82,7 @@ class Rollout:
     @property
     def reused_metrics(self) -> dict:
         """What a later update of this batch logs (``REUSED_METRICS``)."""
-        return {key: self.metrics[key] for key in REUSED_METRICS}
+        return {key: self.metrics[key] for key in REUSED_METRICS if key in self.metrics}
 
 
 def reward_functions(spec):
@@ -114,22 +116,60 @@ def check(spec) -> None:
                         "task_feature_lengths.inputs.")
     if spec.rl.reward_model:
         reward_model_spec(spec)
+    if spec.rl.algorithm == "ppo":
+        check_ppo(spec)
 
 
-def reward_model_spec(spec):
-    """The run spec of ``rl.reward_model``'s checkpoint (a reward-model run)."""
-    path = spec.rl.reward_model
-    saved = param_sources.config_from_saved(
-        param_sources.newest_saved(path, "rl.reward_model")[2])
+def check_ppo(spec) -> None:
+    """A value model that cannot start from the checkpoint named (``RunSpec`` refuses
+    the settings PPO does not take)."""
+    source = value_model_source(spec)
+    if source:
+        saved = reward_model_spec(spec, *source)
+        if saved.model != spec.model:
+            raise UserError(f"{source[1]}={source[0]!r} is a reward model of another "
+                            "architecture than the policy's; the value model is a tower of the "
+                            "policy's architecture. Train the reward model from the policy's SFT "
+                            "checkpoint, or set rl.value_model to one that is.")
+
+
+def value_model_source(spec) -> tuple[str, str] | None:
+    """``(path, config key)`` of the reward-model run PPO's value model starts from, or
+    None (the policy's trunk and a fresh head)."""
+    if spec.rl.value_model:
+        return spec.rl.value_model, "rl.value_model"
+    if spec.rl.reward_model:
+        return spec.rl.reward_model, "rl.reward_model"
+    return None
+
+
+def reward_model_spec(spec, path: str | None = None, key: str = "rl.reward_model"):
+    """The run spec of ``rl.reward_model``'s checkpoint (``path`` under ``key``: a
+    reward-model run)."""
+    path = path or spec.rl.reward_model
+    saved = param_sources.config_from_saved(param_sources.newest_saved(path, key)[2])
     if saved.preference.objective != "reward_model":
-        raise UserError(f"rl.reward_model={path!r} is not a reward model (its run trained "
+        raise UserError(f"{key}={path!r} is not a reward model (its run trained "
                         f"preference.objective={saved.preference.objective!r}); train one with "
                         "--config.preference.objective=reward_model.")
     if saved.model.vocab_size != spec.model.vocab_size:
-        raise UserError(f"rl.reward_model={path!r} reads {saved.model.vocab_size} token ids and "
+        raise UserError(f"{key}={path!r} reads {saved.model.vocab_size} token ids and "
                         f"the policy writes {spec.model.vocab_size}; use a reward model trained "
                         "with the policy's tokenizer.")
     return saved
+
+
+def value_model_params(spec, flat_params: dict, mesh) -> dict:
+    """PPO's start: ``init_from``'s params (as ``PpoStructure.params_from_pretrained``
+    laid them out) with the value model's replaced by the reward model's
+    (``value_model_source``), as InstructGPT and TRL start the value model."""
+    source = None if spec.rl.algorithm != "ppo" else value_model_source(spec)
+    if source is None:
+        return flat_params
+    saved = reward_model_spec(spec, *source)
+    params, _ = param_sources.base_params(source[0], saved, mesh)
+    flat = traverse_util.flatten_dict(jax.device_get(params))
+    return {**flat_params, **{("value", *key): value for key, value in flat.items()}}
 
 
 class Rollouts:
@@ -139,15 +179,19 @@ class Rollouts:
         self.spec, self.trainer, self.structure = spec, trainer, structure
         self.vocabulary = vocabulary
         self.prompt_batches = prompt_batches  # HostBatchIterator of the task's rows
-        self.group = spec.rl.num_generations
+        self.group = structure.samples_per_prompt
         lengths = dict(spec.task_feature_lengths)
         self.prompt_width = 1 + int(lengths["inputs"])
         self.completion_length = int(lengths["targets"])
         self.rewards = reward_functions(spec)
-        self.eos_id = int(getattr(structure.model.config, "eos_id", 1))
+        self.eos_id = int(getattr(structure.policy_model.config, "eos_id", 1))
         self._sample = jax.jit(self._sample_fn, static_argnames=("greedy",))
         self._log_probs = (jax.jit(self._log_probs_fn)
                            if structure.keeps_old_log_probs else None)
+        # PPO: the targets its updates read, computed once a rollout (``_ppo_fn``).
+        self._ppo = jax.jit(self._ppo_fn) if spec.rl.algorithm == "ppo" else None
+        self._reference = (preference.reference_structure(preference.reference_spec(
+            spec, preference.reference_source(spec))) if self._ppo is not None else None)
         self._reward_model = self._load_reward_model() if spec.rl.reward_model else None
         self.last_rewards: dict[str, np.ndarray] = {}  # score's values per reward, and "reward"
 
@@ -155,7 +199,7 @@ class Rollouts:
     def _sample_fn(self, params, tokens, lengths, rng, greedy=False):
         rl = self.spec.rl
         return decoding.generate_padded(
-            self.structure.model, params, tokens, lengths,
+            self.structure.policy_model, self.structure.policy_params(params), tokens, lengths,
             max_new_tokens=self.completion_length, rng=rng,
             temperature=0.0 if greedy else rl.temperature, top_k=rl.top_k, top_p=rl.top_p,
             eos_id=self.eos_id)
@@ -187,6 +231,41 @@ class Rollouts:
         with self.trainer._context():
             values = self._log_probs(params, placed["tokens"])
         return _local_rows(values, tokens.shape[0]).astype(np.float32)
+
+    def _ppo_fn(self, params, reference_params, tokens, weights, scores):
+        """PPO's rollout features of the whole batch (``objectives.ppo.rollout_targets``):
+        the sampling policy's log-probabilities and the value model's values (the update
+        params), the reference's log-probabilities (for the KL penalty), GAE's advantages
+        whitened over the batch's completion tokens, the returns, and each value
+        position's share of the batch's (``value_weights``); and what is logged of them."""
+        model, rl = self.trainer.model, self.spec.rl
+        logps = self.structure.token_log_probs(model, params, tokens) * weights
+        values = self.structure.values(model, params, tokens)
+        reference = self._reference
+        ref_logps = reference.token_log_probs(reference.model, reference_params, tokens) * weights
+        targets, metrics = ppo.rollout_targets(
+            scores, logps, ref_logps, values, weights,
+            completion_length=self.completion_length, kl_coef=rl.kl_coef,
+            kl_estimator=rl.kl_estimator, gamma=rl.gamma, lam=rl.lam,
+            whiten_rewards=rl.whiten_rewards)
+        features = {"old_log_probs": logps, "old_values": values * targets["value_mask"],
+                    "advantages": targets["advantages"], "returns": targets["returns"],
+                    "value_weights": ppo.value_shares(targets["value_mask"])}
+        return features, metrics
+
+    def ppo_features(self, params, tokens, weights, scores) -> tuple[dict, dict]:
+        """``_ppo_fn`` on this process's rollout rows (numpy), run on the mesh over every
+        process's: ``(this process's rows of each feature, metrics of the whole batch)``."""
+        placed = partitioning.global_batch(
+            {"tokens": tokens, "weights": weights, "scores": scores.astype(np.float32)},
+            self.trainer.mesh, self.trainer.rules)
+        with self.trainer._context():
+            features, metrics = self._ppo(params, self.trainer.frozen_params, placed["tokens"],
+                                          placed["weights"], placed["scores"])
+        rows = tokens.shape[0]
+        return ({key: _local_rows(value, rows).astype(np.float32)
+                 for key, value in features.items()},
+                {key: float(value) for key, value in jax.device_get(metrics).items()})
 
     # -- texts and rewards ------------------------------------------------------------------
     def _texts(self, tokens) -> str:
@@ -281,12 +360,17 @@ class Rollouts:
         groups, sampled = self._sampled_groups(params, step)
         prompts, lengths, completions, rewards = (np.concatenate([g[i] for g in groups])
                                                   for i in range(4))
-        advantages = np.asarray(group_advantages(jnp.asarray(rewards), self.group,
-                                                 self.spec.rl.scale_rewards), np.float32)
         tokens, _, weights = self.rows(prompts, lengths, completions)
-        batch = {"tokens": tokens, "completion_loss_weights": weights, "advantages": advantages}
-        if self._log_probs is not None:
-            batch["old_log_probs"] = self.old_log_probs(params, tokens)
+        batch = {"tokens": tokens, "completion_loss_weights": weights}
+        targets_metrics = {}
+        if self._ppo is not None:
+            features, targets_metrics = self.ppo_features(params, tokens, weights, rewards)
+            batch.update(features)
+        else:
+            batch["advantages"] = np.asarray(group_advantages(
+                jnp.asarray(rewards), self.group, self.spec.rl.scale_rewards), np.float32)
+            if self._log_probs is not None:
+                batch["old_log_probs"] = self.old_log_probs(params, tokens)
         seconds = time.monotonic() - began
         # Every process's rows: a run logs what its whole batch did, not process 0's share.
         every = _across_processes(sampled["rewards"])  # every completion sampled, each round's
@@ -296,10 +380,12 @@ class Rollouts:
         metrics = {"reward": float(every.mean()), "reward_std": float(every.std()),
                    **{f"rewards/{name}": float(_across_processes(np.concatenate(values)).mean())
                       for name, values in sampled["by_name"].items()},
-                   "groups_without_signal": float(np.mean(grouped.std(axis=1) == 0)),
                    "completion_length": float(batch_tokens) / grouped.size,
                    "rollout_seconds": seconds,
-                   "rollout_tokens_per_sec": float(sampled_tokens) / max(seconds, 1e-9)}
+                   "rollout_tokens_per_sec": float(sampled_tokens) / max(seconds, 1e-9),
+                   **targets_metrics}
+        if self.group > 1:  # GRPO's groups (PPO samples one completion a prompt)
+            metrics["groups_without_signal"] = float(np.mean(grouped.std(axis=1) == 0))
         if self.spec.rl.dynamic_sampling_rounds:
             metrics["sampling_rounds"] = float(sampled["rounds"])
             metrics["sampled_groups_without_signal"] = float(np.mean(
@@ -538,5 +624,5 @@ def _in_rl_mode(spec) -> bool:
 
 
 MODE = register(Mode("rl", _in_rl_mode, structure=reinforcement.MODE, check=check,
-                     frozen=(preference.REFERENCE,), batches=RolloutBatches,
-                     evaluators=(RolloutsEvaluator,)))
+                     frozen=(preference.REFERENCE,), init_params=value_model_params,
+                     batches=RolloutBatches, evaluators=(RolloutsEvaluator,)))

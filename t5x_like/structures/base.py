@@ -200,8 +200,28 @@ class Structure:
 
     def params_from_pretrained(self, flat_params: dict) -> dict:
         """Of a pretrained checkpoint's params (flattened), those this structure starts
-        from (``init_from``); what is missing starts fresh."""
+        from (``init_from``); what is missing starts fresh (``starts_fresh``)."""
         return flat_params
+
+    def starts_fresh(self, key: tuple) -> bool:
+        """Whether a parameter (its flattened path) that ``init_from`` lacks may start from
+        its init: a new task head's."""
+        return key[0] == "head"
+
+    #: whether the params hold, beside the model the run trains for use, models that only
+    #: help train it (PPO's value model): checkpoint readers (``eval``, ``infer``,
+    #: ``convert export``, ``init_from``) restore the run whole and keep
+    #: ``trained_params`` of it
+    keeps_helpers = False
+
+    def trained_params(self, params):
+        """Of this structure's params, those of the model it trains for use."""
+        return params
+
+    def reference(self) -> Structure:
+        """The structure a frozen reference of this structure's run (DPO's, GRPO's and
+        PPO's KL) is read with: this one, or the part of it the reference's params fit."""
+        return self
 
     @classmethod
     def body_params_for_head(cls, flat_params: dict) -> dict:

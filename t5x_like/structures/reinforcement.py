@@ -28,6 +28,8 @@ import jax
 import jax.numpy as jnp
 
 from t5x_like.errors import UserError
+from t5x_like.models.heads import PolicyAndValue, ValueModel
+from t5x_like.objectives import ppo
 from t5x_like.objectives import preference as losses
 from t5x_like.structures import families, mode_structures
 from t5x_like.structures.base import Structure
@@ -52,6 +54,19 @@ class RolloutStructure(Structure):
         """Whether rollout batches carry their sampling policy's log-probabilities: only
         when a batch serves several updates (with one, they equal the current policy's)."""
         return self.settings.iterations > 1
+
+    @property
+    def samples_per_prompt(self) -> int:
+        """Completions sampled of each prompt (``rl.samples_per_prompt``)."""
+        return self.settings.samples_per_prompt
+
+    @property
+    def policy_model(self):
+        """The decoder that samples the rollouts (``policy_params`` of the params)."""
+        return self.model
+
+    def policy_params(self, params):
+        return params
 
     @property
     def needs_reference(self) -> bool:
@@ -151,12 +166,135 @@ class RolloutStructure(Structure):
         return (1.0 + extra) * self.body.forward_flops_per_sequence(model, {"targets": width})
 
 
+class PpoStructure(RolloutStructure):
+    """A decoder policy and its value model trained by PPO (``objectives.ppo``) on rollout
+    rows: one parameter tree ``{"policy", "value"}`` (``models.heads.PolicyAndValue``),
+    the value model a tower of its own, as TRL's ``PPOTrainer`` has it (a shared trunk
+    would let the value loss's gradient move the policy, and a reward model's checkpoint
+    could not start the value model). A rollout batch holds, beside ``tokens`` and
+    ``completion_loss_weights``, the sampling policy's ``old_log_probs`` and the value
+    model's ``old_values`` ``[rows, width - 1]``, the GAE ``advantages`` (whitened) and
+    ``returns`` per position, and ``value_weights`` (the value positions, each divided
+    by the batch's count of them: a slice of the batch sums to its share).
+
+    ``settings``: the run's ``rl`` section (``epsilon`` is PPO's clip range,
+    ``value_epsilon`` the value's, ``vf_coef`` the value loss's weight)."""
+
+    name = "ppo"
+    keeps_helpers = True  # the value model: eval, infer and export read the policy alone
+
+    def __init__(self, body: Structure, value_body: Structure, settings,
+                 completion_length: int = 0):
+        super().__init__(body, settings, completion_length)
+        # A clone: the same module instance in both towers would be one shared trunk.
+        self.model = PolicyAndValue(body.model, ValueModel(value_body.model.clone()))
+
+    @property
+    def keeps_old_log_probs(self) -> bool:
+        return True  # the ratio's denominator, from the first epoch on
+
+    @property
+    def policy_model(self):
+        return self.model.policy
+
+    def policy_params(self, params):
+        return params["policy"]
+
+    def trained_params(self, params):
+        return params["policy"]
+
+    def reference(self) -> Structure:
+        """The reference is a decoder: the policy's structure without the value model."""
+        return RolloutStructure(self.body, self.settings, self.completion_length)
+
+    def params_from_pretrained(self, flat_params: dict) -> dict:
+        """``init_from`` (the SFT decoder) starts the policy and the value model's trunk
+        (its head starts fresh); a ``rl.value_model`` (by default ``rl.reward_model``)
+        replaces the value model's when the run starts (``modes.rl``)."""
+        return {**{("policy", *key): value for key, value in flat_params.items()},
+                **{("value", "backbone", *key): value for key, value in flat_params.items()}}
+
+    def starts_fresh(self, key: tuple) -> bool:
+        return tuple(key[:2]) == ("value", "head")
+
+    @property
+    def needs_reference(self) -> bool:
+        return False  # its log-probabilities are read once per rollout, into the rewards
+
+    def abstract_batch(self, task_feature_lengths, batch_size, sharding=None):
+        width = self.width(task_feature_lengths)
+        per_position = jax.ShapeDtypeStruct((batch_size, width - 1), jnp.float32,
+                                            sharding=sharding)
+        return {"tokens": jax.ShapeDtypeStruct((batch_size, width), jnp.int32, sharding=sharding),
+                **{name: per_position for name in ROLLOUT_FEATURES}}
+
+    def model_feature_lengths(self, task_feature_lengths):
+        width = self.width(task_feature_lengths)
+        return {"tokens": width, **{name: width - 1 for name in ROLLOUT_FEATURES},
+                **{name: width - 1 for name in type(self.model).init_features}}
+
+    def token_log_probs(self, model, params, tokens, rng=None) -> jax.Array:
+        """The policy's log-probabilities (see ``RolloutStructure.token_log_probs``) from
+        the joint ``params``."""
+        return super().token_log_probs(model.policy, params["policy"], tokens, rng)
+
+    def values(self, model, params, tokens, rng=None) -> jax.Array:
+        """The value model's prediction at each of ``tokens[:, :-1]``'s positions."""
+        return model.value.apply({"params": params["value"]}, tokens[:, :-1],
+                                 deterministic=rng is None,
+                                 rngs=None if rng is None else {"dropout": rng})
+
+    def loss_fn(self, loss_config, reference: Structure | None = None):
+        settings = self.settings
+
+        def loss_fn(model, params, batch, rng, normalizer=None, num_sequences=None,
+                    frozen_params=None):
+            policy_rng, value_rng = (None, None) if rng is None else jax.random.split(rng)
+            weights = batch["completion_loss_weights"]
+            loss, metrics = ppo.ppo_loss(
+                self.token_log_probs(model, params, batch["tokens"], policy_rng),
+                batch["old_log_probs"], batch["advantages"],
+                self.values(model, params, batch["tokens"], value_rng), batch["old_values"],
+                batch["returns"], weights, batch["value_weights"],
+                epsilon=settings.epsilon, value_epsilon=settings.value_epsilon,
+                vf_coef=settings.vf_coef, num_tokens=normalizer)
+            logged = loss
+            if num_sequences is not None:  # a microbatch: per token of its own, as GRPO's
+                logged = loss * normalizer / jnp.maximum(weights.sum(), 1.0)
+            return loss, {**metrics, "loss": logged, "num_target_tokens": weights.sum()}
+        return loss_fn
+
+    def forward_flops_per_sequence(self, model, lengths):
+        """Per completion and step: the update's forward of both towers (the value
+        tower counted as the policy's trunk, without the vocabulary projection), and once
+        per ``rl.iterations`` steps the rollout's sampling and its forwards of the policy,
+        the reference and the value model (each counted 1/3, as train's 3x counts them
+        once)."""
+        width = self.width(lengths) - 1
+        policy = self.body.forward_flops_per_sequence(model, {"targets": width})
+        value = self.body.forward_flops_per_sequence(model.replace(vocab_size=0),
+                                                     {"targets": width})
+        rollout = (3.0 * policy + value) / self.settings.iterations / 3.0
+        return policy + value + rollout
+
+
+# What a PPO rollout batch holds per position beside its tokens (PpoStructure).
+ROLLOUT_FEATURES = ("completion_loss_weights", "old_log_probs", "old_values", "advantages",
+                    "returns", "value_weights")
+
+
 @functools.lru_cache(maxsize=32)
 def _policy(model_spec, rl, peft_settings, completion_length: int) -> Structure:
     """Online RL's policy: a decoder (PEFT on it) read causally; ``completion_length``
-    (``task_feature_lengths.targets``) is Dr. GRPO's constant normaliser."""
-    return RolloutStructure(families.structure_for(model_spec, "causal", peft_settings), rl,
-                            completion_length)
+    (``task_feature_lengths.targets``) is Dr. GRPO's constant normaliser and where PPO's
+    score sits on a completion without EOS. PPO's value model is a tower of the policy's
+    architecture (no PEFT)."""
+    body = families.structure_for(model_spec, "causal", peft_settings)
+    if rl.algorithm == "ppo":
+        return PpoStructure(body, families.structure_for(model_spec, "causal",
+                                                         type(peft_settings)()),
+                            rl, completion_length)
+    return RolloutStructure(body, rl, completion_length)
 
 
 def _in_rl_mode(spec) -> bool:

@@ -132,14 +132,16 @@ def pretrained_state(spec, trainer):
         params = {"backbone": params}  # a pretrained body under a new head
     expected = traverse_util.flatten_dict(peft_modules.plain_dicts(trainer.abstract_state.params))
     given = traverse_util.flatten_dict(peft_modules.plain_dicts(params))
-    given = structures.for_config(spec).params_from_pretrained(given)
+    structure = structures.for_config(spec)
+    given = modes.init_params(spec, structure.params_from_pretrained(given), trainer.mesh)
     missing = [key for key in expected if key not in given]
-    if missing and all(key[0] == "head" or peft_modules.is_peft_param(key) for key in missing):
+    if missing and all(structure.starts_fresh(key) or peft_modules.is_peft_param(key)
+                       for key in missing):
         fresh = traverse_util.flatten_dict(peft_modules.plain_dicts(jax.device_get(
             trainer.init_state(spec.seed).params)))
         given.update(peft_modules.prompts_from_table({key: fresh[key] for key in missing},
                                                      given))
-        params = traverse_util.unflatten_dict(given)
+    params = traverse_util.unflatten_dict(given)
     try:
         return trainer.state_from_params(params), identity
     except ValueError as e:

@@ -8,11 +8,14 @@ import json
 import numpy as np
 import pytest
 from removals import Removal, existing, proving_tests
+from test_ppo import reward_model  # noqa: F401  (the reward model PPO's value model starts from)
+from test_ppo_parity import setting  # noqa: F401  (TRL 1.12's PPO results, the PPO checks')
 from test_preference_parity import models  # noqa: F401  (the fixture the TRL checks read)
 from test_preference_training import dpo_config, sft_run  # noqa: F401
 from test_rl import arithmetic_sft  # noqa: F401  (the SFT run the dynamic-sampling check trains from)
 
 from t5x_like import train
+from t5x_like.objectives import ppo
 from t5x_like.objectives import preference as losses
 from t5x_like.structures import preference as preference_structures
 
@@ -88,6 +91,41 @@ def _dynamic_sampling_keeps_every_group(monkeypatch):
     monkeypatch.setattr(rl, "has_signal", lambda rewards: True)
 
 
+def _ppo_without_policy_clipping(monkeypatch):
+    original = ppo.ppo_loss
+    monkeypatch.setattr(ppo, "ppo_loss", lambda *a, **kw: original(*a, **{**kw, "epsilon": np.inf}))
+
+
+def _ppo_without_value_clipping(monkeypatch):
+    original = ppo.ppo_loss
+    monkeypatch.setattr(ppo, "ppo_loss",
+                        lambda *a, **kw: original(*a, **{**kw, "value_epsilon": np.inf}))
+
+
+def _ppo_without_kl_penalty(monkeypatch):
+    original = ppo.rollout_targets
+    monkeypatch.setattr(ppo, "rollout_targets",
+                        lambda *a, **kw: original(*a, **{**kw, "kl_coef": 0.0}))
+
+
+def _ppo_advantages_are_one_step(monkeypatch):
+    """GAE's lambda 0: each advantage is its own TD error."""
+    original = ppo.generalized_advantages
+    monkeypatch.setattr(ppo, "generalized_advantages",
+                        lambda rewards, values, gamma, lam: original(rewards, values, gamma, 0.0))
+
+
+def _ppo_advantages_not_whitened(monkeypatch):
+    original = ppo.masked_whiten
+    monkeypatch.setattr(ppo, "masked_whiten", lambda values, mask, shift_mean=True: (
+        values if shift_mean else original(values, mask, shift_mean)))
+
+
+def _value_model_starts_fresh(monkeypatch):
+    from t5x_like.modes import rl
+    monkeypatch.setattr(rl, "value_model_params", lambda spec, flat_params, mesh: flat_params)
+
+
 DYNAMIC_SAMPLING = existing(
     "test_rl.py::test_dynamic_sampling_refills_groups_without_signal_and_resumes_exactly")
 SIMPO = existing("test_preference_parity.py::test_simpo_equals_trl_cpo_trainer")
@@ -98,6 +136,8 @@ GRPO_TWO_ITERATIONS = existing(
 GSPO_TWO_ITERATIONS = existing(
     "test_rl.py::test_grpo_loss_and_gradients_equal_trl_over_two_iterations",
     loss_type="dapo", beta=0.04, level="sequence")
+PPO_K1 = existing("test_ppo_parity.py::test_ppo_targets_losses_and_step_equal_trl", case="k1")
+VALUE_MODEL_START = existing("test_ppo.py::test_the_value_model_starts_from_the_reward_model")
 
 REMOVALS = [
     Removal("DPO reference", "DPO's reference log-probs read the policy being trained",
@@ -126,6 +166,27 @@ REMOVALS = [
             "more prompts (sampling rounds > 1) and trains on fewer groups without signal "
             "than the same run without it", _dynamic_sampling_keeps_every_group,
             DYNAMIC_SAMPLING[1], holds_in=DYNAMIC_SAMPLING[0]),
+    Removal("PPO policy clipping", "`ppo_loss` with epsilon infinite",
+            "the policy loss, its clip fraction and every policy gradient equal TRL 1.12's "
+            "PPOTrainer on a rollout sampled by another policy (ratio away from 1)",
+            _ppo_without_policy_clipping, PPO_K1[1], holds_in=PPO_K1[0]),
+    Removal("PPO value clipping", "`ppo_loss` with value_epsilon infinite",
+            "the value loss, its clip fraction and every value-model gradient equal TRL's, "
+            "rollout values off the current ones", _ppo_without_value_clipping, PPO_K1[1],
+            holds_in=PPO_K1[0]),
+    Removal("PPO KL penalty in the reward", "`rollout_targets` with kl_coef 0",
+            "advantages, returns and the logged KL and non-score reward equal TRL's",
+            _ppo_without_kl_penalty, PPO_K1[1], holds_in=PPO_K1[0]),
+    Removal("PPO GAE", "GAE's lambda read as 0 (one-step TD errors)",
+            "advantages and returns equal TRL's (lambda 0.95)", _ppo_advantages_are_one_step,
+            PPO_K1[1], holds_in=PPO_K1[0]),
+    Removal("PPO advantage whitening", "`masked_whiten` of the advantages returns them as they are",
+            "advantages equal TRL's", _ppo_advantages_not_whitened, PPO_K1[1],
+            holds_in=PPO_K1[0]),
+    Removal("PPO value model from the reward model", "the value model keeps the policy's trunk "
+            "and a fresh head", "PPO's start holds the reward model's trunk and head as its "
+            "value model", _value_model_starts_fresh, VALUE_MODEL_START[1],
+            holds_in=VALUE_MODEL_START[0]),
 ]
 
 globals().update(proving_tests(REMOVALS))

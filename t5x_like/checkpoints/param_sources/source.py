@@ -62,25 +62,28 @@ class Source:
                        where: str | None = None):
         """Params of ``step`` on the trainer's mesh and shardings (a PEFT step joined with
         its base, found at ``base_path`` if it moved; ``where`` names the step in errors)."""
+        from t5x_like.checkpoints import checkpoint_store, pretrained
+        from t5x_like.engine import trainer as trainer_lib
         if self.kind == "pretrained":
-            from t5x_like.checkpoints import pretrained
             _, params = pretrained.load_pretrained(self.path)
             try:
                 return trainer.place_params(params)
             except ValueError as e:
                 raise UserError(f"{self.path}: {e}") from None
-        from t5x_like.checkpoints import checkpoint_store
         folder = self.path / str(step)
         problem = checkpoint_store.manifest_problem(folder)
         if problem is not None:
             raise UserError(f"Checkpoint {folder} is damaged ({problem}); evaluate another "
                             "step, or resume training, which moves it aside.")
         saved = self.saved_config(step)
+        run_spec = config_from_saved(saved)
+        # A run whose params hold helpers (PPO's value model) restores whole; its trained
+        # part is what the caller's trainer reads.
+        restoring = trainer_lib.trainer_to_restore(run_spec, trainer)
         checkpointer = self.open_checkpointer()
         try:
-            state, _ = restore_state(checkpointer, step, trainer, saved,
-                                     config_from_saved(saved), where=where or str(folder),
-                                     base_path=base_path)
+            state, _ = restore_state(checkpointer, step, restoring[0], saved, run_spec,
+                                     where=where or str(folder), base_path=base_path)
         except UserError:
             raise
         except Exception as e:  # noqa: BLE001 - a read failure is the checkpoint's, not ours
@@ -89,7 +92,7 @@ class Source:
                             "step aside.") from None
         finally:
             checkpointer.close()
-        return trainer.evaluation_params(state)
+        return trainer.trained_params_of(restoring, state)
 
 
 def load_params(source: Source, step: int, config, mesh=None, base_path: str | None = None,
@@ -98,7 +101,8 @@ def load_params(source: Source, step: int, config, mesh=None, base_path: str | N
     (``init_from``, a distillation teacher, ``convert export``, ``peft merge``, the
     embedding analyses) loads them. A pretrained folder's arrays as saved; a run's step
     restored onto a trainer for ``config`` (the config the step was saved with) on
-    ``mesh`` (default: this process's first device), a PEFT step joined with its base."""
+    ``mesh`` (default: this process's first device), a PEFT step joined with its base; of
+    a run whose params hold helpers (PPO's value model), the model it trained."""
     import jax
 
     from t5x_like.checkpoints import pretrained
@@ -108,7 +112,7 @@ def load_params(source: Source, step: int, config, mesh=None, base_path: str | N
     if source.kind == "pretrained":
         return pretrained.load_pretrained(source.path)[1]
     mesh = mesh if mesh is not None else partitioning.make_mesh({"data": 1}, jax.devices()[:1])
-    trainer = trainer_lib.build_trainer(config, mesh)
+    trainer = trainer_lib.build_trainer(trainer_lib.trained_model_spec(config), mesh)
     return jax.device_get(source.restore_params(step, trainer, base_path, where))
 
 

@@ -1,0 +1,117 @@
+"""PPO through ``train`` (InstructGPT's road, in miniature): an SFT decoder, a reward model
+trained from it on preference pairs, then PPO against that reward model: the value model
+starts from the reward model, the run logs PPO's losses and its KL penalty, resumes
+exactly, and what reads its checkpoint (``init_from``, ``eval``, ``convert export``)
+gets the policy alone. Its refusals are one line each."""
+
+import jax
+import numpy as np
+import pytest
+from conftest import set_keys
+from flax import traverse_util
+from test_preference_training import decoder_config
+from test_rl import ONE_LAYER, arithmetic_sft, records, rl_config  # noqa: F401  (fixture)
+
+from t5x_like import errors, train
+from t5x_like.checkpoints import param_sources
+from t5x_like.config import spec_of
+from t5x_like.engine import partitioning
+from t5x_like.modes import rl
+
+
+@pytest.fixture(scope="module")
+def reward_model(arithmetic_sft, tmp_path_factory):  # noqa: F811
+    """A reward model of the SFT decoder's architecture, trained from it on pairs."""
+    workdir = tmp_path_factory.mktemp("reward_model")
+    train.run(decoder_config(**{**ONE_LAYER, "task": "embedded_austen_cloze_preference",
+                                "task_feature_lengths": {"inputs": 16, "targets": 4},
+                                "init_from": str(arithmetic_sft),
+                                "preference.objective": "reward_model", "num_train_steps": 2,
+                                "evals.held_out.every_steps": 0}), str(workdir), quiet=True)
+    return workdir
+
+
+def ppo_config(sft, reward, **overrides):
+    return rl_config(sft, **{"rl.algorithm": "ppo", "rl.beta": 0.0, "rl.reward_model": str(reward),
+                             "rl.rewards": ("exact_answer", "text_length"), "rl.iterations": 2,
+                             "rl.kl_coef": 0.1, "optimizer.learning_rate": 0.01,
+                             "checkpoint.every_steps": 2, **overrides})
+
+
+def flat(params) -> dict:
+    return traverse_util.flatten_dict(jax.device_get(params))
+
+
+@pytest.mark.slow
+def test_ppo_trains_against_a_reward_model_resumes_exactly_and_exports_the_policy(
+        arithmetic_sft, reward_model, tmp_path):  # noqa: F811
+    config = ppo_config(arithmetic_sft, reward_model)
+    straight = tmp_path / "straight"
+    train.run(config, str(straight), quiet=True)
+    logged = records(straight)
+    assert [r["step"] for r in logged] == [1, 2, 3, 4]
+    sampled, reused = logged[0::2], logged[1::2]
+    for key in ("reward", "rewards/reward_model", "rewards/text_length", "kl",
+                "non_score_reward", "rlhf_reward", "scores", "rollout_seconds"):
+        assert all(key in r for r in sampled), key
+        assert not any(key in r for r in reused), key
+    for key in ("policy_loss", "value_loss", "clip_fraction", "value_clip_fraction", "approx_kl"):
+        assert all(np.isfinite(r[key]) for r in logged), key
+    assert "groups_without_signal" not in logged[0]  # one completion a prompt: no groups
+    assert all(r["approx_kl"] < 1e-9 for r in sampled)  # each batch's first epoch: ratio 1
+    assert max(r["approx_kl"] for r in reused) > 0.0  # the second reads the moved policy
+    assert logged[0]["rlhf_reward"] == pytest.approx(
+        logged[0]["scores"] + logged[0]["non_score_reward"], rel=1e-5)
+
+    interrupted = tmp_path / "interrupted"
+    train.run(ppo_config(arithmetic_sft, reward_model, num_train_steps=2), str(interrupted),
+              quiet=True)
+    train.run(config, str(interrupted), quiet=True)
+    resumed = records(interrupted)
+    for key in ("loss", "policy_loss", "value_loss", "grad_norm"):
+        assert [r[key] for r in resumed] == [r[key] for r in logged], key
+    for key in ("reward", "kl", "scores"):
+        assert [r[key] for r in resumed[0::2]] == [r[key] for r in sampled], key
+
+    # A reader of the run's checkpoint gets the policy, a decoder like the SFT model.
+    decoder_spec = spec_of(decoder_config(**{**ONE_LAYER, "task": "embedded_arithmetic"}))
+    mesh = partitioning.make_mesh({"data": 1}, jax.devices()[:1])
+    policy, _ = param_sources.base_params(str(straight), decoder_spec, mesh)
+    sft, _ = param_sources.base_params(str(arithmetic_sft), decoder_spec, mesh)
+    assert set(flat(policy)) == set(flat(sft))
+    assert any(not np.array_equal(flat(policy)[k], flat(sft)[k]) for k in flat(sft))  # trained
+    further = tmp_path / "further"  # and a run starts from it
+    train.run(rl_config(straight, **{"num_train_steps": 1, "checkpoint.every_steps": 1}),
+              str(further), quiet=True)
+    assert records(further)[0]["step"] == 1
+
+
+def test_the_value_model_starts_from_the_reward_model(arithmetic_sft, reward_model):  # noqa: F811
+    """PPO's start: the reward model's trunk and head under ``value``; without a reward
+    model the value model keeps the policy's trunk (``params_from_pretrained``)."""
+    spec = spec_of(ppo_config(arithmetic_sft, reward_model))
+    mesh = partitioning.make_mesh({"data": 1}, jax.devices()[:1])
+    started = rl.value_model_params(spec, {("policy", "x"): 1}, mesh)
+    saved = rl.reward_model_spec(spec)
+    reward_params, _ = param_sources.base_params(str(reward_model), saved, mesh)
+    expected = {("value", *k): v for k, v in flat(reward_params).items()}
+    assert set(started) == {("policy", "x"), *expected}
+    for key, value in expected.items():
+        np.testing.assert_array_equal(started[key], value)
+    without = spec_of(ppo_config(arithmetic_sft, reward_model, **{"rl.reward_model": ""}))
+    assert rl.value_model_params(without, {("policy", "x"): 1}, mesh) == {("policy", "x"): 1}
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"peft.lora.rank": 4}, "without peft"),
+    ({"rl.value_model": "{sft}"}, r"rl.value_model=.* is not a reward model"),
+    ({"rl.dynamic_sampling_rounds": 2}, "PPO samples one completion a prompt"),
+    ({"init_from": ""}, "set init_from"),
+])
+def test_ppo_settings_that_cannot_work_are_refused(arithmetic_sft, reward_model, tmp_path,  # noqa: F811
+                                                   overrides, message):
+    overrides = {k: (v.format(sft=arithmetic_sft) if isinstance(v, str) else v)
+                 for k, v in overrides.items()}
+    with pytest.raises(errors.UserError, match=message):
+        train.run(set_keys(ppo_config(arithmetic_sft, reward_model), overrides),
+                  str(tmp_path / "ppo"), quiet=True)
