@@ -7,13 +7,15 @@
 (b) GRPO on ``embedded_arithmetic`` from an SFT'd model: greedy exact match on the 500
     held-out prompts over training, against the SFT model and against best-of-8
     sampling from it;
-(c) tokens per second of DPO's updates, GRPO's rollouts and GRPO's updates.
+(c) tokens per second of DPO's updates, GRPO's rollouts and GRPO's updates;
+(d) PPO on the same task from the same SFT model (the same exact-answer reward, its value
+    model from the SFT model's trunk): greedy exact match over training, beside GRPO's.
 
     .venv/bin/python benchmarks/preference_tuning.py run --runs=runs/preference
     .venv/bin/python benchmarks/preference_tuning.py table --runs=runs/preference
     .venv/bin/python benchmarks/preference_tuning.py run --smoke   # tiny: a check that it runs
 
-``run`` trains what is missing (pretraining 500 steps, DPO, SFT, GRPO with the configs
+``run`` trains what is missing (pretraining 500 steps, DPO, SFT, GRPO, PPO with the configs
 in ``configs/``) and writes ``RUNS/results.json``; ``table`` prints it. Numbers are
 from one seed on this machine's CPU (8 fake devices): a small run, read as such.
 
@@ -46,6 +48,10 @@ SMOKE_RUNS = {  # config -> its --smoke sizes
     "configs/finetune/gpt2_tiny_arithmetic_sft.py": ["--config.evals.held_out.every_steps=0"],
     "configs/rl/gpt2_tiny_grpo_arithmetic.py": [
         "--config.batch_size=16", "--config.rl.num_generations=2",
+        "--config.evals.held_out.every_steps=2", "--config.evals.held_out.batches=1",
+        "--config.logging.every_steps=1", "--config.checkpoint.every_steps=2"],
+    "configs/rl/gpt2_tiny_ppo_arithmetic.py": [
+        "--config.batch_size=8", "--config.rl.iterations=2",
         "--config.evals.held_out.every_steps=2", "--config.evals.held_out.batches=1",
         "--config.logging.every_steps=1", "--config.checkpoint.every_steps=2"],
 }
@@ -186,19 +192,24 @@ def run_dpo(runs: pathlib.Path, results: dict) -> None:
 
 # -- (b) GRPO ---------------------------------------------------------------------------------
 
-def rollout_eval(spec_config: str, checkpoint: pathlib.Path, samples: int) -> dict:
+def rollout_eval(spec_config: str, checkpoint: pathlib.Path, samples: int,
+                 overrides: tuple[str, ...] = ()) -> dict:
     """Greedy mean rewards (and best-of-``samples``) of ``checkpoint`` on the held-out
-    prompts, with ``spec_config``'s rewards."""
+    prompts, with ``spec_config``'s rewards (``overrides``: ``--config.`` flags on it)."""
     import numpy as np
 
+    from t5x_like import config_lib, structures
     from t5x_like import resolving as resolving
-    from t5x_like import structures
     from t5x_like.checkpoints import param_sources
     from t5x_like.data import get_task_or_mixture, pipeline
     from t5x_like.engine import trainer as trainer_lib
     from t5x_like.modes import rl
     config = load(spec_config)
+    config_lib.apply_overrides(config, [o[len("--config."):] for o in overrides])
     config.init_from = str(checkpoint)
+    # Sampled and scored as GRPO's policy is: a plain decoder's params (a PPO run's policy
+    # is one, its value model is not read to sample).
+    config.rl.algorithm = "grpo"
     spec = resolving.resolve_spec(config)
     _, trainer = trainer_lib.build_on_devices(spec)
     structure = structures.for_config(spec)
@@ -244,13 +255,30 @@ def run_grpo(runs: pathlib.Path, results: dict) -> None:
                        "train_reward": [(r["step"], r["reward"]) for r in logged]}
 
 
+def run_ppo(runs: pathlib.Path, results: dict) -> None:
+    """PPO from GRPO's SFT model, read as GRPO is (``rollout_eval``, the logged curve)."""
+    sft = runs / "sft_arith"
+    train("configs/finetune/gpt2_tiny_arithmetic_sft.py", sft)
+    ppo = runs / "ppo_arith"
+    config = "configs/rl/gpt2_tiny_ppo_arithmetic.py"
+    train(config, ppo, f"--config.init_from={sft}")
+    logged = records(ppo)
+    curve = [{"step": r["step"], "exact_match": r["eval_exact_answer"]}
+             for r in logged if "eval_exact_answer" in r]
+    sampled = [r for r in logged if "reward" in r]
+    results["ppo"] = {"sft": rollout_eval(config, sft, samples=1), "curve": curve,
+                      "final": rollout_eval(config, ppo, samples=1),
+                      "train_reward": [(r["step"], r["reward"]) for r in sampled],
+                      "kl": [(r["step"], r["kl"]) for r in sampled]}
+
+
 def _median(values):
     import statistics
     return statistics.median(values) if values else float("nan")
 
 
 def table(results: dict) -> None:
-    dpo, grpo = results.get("dpo"), results.get("grpo")
+    dpo, grpo, ppo = results.get("dpo"), results.get("grpo"), results.get("ppo")
     if dpo:
         print("(a) DPO on embedded_austen_cloze_preference (held-out pairs: "
               f"{dpo['before']['pairs']})")
@@ -272,13 +300,25 @@ def table(results: dict) -> None:
         print(f"| {'GRPO final':30} | {grpo['final']['exact_answer']:11.3f} |")
         print(f"\n(c) rollouts: {grpo['rollout_completion_tokens_per_sec']:,.0f} completion "
               f"tokens/s; updates: {grpo['update_tokens_per_sec']:,.0f} tokens/s")
+    if ppo:
+        print("\n(d) PPO on embedded_arithmetic (500 held-out prompts, greedy exact match)")
+        print(f"| {'model':30} | {'exact match':>11} |")
+        print(f"|{'-' * 32}|{'-' * 13}|")
+        print(f"| {'SFT':30} | {ppo['sft']['exact_answer']:11.3f} |")
+        for point in ppo["curve"]:
+            print(f"| {'PPO step ' + str(point['step']):30} | {point['exact_match']:11.3f} |")
+        print(f"| {'PPO final':30} | {ppo['final']['exact_answer']:11.3f} |")
+        first, last = ppo["kl"][0], ppo["kl"][-1]
+        print(f"sampled reward {ppo['train_reward'][0][1]:.3f} (step {ppo['train_reward'][0][0]}) "
+              f"-> {ppo['train_reward'][-1][1]:.3f} (step {ppo['train_reward'][-1][0]}); KL "
+              f"{first[1]:.4f} -> {last[1]:.4f}")
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=("run", "table"))
     parser.add_argument("--runs", default="runs/preference")
-    parser.add_argument("--only", choices=("dpo", "grpo"), default=None)
+    parser.add_argument("--only", choices=("dpo", "grpo", "ppo"), default=None)
     parser.add_argument("--smoke", action="store_true",
                         help="tiny runs, in this process: a check that the script runs")
     args = parser.parse_args(argv)
@@ -305,6 +345,8 @@ def run_or_table(args, runs: pathlib.Path) -> int:
             run_dpo(runs, results)
         if args.only in (None, "grpo"):
             run_grpo(runs, results)
+        if args.only in (None, "ppo"):
+            run_ppo(runs, results)
         path.write_text(json.dumps(results, indent=2))
     table(results)
     return 0

@@ -19,13 +19,20 @@ One step, in ``Rollouts.next``:
 4. with ``rl.dynamic_sampling_rounds`` (DAPO's dynamic sampling), groups whose rewards
    are all equal are dropped and steps 1-3 repeat on the next prompts until the batch
    holds groups with signal (``Rollouts._sampled_groups``);
-5. advantages normalised within each prompt's group (``objectives.preference.
-   group_advantages``), and the rows: the start id, the prompt, the completion up to
-   and with its EOS;
+5. the rows: the start id, the prompt, the completion up to and with its EOS; GRPO's
+   advantages normalised within each prompt's group (``objectives.preference.
+   group_advantages``);
 6. with ``rl.iterations`` > 1, the sampling policy's log-probability of each row's next
    tokens (``old_log_probs``), jitted on the mesh with the params that sampled the
    completions: the batch serves ``rl.iterations`` updates (the loop reuses it,
    ``loop.Loop``), and every one of them reads its ratio against these.
+
+PPO (``rl.algorithm='ppo'``) samples one completion a prompt and, in place of 5-6, runs
+``_ppo_fn`` once on the mesh over the whole batch: the policy's and the reference's
+log-probabilities, the value model's values, and from them and the scores the
+KL-penalised rewards, GAE's advantages (whitened over every process's completion
+tokens) and returns (``objectives.ppo.rollout_targets``); its value model starts from a
+reward model (``value_model_params``, the mode's ``init_params``).
 
 What it logs beside the update's metrics: the mean reward and each reward's mean (over
 every completion sampled), the share of the batch's groups whose rewards are all equal

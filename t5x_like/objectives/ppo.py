@@ -69,10 +69,12 @@ def masked_mean(values, mask) -> jax.Array:
 
 def masked_whiten(values, mask, shift_mean: bool = True) -> jax.Array:
     """``values`` less their masked mean, over their masked unbiased standard deviation
-    (``1e-8`` added to the variance), the mean added back without ``shift_mean``."""
+    (``1e-8`` added to the variance; one value alone has variance 0, where TRL raises),
+    the mean added back without ``shift_mean``."""
     mean = masked_mean(values, mask)
     count = mask.sum()
-    variance = masked_mean((values - mean) ** 2, mask) * count / (count - 1.0)
+    bessel = jnp.where(count > 1.0, count / jnp.maximum(count - 1.0, 1.0), 1.0)
+    variance = masked_mean((values - mean) ** 2, mask) * bessel
     whitened = (values - mean) * jax.lax.rsqrt(variance + 1e-8)
     return whitened if shift_mean else whitened + mean
 

@@ -203,6 +203,9 @@ class PpoStructure(RolloutStructure):
     def trained_params(self, params):
         return params["policy"]
 
+    def predict_batch(self, params, batch, *, rng=None, **decode):
+        return self.body.predict_batch(params["policy"], batch, rng=rng, **decode)
+
     def reference(self) -> Structure:
         """The reference is a decoder: the policy's structure without the value model."""
         return RolloutStructure(self.body, self.settings, self.completion_length)
@@ -216,10 +219,6 @@ class PpoStructure(RolloutStructure):
 
     def starts_fresh(self, key: tuple) -> bool:
         return tuple(key[:2]) == ("value", "head")
-
-    @property
-    def needs_reference(self) -> bool:
-        return False  # its log-probabilities are read once per rollout, into the rewards
 
     def abstract_batch(self, task_feature_lengths, batch_size, sharding=None):
         width = self.width(task_feature_lengths)
