@@ -10,7 +10,8 @@ rows on); completions that end with EOS early, at the last position, at the firs
 or not at all; the sampling policy's log-probabilities from a third model (so the ratio
 is not 1 and the policy clip acts) and the value model's rollout values moved by fixed
 offsets (so the value clip acts). Two settings: k1 KL and raw rewards with γ=1, λ=0.95
-(TRL's defaults); k3 KL and whitened rewards with γ=0.9, λ=0.8."""
+(TRL's defaults); k3 KL and whitened rewards with γ=0.9, λ=0.8 and a missing-EOS
+penalty of 1."""
 
 import json
 import os
@@ -49,7 +50,8 @@ RESPONSES = [[71, 72, 2, 0, 0],     # EOS early: the score sits after it
              [86, 87, 88, 89, 90],
              [91, 92, 2, 0, 0]]
 CASES = {"k1": dict(kl_estimator="k1", whiten_rewards=False, gamma=1.0, lam=0.95),
-         "k3_whitened": dict(kl_estimator="k3", whiten_rewards=True, gamma=0.9, lam=0.8)}
+         "k3_whitened": dict(kl_estimator="k3", whiten_rewards=True, gamma=0.9, lam=0.8,
+                             missing_eos_penalty=1.0)}
 SHARED = dict(temperature=0.7, kl_coef=0.2, cliprange=0.2, cliprange_value=0.2, vf_coef=0.1)
 TOLERANCE = 1e-5
 
@@ -132,7 +134,8 @@ def our_structure(model_config, settings: dict) -> PpoStructure:
                           value_epsilon=settings["cliprange_value"], vf_coef=settings["vf_coef"],
                           kl_coef=settings["kl_coef"], kl_estimator=settings["kl_estimator"],
                           gamma=settings["gamma"], lam=settings["lam"],
-                          whiten_rewards=settings["whiten_rewards"]))
+                          whiten_rewards=settings["whiten_rewards"],
+                          missing_eos_penalty=settings.get("missing_eos_penalty", 0.0)))
     spec = spec_of(config)
     body = structures.for_config(spec).body
     return PpoStructure(body, body, spec.rl, R)
@@ -217,7 +220,9 @@ def test_ppo_targets_losses_and_step_equal_trl(setting, case):
     targets, metrics = ppo.rollout_targets(
         scores, old_logps, ref_logps, old_values, weights_j, completion_length=R,
         kl_coef=settings["kl_coef"], kl_estimator=settings["kl_estimator"],
-        gamma=settings["gamma"], lam=settings["lam"], whiten_rewards=settings["whiten_rewards"])
+        gamma=settings["gamma"], lam=settings["lam"], whiten_rewards=settings["whiten_rewards"],
+        has_eos=jnp.asarray([2 in response for response in RESPONSES], jnp.float32),
+        missing_eos_penalty=settings.get("missing_eos_penalty", 0.0))
     # TRL zeroes the whitened advantages off the completion after whitening (what the
     # oracle reads is before): compared on the completion, ours 0 elsewhere.
     completion = response_view(weights, starts)[order] > 0

@@ -427,6 +427,9 @@ class RlSpec(Section):
     value_epsilon: float = field(0.2, minimum=0.0, doc="ppo: the value's clip range")
     vf_coef: float = field(0.1, minimum=0.0, doc="ppo: weight of the value loss")
     whiten_rewards: bool = False
+    missing_eos_penalty: float = field(0.0, minimum=0.0, doc=(
+        "ppo: subtracted from the score of a completion cut off before its EOS (TRL's "
+        "option, None there; 0 is off)"))
 
     def check(self, path):
         if not self.algorithm:

@@ -239,7 +239,7 @@ class Rollouts:
             values = self._log_probs(params, placed["tokens"])
         return _local_rows(values, tokens.shape[0]).astype(np.float32)
 
-    def _ppo_fn(self, params, reference_params, tokens, weights, scores):
+    def _ppo_fn(self, params, reference_params, tokens, weights, scores, has_eos):
         """PPO's rollout features of the whole batch (``objectives.ppo.rollout_targets``):
         the sampling policy's log-probabilities and the value model's values (the update
         params), the reference's log-probabilities (for the KL penalty), GAE's advantages
@@ -254,21 +254,24 @@ class Rollouts:
             scores, logps, ref_logps, values, weights,
             completion_length=self.completion_length, kl_coef=rl.kl_coef,
             kl_estimator=rl.kl_estimator, gamma=rl.gamma, lam=rl.lam,
-            whiten_rewards=rl.whiten_rewards)
+            whiten_rewards=rl.whiten_rewards, has_eos=has_eos,
+            missing_eos_penalty=rl.missing_eos_penalty)
         features = {"old_log_probs": logps, "old_values": values * targets["value_mask"],
                     "advantages": targets["advantages"], "returns": targets["returns"],
                     "value_weights": ppo.value_shares(targets["value_mask"])}
         return features, metrics
 
-    def ppo_features(self, params, tokens, weights, scores) -> tuple[dict, dict]:
+    def ppo_features(self, params, tokens, weights, scores, completions) -> tuple[dict, dict]:
         """``_ppo_fn`` on this process's rollout rows (numpy), run on the mesh over every
         process's: ``(this process's rows of each feature, metrics of the whole batch)``."""
+        has_eos = (np.asarray(completions) == self.eos_id).any(axis=1).astype(np.float32)
         placed = partitioning.global_batch(
-            {"tokens": tokens, "weights": weights, "scores": scores.astype(np.float32)},
-            self.trainer.mesh, self.trainer.rules)
+            {"tokens": tokens, "weights": weights, "scores": scores.astype(np.float32),
+             "has_eos": has_eos}, self.trainer.mesh, self.trainer.rules)
         with self.trainer._context():
             features, metrics = self._ppo(params, self.trainer.frozen_params, placed["tokens"],
-                                          placed["weights"], placed["scores"])
+                                          placed["weights"], placed["scores"],
+                                          placed["has_eos"])
         rows = tokens.shape[0]
         return ({key: _local_rows(value, rows).astype(np.float32)
                  for key, value in features.items()},
@@ -371,7 +374,8 @@ class Rollouts:
         batch = {"tokens": tokens, "completion_loss_weights": weights}
         targets_metrics = {}
         if self._ppo is not None:
-            features, targets_metrics = self.ppo_features(params, tokens, weights, rewards)
+            features, targets_metrics = self.ppo_features(params, tokens, weights, rewards,
+                                                          completions)
             batch.update(features)
         else:
             batch["advantages"] = np.asarray(group_advantages(

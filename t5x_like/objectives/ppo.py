@@ -95,13 +95,18 @@ def generalized_advantages(rewards, values, gamma: float, lam: float) -> jax.Arr
 
 def rollout_targets(scores, logps, ref_logps, values, weights, *, completion_length: int,
                     kl_coef: float, kl_estimator: str = "k1", gamma: float = 1.0,
-                    lam: float = 0.95, whiten_rewards: bool = False):
+                    lam: float = 0.95, whiten_rewards: bool = False, has_eos=None,
+                    missing_eos_penalty: float = 0.0):
     """What a rollout batch's updates read, from the sampling policy's ``logps``, the
     reference's ``ref_logps``, the value model's ``values`` (all ``[rows, positions]``)
-    and each completion's score ``[rows]``: ``{"advantages", "returns", "value_mask"}``
-    and what is logged of the rollout (the KL summed over each completion, the
-    non-score reward, the scores and their sum; means over rows)."""
+    and each completion's score ``[rows]`` (less ``missing_eos_penalty`` where
+    ``has_eos`` is 0: a completion cut off before its EOS, TRL's option):
+    ``{"advantages", "returns", "value_mask"}`` and what is logged of the rollout (the KL
+    summed over each completion, the non-score reward, the scores and their sum; means
+    over rows)."""
     weights = weights.astype(jnp.float32)
+    if missing_eos_penalty:
+        scores = scores - missing_eos_penalty * (1.0 - has_eos.astype(jnp.float32))
     value_mask, score_hot = completion_spans(weights, completion_length)
     kl = kl_estimate(logps, ref_logps, kl_estimator) * weights
     non_score = -kl_coef * kl

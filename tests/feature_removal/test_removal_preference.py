@@ -108,6 +108,12 @@ def _ppo_without_kl_penalty(monkeypatch):
                         lambda *a, **kw: original(*a, **{**kw, "kl_coef": 0.0}))
 
 
+def _ppo_without_missing_eos_penalty(monkeypatch):
+    original = ppo.rollout_targets
+    monkeypatch.setattr(ppo, "rollout_targets",
+                        lambda *a, **kw: original(*a, **{**kw, "missing_eos_penalty": 0.0}))
+
+
 def _ppo_advantages_are_one_step(monkeypatch):
     """GAE's lambda 0: each advantage is its own TD error."""
     original = ppo.generalized_advantages
@@ -137,6 +143,8 @@ GSPO_TWO_ITERATIONS = existing(
     "test_rl.py::test_grpo_loss_and_gradients_equal_trl_over_two_iterations",
     loss_type="dapo", beta=0.04, level="sequence")
 PPO_K1 = existing("test_ppo_parity.py::test_ppo_targets_losses_and_step_equal_trl", case="k1")
+PPO_K3 = existing("test_ppo_parity.py::test_ppo_targets_losses_and_step_equal_trl",
+                  case="k3_whitened")
 VALUE_MODEL_START = existing("test_ppo.py::test_the_value_model_starts_from_the_reward_model")
 
 REMOVALS = [
@@ -177,6 +185,10 @@ REMOVALS = [
     Removal("PPO KL penalty in the reward", "`rollout_targets` with kl_coef 0",
             "advantages, returns and the logged KL and non-score reward equal TRL's",
             _ppo_without_kl_penalty, PPO_K1[1], holds_in=PPO_K1[0]),
+    Removal("PPO missing-EOS penalty", "`rollout_targets` with missing_eos_penalty 0",
+            "the logged scores, advantages and returns equal TRL's with missing_eos_penalty 1 "
+            "(two of the eight completions have no EOS)", _ppo_without_missing_eos_penalty,
+            PPO_K3[1], holds_in=PPO_K3[0]),
     Removal("PPO GAE", "GAE's lambda read as 0 (one-step TD errors)",
             "advantages and returns equal TRL's (lambda 0.95)", _ppo_advantages_are_one_step,
             PPO_K1[1], holds_in=PPO_K1[0]),
