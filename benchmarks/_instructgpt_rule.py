@@ -5,7 +5,8 @@ The rule stands for InstructGPT's human labellers: a fixed preference nobody tel
 models. A continuation scores the share of its words that start with a vowel; the
 reward model learns it from pairs of the SFT model's own samples labelled by it, and PPO
 optimises the reward model's score while the rule itself is only measured (its reward
-weight is 0). ``hidden_rule`` is registered as a reward; the pairs task
+weight is 0). ``hidden_rule`` is registered as a reward, and ``distinct_words`` (a
+measure of collapse onto few words, also weighted 0); the pairs task
 (``instructgpt_pairs``, every 8th pair held out) is registered when the environment
 variable ``INSTRUCTGPT_PAIRS`` names the pairs file.
 """
@@ -42,3 +43,16 @@ if os.environ.get("INSTRUCTGPT_PAIRS") and PAIRS_TASK not in TaskRegistry.names(
                      [TokenizePair()],
                      {name: Feature(_vocabulary) for name in ("prompt", "chosen", "rejected")},
                      description="SFT samples' continuation pairs, labelled by the hidden rule.")
+
+
+def distinct_words(completions, examples):
+    """A measurement, not a preference: the share of a completion's words that are
+    distinct (1: no word repeats), which falls when a policy collapses onto a few words."""
+    out = []
+    for text in completions:
+        words = re.findall(r"[A-Za-z]+", text.lower())
+        out.append(len(set(words)) / len(words) if words else 0.0)
+    return out
+
+
+RewardRegistry.add("distinct_words", distinct_words)

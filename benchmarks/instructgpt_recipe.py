@@ -12,9 +12,11 @@ that start with a vowel).
 3. a reward model from the SFT model on those pairs (Bradley-Terry), read on the
    held-out pairs (pair accuracy);
 4. PPO from the SFT model against the reward model (its value model from the reward
-   model), the rule's score only measured: greedy completions of held-out prompts over
-   PPO's steps, their reward-model score and rule score, the KL to the SFT model, and the
-   language model's held-out loss before and after.
+   model), at TRL's KL coefficient 0.05 and at 0.5, the rule's score only measured:
+   greedy completions of held-out prompts over PPO's steps, their reward-model score,
+   rule score and share of distinct words (a policy that collapses onto a few words
+   repeats them), the KL to the SFT model, and the language model's held-out loss
+   before and after.
 
     .venv/bin/python benchmarks/instructgpt_recipe.py run --runs=runs/instructgpt
     .venv/bin/python benchmarks/instructgpt_recipe.py table --runs=runs/instructgpt
@@ -54,11 +56,16 @@ REWARD_MODEL = ["--config.task=instructgpt_pairs", *LENGTHS,
                 "--config.optimizer.learning_rate=1e-4", "--config.optimizer.warmup_steps=20",
                 "--config.checkpoint.every_steps=300", "--config.evals.held_out.every_steps=300",
                 "--config.evals.held_out.batches=100", "--module=_instructgpt_rule"]
-PPO_RUN = ["--config.task=embedded_en_prefix_lm", *LENGTHS, "--config.rl.rewards=('hidden_rule',)",
-           "--config.rl.reward_weights=(0.0, 1.0)", "--config.rl.temperature=1.0",
+# The rule and the distinct-word share are measured (weight 0); the reward model is scored.
+PPO_RUN = ["--config.task=embedded_en_prefix_lm", *LENGTHS,
+           "--config.rl.rewards=('hidden_rule', 'distinct_words')",
+           "--config.rl.reward_weights=(0.0, 0.0, 1.0)", "--config.rl.temperature=1.0",
            "--config.num_train_steps=400", "--config.optimizer.learning_rate=3e-5",
-           "--config.evals.held_out.every_steps=100", "--config.evals.held_out.batches=4",
-           "--config.checkpoint.every_steps=100", "--module=_instructgpt_rule"]
+           # Read after the run, each kept step on the SFT model's prompts (rollout_eval).
+           "--config.evals.held_out.every_steps=0", "--config.checkpoint.every_steps=100",
+           "--config.checkpoint.keep=4", "--module=_instructgpt_rule"]
+# PPO's KL coefficients: TRL's default, and ten times it.
+KL_COEFS = (0.05, 0.5)
 SMOKE = {"on": False, "prompts": 1536}
 SMOKE_RUN = ["--config.num_train_steps=2", "--config.batch_size=8", "--config.logging.every_steps=1",
              "--config.checkpoint.every_steps=2"]
@@ -139,37 +146,51 @@ def run(runs: pathlib.Path, results: dict) -> None:
     held_out = [r for r in shared.records(reward_model) if "eval_accuracy" in r][-1]
     results["reward_model"] = {"accuracy": held_out["eval_accuracy"],
                                "loss": held_out["eval_loss"]}
-    ppo = runs / "ppo"
-    train(PPO, ppo, f"--config.init_from={sft}", f"--config.rl.reward_model={reward_model}",
-          *PPO_RUN, *(["--config.rl.iterations=2"] if SMOKE["on"] else []))
     overrides = tuple(o for o in PPO_RUN if o.startswith("--config.")) + (
         f"--config.rl.reward_model={reward_model}",)
     results["sft"] = shared.rollout_eval(PPO, sft, samples=1, overrides=overrides)
-    logged = shared.records(ppo)
-    results["curve"] = [{"step": r["step"], "hidden_rule": r["eval_hidden_rule"],
-                         "reward_model": r["eval_reward_model"]}
-                        for r in logged if "eval_hidden_rule" in r]
-    results["kl"] = [(r["step"], r["kl"]) for r in logged if "kl" in r]
-    results["lm_loss"] = {"sft": shared.lm_held_out_loss(sft),
-                          "ppo": shared.lm_held_out_loss(ppo)}
+    results["lm_loss"] = {"sft": shared.lm_held_out_loss(sft)}
+    results["ppo"] = {}
+    for kl_coef in KL_COEFS:
+        ppo = runs / f"ppo_kl{kl_coef}"
+        train(PPO, ppo, f"--config.init_from={sft}", f"--config.rl.reward_model={reward_model}",
+              f"--config.rl.kl_coef={kl_coef}", *PPO_RUN,
+              *(["--config.rl.iterations=2"] if SMOKE["on"] else []))
+        logged = shared.records(ppo)
+        steps = sorted(int(p.name) for p in (ppo / "checkpoints").iterdir() if p.name.isdigit())
+        results["ppo"][str(kl_coef)] = {
+            "curve": [{"step": step, **{key: measured[key] for key in MEASURED}}
+                      for step in steps
+                      for measured in [shared.rollout_eval(
+                          PPO, ppo / "checkpoints" / str(step), samples=1,
+                          overrides=overrides)]],
+            "kl": [(r["step"], r["kl"]) for r in logged if "kl" in r],
+            "lm_loss": shared.lm_held_out_loss(ppo)}
+
+
+# What the table reads of each evaluation (``rollout_eval``'s means per reward).
+MEASURED = ("hidden_rule", "reward_model", "distinct_words")
 
 
 def table(results: dict) -> None:
     pairs = results.get("pairs", {})
     print(f"pairs: {pairs.get('pairs')} labelled ({pairs.get('ties')} ties dropped); reward "
           f"model held-out pair accuracy {results['reward_model']['accuracy']:.3f}")
-    print("| model | held-out rule score | reward-model score | KL to SFT |")
-    print("| --- | --- | --- | --- |")
+    print("| model | held-out rule score | reward-model score | distinct words | KL to SFT "
+          "| LM held-out loss |")
+    print("| --- | --- | --- | --- | --- | --- |")
     sft = results["sft"]
-    print(f"| SFT | {sft['hidden_rule']:.3f} | {sft['reward_model']:.3f} | 0 |")
-    kl = dict(results["kl"])
-    for point in results["curve"]:
-        near = max((s for s in kl if s <= point["step"]), default=None)
-        shown = f"{kl[near]:.4f}" if near is not None else "-"
-        print(f"| PPO step {point['step']} | {point['hidden_rule']:.3f} | "
-              f"{point['reward_model']:.3f} | {shown} |")
-    lm = results["lm_loss"]
-    print(f"LM held-out loss (embedded corpus): SFT {lm['sft']:.3f}, after PPO {lm['ppo']:.3f}")
+    print(f"| SFT | {sft['hidden_rule']:.3f} | {sft['reward_model']:.3f} | "
+          f"{sft['distinct_words']:.3f} | 0 | {results['lm_loss']['sft']:.3f} |")
+    for kl_coef, run in results["ppo"].items():
+        kl = dict(run["kl"])
+        for index, point in enumerate(run["curve"]):
+            near = max((s for s in kl if s <= point["step"]), default=None)
+            shown = f"{kl[near]:.3f}" if near is not None else "-"
+            loss = f"{run['lm_loss']:.3f}" if index == len(run["curve"]) - 1 else ""
+            print(f"| PPO kl_coef {kl_coef}, step {point['step']} | {point['hidden_rule']:.3f} "
+                  f"| {point['reward_model']:.3f} | {point['distinct_words']:.3f} | {shown} "
+                  f"| {loss} |")
 
 
 def main(argv=None) -> int:
@@ -184,6 +205,7 @@ def main(argv=None) -> int:
     if str(ROOT / "benchmarks") not in sys.path:
         sys.path.insert(0, str(ROOT / "benchmarks"))
     if not args.smoke:
+        shared.SMOKE["prompts"] = 256  # the held-out prompts PPO's evaluations read (4 x 64)
         return run_or_table(args, pathlib.Path(args.runs))
     _smoke.IN_PROCESS = True
     _, model, _ = _smoke.PRETRAINED["pt_gpt2"]
