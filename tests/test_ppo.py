@@ -115,3 +115,50 @@ def test_ppo_settings_that_cannot_work_are_refused(arithmetic_sft, reward_model,
     with pytest.raises(errors.UserError, match=message):
         train.run(set_keys(ppo_config(arithmetic_sft, reward_model), overrides),
                   str(tmp_path / "ppo"), quiet=True)
+
+
+@pytest.mark.slow
+def test_a_ppo_step_in_two_microbatches_equals_it_whole():
+    """A PPO batch (``abstract_batch``'s features: completions of 1 to 4 tokens, so the
+    microbatches hold unequal token and value-position counts; old log-probabilities and
+    values off the current ones, so both clips act) on a 4-way data mesh: one train
+    step logs the same loss, gradient norm, losses and clip fractions whole and in two
+    optimizer microbatches."""
+    import jax.numpy as jnp
+
+    from t5x_like import structures
+    from t5x_like.engine import trainer as trainer_lib
+    from t5x_like.objectives import ppo
+    mesh = partitioning.make_mesh({"data": 4}, jax.devices()[:4])
+    steps = {}
+    for microbatches in (1, 2):
+        spec = spec_of(ppo_config("unused", "unused", **{
+            "mesh.data": 4, "optimizer.microbatches": microbatches}))
+        structure = structures.for_config(spec)
+        trainer = trainer_lib.build_trainer(spec, mesh)
+        state = trainer.init_state(0)
+        rng = np.random.default_rng(0)
+        weights = np.zeros((8, 12), np.float32)
+        for row, completion in enumerate([1, 4, 2, 4, 1, 1, 3, 2]):
+            weights[row, 8:8 + completion] = 1.0
+        tokens = jnp.asarray(rng.integers(3, 100, size=(8, 13)).astype(np.int32))
+        logps = np.asarray(structure.token_log_probs(structure.model, state.params, tokens))
+        values = np.asarray(structure.values(structure.model, state.params, tokens))
+        value_mask, _ = ppo.completion_spans(jnp.asarray(weights), 4)
+        noise = {scale: rng.normal(0, scale, (8, 12)).astype(np.float32)
+                 for scale in (0.3, 0.5, 1.0, 2.0)}
+        batch = {"tokens": np.asarray(tokens), "completion_loss_weights": weights,
+                 "old_log_probs": logps + noise[0.3], "old_values": values + noise[0.5],
+                 "advantages": noise[1.0] * weights, "returns": noise[2.0],
+                 "value_weights": np.asarray(ppo.value_shares(value_mask))}
+        abstract = structure.abstract_batch({"inputs": 8, "targets": 4}, 8)
+        assert {k: (v.shape, v.dtype) for k, v in batch.items()} == {
+            k: (v.shape, v.dtype) for k, v in abstract.items()}
+        _, metrics = trainer.train_step(state, partitioning.global_batch(batch, mesh,
+                                                                         trainer.rules))
+        steps[microbatches] = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    whole, split = steps[1], steps[2]
+    assert whole["clip_fraction"] > 0 and whole["value_clip_fraction"] > 0
+    for key in ("loss", "grad_norm", "policy_loss", "value_loss", "clip_fraction",
+                "value_clip_fraction", "approx_kl", "num_target_tokens"):
+        assert split[key] == pytest.approx(whole[key], rel=1e-5, abs=1e-7), key

@@ -131,15 +131,15 @@ def value_shares(value_mask) -> jax.Array:
 
 
 def ppo_loss(logps, old_logps, advantages, values, old_values, returns, weights,
-             value_shares, *, epsilon: float, value_epsilon: float, vf_coef: float,
+             value_weights, *, epsilon: float, value_epsilon: float, vf_coef: float,
              num_tokens=None):
     """``(loss, metrics)``: the clipped policy loss over the completion tokens
     (``weights``; ``num_tokens`` their count in the whole batch, when this is a slice
     of it) plus ``vf_coef`` times the clipped value loss over the value positions, each
-    weighed by its share of the whole batch's (``value_shares``)."""
+    weighed by its share of the whole batch's (``value_weights``, ``value_shares``)."""
     weights = weights.astype(jnp.float32)
     tokens = jnp.maximum(weights.sum(), 1.0) if num_tokens is None else num_tokens
-    in_value = (value_shares > 0).astype(jnp.float32)
+    in_value = (value_weights > 0).astype(jnp.float32)
     log_ratio = (logps - old_logps) * weights
     ratio = jnp.exp(log_ratio)
     unclipped = -advantages * ratio
@@ -149,11 +149,11 @@ def ppo_loss(logps, old_logps, advantages, values, old_values, returns, weights,
     values_clipped = jnp.clip(values, old_values - value_epsilon, old_values + value_epsilon)
     value_losses = (values - returns) ** 2
     value_losses_clipped = (values_clipped - returns) ** 2
-    value_loss = 0.5 * (jnp.maximum(value_losses, value_losses_clipped) * value_shares).sum()
+    value_loss = 0.5 * (jnp.maximum(value_losses, value_losses_clipped) * value_weights).sum()
     metrics = {
         "policy_loss": policy_loss, "value_loss": value_loss,
         "clip_fraction": ((clipped > unclipped) * weights).sum() / tokens,
-        "value_clip_fraction": ((value_losses_clipped > value_losses) * value_shares).sum(),
+        "value_clip_fraction": ((value_losses_clipped > value_losses) * value_weights).sum(),
         "approx_kl": 0.5 * ((log_ratio ** 2) * weights).sum() / tokens,
         "ratio": (ratio * weights).sum() / tokens,
     }

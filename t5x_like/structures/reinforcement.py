@@ -257,10 +257,15 @@ class PpoStructure(RolloutStructure):
                 batch["returns"], weights, batch["value_weights"],
                 epsilon=settings.epsilon, value_epsilon=settings.value_epsilon,
                 vf_coef=settings.vf_coef, num_tokens=normalizer)
-            logged = loss
-            if num_sequences is not None:  # a microbatch: per token of its own, as GRPO's
-                logged = loss * normalizer / jnp.maximum(weights.sum(), 1.0)
-            return loss, {**metrics, "loss": logged, "num_target_tokens": weights.sum()}
+            metrics = {**metrics, "loss": loss}
+            if num_sequences is not None:
+                # A microbatch: its loss and metrics are its shares of the whole batch's
+                # (over the batch's tokens and value positions); the trainer averages
+                # metrics weighted by each microbatch's tokens, so each is logged per
+                # token of its own, and the average is the whole batch's.
+                per_own_token = normalizer / jnp.maximum(weights.sum(), 1.0)
+                metrics = {key: value * per_own_token for key, value in metrics.items()}
+            return loss, {**metrics, "num_target_tokens": weights.sum()}
         return loss_fn
 
     def forward_flops_per_sequence(self, model, lengths):
