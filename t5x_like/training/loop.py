@@ -174,6 +174,11 @@ class Loop:
         if self.source_batch is not None and not source.due(self.step):
             self.batch_metrics = source.reused_metrics
             return self.source_batch
+        # The updates still in flight (steps are dispatched asynchronously) finish first:
+        # the new batch is sampled with their params, so it waits for them anyway, and
+        # waiting here books their time to training, not to the batch's phase (it made
+        # goodput book most of a PPO run's update time as rollout).
+        jax.block_until_ready(self.state.params)
         self.holding.watchdog.doing(source.DOING, self.step + 1,
                                     first=self.step == self.start_step)
         with self.holding.goodput.timed(source.PHASE):
