@@ -10,7 +10,13 @@ import pytest
 from conftest import set_keys
 from flax import traverse_util
 from test_preference_training import decoder_config
-from test_rl import ONE_LAYER, arithmetic_sft, records, rl_config  # noqa: F401  (fixture)
+from test_rl import (  # noqa: F401  (arithmetic_sft: the fixture)
+    ONE_LAYER,
+    arithmetic_sft,
+    one_step_whole_and_in_two_microbatches,
+    records,
+    rl_config,
+)
 
 from t5x_like import errors, train
 from t5x_like.checkpoints import param_sources
@@ -126,37 +132,24 @@ def test_a_ppo_step_in_two_microbatches_equals_it_whole():
     optimizer microbatches."""
     import jax.numpy as jnp
 
-    from t5x_like import structures
-    from t5x_like.engine import trainer as trainer_lib
     from t5x_like.objectives import ppo
-    mesh = partitioning.make_mesh({"data": 4}, jax.devices()[:4])
-    steps = {}
-    for microbatches in (1, 2):
-        spec = spec_of(ppo_config("unused", "unused", **{
-            "mesh.data": 4, "optimizer.microbatches": microbatches}))
-        structure = structures.for_config(spec)
-        trainer = trainer_lib.build_trainer(spec, mesh)
-        state = trainer.init_state(0)
-        rng = np.random.default_rng(0)
-        weights = np.zeros((8, 12), np.float32)
-        for row, completion in enumerate([1, 4, 2, 4, 1, 1, 3, 2]):
-            weights[row, 8:8 + completion] = 1.0
-        tokens = jnp.asarray(rng.integers(3, 100, size=(8, 13)).astype(np.int32))
-        logps = np.asarray(structure.token_log_probs(structure.model, state.params, tokens))
-        values = np.asarray(structure.values(structure.model, state.params, tokens))
+
+    def config_for(microbatches):
+        return ppo_config("unused", "unused", **{"mesh.data": 4,
+                                                 "optimizer.microbatches": microbatches})
+
+    def batch_for(structure, params, rng, tokens, weights):
+        logps = np.asarray(structure.token_log_probs(structure.model, params, tokens))
+        values = np.asarray(structure.values(structure.model, params, tokens))
         value_mask, _ = ppo.completion_spans(jnp.asarray(weights), 4)
         noise = {scale: rng.normal(0, scale, (8, 12)).astype(np.float32)
                  for scale in (0.3, 0.5, 1.0, 2.0)}
-        batch = {"tokens": np.asarray(tokens), "completion_loss_weights": weights,
-                 "old_log_probs": logps + noise[0.3], "old_values": values + noise[0.5],
-                 "advantages": noise[1.0] * weights, "returns": noise[2.0],
-                 "value_weights": np.asarray(ppo.value_shares(value_mask))}
-        abstract = structure.abstract_batch({"inputs": 8, "targets": 4}, 8)
-        assert {k: (v.shape, v.dtype) for k, v in batch.items()} == {
-            k: (v.shape, v.dtype) for k, v in abstract.items()}
-        _, metrics = trainer.train_step(state, partitioning.global_batch(batch, mesh,
-                                                                         trainer.rules))
-        steps[microbatches] = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        return {"tokens": tokens, "completion_loss_weights": weights,
+                "old_log_probs": logps + noise[0.3], "old_values": values + noise[0.5],
+                "advantages": noise[1.0] * weights, "returns": noise[2.0],
+                "value_weights": np.asarray(ppo.value_shares(value_mask))}
+
+    steps = one_step_whole_and_in_two_microbatches(config_for, batch_for)
     whole, split = steps[1], steps[2]
     assert whole["clip_fraction"] > 0 and whole["value_clip_fraction"] > 0
     for key in ("loss", "grad_norm", "policy_loss", "value_loss", "clip_fraction",

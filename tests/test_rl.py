@@ -457,6 +457,37 @@ def test_grpo_two_iterations_per_rollout_resume_exactly_from_a_rollout_boundary(
         assert [r[key] for r in resumed[0::2]] == [r[key] for r in sampled], key
 
 
+def one_step_whole_and_in_two_microbatches(config_for, batch_for) -> dict:
+    """``{1: metrics, 2: metrics}``: what one train step logs on a 4-way data mesh whole
+    and in two optimizer microbatches (``config_for(microbatches)``: the run's config),
+    from the same init, of the rollout batch ``batch_for(structure, params, rng, tokens,
+    weights)`` builds: 8 rows of 13 random tokens, completions of 1 to 4 tokens after an
+    8-token prompt (so the microbatches hold unequal token counts), laid out as
+    ``abstract_batch`` says."""
+    from t5x_like.engine import partitioning
+    from t5x_like.engine import trainer as trainer_lib
+    mesh = partitioning.make_mesh({"data": 4}, jax.devices()[:4])
+    steps = {}
+    for microbatches in (1, 2):
+        spec = spec_of(config_for(microbatches))
+        structure = structures.for_config(spec)
+        trainer = trainer_lib.build_trainer(spec, mesh)
+        state = trainer.init_state(0)
+        rng = np.random.default_rng(0)
+        weights = np.zeros((8, 12), np.float32)
+        for row, completion in enumerate([1, 4, 2, 4, 1, 1, 3, 2]):
+            weights[row, 8:8 + completion] = 1.0
+        tokens = rng.integers(3, 100, size=(8, 13)).astype(np.int32)
+        batch = batch_for(structure, state.params, rng, tokens, weights)
+        abstract = structure.abstract_batch({"inputs": 8, "targets": 4}, spec.batch_size)
+        assert {k: (v.shape, v.dtype) for k, v in batch.items()} == {
+            k: (v.shape, v.dtype) for k, v in abstract.items()}
+        _, metrics = trainer.train_step(state, partitioning.global_batch(batch, mesh,
+                                                                         trainer.rules))
+        steps[microbatches] = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    return steps
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("loss_type,level", [("dapo", "token"), ("grpo", "sequence")])
 def test_old_log_probs_split_with_microbatches_as_the_rest_of_the_rollout(loss_type, level):
@@ -466,37 +497,22 @@ def test_old_log_probs_split_with_microbatches_as_the_rest_of_the_rollout(loss_t
     microbatch reads its own rows' old log-probabilities; completions of 1 to 4 tokens,
     so the microbatches hold unequal token counts; GSPO's clip rates count completions),
     with old log-probabilities off the current policy's so the clip acts."""
-    from t5x_like.engine import partitioning
-    from t5x_like.engine import trainer as trainer_lib
-    mesh = partitioning.make_mesh({"data": 4}, jax.devices()[:4])
-    lengths = {"inputs": 8, "targets": 4}
-    steps = {}
-    for microbatches in (1, 2):
-        config = rl_config("unused", **{"rl.iterations": 2, "rl.beta": 0.0, "mesh.data": 4,
-                                        "optimizer.microbatches": microbatches,
-                                        "rl.loss_type": loss_type, "rl.ratio_level": level})
-        spec = spec_of(config)
-        structure = structures.for_config(spec)
-        trainer = trainer_lib.build_trainer(spec, mesh)
-        state = trainer.init_state(0)
-        rng = np.random.default_rng(0)
-        abstract = structure.abstract_batch(lengths, spec.batch_size)
-        assert abstract["old_log_probs"].shape == (8, 12)
-        weights = np.zeros((8, 12), np.float32)
-        for row, completion in enumerate([1, 4, 2, 4, 1, 1, 3, 2]):
-            weights[row, 8:8 + completion] = 1.0
-        tokens = rng.integers(3, 100, size=(8, 13)).astype(np.int32)
-        current = structure.token_log_probs(structure.model, state.params, jnp.asarray(tokens))
-        batch = {"tokens": tokens, "completion_loss_weights": weights,
-                 "advantages": rng.normal(size=8).astype(np.float32),
-                 # off by enough that whole completions clip too (their mean log-ratio)
-                 "old_log_probs": np.asarray(current) + rng.normal(
-                     0, 0.3 if level == "token" else 1.0, (8, 12)).astype(np.float32)}
-        assert {k: (v.shape, v.dtype) for k, v in batch.items()} == {
-            k: (v.shape, v.dtype) for k, v in abstract.items()}
-        _, metrics = trainer.train_step(state, partitioning.global_batch(batch, mesh,
-                                                                         trainer.rules))
-        steps[microbatches] = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    def config_for(microbatches):
+        return rl_config("unused", **{"rl.iterations": 2, "rl.beta": 0.0, "mesh.data": 4,
+                                      "optimizer.microbatches": microbatches,
+                                      "rl.loss_type": loss_type, "rl.ratio_level": level})
+
+    def batch_for(structure, params, rng, tokens, weights):
+        assert structure.abstract_batch(
+            {"inputs": 8, "targets": 4}, 8)["old_log_probs"].shape == (8, 12)
+        current = structure.token_log_probs(structure.model, params, jnp.asarray(tokens))
+        return {"tokens": tokens, "completion_loss_weights": weights,
+                "advantages": rng.normal(size=8).astype(np.float32),
+                # off by enough that whole completions clip too (their mean log-ratio)
+                "old_log_probs": np.asarray(current) + rng.normal(
+                    0, 0.3 if level == "token" else 1.0, (8, 12)).astype(np.float32)}
+
+    steps = one_step_whole_and_in_two_microbatches(config_for, batch_for)
     whole, split = steps[1], steps[2]
     assert whole["clip_ratio_region"] > 0
     for key in ("loss", "grad_norm", "clip_ratio_low", "clip_ratio_high", "num_target_tokens",

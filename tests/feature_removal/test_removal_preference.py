@@ -67,23 +67,19 @@ def _no_length_normalisation(monkeypatch):
                         side_log_probs)
 
 
-def _grpo_without_clipping(monkeypatch):
-    original = losses.grpo_loss
-
-    def unclipped(*args, **kwargs):
-        return original(*args, **{**kwargs, "epsilon_low": np.inf, "epsilon_high": np.inf})
-    monkeypatch.setattr(losses, "grpo_loss", unclipped)
-
-
-def _gspo_ratios_per_token(monkeypatch):
-    original = losses.grpo_loss
-    monkeypatch.setattr(losses, "grpo_loss",
-                        lambda *a, **kw: original(*a, **{**kw, "ratio_level": "token"}))
+def _keywords_fixed(module, name: str, **fixed):
+    """A removal: ``module.name`` called with ``fixed`` keyword arguments, whatever its
+    caller passes (a loss whose clip, KL term or normalisation is taken out)."""
+    def remove(monkeypatch):
+        original = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, **kw: original(*a, **{**kw, **fixed}))
+    return remove
 
 
-def _grpo_without_kl(monkeypatch):
-    original = losses.grpo_loss
-    monkeypatch.setattr(losses, "grpo_loss", lambda *a, **kw: original(*a, **{**kw, "beta": 0.0}))
+_grpo_without_clipping = _keywords_fixed(losses, "grpo_loss", epsilon_low=np.inf,
+                                         epsilon_high=np.inf)
+_gspo_ratios_per_token = _keywords_fixed(losses, "grpo_loss", ratio_level="token")
+_grpo_without_kl = _keywords_fixed(losses, "grpo_loss", beta=0.0)
 
 
 def _dynamic_sampling_keeps_every_group(monkeypatch):
@@ -91,27 +87,11 @@ def _dynamic_sampling_keeps_every_group(monkeypatch):
     monkeypatch.setattr(rl, "has_signal", lambda rewards: True)
 
 
-def _ppo_without_policy_clipping(monkeypatch):
-    original = ppo.ppo_loss
-    monkeypatch.setattr(ppo, "ppo_loss", lambda *a, **kw: original(*a, **{**kw, "epsilon": np.inf}))
-
-
-def _ppo_without_value_clipping(monkeypatch):
-    original = ppo.ppo_loss
-    monkeypatch.setattr(ppo, "ppo_loss",
-                        lambda *a, **kw: original(*a, **{**kw, "value_epsilon": np.inf}))
-
-
-def _ppo_without_kl_penalty(monkeypatch):
-    original = ppo.rollout_targets
-    monkeypatch.setattr(ppo, "rollout_targets",
-                        lambda *a, **kw: original(*a, **{**kw, "kl_coef": 0.0}))
-
-
-def _ppo_without_missing_eos_penalty(monkeypatch):
-    original = ppo.rollout_targets
-    monkeypatch.setattr(ppo, "rollout_targets",
-                        lambda *a, **kw: original(*a, **{**kw, "missing_eos_penalty": 0.0}))
+_ppo_without_policy_clipping = _keywords_fixed(ppo, "ppo_loss", epsilon=np.inf)
+_ppo_without_value_clipping = _keywords_fixed(ppo, "ppo_loss", value_epsilon=np.inf)
+_ppo_without_kl_penalty = _keywords_fixed(ppo, "rollout_targets", kl_coef=0.0)
+_ppo_without_missing_eos_penalty = _keywords_fixed(ppo, "rollout_targets",
+                                                   missing_eos_penalty=0.0)
 
 
 def _ppo_advantages_are_one_step(monkeypatch):
