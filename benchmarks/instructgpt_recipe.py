@@ -218,16 +218,7 @@ def main(argv=None) -> int:
 
 
 def run_or_table(args, runs: pathlib.Path) -> int:
-    runs = runs.resolve()
-    runs.mkdir(parents=True, exist_ok=True)
-    path = runs / "results.json"
-    results = json.loads(path.read_text()) if path.exists() else {}
-    if args.command == "run":
-        import t5x_like.builtin_tasks  # noqa: F401
-        run(runs, results)
-        path.write_text(json.dumps(results, indent=2))
-    table(results)
-    return 0
+    return shared.run_and_table(args.command, runs, run, table)
 
 
 if __name__ == "__main__":

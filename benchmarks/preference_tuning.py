@@ -334,21 +334,26 @@ def main(argv=None) -> int:
 
 
 def run_or_table(args, runs: pathlib.Path) -> int:
-    """``run`` (what is missing, then ``results.json``) and the table, from ``runs``."""
+    def selected(runs, results):
+        for name, run in (("dpo", run_dpo), ("grpo", run_grpo), ("ppo", run_ppo)):
+            if args.only in (None, name):
+                run(runs, results)
+    return run_and_table(args.command, runs, selected, table)
+
+
+def run_and_table(command: str, runs: pathlib.Path, run, print_table) -> int:
+    """``run(runs, results)`` (with ``command`` "run": what is missing, then
+    ``results.json``) and ``print_table(results)``, from ``runs`` (also
+    ``instructgpt_recipe.py``'s)."""
     runs = runs.resolve()
     runs.mkdir(parents=True, exist_ok=True)
     path = runs / "results.json"
     results = json.loads(path.read_text()) if path.exists() else {}
-    if args.command == "run":
+    if command == "run":
         import t5x_like.builtin_tasks  # noqa: F401
-        if args.only in (None, "dpo"):
-            run_dpo(runs, results)
-        if args.only in (None, "grpo"):
-            run_grpo(runs, results)
-        if args.only in (None, "ppo"):
-            run_ppo(runs, results)
+        run(runs, results)
         path.write_text(json.dumps(results, indent=2))
-    table(results)
+    print_table(results)
     return 0
 
 

@@ -16,24 +16,17 @@ value clip 0.2, vf_coef 0.1).
 import importlib.util
 import pathlib
 
+# GRPO's recipe (the same task, rewards, sampling, learning rate and evaluations), PPO's
+# algorithm on it.
 _spec = importlib.util.spec_from_file_location(
-    "_sft", pathlib.Path(__file__).resolve().parents[1] / "finetune" / "gpt2_tiny_arithmetic_sft.py")
-_sft = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_sft)
+    "_grpo", pathlib.Path(__file__).resolve().parent / "gpt2_tiny_grpo_arithmetic.py")
+_grpo = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_grpo)
 
 
 def get_config():
-    config = _sft.get_config()
+    config = _grpo.get_config()
     config.rl.algorithm = "ppo"
-    config.rl.temperature = 0.7
-    config.rl.rewards = ("exact_answer",)
+    config.rl.beta = 0.0  # GRPO's KL term; PPO's is rl.kl_coef, in the reward
     config.rl.iterations = 4
-    config.batch_size = 64
-    config.num_train_steps = 600
-    config.optimizer.learning_rate = 2e-5
-    config.optimizer.schedule = "constant"
-    config.optimizer.warmup_steps = 0
-    config.evals.held_out = dict(kind="rollouts", every_steps=100, batches=8, samples=1)
-    config.checkpoint.every_steps = 100
-    config.logging.every_steps = 10
     return config
