@@ -92,6 +92,74 @@ def test_ppo_trains_against_a_reward_model_resumes_exactly_and_exports_the_polic
     assert records(further)[0]["step"] == 1
 
 
+@pytest.mark.slow
+def test_ppo_minibatches_split_each_rollout_and_resume_exactly(arithmetic_sft, reward_model,  # noqa: F811
+                                                               tmp_path):
+    """``rl.num_mini_batches`` 2 x ``rl.iterations`` 2: a rollout of twice the batch serves
+    4 updates of half of it each, the epoch's two minibatches together its whole; the
+    second minibatch reads the policy the first moved; a run resumes between rollouts."""
+    def config_for(steps):
+        return ppo_config(arithmetic_sft, reward_model, **{
+            "rl.num_mini_batches": 2, "num_train_steps": steps, "checkpoint.every_steps": 4})
+    config = config_for(8)
+    straight = tmp_path / "straight"
+    train.run(config, str(straight), quiet=True)
+    logged = records(straight)
+    assert [r["step"] for r in logged] == list(range(1, 9))
+    assert [("reward" in r) for r in logged] == [True, False, False, False] * 2
+    rollout_rows = 2 * config.batch_size
+    for first in (0, 4):  # each rollout's 4 updates: 2 epochs of 2 minibatches
+        tokens = [r["num_target_tokens"] for r in logged[first:first + 4]]
+        whole = logged[first]["completion_length"] * rollout_rows
+        assert tokens[0] + tokens[1] == pytest.approx(whole)
+        assert tokens[2] + tokens[3] == pytest.approx(whole)
+    assert logged[0]["approx_kl"] < 1e-9  # sampled by the policy the first update reads
+    assert logged[1]["approx_kl"] > 0.0  # the second minibatch: after the first's update
+
+    interrupted = tmp_path / "interrupted"
+    train.run(config_for(4), str(interrupted), quiet=True)
+    train.run(config, str(interrupted), quiet=True)
+    for key in ("loss", "policy_loss", "value_loss", "grad_norm", "num_target_tokens"):
+        assert [r[key] for r in records(interrupted)] == [r[key] for r in logged], key
+
+
+def test_ppo_minibatches_are_a_fresh_shuffle_each_epoch():
+    """``RolloutBatches.part``: each epoch's minibatches partition the rollout's rows, in a
+    different order each epoch and the same order for the same seed and rollout step
+    (what exact resume needs); each minibatch's value weights sum to 1 (its own count);
+    with one minibatch every update reads the whole rollout."""
+    rows, minibatches = 16, 4
+    value_mask = np.zeros((rows, 6), np.float32)
+    value_mask[np.arange(rows), np.arange(rows) % 6] = 1.0
+    value_mask[::3, 0] = 1.0  # rows of 1 and 2 value positions: minibatch counts differ
+    batch = {"tokens": np.arange(rows)[:, None].repeat(6, axis=1),
+             "value_weights": value_mask / value_mask.sum()}
+
+    def source(seed, sampled_at, count=minibatches):
+        made = rl.RolloutBatches.__new__(rl.RolloutBatches)
+        made.seed, made.minibatches, made.sampled_at = seed, count, sampled_at
+        made.last = rl.Rollout(batch, {})
+        return made
+
+    def epochs(made):
+        parts = [made.part(made.sampled_at + i) for i in range(2 * minibatches)]
+        return [[list(p["tokens"][:, 0]) for p in parts[e * minibatches:(e + 1) * minibatches]]
+                for e in range(2)], parts
+
+    (first, second), parts = epochs(source(0, 8))
+    for epoch in (first, second):
+        assert sorted(r for part in epoch for r in part) == list(range(rows))
+        assert all(len(part) == rows // minibatches for part in epoch)
+    assert first != second
+    assert epochs(source(0, 8))[0] == [first, second]
+    assert epochs(source(1, 8))[0] != [first, second]
+    for part in parts:
+        assert part["value_weights"].sum() == pytest.approx(1.0)
+        np.testing.assert_array_equal(part["value_weights"] > 0,
+                                      value_mask[part["tokens"][:, 0]] > 0)
+    assert source(0, 8, count=1).part(9) is None
+
+
 def test_the_value_model_starts_from_the_reward_model(arithmetic_sft, reward_model):  # noqa: F811
     """PPO's start: the reward model's trunk and head under ``value``; without a reward
     model the value model keeps the policy's trunk (``params_from_pretrained``)."""
@@ -113,6 +181,9 @@ def test_the_value_model_starts_from_the_reward_model(arithmetic_sft, reward_mod
     ({"rl.value_model": "{sft}"}, r"rl.value_model=.* is not a reward model"),
     ({"rl.dynamic_sampling_rounds": 2}, "PPO samples one completion a prompt"),
     ({"init_from": ""}, "set init_from"),
+    ({"rl.num_mini_batches": 2, "num_train_steps": 6},
+     r"num_train_steps=6 is not a multiple of rl.iterations x rl.num_mini_batches=4 .*"
+     r"--config.num_train_steps=8"),
 ])
 def test_ppo_settings_that_cannot_work_are_refused(arithmetic_sft, reward_model, tmp_path,  # noqa: F811
                                                    overrides, message):

@@ -32,6 +32,7 @@ from t5x_like import config_lib, structures
 from t5x_like.config import spec_of
 from t5x_like.convert import __main__ as convert_cli
 from t5x_like.convert import load_pretrained
+from t5x_like.modes import rl
 from t5x_like.objectives import ppo
 from t5x_like.objectives import preference as losses
 from t5x_like.structures.reinforcement import PpoStructure
@@ -52,6 +53,11 @@ RESPONSES = [[71, 72, 2, 0, 0],     # EOS early: the score sits after it
 CASES = {"k1": dict(kl_estimator="k1", whiten_rewards=False, gamma=1.0, lam=0.95),
          "k3_whitened": dict(kl_estimator="k3", whiten_rewards=True, gamma=0.9, lam=0.8,
                              missing_eos_penalty=1.0)}
+# TRL's num_mini_batches: one epoch of two minibatch steps (whitened rewards need 8 rows a
+# minibatch in TRL, so k1's settings), at a learning rate that keeps the second step's
+# gradient, read after the first moved the params, in the range the tolerance is for.
+MINIBATCHES = {"minibatches": dict(kl_estimator="k1", whiten_rewards=False, gamma=1.0, lam=0.95,
+                                   num_mini_batches=2, lr=0.05)}
 SHARED = dict(temperature=0.7, kl_coef=0.2, cliprange=0.2, cliprange_value=0.2, vf_coef=0.1)
 TOLERANCE = 1e-5
 
@@ -106,7 +112,8 @@ def setting(tmp_path_factory):
                    value=str(root / "value" / "classifier"))
     cases = [{"name": name, **folders, "tokenizer": str(root / "tokenizer"),
               "prompts": PROMPTS, "responses": RESPONSES, "value_offsets": offsets.tolist(),
-              "settings": {**SHARED, **settings}} for name, settings in CASES.items()]
+              "settings": {**SHARED, **settings}}
+             for name, settings in {**CASES, **MINIBATCHES}.items()]
     (root / "cases.json").write_text(json.dumps(cases))
     assert (ORACLE_PATH / "trl" / "experimental" / "ppo").is_dir(), (
         "TRL 1.12.0 is missing: .venv/bin/pip install --no-deps --target .venv/trl-ppo "
@@ -117,7 +124,7 @@ def setting(tmp_path_factory):
                            str(root / "cases.json"), str(root)], env=env, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    results = {name: dict(np.load(root / f"{name}.npz")) for name in CASES}
+    results = {name: dict(np.load(root / f"{name}.npz")) for name in {**CASES, **MINIBATCHES}}
     return ours, offsets, results
 
 
@@ -181,13 +188,9 @@ def hf_gradients(gradients, model_config, classifier_head: bool) -> dict:
     return named
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_ppo_targets_losses_and_step_equal_trl(setting, case):
-    ours, offsets, results = setting
-    trl = results[case]
-    logged = json.loads(str(trl["logged"]))
-    order = trl["order"]
-    settings = {**SHARED, **CASES[case]}
+def our_rollout(ours, offsets, settings):
+    """Our side of the fixed rollout: ``(structure, params, tokens, weights, starts,
+    scores, targets, metrics, batch)``, the batch the update reads."""
     policy_config, policy_params = ours["policy"]
     structure = our_structure(policy_config, settings)
     tokens, weights, starts = rollout_rows()
@@ -215,14 +218,29 @@ def test_ppo_targets_losses_and_step_equal_trl(setting, case):
     mask = jnp.asarray((np.arange(tokens.shape[1])[None] <= starts[:, None]
                         + weights.sum(1)[:, None]).astype(np.int32))
     scores = reward_structure.rewards(ours["reward"][1], tokens_j, mask)
-    assert_close(np.asarray(scores)[order], trl["scores"], "scores")
-
     targets, metrics = ppo.rollout_targets(
         scores, old_logps, ref_logps, old_values, weights_j, completion_length=R,
         kl_coef=settings["kl_coef"], kl_estimator=settings["kl_estimator"],
         gamma=settings["gamma"], lam=settings["lam"], whiten_rewards=settings["whiten_rewards"],
         has_eos=jnp.asarray([2 in response for response in RESPONSES], jnp.float32),
         missing_eos_penalty=settings.get("missing_eos_penalty", 0.0))
+    batch = {"tokens": tokens_j, "completion_loss_weights": weights_j,
+             "old_log_probs": old_logps, "old_values": old_values,
+             "advantages": targets["advantages"], "returns": targets["returns"],
+             "value_weights": ppo.value_shares(targets["value_mask"])}
+    return structure, params, tokens, weights, starts, scores, targets, metrics, batch
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_ppo_targets_losses_and_step_equal_trl(setting, case):
+    ours, offsets, results = setting
+    trl = results[case]
+    logged = json.loads(str(trl["logged"]))
+    order = trl["order"]
+    settings = {**SHARED, **CASES[case]}
+    (structure, params, tokens, weights, starts, scores, targets, metrics,
+     batch) = our_rollout(ours, offsets, settings)
+    assert_close(np.asarray(scores)[order], trl["scores"], "scores")
     # TRL zeroes the whitened advantages off the completion after whitening (what the
     # oracle reads is before): compared on the completion, ours 0 elsewhere.
     completion = response_view(weights, starts)[order] > 0
@@ -240,10 +258,6 @@ def test_ppo_targets_losses_and_step_equal_trl(setting, case):
         assert_close(metrics[ours_key], logged[trl_key], ours_key)
 
     # The update: one step of the clipped losses, its gradients against TRL's SGD step.
-    batch = {"tokens": tokens_j, "completion_loss_weights": weights_j,
-             "old_log_probs": old_logps, "old_values": old_values,
-             "advantages": targets["advantages"], "returns": targets["returns"],
-             "value_weights": ppo.value_shares(targets["value_mask"])}
     loss_fn = structure.loss_fn(None)
     (loss, step_metrics), gradients = jax.value_and_grad(
         lambda p: loss_fn(structure.model, p, batch, None), has_aux=True)(params)
@@ -255,11 +269,47 @@ def test_ppo_targets_losses_and_step_equal_trl(setting, case):
     assert logged["policy/clipfrac_avg"] > 0 and logged["val/clipfrac_avg"] > 0  # clips act
     assert_close(loss, logged["loss/policy_avg"] + settings["vf_coef"] * logged["loss/value_avg"],
                  "loss")
-    for tower, (name, config, head) in {"policy": ("policy_step", policy_config, False),
+    assert_steps_equal(gradients, ours, trl)
+
+
+def assert_steps_equal(changes, ours, trl):
+    """Each tower's parameter change (ours ``changes``, by our names) equals TRL's."""
+    for tower, (name, config, head) in {"policy": ("policy_step", ours["policy"][0], False),
                                         "value": ("value_step", ours["value"][0], True)}.items():
-        named = hf_gradients(gradients[tower], config, head)
+        named = hf_gradients(changes[tower], config, head)
         theirs = {key.split("/", 1)[1]: value for key, value in trl.items()
                   if key.startswith(name + "/")}
         assert set(named) == set(theirs), (tower, set(named) ^ set(theirs))
         for key, expected in theirs.items():
             assert_close(named[key], expected, f"{tower} gradient {key}")
+
+
+def test_ppo_minibatch_steps_equal_trl(setting):
+    """TRL's ``num_mini_batches=2``: an epoch of two SGD steps, each on the rows of its
+    minibatch of the permutation TRL drew, the second read after the first's step. Ours
+    takes the same rows with ``modes.rl.minibatch`` (which re-weighs the value positions
+    to the minibatch's count) and steps the same way: the logged losses (TRL's mean over
+    the minibatches) and both towers' change over the epoch equal TRL's."""
+    ours, offsets, results = setting
+    trl = results["minibatches"]
+    logged = json.loads(str(trl["logged"]))
+    settings = {**SHARED, **MINIBATCHES["minibatches"]}
+    structure, params, *_, batch = our_rollout(ours, offsets, settings)
+    drawn = np.asarray(trl["permutations"])[-1]  # TRL's rows, the epoch's order
+    rows = trl["order"][drawn]  # ours
+    half = len(rows) // 2
+    loss_fn = structure.loss_fn(None)
+    host = jax.device_get(batch)
+    start, seen = params, []
+    for part in (rows[:half], rows[half:]):
+        minibatch = {k: jnp.asarray(v) for k, v in rl.minibatch(host, part).items()}
+        (_, metrics), gradients = jax.value_and_grad(
+            lambda p, mb=minibatch: loss_fn(structure.model, p, mb, None), has_aux=True)(params)
+        seen.append(metrics)
+        params = jax.tree.map(lambda p, g: p - settings["lr"] * g, params, gradients)
+    for ours_key, trl_key in (("policy_loss", "loss/policy_avg"),
+                              ("value_loss", "loss/value_avg"),
+                              ("clip_fraction", "policy/clipfrac_avg"),
+                              ("value_clip_fraction", "val/clipfrac_avg")):
+        assert_close(np.mean([m[ours_key] for m in seen]), logged[trl_key], ours_key)
+    assert_steps_equal(jax.tree.map(lambda a, b: a - b, start, params), ours, trl)

@@ -578,6 +578,7 @@ def test_a_reward_that_turns_nan_mid_run_names_the_step_and_keeps_the_checkpoint
     ({"rl.iterations": 2, "checkpoint.every_steps": 3},
      r"checkpoint.every_steps=3 is not a multiple of rl.iterations=2 .*"
      r"--config.checkpoint.every_steps=4\."),
+    ({"rl.num_mini_batches": 2}, "a GRPO rollout is one step's batch"),
 ])
 def test_rl_settings_that_cannot_work_are_refused(arithmetic_sft, tmp_path, overrides, message):
     overrides = {k: (v.format(sft=arithmetic_sft) if isinstance(v, str) else v)

@@ -8,9 +8,11 @@ Face folders of the policy, the reference, the reward model, the value model and
 model whose logits stand for the sampling policy's, the prompts (with BOS), the
 responses (``response_length`` ids each, pad after an EOS), offsets added to the value
 model's values at rollout time (standing for a value model one epoch older, so the value
-clip acts) and ``PPOConfig`` settings. TRL's own ``train()`` runs one update of one
-epoch with SGD at learning rate 1 over the policy and the value model (so each
-parameter's change is minus its gradient); three of TRL's module functions are wrapped
+clip acts) and ``PPOConfig`` settings. TRL's own ``train()`` runs one epoch with SGD
+over the policy and the value model: at learning rate 1 and one minibatch (each
+parameter's change is minus its gradient), or a case's ``lr`` and its
+``num_mini_batches`` (``permutations`` records the minibatches NumPy drew); three of
+TRL's module functions are wrapped
 to hand it the fixed rollout and to read what it computed (``batch_generation``: the
 fixed responses and the sampling model's logits; ``get_reward``: the value offsets
 added, the scores read; ``masked_whiten``: the advantages before and after whitening).
@@ -71,26 +73,39 @@ def run_case(case: dict, out: str) -> None:
             seen["advantages"] = whitened.detach().numpy().copy()
         return whitened
 
+    permutation = np.random.permutation
+
+    def recorded_permutation(n):
+        drawn = permutation(n)
+        seen.setdefault("permutations", []).append(drawn.copy())
+        return drawn
+
+    np.random.permutation = recorded_permutation
     trl_ppo.batch_generation = batch_generation
     trl_ppo.get_reward = wrapped_get_reward
     trl_ppo.masked_whiten = wrapped_masked_whiten
     before = {name: p.detach().numpy().copy() for name, p in policy.named_parameters()}
     before_value = {name: p.detach().numpy().copy() for name, p in value_model.named_parameters()}
     rows = len(prompts)
+    settings = dict(case["settings"])
+    minibatches, lr = settings.pop("num_mini_batches", 1), settings.pop("lr", 1.0)
     args = PPOConfig(output_dir=f"{out}/trl_{case['name']}", report_to=[], use_cpu=True,
                      bf16=False, per_device_train_batch_size=rows, gradient_accumulation_steps=1,
-                     num_mini_batches=1, num_ppo_epochs=1, total_episodes=rows,
+                     num_mini_batches=minibatches, num_ppo_epochs=1, total_episodes=rows,
                      local_rollout_forward_batch_size=rows,
                      response_length=len(responses[0]), stop_token="eos",
                      num_sample_generations=0, save_strategy="no", logging_steps=1,
-                     **{k: v for k, v in case["settings"].items()})
+                     **settings)
     optimizer = torch.optim.SGD(list(policy.parameters()) + list(value_model.parameters()),
-                                lr=1.0)
+                                lr=lr)
     trainer = PPOTrainer(args=args, processing_class=tokenizer, model=policy,
                          ref_model=reference, reward_model=reward_model,
                          train_dataset=Dataset.from_dict({"input_ids": queries}),
                          value_model=value_model, optimizers=(optimizer, None))
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        np.random.permutation = permutation
     logged = [entry for entry in trainer.state.log_history if "loss/policy_avg" in entry][-1]
     arrays = {f"policy_step/{name}": before[name] - p.detach().numpy()
               for name, p in policy.named_parameters()}

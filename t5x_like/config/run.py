@@ -386,9 +386,11 @@ class RlSpec(Section):
     reference into the rewards, and trains the policy with a value model beside it
     (started from ``value_model``, "" is ``reward_model``; with neither, from the policy's
     trunk with a fresh head) on GAE advantages for ``iterations`` epochs of each rollout
-    batch (TRL's num_ppo_epochs; one minibatch an epoch). TRL's PPOConfig defaults: kl_coef
-    0.05, k1, gamma 1, lam 0.95, epsilon (its cliprange) 0.2, value_epsilon 0.2, vf_coef
-    0.1, 4 epochs."""
+    batch (TRL's num_ppo_epochs), each epoch ``num_mini_batches`` steps of ``batch_size``
+    rows (a rollout samples ``batch_size`` x ``num_mini_batches`` prompts; an epoch's
+    minibatches are a fresh shuffle of them). TRL's PPOConfig defaults: kl_coef 0.05, k1,
+    gamma 1, lam 0.95, epsilon (its cliprange) 0.2, value_epsilon 0.2, vf_coef 0.1, 4
+    epochs, 1 minibatch."""
 
     algorithm: str = field("", choices=RL_ALGORITHMS)
     num_generations: int = field(8, minimum=2)
@@ -407,6 +409,10 @@ class RlSpec(Section):
         "updates per rollout batch (TRL's num_iterations, the paper's mu); > 1 keeps the "
         "sampling policy's log-probs as the ratio's denominator, and num_train_steps and "
         "checkpoint.every_steps must be multiples of it"))
+    num_mini_batches: int = field(1, minimum=1, doc=(
+        "ppo: optimizer steps per epoch of a rollout (TRL's num_mini_batches); a rollout "
+        "holds batch_size x num_mini_batches completions, shuffled into minibatches of "
+        "batch_size each epoch"))
     dynamic_sampling_rounds: int = field(0, minimum=0, doc=(
         "DAPO's dynamic sampling: groups whose rewards are all equal (no gradient) are "
         "dropped and refilled from the next prompts, in up to this many more rounds of "
@@ -441,6 +447,10 @@ class RlSpec(Section):
         require(self.algorithm != "ppo" or not self.dynamic_sampling_rounds,
                 "rl.dynamic_sampling_rounds refills GRPO's groups without signal; PPO samples "
                 "one completion a prompt (no groups). Set it to 0, or rl.algorithm=grpo.")
+        require(self.algorithm == "ppo" or self.num_mini_batches == 1,
+                f"rl.num_mini_batches={self.num_mini_batches} splits PPO's rollout into "
+                "minibatches; a GRPO rollout is one step's batch (rl.iterations reuses it). "
+                "Set it to 1, or rl.algorithm=ppo.")
         require(self.rewards or self.reward_model,
                 f"rl.algorithm={self.algorithm!r} needs something to score completions: rl.rewards (names "
                 "registered with t5x_like.metrics.rewards.RewardRegistry) or rl.reward_model.")
@@ -453,6 +463,12 @@ class RlSpec(Section):
     @property
     def epsilon_upper(self) -> float:
         return self.epsilon_high or self.epsilon
+
+    @property
+    def updates_per_rollout(self) -> int:
+        """Optimizer steps one rollout serves: its epochs (``iterations``) of
+        ``num_mini_batches`` steps each."""
+        return self.iterations * self.num_mini_batches
 
     @property
     def samples_per_prompt(self) -> int:
@@ -691,18 +707,20 @@ class RunSpec(Section):
                 "--config.evals.held_out.every_steps=0.")
 
     def _check_rollout_boundaries(self) -> None:
-        """With ``rl.iterations`` > 1 a rollout batch serves that many consecutive updates,
-        and a run stops or saves only between batches: a checkpoint inside one could not
-        resume it (the batch and the policy that sampled it are not saved), so the steps
-        that end a run or save one must end a batch."""
-        iterations = self.rl.iterations
+        """With ``rl.iterations`` > 1 (or PPO's ``rl.num_mini_batches`` > 1) a rollout
+        serves that many consecutive updates, and a run stops or saves only between
+        rollouts: a checkpoint inside one could not resume it (the rollout and the policy
+        that sampled it are not saved), so the steps that end a run or save one must end
+        a rollout's updates."""
+        updates = self.rl.updates_per_rollout
+        what = (f"rl.iterations={self.rl.iterations}" if self.rl.num_mini_batches == 1 else
+                f"rl.iterations x rl.num_mini_batches={updates}")
         for key, steps in (("num_train_steps", self.num_train_steps),
                            ("checkpoint.every_steps", self.checkpoint.every_steps)):
-            fix = -(-steps // iterations) * iterations
-            require(steps % iterations == 0,
-                    f"{key}={steps} is not a multiple of rl.iterations={iterations} (a rollout "
-                    "batch's updates are never split by a checkpoint); use "
-                    f"--config.{key}={fix}.")
+            fix = -(-steps // updates) * updates
+            require(steps % updates == 0,
+                    f"{key}={steps} is not a multiple of {what} (a rollout's updates are "
+                    f"never split by a checkpoint); use --config.{key}={fix}.")
 
     def prompts_per_step(self) -> int:
         """The task's rows one step reads: every one is sampled ``rl.samples_per_prompt``

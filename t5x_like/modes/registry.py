@@ -59,9 +59,11 @@ class Frozen:
 class BatchSource(Protocol):
     """Where a mode's batches come from. ``due(step)``: whether the next step needs a new
     batch (else the loop reuses the last); ``next(params, step) -> (this process's rows,
-    metrics)``; ``reused_metrics``: the metrics logged for a reused batch;
-    ``updates_per_batch``: steps each batch serves (a run stops and saves only between
-    batches); ``PHASE`` (goodput's name for the time) and ``DOING`` (the watchdog's)."""
+    metrics)``; ``part(step)``: for a step that reuses the batch, this process's rows of
+    it that the step reads (None: all of them, the batch as placed again);
+    ``reused_metrics``: the metrics logged for a reused batch; ``updates_per_batch``:
+    steps each batch serves (a run stops and saves only between batches); ``PHASE``
+    (goodput's name for the time) and ``DOING`` (the watchdog's)."""
 
     PHASE: str
     DOING: str
@@ -71,6 +73,8 @@ class BatchSource(Protocol):
     def due(self, step: int) -> bool: ...
 
     def next(self, params, step: int) -> tuple[dict, dict]: ...
+
+    def part(self, step: int) -> dict | None: ...
 
 
 @dataclasses.dataclass(frozen=True)

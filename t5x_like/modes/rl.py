@@ -421,7 +421,7 @@ class Rollouts:
         kept, dropped, wanted = [], [], None
         sampled = {"rewards": [], "by_name": {}, "rounds": 0, "completion_tokens": 0.0}
         for round_ in range(1 + rl.dynamic_sampling_rounds):
-            rows = next(self.prompt_batches)
+            rows = self._next_prompts()
             repeated = {k: np.repeat(value, size, axis=0) for k, value in rows.items()}
             rng = key if round_ == 0 else jax.random.fold_in(key, round_)
             prompts, lengths, completions = self.sample(params, repeated, rng)
@@ -446,6 +446,13 @@ class Rollouts:
                 break
         sampled["rewards"] = np.concatenate(sampled["rewards"])
         return (kept + dropped)[:wanted], sampled
+
+    def _next_prompts(self) -> dict:
+        """The stream's next rows for a rollout: ``rl.num_mini_batches`` steps' worth (a
+        PPO rollout serves that many minibatches an epoch; one step's otherwise)."""
+        parts = [next(self.prompt_batches) for _ in range(self.spec.rl.num_mini_batches)]
+        return parts[0] if len(parts) == 1 else {
+            key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
 
     # -- evaluation -------------------------------------------------------------------------
     def evaluate(self, params, batches, num_batches: int, samples: int = 1,
@@ -607,27 +614,61 @@ def _filled(batches, padding):
 
 class RolloutBatches:
     """The loop's batches in online RL (``registry.BatchSource``): a new rollout every
-    ``rl.iterations`` steps (at steps that are multiples of it, and at a run's first
-    step), the same batch for the updates in between (TRL's ``generate_every``); the
-    sampling step logs the rollout's metrics, the others ``Rollout.reused_metrics``."""
+    ``rl.updates_per_rollout`` steps (at steps that are multiples of it, and at a run's
+    first step), and from it the batches of the updates until the next (TRL's
+    ``generate_every``); the sampling step logs the rollout's metrics, the others
+    ``Rollout.reused_metrics``.
+
+    With one minibatch every update reads the whole rollout. With PPO's
+    ``rl.num_mini_batches`` = M > 1 each epoch (``rl.iterations`` of them) shuffles the
+    rollout's rows and takes them M ways, one minibatch a step, as TRL's PPOTrainer does:
+    each process shuffles its own rows (TRL's local batch), by a seed of the run's seed,
+    the rollout's step and the epoch, so a resumed run takes the same minibatches. A
+    minibatch's value positions are re-weighed to its own count (``minibatch``)."""
 
     PHASE, DOING = "rollout", "rollouts of step"
 
     def __init__(self, spec, trainer, structure, vocabulary, prompt_batches):
         self.rollouts = Rollouts(spec, trainer, structure, vocabulary, prompt_batches)
-        self.updates_per_batch = spec.rl.iterations
+        self.seed, self.minibatches = spec.seed, spec.rl.num_mini_batches
+        self.updates_per_batch = spec.rl.updates_per_rollout
         self.last: Rollout | None = None
+        self.sampled_at = 0  # the step the last rollout was sampled after
 
     def due(self, step: int) -> bool:
         return self.last is None or step % self.updates_per_batch == 0
 
     def next(self, params, step: int) -> tuple[dict, dict]:
-        self.last = self.rollouts.next(params, step)
-        return self.last.batch, self.last.metrics
+        self.last, self.sampled_at = self.rollouts.next(params, step), step
+        return self.part(step) or self.last.batch, self.last.metrics
+
+    def part(self, step: int) -> dict | None:
+        """This process's rows for the update after ``step``: its minibatch of the last
+        rollout, or None when every update reads the whole rollout."""
+        if self.minibatches == 1:
+            return None
+        done = step - self.sampled_at
+        epoch, index = divmod(done, self.minibatches)
+        rows = len(self.last.batch["tokens"])
+        order = np.random.default_rng([self.seed, self.sampled_at, epoch]).permutation(rows)
+        size = rows // self.minibatches
+        return minibatch(self.last.batch, order[index * size:(index + 1) * size])
 
     @property
     def reused_metrics(self) -> dict:
         return self.last.reused_metrics
+
+
+def minibatch(batch: dict, rows: np.ndarray) -> dict:
+    """``rows`` of a rollout ``batch`` (this process's), as one update's batch: PPO's value
+    positions re-weighed to the minibatch's count over every process (each its share of
+    the minibatch's, as ``objectives.ppo.value_shares`` weighs the whole rollout's)."""
+    part = {key: value[rows] for key, value in batch.items()}
+    if "value_weights" in part:
+        in_value = (part["value_weights"] > 0).astype(np.float32)
+        count = _across_processes(np.array([in_value.sum()], np.float64)).sum()
+        part["value_weights"] = in_value / max(float(count), 1.0)
+    return part
 
 
 def _in_rl_mode(spec) -> bool:

@@ -168,11 +168,16 @@ class Loop:
         return partitioning.global_batch(local, self.mesh, self.trainer.rules)
 
     def _source_batch(self):
-        """A new batch when the source says one is due, else the last one again with the
-        source's ``reused_metrics``."""
+        """A new batch when the source says one is due, else the last one again (or the
+        part of it the source names: PPO's minibatches) with the source's
+        ``reused_metrics``."""
         source = self.batch_source
         if self.source_batch is not None and not source.due(self.step):
             self.batch_metrics = source.reused_metrics
+            part = source.part(self.step)
+            if part is not None:
+                self.source_batch = partitioning.global_batch(part, self.mesh,
+                                                              self.trainer.rules)
             return self.source_batch
         # The updates still in flight (steps are dispatched asynchronously) finish first:
         # the new batch is sampled with their params, so it waits for them anyway, and

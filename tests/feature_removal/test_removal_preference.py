@@ -112,6 +112,26 @@ def _value_model_starts_fresh(monkeypatch):
     monkeypatch.setattr(rl, "value_model_params", lambda spec, flat_params, mesh: flat_params)
 
 
+def _ppo_minibatches_unshuffled(monkeypatch):
+    """Every epoch takes the rollout's rows in their order: the same minibatches."""
+    from t5x_like.modes import rl
+
+    def part(self, step):
+        if self.minibatches == 1:
+            return None
+        index = (step - self.sampled_at) % self.minibatches
+        size = len(self.last.batch["tokens"]) // self.minibatches
+        return rl.minibatch(self.last.batch, np.arange(index * size, (index + 1) * size))
+    monkeypatch.setattr(rl.RolloutBatches, "part", part)
+
+
+def _ppo_minibatch_value_weights_kept(monkeypatch):
+    """A minibatch keeps its rows' value weights, shares of the whole rollout's."""
+    from t5x_like.modes import rl
+    monkeypatch.setattr(rl, "minibatch",
+                        lambda batch, rows: {key: value[rows] for key, value in batch.items()})
+
+
 DYNAMIC_SAMPLING = existing(
     "test_rl.py::test_dynamic_sampling_refills_groups_without_signal_and_resumes_exactly")
 SIMPO = existing("test_preference_parity.py::test_simpo_equals_trl_cpo_trainer")
@@ -125,6 +145,8 @@ GSPO_TWO_ITERATIONS = existing(
 PPO_K1 = existing("test_ppo_parity.py::test_ppo_targets_losses_and_step_equal_trl", case="k1")
 PPO_K3 = existing("test_ppo_parity.py::test_ppo_targets_losses_and_step_equal_trl",
                   case="k3_whitened")
+PPO_MINIBATCHES = existing("test_ppo_parity.py::test_ppo_minibatch_steps_equal_trl")
+PPO_SHUFFLE = existing("test_ppo.py::test_ppo_minibatches_are_a_fresh_shuffle_each_epoch")
 VALUE_MODEL_START = existing("test_ppo.py::test_the_value_model_starts_from_the_reward_model")
 
 REMOVALS = [
@@ -179,6 +201,13 @@ REMOVALS = [
             "and a fresh head", "PPO's start holds the reward model's trunk and head as its "
             "value model", _value_model_starts_fresh, VALUE_MODEL_START[1],
             holds_in=VALUE_MODEL_START[0]),
+    Removal("PPO minibatch value weights", "a minibatch keeps its value positions' shares of "
+            "the whole rollout", "the losses and both towers' change over an epoch of two "
+            "minibatch steps equal TRL's PPOTrainer with num_mini_batches 2",
+            _ppo_minibatch_value_weights_kept, PPO_MINIBATCHES[1], holds_in=PPO_MINIBATCHES[0]),
+    Removal("PPO minibatch shuffle", "every epoch takes the rollout's rows in order",
+            "each epoch's minibatches partition the rollout in a different order",
+            _ppo_minibatches_unshuffled, PPO_SHUFFLE[1], holds_in=PPO_SHUFFLE[0]),
 ]
 
 globals().update(proving_tests(REMOVALS))
