@@ -211,7 +211,7 @@ def test_head_fine_tunes_from_a_pretrained_body_and_evaluates(tmp_path, capsys):
     assert convert_cli.main(["export", f"--checkpoint={tmp_path / 'ft'}",
                              f"--out={tmp_path / 'hf'}"]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "is a fine-tuned head, reward model or PEFT run" in err
+    assert len(err.splitlines()) == 1 and "is a fine-tuned head or PEFT run" in err
     assert not (tmp_path / "hf").exists()
 
 

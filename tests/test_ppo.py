@@ -18,7 +18,7 @@ from test_rl import (  # noqa: F401  (arithmetic_sft: the fixture)
     rl_config,
 )
 
-from t5x_like import errors, train
+from t5x_like import errors, structures, train
 from t5x_like.checkpoints import param_sources
 from t5x_like.config import spec_of
 from t5x_like.engine import partitioning
@@ -174,6 +174,37 @@ def test_the_value_model_starts_from_the_reward_model(arithmetic_sft, reward_mod
         np.testing.assert_array_equal(started[key], value)
     without = spec_of(ppo_config(arithmetic_sft, reward_model, **{"rl.reward_model": ""}))
     assert rl.value_model_params(without, {("policy", "x"): 1}, mesh) == {("policy", "x"): 1}
+
+
+def test_a_reward_model_exports_as_a_sequence_classifier(arithmetic_sft, reward_model,  # noqa: F811
+                                                         tmp_path):
+    """``convert export`` of a reward-model run writes ``GPT2ForSequenceClassification``
+    (what TRL's PPOTrainer takes as its reward and value models): transformers' scores
+    of right-padded rows equal ours."""
+    import torch
+    import transformers
+
+    from t5x_like.convert import __main__ as convert_cli
+    from t5x_like.structures.preference import RewardStructure
+    convert_cli.export_hf(str(reward_model), str(tmp_path / "hf"))
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
+    assert type(hf).__name__ == "GPT2ForSequenceClassification"
+    assert "pipeline_tag: text-classification" in (tmp_path / "hf" / "README.md").read_text()
+    saved = rl.reward_model_spec(spec_of(ppo_config(arithmetic_sft, reward_model)))
+    mesh = partitioning.make_mesh({"data": 1}, jax.devices()[:1])
+    params, _ = param_sources.base_params(str(reward_model), saved, mesh)
+    rng = np.random.default_rng(0)
+    lengths = np.array([3, 7, 12, 5])
+    tokens = np.zeros((4, 12), np.int32)
+    for row, length in enumerate(lengths):
+        tokens[row, 1:length] = rng.integers(3, 500, length - 1)  # the start id 0, then text
+    mask = (np.arange(12)[None] < lengths[:, None]).astype(np.int32)
+    structure = RewardStructure(structures.for_config(saved).body, None)
+    ours = np.asarray(structure.rewards(params, jax.numpy.asarray(tokens), mask))
+    with torch.no_grad():
+        theirs = hf(input_ids=torch.tensor(tokens, dtype=torch.long),
+                    attention_mask=torch.tensor(mask)).logits[:, 0].numpy()
+    np.testing.assert_allclose(theirs, ours, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("overrides,message", [

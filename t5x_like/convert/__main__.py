@@ -293,9 +293,11 @@ def export_vocabulary(value: str, own=None):
 
 
 def load_for_export(checkpoint: str):
-    """``(model_config, host params, the checkpoint's vocabulary or None, provenance)`` of
-    a pretrained folder, or of a training run's newest step (or the step folder given);
-    the provenance is what the model card says of it (``model_card.Provenance``)."""
+    """``(model_config, host params, the checkpoint's vocabulary or None, provenance,
+    head)`` of a pretrained folder, or of a training run's newest step (or the step folder
+    given); the provenance is what the model card says of it (``model_card.Provenance``);
+    ``head`` is "reward" for a reward model's run (params ``{"backbone", "head"}``), else
+    "" (the architecture's own)."""
 
     folder = storage.path(checkpoint)
     run_config = folder / "config.json"
@@ -313,23 +315,29 @@ def load_for_export(checkpoint: str):
         exporter_for(flat)  # an unexportable family is refused before the weights load
         _, params = pretrained.load_pretrained(source.path)
         return (flat, params, resolving.checkpoint_vocabulary(source, {}),
-                model_card.Provenance(checkpoint))
+                model_card.Provenance(checkpoint), "")
     steps = source.steps()
     if not steps:
         raise UserError(f"{checkpoint} holds no complete checkpoint yet.")
     step = steps[-1]
     resolved = resolving.resolve_checkpoint(source, step)
     config = resolved.spec
-    if structures.mode_structures.wrapping(config) is not None or config.peft.enabled:
-        raise UserError(f"{checkpoint} is a fine-tuned head, reward model or PEFT run; Hugging "
-                        "Face export writes the pretrained architectures only (merge LoRA "
-                        "with `python -m t5x_like.peft merge` first).")
+    head = "reward" if config.preference.objective == "reward_model" else ""
+    if (structures.mode_structures.wrapping(config) is not None and not head
+            or config.peft.enabled):
+        raise UserError(f"{checkpoint} is a fine-tuned head or PEFT run; Hugging Face export "
+                        "writes the pretrained architectures and reward models only (merge "
+                        "LoRA with `python -m t5x_like.peft merge` first).")
     flat = flat_model(config.model)
     exporter_for(flat)  # before the weights are restored
+    if head and flat["family"] != "decoder":
+        raise UserError(f"{checkpoint} is a reward model on a {flat['family']} model; Hugging "
+                        "Face export writes decoder reward models (as "
+                        "<Architecture>ForSequenceClassification) only.")
     params = param_sources.load_params(source, step, config)
     print(f"convert: exporting step {step} of {source.path.parent}", file=sys.stderr)
     return (flat, params, resolved.trained_vocabulary,
-            model_card.Provenance(checkpoint, source.path.parent, step, config))
+            model_card.Provenance(checkpoint, source.path.parent, step, config), head)
 
 
 def flat_model(model) -> dict:
@@ -339,8 +347,25 @@ def flat_model(model) -> dict:
     return legacy.flat_model(spec, model_spec_class(spec.family).defaults())
 
 
+def as_sequence_classifier(hf_config: dict, named: dict, params: dict) -> tuple[dict, dict]:
+    """A decoder reward model as Hugging Face's ``<Architecture>ForSequenceClassification``
+    with one label (what TRL's reward and value models are): the backbone's weights under
+    the causal model's names without its LM head, and ``score.weight`` ([1, hidden], no
+    bias). Hugging Face reads the score at each row's last token that is not
+    ``pad_token_id``, where ours reads it (the last real token)."""
+    architecture = hf_config["architectures"][0]
+    for ending in ("ForCausalLM", "LMHeadModel"):
+        architecture = architecture.replace(ending, "ForSequenceClassification")
+    named = {key: value for key, value in named.items() if key != "lm_head.weight"}
+    named["score.weight"] = np.asarray(params["head"]["kernel"]).T
+    hf_config = {**hf_config, "architectures": [architecture], "num_labels": 1,
+                 "id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0},
+                 "pad_token_id": hf_config.get("pad_token_id") or 0}
+    return hf_config, named
+
+
 def export_hf(checkpoint: str, out: str, vocabulary: str = "checkpoint") -> dict:
-    model_config, params, own, provenance = load_for_export(checkpoint)
+    model_config, params, own, provenance, head = load_for_export(checkpoint)
     module = exporter_for(model_config)
     tokenizer = export_vocabulary(vocabulary, own)
     if tokenizer is not None and tokenizer.vocab_size > model_config["vocab_size"]:
@@ -353,7 +378,12 @@ def export_hf(checkpoint: str, out: str, vocabulary: str = "checkpoint") -> dict
             value = getattr(tokenizer, f"{name}_id", None)
             if f"{name}_token_id" in hf_config and value is not None:
                 hf_config[f"{name}_token_id"] = int(value)
-    hf_io.write_folder(out, hf_config, module.params_to_hf(params, model_config))
+    if head == "reward":
+        hf_config, named = as_sequence_classifier(
+            hf_config, module.params_to_hf(params["backbone"], model_config), params)
+    else:
+        named = module.params_to_hf(params, model_config)
+    hf_io.write_folder(out, hf_config, named)
     num_params = sum(int(np.size(leaf)) for leaf in jax.tree.leaves(params))
     (pathlib.Path(out) / "README.md").write_text(
         model_card.render(hf_config, num_params, provenance))

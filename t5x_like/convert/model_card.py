@@ -25,7 +25,7 @@ from t5x_like.data.dataset_providers import Mixture, get_task_or_mixture
 # Hugging Face's pipeline for the architecture's head, from its class name's ending.
 _PIPELINES = (("ForCausalLM", "text-generation"), ("LMHeadModel", "text-generation"),
               ("ForConditionalGeneration", "text2text-generation"),
-              ("ForMaskedLM", "fill-mask"))
+              ("ForMaskedLM", "fill-mask"), ("ForSequenceClassification", "text-classification"))
 _DATA_ROW = re.compile(r"^\|\s*`([^`]+)`\s*\|(.*)\|\s*$")
 
 
