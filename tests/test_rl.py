@@ -342,9 +342,12 @@ def records(workdir):
 
 
 @pytest.mark.slow
-def test_grpo_trains_from_sft_and_resumes_exactly_rollouts_included(arithmetic_sft, tmp_path):
+@pytest.mark.parametrize("sampler", ["static", pytest.param("engine", marks=pytest.mark.slow)])
+def test_grpo_trains_from_sft_and_resumes_exactly_rollouts_included(arithmetic_sft, tmp_path,
+                                                                    sampler):
+    """Either sampler (``rl.sampler``): the engine's rollouts resume as exactly."""
     straight = tmp_path / "straight"
-    train.run(rl_config(arithmetic_sft), str(straight), quiet=True)
+    train.run(rl_config(arithmetic_sft, **{"rl.sampler": sampler}), str(straight), quiet=True)
     logged = records(straight)
     assert [r["step"] for r in logged] == [1, 2, 3, 4]
     for key in ("reward", "rewards/exact_answer", "rewards/text_length", "kl", "clip_ratio_low",
@@ -356,11 +359,47 @@ def test_grpo_trains_from_sft_and_resumes_exactly_rollouts_included(arithmetic_s
     assert sum(e.get("rollout_s", 0.0) for e in events) > 0  # booked apart from the update
 
     interrupted = tmp_path / "interrupted"
-    train.run(rl_config(arithmetic_sft, num_train_steps=2), str(interrupted), quiet=True)
-    train.run(rl_config(arithmetic_sft), str(interrupted), quiet=True)
+    train.run(rl_config(arithmetic_sft, num_train_steps=2, **{"rl.sampler": sampler}),
+              str(interrupted), quiet=True)
+    train.run(rl_config(arithmetic_sft, **{"rl.sampler": sampler}), str(interrupted), quiet=True)
     resumed = records(interrupted)
     for key in ("loss", "reward", "kl", "completion_length"):
         assert [r[key] for r in resumed] == [r[key] for r in logged], key
+
+
+def test_engine_rollouts_are_the_static_samplers_greedy_tokens(arithmetic_sft):
+    """``rl.sampler=engine``: the continuous-batching engine, given a rollout's rows (their
+    prompts of several lengths), continues each as ``generate_padded`` does: greedy, the
+    same completions. The SFT model's params are perturbed so the rows' continuations
+    differ (the tiny SFT model answers every prompt alike)."""
+    from t5x_like import resolving
+    from t5x_like.checkpoints import param_sources
+    from t5x_like.data import get_task_or_mixture, pipeline
+    from t5x_like.engine import trainer as trainer_lib
+    completions, engines = {}, {}
+    for sampler in ("static", "engine"):
+        spec = resolving.resolve_spec(rl_config(arithmetic_sft, **{"rl.sampler": sampler}))
+        _, trainer = trainer_lib.build_on_devices(spec)
+        structure = structures.for_config(spec)
+        loaded = param_sources.base_params(str(arithmetic_sft), spec, trainer.mesh)[0]
+        leaves, tree = jax.tree.flatten(jax.device_get(loaded))
+        noise = np.random.default_rng(0)
+        params = trainer.place_params(jax.tree.unflatten(tree, [
+            leaf + noise.normal(0.0, 0.5, np.shape(leaf)).astype(np.asarray(leaf).dtype)
+            for leaf in leaves]))
+        lengths = dict(spec.task_feature_lengths)
+        rows = pipeline.build_dataset(spec.task, "validation", lengths, seed=0, shuffle=False,
+                                      repeat=False,
+                                      feature_converter=structure.feature_converter(lengths))
+        batch = next(iter(pipeline.HostBatchIterator(rows, 16)))
+        rollouts = rl.Rollouts(spec, trainer, structure,
+                               get_task_or_mixture(spec.task).vocabulary, None)
+        *_, completions[sampler] = rollouts.sample(params, batch, jax.random.key(0), greedy=True)
+        engines[sampler] = rollouts._engine
+    np.testing.assert_array_equal(completions["engine"], completions["static"])
+    assert len({tuple(row) for row in completions["static"]}) > 4  # rows continue apart
+    assert engines["static"] is None
+    assert engines["engine"] is not None and engines["engine"].stats.steps > 0  # it sampled
 
 
 def odd_prompts_only(completions, examples):

@@ -296,8 +296,8 @@ def load_for_export(checkpoint: str):
     """``(model_config, host params, the checkpoint's vocabulary or None, provenance,
     head)`` of a pretrained folder, or of a training run's newest step (or the step folder
     given); the provenance is what the model card says of it (``model_card.Provenance``);
-    ``head`` is "reward" for a reward model's run (params ``{"backbone", "head"}``), else
-    "" (the architecture's own)."""
+    ``head`` is the run's structure's ``exported_head`` ("sequence_classifier" for a
+    reward model's run, params ``{"backbone", "head"}``; "" for the architecture's own)."""
 
     folder = storage.path(checkpoint)
     run_config = folder / "config.json"
@@ -322,7 +322,7 @@ def load_for_export(checkpoint: str):
     step = steps[-1]
     resolved = resolving.resolve_checkpoint(source, step)
     config = resolved.spec
-    head = "reward" if config.preference.objective == "reward_model" else ""
+    head = structures.for_config(config).exported_head
     if (structures.mode_structures.wrapping(config) is not None and not head
             or config.peft.enabled):
         raise UserError(f"{checkpoint} is a fine-tuned head or PEFT run; Hugging Face export "
@@ -378,7 +378,7 @@ def export_hf(checkpoint: str, out: str, vocabulary: str = "checkpoint") -> dict
             value = getattr(tokenizer, f"{name}_id", None)
             if f"{name}_token_id" in hf_config and value is not None:
                 hf_config[f"{name}_token_id"] = int(value)
-    if head == "reward":
+    if head == "sequence_classifier":
         hf_config, named = as_sequence_classifier(
             hf_config, module.params_to_hf(params["backbone"], model_config), params)
     else:

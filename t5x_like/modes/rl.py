@@ -63,6 +63,7 @@ from t5x_like.engine import partitioning
 from t5x_like.engine import trainer as trainer_lib
 from t5x_like.errors import UserError
 from t5x_like.evaluation.in_training.base import TrainingEvaluator
+from t5x_like.generation import engine as engine_lib
 from t5x_like.metrics.rewards import RewardRegistry
 from t5x_like.models import decoding
 from t5x_like.modes import preference
@@ -125,6 +126,20 @@ def check(spec) -> None:
         reward_model_spec(spec)
     if spec.rl.algorithm == "ppo":
         check_ppo(spec)
+    if spec.rl.sampler == "engine":
+        check_engine(spec)
+
+
+def check_engine(spec) -> None:
+    """``rl.sampler=engine``: the engine decodes on one process, a model that reads a
+    paged cache (a decoder without PEFT or quantized training's wrappers)."""
+    if jax.process_count() > 1:
+        raise UserError(f"rl.sampler='engine' samples on one process; this run has "
+                        f"{jax.process_count()}. Use --config.rl.sampler=static.")
+    try:
+        decoding.check_paged(structures.for_config(spec).policy_model)
+    except engine_lib.UnpagedModel as e:
+        raise UserError(f"rl.sampler='engine': {e} Use --config.rl.sampler=static.") from None
 
 
 def check_ppo(spec) -> None:
@@ -200,6 +215,7 @@ class Rollouts:
         self._reference = (preference.reference_structure(preference.reference_spec(
             spec, preference.reference_source(spec))) if self._ppo is not None else None)
         self._reward_model = self._load_reward_model() if spec.rl.reward_model else None
+        self._engine: engine_lib.Engine | None = None  # rl.sampler=engine: made at first use
         self.last_rewards: dict[str, np.ndarray] = {}  # score's values per reward, and "reward"
 
     # -- sampling ---------------------------------------------------------------------------
@@ -217,12 +233,42 @@ class Rollouts:
         prompts, lengths = (np.asarray(x) for x in prompts_from_batch(rows))
         prompts = prompts[:, :self.prompt_width]
         lengths = np.minimum(lengths, self.prompt_width).astype(np.int32)
+        if self.spec.rl.sampler == "engine":
+            return prompts, lengths, self._engine_sample(params, prompts, lengths, rng, greedy)
         mesh, rules = self.trainer.mesh, self.trainer.rules
         placed = partitioning.global_batch({"tokens": prompts, "lengths": lengths}, mesh, rules)
         with self.trainer._context():
             completions = self._sample(params, placed["tokens"], placed["lengths"], rng,
                                        greedy=greedy)
         return prompts, lengths, _local_rows(completions, prompts.shape[0])
+
+    def _engine_sample(self, params, prompts, lengths, rng, greedy: bool) -> np.ndarray:
+        """``[n, targets]`` completions of the rows' prompts by the continuous-batching
+        engine (``rl.sampler=engine``): one request a row, a slot a row, each sampled
+        from its own seed drawn from ``rng`` (the step's key: a resumed run samples the
+        same), ended by EOS (kept) or the completion length; zeros after. The engine
+        takes the params of this step, and forgets the prompt pages the last params
+        computed."""
+        rl, rows = self.spec.rl, len(prompts)
+        policy_params = self.structure.policy_params(params)
+        if self._engine is None:
+            self._engine = engine_lib.Engine(
+                self.structure.policy_model, policy_params, slots=rows,
+                max_length=self.prompt_width + self.completion_length,
+                context=self.trainer._context)
+        else:
+            self._engine.params = policy_params
+            self._engine.clear_prefix_cache()
+        seeds = (np.zeros(rows, np.int64) if rng is None  # greedy: no draw
+                 else np.asarray(jax.random.randint(rng, (rows,), 0, 2**31 - 1)))
+        results = self._engine.run([engine_lib.Request(
+            tuple(int(t) for t in prompts[i, :lengths[i]]), self.completion_length,
+            temperature=0.0 if greedy else rl.temperature, top_k=rl.top_k, top_p=rl.top_p,
+            seed=int(seeds[i]), stop_ids=(self.eos_id,)) for i in range(rows)])
+        completions = np.zeros((rows, self.completion_length), np.int32)
+        for i, result in enumerate(results):
+            completions[i, :len(result.tokens)] = result.tokens
+        return completions
 
     def _log_probs_fn(self, params, tokens):
         # The trainer's model: the one the update's loss reads (quantized training's too),

@@ -214,6 +214,11 @@ class Structure:
     #: ``trained_params`` of it
     keeps_helpers = False
 
+    #: what ``convert export`` writes a run of this structure as: "" for its family's
+    #: architecture (a wrapping mode's run is refused), "sequence_classifier" for a
+    #: decoder with a scalar head on the last token (params ``{"backbone", "head"}``)
+    exported_head = ""
+
     def trained_params(self, params):
         """Of this structure's params, those of the model it trains for use."""
         return params

@@ -197,6 +197,7 @@ class RewardStructure(_PairStructure):
 
     name = "reward"
     evaluation_mode = "pairs"
+    exported_head = "sequence_classifier"  # TRL's reward and value models' class
 
     def __init__(self, body: Structure, settings):
         super().__init__(body, settings, RewardModel(body.model))

@@ -132,6 +132,20 @@ def _ppo_minibatch_value_weights_kept(monkeypatch):
                         lambda batch, rows: {key: value[rows] for key, value in batch.items()})
 
 
+def _rollouts_never_use_the_engine(monkeypatch):
+    """``rl.sampler=engine`` samples with the static sampler."""
+    from t5x_like.engine import partitioning
+    from t5x_like.modes import rl
+
+    def static(self, params, prompts, lengths, rng, greedy):
+        placed = partitioning.global_batch({"tokens": prompts, "lengths": lengths},
+                                           self.trainer.mesh, self.trainer.rules)
+        with self.trainer._context():
+            out = self._sample(params, placed["tokens"], placed["lengths"], rng, greedy=greedy)
+        return rl._local_rows(out, prompts.shape[0])
+    monkeypatch.setattr(rl.Rollouts, "_engine_sample", static)
+
+
 DYNAMIC_SAMPLING = existing(
     "test_rl.py::test_dynamic_sampling_refills_groups_without_signal_and_resumes_exactly")
 SIMPO = existing("test_preference_parity.py::test_simpo_equals_trl_cpo_trainer")
@@ -145,6 +159,7 @@ GSPO_TWO_ITERATIONS = existing(
 PPO_K1 = existing("test_ppo_parity.py::test_ppo_targets_losses_and_step_equal_trl", case="k1")
 PPO_K3 = existing("test_ppo_parity.py::test_ppo_targets_losses_and_step_equal_trl",
                   case="k3_whitened")
+ENGINE_ROLLOUTS = existing("test_rl.py::test_engine_rollouts_are_the_static_samplers_greedy_tokens")
 PPO_MINIBATCHES = existing("test_ppo_parity.py::test_ppo_minibatch_steps_equal_trl")
 PPO_SHUFFLE = existing("test_ppo.py::test_ppo_minibatches_are_a_fresh_shuffle_each_epoch")
 VALUE_MODEL_START = existing("test_ppo.py::test_the_value_model_starts_from_the_reward_model")
@@ -205,6 +220,10 @@ REMOVALS = [
             "the whole rollout", "the losses and both towers' change over an epoch of two "
             "minibatch steps equal TRL's PPOTrainer with num_mini_batches 2",
             _ppo_minibatch_value_weights_kept, PPO_MINIBATCHES[1], holds_in=PPO_MINIBATCHES[0]),
+    Removal("RL rollouts through the engine", "`rl.sampler=engine` samples with the static "
+            "sampler", "the engine's greedy completions equal the static sampler's and the "
+            "engine stepped", _rollouts_never_use_the_engine, ENGINE_ROLLOUTS[1],
+            holds_in=ENGINE_ROLLOUTS[0]),
     Removal("PPO minibatch shuffle", "every epoch takes the rollout's rows in order",
             "each epoch's minibatches partition the rollout in a different order",
             _ppo_minibatches_unshuffled, PPO_SHUFFLE[1], holds_in=PPO_SHUFFLE[0]),
