@@ -191,6 +191,7 @@ def trl(runs: pathlib.Path, seed: int, settings: dict) -> dict:
 
 def run(runs: pathlib.Path, seeds: list[int], settings: dict, smoke: bool) -> dict:
     os.environ["INSTRUCTGPT_PAIRS"] = str(runs / "pairs.jsonl")  # as the recipe's run sets it
+    import t5x_like.builtin_tasks  # noqa: F401, I001  (the prompts task the rule module reads)
     import _instructgpt_rule  # noqa: F401  (the rule and distinct words, read as rewards)
     path = runs / "side_by_side.json"
     results = json.loads(path.read_text()) if path.exists() else {}
@@ -261,6 +262,9 @@ def main(argv=None) -> int:
         trl_run(args.policy, args.reward, args.out, args.seed, json.loads(args.settings))
         return 0
     seeds, settings = [int(s) for s in args.seeds.split(",")], dict(SETTINGS)
+    # Our runs load the rule with --module=_instructgpt_rule, as the recipe's do.
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT / "benchmarks"), *filter(None, [os.environ.get("PYTHONPATH")])])
     if args.command == "table":
         table(json.loads((pathlib.Path(args.runs) / "side_by_side.json").read_text()))
         return 0

@@ -131,8 +131,8 @@ def check(spec) -> None:
 
 
 def check_engine(spec) -> None:
-    """``rl.sampler=engine``: the engine decodes on one process, a model that reads a
-    paged cache (a decoder without PEFT or quantized training's wrappers)."""
+    """``rl.sampler=engine``: the engine decodes on one process, with a policy that reads
+    a paged cache (``decoding.check_paged``)."""
     if jax.process_count() > 1:
         raise UserError(f"rl.sampler='engine' samples on one process; this run has "
                         f"{jax.process_count()}. Use --config.rl.sampler=static.")
