@@ -190,6 +190,7 @@ def test_a_reward_model_exports_as_a_sequence_classifier(arithmetic_sft, reward_
     hf = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
     assert type(hf).__name__ == "GPT2ForSequenceClassification"
     assert "pipeline_tag: text-classification" in (tmp_path / "hf" / "README.md").read_text()
+    assert not (tmp_path / "hf" / "generation_config.json").exists()  # it does not generate
     saved = rl.reward_model_spec(spec_of(ppo_config(arithmetic_sft, reward_model)))
     mesh = partitioning.make_mesh({"data": 1}, jax.devices()[:1])
     params, _ = param_sources.base_params(str(reward_model), saved, mesh)

@@ -364,6 +364,26 @@ def as_sequence_classifier(hf_config: dict, named: dict, params: dict) -> tuple[
     return hf_config, named
 
 
+# The ids ``generate`` reads from ``generation_config.json``, and the heads that generate.
+GENERATION_IDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
+GENERATING_HEADS = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+
+
+def generation_config(hf_config: dict, tokenizer) -> dict | None:
+    """``generation_config.json`` of an export whose head generates (None otherwise): the
+    special ids ``generate`` stops and pads with, the tokenizer's where it has them (its
+    pad id too, which a GPT-2 ``config.json`` has no key for), else ``config.json``'s."""
+    architecture = (hf_config.get("architectures") or [""])[0]
+    if not architecture.endswith(GENERATING_HEADS):
+        return None
+    ids = {key: hf_config[key] for key in GENERATION_IDS if hf_config.get(key) is not None}
+    for name in ("bos", "eos", "pad"):
+        value = getattr(tokenizer, f"{name}_id", None) if tokenizer is not None else None
+        if value is not None and value >= 0:
+            ids[f"{name}_token_id"] = int(value)
+    return {**ids, "_from_model_config": False}
+
+
 def export_hf(checkpoint: str, out: str, vocabulary: str = "checkpoint") -> dict:
     model_config, params, own, provenance, head = load_for_export(checkpoint)
     module = exporter_for(model_config)
@@ -384,6 +404,10 @@ def export_hf(checkpoint: str, out: str, vocabulary: str = "checkpoint") -> dict
     else:
         named = module.params_to_hf(params, model_config)
     hf_io.write_folder(out, hf_config, named)
+    generation = generation_config(hf_config, tokenizer)
+    if generation is not None:
+        (pathlib.Path(out) / "generation_config.json").write_text(
+            json.dumps(generation, indent=2, sort_keys=True))
     num_params = sum(int(np.size(leaf)) for leaf in jax.tree.leaves(params))
     (pathlib.Path(out) / "README.md").write_text(
         model_card.render(hf_config, num_params, provenance))
