@@ -61,6 +61,13 @@ def test_exported_folder_loads_in_transformers_with_equal_logits(tmp_path, varia
     valid = batch[2] > 0
     np.testing.assert_allclose(hf_logits(reloaded, *batch)[valid], hf_logits(hf_model, *batch)[valid],
                                rtol=1e-5, atol=1e-5)
+    # generate's ids: an encoder-decoder keeps its pad id (it pads the encoder's input).
+    generation = transformers.GenerationConfig.from_pretrained(tmp_path / "exported")
+    # (T5 starts its decoder with the pad id.)
+    assert (generation.decoder_start_token_id, generation.pad_token_id,
+            generation.eos_token_id) == (hf_model.config.pad_token_id,
+                                         hf_model.config.pad_token_id, hf_model.config.eos_token_id)
+    assert generation.pad_token_id is not None
 
 
 def test_pickle_checkpoints_are_refused(tmp_path):

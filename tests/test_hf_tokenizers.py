@@ -289,10 +289,13 @@ def test_convert_export_takes_a_run_and_writes_the_tokenizer_it_trained_with(dec
     config = json.loads((decoder_run / "hf" / "config.json").read_text())
     assert (config["eos_token_id"], config["bos_token_id"]) == (vocabulary.eos_id,
                                                                  vocabulary.bos_id)
-    # generate's ids come from generation_config.json: the tokenizer's, its pad id included.
+    # generate's ids come from generation_config.json: the tokenizer's, and no pad id,
+    # which is the start id 0 every prompt of ours begins with (generate would mask it).
     generation = transformers.GenerationConfig.from_pretrained(decoder_run / "hf")
-    assert (generation.eos_token_id, generation.bos_token_id, generation.pad_token_id) == (
-        vocabulary.eos_id, vocabulary.bos_id, vocabulary.pad_id)
+    assert (generation.eos_token_id, generation.bos_token_id) == (vocabulary.eos_id,
+                                                                 vocabulary.bos_id)
+    assert vocabulary.pad_id == config["decoder_start_token_id"] == 0
+    assert generation.pad_token_id is None
     # Imported back, the tokenizer is the built-in vocabulary again: its tasks need no flag.
     out = decoder_run.parent / (decoder_run.name + "_imported")
     assert convert_cli.main(["import", f"--hf_dir={decoder_run / 'hf'}", f"--out={out}"]) == 0

@@ -371,8 +371,13 @@ GENERATING_HEADS = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 
 def generation_config(hf_config: dict, tokenizer) -> dict | None:
     """``generation_config.json`` of an export whose head generates (None otherwise): the
-    special ids ``generate`` stops and pads with, the tokenizer's where it has them (its
-    pad id too, which a GPT-2 ``config.json`` has no key for), else ``config.json``'s."""
+    special ids ``generate`` stops and pads with, the tokenizer's where it has them, else
+    ``config.json``'s.
+
+    A decoder whose pad id is also the start id its rows begin with (ours: 0 for both)
+    gets no pad id: ``generate`` given one and no attention mask masks every token equal
+    to it, the prompt's start token included; without one it pads with EOS and attends
+    to the whole prompt."""
     architecture = (hf_config.get("architectures") or [""])[0]
     if not architecture.endswith(GENERATING_HEADS):
         return None
@@ -381,6 +386,9 @@ def generation_config(hf_config: dict, tokenizer) -> dict | None:
         value = getattr(tokenizer, f"{name}_id", None) if tokenizer is not None else None
         if value is not None and value >= 0:
             ids[f"{name}_token_id"] = int(value)
+    if (not architecture.endswith("ForConditionalGeneration")
+            and ids.get("pad_token_id") == hf_config.get("decoder_start_token_id")):
+        ids.pop("pad_token_id", None)
     return {**ids, "_from_model_config": False}
 
 
