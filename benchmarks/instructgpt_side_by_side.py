@@ -38,7 +38,6 @@ import subprocess
 import sys
 import tempfile
 
-import _smoke
 import instructgpt_recipe as recipe
 import preference_tuning as shared
 
@@ -54,23 +53,13 @@ SMOKE_SETTINGS = {"rollouts": 2, "every": 1, "prompts_per_rollout": 8, "epochs":
 
 
 # -- prompts ------------------------------------------------------------------------------
-def prompt_ids(split: str, count: int | None = None, lengths=None) -> list[list[int]]:
-    """The recipe's prompts of ``split`` as our sampler sees them: the start id 0, then
-    the prefix's tokens (``count`` of them in the pipeline's order; None: all)."""
-    import numpy as np
+def prompt_ids(split: str, count: int | None = None) -> list[list[int]]:
+    """The recipe's prompts of ``split`` as our rollouts sample them (the first ``count``;
+    None: all)."""
     from _instructgpt_rule import PROMPTS_TASK
 
     import t5x_like.builtin_tasks  # noqa: F401  (the recipe's prompts task)
-    from t5x_like.data import pipeline
-    lengths = lengths or {"inputs": 24, "targets": 8}
-    rows = pipeline.build_dataset(PROMPTS_TASK, split, lengths, seed=0, shuffle=False,
-                                  repeat=False)
-    out = []
-    for row in rows:
-        if count is not None and len(out) == count:
-            break
-        out.append([0] + [int(t) for t in np.asarray(row["encoder_input_tokens"]) if t != 0])
-    return out
+    return shared.sampler_prompts(PROMPTS_TASK, split, {"inputs": 24, "targets": 8}, count)
 
 
 # -- TRL's side (a subprocess, TRL 1.12 first on its path) --------------------------------
@@ -146,13 +135,6 @@ def trl_run(policy_dir: str, reward_dir: str, out: str, seed: int, settings: dic
 
 
 # -- the runs -----------------------------------------------------------------------------
-def export(checkpoint: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
-    if not (out / "config.json").exists():
-        _smoke.cli("t5x_like.convert", ["export", f"--checkpoint={checkpoint}", f"--out={out}"],
-                   cwd=ROOT)
-    return out
-
-
 def ours(runs: pathlib.Path, seed: int, settings: dict, smoke: bool) -> dict:
     """Our PPO at ``KL_COEF`` from the recipe's SFT model: the recipe's run for seed 0."""
     name = f"ppo_kl{KL_COEF}" + (f"_seed{seed}" if seed else "")
@@ -178,8 +160,8 @@ def ours(runs: pathlib.Path, seed: int, settings: dict, smoke: bool) -> dict:
 def trl(runs: pathlib.Path, seed: int, settings: dict) -> dict:
     out = runs / f"trl_ppo_kl{KL_COEF}_seed{seed}.json"
     if not out.exists():
-        policy = export(runs / "sft", runs / "sft_hf")
-        reward = export(runs / "reward_model", runs / "reward_model_hf")
+        policy = shared.export(runs / "sft", runs / "sft_hf")
+        reward = shared.export(runs / "reward_model", runs / "reward_model_hf")
         env = {key: value for key, value in os.environ.items() if key != "INSTRUCTGPT_PAIRS"}
         env.update(TRL_EXPERIMENTAL_SILENCE="1", PYTHONPATH=os.pathsep.join(
             [str(ORACLE), str(ROOT / "benchmarks"), str(ROOT)]))
@@ -206,15 +188,6 @@ def run(runs: pathlib.Path, seeds: list[int], settings: dict, smoke: bool) -> di
 
 
 # -- the table ----------------------------------------------------------------------------
-def _spread(values) -> str:
-    values = [v for v in values if v is not None]
-    if not values:
-        return "-"
-    mean = sum(values) / len(values)
-    return (f"{mean:.3f} ± {(max(values) - min(values)) / 2:.3f}" if len(values) > 1
-            else f"{mean:.3f}")
-
-
 def table(results: dict) -> None:
     settings, names = results["settings"], {"ours": "ours", "trl": "TRL"}
     print(f"PPO against the recipe's reward model at kl_coef {settings['kl_coef']}: "
@@ -237,13 +210,13 @@ def table(results: dict) -> None:
                 values = ([sft[key]] if rollouts == 0 and s == "ours" else
                           [p[key] for seed in results[s].values() for p in seed["curve"]
                            if p["rollouts"] == rollouts])
-                cells.append(_spread(values))
+                cells.append(shared.spread(values))
         for s in names:  # the KL logged on the last rollout before this point
             values = []
             for seed in results[s].values():
                 logged = [kl for at, kl in seed["kl"] if at <= rollouts]
                 values.append(logged[-1] if logged and rollouts else None)
-            cells.append(_spread(values))
+            cells.append(shared.spread(values))
         print(f"| {rollouts} | " + " | ".join(cells) + " |")
 
 

@@ -31,6 +31,7 @@ compile); GRPO keeps its, the table's curve.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import pathlib
 import tempfile
@@ -270,6 +271,46 @@ def run_ppo(runs: pathlib.Path, results: dict) -> None:
                       "final": rollout_eval(config, ppo, samples=1),
                       "train_reward": [(r["step"], r["reward"]) for r in sampled],
                       "kl": [(r["step"], r["kl"]) for r in sampled]}
+
+
+def spread(values) -> str:
+    """``mean ± half the range`` of ``values`` (None left out; ``-`` when none are left),
+    the side-by-side tables' cell over seeds."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    mean = sum(values) / len(values)
+    return (f"{mean:.3f} ± {(max(values) - min(values)) / 2:.3f}" if len(values) > 1
+            else f"{mean:.3f}")
+
+
+def export(checkpoint: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
+    """``python -m t5x_like.convert export`` of ``checkpoint`` to ``out``, unless ``out``
+    holds an export already."""
+    if not (out / "config.json").exists():
+        _smoke.cli("t5x_like.convert", ["export", f"--checkpoint={checkpoint}", f"--out={out}"],
+                   cwd=ROOT)
+    return out
+
+
+def sampler_prompts(task: str, split: str, lengths: dict,
+                    count: int | None = None) -> list[list[int]]:
+    """``split``'s prompts of ``task`` (the first ``count``; None: all) as our rollouts
+    sample them: the decoder rows' prompts (``prompts_from_batch``: the start id and the
+    inputs) cut to the ``1 + inputs`` positions ``Rollouts.sample`` keeps."""
+    import numpy as np
+
+    from t5x_like.data import feature_converters, pipeline
+    from t5x_like.structures.decoder import prompts_from_batch
+    converter = feature_converters.DecoderFeatureConverter(prefix_lm=True,
+                                                           bidirectional_prefix=False)
+    rows = pipeline.build_dataset(task, split, lengths, seed=0, shuffle=False, repeat=False,
+                                  feature_converter=converter)
+    rows = list(rows if count is None else itertools.islice(rows, count))
+    tokens, kept = (np.asarray(x) for x in prompts_from_batch(
+        {key: np.stack([row[key] for row in rows]) for key in rows[0]}))
+    width = 1 + int(lengths["inputs"])
+    return [[int(t) for t in row[:min(int(n), width)]] for row, n in zip(tokens, kept, strict=True)]
 
 
 def _median(values):

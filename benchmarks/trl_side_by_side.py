@@ -83,26 +83,19 @@ def prompt_texts(split: str) -> list[dict]:
 
 
 def check_prompts(export: pathlib.Path, splits=("train", "validation")) -> int:
-    """Every prompt of ``splits`` tokenized by the export's tokenizer equals the start id
-    and the inputs' tokens our pipeline feeds the sampler; the number checked."""
-    import numpy as np
+    """Every prompt of ``splits`` tokenized by the export's tokenizer equals what our
+    rollouts sample from (``preference_tuning.sampler_prompts``); the number checked."""
     from transformers import AutoTokenizer
-
-    from t5x_like.data import get_task_or_mixture, pipeline
     tokenizer = AutoTokenizer.from_pretrained(export)
-    task = get_task_or_mixture("embedded_arithmetic")
+    lengths = dict(pt.load(RL_CONFIG).task_feature_lengths)
     checked = 0
     for split in splits:
-        rows = pipeline.build_dataset("embedded_arithmetic", split,
-                                      {"inputs": 16, "targets": 8}, seed=0, shuffle=False,
-                                      repeat=False)
-        texts = prompt_texts(split)
-        for row, text in zip(rows, texts, strict=True):
-            ours = [0] + [int(t) for t in np.asarray(row["encoder_input_tokens"]) if t != 0]  # the inputs, EOS included
+        ours = pt.sampler_prompts("embedded_arithmetic", split, lengths)
+        for tokens, text in zip(ours, prompt_texts(split), strict=True):
             theirs = tokenizer(text["prompt"])["input_ids"]
-            if ours != theirs or task.vocabulary.decode(ours[1:-1]) != text["prompt"][5:-4]:
+            if tokens != theirs:
                 raise SystemExit(f"{split} prompt {text['prompt']!r}: TRL's tokens {theirs} "
-                                 f"are not ours {ours}")
+                                 f"are not ours {tokens}")
             checked += 1
     return checked
 
@@ -213,10 +206,7 @@ def trl(runs: pathlib.Path, export: pathlib.Path, seed: int, recipe: dict) -> di
 def run(runs: pathlib.Path, results: dict, seeds: list[int], recipe: dict) -> None:
     sft = runs / "sft_arith"
     pt.train(SFT_CONFIG, sft)
-    export = runs / "sft_arith_hf"
-    if not (export / "config.json").exists():
-        _smoke.cli("t5x_like.convert", ["export", f"--checkpoint={sft}", f"--out={export}"],
-                   cwd=ROOT)
+    export = pt.export(sft, runs / "sft_arith_hf")
     print(f"  prompts: TRL's tokens equal ours on {check_prompts(export)} prompts")
     pt.SMOKE["prompts"] = recipe["held_out"]
     reward = recipe["reward"]
@@ -232,14 +222,6 @@ def run(runs: pathlib.Path, results: dict, seeds: list[int], recipe: dict) -> No
 
 
 # -- the table ----------------------------------------------------------------------------
-def _spread(values: list[float]) -> str:
-    if not values:
-        return "-"
-    mean = sum(values) / len(values)
-    half = (max(values) - min(values)) / 2
-    return f"{mean:.3f} ± {half:.3f}" if len(values) > 1 else f"{mean:.3f}"
-
-
 def _at(points, step: int, window: int = 0):
     """The value logged at ``step`` (``window`` > 0: the mean over (step - window, step])."""
     found = [v for s, v in points if (step - window < s <= step if window else s == step)]
@@ -266,12 +248,12 @@ def table(results: dict) -> None:
                         for p in seed["curve"]})
         window = min(10, recipe["every"])
         for step in steps:
-            greedy = [_spread([p["greedy"] for seed in done[s].values()
+            greedy = [pt.spread([p["greedy"] for seed in done[s].values()
                                for p in seed["curve"] if p["step"] == step]) for s in sides]
             sampled = []
             for s in sides:
                 values = [_at(seed["reward"], step, window) for seed in done[s].values()]
-                sampled.append(_spread([v for v in values if v is not None]))
+                sampled.append(pt.spread([v for v in values if v is not None]))
             print(f"| {step} | " + " | ".join(greedy) + " | " + " | ".join(sampled) + " |")
         print()
 

@@ -369,10 +369,10 @@ GENERATION_IDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start
 GENERATING_HEADS = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 
 
-def generation_config(hf_config: dict, tokenizer) -> dict | None:
+def generation_config(hf_config: dict) -> dict | None:
     """``generation_config.json`` of an export whose head generates (None otherwise): the
-    special ids ``generate`` stops and pads with, the tokenizer's where it has them, else
-    ``config.json``'s.
+    special ids ``generate`` stops and pads with, as ``config.json`` has them (the
+    tokenizer's, ``export_hf``).
 
     A decoder whose pad id is also the start id its rows begin with (ours: 0 for both)
     gets no pad id: ``generate`` given one and no attention mask masks every token equal
@@ -382,12 +382,8 @@ def generation_config(hf_config: dict, tokenizer) -> dict | None:
     if not architecture.endswith(GENERATING_HEADS):
         return None
     ids = {key: hf_config[key] for key in GENERATION_IDS if hf_config.get(key) is not None}
-    for name in ("bos", "eos", "pad"):
-        value = getattr(tokenizer, f"{name}_id", None) if tokenizer is not None else None
-        if value is not None and value >= 0:
-            ids[f"{name}_token_id"] = int(value)
     if (not architecture.endswith("ForConditionalGeneration")
-            and ids.get("pad_token_id") == hf_config.get("decoder_start_token_id")):
+            and ids.get("pad_token_id") == ids.get("decoder_start_token_id")):
         ids.pop("pad_token_id", None)
     return {**ids, "_from_model_config": False}
 
@@ -412,7 +408,7 @@ def export_hf(checkpoint: str, out: str, vocabulary: str = "checkpoint") -> dict
     else:
         named = module.params_to_hf(params, model_config)
     hf_io.write_folder(out, hf_config, named)
-    generation = generation_config(hf_config, tokenizer)
+    generation = generation_config(hf_config)
     if generation is not None:
         (pathlib.Path(out) / "generation_config.json").write_text(
             json.dumps(generation, indent=2, sort_keys=True))

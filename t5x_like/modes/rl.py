@@ -229,18 +229,23 @@ class Rollouts:
 
     def sample(self, params, rows: dict, rng, greedy: bool = False):
         """``(prompt tokens [n, 1 + inputs], prompt lengths [n], completions [n, targets])``
-        of this process's decoder ``rows`` (host numpy), sampled on the mesh."""
+        of this process's decoder ``rows`` (host numpy), sampled by ``rl.sampler``'s
+        sampler."""
         prompts, lengths = (np.asarray(x) for x in prompts_from_batch(rows))
         prompts = prompts[:, :self.prompt_width]
         lengths = np.minimum(lengths, self.prompt_width).astype(np.int32)
-        if self.spec.rl.sampler == "engine":
-            return prompts, lengths, self._engine_sample(params, prompts, lengths, rng, greedy)
-        mesh, rules = self.trainer.mesh, self.trainer.rules
-        placed = partitioning.global_batch({"tokens": prompts, "lengths": lengths}, mesh, rules)
+        sample = self._engine_sample if self.spec.rl.sampler == "engine" else self._static_sample
+        return prompts, lengths, sample(params, prompts, lengths, rng, greedy)
+
+    def _static_sample(self, params, prompts, lengths, rng, greedy: bool) -> np.ndarray:
+        """``[n, targets]`` completions of this process's rows, one padded batch sampled
+        on the mesh (``decoding.generate_padded``)."""
+        placed = partitioning.global_batch({"tokens": prompts, "lengths": lengths},
+                                           self.trainer.mesh, self.trainer.rules)
         with self.trainer._context():
             completions = self._sample(params, placed["tokens"], placed["lengths"], rng,
                                        greedy=greedy)
-        return prompts, lengths, _local_rows(completions, prompts.shape[0])
+        return _local_rows(completions, prompts.shape[0])
 
     def _engine_sample(self, params, prompts, lengths, rng, greedy: bool) -> np.ndarray:
         """``[n, targets]`` completions of the rows' prompts by the continuous-batching

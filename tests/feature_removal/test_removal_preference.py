@@ -134,16 +134,8 @@ def _ppo_minibatch_value_weights_kept(monkeypatch):
 
 def _rollouts_never_use_the_engine(monkeypatch):
     """``rl.sampler=engine`` samples with the static sampler."""
-    from t5x_like.engine import partitioning
     from t5x_like.modes import rl
-
-    def static(self, params, prompts, lengths, rng, greedy):
-        placed = partitioning.global_batch({"tokens": prompts, "lengths": lengths},
-                                           self.trainer.mesh, self.trainer.rules)
-        with self.trainer._context():
-            out = self._sample(params, placed["tokens"], placed["lengths"], rng, greedy=greedy)
-        return rl._local_rows(out, prompts.shape[0])
-    monkeypatch.setattr(rl.Rollouts, "_engine_sample", static)
+    monkeypatch.setattr(rl.Rollouts, "_engine_sample", rl.Rollouts._static_sample)
 
 
 DYNAMIC_SAMPLING = existing(
