@@ -603,6 +603,28 @@ def test_a_reward_that_turns_nan_mid_run_names_the_step_and_keeps_the_checkpoint
     assert steps[-1] == 4 and 3 in steps
 
 
+def test_engine_rollouts_are_refused_where_the_engine_cannot_sample(arithmetic_sft,
+                                                                   monkeypatch):
+    """``rl.sampler=engine`` on more than one process, or with a policy that reads no
+    paged cache: one line naming ``rl.sampler=static``, before anything runs."""
+    import types
+
+    import flax.linen as nn
+    spec = spec_of(rl_config(arithmetic_sft, **{"rl.sampler": "engine"}))
+    rl.check_engine(spec)  # one process, a paged decoder: taken
+    with monkeypatch.context() as patched:
+        patched.setattr(jax, "process_count", lambda: 2)
+        with pytest.raises(errors.UserError,
+                           match=r"samples on one process; this run has 2\. Use "
+                                 r"--config.rl.sampler=static\."):
+            rl.check_engine(spec)
+    monkeypatch.setattr(structures, "for_config",
+                        lambda spec: types.SimpleNamespace(policy_model=nn.Dense(1)))
+    with pytest.raises(errors.UserError, match=r"rl.sampler='engine': Dense.__call__ takes no "
+                                               r"page_table.* Use --config.rl.sampler=static"):
+        rl.check_engine(spec)
+
+
 @pytest.mark.parametrize("overrides,message", [
     ({"rl.rewards": ("no_such_reward",)}, "not a registered reward"),
     ({"rl.reward_model": "{sft}"}, "is not a reward model"),
