@@ -169,8 +169,11 @@ def run(args, overrides) -> int:
         inputs_text = read_inputs(args.input_file)[:args.max_examples or None]
         targets_text = None
         examples = []
+        # The prompt as the run's tasks built one (an exported tokenizer's template adds
+        # the same ids): text and EOS, or a language model's text to continue.
+        _, suffix = structures.for_config(config).prompt_framing(config, vocabulary)
         for text in inputs_text:
-            tokens = list(vocabulary.encode(text))[:lengths["inputs"] - 1] + [vocabulary.eos_id]
+            tokens = list(vocabulary.encode(text))[:lengths["inputs"] - len(suffix)] + suffix
             examples.append({"inputs": np.asarray(tokens, np.int32), "inputs_pretokenized": text})
 
     _, trainer = trainer_lib.build_on_devices(config)

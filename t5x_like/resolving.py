@@ -133,6 +133,15 @@ def check_model_fits_vocabulary(spec, vocabulary) -> None:
             f"--config.model.pad_id={pad_id} (a model must mask the padding its data uses).")
 
 
+def saved_start_id(saved: dict | None) -> int | None:
+    """The id a saved run's rows started with (``model.bos_id`` of its config; one saved
+    before the key existed started with 0), for a resume or an ``init_from`` to keep
+    (``Structure.with_start_id``); None without a saved config."""
+    if saved is None:
+        return None
+    return max(int(config.migrated(saved)[0].get("model", {}).get("bos_id", 0)), 0)
+
+
 def check_vocabulary(spec, task, trained, asked=None) -> None:
     """Refuses a task whose vocabulary does not fit the model, or is not the one the
     checkpoint was trained with (``trained``) unless the user asked for it (``asked``)."""
@@ -217,6 +226,8 @@ def spec_for_checkpoint(source: Source, saved: dict, config_path: str | None = N
     from t5x_like import structures
     if config_path:
         spec = resolve_spec(load_config(config_path, overrides))
+        spec = structures.structure_class(spec.model.family).with_start_id(
+            spec, None, saved_start_id(saved))
         check_same_model(saved, spec, source=str(source.path))
         return spec
     if source.kind == "pretrained":

@@ -285,17 +285,21 @@ def test_convert_export_takes_a_run_and_writes_the_tokenizer_it_trained_with(dec
     tokenizer = transformers.AutoTokenizer.from_pretrained(decoder_run / "hf")
     vocabulary = tasks.embedded_vocabulary()
     line = corpus_lines(5)[4]
-    assert tokenizer.encode(line) == vocabulary.encode(line)
+    assert tokenizer.encode(line, add_special_tokens=False) == vocabulary.encode(line)
+    # The template adds the start id the run's rows began with (a language model's
+    # prompt is a text to continue: no EOS after it); a batch pads on the left.
+    assert tokenizer(line).input_ids == [vocabulary.bos_id, *vocabulary.encode(line)]
+    assert tokenizer.padding_side == "left"
     config = json.loads((decoder_run / "hf" / "config.json").read_text())
     assert (config["eos_token_id"], config["bos_token_id"]) == (vocabulary.eos_id,
                                                                  vocabulary.bos_id)
-    # generate's ids come from generation_config.json: the tokenizer's, and no pad id,
-    # which is the start id 0 every prompt of ours begins with (generate would mask it).
+    # generate's ids come from generation_config.json: the tokenizer's. A new run starts
+    # its rows with <s> (3), not with the pad id 0, which generate and TRL mask.
     generation = transformers.GenerationConfig.from_pretrained(decoder_run / "hf")
     assert (generation.eos_token_id, generation.bos_token_id) == (vocabulary.eos_id,
                                                                  vocabulary.bos_id)
-    assert vocabulary.pad_id == config["decoder_start_token_id"] == 0
-    assert generation.pad_token_id is None
+    assert config["decoder_start_token_id"] == vocabulary.bos_id == 3
+    assert generation.pad_token_id == vocabulary.pad_id == 0
     # Imported back, the tokenizer is the built-in vocabulary again: its tasks need no flag.
     out = decoder_run.parent / (decoder_run.name + "_imported")
     assert convert_cli.main(["import", f"--hf_dir={decoder_run / 'hf'}", f"--out={out}"]) == 0
@@ -432,21 +436,22 @@ def test_rank_scores_of_an_imported_gpt2_are_its_causal_log_likelihoods(gpt2, tm
 
 def test_rank_scores_of_our_causal_run_equal_its_export(decoder_run, tmp_path, capsys):
     """The same for a decoder this framework pretrained without inputs, on the built-in
-    SentencePiece vocabulary: scored causally from its start id 0, equal to its export."""
+    SentencePiece vocabulary: scored causally from its start id (<s>, 3), equal to its
+    export."""
     model = transformers.AutoModelForCausalLM.from_pretrained(decoder_run / "hf").eval()
     config = json.loads((decoder_run / "hf" / "config.json").read_text())
-    assert config["decoder_start_token_id"] == 0
     vocabulary = tasks.embedded_vocabulary()
+    assert config["decoder_start_token_id"] == vocabulary.bos_id == 3
     out = tmp_path / "rank"
     assert eval_cli.main([f"--checkpoint={decoder_run / 'run'}", f"--task={CLOZE}",
                           "--split=test", "--max_examples=3", "--mode=rank",
                           "--inputs_length=216", "--targets_length=32",
                           f"--output_dir={out}"]) == 0
-    assert "prompts read with causal attention, rows start with id 0" in capsys.readouterr().out
+    assert "prompts read with causal attention, rows start with id 3" in capsys.readouterr().out
     records = [json.loads(line) for line in
                (out / "predictions" / CLOZE / "step_3.jsonl").read_text().splitlines()]
     eos = vocabulary.eos_id
-    prompts = [[0] + list(vocabulary.encode(r["inputs"])) + [eos] for r in records]
+    prompts = [[3] + list(vocabulary.encode(r["inputs"])) + [eos] for r in records]
     whole = [(r, p) for r, p in zip(records, prompts, strict=True) if len(p) - 1 <= 216]
     assert len(whole) >= 2
     for record, prompt in whole:

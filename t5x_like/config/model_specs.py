@@ -114,7 +114,10 @@ class DecoderSpec(OneStack, WithExperts, TransformerSpec):
     post_sublayer_norms: bool = False
     scale_embeddings: bool = False
     final_logit_softcap: float = field(0.0, minimum=0.0)
-    bos_id: int = field(0, minimum=0, doc="the first input of every sequence")
+    bos_id: int = field(-1, minimum=-1, doc=(
+        "the first input of every sequence; -1: decided when a run starts (a resume or "
+        "init_from keeps the checkpoint's, a new run takes its vocabulary's BOS, else its "
+        "EOS: never the pad id, which transformers' generate and TRL mask)"))
 
     FAMILY: ClassVar[str] = "decoder"
     EXAMPLE_CONFIG: ClassVar[str] = "pretrain/gpt2_tiny"

@@ -45,7 +45,7 @@ ARCHITECTURES = {"t5": hf_t5, "mt5": hf_t5, "gpt2": hf_gpt2, "bert": hf_bert,
                  "longformer": hf_longformer, "mixtral": hf_moe, "qwen2_moe": hf_moe,
                  "switch_transformers": hf_switch}
 EXPORTERS = {"encoder_decoder": hf_t5, "decoder": hf_gpt2, "encoder": hf_bert,
-             "electra": hf_electra}
+             "electra": hf_electra, "bart": hf_bart}
 # A model's recorded variant (``model.variant``, the Hugging Face model_type it is) ->
 # the exporter that writes it back; a model without one (older folders, our own runs)
 # is read from its switches (``exporter_for``).
@@ -53,12 +53,14 @@ VARIANT_EXPORTERS = {"t5": hf_t5, "mt5": hf_t5, "switch_transformers": hf_switch
                      "gpt2": hf_gpt2, "llama": hf_llama, "mistral": hf_llama, "qwen2": hf_llama,
                      "qwen3": hf_llama, "gemma2": hf_gemma, "gemma3_text": hf_gemma,
                      "mixtral": hf_moe, "qwen2_moe": hf_moe, "bert": hf_bert,
-                     "distilbert": hf_distilbert, "electra": hf_electra}
+                     "distilbert": hf_distilbert, "electra": hf_electra, "bart": hf_bart,
+                     "mbart": hf_bart}
 # What each exportable family becomes, for the refusal that lists them.
 EXPORTED_AS = {"encoder_decoder": "T5, or Switch Transformers with experts",
                "decoder": "GPT-2, or Llama/Mistral/Qwen2/Qwen3/Gemma 2/Gemma 3 with rotary "
                           "positions, Mixtral/Qwen2-MoE with experts",
-               "encoder": "BERT or DistilBERT", "electra": "ELECTRA"}
+               "encoder": "BERT or DistilBERT", "electra": "ELECTRA",
+               "bart": "BART, or mBART when pre-norm"}
 
 
 def exporter_for(model_config: dict):
@@ -388,6 +390,19 @@ def generation_config(hf_config: dict) -> dict | None:
     return {**ids, "_from_model_config": False}
 
 
+def prompt_format(spec, tokenizer) -> dict:
+    """How the exported tokenizer frames a text, so that ``tokenizer(text)`` gives the
+    prompt the run's model reads (``Structure.prompt_framing``: a decoder's start id, and
+    EOS after a prompt where its tasks had inputs; an encoder-decoder's EOS; BERT's [CLS]
+    and [SEP]), and which side it pads (the left, for a model that generates after its
+    prompt). Nothing for a pretrained folder without a run (its tokenizer came with it)."""
+    if spec is None:
+        return {}
+    structure = structures.structure_class(spec.model.family)
+    return {"framing": structure.prompt_framing(spec, tokenizer),
+            "padding_side": "left" if structure.generates_after_prompt else ""}
+
+
 def export_hf(checkpoint: str, out: str, vocabulary: str = "checkpoint") -> dict:
     model_config, params, own, provenance, head = load_for_export(checkpoint)
     module = exporter_for(model_config)
@@ -400,7 +415,7 @@ def export_hf(checkpoint: str, out: str, vocabulary: str = "checkpoint") -> dict
     if tokenizer is not None:  # the config names the tokenizer's special ids, not guesses
         for name in ("eos", "bos", "pad"):
             value = getattr(tokenizer, f"{name}_id", None)
-            if f"{name}_token_id" in hf_config and value is not None:
+            if value is not None:
                 hf_config[f"{name}_token_id"] = int(value)
     if head == "sequence_classifier":
         hf_config, named = as_sequence_classifier(
@@ -409,6 +424,9 @@ def export_hf(checkpoint: str, out: str, vocabulary: str = "checkpoint") -> dict
         named = module.params_to_hf(params, model_config)
     hf_io.write_folder(out, hf_config, named)
     generation = generation_config(hf_config)
+    if generation is not None and provenance.spec is not None:
+        # generate's default length is infer's: the run's targets length.
+        generation["max_new_tokens"] = int(provenance.spec.task_feature_lengths.get("targets", 64))
     if generation is not None:
         (pathlib.Path(out) / "generation_config.json").write_text(
             json.dumps(generation, indent=2, sort_keys=True))
@@ -416,7 +434,7 @@ def export_hf(checkpoint: str, out: str, vocabulary: str = "checkpoint") -> dict
     (pathlib.Path(out) / "README.md").write_text(
         model_card.render(hf_config, num_params, provenance))
     if tokenizer is not None:
-        hf_tokenizers.write_tokenizer(tokenizer, out)
+        hf_tokenizers.write_tokenizer(tokenizer, out, **prompt_format(provenance.spec, tokenizer))
     else:
         print(f"convert: warning: {checkpoint} carries no tokenizer, so {out} has none and "
               "AutoTokenizer cannot load it; pass --vocabulary=embedded|byte|PATH to write the "

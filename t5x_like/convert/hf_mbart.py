@@ -14,8 +14,7 @@ import numpy as np
 
 from t5x_like.convert import hf_bart
 
-FINAL_NORMS = {"encoder_final_norm": "model.encoder.layer_norm",
-               "decoder_final_norm": "model.decoder.layer_norm"}
+FINAL_NORMS = hf_bart.FINAL_NORMS
 
 
 def model_config_from_hf(hf: dict) -> dict:

@@ -23,6 +23,16 @@ import shutil
 from collections.abc import Iterable, Sequence
 
 import numpy as np
+from tokenizers import (
+    AddedToken,
+    Regex,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+)
 
 from t5x_like.data import vocabularies
 from t5x_like.errors import MissingFile
@@ -142,7 +152,6 @@ class HfTokenizerVocabulary:
     lm-evaluation-harness encodes decoder requests the same way."""
 
     def __init__(self, path, hf_config: dict | None = None):
-        from tokenizers import Tokenizer
         path = pathlib.Path(path)
         self.folder = path if path.is_dir() else path.parent
         json_file = path if path.is_file() else path / "tokenizer.json"
@@ -322,9 +331,14 @@ class HfTokenizerVocabulary:
 
 # -- our vocabularies as Hugging Face tokenizer folders ----------------------------------------
 
-def write_tokenizer(vocabulary, out_dir) -> list[str]:
+def write_tokenizer(vocabulary, out_dir, framing: tuple[list[int], list[int]] | None = None,
+                    padding_side: str = "") -> list[str]:
     """Writes ``vocabulary`` into ``out_dir`` as files ``AutoTokenizer`` loads, with the
-    same ids ours give; returns the names written."""
+    same ids ours give; returns the names written. ``framing``: ``(prefix, suffix)`` ids
+    the tokenizer adds around every text (its template: ``tokenizer(text)`` then gives a
+    model's prompt as its run built one); ``padding_side``: where a batch pads ("left" for
+    a decoder, whose generation continues each row's last token). An imported tokenizer
+    is written back as it came, its own template included."""
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     real = vocabulary._factory() if hasattr(vocabulary, "_factory") else vocabulary
@@ -356,12 +370,30 @@ def write_tokenizer(vocabulary, out_dir) -> list[str]:
         written = []
     else:
         raise ValueError(f"Cannot write a Hugging Face tokenizer for {type(real).__name__}.")
+    if framing is not None and any(framing):
+        tokenizer.post_processor = template_processing(tokenizer, *framing)
     tokenizer.save(str(out_dir / "tokenizer.json"))
     settings = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 1_000_000_000,
-                **settings}
+                **settings, **({"padding_side": padding_side} if padding_side else {})}
     (out_dir / "tokenizer_config.json").write_text(json.dumps(settings, indent=2))
     (out_dir / NATIVE_FILE).write_text(json.dumps(native, indent=2))
     return written + ["tokenizer.json", "tokenizer_config.json", NATIVE_FILE]
+
+
+def template_processing(tokenizer, prefix: list[int], suffix: list[int]):
+    """A ``tokenizers`` template adding ``prefix`` and ``suffix`` ids around a text (and
+    around each of a pair, as BERT's ``[CLS] a [SEP] b [SEP]`` when both are given)."""
+
+    def names(ids):
+        return [tokenizer.id_to_token(int(i)) for i in ids]
+
+    before, after = names(prefix), names(suffix)
+    single = [*before, "$A", *after]
+    pair = [*single, "$B:1", *[f"{name}:1" for name in after]]
+    special = sorted({(name, int(i)) for name, i in zip(before + after, prefix + suffix,
+                                                        strict=True)})
+    return processors.TemplateProcessing(single=" ".join(single), pair=" ".join(pair),
+                                         special_tokens=special)
 
 
 def sentencepiece_tokenizer(vocabulary):
@@ -376,7 +408,6 @@ def sentencepiece_tokenizer(vocabulary):
     with a user-defined piece or a sentinel directly followed by a letter.
     """
     from sentencepiece import sentencepiece_model_pb2
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
     proto = sentencepiece_model_pb2.ModelProto.FromString(
         pathlib.Path(vocabulary.model_path).read_bytes())
@@ -430,7 +461,6 @@ def byte_tokenizer(vocabulary):
     transformers' own ByT5Tokenizer numbers its sentinels upwards from 259, so the
     tokenizer is written out rather than named. Not reproduced: our byte vocabulary
     never reads ``<extra_id_N>`` in text as a sentinel; this tokenizer does."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     by_byte = sorted(alphabet, key=lambda ch: _byte_of(ch))

@@ -241,6 +241,20 @@ class Structure:
         return [], [int(vocabulary.eos_id)]
 
     @classmethod
+    def prompt_framing(cls, spec, vocabulary) -> tuple[list[int], list[int]]:
+        """``(prefix, suffix)`` ids around a prompt's text as the run's model reads it
+        (``infer``'s free text; its tasks' inputs): what an export's tokenizer adds to a
+        text (its template), so ``tokenizer(text)`` gives the model's prompt. Here the
+        text's own framing (an encoder-decoder's ``text EOS``, BERT's ``[CLS] text [SEP]``)."""
+        return cls.text_framing(vocabulary)
+
+    @classmethod
+    def with_start_id(cls, spec, vocabulary, saved_start: int | None = None):
+        """``spec`` with the id its rows start with decided, where the family has one the
+        run decides (a decoder's ``model.bos_id=-1``); here there is none."""
+        return spec
+
+    @classmethod
     def hidden_stack(cls, config) -> tuple[str | None, str]:
         """``(model method, words)``: the stack whose layers the embedding analyses read
         (``None``: the model's ``__call__``)."""

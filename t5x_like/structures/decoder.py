@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from t5x_like.data import feature_converters
-from t5x_like.errors import UserError
+from t5x_like.errors import ConfigError, UserError
 from t5x_like.models import decoding
 from t5x_like.structures.base import (
     DECODE_DEFAULTS,
@@ -15,6 +15,22 @@ from t5x_like.structures.base import (
     _token_loss_fn,
     dropout_rngs,
 )
+
+
+def start_id(model) -> int:
+    """The id a decoder's rows start with (``model.bos_id``). A spec no run resolved
+    (``-1``: a model built outside ``train``, e.g. in a unit test) reads 0."""
+    return max(int(getattr(model, "bos_id", 0)), 0)
+
+
+def vocabulary_start_id(vocabulary) -> int:
+    """A new decoder run's start id: the vocabulary's BOS, else its EOS; never its pad."""
+    pad = getattr(vocabulary, "pad_id", None)
+    for candidate in (getattr(vocabulary, "bos_id", None), getattr(vocabulary, "eos_id", None)):
+        if candidate is not None and candidate >= 0 and candidate != pad:
+            return int(candidate)
+    raise ConfigError(f"The vocabulary {type(vocabulary).__name__} has no BOS or EOS apart from "
+                      "its pad id to start a decoder's rows with; set --config.model.bos_id.")
 
 
 class DecoderStructure(Structure):
@@ -42,6 +58,28 @@ class DecoderStructure(Structure):
         """``EOS text``: EOS ends every document of the LM stream, so a text after it reads
         as a document's start."""
         return ([int(vocabulary.eos_id)] if vocabulary.eos_id is not None else []), []
+
+    @classmethod
+    def prompt_framing(cls, spec, vocabulary):
+        """``START text EOS`` where the run trained on inputs (a prefix LM, an SFT recipe:
+        its tasks end the inputs with EOS, and the targets follow); ``START text`` for a
+        language model, whose prompt is a text to continue."""
+        suffix = ([int(vocabulary.eos_id)] if "inputs" in spec.task_feature_lengths
+                  and vocabulary.eos_id is not None else [])
+        return [start_id(spec.model)], suffix
+
+    @classmethod
+    def with_start_id(cls, spec, vocabulary, saved_start: int | None = None):
+        """``model.bos_id=-1`` decided: ``saved_start`` when the run resumes or starts from
+        a checkpoint (the id that model read first), else the vocabulary's BOS, its EOS
+        where it has no BOS of its own (GPT-2's ``<|endoftext|>`` is both). Never the pad
+        id: transformers' ``generate`` without an attention mask, and TRL, mask every pad
+        id, a prompt's first token included. (Runs before this convention started with
+        0, the pad id; their checkpoints keep it.)"""
+        if getattr(spec.model, "bos_id", 0) >= 0:  # decided (ELMo's bilm has no start id)
+            return spec
+        start = saved_start if saved_start is not None else vocabulary_start_id(vocabulary)
+        return spec.replace(model=spec.model.replace(bos_id=int(start)))
 
     @classmethod
     def positions_needed(cls, config, lengths):
@@ -87,7 +125,7 @@ class DecoderStructure(Structure):
 
     @classmethod
     def evaluation_line(cls, config):
-        start = getattr(config.model, "bos_id", 0)
+        start = start_id(config.model)
         return (f"decoder: prompts read with {config.data.prefix_attention} attention, rows start "
                 f"with id {start}")
 
@@ -106,7 +144,7 @@ class DecoderStructure(Structure):
         return feature_converters.DecoderFeatureConverter(
             pack=pack, prefix_lm="inputs" in task_feature_lengths,
             bidirectional_prefix=self.prefix_attention == "bidirectional",
-            start_id=getattr(self.model.config, "bos_id", 0))
+            start_id=start_id(self.model.config))
 
     def model_feature_lengths(self, task_feature_lengths):
         lengths = dict(task_feature_lengths)

@@ -29,6 +29,7 @@ from t5x_like.models.heads import RewardModel
 from t5x_like.objectives import preference as losses
 from t5x_like.structures import families, mode_structures
 from t5x_like.structures.base import Structure, dropout_rngs
+from t5x_like.structures.decoder import start_id
 from t5x_like.structures.head import check_head_features
 
 SIDES = ("chosen", "rejected")
@@ -63,7 +64,7 @@ class _PairStructure(Structure):
         if pack:
             raise UserError("Preference pairs are batched, not packed (both rows of a pair "
                             "share a prompt); set --config.data.pack=False.")
-        return PairFeatureConverter(start_id=getattr(self.body.model.config, "bos_id", 0))
+        return PairFeatureConverter(start_id=start_id(self.body.model.config))
 
     def model_feature_lengths(self, task_feature_lengths):
         lengths = dict(task_feature_lengths)

@@ -96,6 +96,10 @@ def resolve_training(run_config, workdir: str, devices=None, process_count: int 
     trackers.check_ready(spec.trackers, spec.tracking)
     asked = _config_vocabulary(spec)
     vocabulary = asked or get_task_or_mixture(spec.task).vocabulary
+    newest = _newest_saved_config(spec, storage.path(workdir))
+    spec = structures.structure_class(spec.model.family).with_start_id(
+        spec, vocabulary, resolving.saved_start_id(newest[1] if newest else
+                                                   _init_from_config(spec)))
     resolving.check_model_fits_vocabulary(spec, vocabulary)
     resolving.check_task_steps(spec, asked)
     evaluators = _prepared_evaluators(in_training, spec, asked)
@@ -104,7 +108,6 @@ def resolve_training(run_config, workdir: str, devices=None, process_count: int 
     mesh_shape = config.check_devices(spec, len(devices), process_count,
                                       partitioning.num_slices(devices))
     asked_microbatches = spec.optimizer.microbatches
-    newest = _newest_saved_config(spec, storage.path(workdir))
     spec, notices = _holding_the_saved_rows(spec, newest, mesh_shape)
     if notices:  # the new microbatches meet the mesh's checks too
         config.check_devices(spec, len(devices), process_count, partitioning.num_slices(devices))
@@ -239,6 +242,19 @@ def _checked_modes(spec, vocabulary, trainer) -> dict:
         return {frozen.name: frozen.resolve(spec, vocabulary, trainer) for frozen in needed}
     except UserError as e:
         raise ConfigError(str(e)) from None
+
+
+def _init_from_config(spec) -> dict | None:
+    """The saved config of the newest checkpoint ``init_from`` names (None: no init_from,
+    or one that does not resolve, which ``_check_init_from`` refuses)."""
+    if not spec.init_from:
+        return None
+    try:
+        source = resolve(spec.init_from, "init_from")
+    except UserError:
+        return None
+    steps = source.steps()
+    return source.saved_config(steps[-1]) if steps else None
 
 
 def _check_init_from(spec) -> None:
