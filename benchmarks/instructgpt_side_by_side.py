@@ -76,8 +76,9 @@ def trl_run(policy_dir: str, reward_dir: str, out: str, seed: int, settings: dic
     policy, reference = load(policy_dir), load(policy_dir)
     reward_model, value_model = classifier(reward_dir), classifier(reward_dir)
     tokenizer = transformers.AutoTokenizer.from_pretrained(policy_dir)
-    # TRL masks every pad id it sees (a query's too); ours pads with 0, which is also the
-    # start id each prompt begins with. TRL's padding takes a token no prompt holds.
+    # TRL masks every pad id it sees (a query's too). Runs before issue 63 started each
+    # prompt with 0, the pad id (new ones with <s>); TRL's padding takes a token no
+    # prompt holds either way.
     tokenizer.pad_token = PAD_FOR_TRL
     held_out = torch.tensor(prompt_ids("validation", settings["held_out"]))
     width = settings["response_length"]

@@ -109,8 +109,9 @@ def score_ours(config, trainer, params, vocabulary, args, num_shots: int, width:
     assert result.mode == "lm_eval", result.mode
     vocabulary = ev.tasks[0].output_features["targets"].vocabulary
     examples = ev.examples(ev.tasks[0])
+    prefix = evaluator.text_prefix(ev.structure, vocabulary)
     requests = [few_shot.loglikelihood_request(vocabulary, record["inputs"],
-                                               lm_eval_harness._text(option))
+                                               lm_eval_harness._text(option), prefix)
                 for record, ex in zip(result.records, examples, strict=False) for option in ex["options"]]
     return lm_eval_harness.Scored(result.metrics["acc"], result.metrics["acc_norm"],
                                   [r["inputs"] for r in result.records],

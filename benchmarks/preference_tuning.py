@@ -296,14 +296,17 @@ def export(checkpoint: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
 def sampler_prompts(task: str, split: str, lengths: dict,
                     count: int | None = None) -> list[list[int]]:
     """``split``'s prompts of ``task`` (the first ``count``; None: all) as our rollouts
-    sample them: the decoder rows' prompts (``prompts_from_batch``: the start id and the
-    inputs) cut to the ``1 + inputs`` positions ``Rollouts.sample`` keeps."""
+    sample them: the decoder rows' prompts (``prompts_from_batch``: the start id a new
+    run takes from the task's vocabulary, and the inputs) cut to the ``1 + inputs``
+    positions ``Rollouts.sample`` keeps."""
     import numpy as np
 
-    from t5x_like.data import feature_converters, pipeline
-    from t5x_like.structures.decoder import prompts_from_batch
+    from t5x_like.data import feature_converters, get_task_or_mixture, pipeline
+    from t5x_like.structures.decoder import prompts_from_batch, vocabulary_start_id
+    start = vocabulary_start_id(get_task_or_mixture(task).vocabulary)
     converter = feature_converters.DecoderFeatureConverter(prefix_lm=True,
-                                                           bidirectional_prefix=False)
+                                                           bidirectional_prefix=False,
+                                                           start_id=start)
     rows = pipeline.build_dataset(task, split, lengths, seed=0, shuffle=False, repeat=False,
                                   feature_converter=converter)
     rows = list(rows if count is None else itertools.islice(rows, count))

@@ -25,8 +25,9 @@ the seeds.
 What is checked to be the same, what is set rather than left at a default, and where the
 two differ:
 
-- TRL's prompt is our prompt token for token: the start id (``<pad>``, 0), the operands
-  and the inputs' EOS (``</s>``), as text its tokenizer splits back into those ids;
+- TRL's prompt is our prompt token for token: the start id (``<s>``, 3, which the
+  export's tokenizer adds), the operands and the inputs' EOS (``</s>``), as text its
+  tokenizer splits back into those ids;
   ``run`` checks every train and held-out prompt before it trains anything.
 - ``use_bias_correction_kl=False`` in TRL (its default is True): the GRPO paper's k3
   term, which ours computes (the parity test's setting); ours clips the gradient's norm
@@ -76,9 +77,10 @@ SMOKE_RECIPE = {"steps": 2, "every": 2, "prompts_per_step": 8, "generations": 2,
 # -- prompts ------------------------------------------------------------------------------
 def prompt_texts(split: str) -> list[dict]:
     """``embedded_arithmetic``'s ``split`` as TRL's dataset: the prompt as text whose
-    tokens are ours (start id, operands, the inputs' EOS) and the answer."""
+    tokens are ours (the export's tokenizer adds the start id, then the operands and
+    the inputs' EOS) and the answer."""
     from t5x_like.builtin_tasks.preferences import arithmetic_examples
-    return [{"prompt": f"<pad>{row['inputs']}</s>", "answer": row["targets"]}
+    return [{"prompt": f"{row['inputs']}</s>", "answer": row["targets"]}
             for row in arithmetic_examples()[split]]
 
 

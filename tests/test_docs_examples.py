@@ -40,6 +40,33 @@ def _run(argv, **kwargs):
 
 
 @pytest.mark.slow
+def test_the_export_round_trip_runs_as_printed(tmp_path):
+    """docs/models_and_conversion.md's round trip: train, export and infer as printed,
+    then its Python: transformers' answers from ``tokenizer(text)`` and ``generate`` with
+    defaults equal ours (``runs/`` and ``hf/`` become temporary folders)."""
+    page = (REPO / "docs" / "models_and_conversion.md").read_text()
+    section = page[page.index("### Train here, use anywhere"):]
+    commands = _shell_lines(_fenced_blocks(section, "sh")[0])
+    assert [shlex.split(c)[2] for c in commands] == [
+        "t5x_like.train", "t5x_like.convert", "t5x_like.infer"]
+    for command in commands:
+        argv = [sys.executable if word == ".venv/bin/python" else
+                word.replace("=runs/", f"={tmp_path}/runs/").replace("=hf/", f"={tmp_path}/hf/")
+                for word in shlex.split(command)]
+        result = _run(argv, env=_env(), timeout=600)
+        assert result.returncode == 0, (command, result.stderr[-3000:])
+    script = _fenced_blocks(section, "python")[0]
+    script = script.replace('"hf/', f'"{tmp_path}/hf/').replace('"runs/', f'"{tmp_path}/runs/')
+    result = _run([sys.executable, "-c", script], env=_env(HF_HUB_OFFLINE="1"), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 4, result.stdout
+    for line in lines:
+        theirs, ours = re.fullmatch(r".*= transformers: (.*) ours: (.*)", line).groups()
+        assert theirs == ours, line
+
+
+@pytest.mark.slow
 def test_the_small_task_example_runs_as_printed(tmp_path):
     """Registering a task from a user module, `tasks show`, training 20 steps and `eval`,
     with the page's own code: only `.venv/bin/python` becomes this interpreter and

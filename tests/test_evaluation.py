@@ -132,8 +132,12 @@ def test_lm_eval_requests_follow_the_harness():
     context, continuation = few_shot.loglikelihood_request(vocab, "The cat sat on the ", "mat")
     assert context == vocab.encode("The cat sat on the")
     assert context + continuation == vocab.encode("The cat sat on the mat")
-    assert few_shot.loglikelihood_request(vocab, "", "mat") == ([vocab.eos_id],
+    # An empty context is the vocabulary's BOS (lm-eval's hf model's default prefix).
+    assert few_shot.loglikelihood_request(vocab, "", "mat") == ([vocab.bos_id],
                                                                 vocab.encode(" mat"))
+    # A tokenizer template's prefix (a decoder run's start id) goes before every text.
+    framed = few_shot.loglikelihood_request(vocab, "The cat sat on the ", "mat", (3,))
+    assert framed == ([3, *context], continuation)
     row = few_shot.request_row([5, 6, 7], [8, 9], width=6)
     assert row["decoder_input_tokens"].tolist() == [5, 6, 7, 8, 0, 0]
     assert row["decoder_target_tokens"].tolist() == [6, 7, 8, 9, 0, 0]

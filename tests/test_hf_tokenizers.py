@@ -228,7 +228,8 @@ def test_fine_tuning_in_the_checkpoints_tokenizer(gpt2, tmp_path, capsys):
 LM_EVAL_TASK = "t5x_like_austen_cloze"
 
 
-def lm_eval_agreement(hf_dir, checkpoint, vocabulary, width, tmp_path, extra=()) -> list[dict]:
+def lm_eval_agreement(hf_dir, checkpoint, vocabulary, width, tmp_path, extra=(), prefix=()
+                      ) -> list[dict]:
     """lm-eval's HFLM on ``hf_dir`` (a ``width``-token window) and our ``eval`` on
     ``checkpoint`` (its default window, the same width), 0 and 2 shots on the first 6
     test examples of the cloze task: one comparison row per shot count."""
@@ -244,7 +245,7 @@ def lm_eval_agreement(hf_dir, checkpoint, vocabulary, width, tmp_path, extra=())
                               "--max_examples=6", f"--num_shots={shots}", "--quiet",
                               f"--output_dir={out}", *extra]) == 0
         predictions = next((out / "predictions" / CLOZE).glob("step_*.jsonl"))
-        ours = harness.ours_from_predictions(predictions, vocabulary, data["test"][:6])
+        ours = harness.ours_from_predictions(predictions, vocabulary, data["test"][:6], prefix)
         rows.append(harness.compare(theirs, ours))
     return rows
 
@@ -313,8 +314,11 @@ def test_lm_eval_agrees_with_our_eval_on_our_exported_decoder(decoder_run, tmp_p
     """Our decoder's run scored by ``eval``, its export (weights and tokenizer.json) by
     lm-eval."""
     import lm_eval  # noqa: F401  (installed by the dev extra: a missing one must fail, not skip)
+    # Both sides frame each text with the run's start id (<s>, 3): lm-eval's by the
+    # exported tokenizer's template, ours as the structure's text prefix.
     rows = lm_eval_agreement(decoder_run / "hf", decoder_run / "run",
-                             tasks.embedded_vocabulary(), 160, tmp_path)  # the run's length
+                             tasks.embedded_vocabulary(), 160, tmp_path,  # the run's length
+                             prefix=(3,))
     for row in rows:
         assert row["prompts identical"] == "yes" and row["agree"], row
         assert row["max |Δ loglik|"] < 1e-4, row

@@ -392,14 +392,16 @@ def generation_config(hf_config: dict) -> dict | None:
 
 def prompt_format(spec, tokenizer) -> dict:
     """How the exported tokenizer frames a text, so that ``tokenizer(text)`` gives the
-    prompt the run's model reads (``Structure.prompt_framing``: a decoder's start id, and
-    EOS after a prompt where its tasks had inputs; an encoder-decoder's EOS; BERT's [CLS]
-    and [SEP]), and which side it pads (the left, for a model that generates after its
-    prompt). Nothing for a pretrained folder without a run (its tokenizer came with it)."""
+    prompt the run's model reads (``Structure.tokenizer_framing``: a decoder's start id,
+    an encoder-decoder's EOS, BERT's [CLS] and [SEP]); the chat template of a decoder
+    trained on inputs, whose prompts end with EOS (``Structure.chat_framing``); and which
+    side it pads (the left, for a model that generates after its prompt). Nothing for a
+    pretrained folder without a run (its tokenizer came with it)."""
     if spec is None:
         return {}
     structure = structures.structure_class(spec.model.family)
-    return {"framing": structure.prompt_framing(spec, tokenizer),
+    return {"framing": structure.tokenizer_framing(spec, tokenizer),
+            "chat_framing": structure.chat_framing(spec, tokenizer),
             "padding_side": "left" if structure.generates_after_prompt else ""}
 
 

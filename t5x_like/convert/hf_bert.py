@@ -59,15 +59,17 @@ def model_config_from_hf(hf: dict, model_type: str = "bert") -> dict:
 
 
 def hf_config_from_model_config(cfg: dict) -> dict:
-    if (cfg.get("position_offset", 0) or not cfg.get("next_sentence_head", True)
-            or cfg.get("embedding_dim") or cfg.get("share_layers")
+    if (cfg.get("position_offset", 0) or cfg.get("embedding_dim") or cfg.get("share_layers")
             or cfg.get("span_boundary_head") or cfg.get("attention_window")):
         raise UserError("Only BERT-layout encoders export so far (RoBERTa-style position "
                         "offsets, ALBERT's factorized or shared layers, the span-boundary "
-                        "head, local attention and models without the next-sentence head "
-                        "do not).")
+                        "head and local attention do not).")
+    # With the next-sentence head: BertForPreTraining (pooler and NSP); without it (an MLM
+    # run here): BertForMaskedLM, which has neither.
+    nsp = cfg.get("next_sentence_head", True)
     return {
-        "architectures": ["BertForPreTraining"], "model_type": "bert",
+        "architectures": ["BertForPreTraining" if nsp else "BertForMaskedLM"],
+        "model_type": "bert",
         "vocab_size": cfg["vocab_size"], "hidden_size": cfg["d_model"],
         "num_attention_heads": cfg["num_heads"], "num_hidden_layers": cfg["num_layers"],
         "intermediate_size": cfg["d_ff"], "max_position_embeddings": cfg["max_length"],
@@ -172,7 +174,8 @@ def params_to_hf(params: dict, cfg: dict) -> dict[str, np.ndarray]:
                        ("cls.predictions.transform.dense", "mlm_transform"),
                        ("cls.predictions.transform.LayerNorm", "mlm_norm"),
                        ("cls.seq_relationship", "nsp")):
-        put_out(out, name, params[ours])
+        if ours in params:  # no pooler or NSP without the next-sentence head
+            put_out(out, name, params[ours])
     out["cls.predictions.bias"] = arr(params["mlm_bias"])
     for i in range(cfg["num_layers"]):
         out.update(layer_to_hf(params[f"layers_{i}"], f"bert.encoder.layer.{i}", d))

@@ -176,6 +176,16 @@ class HfTokenizerVocabulary:
     def __repr__(self):
         return f"HfTokenizerVocabulary({self.model_path!r}, {self.vocab_size} tokens)"
 
+    @functools.cached_property
+    def template_prefix(self) -> tuple[int, ...]:
+        """The ids the tokenizer's template adds before a text (Llama's BOS; none for
+        GPT-2's): what transformers' ``tokenizer(text)``, and lm-eval's ``hf`` model with
+        its defaults, put first. (``encode`` leaves the template out.)"""
+        plain = self._tokenizer.encode("a", add_special_tokens=False).ids
+        framed = self._tokenizer.encode("a", add_special_tokens=True).ids
+        start = next((i for i in range(len(framed)) if framed[i:i + len(plain)] == plain), 0)
+        return tuple(framed[:start])
+
     # -- special ids ------------------------------------------------------------------------
     def _declared(self, name: str) -> int | None:
         """The id of special token ``name``: the tokenizer's own declaration, then what
@@ -332,13 +342,16 @@ class HfTokenizerVocabulary:
 # -- our vocabularies as Hugging Face tokenizer folders ----------------------------------------
 
 def write_tokenizer(vocabulary, out_dir, framing: tuple[list[int], list[int]] | None = None,
-                    padding_side: str = "") -> list[str]:
+                    padding_side: str = "",
+                    chat_framing: tuple[list[int], list[int]] | None = None) -> list[str]:
     """Writes ``vocabulary`` into ``out_dir`` as files ``AutoTokenizer`` loads, with the
     same ids ours give; returns the names written. ``framing``: ``(prefix, suffix)`` ids
     the tokenizer adds around every text (its template: ``tokenizer(text)`` then gives a
     model's prompt as its run built one); ``padding_side``: where a batch pads ("left" for
-    a decoder, whose generation continues each row's last token). An imported tokenizer
-    is written back as it came, its own template included."""
+    a decoder, whose generation continues each row's last token); ``chat_framing``:
+    ``(prefix, suffix)`` ids around a user's message in a chat template (an assistant's
+    message is its text). An imported tokenizer is written back as it came, its own
+    templates included."""
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     real = vocabulary._factory() if hasattr(vocabulary, "_factory") else vocabulary
@@ -375,9 +388,22 @@ def write_tokenizer(vocabulary, out_dir, framing: tuple[list[int], list[int]] | 
     tokenizer.save(str(out_dir / "tokenizer.json"))
     settings = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 1_000_000_000,
                 **settings, **({"padding_side": padding_side} if padding_side else {})}
+    if chat_framing is not None:
+        settings["chat_template"] = user_message_template(tokenizer, *chat_framing)
     (out_dir / "tokenizer_config.json").write_text(json.dumps(settings, indent=2))
     (out_dir / NATIVE_FILE).write_text(json.dumps(native, indent=2))
     return written + ["tokenizer.json", "tokenizer_config.json", NATIVE_FILE]
+
+
+def user_message_template(tokenizer, prefix: list[int], suffix: list[int]) -> str:
+    """A chat template (Jinja, as ``apply_chat_template`` renders it) that frames each
+    message not the assistant's with ``prefix`` and ``suffix``'s tokens (the prefix once,
+    at the start) and writes the assistant's as it is."""
+    def text(ids):
+        return "".join(tokenizer.id_to_token(int(i)) for i in ids).replace("'", "\\'")
+    return ("{{ '" + text(prefix) + "' }}{% for message in messages %}"
+            "{{ message['content'] }}{% if message['role'] != 'assistant' %}{{ '"
+            + text(suffix) + "' }}{% endif %}{% endfor %}")
 
 
 def template_processing(tokenizer, prefix: list[int], suffix: list[int]):

@@ -413,9 +413,11 @@ class Evaluator(ModelRunner):
             requests += [(context, choice) for choice in choices]
             records.append({"inputs": context, "targets": _text(ex["targets_pretokenized"])})
 
+        prefix = text_prefix(self.structure, vocabulary)
+
         def request_row(i: int) -> dict:
             return few_shot.request_row(
-                *few_shot.loglikelihood_request(vocabulary, *requests[i]), width)
+                *few_shot.loglikelihood_request(vocabulary, *requests[i], prefix), width)
         scores = self.score_rows(params, LazyRows(len(requests), request_row))
         _check_finite(task.name, scores)
         correct, correct_norm, offset = [], [], 0
@@ -476,6 +478,14 @@ def _with_eos_target(example, vocabulary) -> dict:
     """Prediction needs no target, but a decoder's prompt ends where the targets begin:
     keep the row's layout with a one-token (EOS) target."""
     return dict(example, targets=np.asarray([vocabulary.eos_id], np.int32))
+
+
+def text_prefix(structure, vocabulary) -> tuple[int, ...]:
+    """What a text starts with once the checkpoint's tokenizer frames it, as its export
+    does (and lm-eval's ``hf`` model, by default): an imported tokenizer's own template
+    (Llama's BOS, GPT-2's nothing), else the structure's (a decoder run's start id)."""
+    own = getattr(vocabulary, "template_prefix", None)
+    return tuple(own) if own is not None else tuple(structure.text_prefix())
 
 
 def _decode(vocabulary, tokens) -> str:

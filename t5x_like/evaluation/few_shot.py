@@ -66,13 +66,19 @@ def split_trailing_space(context: str, continuation: str) -> tuple[str, str]:
     return stripped, context[len(stripped):] + continuation
 
 
-def loglikelihood_request(vocabulary, context: str, choice: str) -> tuple[list[int], list[int]]:
-    """``(context tokens, continuation tokens)`` for scoring ``choice`` after ``context``."""
+def loglikelihood_request(vocabulary, context: str, choice: str, prefix: Sequence[int] = ()
+                          ) -> tuple[list[int], list[int]]:
+    """``(context tokens, continuation tokens)`` for scoring ``choice`` after ``context``,
+    as lm-eval's ``hf`` model encodes them: each text framed by the tokenizer's template
+    (``prefix``, e.g. a decoder run's start id); an empty context is the vocabulary's BOS,
+    else its EOS."""
     context, continuation = split_trailing_space(context, TARGET_DELIMITER + choice)
     if not context:
-        return [vocabulary.eos_id], list(vocabulary.encode(continuation))
-    whole = list(vocabulary.encode(context + continuation))
-    context_tokens = list(vocabulary.encode(context))
+        bos = getattr(vocabulary, "bos_id", None)
+        start = bos if bos is not None and bos >= 0 else vocabulary.eos_id
+        return [int(start)], [*prefix, *vocabulary.encode(continuation)]
+    whole = [*prefix, *vocabulary.encode(context + continuation)]
+    context_tokens = [*prefix, *vocabulary.encode(context)]
     return context_tokens, whole[len(context_tokens):]
 
 

@@ -11,11 +11,14 @@ folder) with the harness's own task catalogue, without exporting to Hugging Face
 first. ``python -m t5x_like.harness`` is the command around it, and ``train`` runs it
 as a ``harness`` evaluator (``config.evals.<name>.kind="harness"``).
 
-The requests are answered as lm-eval's Hugging Face backend (``HFLM``, no BOS added)
-answers them, over our model on the mesh of the checkpoint's config:
+The requests are answered as lm-eval's Hugging Face backend (``HFLM``, its defaults)
+answers them on the checkpoint's export, over our model on the mesh of the checkpoint's
+config: texts are framed as the exported tokenizer frames them (its template: a decoder
+run's start id first; an imported tokenizer's own, Llama's BOS, GPT-2's nothing);
 
 - ``loglikelihood``: lm-eval's own encoding of ``(context, continuation)`` (trailing
-  spaces move onto the continuation; an empty context becomes the prefix token, EOS),
+  spaces move onto the continuation; an empty context becomes the prefix token: the
+  vocabulary's BOS, else EOS, as HFLM's default),
   rows cut from the left to ``max_length`` tokens, and ``is_greedy``;
 - ``loglikelihood_rolling``: lm-eval's disjoint rolling windows of ``max_length``;
 - ``generate_until``: the context cut from the left to ``max_length - max_gen_toks``,
@@ -87,6 +90,14 @@ class T5xLikeLM(TemplateLM):
         return int(self.vocabulary.eos_id)
 
     @property
+    def prefix_token_id(self) -> int:
+        """What an empty context is scored after: the vocabulary's BOS where it has one (a
+        decoder run here starts its rows with it), else EOS; HFLM's default choice, so an
+        export scored by lm-eval's ``hf`` model with its defaults reads the same rows."""
+        bos = getattr(self.vocabulary, "bos_id", None)
+        return int(bos) if bos is not None and bos >= 0 else self.eot_token_id
+
+    @property
     def max_length(self) -> int:
         return self._max_length
 
@@ -96,7 +107,11 @@ class T5xLikeLM(TemplateLM):
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs
                    ) -> list[int]:
-        return [int(t) for t in self.vocabulary.encode(string)]
+        """A text's ids framed as the checkpoint's tokenizer frames it unless
+        ``add_special_tokens=False`` (HFLM's default: the tokenizer's template, e.g. a
+        decoder run's start id first)."""
+        ids = [int(t) for t in self.vocabulary.encode(string)]
+        return ids if add_special_tokens is False else [*self.loaded.prefix, *ids]
 
     def tok_decode(self, tokens: Sequence[int]) -> str:
         return self.vocabulary.decode([int(t) for t in tokens])

@@ -85,9 +85,11 @@ def write_task(folder, task_name: str, split: str, harness_name: str) -> dict[st
 
 
 def load_model(hf_dir, max_length: int, batch_size: int = 16):
-    """lm-eval's ``HFLM`` on a Hugging Face folder and the tokenizer it carries. No BOS
-    is added (ours adds none); an empty context is prefixed with EOS, as ours is; rows
-    are cut from the left to ``max_length`` tokens, as ours are."""
+    """lm-eval's ``HFLM`` on a Hugging Face folder and the tokenizer it carries, with its
+    default encoding: texts framed by the tokenizer's template (ours frame them alike,
+    ``loaded_lm.template_prefix``), an empty context prefixed with the tokenizer's BOS,
+    else EOS (ours too); rows are cut from the left to ``max_length`` tokens, as ours
+    are."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     import torch
@@ -97,8 +99,7 @@ def load_model(hf_dir, max_length: int, batch_size: int = 16):
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(hf_dir))
     model = transformers.AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32)
     return HFLM(pretrained=model.eval(), tokenizer=tokenizer, batch_size=batch_size,
-                max_length=max_length, add_bos_token=False,
-                prefix_token_id=tokenizer.eos_token_id)
+                max_length=max_length)
 
 
 def run(lm, task_dir, harness_name: str, num_shots: int, *, limit: int = 0,
@@ -149,14 +150,16 @@ def compare(theirs: Scored, ours: Scored) -> dict:
     return row
 
 
-def ours_from_predictions(predictions_file, vocabulary, records: list[dict]) -> Scored:
+def ours_from_predictions(predictions_file, vocabulary, records: list[dict],
+                          prefix=()) -> Scored:
     """Our side read back from ``eval``'s ``predictions/<task>/step_N.jsonl``: the
-    written prompts and choice scores, and the requests re-made with ``vocabulary``."""
+    written prompts and choice scores, and the requests re-made with ``vocabulary``
+    (each text after ``prefix``, ``evaluator.text_prefix``)."""
     from t5x_like.evaluation import few_shot
 
     written = [json.loads(line) for line in
                pathlib.Path(predictions_file).read_text(encoding="utf-8").splitlines()]
-    requests = [few_shot.loglikelihood_request(vocabulary, w["inputs"], option)
+    requests = [few_shot.loglikelihood_request(vocabulary, w["inputs"], option, prefix)
                 for w, record in zip(written, records, strict=False) for option in record["options"]]
     correct = [w["prediction"] == w["targets"] for w in written]
     correct_norm = [w["prediction_norm"] == w["targets"] for w in written]

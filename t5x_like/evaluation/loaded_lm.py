@@ -34,6 +34,9 @@ class LoadedModel:
     vocabulary: Any
     max_length: int
     description: str = ""
+    #: the ids an exported tokenizer adds before a text (``evaluator.text_prefix``): what
+    #: lm-eval's ``hf`` model puts first with its defaults, so ours does too
+    prefix: tuple[int, ...] = ()
 
 
 def load(checkpoint: str, *, step: int | None = None, vocabulary: str = "checkpoint",
@@ -106,7 +109,8 @@ def from_params(config, trainer, params, vocabulary, max_length: int = 0, batch_
     runner = evaluator.ModelRunner(weights.structure, trainer.mesh, trainer.rules,
                                    weights.shardings, dict(config.task_feature_lengths), settings,
                                    trainer.pipeline_settings)
-    return LoadedModel(runner, params, vocabulary, int(window), description)
+    return LoadedModel(runner, params, vocabulary, int(window), description,
+                       evaluator.text_prefix(weights.structure, vocabulary))
 
 
 def bucket(length: int, limit: int) -> int:

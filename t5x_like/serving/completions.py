@@ -8,8 +8,10 @@ answering: greedy tokens are the model's argmax chain. Text streams as tokens ar
 a stop sequence ends the request at the step that completes it, and text that could
 still turn into one is held back until it cannot.
 
-The prompt is read as the harness reads a context: its tokens as given, no BOS added; an
-empty prompt starts from EOS (lm-eval's prefix token).
+A text prompt is read as the harness reads a context: framed as the checkpoint's
+tokenizer frames a text (``LoadedModel.prefix``: a decoder run's start id, an imported
+tokenizer's own template, Llama's BOS; GPT-2's and Qwen2's add nothing); token ids are
+read as given; an empty prompt starts from the BOS, else EOS (lm-eval's prefix token).
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ class Completer:
         self.vocabulary = loaded.vocabulary
         self.window = loaded.max_length
         self.eos = int(self.vocabulary.eos_id)
+        bos = getattr(self.vocabulary, "bos_id", None)
+        self.empty_start = int(bos) if bos is not None and bos >= 0 else self.eos
         self.engine = Engine(loaded.runner.structure.model, loaded.params,
                              max_length=self.window, slots=slots, page_size=page_size,
                              context=loaded.runner.context)
@@ -68,7 +72,7 @@ class Completer:
     # -- tokens in ------------------------------------------------------------------------
     def encode(self, prompt: str | tuple[int, ...]) -> list[int]:
         if isinstance(prompt, str):
-            return list(self.vocabulary.encode(prompt))
+            return [*self.loaded.prefix, *self.vocabulary.encode(prompt)]
         size = int(self.vocabulary.vocab_size)
         if max(prompt) >= size:
             raise RequestError(f"The prompt holds token id {max(prompt)}; this model's "
@@ -110,7 +114,7 @@ class Completer:
     def _start(self, prompt: list[int], sampling: Sampling,
                stream: Callable[[str], None] | None = None,
                cancelled: threading.Event | None = None):
-        start = prompt or [self.eos]
+        start = prompt or [self.empty_start]
         watch = _StopWatch(self, sampling, stream, cancelled)
         handle = self._submit(start, sampling, watch) if sampling.max_tokens else None
         return prompt, start, sampling, watch, handle
@@ -167,7 +171,7 @@ class Completer:
         first = 0 if sampling.echo else len(start)
         for i in range(first, len(tokens)):
             if sampling.echo and not out.prompt and i == 0:
-                continue  # the EOS an empty prompt starts from is not the prompt's
+                continue  # the token an empty prompt starts from is not the prompt's
             out.token_texts.append(self.piece(tokens[i]))
             if i == 0:
                 out.token_logprobs.append(None)

@@ -243,10 +243,28 @@ class Structure:
     @classmethod
     def prompt_framing(cls, spec, vocabulary) -> tuple[list[int], list[int]]:
         """``(prefix, suffix)`` ids around a prompt's text as the run's model reads it
-        (``infer``'s free text; its tasks' inputs): what an export's tokenizer adds to a
-        text (its template), so ``tokenizer(text)`` gives the model's prompt. Here the
-        text's own framing (an encoder-decoder's ``text EOS``, BERT's ``[CLS] text [SEP]``)."""
+        (``infer``'s free text; its tasks' inputs). Here the text's own framing (an
+        encoder-decoder's ``text EOS``, BERT's ``[CLS] text [SEP]``)."""
         return cls.text_framing(vocabulary)
+
+    @classmethod
+    def tokenizer_framing(cls, spec, vocabulary) -> tuple[list[int], list[int]]:
+        """``(prefix, suffix)`` ids an exported tokenizer adds around every text (its
+        template), so ``tokenizer(text)`` gives the model's prompt: here the prompt's."""
+        return cls.prompt_framing(spec, vocabulary)
+
+    def text_prefix(self) -> tuple[int, ...]:
+        """The ids this model's rows put before a text where its tokenizer's template adds
+        them (``tokenizer_framing``'s prefix): what lm-eval's ``hf`` model puts first on
+        an export, and our harness and k-shot scoring with it. None here."""
+        return ()
+
+    @classmethod
+    def chat_framing(cls, spec, vocabulary) -> tuple[list[int], list[int]] | None:
+        """``(prefix, suffix)`` ids around a user's message in the export's chat template,
+        where a prompt's framing does not travel as the tokenizer's template (None: no
+        chat template is written)."""
+        return None
 
     @classmethod
     def with_start_id(cls, spec, vocabulary, saved_start: int | None = None):

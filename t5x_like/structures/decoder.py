@@ -69,6 +69,25 @@ class DecoderStructure(Structure):
         return [start_id(spec.model)], suffix
 
     @classmethod
+    def tokenizer_framing(cls, spec, vocabulary):
+        """``START text``: a causal LM's tokenizer adds no EOS after a text, as lm-eval
+        and TRL split a context from its continuation by encoding both (an EOS after
+        every text would land inside the row). A prompt that ends with EOS travels as
+        the chat template (``chat_framing``)."""
+        return [start_id(spec.model)], []
+
+    def text_prefix(self):
+        return (start_id(self.model.config),)
+
+    @classmethod
+    def chat_framing(cls, spec, vocabulary):
+        """For a run trained on inputs, the prompt its tasks built (``START text EOS``)
+        around a user's message, so ``apply_chat_template(..., add_generation_prompt=True)``
+        and the text-generation pipeline on messages give the model's prompt."""
+        prefix, suffix = cls.prompt_framing(spec, vocabulary)
+        return (prefix, suffix) if suffix else None
+
+    @classmethod
     def with_start_id(cls, spec, vocabulary, saved_start: int | None = None):
         """``model.bos_id=-1`` decided: ``saved_start`` when the run resumes or starts from
         a checkpoint (the id that model read first), else the vocabulary's BOS, its EOS

@@ -1,6 +1,7 @@
 """Removals of what makes a checkpoint pretrained here work in transformers with default
-calls (issue 63): the exported tokenizer's template, a new decoder run's start id that is
-not the pad id, and generate's default length in ``generation_config.json``. Each check
+calls (issue 63): the exported tokenizer's template, the chat template of a run trained
+on inputs, a new decoder run's start id that is not the pad id, and generate's default
+length in ``generation_config.json``. Each check
 trains, exports and decodes a fresh tiny run with the removal applied (the export is
 what the removal changes)."""
 
@@ -13,6 +14,11 @@ from t5x_like.structures.decoder import DecoderStructure
 
 def _no_template(monkeypatch):
     monkeypatch.setattr(convert_cli, "prompt_format", lambda spec, tokenizer: {})
+
+
+def _no_chat_template(monkeypatch):
+    monkeypatch.setattr(DecoderStructure, "chat_framing",
+                        classmethod(lambda cls, spec, vocabulary: None))
 
 
 def _rows_start_with_pad(monkeypatch):
@@ -52,8 +58,11 @@ def _frames(name):
 
 REMOVALS = [
     Removal("exported prompt template", "the export writes the tokenizer without a template "
-            "or padding side", "an SFT run's export: `generate(**tokenizer(text))` with "
-            "defaults gives `infer`'s tokens", _no_template, _generates("gpt2_sft")),
+            "or padding side", "a language model's export: `generate(**tokenizer(text))` "
+            "with defaults gives `infer`'s tokens", _no_template, _generates("gpt2")),
+    Removal("exported chat template", "a run trained on inputs exports no chat template",
+            "an SFT run's export: `generate` with defaults on the prompt a user makes gives "
+            "`infer`'s tokens", _no_chat_template, _generates("gpt2_sft")),
     Removal("decoder rows start with BOS", "a new decoder run starts its rows with 0, the "
             "pad id, as runs before issue 63 did", "the exported tokenizer's prompt starts "
             "with the run's start id <s> (3)", _rows_start_with_pad, _frames("gpt2")),

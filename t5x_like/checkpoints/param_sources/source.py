@@ -252,6 +252,8 @@ def check_same_model(saved_config: dict, config, source: str) -> None:
         saved = model_spec_of(saved_config.get("model", {}))
     except ConfigError as e:
         raise UserError(f"{source} holds a model this code cannot read ({e}).") from None
+    if getattr(current, "bos_id", 0) < 0:  # undecided: a run takes its checkpoint's start id
+        current = current.replace(bos_id=getattr(saved, "bos_id", 0))
     saved_model, current = (_flat(model.replace(variant="")) for model in (saved, current))
     details = [f"model.{k}: checkpoint {saved_model.get(k)!r} vs config {current.get(k)!r}"
                for k in sorted(set(saved_model) | set(current))
