@@ -120,28 +120,26 @@ def score_ours(config, trainer, params, vocabulary, args, num_shots: int, width:
 
 # -- the export and the data lm-eval reads ----------------------------------------------------
 
-def export_hf(config, params, vocabulary, folder: pathlib.Path) -> pathlib.Path:
-    """The checkpoint as a Hugging Face folder with its tokenizer. ``convert export``
-    reads params-only folders, not training workdirs, so the params are saved as one."""
-    from t5x_like.checkpoints import pretrained
+def export_hf(checkpoint: str, folder: pathlib.Path) -> pathlib.Path:
+    """The checkpoint as a Hugging Face folder with the tokenizer it trained with
+    (``convert export``: its template frames a text as the run's rows begin)."""
     from t5x_like.convert import __main__ as convert
 
-    pretrained.save_pretrained(folder / "pretrained", config.model.to_dict(), params,
-                               vocabulary=vocabulary)
-    convert.export_hf(str(folder / "pretrained"), str(folder / "hf"))
+    convert.export_hf(checkpoint, str(folder / "hf"))
     return folder / "hf"
 
 
-def check_tokenizer(tokenizer, vocabulary, records: list[dict]) -> int:
+def check_tokenizer(tokenizer, vocabulary, records: list[dict], prefix=()) -> int:
     """Asserts the exported tokenizer's ids equal ours on every context and every
-    context + " " + choice (what both sides split into requests); returns the count."""
+    context + " " + choice (what both sides split into requests), its template adding
+    ``prefix`` (the run's start id); returns the count."""
     texts = [r["inputs"] for r in records]
     texts += [r["inputs"] + " " + o for r in records for o in r["options"]]
     for text in texts:
         theirs = tokenizer.encode(text, add_special_tokens=False)
         ours = list(vocabulary.encode(text))
         assert theirs == ours, f"tokenizers differ on {text[:80]!r}: {theirs[:20]} vs {ours[:20]}"
-        assert tokenizer.encode(text) == ours, "the tokenizer adds special tokens by default"
+        assert tokenizer.encode(text) == [*prefix, *ours], "the template adds another prefix"
     return len(texts)
 
 
@@ -189,11 +187,13 @@ def compare(args, checkpoint: str) -> int:
 
     step, config, trainer, params, vocabulary = restore(checkpoint)
     width = args.max_length or config.model.positions.max_length
-    hf_dir = export_hf(config, params, vocabulary, work)
+    hf_dir = export_hf(checkpoint, work)
     task_dir = work / "lm_eval_task"
     data = lm_eval_harness.write_task(task_dir, TASK, args.split, LM_EVAL_TASK)
     lm = lm_eval_harness.load_model(hf_dir, width, args.batch_size)
-    checked = check_tokenizer(lm.tokenizer, vocabulary, data["test"] + data["train"])
+    from t5x_like import structures
+    prefix = structures.for_config(config).text_prefix()
+    checked = check_tokenizer(lm.tokenizer, vocabulary, data["test"] + data["train"], prefix)
     print(f"tokenizer: the export's ids equal ours on {checked} texts; export in {hf_dir}")
     rows = {}
     for shots in (int(s) for s in args.num_shots.split(",")):

@@ -75,3 +75,25 @@ def test_imported_roberta_matches_transformers_mlm_logits(tmp_path):
     # Exporting a RoBERTa-layout model as BERT would be wrong, so it is refused.
     with pytest.raises(ValueError, match="Only BERT-layout encoders export"):
         convert_cli.export_hf(str(tmp_path / "ours"), str(tmp_path / "exported"))
+
+
+def test_a_bert_without_the_next_sentence_head_exports_as_masked_lm_and_back(tmp_path):
+    """``BertForMaskedLM`` (no pooler, no NSP head: what an MLM run here exports as)
+    imports without the next-sentence head, exports back to the same tensors, and the
+    export reloads with the original's logits."""
+    from t5x_like.checkpoints import hf_io
+
+    config = tiny_hf_bert().config
+    torch.manual_seed(1)
+    hf_model = transformers.BertForMaskedLM(config).eval()
+    exported = export_import_export(tmp_path, hf_model)
+    assert hf_io.read_config(exported)["architectures"] == ["BertForMaskedLM"]
+    original, first = hf_io.read_weights(tmp_path / "hf"), hf_io.read_weights(exported)
+    for name, value in original.items():
+        if name in first:
+            np.testing.assert_array_equal(first[name], value, err_msg=name)
+    reloaded = transformers.BertForMaskedLM.from_pretrained(exported).eval()
+    tokens = torch.tensor([[2, 15, 27, 33, 3]])
+    with torch.no_grad():
+        np.testing.assert_allclose(reloaded(tokens).logits.numpy(), hf_model(tokens).logits.numpy(),
+                                   rtol=1e-5, atol=1e-5)

@@ -7,7 +7,11 @@ the run's tasks framed a prompt, and ``generation_config.json`` holds the run's 
 ids and decode length.
 
 The comparison decodes transformers' ids with our vocabulary, as ``infer`` decodes its
-own (``evaluator._decode``), so a sentinel or a space decodes the same on both sides."""
+own (``evaluator._decode``), so a sentinel or a space decodes the same on both sides.
+
+Beside generation: ``pipeline("fill-mask")`` on a BERT run's export names our top 5,
+ELECTRA's discriminator scores as ours, lm-eval's ``hf`` model with its defaults equals
+our lm-eval model, and a T5 or BART run's ``eval`` rank scores equal transformers'."""
 
 import json
 
@@ -60,17 +64,23 @@ def prompts(count=16) -> list[str]:
     return [" ".join(line.split()[:4]) for line in lines[:count]]
 
 
-def export_case(name: str, root) -> tuple:
-    """``(name, run workdir, its export, infer's records)`` of case ``name`` under
-    ``root``: 10 steps of training, ``convert export --checkpoint=RUN --out=DIR``, then
-    ``infer`` with its defaults on 16 prompts."""
-    config, overrides, _, _, infer_flags = CASES[name]
+def train_and_export(root, config: str, overrides) -> None:
+    """``root/run``: 10 tiny steps of ``config``; ``root/hf``: its ``convert export`` with
+    no flag but the folders."""
     assert train.main([f"--config={config}", f"--workdir={root / 'run'}", "--quiet",
                        "--config.num_train_steps=10", "--config.batch_size=8",
                        "--config.evals.held_out.batches=1", "--config.checkpoint.every_steps=10",
                        "--config.evals.held_out.every_steps=10", *overrides]) == 0
     assert convert_cli.main(["export", f"--checkpoint={root / 'run'}",
                              f"--out={root / 'hf'}"]) == 0
+
+
+def export_case(name: str, root) -> tuple:
+    """``(name, run workdir, its export, infer's records)`` of case ``name`` under
+    ``root``: 10 steps of training, ``convert export --checkpoint=RUN --out=DIR``, then
+    ``infer`` with its defaults on 16 prompts."""
+    config, overrides, _, _, infer_flags = CASES[name]
+    train_and_export(root, config, overrides)
     flags = list(infer_flags)
     if not any(flag.startswith("--task") for flag in flags):
         (root / "prompts.jsonl").write_text("".join(json.dumps({"inputs": text}) + "\n"
@@ -183,12 +193,7 @@ def trained_and_exported(root, config: str, overrides) -> tuple:
 
     from t5x_like import structures
 
-    assert train.main([f"--config={config}", f"--workdir={root / 'run'}", "--quiet",
-                       "--config.num_train_steps=10", "--config.batch_size=8",
-                       "--config.evals.held_out.batches=1", "--config.checkpoint.every_steps=10",
-                       "--config.evals.held_out.every_steps=10", *overrides]) == 0
-    assert convert_cli.main(["export", f"--checkpoint={root / 'run'}",
-                             f"--out={root / 'hf'}"]) == 0
+    train_and_export(root, config, overrides)
     flat, params, _, _, _ = convert_cli.load_for_export(str(root / "run"))
     return root / "hf", structures.build_model(ml_collections.ConfigDict(flat)), params
 

@@ -390,18 +390,23 @@ def generation_config(hf_config: dict) -> dict | None:
     return {**ids, "_from_model_config": False}
 
 
-def prompt_format(spec, tokenizer) -> dict:
+def folder_spec(checkpoint: str):
+    """A pretrained folder's spec (its model, at the run settings it carries or the
+    defaults): what frames its tokenizer when the folder holds one of ours."""
+    source = param_sources.resolve(checkpoint)
+    return resolving.spec_for_checkpoint(source, source.saved_config(0))
+
+
+def prompt_format(spec, tokenizer, run: bool = True) -> dict:
     """How the exported tokenizer frames a text, so that ``tokenizer(text)`` gives the
     prompt the run's model reads (``Structure.tokenizer_framing``: a decoder's start id,
     an encoder-decoder's EOS, BERT's [CLS] and [SEP]); the chat template of a decoder
     trained on inputs, whose prompts end with EOS (``Structure.chat_framing``); and which
-    side it pads (the left, for a model that generates after its prompt). Nothing for a
-    pretrained folder without a run (its tokenizer came with it)."""
-    if spec is None:
-        return {}
+    side it pads (the left, for a model that generates after its prompt). A pretrained
+    folder (``run`` False) gets no chat template: what its prompts were is not known."""
     structure = structures.structure_class(spec.model.family)
     return {"framing": structure.tokenizer_framing(spec, tokenizer),
-            "chat_framing": structure.chat_framing(spec, tokenizer),
+            "chat_framing": structure.chat_framing(spec, tokenizer) if run else None,
             "padding_side": "left" if structure.generates_after_prompt else ""}
 
 
@@ -436,7 +441,9 @@ def export_hf(checkpoint: str, out: str, vocabulary: str = "checkpoint") -> dict
     (pathlib.Path(out) / "README.md").write_text(
         model_card.render(hf_config, num_params, provenance))
     if tokenizer is not None:
-        hf_tokenizers.write_tokenizer(tokenizer, out, **prompt_format(provenance.spec, tokenizer))
+        spec = provenance.spec or folder_spec(checkpoint)
+        hf_tokenizers.write_tokenizer(tokenizer, out, **prompt_format(
+            spec, tokenizer, run=provenance.spec is not None))
     else:
         print(f"convert: warning: {checkpoint} carries no tokenizer, so {out} has none and "
               "AutoTokenizer cannot load it; pass --vocabulary=embedded|byte|PATH to write the "

@@ -113,6 +113,9 @@ def hf_config_from_model_config(cfg: dict) -> dict:
         raise UserError("A BART-family model with pre_norm but no final_layer_norm (or the "
                         "reverse) has no Hugging Face layout; BART is post-norm without, mBART "
                         "pre-norm with stack-final norms.")
+    if cfg.get("scan_layers"):
+        raise UserError("A BART model with scanned layers (model.numerics.scan_layers) does "
+                        "not export yet; export a run trained unscanned.")
     activations = tuple(cfg["mlp_activations"])
     if len(activations) != 1 or activations[0] not in _ACTIVATION_BACK:
         raise UserError(f"A BART model with mlp_activations={activations} does not export: "

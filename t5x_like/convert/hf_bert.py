@@ -152,6 +152,10 @@ def params_from_hf(weights: dict[str, np.ndarray], cfg: dict, names: dict = BERT
         "mlm_norm": _norm_in(w, names["mlm_norm"]),
         "mlm_bias": w[names["mlm_bias"]],
     }
+    if cfg.get("next_sentence_head", True) and "cls.seq_relationship.weight" not in weights:
+        # BertForMaskedLM as transformers saves it (our MLM-only export among them): no
+        # pooler, no NSP head; the folder imports without the next-sentence head.
+        cfg["next_sentence_head"] = False
     if cfg.get("next_sentence_head", True):
         params["pooler"] = _linear_in(w, f"{prefix}.pooler.dense")
         params["nsp"] = _linear_in(w, "cls.seq_relationship")

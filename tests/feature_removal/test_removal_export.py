@@ -13,7 +13,7 @@ from t5x_like.structures.decoder import DecoderStructure
 
 
 def _no_template(monkeypatch):
-    monkeypatch.setattr(convert_cli, "prompt_format", lambda spec, tokenizer: {})
+    monkeypatch.setattr(convert_cli, "prompt_format", lambda spec, tokenizer, run=True: {})
 
 
 def _no_chat_template(monkeypatch):
