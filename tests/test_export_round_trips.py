@@ -234,6 +234,7 @@ def test_fill_mask_pipeline_on_a_bert_export_gives_our_top_5(tmp_path):
                                    rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow  # two towers to compile and train (~20 s alone, ~40 s in a whole run)
 def test_electra_discriminator_export_scores_as_ours(tmp_path):
     """ELECTRA pretrained here, exported as ``ElectraForPreTraining`` (the generator
     beside it as ``ElectraForMaskedLM``): the discriminator's replaced-token logits from
@@ -242,7 +243,8 @@ def test_electra_discriminator_export_scores_as_ours(tmp_path):
 
     hf_dir, model, params = trained_and_exported(
         tmp_path, "configs/pretrain/electra_tiny.py",
-        ["--config.task_feature_lengths.inputs=32"])
+        [*TINY, "--config.model.num_layers=1", "--config.model.generator.num_layers=1",
+         "--config.model.generator.d_ff=64", "--config.task_feature_lengths.inputs=32"])
     assert json.loads((hf_dir / "config.json").read_text())["architectures"] == [
         "ElectraForPreTraining"]
     tokenizer = transformers.AutoTokenizer.from_pretrained(hf_dir)
