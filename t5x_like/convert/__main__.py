@@ -390,6 +390,14 @@ def generation_config(hf_config: dict) -> dict | None:
     return {**ids, "_from_model_config": False}
 
 
+def run_generation_defaults(spec) -> dict:
+    """What ``generate`` reads as its defaults from a run (``spec``; None: a pretrained
+    folder, nothing): ``infer``'s decode length, the run's targets length."""
+    if spec is None:
+        return {}
+    return {"max_new_tokens": int(spec.task_feature_lengths.get("targets", 64))}
+
+
 def folder_spec(checkpoint: str):
     """A pretrained folder's spec (its model, at the run settings it carries or the
     defaults): what frames its tokenizer when the folder holds one of ours."""
@@ -431,10 +439,8 @@ def export_hf(checkpoint: str, out: str, vocabulary: str = "checkpoint") -> dict
         named = module.params_to_hf(params, model_config)
     hf_io.write_folder(out, hf_config, named)
     generation = generation_config(hf_config)
-    if generation is not None and provenance.spec is not None:
-        # generate's default length is infer's: the run's targets length.
-        generation["max_new_tokens"] = int(provenance.spec.task_feature_lengths.get("targets", 64))
     if generation is not None:
+        generation.update(run_generation_defaults(provenance.spec))
         (pathlib.Path(out) / "generation_config.json").write_text(
             json.dumps(generation, indent=2, sort_keys=True))
     num_params = sum(int(np.size(leaf)) for leaf in jax.tree.leaves(params))

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from t5x_like.convert.hf_bert import _linear_in, _norm_in, put_out
+from t5x_like.convert.hf_bert import (
+    _norm_in,
+    attention_from_hf,
+    attention_to_hf,
+    layer_from_hf,
+    layer_to_hf,
+    put_out,
+)
 from t5x_like.convert.hf_gpt2 import _ACTIVATION, _ACTIVATION_BACK
 from t5x_like.convert.hf_t5 import TrackedWeights
 from t5x_like.errors import UserError
@@ -53,20 +60,19 @@ def model_config_from_hf(hf: dict) -> dict:
     }
 
 
-def _attention_in(w, prefix: str, heads: int, head_dim: int, d: int) -> dict:
-    out = {ours: {"kernel": w[f"{prefix}.{theirs}.weight"].T.reshape(d, heads, head_dim),
-                  "bias": w[f"{prefix}.{theirs}.bias"].reshape(heads, head_dim)}
-           for ours, theirs in (("query", "q_proj"), ("key", "k_proj"), ("value", "v_proj"))}
-    out["out"] = {"kernel": w[f"{prefix}.out_proj.weight"].T.reshape(heads, head_dim, d),
-                  "bias": w[f"{prefix}.out_proj.bias"]}
-    return out
+# Where a BART block keeps its tensors below its prefix, in hf_bert's layer names; a
+# decoder block's cross-attention sits under ``encoder_attn`` alike.
+BART_LAYER = {"query": "self_attn.q_proj", "key": "self_attn.k_proj",
+              "value": "self_attn.v_proj", "out": "self_attn.out_proj",
+              "attention_norm": "self_attn_layer_norm", "wi": "fc1", "wo": "fc2",
+              "mlp_norm": "final_layer_norm"}
+CROSS_ATTENTION = {name: value.replace("self_attn", "encoder_attn")
+                   for name, value in BART_LAYER.items() if value.startswith("self_attn.")}
 
 
 def params_from_hf(weights: dict[str, np.ndarray], cfg: dict) -> dict:
     heads, head_dim, d = cfg["num_heads"], cfg["head_dim"], cfg["d_model"]
     w = TrackedWeights(weights)
-    attention = lambda prefix: _attention_in(w, prefix, heads, head_dim, d)  # noqa: E731
-    mlp = lambda b: {"wi": _linear_in(w, f"{b}.fc1"), "wo": _linear_in(w, f"{b}.fc2")}  # noqa: E731
     shared = "model.shared.weight" if "model.shared.weight" in weights else "model.encoder.embed_tokens.weight"
     params = {
         "token_embedder": {"embedding": w[shared]},
@@ -77,20 +83,19 @@ def params_from_hf(weights: dict[str, np.ndarray], cfg: dict) -> dict:
         "final_logits_bias": w["final_logits_bias"].reshape(-1),
         "encoder": {}, "decoder": {},
     }
-    for i in range(cfg["num_encoder_layers"]):
-        b = f"model.encoder.layers.{i}"
-        params["encoder"][f"layers_{i}"] = {
-            "attention": attention(f"{b}.self_attn"),
-            "attention_norm": _norm_in(w, f"{b}.self_attn_layer_norm"),
-            "mlp": mlp(b), "mlp_norm": _norm_in(w, f"{b}.final_layer_norm")}
+    for i in range(cfg["num_encoder_layers"]):  # a BERT block's params under BART's names
+        params["encoder"][f"layers_{i}"] = layer_from_hf(
+            w, f"model.encoder.layers.{i}", heads, head_dim, d, BART_LAYER)
     for i in range(cfg["num_decoder_layers"]):
         b = f"model.decoder.layers.{i}"
+        block = layer_from_hf(w, b, heads, head_dim, d, BART_LAYER)
         params["decoder"][f"layers_{i}"] = {
-            "self_attention": attention(f"{b}.self_attn"),
-            "self_attention_norm": _norm_in(w, f"{b}.self_attn_layer_norm"),
-            "encoder_decoder_attention": attention(f"{b}.encoder_attn"),
+            "self_attention": block["attention"],
+            "self_attention_norm": block["attention_norm"],
+            "encoder_decoder_attention": attention_from_hf(w, b, heads, head_dim, d,
+                                                           CROSS_ATTENTION),
             "cross_attention_norm": _norm_in(w, f"{b}.encoder_attn_layer_norm"),
-            "mlp": mlp(b), "mlp_norm": _norm_in(w, f"{b}.final_layer_norm")}
+            "mlp": block["mlp"], "mlp_norm": block["mlp_norm"]}
     # Both stacks' embed_tokens and lm_head are the shared embedding (tied).
     w.check_all_used(ignore=("model.shared.weight", "model.encoder.embed_tokens.weight",
                              "model.decoder.embed_tokens.weight", "lm_head.weight"))
@@ -141,19 +146,6 @@ def hf_config_from_model_config(cfg: dict) -> dict:
     }
 
 
-def _attention_out(params: dict, prefix: str) -> dict[str, np.ndarray]:
-    """:func:`_attention_in` backwards: per-head kernels and biases as Linear layers."""
-    out = {}
-    for ours, theirs in (("query", "q_proj"), ("key", "k_proj"), ("value", "v_proj")):
-        kernel = np.asarray(params[ours]["kernel"])
-        out[f"{prefix}.{theirs}.weight"] = kernel.reshape(kernel.shape[0], -1).T
-        out[f"{prefix}.{theirs}.bias"] = np.asarray(params[ours]["bias"]).reshape(-1)
-    kernel = np.asarray(params["out"]["kernel"])
-    out[f"{prefix}.out_proj.weight"] = kernel.reshape(-1, kernel.shape[-1]).T
-    out[f"{prefix}.out_proj.bias"] = np.asarray(params["out"]["bias"])
-    return out
-
-
 def params_to_hf(params: dict, cfg: dict) -> dict[str, np.ndarray]:
     """:func:`params_from_hf` backwards (and mBART's stack-final norms where the model has
     them); the shared embedding is written once per name Hugging Face ties to it."""
@@ -169,22 +161,18 @@ def params_to_hf(params: dict, cfg: dict) -> dict[str, np.ndarray]:
     put_out(out, "model.encoder.layernorm_embedding", params["encoder_embedding_norm"])
     put_out(out, "model.decoder.layernorm_embedding", params["decoder_embedding_norm"])
     out["final_logits_bias"] = np.asarray(params["final_logits_bias"]).reshape(1, -1)
-    for i in range(cfg["num_encoder_layers"]):
-        layer, b = params["encoder"][f"layers_{i}"], f"model.encoder.layers.{i}"
-        out.update(_attention_out(layer["attention"], f"{b}.self_attn"))
-        put_out(out, f"{b}.self_attn_layer_norm", layer["attention_norm"])
-        put_out(out, f"{b}.fc1", layer["mlp"]["wi"])
-        put_out(out, f"{b}.fc2", layer["mlp"]["wo"])
-        put_out(out, f"{b}.final_layer_norm", layer["mlp_norm"])
+    d = cfg["d_model"]
+    for i in range(cfg["num_encoder_layers"]):  # a BERT block's params under BART's names
+        out.update(layer_to_hf(params["encoder"][f"layers_{i}"], f"model.encoder.layers.{i}",
+                               d, BART_LAYER))
     for i in range(cfg["num_decoder_layers"]):
         layer, b = params["decoder"][f"layers_{i}"], f"model.decoder.layers.{i}"
-        out.update(_attention_out(layer["self_attention"], f"{b}.self_attn"))
-        put_out(out, f"{b}.self_attn_layer_norm", layer["self_attention_norm"])
-        out.update(_attention_out(layer["encoder_decoder_attention"], f"{b}.encoder_attn"))
+        block = {"attention": layer["self_attention"],
+                 "attention_norm": layer["self_attention_norm"], "mlp": layer["mlp"],
+                 "mlp_norm": layer["mlp_norm"]}
+        out.update(layer_to_hf(block, b, d, BART_LAYER))
+        out.update(attention_to_hf(layer["encoder_decoder_attention"], b, d, CROSS_ATTENTION))
         put_out(out, f"{b}.encoder_attn_layer_norm", layer["cross_attention_norm"])
-        put_out(out, f"{b}.fc1", layer["mlp"]["wi"])
-        put_out(out, f"{b}.fc2", layer["mlp"]["wo"])
-        put_out(out, f"{b}.final_layer_norm", layer["mlp_norm"])
     for ours, theirs in FINAL_NORMS.items():
         if ours in params:
             put_out(out, theirs, params[ours])

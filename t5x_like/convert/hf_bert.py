@@ -105,8 +105,10 @@ BERT_LAYER = {"query": "attention.self.query", "key": "attention.self.key",
               "wo": "output.dense", "mlp_norm": "output.LayerNorm"}
 
 
-def layer_from_hf(w, b: str, heads: int, head_dim: int, d: int, names: dict = BERT_LAYER) -> dict:
-    """One post-LayerNorm block of the Hugging Face tensors under prefix ``b``."""
+def attention_from_hf(w, b: str, heads: int, head_dim: int, d: int, names: dict = BERT_LAYER
+                      ) -> dict:
+    """Hugging Face's query/key/value/out Linear layers with biases under ``b``
+    (``names``: where each sits below it) as per-head kernels and biases."""
     attention = {}
     for name in ("query", "key", "value"):
         weight, bias = w[f"{b}.{names[name]}.weight"], w[f"{b}.{names[name]}.bias"]
@@ -114,24 +116,37 @@ def layer_from_hf(w, b: str, heads: int, head_dim: int, d: int, names: dict = BE
                            "bias": bias.reshape(heads, head_dim)}
     attention["out"] = {"kernel": w[f"{b}.{names['out']}.weight"].T.reshape(heads, head_dim, d),
                         "bias": w[f"{b}.{names['out']}.bias"]}
-    return {"attention": attention,
+    return attention
+
+
+def layer_from_hf(w, b: str, heads: int, head_dim: int, d: int, names: dict = BERT_LAYER) -> dict:
+    """One post-LayerNorm block of the Hugging Face tensors under prefix ``b``."""
+    return {"attention": attention_from_hf(w, b, heads, head_dim, d, names),
             "attention_norm": _norm_in(w, f"{b}.{names['attention_norm']}"),
             "mlp": {"wi": _linear_in(w, f"{b}.{names['wi']}"),
                     "wo": _linear_in(w, f"{b}.{names['wo']}")},
             "mlp_norm": _norm_in(w, f"{b}.{names['mlp_norm']}")}
 
 
-def layer_to_hf(layer: dict, b: str, d: int, names: dict = BERT_LAYER) -> dict[str, np.ndarray]:
-    """:func:`layer_from_hf` backwards."""
+def attention_to_hf(attention: dict, b: str, d: int, names: dict = BERT_LAYER
+                    ) -> dict[str, np.ndarray]:
+    """Per-head query/key/value/out kernels and biases as Hugging Face Linear layers under
+    ``b`` (``names``: where each sits below it); :func:`attention_from_hf` backwards."""
     arr = np.asarray
     out = {}
     for name in ("query", "key", "value"):
-        p = layer["attention"][name]
+        p = attention[name]
         out[f"{b}.{names[name]}.weight"] = arr(p["kernel"]).reshape(d, -1).T
         out[f"{b}.{names[name]}.bias"] = arr(p["bias"]).reshape(-1)
-    o = layer["attention"]["out"]
+    o = attention["out"]
     out[f"{b}.{names['out']}.weight"] = arr(o["kernel"]).reshape(-1, d).T
     out[f"{b}.{names['out']}.bias"] = arr(o["bias"])
+    return out
+
+
+def layer_to_hf(layer: dict, b: str, d: int, names: dict = BERT_LAYER) -> dict[str, np.ndarray]:
+    """:func:`layer_from_hf` backwards."""
+    out = attention_to_hf(layer["attention"], b, d, names)
     for ours, p in (("wi", layer["mlp"]["wi"]), ("wo", layer["mlp"]["wo"]),
                     ("attention_norm", layer["attention_norm"]), ("mlp_norm", layer["mlp_norm"])):
         put_out(out, f"{b}.{names[ours]}", p)

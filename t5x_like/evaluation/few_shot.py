@@ -66,6 +66,13 @@ def split_trailing_space(context: str, continuation: str) -> tuple[str, str]:
     return stripped, context[len(stripped):] + continuation
 
 
+def empty_context_id(vocabulary) -> int:
+    """What an empty context is scored (or a prompt continued) after: the vocabulary's
+    BOS, else its EOS, as lm-eval's ``hf`` model chooses its prefix token."""
+    bos = getattr(vocabulary, "bos_id", None)
+    return int(bos) if bos is not None and bos >= 0 else int(vocabulary.eos_id)
+
+
 def loglikelihood_request(vocabulary, context: str, choice: str, prefix: Sequence[int] = ()
                           ) -> tuple[list[int], list[int]]:
     """``(context tokens, continuation tokens)`` for scoring ``choice`` after ``context``,
@@ -74,9 +81,7 @@ def loglikelihood_request(vocabulary, context: str, choice: str, prefix: Sequenc
     else its EOS."""
     context, continuation = split_trailing_space(context, TARGET_DELIMITER + choice)
     if not context:
-        bos = getattr(vocabulary, "bos_id", None)
-        start = bos if bos is not None and bos >= 0 else vocabulary.eos_id
-        return [int(start)], [*prefix, *vocabulary.encode(continuation)]
+        return [empty_context_id(vocabulary)], [*prefix, *vocabulary.encode(continuation)]
     whole = [*prefix, *vocabulary.encode(context + continuation)]
     context_tokens = [*prefix, *vocabulary.encode(context)]
     return context_tokens, whole[len(context_tokens):]

@@ -94,8 +94,7 @@ class T5xLikeLM(TemplateLM):
         """What an empty context is scored after: the vocabulary's BOS where it has one (a
         decoder run here starts its rows with it), else EOS; HFLM's default choice, so an
         export scored by lm-eval's ``hf`` model with its defaults reads the same rows."""
-        bos = getattr(self.vocabulary, "bos_id", None)
-        return int(bos) if bos is not None and bos >= 0 else self.eot_token_id
+        return few_shot.empty_context_id(self.vocabulary)
 
     @property
     def max_length(self) -> int:

@@ -87,7 +87,7 @@ def write_task(folder, task_name: str, split: str, harness_name: str) -> dict[st
 def load_model(hf_dir, max_length: int, batch_size: int = 16):
     """lm-eval's ``HFLM`` on a Hugging Face folder and the tokenizer it carries, with its
     default encoding: texts framed by the tokenizer's template (ours frame them alike,
-    ``loaded_lm.template_prefix``), an empty context prefixed with the tokenizer's BOS,
+    ``evaluator.text_prefix``), an empty context prefixed with the tokenizer's BOS,
     else EOS (ours too); rows are cut from the left to ``max_length`` tokens, as ours
     are."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -58,8 +58,7 @@ class Completer:
         self.vocabulary = loaded.vocabulary
         self.window = loaded.max_length
         self.eos = int(self.vocabulary.eos_id)
-        bos = getattr(self.vocabulary, "bos_id", None)
-        self.empty_start = int(bos) if bos is not None and bos >= 0 else self.eos
+        self.empty_start = few_shot.empty_context_id(self.vocabulary)
         self.engine = Engine(loaded.runner.structure.model, loaded.params,
                              max_length=self.window, slots=slots, page_size=page_size,
                              context=loaded.runner.context)

@@ -27,48 +27,32 @@ def _rows_start_with_pad(monkeypatch):
 
 
 def _no_default_length(monkeypatch):
-    original = convert_cli.generation_config
-
-    def without_length(hf_config):
-        written = original(hf_config)
-        if written is None:
-            return None
-
-        class Unlengthed(dict):  # export_hf's max_new_tokens is dropped as it is set
-            def __setitem__(self, key, value):
-                if key != "max_new_tokens":
-                    super().__setitem__(key, value)
-        return Unlengthed(written)
-    monkeypatch.setattr(convert_cli, "generation_config", without_length)
+    monkeypatch.setattr(convert_cli, "run_generation_defaults", lambda spec: {})
 
 
-def _generates(name):
-    def check(request):
-        exported = round_trips.export_case(name, request.getfixturevalue("tmp_path"))
-        round_trips.test_greedy_generate_with_default_arguments_gives_infers_tokens(exported)
-    return check
+def _fresh(name, check):
+    """``check`` (a round-trip test) on case ``name`` trained and exported anew."""
+    def verify(request):
+        check(round_trips.export_case(name, request.getfixturevalue("tmp_path")))
+    return verify
 
 
-def _frames(name):
-    def check(request):
-        exported = round_trips.export_case(name, request.getfixturevalue("tmp_path"))
-        round_trips.test_the_tokenizer_frames_a_prompt_as_the_runs_tasks_did(exported)
-    return check
-
+GENERATES = round_trips.test_greedy_generate_with_default_arguments_gives_infers_tokens
+FRAMES = round_trips.test_the_tokenizer_frames_a_prompt_as_the_runs_tasks_did
 
 REMOVALS = [
     Removal("exported prompt template", "the export writes the tokenizer without a template "
             "or padding side", "a language model's export: `generate(**tokenizer(text))` "
-            "with defaults gives `infer`'s tokens", _no_template, _generates("gpt2")),
+            "with defaults gives `infer`'s tokens", _no_template, _fresh("gpt2", GENERATES)),
     Removal("exported chat template", "a run trained on inputs exports no chat template",
             "an SFT run's export: `generate` with defaults on the prompt a user makes gives "
-            "`infer`'s tokens", _no_chat_template, _generates("gpt2_sft")),
+            "`infer`'s tokens", _no_chat_template, _fresh("gpt2_sft", GENERATES)),
     Removal("decoder rows start with BOS", "a new decoder run starts its rows with 0, the "
             "pad id, as runs before issue 63 did", "the exported tokenizer's prompt starts "
-            "with the run's start id <s> (3)", _rows_start_with_pad, _frames("gpt2")),
+            "with the run's start id <s> (3)", _rows_start_with_pad, _fresh("gpt2", FRAMES)),
     Removal("exported decode length", "generation_config.json leaves out max_new_tokens",
             "a language model's export: `generate(**tokenizer(text))` with defaults gives "
-            "`infer`'s tokens", _no_default_length, _generates("gpt2")),
+            "`infer`'s tokens", _no_default_length, _fresh("gpt2", GENERATES)),
 ]
 
 globals().update(proving_tests(REMOVALS))
