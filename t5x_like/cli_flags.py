@@ -146,3 +146,8 @@ def add_decoding_flags(group) -> None:
     group.add_argument("--top_k", type=int, default=0)
     group.add_argument("--top_p", type=float, default=1.0)
     group.add_argument("--seed", type=int, default=0)
+    group.add_argument(
+        "--sampler", choices=("static", "engine"), default="static",
+        help="static: batches of --batch_size rows decoded together to the longest; engine: "
+             "the continuous-batching engine (decoders, one process; greedy or sampled): "
+             "--batch_size rows decode at once and a finished row's slot takes the next.")

@@ -143,6 +143,7 @@ def _setup(source, step, args, overrides, name):
     config, asked = resolved.spec, resolved.asked_vocabulary
     structure = structures.structure_class(config.model.family)
     structure.check_decoding(config, args.num_beams)
+    structure.check_sampler(args.sampler, args.num_beams)
     line = structure.evaluation_line(config)
     if line and jax.process_index() == 0 and not args.quiet:
         print(line, flush=True)
@@ -157,7 +158,7 @@ def _setup(source, step, args, overrides, name):
         batch_size=args.batch_size or config.batch_size,
         max_decode_length=args.max_decode_length, num_beams=args.num_beams,
         alpha=args.alpha, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-        seed=args.seed, mode=args.mode, num_shots=args.num_shots,
+        seed=args.seed, sampler=args.sampler, mode=args.mode, num_shots=args.num_shots,
         few_shot_seed=args.few_shot_seed)
     weights = int8_weights.weights_for(config, structures.for_config(config), trainer)
     ev = runner.build_evaluator(config, trainer, name, settings, lengths, asked, weights)

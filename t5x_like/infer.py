@@ -144,6 +144,7 @@ def run(args, overrides) -> int:
             print(f"wrote {len(records)} rewards to {out} (checkpoint step {step})", flush=True)
         return 0
     structures.structure_class(config.model.family).check_decoding(config, args.num_beams)
+    structures.structure_class(config.model.family).check_sampler(args.sampler, args.num_beams)
     lengths = dict(config.task_feature_lengths)
     if args.inputs_length:
         lengths["inputs"] = args.inputs_length
@@ -182,7 +183,7 @@ def run(args, overrides) -> int:
     settings = evaluator.EvalSettings(
         batch_size=args.batch_size or config.batch_size, max_decode_length=max_decode_length,
         num_beams=args.num_beams, alpha=args.alpha, temperature=args.temperature,
-        top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+        top_k=args.top_k, top_p=args.top_p, seed=args.seed, sampler=args.sampler)
     structure = weights.structure
     runner = evaluator.ModelRunner(structure, trainer.mesh, trainer.rules, weights.shardings,
                                    lengths, settings, trainer.pipeline_settings)

@@ -81,6 +81,8 @@ SMOKE = {
                                      row=r"^\| spam \| \w+ \| [\d.]+ (\| - ){4}\| [\d.]+ \| - \|$"),
     "embedding_geometry.py": Smoke(("| model | layer 0 |", "UPOS linear probe accuracy",
                                     "T5 encoder (random init)"), ("--runs={runs}",), slow=True),
+    "eval_sampler.py": Smoke(("| sampler | rows | batch / slots | seconds |", "| static |"),
+                             ("--runs={runs}",), row=r"^\| engine \| 16 \| 8 \| [\d.]+ \(.*\| 100% \|$"),
     "eval_throughput.py": Smoke(("t5x_like ex/s", "transformers ex/s", "t5_1_1_small",
                                  "gpt2_small", "predict")),
     "harness_backend.py": Smoke(("| task | metric | t5x_like | HF backend | difference |",

@@ -246,6 +246,9 @@ def test_eval_cli_resumes_without_duplicates_and_watches(tmp_path, monkeypatch, 
     assert eval_cli.main([f"--checkpoint={workdir}", "--task=test_eval_copy",
                           f"--output_dir={workdir / 'checkpoints' / 'x'}"]) == 2
     assert "never writes there" in capsys.readouterr().err
+    assert eval_cli.main([f"--checkpoint={workdir}", "--task=test_eval_copy", "--sampler=engine",
+                          f"--output_dir={out}"]) == 2
+    assert "not 'encoder_decoder' ones; use --sampler=static." in capsys.readouterr().err
     assert eval_cli.main([f"--checkpoint={workdir}", "--task=test_eval_copy", "--split=test",
                           f"--output_dir={out}"]) == 2
     assert "no split 'test'" in capsys.readouterr().err
@@ -305,3 +308,52 @@ def test_evaluation_on_a_sharded_mesh_equals_one_device(family):
             if "option_scores" in a:
                 np.testing.assert_allclose(a["option_scores"], b["option_scores"], rtol=1e-5,
                                            atol=1e-5)
+
+
+def test_the_engine_sampler_predicts_what_static_batches_predict():
+    """``sampler="engine"`` (``eval --sampler=engine``): generation tasks decode through the
+    continuous-batching engine, params sharded over fsdp and tensor, 4 slots for 8 rows.
+    Greedy predictions and metrics are the static batches'; sampled rows follow their own
+    seeds (row i: seed + i), not their neighbours or how many rows are asked."""
+    config = decoder_config()
+    config.task_feature_lengths = {"inputs": 16, "targets": 8}
+    trainer = trainer_lib.build_trainer(config, partitioning.make_mesh(
+        {"dcn": 1, "data": 1, "fsdp": 4, "tensor": 2}))
+    params = trainer.init_state(0).params
+
+    def evaluator_for(sampler):
+        return runner.build_evaluator(config, trainer, "test_eval_copy", evaluator.EvalSettings(
+            batch_size=4, max_decode_length=6, sampler=sampler))
+    static_ev, engine_ev = evaluator_for("static"), evaluator_for("engine")
+    (static,), (engine,) = static_ev.evaluate(params), engine_ev.evaluate(params)
+    assert static_ev.engine is None and engine_ev.engine is not None
+    assert engine_ev.engine.slots == 4
+    assert [r["prediction"] for r in engine.records] == [r["prediction"] for r in static.records]
+    assert engine.metrics == static.metrics
+    task = td.TaskRegistry.get("test_eval_copy")
+    examples = engine_ev.examples(task)
+    converter = engine_ev.structure.feature_converter(engine_ev.lengths)
+    rows = [converter.convert_example(evaluator._with_eos_target(
+        ex, tasks.embedded_vocabulary()), engine_ev.lengths) for ex in examples]
+    prompt_tokens = sum(len(p) for p in engine_ev.structure.engine_prompts(
+        {k: np.stack([r[k] for r in rows]) for k in rows[0]}))
+    stats = engine_ev.engine.stats
+    assert stats.prefill_tokens + stats.shared_tokens == prompt_tokens  # every row a request
+    assert stats.steps >= 8 * 5 // 4  # 5 steps a row (the prefill chose the first), 4 slots
+    sampled = engine_ev.predict_rows(params, rows, 6, seed=5, temperature=1.0)
+    np.testing.assert_array_equal(
+        engine_ev.predict_rows(params, rows[3:6], 6, seed=8, temperature=1.0), sampled[3:6])
+    assert not np.array_equal(
+        engine_ev.predict_rows(params, rows, 6, seed=6, temperature=1.0), sampled)
+
+
+def test_the_engine_sampler_is_refused_where_it_cannot_decode():
+    with pytest.raises(errors.UserError, match="not 'encoder_decoder' ones; use "
+                                               "--sampler=static.$"):
+        setup(tiny_config(), sampler="engine")
+    with pytest.raises(errors.UserError, match=r"beam search \(--num_beams=2\) runs with "
+                                               "--sampler=static.$"):
+        setup(decoder_config(), sampler="engine", num_beams=2)
+    with pytest.raises(errors.UserError, match="sampler='engien'; choose one of static, "
+                                               "engine.$"):
+        setup(decoder_config(), sampler="engien")

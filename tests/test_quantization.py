@@ -481,13 +481,15 @@ def test_infer_with_int8_weights_writes_the_float_models_predictions(lm_checkpoi
     inputs.write_text("".join(json.dumps({"inputs": text}) + "\n" for text in
                               ("It is a truth universally", "The evening was", "She said")))
     outputs = []
-    for extra in ([], ["--config.quantization.weights=int8"]):
+    # The float model, int8 weights, and int8 weights through the continuous-batching engine.
+    for extra in ([], ["--config.quantization.weights=int8"],
+                  ["--config.quantization.weights=int8", "--sampler=engine"]):
         out = tmp_path / f"out{len(extra)}.jsonl"
         assert infer.main(["--checkpoint", str(lm_checkpoint), "--input_file", str(inputs),
                            "--output_file", str(out), "--max_decode_length", "8",
                            "--inputs_length", "16", "--batch_size", "8", *extra]) == 0
         outputs.append([json.loads(line)["prediction"] for line in out.open()])
-    assert outputs[0] == outputs[1]
+    assert outputs[0] == outputs[1] == outputs[2]
     assert list((lm_checkpoint / "checkpoints" / "int8_weights").iterdir())
 
 

@@ -282,6 +282,29 @@ def test_serve_refuses_what_it_cannot_serve_in_one_line(tmp_path, capsys, tiny):
     assert "model; serve takes decoder language models" in lines[2]
 
 
+def test_our_lm_eval_model_generates_through_the_engine_as_through_static_batches(served):
+    """``model_args`` ``sampler=engine``: lm-eval's generate_until requests (two groups of
+    options, prompts of different lengths, stop strings) decode through the
+    continuous-batching engine on the imported checkpoint, to the static batches' text."""
+    from lm_eval.api.instance import Instance
+
+    from t5x_like.evaluation import harness_model
+
+    prompts = ["What is the capital of France?", "Say hello", "And of Spain? Name it, then "
+               "say when it became the capital and why.", "1, 2, 3,", "Q: 7 + 5 = ?\nA:"]
+    requests = [Instance("generate_until", {}, (prompt, options), i)
+                for i, prompt in enumerate(prompts)
+                for options in ({"until": ["\n"], "max_gen_toks": 12},
+                                {"until": ["."], "max_gen_toks": 5})]
+    static = harness_model.T5xLikeLM(checkpoint=served["checkpoint"], batch_size=8)
+    engine = harness_model.T5xLikeLM(checkpoint=served["checkpoint"], batch_size=8,
+                                     sampler="engine")
+    generated = static.generate_until(requests)
+    assert len(set(generated)) > 5  # the prompts and options are answered apart
+    assert engine.generate_until(requests) == generated
+    assert engine.loaded.runner.engine.stats.steps > 0 and static.loaded.runner.engine is None
+
+
 def test_the_pages_client_example_runs_as_printed(served, monkeypatch, capsys):
     """docs/serving.md's Python block, run as printed against the served checkpoint (its
     address through the variables the page exports)."""

@@ -15,6 +15,10 @@ from typing import ClassVar
 from t5x_like.config.sections import FrozenMap, Section, field, join, section, suggest
 from t5x_like.errors import ConfigError
 
+# How generations are decoded (``eval --sampler``, ``rl.sampler``, ``benchmark.sampler``):
+# static padded batches, or the continuous-batching engine (``generation/engine.py``).
+SAMPLERS = ("static", "engine")
+
 
 @section
 class EvalSpec(Section):
@@ -57,6 +61,9 @@ class BenchmarkSpec(EvalSpec):
     split: str = "validation"
     batch_size: int = field(0, minimum=0, doc="0: the run's batch_size")
     max_decode_length: int = field(0, minimum=0, doc="0: task_feature_lengths.targets")
+    sampler: str = field("static", choices=SAMPLERS, doc=(
+        "how generation tasks decode: static batches, or engine (the continuous-batching "
+        "engine: decoders, one process, greedy)"))
 
     KIND: ClassVar[str] = "benchmark"
 

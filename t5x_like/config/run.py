@@ -366,7 +366,6 @@ class QuantizationSpec(Section):
 
 
 RL_ALGORITHMS = ("", "grpo", "ppo")
-RL_SAMPLERS = ("static", "engine")
 GRPO_LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo")
 GRPO_RATIO_LEVELS = ("token", "sequence")
 
@@ -398,7 +397,7 @@ class RlSpec(Section):
     temperature: float = field(1.0, minimum=0.0)
     top_p: float = field(1.0, minimum=0.0)
     top_k: int = field(0, minimum=0)
-    sampler: str = field("static", choices=RL_SAMPLERS, doc=(
+    sampler: str = field("static", choices=evals_lib.SAMPLERS, doc=(
         "how rollouts are sampled: static (one padded batch to the longest completion, "
         "decoding.generate_padded) or engine (the continuous-batching engine of "
         "generation/engine.py: a finished completion frees its slot, a group's prompt is "

@@ -41,6 +41,7 @@ from t5x_like.engine import partitioning
 from t5x_like.engine.trainer import _MeshAndRules
 from t5x_like.errors import UserError
 from t5x_like.evaluation import few_shot
+from t5x_like.generation import engine as engine_lib
 from t5x_like.system import progress
 
 MODES = ("auto", "predict", "rank", "score")
@@ -58,6 +59,7 @@ class EvalSettings:
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
+    sampler: str = "static"           # or "engine": continuous batching (decoders)
     mode: str = "auto"
     num_shots: int | None = None      # decoders: lm-evaluation-harness multiple choice
     few_shot_seed: int = few_shot.DEFAULT_SEED
@@ -115,6 +117,12 @@ class ModelRunner:
             raise UserError(f"Eval batch size {settings.batch_size} does not divide over the "
                             f"{data_parallel} data-parallel devices; use a multiple of "
                             f"{data_parallel}.")
+        structure.check_sampler(settings.sampler, settings.num_beams)
+        if settings.sampler == "engine" and jax.process_count() > 1:
+            raise UserError(f"--sampler=engine decodes on one process; this evaluation has "
+                            f"{jax.process_count()}. Use --sampler=static.")
+        self.engine: engine_lib.Engine | None = None  # --sampler=engine: made at first use
+        self._engine_params = None  # the params the engine holds now
         self.batch_sharding = partitioning.batch_sharding(mesh, rules)
         self._replicated = partitioning.replicated(mesh)
         self._param_shardings = param_shardings
@@ -223,6 +231,9 @@ class ModelRunner:
         settings' decoding options (e.g. ``temperature``), ``seed`` their seed (a served
         request samples from its own)."""
         s = self.settings
+        if s.sampler == "engine" and max_decode_length:
+            return self._engine_rows(params, rows, max_decode_length,
+                                     s.seed if seed is None else seed, decode)
         options = dict(max_decode_length=max_decode_length, num_beams=s.num_beams, alpha=s.alpha,
                        temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
         options.update(decode)
@@ -244,6 +255,40 @@ class ModelRunner:
                 out.append(np.asarray(jax.device_get(tokens))[:count])
                 meter.advance(count)
         return np.concatenate(out) if out else np.zeros((0, max_decode_length), np.int32)
+
+    def _engine_rows(self, params, rows: Sequence[dict], max_decode_length: int, seed: int,
+                     decode: dict) -> np.ndarray:
+        """``predict_rows`` by the continuous-batching engine (``--sampler=engine``): a
+        request a row, ``batch_size`` decoded together, a finished row's slot taken by the
+        next one; row i sampled from ``seed + i``, so its tokens depend on neither its
+        neighbours nor the batch size (greedy: ``predict_batch``'s tokens)."""
+        if not rows:
+            return np.zeros((0, max_decode_length), np.int32)
+        s = self.settings
+        options = dict(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
+        options.update({k: v for k, v in decode.items() if k in options})
+        model, decoder_params, eos_id = self.structure.engine_decoder(params)
+        batch = {key: np.stack([np.asarray(row[key]) for row in rows]) for key in rows[0]}
+        prompts = self.structure.engine_prompts(batch)
+        width = max(len(prompt) for prompt in prompts)
+        needed = engine_lib.generation_length(model, width, max_decode_length)
+        if self.engine is None or self.engine.max_length < needed:
+            self.engine = engine_lib.Engine(model, decoder_params, max_length=needed,
+                                            slots=s.batch_size, context=self.context)
+            self._engine_params = params
+        elif params is not self._engine_params:
+            self.engine.params = decoder_params
+            self.engine.clear_prefix_cache()  # its pages hold the last params' keys
+            self._engine_params = params
+        with self._meter("generating", rows) as meter:
+            shown = [0]
+
+            def advance(finished: int) -> None:
+                meter.advance(finished - shown[0])
+                shown[0] = finished
+            return engine_lib.complete(
+                self.engine, prompts, max_decode_length, seeds=seed + np.arange(len(prompts)),
+                stop_ids=(int(eos_id),), on_step=advance, **options)
 
 
 class LazyRows(Sequence):

@@ -59,14 +59,16 @@ class T5xLikeLM(TemplateLM):
     ``checkpoint=PATH`` and optionally ``step``, ``vocabulary`` (a tokenizer path;
     default the checkpoint's own), ``max_length``, ``max_gen_toks``, ``batch_size``,
     ``seed``, ``module`` (a module registering the task a run trained on), ``weights``
-    (``int8``: int8 attention and MLP kernels))."""
+    (``int8``: int8 attention and MLP kernels), ``sampler`` (``engine``: generate_until
+    through the continuous-batching engine))."""
 
     backend = "causal"
 
     def __init__(self, checkpoint: str = "", step: int | None = None,
                  vocabulary: str = "checkpoint", max_length: int = 0, max_gen_toks: int = 256,
                  batch_size: int | str | None = None, seed: int = 0, module: str = "",
-                 weights: str = "", loaded: LoadedModel | None = None, **ignored):
+                 weights: str = "", sampler: str = "static", loaded: LoadedModel | None = None,
+                 **ignored):
         super().__init__()
         if loaded is None:
             if not checkpoint:
@@ -75,7 +77,7 @@ class T5xLikeLM(TemplateLM):
             size = 0 if batch_size in (None, "auto") else int(str(batch_size).split(":")[0])
             loaded = load(checkpoint, step=None if step is None else int(step),
                           vocabulary=vocabulary, batch_size=size, max_length=int(max_length),
-                          seed=int(seed), module=module, weights=weights)
+                          seed=int(seed), module=module, weights=weights, sampler=sampler)
         # Requests done, rate and ETA when run on its own (harness, lm_eval); training's
         # harness evaluations have the train line.
         self.meter = progress.Meter if checkpoint else progress.Silent

@@ -41,13 +41,15 @@ class LoadedModel:
 
 def load(checkpoint: str, *, step: int | None = None, vocabulary: str = "checkpoint",
          batch_size: int = 0, max_length: int = 0, seed: int = 0, module: str = "",
-         weights: str = "", check_family: Callable | None = None) -> LoadedModel:
+         weights: str = "", check_family: Callable | None = None,
+         sampler: str = "static") -> LoadedModel:
     """A decoder checkpoint on the mesh its config names, with its own tokenizer (or
     ``vocabulary``: a tokenizer path), refused with a ``UserError`` before any
     compilation when it cannot answer language-model requests (``check_family(config,
     checkpoint)``; the harness's refusal by default). The built-in tasks (and
     ``module``'s) are registered first: a run's tokenizer may be its training task's.
-    ``weights`` ``int8``: its attention and MLP kernels read in int8 (``int8_weights``)."""
+    ``weights`` ``int8``: its attention and MLP kernels read in int8 (``int8_weights``).
+    ``sampler``: how its generations are decoded (``EvalSettings.sampler``)."""
 
     cli_flags.import_modules([module] if module else [])
 
@@ -70,6 +72,7 @@ def load(checkpoint: str, *, step: int | None = None, vocabulary: str = "checkpo
                                     "Evaluate it with `t5xl eval` on a task or mixture.")
     else:
         check_family(config, checkpoint)
+    structures.structure_class(config.model.family).check_sampler(sampler, 1)
     tokenizer = resolving.resolve_checkpoint(source, step, vocabulary=vocabulary or "checkpoint",
                                         vocabulary_flag="vocabulary").asked_vocabulary
     resolving.check_fits(config, tokenizer, "lm-eval's requests")
@@ -77,7 +80,7 @@ def load(checkpoint: str, *, step: int | None = None, vocabulary: str = "checkpo
     weights = int8_weights.weights_for(config, structures.for_config(config), trainer)
     params = weights.restore(source, step, trainer)
     return from_params(config, trainer, params, tokenizer, max_length, batch_size, seed,
-                       f"{source.path} step {step}", weights)
+                       f"{source.path} step {step}", weights, sampler)
 
 
 def refuse_unless_language_model(command: str) -> Callable:
@@ -91,7 +94,8 @@ def refuse_unless_language_model(command: str) -> Callable:
 
 
 def from_params(config, trainer, params, vocabulary, max_length: int = 0, batch_size: int = 0,
-                seed: int = 0, description: str = "", weights=None) -> LoadedModel:
+                seed: int = 0, description: str = "", weights=None,
+                sampler: str = "static") -> LoadedModel:
     """A model already on ``trainer``'s mesh (training's own params, between steps);
     ``max_length`` 0 is the model's positions (else its task lengths' sum);
     ``batch_size`` 0 is the config's, -1 one row per data-parallel device (a server
@@ -104,7 +108,8 @@ def from_params(config, trainer, params, vocabulary, max_length: int = 0, batch_
     if batch_size < 0:
         batch_size = math.prod(trainer.mesh.shape[axis] for axis in
                                partitioning.batch_axes(trainer.rules) if axis in trainer.mesh.shape)
-    settings = evaluator.EvalSettings(batch_size=batch_size or config.batch_size, seed=seed)
+    settings = evaluator.EvalSettings(batch_size=batch_size or config.batch_size, seed=seed,
+                                      sampler=sampler)
     weights = weights or int8_weights.FloatWeights(structures.for_config(config), trainer)
     runner = evaluator.ModelRunner(weights.structure, trainer.mesh, trainer.rules,
                                    weights.shardings, dict(config.task_feature_lengths), settings,

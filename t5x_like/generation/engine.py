@@ -109,6 +109,9 @@ class Stats:
 
 # What the engine raises for a model that reads no paged cache (``decoding.check_paged``).
 UnpagedModel = decoding.UnpagedModel
+# A prompt's length plus its new tokens, refused (``ValueError``) past the model's positions:
+# the ``max_length`` an engine for such requests needs.
+generation_length = decoding.generation_length
 
 
 def bucket(n: int, smallest: int, largest: int) -> int:
@@ -428,3 +431,26 @@ class Engine:
             temperature[i], top_k[i], top_p[i] = r.temperature, r.top_k, r.top_p
             seeds[i], counters[i] = r.seed % 2**31, len(handle.result.tokens)
         return temperature, top_k, top_p, seeds, counters
+
+
+def complete(engine: Engine, prompts: Sequence[Sequence[int]], max_tokens: int, *,
+             seeds: Sequence[int], stop_ids: tuple[int, ...] = (), temperature: float = 0.0,
+             top_k: int = 0, top_p: float = 1.0,
+             on_step: Callable[[int], None] | None = None) -> np.ndarray:
+    """``[len(prompts), max_tokens]``: each prompt's new tokens, a stop id kept where one
+    ended it and zeros after (the layout of ``decoding.generate_padded``'s output), decoded
+    by ``engine`` stepping here: one request a prompt, the i-th sampled from ``seeds[i]``.
+    ``on_step(finished)`` hears, after each step, how many requests have ended."""
+    handles = [engine.submit(Request(tuple(int(t) for t in prompt), max_tokens,
+                                     temperature=temperature, top_k=top_k, top_p=top_p,
+                                     seed=int(seed), stop_ids=tuple(stop_ids)))
+               for prompt, seed in zip(prompts, seeds, strict=True)]
+    while engine.busy():
+        engine.step()
+        if on_step is not None:
+            on_step(sum(h.done for h in handles))
+    out = np.zeros((len(handles), max_tokens), np.int32)
+    for i, handle in enumerate(handles):
+        tokens = handle.wait().tokens
+        out[i, :len(tokens)] = tokens
+    return out

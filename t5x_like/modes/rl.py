@@ -266,14 +266,10 @@ class Rollouts:
             self._engine.clear_prefix_cache()
         seeds = (np.zeros(rows, np.int64) if rng is None  # greedy: no draw
                  else np.asarray(jax.random.randint(rng, (rows,), 0, 2**31 - 1)))
-        results = self._engine.run([engine_lib.Request(
-            tuple(int(t) for t in prompts[i, :lengths[i]]), self.completion_length,
-            temperature=0.0 if greedy else rl.temperature, top_k=rl.top_k, top_p=rl.top_p,
-            seed=int(seeds[i]), stop_ids=(self.eos_id,)) for i in range(rows)])
-        completions = np.zeros((rows, self.completion_length), np.int32)
-        for i, result in enumerate(results):
-            completions[i, :len(result.tokens)] = result.tokens
-        return completions
+        return engine_lib.complete(
+            self._engine, [prompts[i, :lengths[i]] for i in range(rows)],
+            self.completion_length, seeds=seeds, stop_ids=(self.eos_id,),
+            temperature=0.0 if greedy else rl.temperature, top_k=rl.top_k, top_p=rl.top_p)
 
     def _log_probs_fn(self, params, tokens):
         # The trainer's model: the one the update's loss reads (quantized training's too),

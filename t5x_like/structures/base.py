@@ -11,6 +11,7 @@ import numpy as np
 from flax import traverse_util
 
 from t5x_like import objectives
+from t5x_like.config.evals import SAMPLERS
 from t5x_like.errors import UserError
 
 # Keys of ``predict_batch`` beyond the batch: the decoding flags of ``infer`` and ``eval``.
@@ -147,6 +148,9 @@ class Structure:
     #: whether a row is a prompt followed by what is generated, so that the targets length
     #: is the number of tokens to generate (decoders)
     generates_after_prompt = False
+    #: whether the continuous-batching engine (``generation/engine.py``) decodes this
+    #: structure's model (``--sampler=engine``): decoder-only language models
+    decodes_with_engine = False
     #: whether a retrieval tower can be this structure's network (BERT-style encoders)
     embeds_text = False
     #: the model keys that set the depth of its transformer stacks, which a scaling
@@ -308,6 +312,37 @@ class Structure:
     def check_decoding(cls, config, num_beams: int) -> None:
         """Refuses decoding settings (``--num_beams``) this structure's model cannot run,
         before anything is restored or compiled; a ``UserError`` names the fix."""
+
+    @classmethod
+    def check_sampler(cls, sampler: str, num_beams: int) -> None:
+        """Refuses ``--sampler=engine`` where the engine cannot decode: a model it does not
+        serve, or beam search (it decodes greedily or samples), in one line."""
+        if sampler not in SAMPLERS:
+            raise UserError(f"sampler={sampler!r}; choose one of {', '.join(SAMPLERS)}.")
+        if sampler != "engine":
+            return
+        if not cls.decodes_with_engine:
+            raise cls._not_engine_decoded()
+        if num_beams > 1:
+            raise UserError(f"--sampler=engine decodes greedily or samples; beam search "
+                            f"(--num_beams={num_beams}) runs with --sampler=static.")
+
+    def engine_decoder(self, params) -> tuple:
+        """``(module, params, eos id)``: what the continuous-batching engine decodes this
+        structure's generations with, ``params`` being the structure's own (a run's
+        policy inside them, say)."""
+        raise self._not_engine_decoded()
+
+    def engine_prompts(self, batch) -> list:
+        """Each row's prompt (token ids) of a host ``batch`` of ``predict_batch``'s rows,
+        for the engine to continue."""
+        raise self._not_engine_decoded()
+
+    @classmethod
+    def _not_engine_decoded(cls) -> UserError:
+        return UserError(f"--sampler=engine: the continuous-batching engine decodes "
+                         f"decoder-only language models, not {cls.name!r} ones; use "
+                         "--sampler=static.")
 
     @classmethod
     def build_model(cls, spec, module_class):

@@ -23,6 +23,7 @@ class BilmStructure(DecoderStructure):
     depth_keys = ()  # LSTM layers, not a transformer stack
     distillable = False
     scores_choices_as_lm_eval = False
+    decodes_with_engine = False
 
     @classmethod
     def build_model(cls, spec, module_class):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from t5x_like.data import feature_converters
 from t5x_like.errors import ConfigError, UserError
@@ -41,6 +42,7 @@ class DecoderStructure(Structure):
     name = "decoder"
     scores_choices_as_lm_eval = True
     generates_after_prompt = True
+    decodes_with_engine = True
     depth_keys = ("num_layers",)
 
     @classmethod
@@ -195,6 +197,20 @@ class DecoderStructure(Structure):
             temperature=options["temperature"], top_k=options["top_k"], top_p=options["top_p"],
             num_beams=options["num_beams"], alpha=options["alpha"],
             eos_id=getattr(self.model.config, "eos_id", decoding.EOS_ID))
+
+    def engine_decoder(self, params):
+        """The decoder itself, its params and EOS; a plug-in module that reads no paged
+        cache is refused in one line."""
+        try:
+            decoding.check_paged(self.model)
+        except decoding.UnpagedModel as e:
+            raise UserError(f"--sampler=engine: {e} Use --sampler=static.") from None
+        return self.model, params, getattr(self.model.config, "eos_id", decoding.EOS_ID)
+
+    def engine_prompts(self, batch):
+        """``predict_batch``'s prompts (``prompts_from_batch``), each cut to its length."""
+        tokens, lengths = (np.asarray(x) for x in prompts_from_batch(batch))
+        return [row[:n] for row, n in zip(tokens, lengths, strict=True)]
 
     def decode_step(self, batch_size, lengths):
         """A step of ``decoding.generate_padded``: one token per row, its position, and

@@ -40,6 +40,7 @@ class RolloutStructure(Structure):
 
     name = "rollouts"
     distillable = False
+    decodes_with_engine = True  # its policy, a decoder (``engine_decoder``)
     weights_feature = "completion_loss_weights"
     targets_feature = "tokens"
 
@@ -151,6 +152,12 @@ class RolloutStructure(Structure):
     def predict_batch(self, params, batch, *, rng=None, **decode):
         return self.body.predict_batch(params, batch, rng=rng, **decode)
 
+    def engine_decoder(self, params):
+        return self.body.engine_decoder(params)
+
+    def engine_prompts(self, batch):
+        return self.body.engine_prompts(batch)
+
     def score_batch(self, params, batch):
         raise UserError("An RL run's checkpoint scores as a plain decoder: evaluate it with "
                         "--config.rl.algorithm= (the policy is a decoder).")
@@ -205,6 +212,9 @@ class PpoStructure(RolloutStructure):
 
     def predict_batch(self, params, batch, *, rng=None, **decode):
         return self.body.predict_batch(params["policy"], batch, rng=rng, **decode)
+
+    def engine_decoder(self, params):
+        return self.body.engine_decoder(params["policy"])
 
     def reference(self) -> Structure:
         """The reference is a decoder: the policy's structure without the value model."""

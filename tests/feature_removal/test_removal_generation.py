@@ -1,12 +1,17 @@
 """Removals of what the continuous-batching engine promises: requests admitted while
-others decode, prompt pages shared, each request sampled from its own seed, and the
-paged cache read through each layer's own attention window."""
+others decode, prompt pages shared, each request sampled from its own seed, the paged
+cache read through each layer's own attention window, and evaluation's generations
+decoded by it when asked."""
+
+import dataclasses
 
 import numpy as np
 import pytest
+import test_evaluation as evaluation_tests
 import test_generation_engine as engine_tests
 from removals import Removal, proving_tests
 
+from t5x_like.evaluation import evaluator
 from t5x_like.generation import engine, pages, sampling
 from t5x_like.models import attention
 
@@ -53,6 +58,20 @@ def _window_ignored(monkeypatch):
                         original(positions, table, length))
 
 
+def _sampler_ignored(monkeypatch):
+    """The evaluator's generations ignore ``sampler``: static batches, always."""
+    original = evaluator.ModelRunner.predict_rows
+
+    def static(self, params, rows, max_decode_length, seed=None, **decode):
+        asked, self.settings = self.settings, dataclasses.replace(self.settings,
+                                                                  sampler="static")
+        try:
+            return original(self, params, rows, max_decode_length, seed, **decode)
+        finally:
+            self.settings = asked
+    monkeypatch.setattr(evaluator.ModelRunner, "predict_rows", static)
+
+
 def _check(test, fixture):
     """``(holds_in, check)``: ``test`` of test_generation_engine.py run on ``fixture``'s
     model (the suite runs it with the feature, parametrised as ``gpt2`` and ``modern``)."""
@@ -83,6 +102,13 @@ REMOVALS = [
     Removal("paged attention windows", "sliding layers read the whole paged cache",
             "greedy tokens of a model with sliding layers equal the static batch's",
             _window_ignored, WINDOW[1], holds_in=WINDOW[0]),
+    Removal("evaluation through the engine", "eval's generations ignore --sampler=engine",
+            "eval with the engine sampler decodes every row through an engine of batch-size "
+            "slots, to the static batches' predictions",
+            _sampler_ignored,
+            lambda request: evaluation_tests.test_the_engine_sampler_predicts_what_static_batches_predict(),
+            holds_in="tests/test_evaluation.py::"
+                     "test_the_engine_sampler_predicts_what_static_batches_predict"),
 ]
 
 globals().update(proving_tests(REMOVALS))

@@ -30,7 +30,8 @@ class BenchmarkEvaluator(TrainingEvaluator):
         eval_settings = evaluator.EvalSettings(
             split=settings.split, max_examples=settings.max_examples,
             batch_size=settings.batch_size or spec.batch_size,
-            max_decode_length=settings.max_decode_length, seed=spec.seed)
+            max_decode_length=settings.max_decode_length, seed=spec.seed,
+            sampler=settings.sampler)
         self.evaluator = runner.build_evaluator(spec, context.trainer, settings.mixture,
                                                 eval_settings, dict(spec.task_feature_lengths),
                                                 context.vocabulary)
