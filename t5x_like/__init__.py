@@ -10,3 +10,5 @@ __version__ = "0.1.0"
 
 # Before JAX starts a backend: no libtpu start-up errors on machines without TPUs.
 _platforms.keep_libtpu_off_machines_without_tpus()
+# TPU compiles (a run's, a plan's) schedule collectives as MaxText's published runs do.
+_platforms.use_tpu_compiler_flags()

@@ -163,9 +163,23 @@ def format_report(r: dict) -> str:
     elif r["compiled_flops_per_device"] is not None:
         lines.append("roofline: no peak FLOP/s or bandwidth for this device kind (see "
                      "t5x_like.system.hardware.CHIPS)")
+    lines += _predicted_lines(r)
     lines += _traffic_lines(r)
     lines += _collective_lines(r)
     return "\n".join(lines)
+
+
+def _predicted_lines(r: dict) -> list[str]:
+    if "prediction_note" in r:
+        return [f"predicted: none ({r['prediction_note']})"]
+    p = r.get("predicted")
+    if not p:
+        return []
+    return [f"predicted step time: {p['step_s'] * 1e3:.1f} ms, MFU {100 * p['mfu']:.1f}% "
+            f"(the compiled schedule played on the chip: matmul-bound "
+            f"{p['compute_s'] * 1e3:.1f} ms at {100 * p['fill']:.0f}% matrix-unit fill, "
+            f"HBM-bound {p['memory_s'] * 1e3:.1f} ms, waiting on collectives "
+            f"{p['exposed_collective_s'] * 1e3:.1f} of {p['collective_s'] * 1e3:.1f} ms)"]
 
 
 def _collective_lines(r: dict) -> list[str]:

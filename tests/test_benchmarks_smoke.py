@@ -106,6 +106,11 @@ SMOKE = {
     # The recipe's own smoke run first (in RUNS/instructgpt), then TRL's PPO for 2 rollouts.
     "instructgpt_side_by_side.py": Smoke(("| rollouts | ours: rule score | TRL: rule score |",
                                           "| 2 | - |"), ("run", "--runs={runs}"), slow=True),
+    "maxtext_record.py": Smoke(("| row | chips | model | seq | batch | MaxText MFU |",
+                                "our predicted MFU", "| smoke | v6e x 4 | tiny decoder |"),
+                               ("--out={runs}/maxtext_record",),
+                               row=r"^\| smoke \|.*\| [\d.]+% \| [\d,]+ \| - \| [\d.]+% \|",
+                               subprocess=True),
     "moe_capacity.py": Smoke(("held-out loss", "max load / uniform", "capacity factor 2.0",
                               "dropless", "minus dense"), ("--runs={runs}",)),
     "multilingual.py": Smoke(("| language | characters | p_i |",

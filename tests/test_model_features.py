@@ -56,7 +56,7 @@ def loop_run():
     return (params, *_logits_and_grads(tiny_decoder(), params, tokens()))
 
 
-@pytest.mark.parametrize("remat_policy", ["none", "full", "dots_no_batch"])
+@pytest.mark.parametrize("remat_policy", ["none", "full", "dots_no_batch", "offload"])
 def test_scanned_layers_compute_what_the_loop_computes(loop_run, remat_policy):
     x = tokens()
     params, loop_out, grad_loop = loop_run

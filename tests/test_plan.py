@@ -21,6 +21,15 @@ TINY = ["--config.model.d_model=32", "--config.model.d_ff=64", "--config.model.n
         "--config.model.head_dim=16", "--config.model.num_encoder_layers=1",
         "--config.model.num_decoder_layers=1", "--config.task_feature_lengths.inputs=32",
         "--config.task_feature_lengths.targets=8", "--config.batch_size=16"]
+# A small row of the MaxText record's kind (``benchmarks/maxtext_record.py --smoke``): a
+# two-layer Qwen3-style decoder (grouped queries, splash attention) under FSDP on v6e:2x2.
+OPEN_DECODERS_TINY_ROW = [
+    "--config=configs/open_decoders.py:qwen3-0.6b", "--topology=v6e:2x2",
+    "--config.model.num_layers=2", "--config.model.d_model=256", "--config.model.num_heads=2",
+    "--config.model.head_dim=128", "--config.model.attention.num_kv_heads=1",
+    "--config.model.d_ff=512", "--config.model.vocab_size=1024", "--config.batch_size=8",
+    "--config.task_feature_lengths.targets=256", "--config.model.numerics.remat_policy=full",
+    "--config.mesh.data=1", "--config.mesh.fsdp=-1"]
 # The dev extra installs libtpu (jax[tpu]): without it these tests fail, never skip.
 assert importlib.util.find_spec("libtpu"), 'libtpu is missing: pip install -c constraints.txt -e ".[tpu]"'
 
@@ -89,6 +98,8 @@ def test_tpu_plan_fits_a_small_model_and_gives_a_roofline():
     out = result.stdout
     assert "4 x TPU v5 lite" in out and "fits: FITS in 16.00 GiB" in out
     assert "roofline step time" in out and "MFU at best" in out
+    assert re.search(r"^predicted step time: [0-9.]+ ms, MFU [0-9.]+% \(the compiled schedule",
+                     out, flags=re.M), out
     # v5e's links are in the table: the collectives' time enters the roofline, and the
     # gradient's all-reduce over the 4 data-parallel chips is listed by its axis.
     assert ", collectives " in out

@@ -16,7 +16,7 @@ from typing import ClassVar
 from t5x_like.config.sections import Section, field, join, require, section
 
 DTYPES = ("float32", "bfloat16")
-REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch", "offload")
 ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "flash", "chunked")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 ROPE_SCALINGS = ("default", "linear", "llama3", "yarn")

@@ -18,16 +18,26 @@ from typing import Any
 import flax.linen as nn
 import jax
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 from t5x_like.models import pipeline_parallel
 from t5x_like.models.layers import gradient_boundary
 from t5x_like.models.moe import COLLECTION as ROUTER_COLLECTION
+
+# The name a stacked block's input carries under ``offload``.
+BLOCK_INPUT = "block_input"
 
 REMAT_POLICIES = {
     "none": None,  # no remat: keep every activation
     "full": jax.checkpoint_policies.nothing_saveable,  # recompute the whole block
     "dots": jax.checkpoint_policies.checkpoint_dots,  # keep matmul outputs
     "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # MaxText's default
+    # Recompute the whole block, its input kept in host memory instead of HBM until the
+    # backward pass needs it (MaxText's ``decoder_layer_input`` offload): what a deep
+    # stack saves leaves HBM, at the cost of a copy each way over the host link.
+    "offload": jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[], names_which_can_be_offloaded=[BLOCK_INPUT],
+        offload_src="device", offload_dst="pinned_host"),
 }
 
 
@@ -52,6 +62,8 @@ def run_stack(block_cls: type[nn.Module], config: Any, num_layers: int, x, *args
     unless ``pipelined`` is False (decoding steps); its parameters are the same either way.
     """
     check_remat_policy(remat_policy)
+    if remat_policy == "offload":
+        block_cls = _input_named(block_cls)
     block = block_cls
     if remat_policy != "none":
         # nn.remat counts ``self`` and ``x`` before ``args``.
@@ -99,6 +111,16 @@ def run_stack(block_cls: type[nn.Module], config: Any, num_layers: int, x, *args
     return pipeline_parallel.run(layer, nn.meta.unbox(stack.variables["params"]), x, args, stages=stages,
                         microbatches=microbatches, repeats=repeats,
                         remat=remat_policy != "none")
+
+
+def _input_named(block_cls: type[nn.Module]) -> type[nn.Module]:
+    """``block_cls`` whose input is named ``BLOCK_INPUT`` (``jax.ad_checkpoint.
+    checkpoint_name``), what the ``offload`` policy moves to host memory."""
+    class NamedInput(block_cls):
+        def __call__(self, x, *args, **kwargs):
+            return super().__call__(checkpoint_name(x, BLOCK_INPUT), *args, **kwargs)
+    NamedInput.__name__ = NamedInput.__qualname__ = block_cls.__name__
+    return NamedInput
 
 
 def _reshape_layers(tree, new_shape, new_axis: str | None = None):

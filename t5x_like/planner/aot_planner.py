@@ -8,7 +8,10 @@ needed; ``topology.prepare_compiler_environment`` before JAX starts), ``cpu:N`` 
 CPU devices. It imports JAX at its top: the commands import it after their config is read
 (``planner/topology.py`` is what they need before). The roofline is ``max(FLOPs / peak,
 bytes accessed / HBM bandwidth, collective bytes / link bandwidth)`` per device
-(``hlo_collectives``): an optimistic bound, each taken to overlap the others.
+(``hlo_collectives``): an optimistic bound, each taken to overlap the others. Beside it,
+a prediction: the compiled schedule played instruction by instruction on the chip
+(``step_time``: per-op matmul fill and HBM time, collectives overlapped only where the
+compiler made them asynchronous).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from t5x_like.config import spec_of
 from t5x_like.engine import flops, partitioning
 from t5x_like.engine import trainer as trainer_lib
 from t5x_like.models import pipeline_parallel
-from t5x_like.planner import hlo_collectives, hlo_matmuls, hlo_traffic
+from t5x_like.planner import hlo_collectives, hlo_matmuls, hlo_traffic, step_time
 from t5x_like.planner.topology import GiB, PlanError, parse_topology, prepare_compiler_environment
 from t5x_like.system import hardware, platforms
 
@@ -194,8 +197,23 @@ def plan(config, topology: str, num_slices: int = 1) -> dict:
         roof = _roofline(roofline_flops, roofline_bytes, _roofline_peak(report), chip,
                          communication_s)
         report["roofline"] = dict(roof, mfu=model_flops / (len(devices) * peak * roof["step_s"]))
+    if compiler_oom is None and chip is not None and chip.peak_flops:
+        report.update(_predicted(hlo_text, mesh_shape, chip, model_flops, len(devices), peak))
     report.update(_largest(state_rows, state_bytes, temporaries))
     return report
+
+
+def _predicted(hlo_text: str, mesh_shape: dict, chip, model_flops: float, devices: int,
+               peak: float) -> dict:
+    """``{"predicted": ...}``: the compiled schedule played on the chip
+    (``step_time.predict``) and the MFU it gives; a note when the HLO is misread."""
+    shape = {axis: int(mesh_shape.get(axis, 1)) for axis in partitioning.MESH_AXES}
+    try:
+        predicted = step_time.predict(hlo_text, shape, chip)
+    except (ValueError, KeyError, StopIteration) as e:
+        return {"prediction_note": f"the schedule reader failed ({e!r}); no prediction"}
+    return {"predicted": dict(predicted.to_dict(),
+                              mfu=step_time.mfu(predicted, model_flops, devices, peak))}
 
 
 def _quantized_rates(config, hlo_text: str, device_kind: str, peak: float | None) -> dict:

@@ -43,6 +43,7 @@ _IOTA = re.compile(r"replica_groups=\[([0-9,]+)\]<=\[([0-9,]+)\](?:T\(([0-9,]+)\
 _MESH = re.compile(r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=(\S+?))?\s*\{([^}]*)\}")
 _IOTA_IDS = re.compile(r"^\(?\[([0-9,]+)\](?:T\(([0-9,]+)\))?\)?$")
 _PAIRS = re.compile(r"source_target_pairs=\{((?:\{[0-9]+,[0-9]+\},?)*)\}")
+_CHANNEL = re.compile(r"\bchannel_id=([0-9]+)")
 _MEGASCALE = re.compile(r'_xla_megascale_transfer_type="?(\w+)')
 
 
@@ -80,37 +81,61 @@ def listed(hlo_text: str, mesh_shape: Mapping[str, int]) -> list[Found]:
     What a test asks of a program (the ring's permutes carry key blocks over
     ``context``) reads this; ``analyze`` sums it."""
     computations = hlo_traffic.parse(hlo_text)
-    types = {i.name: i.type_text for c in computations.values() for i in c.instructions}
-    axes = tuple(mesh_shape)
-    coords = np.stack(np.unravel_index(np.arange(math.prod(mesh_shape.values())),
-                                       tuple(mesh_shape.values())), axis=1)
+    reader = Reader(computations, mesh_shape)
     found = []
     for instruction, times in hlo_traffic.weighted_instructions(computations,
                                                                  lambda c: len(c.instructions)):
+        found += reader.found_in(instruction, times)
+    return found
+
+
+class Reader:
+    """Reads the collectives of one instruction of a parsed program on a mesh of
+    ``mesh_shape`` (``listed`` for every instruction; ``step_time`` one at a time, in
+    the schedule's order)."""
+
+    def __init__(self, computations: dict, mesh_shape: Mapping[str, int]):
+        self.computations = computations
+        self.types = {i.name: i.type_text for c in computations.values() for i in c.instructions}
+        self.mesh_shape = mesh_shape
+        self.axes = tuple(mesh_shape)
+        self.coords = np.stack(np.unravel_index(np.arange(math.prod(mesh_shape.values())),
+                                                tuple(mesh_shape.values())), axis=1)
+        self._channels: set[str] = set()  # collectives read already (``ASYNC_START``)
+
+    def found_in(self, instruction, times: int = 1) -> list[Found]:
+        """The collectives ``instruction`` runs (itself, the ones its fusion holds, or a
+        MegaScale send), each as a ``Found`` run ``times`` times."""
         dcn = _megascale_kind(instruction)
         if dcn:
-            operand_types = tuple(types.get(o, "") for o in instruction.operands)
+            operand_types = tuple(self.types.get(o, "") for o in instruction.operands)
             operand = sum(hlo_traffic.shape_bytes(t) for t in operand_types)
-            slices = mesh_shape.get("dcn", 1)
-            found.append(Found("dcn-send", "dcn", operand_types,
-                               _bytes_sent("all-reduce", operand, slices)
-                               if dcn == "ALL_REDUCE" else operand, times))
-            continue
-        for collective in _collectives_in(instruction, computations):
+            slices = self.mesh_shape.get("dcn", 1)
+            return [Found("dcn-send", "dcn", operand_types,
+                          _bytes_sent("all-reduce", operand, slices)
+                          if dcn == "ALL_REDUCE" else operand, times)]
+        found = []
+        for collective in _collectives_in(instruction, self.computations):
+            channel = _CHANNEL.search(collective.attributes)
+            if channel and instruction.opcode == "fusion":
+                if channel.group(1) in self._channels:
+                    continue  # an asynchronous collective's continuation or done
+                self._channels.add(channel.group(1))
             kind = _kind(collective.opcode)
-            groups = _groups(collective.attributes, len(coords))
-            crossed = _axes_crossed(groups, coords, axes) if groups is not None else "?"
+            groups = _groups(collective.attributes, len(self.coords))
+            crossed = (_axes_crossed(groups, self.coords, self.axes) if groups is not None
+                       else "?")
             if crossed == "":
                 continue  # groups of one device: nothing moves
             size = max((len(g) for g in groups), default=1) if groups is not None else 2
-            operand_types = tuple(types.get(o, "") for o in collective.operands)
+            operand_types = tuple(self.types.get(o, "") for o in collective.operands)
             sizes = [hlo_traffic.shape_bytes(t) for t in operand_types]
             # A ragged all-to-all's operands are its send buffer, the receive buffer it
             # writes into, and offsets: evenly spread, it sends the smaller buffer.
             operand = min(sizes[:2]) if kind == "ragged-all-to-all" else sum(sizes)
             found.append(Found(kind, crossed, operand_types, _bytes_sent(kind, operand, size),
                                times))
-    return found
+        return found
 
 
 def analyze(hlo_text: str, mesh_shape: Mapping[str, int]) -> Collectives:
@@ -145,6 +170,20 @@ def _collectives_in(instruction, computations) -> list:
         if called is not None:
             found += [i for i in called.instructions if _kind(i.opcode)]
     return found
+
+
+# libtpu's asynchronous collective fusions (``--xla_tpu_enable_async_collective_fusion``):
+# one fusion starts the collective, later ones continue it beside their own work (a
+# matmul's fusion holding the next weight's all-gather) and one waits for it. Each holds
+# the collective's instruction, with one ``channel_id``: it moves once.
+ASYNC_START, ASYNC_DONE = "AsyncCollectiveStart", "AsyncCollectiveDone"
+
+
+def async_part(computation, target: str) -> bool:
+    """Whether a fused ``computation`` starts (``ASYNC_START``) or waits for
+    (``ASYNC_DONE``) an asynchronous collective."""
+    return any(i.opcode == "custom-call" and f'custom_call_target="{target}"' in i.attributes
+               for i in computation.instructions)
 
 
 def _kind(opcode: str) -> str:
@@ -238,9 +277,15 @@ def communication_seconds(collectives: Collectives, chip, mesh_shape: Mapping[st
         return None
     seconds = {}
     for crossed, moved in collectives.bytes_by_axes.items():
-        names = [] if crossed == "?" else crossed.split("+")
-        bandwidth = chip.axis_bandwidth(
-            over_dcn="dcn" in names,
-            ici_axes=sum(1 for name in names if name != "dcn" and mesh_shape.get(name, 1) > 1))
-        seconds[crossed] = moved / bandwidth if bandwidth else math.inf
+        rate = bandwidth(crossed, chip, mesh_shape)
+        seconds[crossed] = moved / rate if rate else math.inf
     return seconds
+
+
+def bandwidth(crossed: str, chip, mesh_shape: Mapping[str, int]) -> float | None:
+    """Bytes/s a device's collective over the mesh axes ``crossed`` (``"fsdp+tensor"``)
+    gets (``hardware.Chip.axis_bandwidth``)."""
+    names = [] if crossed == "?" else crossed.split("+")
+    return chip.axis_bandwidth(
+        over_dcn="dcn" in names,
+        ici_axes=sum(1 for name in names if name != "dcn" and mesh_shape.get(name, 1) > 1))

@@ -83,6 +83,57 @@ def _flops(instruction, instructions: dict, computations: dict) -> tuple[str, fl
     return (dtype, 2.0 * multiply_adds) if multiply_adds is not None else None
 
 
+def matmul_work(instruction, instructions: dict, computations: dict,
+                width: int) -> list[tuple[float, float]]:
+    """``(FLOPs, fill)`` of each matmul one execution of a top-level ``instruction`` runs
+    (itself, or those of the fusions it calls). ``fill`` is the share of a ``width`` x
+    ``width`` matrix unit its shapes keep busy: the contracted size and the output
+    features each padded up to a multiple of ``width`` (1 when ``width`` is 0)."""
+    inner = [instruction]
+    if instruction.opcode == "fusion":
+        inner = [i for called in _FUSION_CALLS.findall(instruction.attributes)
+                 if called in computations for i in _fused(computations, called)]
+    work = []
+    for matmul in inner:
+        if matmul.opcode not in ("dot", "convolution"):
+            continue
+        counted = _flops(matmul, instructions, computations)
+        if counted:
+            work.append((counted[1], _fill(matmul, instructions, width)))
+    return work
+
+
+def _fill(matmul, instructions: dict, width: int) -> float:
+    """The matrix unit's share a matmul's contracted size K and output features N keep
+    busy: ``K / pad(K) x N / pad(N)``, padding to multiples of ``width``."""
+    if not width:
+        return 1.0
+    lhs = _array(instructions[matmul.operands[0]].type_text)
+    rhs = _array(instructions[matmul.operands[1]].type_text)
+    out = _array(matmul.type_text)
+    if lhs is None or rhs is None or out is None:
+        return 1.0
+    if matmul.opcode == "dot":
+        dims = {key: [int(d) for d in found.group(1).split(",") if d]
+                for key in ("lhs_contracting", "rhs_contracting", "rhs_batch")
+                if (found := re.search(key + r"_dims=\{([0-9,]*)\}", matmul.attributes))}
+        contracted = math.prod(lhs[1][d] for d in dims.get("lhs_contracting", []))
+        kept = [d for d in range(len(rhs[1]))
+                if d not in dims.get("rhs_contracting", []) + dims.get("rhs_batch", [])]
+        features = math.prod(rhs[1][d] for d in kept)
+    else:
+        labels = _DIM_LABELS.search(matmul.attributes)
+        if not labels:
+            return 1.0
+        groups = {kind: int(count) for kind, count in _GROUPS.findall(matmul.attributes)}
+        contracted = lhs[1][labels.group(1).index("f")] // groups.get("feature", 1)
+        features = out[1][labels.group(3).index("f")]
+
+    def share(size: int) -> float:
+        return size / (-(-size // width) * width) if size else 1.0
+    return share(contracted) * share(features)
+
+
 def _window(attributes: str) -> dict[str, list[int]]:
     """``window={size=4x2 stride=3x1 pad=0_0x1_1 lhs_dilate=4x2 ...}`` as lists per key
     (``pad`` as ``[low, high, low, high, ...]``); ``{}`` for a window-less convolution."""

@@ -176,7 +176,9 @@ class Traffic:
     loop_trip_counts: list[int]
 
 
-class _Module:
+class Module:
+    """Reads the HBM bytes of a parsed program's instructions (``instruction_bytes``)."""
+
     def __init__(self, computations: dict[str, Computation]):
         self.computations = computations
         self.types = {i.name: i.type_text for c in computations.values() for i in c.instructions}
@@ -311,7 +313,7 @@ def trip_count_of(loop: Instruction, computations: dict[str, Computation]) -> in
 def analyze(hlo_text: str) -> Traffic:
     """Counts the traffic of ``compiled.as_text()`` from the entry computation down."""
     computations = parse(hlo_text)
-    module = _Module(computations)
+    module = Module(computations)
     by_source_path: dict[str, float] = collections.defaultdict(float)
     trips: list[int] = []
     once = 0.0
@@ -326,7 +328,7 @@ def analyze(hlo_text: str) -> Traffic:
     return Traffic(sum(by_source_path.values()), once, dict(by_source_path), trips)
 
 
-def _computation_bytes(module: _Module, computation: Computation) -> float:
+def _computation_bytes(module: Module, computation: Computation) -> float:
     return sum(module.instruction_bytes(i) for i in computation.instructions)
 
 

@@ -31,6 +31,10 @@ class Chip:
     # fp8 that means the chip has no fp8 matmul units).
     int8_flops: float | None = None
     fp8_flops: float | None = None
+    # The side of a TPU's systolic matrix units (0: not modelled): a matmul whose
+    # contracted size or output features are not a multiple of it leaves part idle
+    # (``planner.step_time``).
+    mxu_width: int = 0
 
     def quantized_peak(self, kind: str) -> float:
         """The peak a matmul of ``kind`` ("", "int8", "fp8") runs at: its own rate where
@@ -56,17 +60,22 @@ class Chip:
 CHIPS: dict[str, Chip] = {
     "TPU v2": Chip(22.5e12, 8 * GiB, 350e9),
     "TPU v3": Chip(61.5e12, 16 * GiB, 450e9),
-    "TPU v4": Chip(275e12, 32 * GiB, 1.2e12, int8_flops=275e12),
+    "TPU v4": Chip(275e12, 32 * GiB, 1.2e12, int8_flops=275e12, mxu_width=128),
     # ICI and DCN from Cloud TPU's system-architecture pages: v5e 400 GB/s over 4 ports,
     # 2 x 100 Gbps NICs a host of 8 chips; v5p 1,200 GB/s over 6 ports, 50 Gbps DCN a chip;
     # v6e 800 GB/s over 4 ports (its DCN is not published per chip). Int8 doubles the
-    # bf16 rate on v5e, v5p and v6e; none of them has fp8 units (Ironwood does).
-    "TPU v5 lite": Chip(197e12, 16 * GiB, 819e9, 400e9, 4, 25e9 / 8, int8_flops=394e12),  # v5e
-    "TPU v5e": Chip(197e12, 16 * GiB, 819e9, 400e9, 4, 25e9 / 8, int8_flops=394e12),
+    # bf16 rate on v5e, v5p and v6e; none of them has fp8 units (Ironwood does). Matrix
+    # units (Cloud TPU's architecture pages): 128 x 128 up to v5p, 256 x 256 from v6e.
+    "TPU v5 lite": Chip(197e12, 16 * GiB, 819e9, 400e9, 4, 25e9 / 8, int8_flops=394e12,
+                        mxu_width=128),  # v5e
+    "TPU v5e": Chip(197e12, 16 * GiB, 819e9, 400e9, 4, 25e9 / 8, int8_flops=394e12,
+                    mxu_width=128),
     "TPU v5": Chip(459e12, 95 * GiB, 2.765e12, 1200e9, 6, 50e9 / 8,  # v5p reports "TPU v5"
-                   int8_flops=918e12),
-    "TPU v5p": Chip(459e12, 95 * GiB, 2.765e12, 1200e9, 6, 50e9 / 8, int8_flops=918e12),
-    "TPU v6 lite": Chip(918e12, 32 * GiB, 1.64e12, 800e9, 4, int8_flops=1836e12),  # v6e
+                   int8_flops=918e12, mxu_width=128),
+    "TPU v5p": Chip(459e12, 95 * GiB, 2.765e12, 1200e9, 6, 50e9 / 8, int8_flops=918e12,
+                    mxu_width=128),
+    "TPU v6 lite": Chip(918e12, 32 * GiB, 1.64e12, 800e9, 4, int8_flops=1836e12,
+                        mxu_width=256),  # v6e
     "TPU7x": Chip(2307e12, 192 * GiB, 7.37e12, fp8_flops=4614e12),      # Ironwood
     # NVIDIA's dense (not 2:4 sparse) tensor-core rates: A100 has int8 but no fp8.
     "A100-SXM4-40GB": Chip(312e12, 40e9, 1.555e12, int8_flops=624e12),

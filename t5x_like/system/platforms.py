@@ -81,6 +81,33 @@ def keep_libtpu_off_machines_without_tpus() -> None:
         pass
 
 
+# XLA:TPU's collective scheduling, as MaxText's published runs set it (its
+# ``benchmarks/xla_flags_library.py``: CF_FOR_ALL_GATHER and DATA_PARALLEL_OVERLAP, in every
+# row of its performance tables): FSDP's weight all-gathers become asynchronous fusions
+# continued inside the matmuls they feed, and data-parallel all-reduces overlap the
+# backward pass. Without them libtpu runs those collectives synchronously, and the step
+# waits for every gather (``planner.step_time`` reads which).
+TPU_COMPILER_FLAGS = (
+    "--xla_tpu_enable_async_collective_fusion=true",
+    "--xla_tpu_enable_async_collective_fusion_fuse_all_gather=true",
+    "--xla_tpu_enable_async_collective_fusion_multiple_steps=true",
+    "--xla_tpu_overlap_compute_collective_tc=true",
+    "--xla_enable_async_all_gather=true",
+    "--xla_tpu_enable_data_parallel_all_reduce_opt=true",
+    "--xla_tpu_data_parallel_opt_different_sized_ops=true",
+)
+
+
+def use_tpu_compiler_flags(environ=os.environ) -> None:
+    """Adds ``TPU_COMPILER_FLAGS`` to ``LIBTPU_INIT_ARGS`` (read when libtpu loads: a TPU
+    run's or a TPU plan's compiler), each one the user has not set there already."""
+    given = environ.get("LIBTPU_INIT_ARGS", "")
+    named = {flag.split("=")[0] for flag in given.split()}
+    added = [flag for flag in TPU_COMPILER_FLAGS if flag.split("=")[0] not in named]
+    if added:
+        environ["LIBTPU_INIT_ARGS"] = " ".join([given, *added]).strip()
+
+
 def environment_for_other_machines(environ: Mapping[str, str]) -> dict[str, str]:
     """``environ`` without the ``JAX_PLATFORMS`` this module chose for this machine (a
     login node without GPUs must not send ``cpu`` to the GPU nodes); a value the user
