@@ -126,6 +126,9 @@ def format_report(r: dict) -> str:
         f"  code          {_gib(m['code'])}",
         f"  total         {_gib(m['total'])}",
     ]
+    if m.get("host_temporaries"):
+        lines.append(f"  host memory   {_gib(m['host_temporaries'])}   (activations offloaded "
+                     "by remat_policy=offload; not in the total)")
     if r["hbm_per_device"] is None:
         lines.append(f"fits: unknown (no HBM figure for {r['device_kind']!r})")
     else:

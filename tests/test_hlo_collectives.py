@@ -166,3 +166,54 @@ def test_a_ragged_all_to_all_counts_the_rows_it_sends_not_its_receive_buffer():
     spread evenly over 4 devices, 3/4 of the 16 rows leave the device."""
     found = hlo_collectives.analyze(RAGGED, SHAPE)
     assert found.bytes_by_axes == {"context": pytest.approx(0.75 * 16 * 128 * 4)}
+
+
+# libtpu's asynchronous collective fusion (``TPU_COMPILER_FLAGS``), as it prints it: a
+# fusion starts an all-gather, a matmul's fusion continues it, a third waits for it; each
+# holds the all-gather (one channel_id).
+ASYNC_FUSIONS = "\n".join([
+    "HloModule async_gather, is_scheduled=true",
+    "",
+    "%start_body (w: bf16[16,128]) -> (bf16[16,128], bf16[64,128]) {",
+    "  %w = bf16[16,128]{1,0} parameter(0)",
+    "  %all-gather.1 = bf16[64,128]{1,0} all-gather(%w), channel_id=7, "
+    "replica_groups=[2,4]<=[8], dimensions={0}, use_global_device_ids=true",
+    "  ROOT %custom-call.1 = (bf16[16,128]{1,0}, bf16[64,128]{1,0}) custom-call(%all-gather.1), "
+    'custom_call_target="AsyncCollectiveStart"',
+    "}",
+    "",
+    "%continue_body (s: (bf16[16,128], bf16[64,128]), x: bf16[128,128]) -> bf16[128,128] {",
+    "  %s = (bf16[16,128]{1,0}, bf16[64,128]{1,0}) parameter(0)",
+    "  %x = bf16[128,128]{1,0} parameter(1)",
+    "  %shard = bf16[16,128]{1,0} get-tuple-element(%s), index=0",
+    "  %all-gather.2 = bf16[64,128]{1,0} all-gather(%shard), channel_id=7, "
+    "replica_groups=[2,4]<=[8], dimensions={0}, use_global_device_ids=true",
+    "  ROOT %dot.1 = bf16[128,128]{1,0} dot(%x, %x), lhs_contracting_dims={1}, "
+    "rhs_contracting_dims={0}",
+    "}",
+    "",
+    "%done_body (s: (bf16[16,128], bf16[64,128])) -> bf16[64,128] {",
+    "  %s.1 = (bf16[16,128]{1,0}, bf16[64,128]{1,0}) parameter(0)",
+    "  %shard.1 = bf16[16,128]{1,0} get-tuple-element(%s.1), index=0",
+    "  %all-gather.3 = bf16[64,128]{1,0} all-gather(%shard.1), channel_id=7, "
+    "replica_groups=[2,4]<=[8], dimensions={0}, use_global_device_ids=true",
+    "  ROOT %custom-call.2 = bf16[64,128]{1,0} custom-call(%all-gather.3), "
+    'custom_call_target="AsyncCollectiveDone"',
+    "}",
+    "",
+    "ENTRY %main (p: bf16[16,128], q: bf16[128,128]) -> bf16[64,128] {",
+    "  %p = bf16[16,128]{1,0} parameter(0)",
+    "  %q = bf16[128,128]{1,0} parameter(1)",
+    "  %start = (bf16[16,128]{1,0}, bf16[64,128]{1,0}) fusion(%p), kind=kCustom, "
+    "calls=%start_body",
+    "  %mm = bf16[128,128]{1,0} fusion(%start, %q), kind=kOutput, calls=%continue_body",
+    "  ROOT %done = bf16[64,128]{1,0} fusion(%start), kind=kCustom, calls=%done_body",
+    "}", ""])
+
+
+def test_an_asynchronous_collective_fusion_is_counted_once():
+    """Its start, its continuation inside a matmul and its done each hold the all-gather:
+    it sends 3 shards of 4 KiB over ``context`` once, not three times."""
+    found = hlo_collectives.analyze(ASYNC_FUSIONS, SHAPE)
+    assert found.bytes_by_axes == {"context": 3 * 16 * 128 * 2}
+    assert found.count_by_axes == {"context": 1}

@@ -337,3 +337,19 @@ def test_a_decode_step_with_int8_weights_reads_fewer_hbm_bytes():
     # ... and the step reads them once: 2.87 -> 1.84 GB a step and device, measured.
     assert int8["bytes_accessed_per_device"] < 0.8 * floats["bytes_accessed_per_device"]
     assert int8["roofline"]["tokens_per_s"] > floats["roofline"]["tokens_per_s"]
+
+
+def test_offloaded_remat_keeps_every_layers_input_in_host_memory():
+    """``remat_policy=offload`` on a 4-layer decoder (v6e:2x2, FSDP over 4): the compiled
+    program holds each layer's input, 2 rows of 2,048 x 256 in bfloat16 a chip, in host
+    memory; ``full`` holds nothing there."""
+    row = [a for a in OPEN_DECODERS_TINY_ROW if "num_layers" not in a and "targets" not in a
+           and "remat_policy" not in a]
+    host = {}
+    for policy in ("full", "offload"):
+        result = run_plan(*row, "--config.model.num_layers=4",
+                          "--config.task_feature_lengths.targets=2048",
+                          f"--config.model.numerics.remat_policy={policy}", "--json")
+        host[policy] = json.loads(result.stdout)["memory_per_device"]["host_temporaries"]
+    assert host == {"full": 0, "offload": 4 * 2 * 2048 * 256 * 2}
+

@@ -127,6 +127,8 @@ def plan(config, topology: str, num_slices: int = 1) -> dict:
         arguments, outputs = memory.argument_size_in_bytes, memory.output_size_in_bytes
         aliased, temporaries = memory.alias_size_in_bytes, memory.temp_size_in_bytes
         code = memory.generated_code_size_in_bytes
+        # What the program keeps in host memory (``remat_policy=offload``'s block inputs).
+        host = int(getattr(memory, "host_temp_size_in_bytes", 0) or 0)
         # XLA's cost analysis counts a loop body once: the layers' scan and the
         # microbatches' run many times. Reading the HLO, the bytes and the matmuls'
         # FLOPs are weighted by trip counts (the rest of the FLOPs, elementwise work of
@@ -145,7 +147,7 @@ def plan(config, topology: str, num_slices: int = 1) -> dict:
         temporaries, message = compiler_oom
         arguments = sum(b for _, b in state_rows + per_device_bytes(batch))
         outputs = aliased = sum(b for _, b in state_rows)  # the donated state
-        code, compiled_flops, bytes_accessed, traffic = 0, None, None, None
+        code, compiled_flops, bytes_accessed, traffic, host = 0, None, None, None, 0
     # Donated state: outputs reuse the argument buffers they alias.
     total = arguments + outputs - aliased + temporaries + code
 
@@ -162,7 +164,7 @@ def plan(config, topology: str, num_slices: int = 1) -> dict:
         "batch_size": config.batch_size, "microbatches": config.optimizer.microbatches,
         "memory_per_device": {"arguments": arguments, "outputs": outputs, "aliased": aliased,
                               "temporaries": temporaries, "code": code, "total": total,
-                              **state_bytes},
+                              "host_temporaries": host, **state_bytes},
         "hbm_per_device": chip.hbm_bytes if chip else None,
         "fits": (total <= chip.hbm_bytes and compiler_oom is None) if chip else None,
         "compiler_out_of_memory": compiler_oom[1] if compiler_oom else None,
