@@ -17,6 +17,12 @@ HBM bytes (``t5x_like.planner.hlo_traffic``) and the collectives' bytes by the m
 cross (``t5x_like.planner.hlo_collectives``). ``--decode`` plans one generation step instead: memory,
 FLOPs and HBM bytes per token, and the roofline's tokens/s; with ``--page_size`` the
 continuous-batching engine's step (``t5xl serve``): slots over a pool of key/value pages.
+Beside the bound, a predicted step time and MFU: the compiled schedule played on the chip
+(``t5x_like.planner.step_time``, docs/planning.md). ``--search`` compiles the meshes, remat
+policies and microbatch counts the topology allows and ranks them by that prediction:
+
+    python -m t5x_like.plan --config=configs/t5_1_1_xl.py --topology=v5p:4x4x4 --search \
+        --config.batch_size=128
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import json
 import sys
 
 from t5x_like import cli_flags, errors, resolving
-from t5x_like.planner import topology
+from t5x_like.planner import search, topology
 from t5x_like.planner.topology import GiB
 
 # Imports inside functions: keep JAX out of the command's start-up: a mistake in the config or
@@ -196,6 +202,30 @@ def _collective_lines(r: dict) -> list[str]:
     return lines
 
 
+def _search(args, config, overrides: list[str]) -> int:
+    """``--search``: the candidates compiled and ranked (``planner.search``)."""
+    if args.decode or topology.parse_topology(args.topology)[0] != "tpu":
+        raise errors.UserError("--search ranks train-step plans on a TPU topology (its "
+                               "physical axes make the meshes); leave out --decode, give "
+                               "e.g. --topology=v5p:4x4x4.")
+    if args.search_limit < 1 or args.search_workers < 1:
+        raise errors.UserError("--search_limit and --search_workers must be at least 1.")
+    experts = getattr(getattr(config.model, "experts", None), "num_experts", 0)
+    results = search.run(args.config, args.topology, overrides, config.batch_size,
+                         experts=experts, num_slices=args.num_slices, limit=args.search_limit,
+                         workers=args.search_workers)
+    if args.json:
+        print(json.dumps([{"candidate": r["candidate"].label, "command": r["command"],
+                           **({"report": r["report"]} if "report" in r else
+                              {"error": r["error"]})} for r in results], indent=2))
+    else:
+        print(f"plan --search: {len(results)} candidates for {args.topology}, best first "
+              "(predicted step time: docs/planning.md); each plans alone with this command "
+              "and its flags, without --search")
+        print(search.table(results))
+    return 0
+
+
 @errors.command_line("plan")
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
@@ -220,6 +250,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="With --page_size: the pool's pages (0: every slot at the "
                              "longest row, plus the scratch page).")
     parser.add_argument("--json", action="store_true", help="Print the report as JSON.")
+    parser.add_argument("--search", action="store_true",
+                        help="Compile the meshes (whole physical axes to data, fsdp, tensor, "
+                             "expert), remat policies and microbatch counts the topology "
+                             "allows and rank them by predicted step time, each with its "
+                             "command line.")
+    parser.add_argument("--search_limit", type=int, default=12,
+                        help="With --search: compiles at most.")
+    parser.add_argument("--search_workers", type=int, default=1,
+                        help="With --search: compiles at once (each a process of a few GiB).")
     cli_flags.add_module_flag(parser)
     args = parser.parse_args(rest)
     if (args.page_size or args.pages) and not args.decode:
@@ -231,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     topology.prepare_compiler_environment()
     topology.parse_topology(args.topology)
     config = resolving.resolve_spec(resolving.load_config(args.config, overrides))
+    if args.search:
+        return _search(args, config, [f"--config.{o}" for o in overrides])
     # JAX loads here, after the config is read and libtpu's environment is set.
     from t5x_like.planner import aot_planner
     compile_plan, formatter = ((aot_planner.plan_decode, format_decode_report) if args.decode

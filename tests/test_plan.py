@@ -353,3 +353,35 @@ def test_offloaded_remat_keeps_every_layers_input_in_host_memory():
         host[policy] = json.loads(result.stdout)["memory_per_device"]["host_temporaries"]
     assert host == {"full": 0, "offload": 4 * 2 * 2048 * 256 * 2}
 
+
+
+def test_search_ranks_compiled_candidates_by_predicted_step_time():
+    """``plan --search`` on the small row: whole physical axes to data, fsdp and tensor,
+    compiled (two at a time) and ranked, fitting plans by their predicted step; each
+    row's command plans that candidate again, to the same prediction."""
+    row = [a for a in OPEN_DECODERS_TINY_ROW if not a.startswith("--config.mesh.")
+           and "remat_policy" not in a]
+    found = json.loads(run_plan(*row, "--search", "--search_limit=4", "--search_workers=2",
+                                "--json").stdout)
+    assert len(found) == 4
+    steps = [c["report"]["predicted"]["step_s"] for c in found
+             if "report" in c and c["report"]["fits"]]
+    assert len(steps) >= 2 and steps == sorted(steps)
+    best = found[0]
+    assert best["candidate"].endswith("remat full, 1 microbatch(es)")
+    command = best["command"].split()
+    assert command[:3] == ["python", "-m", "t5x_like.plan"]
+    again = json.loads(run_plan(*command[3:], "--json").stdout)
+    assert again["predicted"]["step_s"] == best["report"]["predicted"]["step_s"]
+    assert again["mesh"] == best["report"]["mesh"]
+    text = run_plan(*row, "--search", "--search_limit=1").stdout
+    assert text.startswith("plan --search: 1 candidates for v6e:2x2, best first")
+    assert re.search(r"^\| 1 \| data 4, remat full, 1 microbatch\(es\) \| yes \| .* \| "
+                     r"`--config.mesh.data=4 .*--config.optimizer.microbatches=1` \|$", text,
+                     flags=re.M), text
+
+
+def test_search_needs_a_tpu_topology():
+    result = run_plan(f"--config={QUICKSTART}", "--topology=cpu:8", "--search", check=False)
+    assert result.returncode == 2
+    assert "--search ranks train-step plans on a TPU topology" in result.stderr

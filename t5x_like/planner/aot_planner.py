@@ -123,12 +123,7 @@ def plan(config, topology: str, num_slices: int = 1) -> dict:
         if compiler_oom is None:
             raise
     if compiler_oom is None:
-        memory = compiled.memory_analysis()
-        arguments, outputs = memory.argument_size_in_bytes, memory.output_size_in_bytes
-        aliased, temporaries = memory.alias_size_in_bytes, memory.temp_size_in_bytes
-        code = memory.generated_code_size_in_bytes
-        # What the program keeps in host memory (``remat_policy=offload``'s block inputs).
-        host = int(getattr(memory, "host_temp_size_in_bytes", 0) or 0)
+        arguments, outputs, aliased, temporaries, code, host = _memory(compiled)
         # XLA's cost analysis counts a loop body once: the layers' scan and the
         # microbatches' run many times. Reading the HLO, the bytes and the matmuls'
         # FLOPs are weighted by trip counts (the rest of the FLOPs, elementwise work of
@@ -203,6 +198,17 @@ def plan(config, topology: str, num_slices: int = 1) -> dict:
         report.update(_predicted(hlo_text, mesh_shape, chip, model_flops, len(devices), peak))
     report.update(_largest(state_rows, state_bytes, temporaries))
     return report
+
+
+def _memory(compiled) -> tuple[int, ...]:
+    """Bytes per device of the compiled step's arguments, outputs, outputs aliasing
+    arguments, temporaries, code, and of what it keeps in host memory
+    (``remat_policy=offload``'s block inputs)."""
+    memory = compiled.memory_analysis()
+    return (memory.argument_size_in_bytes, memory.output_size_in_bytes,
+            memory.alias_size_in_bytes, memory.temp_size_in_bytes,
+            memory.generated_code_size_in_bytes,
+            int(getattr(memory, "host_temp_size_in_bytes", 0) or 0))
 
 
 def _predicted(hlo_text: str, mesh_shape: dict, chip, model_flops: float, devices: int,

@@ -1,0 +1,160 @@
+"""``plan --search``: the meshes, remat policies and microbatch counts a run could use on a
+topology, compiled and ranked by their predicted step time (``step_time``).
+
+Candidates:
+
+- meshes: each of the topology's physical axes given whole to ``data``, ``fsdp`` or
+  ``tensor`` (and ``expert`` for a model with experts), since a mesh axis must be a
+  product of whole physical axes to tile the torus; the slices of a multi-slice target
+  stay on ``dcn``. Meshes whose data-parallel size does not divide the batch are left
+  out. ``tensor`` > 1 takes the ``fsdp_tensor`` rules;
+- remat: ``full``, ``dots_no_batch`` and ``offload``;
+- microbatches: 1, then 2, 4, ... while they divide each device's rows.
+
+A first round compiles every mesh at ``full`` remat and one microbatch; the meshes with
+the best predictions (or, if none fits, the smallest memory) are then tried with the
+other remat policies and microbatch counts, up to ``limit`` compiles in all. Each
+compile is a fresh ``python -m t5x_like.plan --json`` process (libtpu reads its
+environment when it loads), ``workers`` at a time.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import itertools
+import json
+import math
+import shlex
+import subprocess
+import sys
+
+from t5x_like.planner.topology import PlanError
+
+REMATS = ("full", "dots_no_batch", "offload")
+MESH_AXES = ("data", "fsdp", "tensor", "expert")
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    mesh: tuple[tuple[str, int], ...]  # (axis, size) of data, fsdp, tensor, expert
+    remat: str
+    microbatches: int
+
+    def overrides(self) -> list[str]:
+        mesh = dict(self.mesh)
+        rules = "fsdp_tensor" if mesh.get("tensor", 1) > 1 else "fsdp"
+        return ([f"--config.mesh.{axis}={size}" for axis, size in self.mesh]
+                + [f"--config.partitioning.rules={rules}",
+                   f"--config.model.numerics.remat_policy={self.remat}",
+                   f"--config.optimizer.microbatches={self.microbatches}"])
+
+    @property
+    def label(self) -> str:
+        mesh = " x ".join(f"{axis} {size}" for axis, size in self.mesh if size > 1) or "1 chip"
+        return f"{mesh}, remat {self.remat}, {self.microbatches} microbatch(es)"
+
+
+def physical_axes(topology: str) -> list[int]:
+    """``v5p:4x4x4`` -> [4, 4, 4]."""
+    _, _, grid = topology.partition(":")
+    return [int(d) for d in grid.split("x")]
+
+
+def meshes(topology: str, batch_size: int, experts: int = 0) -> list[tuple]:
+    """Every distinct (axis, size) mesh that gives each physical axis whole to one of
+    ``data``, ``fsdp``, ``tensor`` (``expert`` too with ``experts`` > 1, at most that
+    many) and whose data-parallel size (data x fsdp) divides ``batch_size``."""
+    axes = MESH_AXES if experts > 1 else MESH_AXES[:3]
+    found = []
+    for choice in itertools.product(axes, repeat=len(physical_axes(topology))):
+        sizes = dict.fromkeys(axes, 1)
+        for axis, size in zip(choice, physical_axes(topology), strict=True):
+            sizes[axis] *= size
+        mesh = tuple(sizes.items())
+        if (batch_size % (sizes["data"] * sizes["fsdp"]) or sizes.get("expert", 1) > max(experts, 1)
+                or mesh in found):
+            continue
+        found.append(mesh)
+    return found
+
+
+def candidates(mesh, batch_size: int) -> list[Candidate]:
+    """``mesh`` with each remat policy at each microbatch count that divides its rows,
+    fewer microbatches first (each costs a pass over the weights)."""
+    sizes = dict(mesh)
+    rows = batch_size // (sizes["data"] * sizes["fsdp"])
+    counts = [k for k in (1, 2, 4, 8, 16) if rows % k == 0]
+    return [Candidate(mesh, remat, k) for k in counts for remat in REMATS]
+
+
+def run(config_path: str, topology: str, overrides: list[str], batch_size: int,
+        experts: int = 0, num_slices: int = 1, limit: int = 12, workers: int = 1,
+        cwd=None) -> list[dict]:
+    """The compiled candidates, best first: each a dict of its ``candidate``, its plan
+    ``report`` (or ``error``) and the ``command`` that plans it."""
+    grid = meshes(topology, batch_size, experts)
+    if not grid:
+        raise PlanError(f"No mesh of {topology} divides batch_size={batch_size} over its "
+                        "data-parallel axes; choose a batch that is a multiple of the chips.")
+    base = [sys.executable, "-m", "t5x_like.plan", f"--config={config_path}",
+            f"--topology={topology}", f"--num_slices={num_slices}", "--json", *overrides]
+    first = [Candidate(mesh, "full", 1) for mesh in grid][:limit]
+    results = _compile(base, first, workers, cwd)
+    ranked = _ranked(results)
+    tried = {r["candidate"] for r in results}
+    best_meshes = [r["candidate"].mesh for r in ranked][:2]
+    more = [c for mesh in best_meshes for c in candidates(mesh, batch_size) if c not in tried]
+    results += _compile(base, more[:max(limit - len(results), 0)], workers, cwd)
+    return _ranked(results)
+
+
+def _compile(base: list[str], chosen: list[Candidate], workers: int, cwd) -> list[dict]:
+    def one(candidate: Candidate) -> dict:
+        command = base + candidate.overrides()
+        done = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+        shown = "python -m t5x_like.plan " + shlex.join(
+            a for a in command[3:] if a != "--json")
+        if done.returncode:
+            lines = [line for line in done.stderr.splitlines() if line.strip()]
+            return {"candidate": candidate, "command": shown,
+                    "error": lines[-1] if lines else f"exit {done.returncode}"}
+        return {"candidate": candidate, "command": shown, "report": json.loads(done.stdout)}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(workers, 1)) as pool:
+        return list(pool.map(one, chosen))
+
+
+def _ranked(results: list[dict]) -> list[dict]:
+    """Fitting plans by predicted step time, then plans that do not fit by memory, then
+    the ones that failed to compile."""
+    def key(result):
+        report = result.get("report")
+        if report is None:
+            return (2, 0.0)
+        predicted = report.get("predicted")
+        if report.get("fits") and predicted:
+            return (0, predicted["step_s"])
+        return (1, report["memory_per_device"]["total"])
+    return sorted(results, key=key)
+
+
+def table(results: list[dict]) -> str:
+    """The ranked candidates as a Markdown table, each with the flags that plan it alone
+    (added to the command that searched)."""
+    lines = ["| rank | candidate | fits | memory / chip | predicted step | predicted MFU | "
+             "its flags |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for rank, result in enumerate(results, 1):
+        candidate, report = result["candidate"], result.get("report")
+        if report is None:
+            lines.append(f"| {rank} | {candidate.label} | error | - | - | - | "
+                         f"{result['error'][:120]} |")
+            continue
+        memory = report["memory_per_device"]["total"] / 2**30
+        predicted = report.get("predicted")
+        step = f"{predicted['step_s']:.3g} s" if predicted else "-"
+        mfu = f"{100 * predicted['mfu']:.1f}%" if predicted and not math.isnan(
+            predicted["mfu"]) else "-"
+        fits = "yes" if report.get("fits") else "no"
+        lines.append(f"| {rank} | {candidate.label} | {fits} | {memory:.2f} GiB | {step} | "
+                     f"{mfu} | `{' '.join(candidate.overrides())}` |")
+    return "\n".join(lines)
