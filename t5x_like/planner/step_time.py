@@ -99,7 +99,6 @@ class _Schedule:
         self.mesh_shape, self.chip = mesh_shape, chip
         self.totals = dict.fromkeys(("compute_s", "memory_s", "exposed_s", "collective_s",
                                      "matmul_flops", "kernel_flops", "filled_time"), 0.0)
-        self._runs: dict[str, float] = {}  # a computation's time, played once
 
     def run(self, computation, times: int) -> float:
         """The time one execution of ``computation`` takes (``times``: how often the
