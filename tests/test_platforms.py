@@ -80,3 +80,18 @@ def test_cpu_training_run_prints_no_libtpu_lines(tmp_path):
     output = result.stdout + result.stderr
     assert '"step": 2' in (tmp_path / "metrics.jsonl").read_text()
     assert not any(noise in output for noise in NOISE), output
+
+
+def test_tpu_compiler_flags_are_added_once_and_never_over_the_users():
+    """MaxText's collective flags join ``LIBTPU_INIT_ARGS``; a flag the user set keeps the
+    user's value, and adding twice adds nothing."""
+    environ = {"LIBTPU_INIT_ARGS": "--xla_tpu_enable_async_collective_fusion=false --other=1"}
+    platforms.use_tpu_compiler_flags(environ)
+    flags = environ["LIBTPU_INIT_ARGS"].split()
+    assert flags[:2] == ["--xla_tpu_enable_async_collective_fusion=false", "--other=1"]
+    assert set(flags[2:]) == set(platforms.TPU_COMPILER_FLAGS[1:])
+    platforms.use_tpu_compiler_flags(environ)
+    assert environ["LIBTPU_INIT_ARGS"].split() == flags
+    fresh = {}
+    platforms.use_tpu_compiler_flags(fresh)
+    assert fresh["LIBTPU_INIT_ARGS"].split() == list(platforms.TPU_COMPILER_FLAGS)
