@@ -247,7 +247,7 @@ def test_eval_cli_resumes_without_duplicates_and_watches(tmp_path, monkeypatch, 
                           f"--output_dir={workdir / 'checkpoints' / 'x'}"]) == 2
     assert "never writes there" in capsys.readouterr().err
     assert eval_cli.main([f"--checkpoint={workdir}", "--task=test_eval_copy", "--sampler=engine",
-                          f"--output_dir={out}"]) == 2
+                          f"--output_dir={tmp_path / 'engine'}"]) == 2
     assert "not 'encoder_decoder' ones; use --sampler=static." in capsys.readouterr().err
     assert eval_cli.main([f"--checkpoint={workdir}", "--task=test_eval_copy", "--split=test",
                           f"--output_dir={out}"]) == 2
