@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from t5x_like import cli_flags, errors, resolving
@@ -211,9 +212,11 @@ def _search(args, config, overrides: list[str]) -> int:
     if args.search_limit < 1 or args.search_workers < 1:
         raise errors.UserError("--search_limit and --search_workers must be at least 1.")
     experts = getattr(getattr(config.model, "experts", None), "num_experts", 0)
+    heads = math.gcd(int(getattr(config.model, "num_heads", 0) or 0), int(getattr(
+        getattr(config.model, "attention", None), "num_kv_heads", 0) or 0))
     results = search.run(args.config, args.topology, overrides, config.batch_size,
-                         experts=experts, num_slices=args.num_slices, limit=args.search_limit,
-                         workers=args.search_workers)
+                         experts=experts, heads=heads, num_slices=args.num_slices,
+                         limit=args.search_limit, workers=args.search_workers)
     if args.json:
         print(json.dumps([{"candidate": r["candidate"].label, "command": r["command"],
                            **({"report": r["report"]} if "report" in r else

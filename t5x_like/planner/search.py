@@ -6,8 +6,9 @@ Candidates:
 - meshes: each of the topology's physical axes given whole to ``data``, ``fsdp`` or
   ``tensor`` (and ``expert`` for a model with experts), since a mesh axis must be a
   product of whole physical axes to tile the torus; the slices of a multi-slice target
-  stay on ``dcn``. Meshes whose data-parallel size does not divide the batch are left
-  out. ``tensor`` > 1 takes the ``fsdp_tensor`` rules;
+  stay on ``dcn``. Meshes whose data-parallel size does not divide the batch, or whose
+  ``tensor`` does not divide the heads, are left out. ``tensor`` > 1 takes the
+  ``fsdp_tensor`` rules;
 - remat: ``full``, ``dots_no_batch`` and ``offload``;
 - microbatches: 1, then 2, 4, ... while they divide each device's rows.
 
@@ -61,10 +62,12 @@ def physical_axes(topology: str) -> list[int]:
     return [int(d) for d in grid.split("x")]
 
 
-def meshes(topology: str, batch_size: int, experts: int = 0) -> list[tuple]:
+def meshes(topology: str, batch_size: int, experts: int = 0, heads: int = 0) -> list[tuple]:
     """Every distinct (axis, size) mesh that gives each physical axis whole to one of
     ``data``, ``fsdp``, ``tensor`` (``expert`` too with ``experts`` > 1, at most that
-    many) and whose data-parallel size (data x fsdp) divides ``batch_size``."""
+    many), whose data-parallel size (data x fsdp) divides ``batch_size`` and whose
+    ``tensor`` divides ``heads`` (the attention heads' and key/value heads' common
+    divisor; 0: any)."""
     axes = MESH_AXES if experts > 1 else MESH_AXES[:3]
     found = []
     for choice in itertools.product(axes, repeat=len(physical_axes(topology))):
@@ -73,7 +76,7 @@ def meshes(topology: str, batch_size: int, experts: int = 0) -> list[tuple]:
             sizes[axis] *= size
         mesh = tuple(sizes.items())
         if (batch_size % (sizes["data"] * sizes["fsdp"]) or sizes.get("expert", 1) > max(experts, 1)
-                or mesh in found):
+                or (heads and heads % sizes["tensor"]) or mesh in found):
             continue
         found.append(mesh)
     return found
@@ -89,11 +92,11 @@ def candidates(mesh, batch_size: int) -> list[Candidate]:
 
 
 def run(config_path: str, topology: str, overrides: list[str], batch_size: int,
-        experts: int = 0, num_slices: int = 1, limit: int = 12, workers: int = 1,
-        cwd=None) -> list[dict]:
+        experts: int = 0, heads: int = 0, num_slices: int = 1, limit: int = 12,
+        workers: int = 1, cwd=None) -> list[dict]:
     """The compiled candidates, best first: each a dict of its ``candidate``, its plan
     ``report`` (or ``error``) and the ``command`` that plans it."""
-    grid = meshes(topology, batch_size, experts)
+    grid = meshes(topology, batch_size, experts, heads)
     if not grid:
         raise PlanError(f"No mesh of {topology} divides batch_size={batch_size} over its "
                         "data-parallel axes; choose a batch that is a multiple of the chips.")
