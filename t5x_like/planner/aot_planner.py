@@ -215,9 +215,8 @@ def _predicted(hlo_text: str, mesh_shape: dict, chip, model_flops: float, device
                peak: float) -> dict:
     """``{"predicted": ...}``: the compiled schedule played on the chip
     (``step_time.predict``) and the MFU it gives; a note when the HLO is misread."""
-    shape = {axis: int(mesh_shape.get(axis, 1)) for axis in partitioning.MESH_AXES}
     try:
-        predicted = step_time.predict(hlo_text, shape, chip)
+        predicted = step_time.predict(hlo_text, _every_axis(mesh_shape), chip)
     except (ValueError, KeyError, StopIteration) as e:
         return {"prediction_note": f"the schedule reader failed ({e!r}); no prediction"}
     return {"predicted": dict(predicted.to_dict(),
@@ -446,10 +445,16 @@ def _slowest(compute_s: float, memory_s: float, communication_s: float | None
     return bound, times[bound]
 
 
+def _every_axis(mesh_shape: dict) -> dict[str, int]:
+    """The mesh's size along every axis, in the mesh's order: the device order the
+    compiled program's collective groups index."""
+    return {axis: int(mesh_shape.get(axis, 1)) for axis in partitioning.MESH_AXES}
+
+
 def _collectives(hlo_text: str, mesh_shape: dict, chip) -> list[dict] | None:
     """The collectives' bytes, counts and seconds per device and step, by the mesh axes
     they cross (``hlo_collectives``), largest first; None when the HLO is misread."""
-    shape = {axis: int(mesh_shape.get(axis, 1)) for axis in partitioning.MESH_AXES}
+    shape = _every_axis(mesh_shape)
     try:
         found = hlo_collectives.analyze(hlo_text, shape)
     except (ValueError, KeyError, StopIteration):

@@ -35,7 +35,8 @@ _GROUPS = re.compile(r"\b(feature|batch)_group_count=([0-9]+)")
 LOW_PRECISION = ("s8", "u8", "f8e4m3fn", "f8e5m2", "f8e4m3", "s4", "u4")
 
 
-def _array(type_text: str) -> tuple[str, list[int]] | None:
+def array_shape(type_text: str) -> tuple[str, list[int]] | None:
+    """``(dtype, dims)`` of the first array in an HLO type (None: no array)."""
     found = _DIMS.search(type_text)
     if not found:
         return None
@@ -64,10 +65,10 @@ def _widened_from(name: str, instructions: dict, computations: dict) -> str:
 def _flops(instruction, instructions: dict, computations: dict) -> tuple[str, float] | None:
     """``(operand dtype, FLOPs)`` of a dot or convolution; the dtype is the operands'
     shared one, or ``mixed``."""
-    out = _array(instruction.type_text)
-    operands = [_array(instructions[name].type_text) if name in instructions else None
+    out = array_shape(instruction.type_text)
+    operands = [array_shape(instructions[name].type_text) if name in instructions else None
                 for name in instruction.operands[:2]]
-    sources = [_array(_widened_from(name, instructions, computations))
+    sources = [array_shape(_widened_from(name, instructions, computations))
                for name in instruction.operands[:2]]
     if out is None or len(operands) < 2 or None in operands:
         return None
@@ -108,9 +109,9 @@ def _fill(matmul, instructions: dict, width: int) -> float:
     busy: ``K / pad(K) x N / pad(N)``, padding to multiples of ``width``."""
     if not width:
         return 1.0
-    lhs = _array(instructions[matmul.operands[0]].type_text)
-    rhs = _array(instructions[matmul.operands[1]].type_text)
-    out = _array(matmul.type_text)
+    lhs = array_shape(instructions[matmul.operands[0]].type_text)
+    rhs = array_shape(instructions[matmul.operands[1]].type_text)
+    out = array_shape(matmul.type_text)
     if lhs is None or rhs is None or out is None:
         return 1.0
     if matmul.opcode == "dot":

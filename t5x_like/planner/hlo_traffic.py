@@ -284,16 +284,12 @@ def weighted_instructions(computations: dict[str, Computation], branch_cost
         for instruction in computation.instructions:
             yield instruction, times
             if instruction.opcode == "while":
-                called = dict((k, v) for k, v in _CALLS.findall(instruction.attributes))
+                called = called_by(instruction)
                 n = _trip_count(instruction, computations[called["condition"]], computations)
                 yield from walk(computations[called["body"]], times * n, depth + 1)
                 yield from walk(computations[called["condition"]], times * (n + 1), depth + 1)
             elif instruction.opcode == "conditional":
-                branches = _BRANCHES.search(instruction.attributes)
-                names = ([b.strip().lstrip("%") for b in branches.group(1).split(",")] if branches
-                         else [v for k, v in _CALLS.findall(instruction.attributes)
-                               if k.endswith("_computation")])
-                costs = [(branch_cost(computations[n]), n) for n in names]
+                costs = [(branch_cost(computations[n]), n) for n in branch_names(instruction)]
                 if costs:
                     yield from walk(computations[max(costs)[1]], times, depth + 1)
             elif instruction.opcode == "call":
@@ -304,10 +300,23 @@ def weighted_instructions(computations: dict[str, Computation], branch_cost
     yield from walk(entry, 1, 0)
 
 
+def called_by(instruction: Instruction) -> dict[str, str]:
+    """The computations an instruction names, by role: ``body`` and ``condition`` of a
+    ``while``, ``to_apply`` of a ``call``, ``calls`` of a fusion."""
+    return dict(_CALLS.findall(instruction.attributes))
+
+
+def branch_names(conditional: Instruction) -> list[str]:
+    """The branch computations of a ``conditional``, in either form XLA prints."""
+    branches = _BRANCHES.search(conditional.attributes)
+    if branches:
+        return [b.strip().lstrip("%") for b in branches.group(1).split(",")]
+    return [v for k, v in _CALLS.findall(conditional.attributes) if k.endswith("_computation")]
+
+
 def trip_count_of(loop: Instruction, computations: dict[str, Computation]) -> int:
     """How many times a ``while`` instruction runs its body."""
-    called = dict((k, v) for k, v in _CALLS.findall(loop.attributes))
-    return _trip_count(loop, computations[called["condition"]], computations)
+    return _trip_count(loop, computations[called_by(loop)["condition"]], computations)
 
 
 def analyze(hlo_text: str) -> Traffic:

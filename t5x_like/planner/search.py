@@ -30,7 +30,7 @@ import shlex
 import subprocess
 import sys
 
-from t5x_like.planner.topology import PlanError
+from t5x_like.planner.topology import PlanError, chip_grid
 
 REMATS = ("full", "dots_no_batch", "offload")
 MESH_AXES = ("data", "fsdp", "tensor", "expert")
@@ -56,12 +56,6 @@ class Candidate:
         return f"{mesh}, remat {self.remat}, {self.microbatches} microbatch(es)"
 
 
-def physical_axes(topology: str) -> list[int]:
-    """``v5p:4x4x4`` -> [4, 4, 4]."""
-    _, _, grid = topology.partition(":")
-    return [int(d) for d in grid.split("x")]
-
-
 def meshes(topology: str, batch_size: int, experts: int = 0, heads: int = 0) -> list[tuple]:
     """Every distinct (axis, size) mesh that gives each physical axis whole to one of
     ``data``, ``fsdp``, ``tensor`` (``expert`` too with ``experts`` > 1, at most that
@@ -69,10 +63,10 @@ def meshes(topology: str, batch_size: int, experts: int = 0, heads: int = 0) -> 
     ``tensor`` divides ``heads`` (the attention heads' and key/value heads' common
     divisor; 0: any)."""
     axes = MESH_AXES if experts > 1 else MESH_AXES[:3]
-    found = []
-    for choice in itertools.product(axes, repeat=len(physical_axes(topology))):
+    found, grid = [], chip_grid(topology)
+    for choice in itertools.product(axes, repeat=len(grid)):
         sizes = dict.fromkeys(axes, 1)
-        for axis, size in zip(choice, physical_axes(topology), strict=True):
+        for axis, size in zip(choice, grid, strict=True):
             sizes[axis] *= size
         mesh = tuple(sizes.items())
         if (batch_size % (sizes["data"] * sizes["fsdp"]) or sizes.get("expert", 1) > max(experts, 1)

@@ -38,14 +38,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections.abc import Mapping
 
 from t5x_like.planner import hlo_collectives, hlo_matmuls, hlo_traffic
 
-_CALLED = re.compile(r"\b(body|condition|to_apply|calls)=%([\w.\-]+)")
-_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
-_ARRAY = re.compile(r"\b([a-z]+[0-9]*[a-z0-9]*)\[([0-9,]*)\]")
 # Instructions that name buffers without running anything.
 _FREE = {"parameter", "get-tuple-element", "tuple", "constant", "bitcast", "after-all",
          "partition-id", "replica-id", "opt-barrier", "add-dependency", "domain"}
@@ -140,7 +136,7 @@ class _Schedule:
         return now
 
     def _called(self, instruction, times: int) -> float:
-        called = dict(_CALLED.findall(instruction.attributes))
+        called = hlo_traffic.called_by(instruction)
         if instruction.opcode == "while":
             body = self.computations[called["body"]]
             condition = self.computations[called["condition"]]
@@ -149,11 +145,8 @@ class _Schedule:
                     + (trips + 1) * self.run(condition, times * (trips + 1)))
         if instruction.opcode == "call":
             return self.run(self.computations[called["to_apply"]], times)
-        branches = _BRANCHES.search(instruction.attributes)
-        names = ([b.strip().lstrip("%") for b in branches.group(1).split(",")] if branches
-                 else [v for k, v in re.findall(r"\b(\w+_computation)=%([\w.\-]+)",
-                                                instruction.attributes)])
-        return max((self.run(self.computations[n], times) for n in names), default=0.0)
+        return max((self.run(self.computations[name], times)
+                    for name in hlo_traffic.branch_names(instruction)), default=0.0)
 
     def _work(self, instruction, times: int) -> float:
         """``max(matmul time, HBM time)`` of one execution, added to the totals."""
@@ -192,9 +185,9 @@ class _Schedule:
             return f'custom_call_target="{target}"' in instruction.attributes
         if instruction.opcode != "fusion":
             return False
-        called = _CALLED.findall(instruction.attributes)
-        return any(hlo_collectives.async_part(self.computations[name], target)
-                   for kind, name in called if kind == "calls" and name in self.computations)
+        name = hlo_traffic.called_by(instruction).get("calls")
+        return name in self.computations and hlo_collectives.async_part(
+            self.computations[name], target)
 
 
 def _attention_kernel(instruction, instructions: dict, width: int) -> tuple[float, float] | None:
@@ -206,8 +199,8 @@ def _attention_kernel(instruction, instructions: dict, width: int) -> tuple[floa
                     if instruction.name.startswith(name)), 0)
     if not matmuls:
         return None
-    shapes = [_dims(instructions[o].type_text) for o in instruction.operands
-              if o in instructions]
+    shapes = [array[1] for o in instruction.operands if o in instructions
+              if (array := hlo_matmuls.array_shape(instructions[o].type_text))]
     qkv = [s for s in shapes if s and len(s) == 4]
     masks = [s for s in shapes if s and len(s) == 3 and s[-1] == s[-2]]
     if len(qkv) < 2:
@@ -218,11 +211,6 @@ def _attention_kernel(instruction, instructions: dict, width: int) -> tuple[floa
     flops = matmuls * 2.0 * batch * heads * queries * keys * head_dim * causal
     fill = head_dim / (-(-head_dim // width) * width) if width else 1.0
     return flops, fill
-
-
-def _dims(type_text: str) -> list[int] | None:
-    found = _ARRAY.search(type_text)
-    return [int(d) for d in found.group(2).split(",") if d] if found else None
 
 
 def mfu(prediction: Prediction, model_flops: float, devices: int, peak: float) -> float:

@@ -44,3 +44,9 @@ def parse_topology(text: str) -> tuple[str, str | int]:
         raise PlanError(f"--topology={text!r}: the chip grid must be 2 or 3 positive sizes "
                         "joined by x, e.g. v5e:4x4 or v5p:4x4x4.")
     return "tpu", text
+
+
+def chip_grid(text: str) -> list[int]:
+    """A TPU topology's physical axes (``parse_topology`` checked it): ``v5p:4x4x4`` ->
+    [4, 4, 4]."""
+    return [int(d) for d in text.partition(":")[2].split("x")]
