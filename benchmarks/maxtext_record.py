@@ -60,6 +60,12 @@ def _llama2_70b() -> tuple[str, ...]:
             "--config.model.positions.max_length=4096")
 
 
+def _chunked(chunks: int = 16) -> tuple[str, ...]:
+    """The output layer and loss over ``chunks`` slices of the positions (``loss.logit_chunks``):
+    what keeps a 128k vocabulary's float32 logits from filling the chip."""
+    return (f"--config.loss.logit_chunks={chunks}",)
+
+
 def _run(batch: int, seq: int, remat: str, **mesh: int) -> tuple[str, ...]:
     axes = dict(data=1, fsdp=-1, **mesh)
     return (f"--config.batch_size={batch}", f"--config.task_feature_lengths.targets={seq}",
@@ -81,14 +87,15 @@ ROWS = {
            f"{OPEN}:llama-3.1-8b", _run(1024, 8192, "offload"),
            "remat offload: layer input to host (MaxText: q/k/v/out projections too)"),
     4: Row("v6e", 256, "Llama 3.1 70B", 8192, 50.33, 960, "v6e:16x16",
-           f"{OPEN}:llama-3.1-70b", _run(1280, 8192, "offload"),
-           "remat offload: layer input to host (MaxText: q/k/v projections too)"),
+           f"{OPEN}:llama-3.1-70b", _run(1280, 8192, "offload") + _chunked(),
+           "remat offload: layer input to host (MaxText: q/k/v projections too); logits in 16 "
+           "slices"),
     5: Row("v6e", 256, "Llama 2 70B", 4096, 43.8, 900, "v6e:16x16",
            f"{OPEN}:llama-3.1-70b", _llama2_70b() + _run(512, 4096, "full"),
            "remat full (MaxText: q/k/v projections to host)"),
     6: Row("v6e", 512, "Llama 3.1 405B", 8192, 38.55, 123, "v6e:16x16",
            f"{OPEN}:llama-3.1-405b",
-           _run(512, 8192, "offload") + ("--config.mesh.dcn=2",),
+           _run(512, 8192, "offload") + ("--config.mesh.dcn=2",) + _chunked(),
            "FSDP over each slice's 256, data parallel over the 2 (MaxText's current recipe: "
            "FSDP over all 512); remat offload: layer input to host, as MaxText's",
            num_slices=2),
@@ -99,7 +106,7 @@ ROWS = {
            "configs/mixtral_8x7b.py",
            ("--config.model.d_model=6144", "--config.model.num_heads=48",
             "--config.model.d_ff=16384", "--config.model.num_layers=56",
-            "--config.model.vocab_size=32768") + _run(2048, 4096, "offload"),
+            "--config.model.vocab_size=32768") + _run(2048, 4096, "offload") + _chunked(),
            "FSDP over 256 (MaxText: fsdp 64 x expert 4 on a split torus); remat offload: "
            "layer input to host (MaxText: projections too); float32 params (MaxText: bf16)"),
 }

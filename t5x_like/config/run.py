@@ -84,6 +84,10 @@ class LossSpec(Section):
     label_smoothing: float = 0.0
     normalization: str = field("tokens", choices=("tokens", "constant"))
     normalizing_constant: float = field(0.0, doc="the divisor when normalization='constant'")
+    logit_chunks: int = field(
+        1, minimum=1, doc="the output layer and cross entropy run over this many slices of "
+        "the positions, each recomputed in the backward pass, so a step holds one slice's "
+        "float32 logits, not the batch's (MaxText's num_vocab_tiling); 1: all at once")
 
     def check(self, path):
         require(0.0 <= self.label_smoothing < 1.0,

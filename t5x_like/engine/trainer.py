@@ -411,6 +411,7 @@ def build_trainer(config, mesh) -> Trainer:
     the optimizer and rules (the family's own axes too) on ``mesh``."""
     spec = spec_of(config)
     structure = structures.for_config(spec)
+    structure.check_logit_chunks(spec.loss.logit_chunks)
     trainable = trainable_for(spec)
     lengths = structure.model_feature_lengths(spec.task_feature_lengths)
     rules = (partitioning.axis_rules(spec.partitioning.rules, spec.partitioning.pipeline_over_dcn)

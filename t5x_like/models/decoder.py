@@ -101,7 +101,8 @@ class DecoderOnly(nn.Module):
                  decoder_causal_attention=None, deterministic: bool = True, decode: bool = False,
                  max_decode_length: int | None = None, return_hidden: bool = False,
                  decode_visible: jax.Array | None = None,
-                 page_table: jax.Array | None = None) -> jax.Array:
+                 page_table: jax.Array | None = None,
+                 project_hidden: jax.Array | None = None) -> jax.Array:
         """``decode``: the next position (or a prompt's several, a prefill) over a cache of
         ``max_decode_length``; ``decoder_positions`` then say where the tokens sit.
         ``decode_visible`` (``[batch, length, max_decode_length]``, bool): which cache
@@ -112,8 +113,15 @@ class DecoderOnly(nn.Module):
         (``generation.engine``'s continuous batching) and row ``i``'s keys are its pages in
         table order, ``max_decode_length`` positions in all; ``decoder_positions`` are each
         token's position in its row (``attention.PagedBias``).
-        ``return_hidden``: the final-normed hidden states instead of logits (for heads)."""
+        ``return_hidden``: the final-normed hidden states instead of logits (for heads).
+        ``project_hidden``: such hidden states (``[batch, positions, d_model]``) through the
+        output layer alone, the tokens unread: the loss projects a slice of positions at a
+        time (``loss.logit_chunks``) so a step never holds the whole batch's logits."""
         cfg = self.config
+        token_embedder = layers.Embed(cfg.vocab_size, cfg.d_model, dtype=layers.compute_dtype(cfg),
+                                      embedding_init=_gpt2_init, name="token_embedder")
+        if project_hidden is not None:
+            return self._logits(token_embedder, project_hidden)
         batch, length = decoder_input_tokens.shape
         if decoder_positions is None:
             decoder_positions = jnp.broadcast_to(jnp.arange(length), (batch, length))
@@ -152,8 +160,6 @@ class DecoderOnly(nn.Module):
                     window=cfg.attention.window(t), prefix=decoder_causal_attention,
                     order=order),
                 cfg, deterministic) for t in types}
-        token_embedder = layers.Embed(cfg.vocab_size, cfg.d_model, dtype=layers.compute_dtype(cfg),
-                                      embedding_init=_gpt2_init, name="token_embedder")
         x = token_embedder(decoder_input_tokens)
         if cfg.scale_embeddings:  # Gemma: by sqrt(d_model), rounded to the compute dtype
             x = x * jnp.asarray(cfg.d_model ** 0.5, x.dtype)
@@ -176,6 +182,12 @@ class DecoderOnly(nn.Module):
         if return_hidden:
             return x
         self.sow("intermediates", "final_hidden", x)  # distillation's cosine loss reads it
+        return self._logits(token_embedder, x)
+
+    def _logits(self, token_embedder, x):
+        """The output layer (``__call__``'s, inside its compact scope): the tied embedding
+        or ``logits_dense``, Gemma 2's soft-cap, float32."""
+        cfg = self.config
         if cfg.tie_embeddings:
             logits = token_embedder.attend(x)
         else:

@@ -24,10 +24,16 @@ from t5x_like.objectives.heads import (
 from t5x_like.objectives.masked_lm import masked_lm_objective
 from t5x_like.objectives.router import COLLECTION as ROUTER_COLLECTION
 from t5x_like.objectives.router import router_terms
-from t5x_like.objectives.token import cross_entropy_with_z_loss, row_mean_objective, token_objective
+from t5x_like.objectives.token import (
+    chunked_token_objective,
+    cross_entropy_with_z_loss,
+    row_mean_objective,
+    token_objective,
+)
 
-__all__ = ["ROUTER_COLLECTION", "bilm_objective", "classification_loss", "cosine_loss",
-           "cross_entropy_with_z_loss", "electra_objective", "masked_lm_objective",
+__all__ = ["ROUTER_COLLECTION", "bilm_objective", "chunked_token_objective",
+           "classification_loss", "cosine_loss", "cross_entropy_with_z_loss",
+           "electra_objective", "masked_lm_objective",
            "regression_loss", "router_terms", "row_mean_objective",
            "soft_target_loss", "span_extraction_loss", "token_classification_loss",
            "token_objective"]

@@ -54,8 +54,46 @@ def token_objective(logits, targets, weights, *, z_loss: float, label_smoothing:
     target tokens; a number (a constant, or the whole batch's token count when the
     trainer splits it into microbatches) makes the sum over microbatches exact.
     """
-    ce_sum, z_sum, correct, optimised = _token_losses(logits, targets, weights, z_loss,
-                                                      label_smoothing)
+    sums = _token_losses(logits, targets, weights, z_loss, label_smoothing)
+    return _objective_from_sums(sums, weights, normalizer)
+
+
+def chunked_token_objective(project, hidden, targets, weights, *, chunks: int, z_loss: float,
+                            label_smoothing: float, normalizer):
+    """``token_objective`` of ``project(hidden)`` computed over ``chunks`` slices of the
+    positions, each slice's logits rematerialised in the backward pass: a step holds one
+    slice's float32 logits (and their gradient) instead of the whole batch's, which for a
+    128k vocabulary is most of a chip's memory (MaxText's ``num_vocab_tiling``).
+
+    ``project``: ``[batch, positions, d_model] -> [batch, positions, vocab]``, the model's
+    output layer; ``hidden`` the final-normed states ``[batch, length, d_model]``. A length
+    that ``chunks`` does not divide is padded with weightless positions. The sums, and so
+    the objective and its gradient, are ``token_objective``'s up to float rounding.
+    """
+    batch, length = targets.shape
+    size = -(-length // chunks)
+    pad = size * chunks - length
+
+    def slices(x):
+        x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+        return jnp.moveaxis(x.reshape(batch, chunks, size, *x.shape[2:]), 1, 0)
+
+    @jax.checkpoint
+    def one_slice(h, t, w):
+        return _token_losses(project(h), t, w, z_loss, label_smoothing)
+
+    def add_slice(totals, xs):
+        return tuple(a + b for a, b in zip(totals, one_slice(*xs), strict=True)), None
+
+    zeros = tuple(jnp.zeros((), jnp.float32) for _ in range(4))
+    sums, _ = jax.lax.scan(add_slice, zeros, (slices(hidden), slices(targets),
+                                              slices(weights.astype(jnp.float32))))
+    return _objective_from_sums(sums, weights, normalizer)
+
+
+def _objective_from_sums(sums, weights, normalizer):
+    """``token_objective``'s objective and metrics from ``_token_losses``' four sums."""
+    ce_sum, z_sum, correct, optimised = sums
     num_tokens = jnp.maximum(weights.sum(), 1.0)
     denominator = num_tokens if normalizer is None else normalizer
     metrics = {"loss": ce_sum / num_tokens, "z_loss": z_sum / num_tokens,

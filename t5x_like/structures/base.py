@@ -3,6 +3,7 @@ per-layer matmul counts)."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 
 import jax
@@ -77,13 +78,23 @@ def _token_loss_fn(structure, loss_config):
     options = {"label_smoothing": float(loss_config.label_smoothing),
                "z_loss": float(loss_config.z_loss)}
 
+    chunks = int(getattr(loss_config, "logit_chunks", 1))
+
     def loss_fn(model, params, batch, rng, normalizer=None, num_sequences=None):
-        logits, state = structure.apply_model(model, params, batch, rng,
-                                              deterministic=rng is None,
-                                              mutable=[objectives.ROUTER_COLLECTION])
-        weights = batch[structure.weights_feature]
-        objective, metrics = objectives.token_objective(
-            logits, batch[structure.targets_feature], weights, normalizer=normalizer, **options)
+        weights, targets = batch[structure.weights_feature], batch[structure.targets_feature]
+        if chunks > 1:  # the logits a slice of positions at a time (check_logit_chunks)
+            hidden, state = structure.apply_model(model, params, batch, rng,
+                                                  deterministic=rng is None, return_hidden=True,
+                                                  mutable=[objectives.ROUTER_COLLECTION])
+            objective, metrics = objectives.chunked_token_objective(
+                lambda h: structure.project_logits(model, params, h), hidden, targets, weights,
+                chunks=chunks, normalizer=normalizer, **options)
+        else:
+            logits, state = structure.apply_model(model, params, batch, rng,
+                                                  deterministic=rng is None,
+                                                  mutable=[objectives.ROUTER_COLLECTION])
+            objective, metrics = objectives.token_objective(
+                logits, targets, weights, normalizer=normalizer, **options)
         return _with_router_terms(objective, metrics, state, weights, normalizer)
     return loss_fn
 
@@ -151,6 +162,10 @@ class Structure:
     #: whether the continuous-batching engine (``generation/engine.py``) decodes this
     #: structure's model (``--sampler=engine``): decoder-only language models
     decodes_with_engine = False
+    #: whether the loss can run the output layer over slices of the positions
+    #: (``loss.logit_chunks``, ``check_logit_chunks``): a token loss over a model whose
+    #: ``__call__`` projects given hidden states (``project_hidden``)
+    chunks_logits = False
     #: whether a retrieval tower can be this structure's network (BERT-style encoders)
     embeds_text = False
     #: the model keys that set the depth of its transformer stacks, which a scaling
@@ -377,6 +392,26 @@ class Structure:
         """``(model, params, batch, rng, normalizer=None, num_sequences=None) ->
         (objective, metrics)``: ``apply_model``'s outputs through the family's pure
         objective (``objectives/``)."""
+        raise NotImplementedError
+
+    def check_logit_chunks(self, chunks: int) -> None:
+        """Refuses ``loss.logit_chunks`` > 1 in one line where this structure's loss reads
+        its logits whole (``chunks_logits``) or its module cannot project given hidden
+        states (a plug-in family's ``__call__`` without ``project_hidden``)."""
+        if chunks <= 1:
+            return
+        fix = "set --config.loss.logit_chunks=1."
+        if not self.chunks_logits:
+            raise UserError(f"loss.logit_chunks={chunks}: the {self.name or type(self).__name__} "
+                            f"structure's loss reads its logits whole; {fix}")
+        module = type(self.model)
+        if "project_hidden" not in inspect.signature(module.__call__).parameters:
+            raise UserError(f"loss.logit_chunks={chunks}: {module.__name__}.__call__ takes no "
+                            f"project_hidden, through which the loss projects a slice; {fix}")
+
+    def project_logits(self, model, params, hidden) -> jax.Array:
+        """``model``'s output layer over final-normed ``hidden`` states (the chunked loss's
+        slices); only where ``chunks_logits``."""
         raise NotImplementedError
 
     def logits(self, params, batch) -> jax.Array:

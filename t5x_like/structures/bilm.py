@@ -24,6 +24,7 @@ class BilmStructure(DecoderStructure):
     distillable = False
     scores_choices_as_lm_eval = False
     decodes_with_engine = False
+    chunks_logits = False
 
     @classmethod
     def build_model(cls, spec, module_class):

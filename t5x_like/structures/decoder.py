@@ -43,6 +43,7 @@ class DecoderStructure(Structure):
     scores_choices_as_lm_eval = True
     generates_after_prompt = True
     decodes_with_engine = True
+    chunks_logits = True
     depth_keys = ("num_layers",)
 
     @classmethod
@@ -185,6 +186,9 @@ class DecoderStructure(Structure):
 
     def loss_fn(self, loss_config):
         return _token_loss_fn(self, loss_config)
+
+    def project_logits(self, model, params, hidden):
+        return model.apply({"params": params}, None, project_hidden=hidden)
 
     def predict_batch(self, params, batch, *, rng=None, **decode):
         """Continues each row's prompt: the tokens before its first target position

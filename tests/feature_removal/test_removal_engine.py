@@ -1,6 +1,7 @@
 """Removals of what keeps a run safe and exact: the workdir lock, the hang watchdog,
 SIGTERM's save, the checkpoint manifest, rotation, the local tier, exact resume,
-gradient accumulation, the NaN stop, elastic resume's microbatches, and the trackers."""
+gradient accumulation, the NaN stop, elastic resume's microbatches, the trackers, and the
+chunked logits that keep a big vocabulary's loss in memory."""
 
 import os
 import signal
@@ -13,7 +14,7 @@ from test_faults import saved_run  # noqa: F401  (the fixture the manifest check
 from test_trackers import tracking  # noqa: F401  (the fixture the trackers check reads)
 from test_workdir_lock import TINY, plant
 
-from t5x_like import train
+from t5x_like import objectives, train
 from t5x_like.checkpoints import checkpoint_store, param_sources
 from t5x_like.engine import optim
 from t5x_like.resilience import divergence, holding, watchdog, workdir_lock
@@ -136,6 +137,14 @@ def _no_manifest_check(monkeypatch):
     monkeypatch.setattr(checkpoint_store, "manifest_problem", lambda folder: None)
 
 
+def _logits_projected_whole(monkeypatch):
+    """The chunked loss projects every position at once: the same numbers, no slices."""
+    def whole(project, hidden, targets, weights, *, chunks, normalizer, **options):
+        return objectives.token_objective(project(hidden), targets, weights,
+                                          normalizer=normalizer, **options)
+    monkeypatch.setattr(objectives, "chunked_token_objective", whole)
+
+
 def _nothing_rotated(monkeypatch):
     monkeypatch.setattr(checkpoint_store.Checkpointer, "steps_to_delete", lambda self, steps: [])
 
@@ -174,6 +183,8 @@ ELASTIC = existing("test_elastic_resume.py::test_a_resume_keeps_the_rows_each_de
                    devices=4, mesh={"data": 4}, chosen=None, expected=2)
 WHOLE_WRITES = existing(
     "test_faults.py::test_replicated_arrays_are_split_between_replicas_only_when_large")
+LOGIT_CHUNKS = existing(
+    "test_optim_and_loss.py::test_logit_chunks_hold_one_slice_of_logits_not_the_batchs")
 TRACKERS = existing(
     "test_trackers.py::test_each_tracker_gets_the_same_scalars_and_the_config_and_a_resume_continues")
 
@@ -225,6 +236,10 @@ REMOVALS = [
     Removal("MLflow tracker", "its `write` drops the scalars",
             "the store's metric history holds every step's scalars",
             _tracker_writes_nothing(trackers.MlflowTracker), TRACKERS[1], holds_in=TRACKERS[0]),
+    Removal("chunked logits", "`chunked_token_objective` projects every position at once",
+            "with 8 slices the compiled loss and gradient hold under a third of the whole "
+            "logits' temporaries", _logits_projected_whole, LOGIT_CHUNKS[1],
+            holds_in=LOGIT_CHUNKS[0]),
 ]
 
 globals().update(proving_tests(REMOVALS))
