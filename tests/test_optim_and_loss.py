@@ -71,11 +71,23 @@ def test_k_microbatches_equal_one_batch_of_k_times_the_size():
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
-def test_two_slices_over_dcn_train_like_one_slice():
+@pytest.mark.parametrize("fsdp_over_dcn", [False, True])
+def test_two_slices_over_dcn_train_like_one_slice(fsdp_over_dcn):
+    """Two slices (dcn 2 x fsdp 4) train as one slice of 8; with ``fsdp_over_dcn`` the
+    parameters and optimizer state are sharded over the slices as well: each device
+    holds an eighth of an embed-sharded kernel, not a quarter."""
     batch = _random_batch()
     config = tiny_config(**{"optimizer.name": "adamw", "optimizer.learning_rate": 1e-3})
     one_params, one = _two_steps(config, batch)
-    two_params, two = _two_steps(config, batch, {"dcn": 2, "data": 1, "fsdp": 4, "tensor": 1})
+    sliced = tiny_config(**{"optimizer.name": "adamw", "optimizer.learning_rate": 1e-3,
+                            "partitioning.fsdp_over_dcn": fsdp_over_dcn})
+    two_mesh = {"dcn": 2, "data": 1, "fsdp": 4, "tensor": 1}
+    state = trainer_lib.build_trainer(sliced, partitioning.make_mesh(two_mesh)).abstract_state
+    kernel = state.params["decoder"]["layers_0"]["mlp"]["wo"]["kernel"]  # [mlp 64, embed 32]
+    mu = state.opt_state[0].mu["decoder"]["layers_0"]["mlp"]["wo"]["kernel"]
+    for array in (kernel, mu):
+        assert array.sharding.shard_shape(array.shape) == (64, 4 if fsdp_over_dcn else 8)
+    two_params, two = _two_steps(sliced, batch, two_mesh)
     for a, b in zip(one, two, strict=False):
         for key in ("loss", "accuracy", "grad_norm"):
             np.testing.assert_allclose(a[key], b[key], rtol=2e-5, err_msg=key)
@@ -144,6 +156,13 @@ def test_skip_update_keeps_params_when_the_loss_is_not_finite():
     ({"keep_checkpoints_every_steps": -1}, "'checkpoint.keep_every_steps' must be a finite number >= 0"),
     ({"eval_every_steps": -2}, "'evals.held_out.every_steps' must be a finite number >= -1"),
     ({"peak_flops_per_device": -1.0}, "'logging.peak_flops_per_device' must be a finite number >= 0"),
+    ({"loss.logit_chunks": 0}, "'loss.logit_chunks' must be a finite number >= 1"),
+    ({"partitioning.fsdp_over_dcn": True, "partitioning.pipeline_over_dcn": True},
+     "partitioning.fsdp_over_dcn and partitioning.pipeline_over_dcn both claim the slices; "
+     "choose one."),
+    ({"partitioning.fsdp_over_dcn": True, "partitioning.rules": "data_parallel"},
+     r"and partitioning.rules='data_parallel' shards none; set "
+     r"--config.partitioning.rules=fsdp.$"),
 ])
 def test_bad_engine_options_are_named(overrides, message):
     with pytest.raises(errors.ConfigError, match=message):

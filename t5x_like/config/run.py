@@ -530,7 +530,11 @@ class PartitioningSpec(Section):
     that flow through the stages; ``gpipe`` gives each stage one run of consecutive
     layers, ``circular`` gives it ``pipeline_layers_per_stage`` at a time, visited
     repeatedly (MaxText's interleaved schedule: a smaller bubble for more hops).
-    ``pipeline_over_dcn``: the slices (``mesh.dcn``) hold stages instead of rows."""
+    ``pipeline_over_dcn``: the slices (``mesh.dcn``) hold stages instead of rows.
+    ``fsdp_over_dcn``: the FSDP rule sets shard parameters (and the optimizer state) over
+    the slices too, each slice holding 1/``mesh.dcn`` of them (MaxText's
+    ``dcn_fsdp_parallelism``): the memory of FSDP over every chip, for every layer's
+    gather and gradient reduction crossing the data-center network."""
 
     rules: str = field("fsdp", choices=("data_parallel", "fsdp", "fsdp_tensor"))
     context_attention: str = field("all_gather", choices=("all_gather", "ring"))
@@ -539,6 +543,16 @@ class PartitioningSpec(Section):
     pipeline_microbatches: int = field(0, minimum=0)
     pipeline_layers_per_stage: int = field(1, minimum=1, doc="circular: layers a stage runs a visit")
     pipeline_over_dcn: bool = False
+    fsdp_over_dcn: bool = False
+
+    def check(self, path):
+        require(not (self.fsdp_over_dcn and self.pipeline_over_dcn),
+                f"{path}.fsdp_over_dcn and {path}.pipeline_over_dcn both claim the slices; "
+                "choose one.")
+        require(not self.fsdp_over_dcn or self.rules != "data_parallel",
+                f"{path}.fsdp_over_dcn shards parameters over the slices as the FSDP rule sets "
+                f"do, and {path}.rules='data_parallel' shards none; set "
+                f"--config.{path}.rules=fsdp.")
 
 
 @section

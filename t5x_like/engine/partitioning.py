@@ -85,12 +85,17 @@ RULE_SETS: dict[str, tuple[tuple[str, object], ...]] = {
 }
 
 
-def axis_rules(name: str, pipeline_over_dcn: bool = False) -> tuple[tuple[str, object], ...]:
+def axis_rules(name: str, pipeline_over_dcn: bool = False,
+               fsdp_over_dcn: bool = False) -> tuple[tuple[str, object], ...]:
     """Rule set ``name``; ``pipeline_over_dcn`` moves the dcn axis from the rows to the
     pipeline stages (slices then hold stages, and only activations cross the slow
-    network, once a microbatch and stage boundary)."""
+    network, once a microbatch and stage boundary); ``fsdp_over_dcn`` shards parameters
+    over the slices as well as inside each (full FSDP across slices, not hybrid)."""
     if name not in RULE_SETS:
         raise ValueError(f"Unknown partitioning.rules {name!r}; choose from {sorted(RULE_SETS)}.")
+    if fsdp_over_dcn:
+        return tuple((logical, ("dcn", *PARAMETER_SHARDS) if logical == "embed" else axes)
+                     for logical, axes in RULE_SETS[name])
     if not pipeline_over_dcn:
         return RULE_SETS[name]
     over_dcn = {"batch": _without_dcn(BATCH_AXES), "expert_batch": _without_dcn(EXPERT_BATCH_AXES),

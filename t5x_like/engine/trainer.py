@@ -414,7 +414,8 @@ def build_trainer(config, mesh) -> Trainer:
     structure.check_logit_chunks(spec.loss.logit_chunks)
     trainable = trainable_for(spec)
     lengths = structure.model_feature_lengths(spec.task_feature_lengths)
-    rules = (partitioning.axis_rules(spec.partitioning.rules, spec.partitioning.pipeline_over_dcn)
+    rules = (partitioning.axis_rules(spec.partitioning.rules, spec.partitioning.pipeline_over_dcn,
+                                     spec.partitioning.fsdp_over_dcn)
              + structures.families.of(spec.model).axis_rules(spec.partitioning.rules))
     context_settings = context_parallel.ContextSettings(spec.partitioning.context_attention,
                                                         spec.partitioning.context_load_balance)
