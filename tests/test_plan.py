@@ -12,7 +12,9 @@ import sys
 
 import pytest
 
+from t5x_like import errors
 from t5x_like import plan as plan_command
+from t5x_like.engine import partitioning
 from t5x_like.planner import aot_planner
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -387,3 +389,15 @@ def test_search_needs_a_tpu_topology():
     result = run_plan(f"--config={QUICKSTART}", "--topology=cpu:8", "--search", check=False)
     assert result.returncode == 2
     assert "--search ranks train-step plans on a TPU topology" in result.stderr
+
+
+def test_a_mesh_axis_splits_a_torus_dimension_only_when_asked():
+    """fsdp 8 x tensor 2 on a 4x4 v6e: 8 is no product of whole torus dimensions (4 and
+    4), so the mesh is refused, naming the switch; with it the axis takes 4 x half a 4."""
+    devices = aot_planner.topology_devices("v6e:4x4")
+    shape = {"fsdp": 8, "tensor": 2}
+    with pytest.raises(errors.UserError, match="split_physical_axes=true"):
+        partitioning.make_mesh(shape, devices)
+    mesh = partitioning.make_mesh(shape, devices, split_physical_axes=True)
+    assert (mesh.shape["fsdp"], mesh.shape["tensor"]) == (8, 2)
+    assert sorted(d.id for d in mesh.devices.flat) == sorted(d.id for d in devices)

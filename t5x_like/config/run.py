@@ -544,6 +544,9 @@ class PartitioningSpec(Section):
     pipeline_layers_per_stage: int = field(1, minimum=1, doc="circular: layers a stage runs a visit")
     pipeline_over_dcn: bool = False
     fsdp_over_dcn: bool = False
+    split_physical_axes: bool = field(
+        False, doc="a mesh axis may take part of a torus dimension (MaxText's "
+        "allow_split_physical_axes), e.g. expert 4 x fsdp 64 on v6e:16x16")
 
     def check(self, path):
         require(not (self.fsdp_over_dcn and self.pipeline_over_dcn),

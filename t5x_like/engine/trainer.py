@@ -403,7 +403,8 @@ def build_on_devices(config, devices=None, process_count: int | None = None
     devices = jax.devices() if devices is None else list(devices)
     process_count = jax.process_count() if process_count is None else process_count
     mesh_shape = check_devices(spec, len(devices), process_count, partitioning.num_slices(devices))
-    return mesh_shape, build_trainer(spec, partitioning.make_mesh(mesh_shape, devices))
+    mesh = partitioning.make_mesh(mesh_shape, devices, spec.partitioning.split_physical_axes)
+    return mesh_shape, build_trainer(spec, mesh)
 
 
 def build_trainer(config, mesh) -> Trainer:

@@ -111,7 +111,8 @@ def resolve_training(run_config, workdir: str, devices=None, process_count: int 
     spec, notices = _holding_the_saved_rows(spec, newest, mesh_shape)
     if notices:  # the new microbatches meet the mesh's checks too
         config.check_devices(spec, len(devices), process_count, partitioning.num_slices(devices))
-    trainer = trainer_lib.build_trainer(spec, partitioning.make_mesh(mesh_shape, devices))
+    trainer = trainer_lib.build_trainer(spec, partitioning.make_mesh(
+        mesh_shape, devices, spec.partitioning.split_physical_axes))
     check_peft_fits(spec, trainer.abstract_state.params)
     fingerprint = resume_fingerprint.fingerprint(
         spec, vocabulary, trainer.abstract_state.opt_state,
