@@ -215,8 +215,11 @@ def _search(args, config, overrides: list[str]) -> int:
     heads = math.gcd(int(getattr(config.model, "num_heads", 0) or 0), int(getattr(
         getattr(config.model, "attention", None), "num_kv_heads", 0) or 0))
     results = search.run(args.config, args.topology, overrides, config.batch_size,
-                         experts=experts, heads=heads, num_slices=args.num_slices,
-                         limit=args.search_limit, workers=args.search_workers)
+                         search.accepted_by(config, args.topology, args.num_slices),
+                         experts=experts, heads=heads,
+                         length=max(config.task_feature_lengths.values()),
+                         num_slices=args.num_slices, limit=args.search_limit,
+                         workers=args.search_workers)
     if args.json:
         print(json.dumps([{"candidate": r["candidate"].label, "command": r["command"],
                            **({"report": r["report"]} if "report" in r else

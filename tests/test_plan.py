@@ -12,10 +12,10 @@ import sys
 
 import pytest
 
-from t5x_like import errors
+from t5x_like import errors, resolving
 from t5x_like import plan as plan_command
 from t5x_like.engine import partitioning
-from t5x_like.planner import aot_planner
+from t5x_like.planner import aot_planner, search
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 QUICKSTART = str(REPO / "configs" / "quickstart.py")
@@ -401,3 +401,21 @@ def test_a_mesh_axis_splits_a_torus_dimension_only_when_asked():
     mesh = partitioning.make_mesh(shape, devices, split_physical_axes=True)
     assert (mesh.shape["fsdp"], mesh.shape["tensor"]) == (8, 2)
     assert sorted(d.id for d in mesh.devices.flat) == sorted(d.id for d in devices)
+
+
+@pytest.mark.parametrize("targets, with_context", [(8192, True), (1024, False)])
+def test_search_meshes_add_context_and_stage_axes_the_run_accepts(targets, with_context):
+    """The 8B at 16 rows on v5p:4x4x2: meshes over data, fsdp and tensor first, then
+    context axes (only where each device keeps at least 1,024 of a row's positions), then
+    pipeline stages; every one is a mesh the run's own device checks accept."""
+    spec = resolving.resolve_spec(resolving.load_config(
+        str(REPO / "configs" / "open_decoders.py") + ":llama-3.1-8b",
+        ["batch_size=16", f"task_feature_lengths.targets={targets}"]))
+    runs = search.accepted_by(spec, "v5p:4x4x2")
+    found = [dict(mesh) for mesh in search.meshes("v5p:4x4x2", runs, heads=8, length=targets)]
+    kinds = [(m["stage"] > 1, m["context"] > 1) for m in found]
+    assert kinds == sorted(kinds) and (False, False) in kinds and (True, False) in kinds
+    assert ((False, True) in kinds) is with_context
+    assert all(runs(m) and 8 % m["tensor"] == 0 for m in found)
+    assert all(targets // m["context"] >= search.MIN_CONTEXT_POSITIONS for m in found)
+    assert not runs({**dict.fromkeys(found[0], 1), "data": 32})  # 16 rows over 32 replicas

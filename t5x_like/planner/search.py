@@ -3,12 +3,15 @@ topology, compiled and ranked by their predicted step time (``step_time``).
 
 Candidates:
 
-- meshes: each of the topology's physical axes given whole to ``data``, ``fsdp`` or
-  ``tensor`` (and ``expert`` for a model with experts), since a mesh axis must be a
-  product of whole physical axes to tile the torus; the slices of a multi-slice target
-  stay on ``dcn``. Meshes whose data-parallel size does not divide the batch, or whose
-  ``tensor`` does not divide the heads, are left out. ``tensor`` > 1 takes the
-  ``fsdp_tensor`` rules;
+- meshes: each of the topology's physical axes given whole to ``data``, ``fsdp``,
+  ``tensor``, ``context`` or ``stage`` (and ``expert`` for a model with experts), since a
+  mesh axis must be a product of whole physical axes to tile the torus; the slices of a
+  multi-slice target stay on ``dcn``. A mesh the run's own checks refuse (the batch over
+  the data-parallel axes, experts over ``expert``, what a context axis or pipeline stages
+  need: ``config.check_devices``, the caller's ``runs``) is left out, as is a ``tensor``
+  that does not divide the heads and a ``context`` axis that leaves a device fewer than
+  ``MIN_CONTEXT_POSITIONS`` of a row. Meshes without context or stage axes come first.
+  ``tensor`` > 1 takes the ``fsdp_tensor`` rules;
 - remat: ``full``, ``dots_no_batch`` and ``offload``;
 - microbatches: 1, then 2, 4, ... while they divide each device's rows.
 
@@ -30,10 +33,16 @@ import shlex
 import subprocess
 import sys
 
+from t5x_like.config import check_devices
+from t5x_like.errors import ConfigError
 from t5x_like.planner.topology import PlanError, chip_grid
 
 REMATS = ("full", "dots_no_batch", "offload")
-MESH_AXES = ("data", "fsdp", "tensor", "expert")
+MESH_AXES = ("data", "fsdp", "tensor", "expert", "context", "stage")
+# A context axis splits every row's positions and adds a gather (or ring) of keys and
+# values to every layer: below this many positions a device, the rows are short enough
+# that the batch axes hold them (a bound on the search, not on the prediction).
+MIN_CONTEXT_POSITIONS = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,44 +65,64 @@ class Candidate:
         return f"{mesh}, remat {self.remat}, {self.microbatches} microbatch(es)"
 
 
-def meshes(topology: str, batch_size: int, experts: int = 0, heads: int = 0) -> list[tuple]:
+def meshes(topology: str, runs, experts: int = 0, heads: int = 0, length: int = 0
+           ) -> list[tuple]:
     """Every distinct (axis, size) mesh that gives each physical axis whole to one of
-    ``data``, ``fsdp``, ``tensor`` (``expert`` too with ``experts`` > 1, at most that
-    many), whose data-parallel size (data x fsdp) divides ``batch_size`` and whose
-    ``tensor`` divides ``heads`` (the attention heads' and key/value heads' common
-    divisor; 0: any)."""
-    axes = MESH_AXES if experts > 1 else MESH_AXES[:3]
+    ``MESH_AXES`` (``expert`` only with ``experts`` > 1) and that ``runs(sizes)`` accepts
+    (the run's own device checks), whose ``tensor`` divides ``heads`` (the attention
+    heads' and key/value heads' common divisor; 0: any) and whose ``context`` leaves each
+    device at least ``MIN_CONTEXT_POSITIONS`` of the ``length`` positions of a row.
+    Meshes with neither context nor stage axes first, then with context, then stages."""
+    axes = tuple(a for a in MESH_AXES if a != "expert" or experts > 1)
     found, grid = [], chip_grid(topology)
     for choice in itertools.product(axes, repeat=len(grid)):
         sizes = dict.fromkeys(axes, 1)
         for axis, size in zip(choice, grid, strict=True):
             sizes[axis] *= size
         mesh = tuple(sizes.items())
-        if (batch_size % (sizes["data"] * sizes["fsdp"]) or sizes.get("expert", 1) > max(experts, 1)
-                or (heads and heads % sizes["tensor"]) or mesh in found):
+        if (mesh in found or (heads and heads % sizes["tensor"])
+                or length < MIN_CONTEXT_POSITIONS * sizes["context"] and sizes["context"] > 1
+                or not runs(sizes)):
             continue
         found.append(mesh)
-    return found
+    return sorted(found, key=lambda mesh: (dict(mesh)["stage"] > 1, dict(mesh)["context"] > 1))
+
+
+def accepted_by(spec, topology: str, num_slices: int = 1):
+    """``runs(sizes) -> bool`` for ``meshes``: whether the run ``spec``'s own device checks
+    (``config.check_devices``, what its plan runs first) accept it on the topology."""
+    chips = math.prod(chip_grid(topology)) * num_slices
+
+    def runs(sizes: dict) -> bool:
+        meshed = spec.replace(mesh=spec.mesh.replace(**sizes, dcn=num_slices))
+        try:
+            check_devices(meshed, chips, 1, num_slices)
+        except ConfigError:
+            return False
+        return True
+    return runs
 
 
 def candidates(mesh, batch_size: int) -> list[Candidate]:
     """``mesh`` with each remat policy at each microbatch count that divides its rows,
     fewer microbatches first (each costs a pass over the weights)."""
     sizes = dict(mesh)
-    rows = batch_size // (sizes["data"] * sizes["fsdp"])
+    rows = batch_size // (sizes["data"] * sizes["fsdp"] * sizes.get("expert", 1))
     counts = [k for k in (1, 2, 4, 8, 16) if rows % k == 0]
     return [Candidate(mesh, remat, k) for k in counts for remat in REMATS]
 
 
-def run(config_path: str, topology: str, overrides: list[str], batch_size: int,
-        experts: int = 0, heads: int = 0, num_slices: int = 1, limit: int = 12,
-        workers: int = 1, cwd=None) -> list[dict]:
+def run(config_path: str, topology: str, overrides: list[str], batch_size: int, runs,
+        experts: int = 0, heads: int = 0, length: int = 0, num_slices: int = 1,
+        limit: int = 12, workers: int = 1, cwd=None) -> list[dict]:
     """The compiled candidates, best first: each a dict of its ``candidate``, its plan
-    ``report`` (or ``error``) and the ``command`` that plans it."""
-    grid = meshes(topology, batch_size, experts, heads)
+    ``report`` (or ``error``) and the ``command`` that plans it. ``runs(sizes)``: whether
+    the run's checks accept a mesh (``meshes``)."""
+    grid = meshes(topology, runs, experts, heads, length)
     if not grid:
-        raise PlanError(f"No mesh of {topology} divides batch_size={batch_size} over its "
-                        "data-parallel axes; choose a batch that is a multiple of the chips.")
+        raise PlanError(f"No mesh of {topology} passes the run's checks (the batch over the "
+                        f"data-parallel axes first: batch_size={batch_size}); choose a batch "
+                        "that is a multiple of the chips.")
     base = [sys.executable, "-m", "t5x_like.plan", f"--config={config_path}",
             f"--topology={topology}", f"--num_slices={num_slices}", "--json", *overrides]
     first = [Candidate(mesh, "full", 1) for mesh in grid][:limit]
