@@ -194,3 +194,14 @@ def test_dcn_zero_follows_the_slices_found():
     config.mesh.dcn = 4
     with pytest.raises(errors.ConfigError, match="span 2 slices but mesh.dcn=4"):
         config_lib.validate_for_devices(config, 8, num_slices=2)
+
+
+def test_a_mesh_that_does_not_divide_a_parameter_is_one_line_before_compiling():
+    """Two heads over tensor 8 (JAX's IndivisibleError, deep in a traceback, before):
+    a user error naming the parameter, its shape, the dimension and the mesh axis."""
+    config = tiny_config(**{"partitioning.rules": "fsdp_tensor"})
+    with pytest.raises(errors.UserError, match=(
+            r"^params/\S+/kernel \(32, 2, 16\): its dimension 1 \(2\) does not split over "
+            r"mesh.tensor=8; make mesh.tensor divide 2, or choose partitioning.rules that "
+            r"leave that dimension whole.$")):
+        trainer_lib.build_trainer(config, partitioning.make_mesh({"tensor": 8}))

@@ -181,6 +181,25 @@ def logical_shardings(boxed_tree, mesh: Mesh, rules):
     return nn.logical_to_mesh_sharding(specs, mesh, rules)
 
 
+def check_divisible(abstract_params, shardings) -> None:
+    """A user's error, before anything compiles, where the mesh splits a parameter's
+    dimension into parts that do not divide it (JAX's ``IndivisibleError`` later, deep in a
+    traceback): one line naming the parameter, its shape and the mesh axes."""
+    leaves = jax.tree_util.tree_flatten_with_path(abstract_params)[0]
+    for (path, leaf), sharding in zip(leaves, jax.tree.leaves(shardings), strict=True):
+        for dim, axes in enumerate(sharding.spec):
+            names = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+            parts = math.prod(sharding.mesh.shape[a] for a in names)
+            if leaf.shape[dim] % parts:
+                name = "/".join(str(getattr(k, "key", k)) for k in path)
+                over = " x ".join(f"mesh.{a}={sharding.mesh.shape[a]}" for a in names)
+                raise UserError(
+                    f"params/{name} {tuple(leaf.shape)}: its dimension {dim} "
+                    f"({leaf.shape[dim]}) does not split over {over}; make "
+                    f"{' x '.join(f'mesh.{a}' for a in names)} divide {leaf.shape[dim]}, or "
+                    "choose partitioning.rules that leave that dimension whole.")
+
+
 def batch_sharding(mesh: Mesh, rules=None) -> NamedSharding:
     """Batch dimension over the data-parallel axes (``rules``' ``batch``), everything
     else replicated."""

@@ -160,6 +160,7 @@ class Trainer:
         boxed = self._abstract_boxed_params(model)
         param_shardings = partitioning.logical_shardings(boxed, mesh, rules)
         abstract_params = nn.unbox(boxed)
+        partitioning.check_divisible(abstract_params, param_shardings)
         self.trainable = None if trainable is None else trainable(abstract_params)
         abstract_opt_state = jax.eval_shape(optimizer.init, abstract_params)
         self.state_shardings = TrainState(
