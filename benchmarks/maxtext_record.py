@@ -80,9 +80,11 @@ ROWS = {
            "our dots, saving all, needs 219 GiB a chip)"),
     2: Row("v5p", 128, "Mixtral 8x7B", 4096, 52.56, 2909, "v5p:4x4x8",
            "configs/mixtral_8x7b.py",
-           _run(4608, 4096, "full"),
+           _run(4608, 4096, "offload") + _chunked(),
            "capacity 1.25 dispatch (MaxText: dropless megablox; our dropless dispatch "
-           "needs 4,110 GiB a chip at 147k tokens a chip)"),
+           "needs 4,110 GiB a chip at 147k tokens a chip); remat offload: layer input to "
+           "host and float32 params (MaxText: remat full, bfloat16 params); logits in 16 "
+           "slices"),
     3: Row("v6e", 256, "Llama 3.1 8B", 8192, 45.46, 7207, "v6e:16x16",
            f"{OPEN}:llama-3.1-8b", _run(1024, 8192, "offload"),
            "remat offload: layer input to host (MaxText: q/k/v/out projections too)"),
@@ -101,16 +103,20 @@ ROWS = {
            "host, as MaxText's; logits in 16 slices",
            num_slices=2),
     7: Row("v6e", 256, "Mixtral 8x7B", 4096, 35.23, 3899, "v6e:16x16",
-           "configs/mixtral_8x7b.py", _run(2048, 4096, "full"),
-           "capacity 1.25 as MaxText's dropping run"),
+           "configs/mixtral_8x7b.py", _run(2048, 4096, "offload") + _chunked(),
+           "capacity 1.25 as MaxText's dropping run; remat offload: layer input to host "
+           "(MaxText: remat full); logits in 16 slices"),
     8: Row("v6e", 256, "Mixtral 8x22B", 4096, 36.2, 1326, "v6e:16x16",
            "configs/mixtral_8x7b.py",
            ("--config.model.d_model=6144", "--config.model.num_heads=48",
             "--config.model.d_ff=16384", "--config.model.num_layers=56",
-            "--config.model.vocab_size=32768") + _run(2048, 4096, "offload") + _chunked(),
-           "FSDP over 256 (MaxText: fsdp 64 x expert 4 on a split torus); remat offload: "
-           "layer input to host (MaxText: projections too); float32 params (MaxText: bf16); "
-           "logits in 16 slices"),
+            "--config.model.vocab_size=32768")
+           + _run(2048, 4096, "offload", expert=4) + _chunked()
+           + ("--config.partitioning.split_physical_axes=true",
+              "--config.optimizer.microbatches=2"),
+           "fsdp 64 x expert 4 on a split torus, as MaxText's; 2 microbatches and float32 "
+           "params (MaxText: 1, bfloat16 params); remat offload: layer input to host "
+           "(MaxText: projections too); logits in 16 slices"),
 }
 SMOKE = Row("v6e", 4, "tiny decoder", 256, float("nan"), 0, "v6e:2x2", f"{OPEN}:qwen3-0.6b",
             ("--config.model.num_layers=2", "--config.model.d_model=256",

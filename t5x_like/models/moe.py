@@ -426,15 +426,20 @@ class MoeFeedForward(nn.Module):
         group = s.group_size
         if not group or (shape[0] * shape[1]) % group:
             group = shape[1]
-        x = x.reshape(-1, group, shape[-1])
-        experts, weights = experts.reshape(-1, group, k), weights.reshape(-1, group, k)
+        # The groups over the batch axes but ``expert`` (``expert_batch``): over an expert
+        # axis each device then reads its experts' slots from the tokens it holds after one
+        # gather along that axis. Left to itself XLA gathered every group of the batch.
+        x = constrain(x.reshape(-1, group, shape[-1]), ("expert_batch", None, "embed"))
+        experts, weights = (constrain(a.reshape(-1, group, k), ("expert_batch", None, None))
+                            for a in (experts, weights))
         capacity = expert_capacity(group, s.num_experts, k, s.capacity_factor)
         dispatch, combine = capacity_dispatch(experts, weights, s.num_experts, capacity)
         slots = jnp.einsum("bsd,bsec->ebcd", x, dispatch.astype(x.dtype))
         slots = constrain(slots, ("expert", "expert_batch", None, "embed"))
         y = slot_mlp(slots, kernels, self.activations)
         y = constrain(y, ("expert", "expert_batch", None, "embed"))
-        out = jnp.einsum("ebcd,bsec->bsd", y, combine.astype(y.dtype)).reshape(shape)
+        out = jnp.einsum("ebcd,bsec->bsd", y, combine.astype(y.dtype))
+        out = constrain(out, ("expert_batch", None, "embed")).reshape(shape)
         dropped = 1.0 - dispatch.sum() / (x.shape[0] * group * k)
         return out, dropped
 

@@ -6,7 +6,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from removals import Removal, proving_tests
+from removals import Removal, existing, proving_tests
 
 from t5x_like import config_lib, models, structures
 from t5x_like.engine import partitioning
@@ -286,7 +286,21 @@ def _dropless_as_capacity(monkeypatch):
     monkeypatch.setattr(moe.MoeFeedForward, "_dropless", moe.MoeFeedForward._capacity)
 
 
+def _groups_unconstrained(monkeypatch):
+    """The groups' constraint (``("expert_batch", None, ...)``) dropped; the slots' kept."""
+    original = moe.constrain
+    monkeypatch.setattr(moe, "constrain", lambda x, names: x if (
+        len(names) == 3 and names[0] == "expert_batch") else original(x, names))
+
+
+GROUPS = existing("test_moe.py::"
+                  "test_capacity_dispatch_over_an_expert_axis_gathers_no_more_than_its_fsdp_share")
+
+
 REMOVALS = [
+    Removal("capacity dispatch's groups over the expert axis", "the groups' sharding "
+            "constraint is dropped (the slots' kept)", "on fsdp 2 x expert 4 no all-gather "
+            "holds more than an fsdp shard's rows", _groups_unconstrained, GROUPS[1], holds_in=GROUPS[0]),
     Removal("ring attention", "the ring's block function replaced by the all-gather one",
             "key/value blocks permuted over `context` in C-1 hops, none gathered, less "
             "temporary memory than all-gather", _ring_is_all_gather, ring_moves_key_blocks),
