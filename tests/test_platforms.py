@@ -95,3 +95,25 @@ def test_tpu_compiler_flags_are_added_once_and_never_over_the_users():
     fresh = {}
     platforms.use_tpu_compiler_flags(fresh)
     assert fresh["LIBTPU_INIT_ARGS"].split() == list(platforms.TPU_COMPILER_FLAGS)
+
+
+@pytest.mark.parametrize("ends", ["returns", "exits from C"])
+def test_filtered_stderr_keeps_the_other_lines_even_when_the_process_ends_inside(ends):
+    """``without_stderr_lines`` drops libtpu's no-chip notice and keeps the rest, in order,
+    also when a library ends the process inside the block (libtpu exits 1 on an unknown
+    ``LIBTPU_INIT_ARGS`` flag: its line used to vanish with the caught output)."""
+    script = f"""
+import os, sys
+from t5x_like.system import platforms
+with platforms.without_stderr_lines({platforms.LIBTPU_NO_CHIP_NOTICE!r}):
+    os.write(2, b"kept: unknown flag\\n")
+    os.write(2, b"dropped: {platforms.LIBTPU_NO_CHIP_NOTICE}\\n")
+    if {ends == "exits from C"!r}:
+        os._exit(1)
+sys.stderr.write("after the block\\n")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)
+    expected = ["kept: unknown flag"] + (["after the block"] if ends == "returns" else [])
+    assert done.stderr.splitlines() == expected, done.stderr
+    assert done.returncode == (0 if ends == "returns" else 1)

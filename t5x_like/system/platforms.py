@@ -17,8 +17,8 @@ import glob
 import importlib.util
 import os
 import pkgutil
+import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterable, Mapping
 
 # Set beside JAX_PLATFORMS when this module chose it: the choice is about this machine,
@@ -124,24 +124,35 @@ def environment_for_other_machines(environ: Mapping[str, str]) -> dict[str, str]
 LIBTPU_NO_CHIP_NOTICE = "could not determine TPU accelerator type"
 
 
+# The filter ``without_stderr_lines`` runs in a child process: lines without any of the
+# fragments (its arguments) go to its stderr, the caller's own.
+_STDERR_FILTER = """
+import sys
+fragments = [f.encode() for f in sys.argv[1:]]
+for line in sys.stdin.buffer:
+    if not any(f in line for f in fragments):
+        sys.stderr.buffer.write(line)
+        sys.stderr.buffer.flush()
+"""
+
+
 @contextlib.contextmanager
 def without_stderr_lines(*fragments: str):
-    """Runs a block with file descriptor 2 caught in a temporary file, then writes back
-    every line that contains none of ``fragments``: C++ libraries (libtpu) write to the
-    descriptor directly, past Python's ``sys.stderr``."""
+    """Runs a block with file descriptor 2 piped through a filter that drops every line
+    containing one of ``fragments``: C++ libraries (libtpu) write to the descriptor
+    directly, past Python's ``sys.stderr``. The filter is a child process, so a library
+    that ends this process from C (libtpu exits 1 on a flag it does not know in
+    ``LIBTPU_INIT_ARGS``) still has its last lines reach the user."""
     sys.stderr.flush()
+    child = subprocess.Popen([sys.executable, "-c", _STDERR_FILTER, *fragments],
+                             stdin=subprocess.PIPE)
     saved = os.dup(2)
-    with tempfile.TemporaryFile() as caught:
-        os.dup2(caught.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            caught.seek(0)
-            kept = [line for line in caught.read().decode("utf-8", "replace").splitlines(True)
-                    if not any(fragment in line for fragment in fragments)]
-            if kept:
-                sys.stderr.write("".join(kept))
-                sys.stderr.flush()
+    os.dup2(child.stdin.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        child.stdin.close()
+        child.wait()
