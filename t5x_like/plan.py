@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 
 from t5x_like import cli_flags, errors, resolving
@@ -211,13 +210,7 @@ def _search(args, config, overrides: list[str]) -> int:
                                "e.g. --topology=v5p:4x4x4.")
     if args.search_limit < 1 or args.search_workers < 1:
         raise errors.UserError("--search_limit and --search_workers must be at least 1.")
-    experts = getattr(getattr(config.model, "experts", None), "num_experts", 0)
-    heads = math.gcd(int(getattr(config.model, "num_heads", 0) or 0), int(getattr(
-        getattr(config.model, "attention", None), "num_kv_heads", 0) or 0))
-    results = search.run(args.config, args.topology, overrides, config.batch_size,
-                         search.accepted_by(config, args.topology, args.num_slices),
-                         experts=experts, heads=heads,
-                         length=max(config.task_feature_lengths.values()),
+    results = search.run(args.config, args.topology, overrides, config,
                          num_slices=args.num_slices, limit=args.search_limit,
                          workers=args.search_workers)
     if args.json:
@@ -258,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="Print the report as JSON.")
     parser.add_argument("--search", action="store_true",
                         help="Compile the meshes (whole physical axes to data, fsdp, tensor, "
-                             "expert), remat policies and microbatch counts the topology "
+                             "expert, context, stage), remat policies and microbatch counts the "
+                             "topology "
                              "allows and rank them by predicted step time, each with its "
                              "command line.")
     parser.add_argument("--search_limit", type=int, default=12,

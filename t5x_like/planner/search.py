@@ -47,7 +47,7 @@ MIN_CONTEXT_POSITIONS = 1024
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
-    mesh: tuple[tuple[str, int], ...]  # (axis, size) of data, fsdp, tensor, expert
+    mesh: tuple[tuple[str, int], ...]  # (axis, size) of each of MESH_AXES
     remat: str
     microbatches: int
 
@@ -112,13 +112,18 @@ def candidates(mesh, batch_size: int) -> list[Candidate]:
     return [Candidate(mesh, remat, k) for k in counts for remat in REMATS]
 
 
-def run(config_path: str, topology: str, overrides: list[str], batch_size: int, runs,
-        experts: int = 0, heads: int = 0, length: int = 0, num_slices: int = 1,
+def run(config_path: str, topology: str, overrides: list[str], spec, num_slices: int = 1,
         limit: int = 12, workers: int = 1, cwd=None) -> list[dict]:
-    """The compiled candidates, best first: each a dict of its ``candidate``, its plan
-    ``report`` (or ``error``) and the ``command`` that plans it. ``runs(sizes)``: whether
-    the run's checks accept a mesh (``meshes``)."""
-    grid = meshes(topology, runs, experts, heads, length)
+    """The compiled candidates for the run ``spec`` (the resolved ``config_path`` with
+    ``overrides``), best first: each a dict of its ``candidate``, its plan ``report`` (or
+    ``error``) and the ``command`` that plans it."""
+    model, batch_size = spec.model, spec.batch_size
+    attention = getattr(model, "attention", None)
+    # Heads and key/value heads (0: as many as heads) both split over ``tensor``.
+    heads = math.gcd(int(getattr(model, "num_heads", 0) or 0),
+                     int(getattr(attention, "num_kv_heads", 0) or 0))
+    grid = meshes(topology, accepted_by(spec, topology, num_slices), model.expert_count,
+                  heads, max(spec.task_feature_lengths.values()))
     if not grid:
         raise PlanError(f"No mesh of {topology} passes the run's checks (the batch over the "
                         f"data-parallel axes first: batch_size={batch_size}); choose a batch "
