@@ -385,10 +385,15 @@ def test_search_ranks_compiled_candidates_by_predicted_step_time():
                      flags=re.M), text
 
 
-def test_search_needs_a_tpu_topology():
-    result = run_plan(f"--config={QUICKSTART}", "--topology=cpu:8", "--search", check=False)
+@pytest.mark.parametrize("extra, message", [
+    (["--topology=cpu:8"], "--search ranks train-step plans on a TPU topology"),
+    (["--topology=v5e:2x2", "--search_limit=0"],
+     "--search_limit and --search_workers must be at least 1."),
+])
+def test_search_needs_a_tpu_topology_and_positive_limits(extra, message):
+    result = run_plan(f"--config={QUICKSTART}", *extra, "--search", check=False)
     assert result.returncode == 2
-    assert "--search ranks train-step plans on a TPU topology" in result.stderr
+    assert message in result.stderr
 
 
 def test_a_mesh_axis_splits_a_torus_dimension_only_when_asked():
