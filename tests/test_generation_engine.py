@@ -81,11 +81,36 @@ def test_greedy_tokens_are_the_static_batchs_with_slots_coming_and_going(served)
     got = fresh(engine).run(requests)
     assert [g.tokens for g in got] == expected
     assert all(g.finish_reason == "length" for g in got)
-    # Eight requests through three slots: requests were admitted while others ran.
-    assert engine.stats.steps < sum(r.max_tokens for r in requests) / 3 + 8
+    # Windows of up to 8 steps a call, each token fed back on the device.
+    assert engine.stats.calls < engine.stats.steps / 2
     # The repeated prompt and the one sharing a first page read 8 + 16 positions.
     assert engine.stats.shared_tokens == 8 + 16
     assert engine.pool.free == engine.pool.pages - 1  # every page back
+
+
+def test_one_step_a_call_gives_the_same_tokens(served):
+    *_, requests, expected, engine = served
+    engine.steps_per_call = 1
+    try:
+        assert [g.tokens for g in fresh(engine).run(requests)] == expected
+    finally:
+        engine.steps_per_call = 8
+    # Eight requests through three slots: requests were admitted while others ran.
+    assert engine.stats.calls == engine.stats.steps
+    assert engine.stats.steps < sum(r.max_tokens for r in requests) / 3 + 8
+
+
+def test_a_prefill_projects_only_each_rows_last_position(served):
+    """Only the last prompt position's logits choose a token: the prefill runs the output
+    layer on it alone, never on every padded position of the rows."""
+    *_, engine = served
+    count, width, vocab = 2, 16, engine.model.config.vocab_size
+    row = np.zeros((count, width), np.int32)
+    text = engine._prefill.lower(
+        engine._params, engine.cache, row, row, np.ones((count, 2), np.int32),
+        np.zeros((count,), np.int32), engine._settings([], [], count)).as_text()
+    assert f"tensor<{count}x1x{vocab}xf32>" in text  # the last positions, projected
+    assert f"x{width}x{vocab}x" not in text
 
 
 def test_a_request_sharing_pages_decodes_as_it_does_alone(served):
@@ -249,6 +274,6 @@ def test_int8_weights_decode_as_the_static_batch_does():
     engine = Engine(int8_model, int8_params, max_length=MAX_LENGTH, slots=3, page_size=8)
     assert [g.tokens for g in engine.run(requests)] == static_batch(int8_model, int8_params,
                                                                     requests)
-    step = engine._decode.lower(engine._params, engine.cache, *engine.step_inputs()).compile()
+    step = engine._decode.lower(engine._params, engine.cache, *engine.step_inputs(), 1).compile()
     parameters = step.as_text().split("\n", 1)[0].split("->")[0]
     assert "s8[16,32]" in parameters and "s8[32,16]" in parameters  # the MLP's kernels

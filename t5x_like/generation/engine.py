@@ -1,9 +1,10 @@
 """Continuous batching for decoder-only models over a paged key/value cache.
 
-A fixed number of slots decode together, one token per step, in one jitted program of
-fixed shapes. Between steps finished requests leave their slot and waiting ones take
-it (continuous batching): a short request does not wait for the longest one of its
-batch, and a new one does not wait for a batch to end. Each request's cache is a list of
+A fixed number of slots decode together, one token per step, in jitted programs of
+fixed shapes that run a window of a few steps each (the tokens fed back on the device).
+Between windows finished requests leave their slot and waiting ones take it (continuous
+batching): a short request does not wait for the longest one of its batch, and a new
+one does not wait for a batch to end. Each request's cache is a list of
 pages of one pool (``pages.PagePool``, ``attention.PagedBias``): what it holds, not
 ``max_length`` per slot, and full pages of a prompt another request already prefilled
 are read, not computed again (GRPO's completions of one prompt prefill it once).
@@ -29,7 +30,6 @@ from collections.abc import Callable, Sequence
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from t5x_like.generation import sampling
@@ -98,10 +98,12 @@ class _Running:
 
 @dataclasses.dataclass
 class Stats:
-    """What the engine has done: decoding steps, prefill calls, prompt tokens run and
-    prompt tokens read from shared pages instead."""
+    """What the engine has done: decoding steps, the calls that ran them (a window of
+    steps each), prefill calls, prompt tokens run and prompt tokens read from shared
+    pages instead."""
 
     steps: int = 0
+    calls: int = 0
     prefills: int = 0
     prefill_tokens: int = 0
     shared_tokens: int = 0
@@ -129,15 +131,19 @@ class Engine:
 
     ``max_length``: the longest sequence, prompt and new tokens, a request may need.
     ``slots``: requests decoded together. ``pages``: the pool (default: every slot at
-    ``max_length``, plus the scratch page). ``context``: entered around every jitted call
-    (the mesh and logical axis rules of sharded parameters)."""
+    ``max_length``, plus the scratch page). ``steps_per_call``: the most decoding steps
+    one jitted call runs (a power of two; ``_window``). ``context``: entered around every
+    jitted call (the mesh and logical axis rules of sharded parameters)."""
 
     def __init__(self, model: nn.Module, params, *, max_length: int, slots: int = 8,
-                 page_size: int = 16, pages: int | None = None,
+                 page_size: int = 16, pages: int | None = None, steps_per_call: int = 8,
                  context: Callable[[], contextlib.AbstractContextManager] | None = None):
         decoding.check_paged(model)
+        if steps_per_call < 1 or steps_per_call & (steps_per_call - 1):
+            raise ValueError(f"steps_per_call={steps_per_call}: give a power of two.")
         self.model = model
         self.slots, self.page_size = slots, page_size
+        self.steps_per_call = steps_per_call
         self.pages_per_row = -(-max_length // page_size)
         self.max_length = max_length
         self.cache_pages = pages or slots * self.pages_per_row + 1
@@ -160,22 +166,26 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stopping = False
 
-        def forward(stored, cache, tokens, positions, table):
-            # A table of as many pages as the longest row needs (bucketed: ``_table``).
-            return decoding.paged_forward(model, self._restore(stored), cache, tokens,
-                                          positions, table, page_size)
-
-        def prefill(params, cache, tokens, positions, table, last, settings):
-            logits, cache = forward(params, cache, tokens, positions, table)
-            logits = jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]
+        def prefill(stored, cache, tokens, positions, table, last, settings):
+            logits, cache = decoding.paged_prefill(model, self._restore(stored), cache, tokens,
+                                                   positions, table, page_size, last)
             return sampling.choose(logits, *settings), cache
 
-        def decode(params, cache, tokens, positions, table, settings):
-            logits, cache = forward(params, cache, tokens[:, None], positions[:, None], table)
-            return sampling.choose(logits[:, 0], *settings), cache
+        def decode(stored, cache, tokens, positions, table, settings, steps):
+            # ``steps`` tokens a row, each fed back on the device as the next step's input.
+            temperature, top_k, top_p, seeds, counters = settings
+
+            def choose(logits, k):  # the token fed next, and what the host reads
+                chosen, logprobs = sampling.choose(logits, temperature, top_k, top_p, seeds,
+                                                   counters + k)
+                return chosen, (chosen, logprobs)
+            # A table of as many pages as the longest row needs (bucketed: ``_table``).
+            return decoding.paged_window(model, stored, cache, tokens, positions, table,
+                                         page_size, steps, choose, self.max_length - 1,
+                                         restore=self._restore)
 
         self._prefill = jax.jit(prefill, donate_argnums=1)
-        self._decode = jax.jit(decode, donate_argnums=1)
+        self._decode = jax.jit(decode, donate_argnums=1, static_argnums=6)
 
     @property
     def params(self):
@@ -295,29 +305,50 @@ class Engine:
 
     # -- one step ---------------------------------------------------------------------
     def step(self) -> None:
-        """Admits what fits (prefilling it), then decodes one token for every running
-        request and retires the ones that ended."""
+        """Admits what fits (prefilling it), then decodes a window of tokens (``_window``)
+        for every running request, retiring each where it ended."""
         while self._admit_round():
             pass
         running = [(i, r) for i, r in enumerate(self._rows) if r is not None]
         if not running:
             return
+        steps = self._window([r for _, r in running])
         with self.context():
             (chosen, logprobs), self.cache = self._decode(self._params, self.cache,
-                                                          *self.step_inputs())
-        chosen, logprobs = np.asarray(chosen), np.asarray(logprobs)
-        self.stats.steps += 1
-        for i, row in running:
-            row.position += 1
-            self._take(i, row, int(chosen[i]), float(logprobs[i]))
+                                                          *self.step_inputs(steps), steps)
+        chosen, logprobs = np.asarray(chosen).T, np.asarray(logprobs).T  # [slots, steps]
+        self.stats.steps += steps
+        self.stats.calls += 1
+        for k in range(steps):
+            for i, row in running:
+                if self._rows[i] is row:  # not ended earlier in the window
+                    row.position += 1
+                    self._take(i, row, int(chosen[i, k]), float(logprobs[i, k]))
 
-    def step_inputs(self):
-        """The decoding step's inputs for the rows running now: each one's last token, its
-        position and page table, and its sampling settings (idle slots: scratch pages)."""
+    def _window(self, running: list[_Running]) -> int:
+        """How many steps the next call decodes: the largest power of two up to
+        ``steps_per_call`` that the longest running request still needs. One call a
+        window saves a step's dispatch and host round trip per token; what a window
+        decodes past a request's end is thrown away, and a slot freed inside a window
+        waits for its end (measured on ``benchmarks/serving.py``, bounding the window by
+        the shortest request instead, so that a waiting one never waits, ran more short
+        calls and was slower at 8 and 64 streams)."""
+        left = max(r.handle.request.max_tokens - len(r.handle.result.tokens) for r in running)
+        steps = 1
+        while steps * 2 <= min(left, self.steps_per_call):
+            steps *= 2
+        return steps
+
+    def step_inputs(self, steps: int = 1):
+        """The decoding call's inputs for the rows running now: each one's last token, its
+        position and page table (wide enough for ``steps`` more positions), and its
+        sampling settings (idle slots: scratch pages). Positions past a row's own pages
+        (a window run past its end) fall in the scratch page."""
         tokens = np.zeros((self.slots,), np.int32)
         positions = np.zeros((self.slots,), np.int32)
         running = [(i, r) for i, r in enumerate(self._rows) if r is not None]
-        table = self._table(self.slots, max((r.position + 1 for _, r in running), default=1))
+        table = self._table(self.slots, max((r.position + steps for _, r in running),
+                                            default=1))
         for i, row in running:
             tokens[i], positions[i] = row.last, row.position
             table[i, :len(row.pages)] = row.pages[:table.shape[1]]

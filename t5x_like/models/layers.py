@@ -539,28 +539,55 @@ def _paged_update(cached_key, cached_value, key, value, paged):
     """Writes the fed tokens' keys and values into their rows' pages and returns each
     row's keys and values in page-table order, with ``paged``'s bias. The cache
     variables are the pool (``generation.engine`` makes them as the cache of a batch of
-    ``pages`` rows, ``page_size`` long): keys ``[pages, kv_heads, page_size, kv]``, values
-    ``[pages, kv_heads, kv, page_size]``, the layouts the dense cache keeps."""
-    pool_key, pool_value = cached_key.value, cached_value.value
-    page_size = pool_key.shape[2]
+    ``pages`` rows, ``page_size`` long): ``[pages, kv_heads, page_size, kv]`` for keys;
+    the values' ``[pages, kv_heads, kv, page_size]`` holds a page as ``[page_size, kv]``
+    too (``page_blocks``)."""
+    page_size = cached_key.value.shape[2]
     table, positions = paged.page_table, paged.positions
-    rows, per_row = table.shape
-    if per_row * page_size != paged.bias.shape[-1]:
-        raise ValueError(f"The page table's {per_row} pages of {page_size} hold "
-                         f"{per_row * page_size} positions; the bias covers "
+    if table.shape[1] * page_size != paged.bias.shape[-1]:
+        raise ValueError(f"The page table's {table.shape[1]} pages of {page_size} hold "
+                         f"{table.shape[1] * page_size} positions; the bias covers "
                          f"{paged.bias.shape[-1]}.")
+    cached_key.value = write_pages(cached_key.value, key, table, positions, page_size)
+    cached_value.value = write_pages(cached_value.value, value, table, positions, page_size)
+    keys = gather_page_rows(cached_key.value, table, page_size)
+    values = gather_page_rows(cached_value.value, table, page_size)
+    return jnp.transpose(keys, (0, 2, 1, 3)), jnp.transpose(values, (0, 2, 1, 3)), paged.bias
+
+
+def page_blocks(pool, page_size: int):
+    """A pool variable ``[pages, kv_heads, a, b]`` as ``[pages, kv_heads, page_size, kv]``:
+    a key pool as it is, a value pool's pages read as ``[page_size, kv]`` blocks (its
+    variable keeps the dense cache's value shape; the layout inside a page is the
+    pool's own)."""
+    return pool.reshape(*pool.shape[:2], page_size, -1)
+
+
+def gather_page_rows(pool, table, page_size: int):
+    """``[rows, kv_heads, pages per row * page_size, kv]``: each row's pages of ``pool``
+    in ``table [rows, pages per row]`` order. One ``[page_size, kv]`` block is gathered
+    per row, head and page, in that order, so the result is already the layout both dot
+    products read and the keys and values are copied once (a gather of whole pages in
+    table order, transposed after, copied them twice)."""
+    blocks = page_blocks(pool, page_size)
+    pages, heads, _, kv = blocks.shape
+    rows, per_row = table.shape
+    index = table[:, None, :] * heads + jnp.arange(heads, dtype=table.dtype)[None, :, None]
+    flat = blocks.reshape(pages * heads, page_size, kv)
+    return flat[index].reshape(rows, heads, per_row * page_size, kv)
+
+
+def write_pages(pool, new, table, positions, page_size: int):
+    """``pool`` with ``new [rows, length, kv_heads, kv]`` written at each row's
+    ``positions [rows, length]`` (its page in ``table``, the offset in it); a position
+    past the table goes to the scratch page 0."""
+    blocks = page_blocks(pool, page_size)
+    per_row = table.shape[1]
     inside = (positions >= 0) & (positions < per_row * page_size)
     slot = jnp.clip(positions // page_size, 0, per_row - 1)
     page = jnp.where(inside, jnp.take_along_axis(table, slot, axis=1), 0)  # 0: scratch
-    offset = positions % page_size
-    cached_key.value = pool_key.at[page, :, offset, :].set(key.astype(pool_key.dtype))
-    cached_value.value = pool_value.at[page, :, :, offset].set(value.astype(pool_value.dtype))
-    keys = cached_key.value[table]  # [rows, per_row, kv_heads, page_size, kv]
-    values = cached_value.value[table]  # [rows, per_row, kv_heads, kv, page_size]
-    heads, kv = keys.shape[2], keys.shape[4]
-    keys = jnp.transpose(keys, (0, 1, 3, 2, 4)).reshape(rows, per_row * page_size, heads, kv)
-    values = jnp.transpose(values, (0, 1, 4, 2, 3)).reshape(rows, per_row * page_size, heads, kv)
-    return keys, values, paged.bias
+    blocks = blocks.at[page, :, positions % page_size, :].set(new.astype(blocks.dtype))
+    return blocks.reshape(pool.shape)
 
 
 def _permuted(shape, axes) -> tuple[int, ...]:

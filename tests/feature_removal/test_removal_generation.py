@@ -1,10 +1,12 @@
 """Removals of what the continuous-batching engine promises: requests admitted while
 others decode, prompt pages shared, each request sampled from its own seed, the paged
-cache read through each layer's own attention window, and evaluation's generations
-decoded by it when asked."""
+cache read through each layer's own attention window, windows of steps a call, a
+prefill that projects only its last positions, and evaluation's generations decoded by
+it when asked."""
 
 import dataclasses
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import test_evaluation as evaluation_tests
@@ -13,7 +15,7 @@ from removals import Removal, proving_tests
 
 from t5x_like.evaluation import evaluator
 from t5x_like.generation import engine, pages, sampling
-from t5x_like.models import attention
+from t5x_like.models import attention, decoding
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +60,21 @@ def _window_ignored(monkeypatch):
                         original(positions, table, length))
 
 
+def _one_step_a_call(monkeypatch):
+    """Every call decodes one step: the host round trip comes back for every token."""
+    monkeypatch.setattr(engine.Engine, "_window", lambda self, running: 1)
+
+
+def _every_position_projected(monkeypatch):
+    """The prefill projects every padded prompt position onto the vocabulary and keeps
+    the last one's logits."""
+    def whole(model, params, cache, tokens, positions, table, page_size, last):
+        logits, cache = decoding.paged_forward(model, params, cache, tokens, positions, table,
+                                               page_size)
+        return jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0], cache
+    monkeypatch.setattr(decoding, "paged_prefill", whole)
+
+
 def _sampler_ignored(monkeypatch):
     """The evaluator's generations ignore ``sampler``: static batches, always."""
     original = evaluator.ModelRunner.predict_rows
@@ -86,6 +103,9 @@ CONTINUOUS = _check(engine_tests.test_a_short_request_does_not_wait_for_the_long
                     "gpt_served")
 SEEDS = _check(engine_tests.test_sampling_follows_each_requests_seed_not_its_neighbours,
                "gpt_served")
+CALLS = _check(engine_tests.test_greedy_tokens_are_the_static_batchs_with_slots_coming_and_going,
+               "gpt_served")
+PREFILL = _check(engine_tests.test_a_prefill_projects_only_each_rows_last_position, "gpt_served")
 WINDOW = _check(engine_tests.test_greedy_tokens_are_the_static_batchs_with_slots_coming_and_going,
                 "modern_served")
 
@@ -102,6 +122,12 @@ REMOVALS = [
     Removal("paged attention windows", "sliding layers read the whole paged cache",
             "greedy tokens of a model with sliding layers equal the static batch's",
             _window_ignored, WINDOW[1], holds_in=WINDOW[0]),
+    Removal("decoding windows", "every call decodes one step",
+            "a run of mixed requests takes fewer calls than half its steps",
+            _one_step_a_call, CALLS[1], holds_in=CALLS[0]),
+    Removal("prefill of last positions", "the prefill projects every prompt position",
+            "the compiled prefill's logits are one position a row, never the rows' width",
+            _every_position_projected, PREFILL[1], holds_in=PREFILL[0]),
     Removal("evaluation through the engine", "eval's generations ignore --sampler=engine",
             "eval with the engine sampler decodes every row through an engine of batch-size "
             "slots, to the static batches' predictions",
