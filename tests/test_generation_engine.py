@@ -3,6 +3,7 @@ equal the static batch's (``decoding.generate_padded``, each row as it decodes a
 requests come and go between steps, prompts share pages, each request samples from its
 own seed, and the page pool hands out, shares, evicts and takes back pages."""
 
+import dataclasses
 import threading
 
 import flax.linen as nn
@@ -166,13 +167,14 @@ def test_sampling_follows_each_requests_seed_not_its_neighbours(served):
 def test_log_probabilities_are_the_models_and_stop_ids_end_a_request(served):
     model, params, requests, expected, engine = served
     fresh(engine)
-    request = requests[5]
+    request = dataclasses.replace(requests[5], logprobs=True)
     got = engine.run([request])[0]
     full = jnp.asarray([list(request.prompt) + got.tokens])
     logp = jax.nn.log_softmax(model.apply({"params": params}, full[:, :-1]))[0]
     first = len(request.prompt) - 1
     want = [float(logp[first + i, t]) for i, t in enumerate(got.tokens)]
     np.testing.assert_allclose(got.logprobs, want, atol=1e-5)
+    assert engine.run([requests[5]])[0].logprobs == []  # not asked: no pass over the vocabulary
     stop = expected[5][4]
     ended = engine.run([Request(request.prompt, 20, stop_ids=(stop,))])[0]
     cut = expected[5].index(stop) + 1

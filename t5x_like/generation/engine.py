@@ -42,7 +42,10 @@ class Request:
     """A prompt (token ids, at least one) and how to continue it: ``max_tokens`` new
     tokens at most, stopping after any of ``stop_ids`` (kept as the last token);
     temperature 0 is greedy, else sampling with ``top_k`` (0: off) and ``top_p`` from
-    ``seed`` (any integer: it is taken modulo 2**31)."""
+    ``seed`` (any integer: it is taken modulo 2**31). ``logprobs``: each new token's
+    log-probability under the model is kept (``Generated.logprobs``; a pass over the
+    vocabulary in every step some running request asks it; ``on_token`` hears NaN
+    otherwise)."""
 
     prompt: tuple[int, ...]
     max_tokens: int
@@ -51,12 +54,13 @@ class Request:
     top_p: float = 1.0
     seed: int = 0
     stop_ids: tuple[int, ...] = ()
+    logprobs: bool = False
 
 
 @dataclasses.dataclass
 class Generated:
     """A request's new ``tokens`` (with a stop id last where one ended it), each one's
-    log-probability under the model, and why it ended: ``stop`` (a stop id, or the
+    log-probability under the model (where the request asked them), and why it ended: ``stop`` (a stop id, or the
     caller's ``on_token``) or ``length``."""
 
     tokens: list[int] = dataclasses.field(default_factory=list)
@@ -173,11 +177,11 @@ class Engine:
 
         def decode(stored, cache, tokens, positions, table, settings, steps):
             # ``steps`` tokens a row, each fed back on the device as the next step's input.
-            temperature, top_k, top_p, seeds, counters = settings
+            temperature, top_k, top_p, seeds, counters, wanted = settings
 
             def choose(logits, k):  # the token fed next, and what the host reads
                 chosen, logprobs = sampling.choose(logits, temperature, top_k, top_p, seeds,
-                                                   counters + k)
+                                                   counters + k, wanted)
                 return chosen, (chosen, logprobs)
             # A table of as many pages as the longest row needs (bucketed: ``_table``).
             return decoding.paged_window(model, stored, cache, tokens, positions, table,
@@ -423,7 +427,8 @@ class Engine:
         handle, request = row.handle, row.handle.request
         result = handle.result
         result.tokens.append(token)
-        result.logprobs.append(logprob)
+        if request.logprobs:
+            result.logprobs.append(logprob)
         wanted = handle.on_token(token, logprob) if handle.on_token is not None else True
         if token in request.stop_ids or wanted is False:
             result.finish_reason = "stop"
@@ -450,18 +455,20 @@ class Engine:
     @staticmethod
     def _settings(handles: Sequence[Handle], rows: Sequence[int], count: int):
         """The sampling settings of ``count`` rows, ``handles[k]``'s in row ``rows[k]``
-        (greedy elsewhere): temperatures, top-k, top-p, seeds and each row's token count
-        so far (its next token's counter)."""
+        (greedy elsewhere): temperatures, top-k, top-p, seeds, each row's token count
+        so far (its next token's counter), and whether it keeps log-probabilities."""
         temperature = np.zeros((count,), np.float32)
         top_k = np.zeros((count,), np.int32)
         top_p = np.ones((count,), np.float32)
         seeds = np.zeros((count,), np.int32)
         counters = np.zeros((count,), np.int32)
+        logprobs = np.zeros((count,), bool)
         for handle, i in zip(handles, rows, strict=True):
             r = handle.request
             temperature[i], top_k[i], top_p[i] = r.temperature, r.top_k, r.top_p
             seeds[i], counters[i] = r.seed % 2**31, len(handle.result.tokens)
-        return temperature, top_k, top_p, seeds, counters
+            logprobs[i] = r.logprobs
+        return temperature, top_k, top_p, seeds, counters, logprobs
 
 
 def complete(engine: Engine, prompts: Sequence[Sequence[int]], max_tokens: int, *,

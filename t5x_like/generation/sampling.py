@@ -33,11 +33,14 @@ def filter_rows(logits: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Ar
 
 
 def choose(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array,
-           seeds: jax.Array, counters: jax.Array) -> tuple[jax.Array, jax.Array]:
+           seeds: jax.Array, counters: jax.Array,
+           wanted: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """``(tokens [rows], log-probabilities [rows])``: each row's argmax where its
     temperature is 0, else a draw from its filtered ``softmax(logits / temperature)``
     with key ``fold_in(key(seed), counter)``; the log-probability is the model's
-    (``log_softmax(logits)``, temperature 1), as the OpenAI API and RL's old policy read it.
+    (``log_softmax(logits)``, temperature 1), as the OpenAI API and RL's old policy read
+    it, computed only in steps where some row is ``wanted`` (default: every row; NaN
+    otherwise: the pass over the vocabulary was a twelfth of a step of a few rows).
     Filtering sorts the vocabulary, so it runs only in steps where some row samples
     with a top-k or top-p (a sort of 64 rows of an 8k vocabulary made GRPO's rollouts
     through the engine several times slower than the static batch's)."""
@@ -53,6 +56,11 @@ def choose(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: j
         drawn = jax.vmap(jax.random.categorical)(keys, filtered).astype(jnp.int32)
         return jnp.where(temperature > 0, drawn, greedy)
     tokens = jax.lax.cond(jnp.any(temperature > 0), sample, lambda _: greedy, None)
-    logprobs = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tokens[:, None],
+
+    def logprobs(_):
+        return jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tokens[:, None],
                                    axis=-1)[:, 0]
-    return tokens, logprobs
+    if wanted is None:
+        return tokens, logprobs(None)
+    return tokens, jax.lax.cond(jnp.any(wanted), logprobs,
+                                lambda _: jnp.full(tokens.shape, jnp.nan), None)

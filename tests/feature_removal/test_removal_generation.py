@@ -47,9 +47,9 @@ def _seeds_by_slot(monkeypatch):
     """A row samples from its slot's stream, not its request's seed."""
     original = sampling.choose
 
-    def by_slot(logits, temperature, top_k, top_p, seeds, counters):
+    def by_slot(logits, temperature, top_k, top_p, seeds, counters, wanted=None):
         slots = np.arange(len(temperature), dtype=np.int32)
-        return original(logits, temperature, top_k, top_p, slots, counters)
+        return original(logits, temperature, top_k, top_p, slots, counters, wanted)
     monkeypatch.setattr(sampling, "choose", by_slot)
 
 
