@@ -279,3 +279,37 @@ def test_int8_weights_decode_as_the_static_batch_does():
     step = engine._decode.lower(engine._params, engine.cache, *engine.step_inputs(), 1).compile()
     parameters = step.as_text().split("\n", 1)[0].split("->")[0]
     assert "s8[16,32]" in parameters and "s8[32,16]" in parameters  # the MLP's kernels
+
+
+def test_on_a_tpu_a_step_reads_its_pages_with_the_paged_attention_kernel(monkeypatch):
+    """On a TPU a decoding step attends with the Pallas paged-attention kernel, each row
+    reading its own pages where they are (run here in the kernel's interpret mode): the
+    logits of the step that gathers the rows' pages, up to the bfloat16 rounding of the
+    interpreter's operands; a prompt's prefill still gathers."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    from t5x_like.models import attention
+    from t5x_like.system import traced_platform
+    model, params = tiny(dict(GPT, head_dim=128, num_kv_heads=1))
+    pool = decoding.init_page_pool(model, 9, 8)
+    table = jnp.asarray([[1, 2], [3, 4]], jnp.int32)
+    prompt = jnp.asarray(np.random.default_rng(0).integers(3, 40, size=(2, 11)), jnp.int32)
+    _, pool = decoding.paged_forward(model, params, pool, prompt,
+                                     jnp.broadcast_to(jnp.arange(11), (2, 11)), table, 8)
+    step = jax.jit(lambda pool: decoding.paged_forward(
+        model, params, pool, jnp.asarray([[7], [9]]), jnp.asarray([[11], [5]]), table, 8))
+    gathered, _ = step(pool)
+    calls = []
+    original = attention.paged_attention
+
+    def spy(*args, **kwargs):
+        calls.append(args[0].shape)
+        return original(*args, **kwargs)
+    monkeypatch.setattr(attention, "paged_attention", spy)
+    with traced_platform.target_platform("tpu"), pltpu.force_tpu_interpret_mode():
+        read, _ = jax.jit(lambda pool: decoding.paged_forward(
+            model, params, pool, jnp.asarray([[7], [9]]), jnp.asarray([[11], [5]]), table,
+            8))(pool)
+    assert calls == [(2, 1, 2, 128)] * 2  # both layers' steps, one token a row
+    np.testing.assert_allclose(np.asarray(read), np.asarray(gathered), atol=2e-3)
+    assert float(jnp.abs(gathered).max()) > 0.1  # logits that tell rows apart

@@ -289,7 +289,7 @@ class Engine:
         """The pool's keys and values, zeroed: the cache of a batch of ``cache_pages`` rows,
         ``page_size`` long (``layers._paged_update`` reads it as pages)."""
         with self.context():
-            return decoding.init_decoder_cache(self.model, self.cache_pages, self.page_size)
+            return decoding.init_page_pool(self.model, self.cache_pages, self.page_size)
 
     def _has_work(self) -> bool:
         return bool(self._waiting) or any(r is not None for r in self._rows)

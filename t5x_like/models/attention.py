@@ -261,11 +261,14 @@ class PagedBias:
     ``p % page_size``. ``positions [batch, length]`` are the fed tokens' logical positions
     (where they are written); ``bias [batch, 1, length, pages per row * page_size]`` what
     they see. Page 0 is the pool's scratch page: unused table entries point at it, and
-    writes past a row's table land there."""
+    writes past a row's table land there. ``window``: the layer's sliding window (0:
+    none), which the bias already holds; a kernel that reads the pages needs it apart.
+    """
 
     bias: jax.Array
     page_table: jax.Array
     positions: jax.Array
+    window: int = struct.field(pytree_node=False, default=0)
 
 
 def paged_bias(positions: jax.Array, page_table: jax.Array, key_length: int, *,
@@ -279,7 +282,7 @@ def paged_bias(positions: jax.Array, page_table: jax.Array, key_length: int, *,
     if window:
         visible &= query - keys < window
     bias = jnp.where(visible, 0.0, NEG_INF).astype(jnp.float32)[:, None]
-    return PagedBias(bias, page_table.astype(jnp.int32), positions.astype(jnp.int32))
+    return PagedBias(bias, page_table.astype(jnp.int32), positions.astype(jnp.int32), window)
 
 
 def _flash_unsupported(mask, platform, dtype, q_len, k_len, head_dim, dropout) -> str:
@@ -484,13 +487,19 @@ def global_query_attention(query, key, value, mask: AttentionMask, *, scale=1.0,
     return full.at[jnp.arange(batch)[:, None], target].set(out.astype(dtype), mode="drop")
 
 
+def _splash_module():
+    """The Pallas splash kernel's module, imported where a kernel is built (see above)."""
+    from jax.experimental.pallas.ops.tpu import splash_attention
+    return splash_attention
+
+
 def splash_kernel_mask(mask: AttentionMask, q_len: int, k_len: int, heads: int,
                        query_order: np.ndarray | None = None, q_shards: int = 1):
     """The splash kernel's static mask (full, causal or local) for every head.
     ``query_order``: the position each query slot came from, where the queries are
     permuted (a load-balanced context axis); ``q_shards``: the query shards the kernel's
     mask is cut into (``make_splash_mha(q_seq_shards=...)``)."""
-    from jax.experimental.pallas.ops.tpu import splash_attention as splash
+    splash = _splash_module()
     shape = (q_len, k_len)
     if mask.window:
         right = 0 if mask.causal else mask.window - 1
@@ -507,7 +516,7 @@ def splash_kernel_mask(mask: AttentionMask, q_len: int, k_len: int, heads: int,
 
 def splash_block_sizes(block: int):
     """The splash kernel's blocks, every one ``block`` (forward, dq and dkv passes)."""
-    from jax.experimental.pallas.ops.tpu import splash_attention as splash
+    splash = _splash_module()
     return splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
                              block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
                              block_q_dq=block, block_kv_dq=block)
@@ -516,7 +525,7 @@ def splash_block_sizes(block: int):
 def splash_rows(kernel, q, k, v, q_ids, k_ids, scale) -> jax.Array:
     """A splash ``kernel`` over every row of ``q [b, q, heads, d]`` against ``k``/``v``
     (as many heads), with the rows' segment ids; the queries scaled first."""
-    from jax.experimental.pallas.ops.tpu import splash_attention as splash
+    splash = _splash_module()
     out = jax.vmap(lambda q1, k1, v1, qi, ki: kernel(
         q1, k1, v1, segment_ids=splash.SegmentIds(q=qi, kv=ki)))(
             _heads_first(q * np.asarray(scale, q.dtype)), _heads_first(k), _heads_first(v),
@@ -583,7 +592,7 @@ def splash_attention(query, key, value, mask: AttentionMask, *, scale=1.0,
     """TPU: the Pallas splash kernel, its static mask (full, causal or local) with the
     segment ids of packed rows and padding; batch (and heads) split across the mesh
     by ``shard_map`` when a mesh is set. ``interpret`` runs it on CPU (tests)."""
-    from jax.experimental.pallas.ops.tpu import splash_attention as splash
+    splash = _splash_module()
     batch, q_len, heads, head_dim = query.shape
     k_len = key.shape[1]
     key, value = repeat_kv(key, heads), repeat_kv(value, heads)
@@ -602,6 +611,49 @@ def splash_attention(query, key, value, mask: AttentionMask, *, scale=1.0,
     qkv_spec = nn.logical_to_mesh_axes(("batch", None, "heads", None))
     ids_spec = jax.sharding.PartitionSpec(qkv_spec[0], None)
     return _on_the_mesh(run, args, (qkv_spec,) * 3 + (ids_spec,) * 2, qkv_spec)
+
+
+def paged_kernel_fits(paged: PagedBias, query_length: int, head_dim: int,
+                      page_size: int) -> bool:
+    """Whether a decoding step reads its pages with the TPU paged-attention kernel
+    (``paged_attention``): on a TPU, one token a row, no sliding window (the kernel
+    sees every position below a row's length), heads of a multiple of 128 and pages of
+    a multiple of 8 positions (TPU tiles). Elsewhere the step gathers each row's pages."""
+    return (traced_platform.current_platform() == "tpu" and query_length == 1
+            and not paged.window and head_dim % 128 == 0 and page_size % 8 == 0)
+
+
+def paged_attention(query, pool_key, pool_value, paged: PagedBias, *, scale=1.0,
+                    logit_softcap: float = 0.0) -> jax.Array:
+    """TPU decoding over a paged cache: ``query [rows, 1, heads, d]`` against the pools
+    (``[kv_heads, pages, page_size, d]``) with the Pallas paged-attention kernel (vLLM's
+    and JetStream's), each row reading its own pages (``paged.page_table``) up to its
+    position, in place, where the plain step gathers every row's pages into a copy.
+    Heads split over the mesh's ``tensor`` axis by ``shard_map`` as the pools' are
+    (``plan --decode --page_size``). On CPU (tests) run it under
+    ``pltpu.force_tpu_interpret_mode()``, which rounds its operands to bfloat16."""
+    from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention as kernel
+    rows, _, heads, head_dim = query.shape
+    kv_heads = pool_key.shape[0]
+    lengths = paged.positions[:, 0] + 1
+    block = int(np.gcd(paged.page_table.shape[1], 8))  # pages a kernel block reads
+
+    def run(q, keys, values, lengths, table):
+        return kernel(q, keys, values, lengths, table, pages_per_compute_block=block,
+                      attn_logits_soft_cap=logit_softcap or None)
+
+    q = query[:, 0] * np.asarray(scale, query.dtype)
+    mesh = jax.sharding.get_abstract_mesh()
+    split = (not mesh.empty and mesh.shape.get("tensor", 1) > 1
+             and kv_heads % mesh.shape["tensor"] == 0)
+    axis = "tensor" if split else None
+    spec = jax.sharding.PartitionSpec
+    out = _on_the_mesh(run, (q, pool_key.astype(q.dtype), pool_value.astype(q.dtype),
+                             lengths, paged.page_table),
+                       (spec(None, axis, None), spec(axis, None, None, None),
+                        spec(axis, None, None, None), spec(None), spec(None, None)),
+                       spec(None, axis, None))
+    return out.reshape(rows, 1, heads, head_dim)
 
 
 def cudnn_attention(query, key, value, mask: AttentionMask, *, scale=1.0,

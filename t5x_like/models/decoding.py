@@ -406,6 +406,24 @@ def paged_window(model: nn.Module, params, cache, tokens, positions, table, page
     return outputs, cache
 
 
+POOLS = ("cached_key", "cached_value")  # a paged cache's pool variables
+
+
+def init_page_pool(model: nn.Module, pages: int, page_size: int):
+    """The zeroed key/value pools of ``pages`` pages of ``page_size`` positions that
+    ``paged_forward`` reads: each attention layer's keys and values as ``[kv_heads,
+    pages, page_size, kv]`` (behind a scanned stack's layer axis), a head's pages
+    together as a paged-attention kernel reads them (``layers._paged_update``)."""
+    def pool(path, leaf):
+        if getattr(path[-1], "key", None) not in POOLS:
+            return leaf
+        lead, (count, heads, size, kv) = leaf.shape[:-4], leaf.shape[-4:]
+        if path[-1].key == "cached_value":  # the dense cache keeps values [.., kv, length]
+            size, kv = kv, size
+        return jnp.zeros((*lead, heads, count, size, kv), leaf.dtype)
+    return jax.tree_util.tree_map_with_path(pool, init_decoder_cache(model, pages, page_size))
+
+
 def init_decoder_cache(model: nn.Module, batch_size: int, max_decode_length: int):
     tokens = jnp.ones((batch_size, max_decode_length), jnp.int32)
     shapes = jax.eval_shape(functools.partial(model.init, decode=True,

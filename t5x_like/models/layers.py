@@ -443,16 +443,47 @@ class MultiHeadAttention(nn.Module):
                 bias, mask = attention.dense_bias(mask), None
             elif isinstance(bias, attention.SplitBias):
                 bias = bias.dense()
+        scale = ((self.query_scale or 1.0 / np.sqrt(self.head_dim)) if self.scale_in_compute
+                 else 1.0)
+        if decode and prefix_kv is None and self._reads_pages_in_place(query, bias):
+            out = self._paged_kernel_step(query, key, value, bias, scale)
+        else:
+            out = self._attend(query, key, value, bias, mask, decode, prefix_kv, deterministic,
+                               scale, inputs_q, base_init, query_init, kv_axes, kv_heads)
+        out = constrain(out, ("batch", "length", "heads", "kv"))
+        return DenseGeneral(features=embed, axis=(-2, -1), kernel_axes=("heads", "kv", "embed"),
+                            kernel_init=base_init, use_bias=self.use_bias, dtype=self.dtype,
+                            name="out")(out)
+
+    def _reads_pages_in_place(self, query, bias) -> bool:
+        """A decoding step over a paged cache that the TPU kernel serves
+        (``attention.paged_kernel_fits``)."""
+        return (isinstance(bias, attention.PagedBias) and self.has_variable("cache", "cached_key")
+                and attention.paged_kernel_fits(bias, query.shape[1], self.head_dim,
+                                                self.get_variable("cache", "cached_key").shape[2]))
+
+    def _paged_kernel_step(self, query, key, value, paged, scale):
+        """Writes the fed token's key and value into its row's pages and attends with the
+        paged-attention kernel, which reads each row's pages where they are."""
+        cached_key = self.variable("cache", "cached_key", jnp.zeros, ())
+        cached_value = self.variable("cache", "cached_value", jnp.zeros, ())
+        cached_key.value = _write_pages(cached_key.value, key, paged.page_table, paged.positions)
+        cached_value.value = _write_pages(cached_value.value, value, paged.page_table,
+                                          paged.positions)
+        return attention.paged_attention(query, cached_key.value, cached_value.value, paged,
+                                         scale=scale, logit_softcap=self.logit_softcap)
+
+    def _attend(self, query, key, value, bias, mask, decode, prefix_kv, deterministic, scale,
+                inputs_q, base_init, query_init, kv_axes, kv_heads):
+        """Attention over the cache (written first while decoding), the prefix and the
+        keys, by the mask's kernel or the reference."""
         if decode:
             key, value, bias = self._update_cache(key, value, bias)
         if prefix_kv is not None:
             key, value, bias = _prepend(prefix_kv, key, value, bias)
-
         dropout = None
         if self.dropout_rate > 0 and not deterministic:
             dropout = lambda w: nn.Dropout(self.dropout_rate)(w, deterministic=False)  # noqa: E731
-        scale = ((self.query_scale or 1.0 / np.sqrt(self.head_dim)) if self.scale_in_compute
-                 else 1.0)
         if mask is None:
             out = attention.reference_attention(query, key, value, None, scale=scale,
                                                 dtype=self.dtype, bias=bias, dropout=dropout,
@@ -469,10 +500,7 @@ class MultiHeadAttention(nn.Module):
             if self.global_projections and mask.global_tokens is not None:
                 out = self._global_rows(inputs_q, mask, out, base_init, query_init, kv_axes,
                                         kv_heads, scale)
-        out = constrain(out, ("batch", "length", "heads", "kv"))
-        return DenseGeneral(features=embed, axis=(-2, -1), kernel_axes=("heads", "kv", "embed"),
-                            kernel_init=base_init, use_bias=self.use_bias, dtype=self.dtype,
-                            name="out")(out)
+        return out
 
     def _keys_and_values(self, inputs_kv, cross_cache, kv_heads, kv_axes, base_init,
                          projection_bias):
@@ -538,56 +566,46 @@ class MultiHeadAttention(nn.Module):
 def _paged_update(cached_key, cached_value, key, value, paged):
     """Writes the fed tokens' keys and values into their rows' pages and returns each
     row's keys and values in page-table order, with ``paged``'s bias. The cache
-    variables are the pool (``generation.engine`` makes them as the cache of a batch of
-    ``pages`` rows, ``page_size`` long): ``[pages, kv_heads, page_size, kv]`` for keys;
-    the values' ``[pages, kv_heads, kv, page_size]`` holds a page as ``[page_size, kv]``
-    too (``page_blocks``)."""
+    variables are the pools (``decoding.init_page_pool``): ``[kv_heads, pages,
+    page_size, kv]`` for keys and values alike, a head's pages together (the layout a
+    paged-attention kernel reads, ``attention.paged_attention``)."""
     page_size = cached_key.value.shape[2]
     table, positions = paged.page_table, paged.positions
     if table.shape[1] * page_size != paged.bias.shape[-1]:
         raise ValueError(f"The page table's {table.shape[1]} pages of {page_size} hold "
                          f"{table.shape[1] * page_size} positions; the bias covers "
                          f"{paged.bias.shape[-1]}.")
-    cached_key.value = write_pages(cached_key.value, key, table, positions, page_size)
-    cached_value.value = write_pages(cached_value.value, value, table, positions, page_size)
-    keys = gather_page_rows(cached_key.value, table, page_size)
-    values = gather_page_rows(cached_value.value, table, page_size)
+    cached_key.value = _write_pages(cached_key.value, key, table, positions)
+    cached_value.value = _write_pages(cached_value.value, value, table, positions)
+    keys = _gather_page_rows(cached_key.value, table)
+    values = _gather_page_rows(cached_value.value, table)
     return jnp.transpose(keys, (0, 2, 1, 3)), jnp.transpose(values, (0, 2, 1, 3)), paged.bias
 
 
-def page_blocks(pool, page_size: int):
-    """A pool variable ``[pages, kv_heads, a, b]`` as ``[pages, kv_heads, page_size, kv]``:
-    a key pool as it is, a value pool's pages read as ``[page_size, kv]`` blocks (its
-    variable keeps the dense cache's value shape; the layout inside a page is the
-    pool's own)."""
-    return pool.reshape(*pool.shape[:2], page_size, -1)
-
-
-def gather_page_rows(pool, table, page_size: int):
+def _gather_page_rows(pool, table):
     """``[rows, kv_heads, pages per row * page_size, kv]``: each row's pages of ``pool``
-    in ``table [rows, pages per row]`` order. One ``[page_size, kv]`` block is gathered
-    per row, head and page, in that order, so the result is already the layout both dot
-    products read and the keys and values are copied once (a gather of whole pages in
-    table order, transposed after, copied them twice)."""
-    blocks = page_blocks(pool, page_size)
-    pages, heads, _, kv = blocks.shape
+    (``[kv_heads, pages, page_size, kv]``) in ``table [rows, pages per row]`` order. One
+    ``[page_size, kv]`` block is gathered per row, head and page, in that order, so the
+    result is already the layout both dot products read and the keys and values are
+    copied once (a gather of whole pages in table order, transposed after, copied them
+    twice)."""
+    heads, pages, page_size, kv = pool.shape
     rows, per_row = table.shape
-    index = table[:, None, :] * heads + jnp.arange(heads, dtype=table.dtype)[None, :, None]
-    flat = blocks.reshape(pages * heads, page_size, kv)
+    index = jnp.arange(heads, dtype=table.dtype)[None, :, None] * pages + table[:, None, :]
+    flat = pool.reshape(heads * pages, page_size, kv)
     return flat[index].reshape(rows, heads, per_row * page_size, kv)
 
 
-def write_pages(pool, new, table, positions, page_size: int):
-    """``pool`` with ``new [rows, length, kv_heads, kv]`` written at each row's
-    ``positions [rows, length]`` (its page in ``table``, the offset in it); a position
-    past the table goes to the scratch page 0."""
-    blocks = page_blocks(pool, page_size)
-    per_row = table.shape[1]
+def _write_pages(pool, new, table, positions):
+    """``pool`` (``[kv_heads, pages, page_size, kv]``) with ``new [rows, length,
+    kv_heads, kv]`` written at each row's ``positions [rows, length]`` (its page in
+    ``table``, the offset in it); a position past the table goes to the scratch page 0."""
+    page_size, per_row = pool.shape[2], table.shape[1]
     inside = (positions >= 0) & (positions < per_row * page_size)
     slot = jnp.clip(positions // page_size, 0, per_row - 1)
     page = jnp.where(inside, jnp.take_along_axis(table, slot, axis=1), 0)  # 0: scratch
-    blocks = blocks.at[page, :, positions % page_size, :].set(new.astype(blocks.dtype))
-    return blocks.reshape(pool.shape)
+    return pool.at[:, page, positions % page_size, :].set(
+        jnp.transpose(new, (2, 0, 1, 3)).astype(pool.dtype))
 
 
 def _permuted(shape, axes) -> tuple[int, ...]:

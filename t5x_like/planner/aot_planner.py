@@ -315,10 +315,11 @@ def plan_decode(config, topology: str, num_slices: int = 1, page_size: int = 0,
                 else PartitionSpec())
         return NamedSharding(mesh, spec)
 
-    def pool_sharding(x):  # [pages, key/value heads, ...]: heads over tensor
-        tensor = mesh.shape.get("tensor", 1)
-        heads = x.ndim >= 2 and tensor > 1 and x.shape[1] % tensor == 0
-        return NamedSharding(mesh, PartitionSpec(None, "tensor") if heads else PartitionSpec())
+    def pool_sharding(x):  # [(layers,) key/value heads, pages, ...]: heads over tensor
+        tensor, lead = mesh.shape.get("tensor", 1), x.ndim - 4
+        heads = lead >= 0 and tensor > 1 and x.shape[lead] % tensor == 0
+        return NamedSharding(mesh, PartitionSpec(*[None] * lead, "tensor") if heads
+                             else PartitionSpec())
     cache_shardings = jax.tree.map(pool_sharding if paged else sharding, cache)
     jitted = jax.jit(step, in_shardings=(weights.shardings, cache_shardings,
                                          *map(sharding, inputs)),

@@ -234,14 +234,14 @@ class DecoderStructure(Structure):
     def paged_decode_step(self, slots, max_length, page_size, pages):
         """The engine's decode step: each slot's token and position, and its page table
         (``ceil(max_length / page_size)`` pages), over the pool (a cache of ``pages``
-        rows of ``page_size``: ``decoding.init_decoder_cache``, as the engine makes it);
+        of ``page_size`` positions: ``decoding.init_page_pool``, as the engine makes it);
         the greedy token out (the engine's sampling adds a pass over the logits)."""
         model, per_row = self.model, -(-max_length // page_size)
         try:
             decoding.check_paged(model)
         except decoding.UnpagedModel as e:
             raise UserError(f"{e} Leave out --page_size.") from None
-        cache = jax.eval_shape(lambda: decoding.init_decoder_cache(model, pages, page_size))
+        cache = jax.eval_shape(lambda: decoding.init_page_pool(model, pages, page_size))
         row = jax.ShapeDtypeStruct((slots,), jnp.int32)
         table = jax.ShapeDtypeStruct((slots, per_row), jnp.int32)
 

@@ -1,7 +1,8 @@
 """Removals of what the continuous-batching engine promises: requests admitted while
 others decode, prompt pages shared, each request sampled from its own seed, the paged
 cache read through each layer's own attention window, windows of steps a call, a
-prefill that projects only its last positions, and evaluation's generations decoded by
+prefill that projects only its last positions, the TPU paged-attention kernel, and
+evaluation's generations decoded by
 it when asked."""
 
 import dataclasses
@@ -75,6 +76,11 @@ def _every_position_projected(monkeypatch):
     monkeypatch.setattr(decoding, "paged_prefill", whole)
 
 
+def _no_paged_kernel(monkeypatch):
+    """A TPU decoding step gathers every row's pages, as on CPU."""
+    monkeypatch.setattr(attention, "paged_kernel_fits", lambda *args: False)
+
+
 def _sampler_ignored(monkeypatch):
     """The evaluator's generations ignore ``sampler``: static batches, always."""
     original = evaluator.ModelRunner.predict_rows
@@ -128,6 +134,15 @@ REMOVALS = [
     Removal("prefill of last positions", "the prefill projects every prompt position",
             "the compiled prefill's logits are one position a row, never the rows' width",
             _every_position_projected, PREFILL[1], holds_in=PREFILL[0]),
+    Removal("paged-attention kernel on TPU", "a TPU step gathers the rows' pages",
+            "a TPU decoding step (the kernel interpreted on CPU) attends with the paged-"
+            "attention kernel, to the gathering step's logits",
+            _no_paged_kernel,
+            lambda request: engine_tests.
+            test_on_a_tpu_a_step_reads_its_pages_with_the_paged_attention_kernel(
+                request.getfixturevalue("monkeypatch")),
+            holds_in="tests/test_generation_engine.py::"
+                     "test_on_a_tpu_a_step_reads_its_pages_with_the_paged_attention_kernel"),
     Removal("evaluation through the engine", "eval's generations ignore --sampler=engine",
             "eval with the engine sampler decodes every row through an engine of batch-size "
             "slots, to the static batches' predictions",
