@@ -60,8 +60,8 @@ class Request:
 @dataclasses.dataclass
 class Generated:
     """A request's new ``tokens`` (with a stop id last where one ended it), each one's
-    log-probability under the model (where the request asked them), and why it ended: ``stop`` (a stop id, or the
-    caller's ``on_token``) or ``length``."""
+    log-probability under the model (where the request asked them), and why it ended:
+    ``stop`` (a stop id, or the caller's ``on_token``) or ``length``."""
 
     tokens: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)

@@ -642,18 +642,18 @@ def paged_attention(query, pool_key, pool_value, paged: PagedBias, *, scale=1.0,
         return kernel(q, keys, values, lengths, table, pages_per_compute_block=block,
                       attn_logits_soft_cap=logit_softcap or None)
 
-    q = query[:, 0] * np.asarray(scale, query.dtype)
+    # The query takes the pools' dtype: casting a pool would copy it at every step.
+    q = (query[:, 0] * np.asarray(scale, query.dtype)).astype(pool_key.dtype)
     mesh = jax.sharding.get_abstract_mesh()
     split = (not mesh.empty and mesh.shape.get("tensor", 1) > 1
              and kv_heads % mesh.shape["tensor"] == 0)
     axis = "tensor" if split else None
     spec = jax.sharding.PartitionSpec
-    out = _on_the_mesh(run, (q, pool_key.astype(q.dtype), pool_value.astype(q.dtype),
-                             lengths, paged.page_table),
+    out = _on_the_mesh(run, (q, pool_key, pool_value, lengths, paged.page_table),
                        (spec(None, axis, None), spec(axis, None, None, None),
                         spec(axis, None, None, None), spec(None), spec(None, None)),
                        spec(None, axis, None))
-    return out.reshape(rows, 1, heads, head_dim)
+    return out.reshape(rows, 1, heads, head_dim).astype(query.dtype)
 
 
 def cudnn_attention(query, key, value, mask: AttentionMask, *, scale=1.0,
