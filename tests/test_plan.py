@@ -285,6 +285,19 @@ def test_the_engines_decode_step_is_planned_over_its_page_pool():
     assert "FITS" in text and "tokens/s for the slice" in text
 
 
+def test_a_tpu_plan_of_the_engines_step_attends_with_the_paged_attention_kernel():
+    """Heads of 128 on a TPU: each layer's step is the Pallas paged-attention kernel,
+    run per device under ``shard_map`` (the step that gathers pages has none), and it
+    compiles through libtpu with the pools' heads over ``tensor``."""
+    def sources(*extra):
+        report = json.loads(run_plan(GPT2_TINY, "--topology=v5e:2x2", "--decode", "--json",
+                                     "--page_size=16", "--config.batch_size=8", *ONE_REPLICA,
+                                     *extra).stdout)
+        return [row["source"] for row in report["hbm_traffic_by_source"]]
+    assert any(s.endswith("attention/shard_map") for s in sources("--config.model.head_dim=128"))
+    assert not any("shard_map" in s for s in sources())  # heads of 32: the pages gathered
+
+
 @pytest.mark.parametrize("config, extra, message", [
     (GPT2_TINY, ["--page_size=16"], "add --decode"),
     (GPT2_TINY, ["--decode", "--pages=40"], "give --page_size too"),
