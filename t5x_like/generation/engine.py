@@ -286,8 +286,8 @@ class Engine:
                 self._fail_all(error)  # and the loop serves the requests that come next
 
     def _empty_cache(self):
-        """The pool's keys and values, zeroed: the cache of a batch of ``cache_pages`` rows,
-        ``page_size`` long (``layers._paged_update`` reads it as pages)."""
+        """The pools' keys and values, zeroed: ``cache_pages`` pages of ``page_size``
+        positions for every attention layer (``decoding.init_page_pool``)."""
         with self.context():
             return decoding.init_page_pool(self.model, self.cache_pages, self.page_size)
 

@@ -255,7 +255,7 @@ def cache_bias(length: int, key_valid: jax.Array | None = None, *, window: int =
 @struct.dataclass
 class PagedBias:
     """The bias of decoding steps over a paged key/value cache (``generation``): each
-    attention layer keeps one pool of pages (``[pages, kv_heads, page_size, kv]``), and a
+    attention layer keeps one pool of pages (``[kv_heads, pages, page_size, kv]``), and a
     row's keys are its pages in ``page_table`` order (``[batch, pages per row]``), so
     logical position ``p`` of a row lives in page ``page_table[row, p // page_size]`` at
     ``p % page_size``. ``positions [batch, length]`` are the fed tokens' logical positions
