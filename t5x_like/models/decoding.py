@@ -344,9 +344,15 @@ class UnpagedModel(ValueError):
     """The model's ``__call__`` takes no ``page_table``: the engine cannot decode it."""
 
 
+def takes(model: nn.Module, argument: str) -> bool:
+    """Whether ``model``'s ``__call__`` takes ``argument`` (a plug-in family's module may
+    leave out what the built-in decoder takes: ``page_table``, ``project_hidden``)."""
+    return argument in inspect.signature(type(model).__call__).parameters
+
+
 def check_paged(model: nn.Module) -> None:
     """Raises ``UnpagedModel`` unless ``model`` reads a paged cache."""
-    if "page_table" not in inspect.signature(type(model).__call__).parameters:
+    if not takes(model, "page_table"):
         raise UnpagedModel(f"{type(model).__name__}.__call__ takes no page_table: the engine "
                            "decodes models that read a paged cache (models.decoder.DecoderOnly).")
 
@@ -371,7 +377,7 @@ def paged_prefill(model: nn.Module, params, cache, tokens, positions, table, pag
     token). A model that projects given hidden states (``project_hidden``) runs its
     output layer on those positions alone: projecting every padded prompt position onto
     the vocabulary was most of a prefill's work (128 positions x 50k ids a row)."""
-    if "project_hidden" not in inspect.signature(type(model).__call__).parameters:
+    if not takes(model, "project_hidden"):
         logits, cache = paged_forward(model, params, cache, tokens, positions, table, page_size)
         return jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0], cache
     hidden, variables = model.apply(
@@ -415,21 +421,29 @@ def init_page_pool(model: nn.Module, pages: int, page_size: int):
     pages, page_size, kv]`` (behind a scanned stack's layer axis), a head's pages
     together as a paged-attention kernel reads them (``layers._paged_update``)."""
     def pool(path, leaf):
-        if getattr(path[-1], "key", None) not in POOLS:
-            return leaf
-        lead, (count, heads, size, kv) = leaf.shape[:-4], leaf.shape[-4:]
-        if path[-1].key == "cached_value":  # the dense cache keeps values [.., kv, length]
-            size, kv = kv, size
-        return jnp.zeros((*lead, heads, count, size, kv), leaf.dtype)
-    return jax.tree_util.tree_map_with_path(pool, init_decoder_cache(model, pages, page_size))
+        shape = leaf.shape
+        if getattr(path[-1], "key", None) in POOLS:
+            lead, (count, heads, size, kv) = shape[:-4], shape[-4:]
+            if path[-1].key == "cached_value":  # the dense cache keeps values [.., kv, length]
+                size, kv = kv, size
+            shape = (*lead, heads, count, size, kv)
+        return jnp.zeros(shape, leaf.dtype)
+    return jax.tree_util.tree_map_with_path(pool, _cache_shapes(model, pages, page_size))
 
 
 def init_decoder_cache(model: nn.Module, batch_size: int, max_decode_length: int):
+    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                        _cache_shapes(model, batch_size, max_decode_length))
+
+
+def _cache_shapes(model: nn.Module, batch_size: int, max_decode_length: int):
+    """The shapes and dtypes of ``model``'s decoding cache for ``batch_size`` rows of
+    ``max_decode_length`` (nothing allocated)."""
     tokens = jnp.ones((batch_size, max_decode_length), jnp.int32)
     shapes = jax.eval_shape(functools.partial(model.init, decode=True,
                                               max_decode_length=max_decode_length),
                             jax.random.key(0), tokens)["cache"]
-    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), nn.unbox(shapes))
+    return nn.unbox(shapes)
 
 
 def generate(model: nn.Module, params, prompt_tokens: jax.Array, *, max_new_tokens: int,

@@ -467,9 +467,7 @@ class MultiHeadAttention(nn.Module):
         paged-attention kernel, which reads each row's pages where they are."""
         cached_key = self.variable("cache", "cached_key", jnp.zeros, ())
         cached_value = self.variable("cache", "cached_value", jnp.zeros, ())
-        cached_key.value = _write_pages(cached_key.value, key, paged.page_table, paged.positions)
-        cached_value.value = _write_pages(cached_value.value, value, paged.page_table,
-                                          paged.positions)
+        _write_into_pages(cached_key, cached_value, key, value, paged)
         return attention.paged_attention(query, cached_key.value, cached_value.value, paged,
                                          scale=scale, logit_softcap=self.logit_softcap)
 
@@ -570,16 +568,22 @@ def _paged_update(cached_key, cached_value, key, value, paged):
     page_size, kv]`` for keys and values alike, a head's pages together (the layout a
     paged-attention kernel reads, ``attention.paged_attention``)."""
     page_size = cached_key.value.shape[2]
-    table, positions = paged.page_table, paged.positions
+    table = paged.page_table
     if table.shape[1] * page_size != paged.bias.shape[-1]:
         raise ValueError(f"The page table's {table.shape[1]} pages of {page_size} hold "
                          f"{table.shape[1] * page_size} positions; the bias covers "
                          f"{paged.bias.shape[-1]}.")
-    cached_key.value = _write_pages(cached_key.value, key, table, positions)
-    cached_value.value = _write_pages(cached_value.value, value, table, positions)
+    _write_into_pages(cached_key, cached_value, key, value, paged)
     keys = _gather_page_rows(cached_key.value, table)
     values = _gather_page_rows(cached_value.value, table)
     return jnp.transpose(keys, (0, 2, 1, 3)), jnp.transpose(values, (0, 2, 1, 3)), paged.bias
+
+
+def _write_into_pages(cached_key, cached_value, key, value, paged) -> None:
+    """The fed tokens' keys and values into the pools, at their rows' positions."""
+    cached_key.value = _write_pages(cached_key.value, key, paged.page_table, paged.positions)
+    cached_value.value = _write_pages(cached_value.value, value, paged.page_table,
+                                      paged.positions)
 
 
 def _gather_page_rows(pool, table):

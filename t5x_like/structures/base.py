@@ -3,7 +3,6 @@ per-layer matmul counts)."""
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping
 
 import jax
@@ -14,6 +13,7 @@ from flax import traverse_util
 from t5x_like import objectives
 from t5x_like.config.evals import SAMPLERS
 from t5x_like.errors import UserError
+from t5x_like.models import decoding
 
 # Keys of ``predict_batch`` beyond the batch: the decoding flags of ``infer`` and ``eval``.
 DECODE_DEFAULTS = {"max_decode_length": 64, "num_beams": 1, "alpha": 0.6, "temperature": 0.0,
@@ -405,7 +405,7 @@ class Structure:
             raise UserError(f"loss.logit_chunks={chunks}: the {self.name or type(self).__name__} "
                             f"structure's loss reads its logits whole; {fix}")
         module = type(self.model)
-        if "project_hidden" not in inspect.signature(module.__call__).parameters:
+        if not decoding.takes(self.model, "project_hidden"):
             raise UserError(f"loss.logit_chunks={chunks}: {module.__name__}.__call__ takes no "
                             f"project_hidden, through which the loss projects a slice; {fix}")
 
