@@ -228,6 +228,9 @@ def test_requests_the_engine_cannot_hold_are_refused_before_they_run(served):
     with pytest.raises(ValueError, match="at least one prompt token"):
         engine.submit(Request((), 3))
     assert engine.submit(Request((4,), 0)).wait().tokens == []
+    model, params = served[:2]
+    with pytest.raises(ValueError, match="steps_per_call=3: give a power of two"):
+        Engine(model, params, max_length=MAX_LENGTH, steps_per_call=3)
 
 
 def test_the_pool_shares_full_prompt_pages_and_evicts_the_oldest_released():
